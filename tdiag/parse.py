@@ -1,0 +1,441 @@
+"""Text -> syntax. `grammar/tdiag.lark` is the reference for the syntax; this module only turns its
+parse tree into frozen dataclasses that remember their Span, and turns lark's errors into
+positioned diagnostics. It adds no meaning: names, legs and sizes are resolved in graph.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from lark import Lark, Token, Transformer, Tree, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from .errors import SOURCES, Diagnostic, Span, TdiagError
+
+GRAMMAR = Path(__file__).resolve().parent.parent / "grammar" / "tdiag.lark"
+
+
+# ---- syntax dataclasses --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Node:
+    span: Span
+
+
+@dataclass(frozen=True)
+class Number(Node):
+    value: float | int
+
+
+@dataclass(frozen=True)
+class Name(Node):
+    name: str
+
+
+@dataclass(frozen=True)
+class Leg(Node):
+    name: str
+
+
+@dataclass(frozen=True)
+class LegGroup(Node):
+    """`(h d)`: one axis viewed as several legs (a reshape), head-major."""
+
+    legs: tuple[Leg, ...]
+
+
+@dataclass(frozen=True)
+class Option(Node):
+    name: str
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Indexed(Node):
+    """`NAME[items]`: a tensor used with legs (or a box head before its arguments)."""
+
+    name: str
+    name_span: Span
+    legs: tuple[Leg | LegGroup, ...]
+    options: tuple[Option, ...]
+
+
+@dataclass(frozen=True)
+class Keyword(Node):
+    name: str
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Call(Node):
+    """`NAME(args)` or `NAME[legs, options](args)`: a map, box, reduction or initializer."""
+
+    name: str
+    name_span: Span
+    legs: tuple[Leg | LegGroup, ...] | None
+    options: tuple[Option, ...]
+    args: tuple[Expr, ...]
+    keywords: tuple[Keyword, ...]
+
+
+@dataclass(frozen=True)
+class BinOp(Node):
+    op: str  # one of + - * / juxt ^
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True)
+class Neg(Node):
+    operand: Expr
+
+
+Expr = Number | Name | Indexed | Call | BinOp | Neg
+
+
+@dataclass(frozen=True)
+class DesignDecl(Node):
+    name: str
+    base: str | None
+    base_span: Span | None
+
+
+@dataclass(frozen=True)
+class SizeDef(Node):
+    name: str
+    value: Expr | None
+    replace: bool = False
+
+
+@dataclass(frozen=True)
+class Axis(Node):
+    leg: str
+    size: Expr
+
+
+@dataclass(frozen=True)
+class Declaration(Node):
+    kind: str  # input | mask | param | const | random | buffer
+    name: str
+    name_span: Span
+    axes: tuple[Axis, ...]
+    init: Expr | None
+    replace: bool = False
+
+
+@dataclass(frozen=True)
+class Target(Node):
+    name: str
+    name_span: Span
+    legs: tuple[Leg | LegGroup, ...]
+
+
+@dataclass(frozen=True)
+class Statement(Node):
+    target: Target
+    expr: Expr
+    replace: bool = False
+
+
+@dataclass(frozen=True)
+class Update(Node):
+    target: Target
+    expr: Expr
+
+
+@dataclass(frozen=True)
+class Output(Node):
+    names: tuple[Name, ...]
+
+
+Item = DesignDecl | SizeDef | Declaration | Statement | Update | Output
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: str
+    items: tuple[Item, ...]
+
+
+# ---- lark plumbing -------------------------------------------------------------------------
+
+
+class _JoinLines:
+    """Drop line breaks inside (...) and [...] so an item may continue on the next line."""
+
+    always_accept = ("_NL",)
+
+    def process(self, stream: Iterator[Token]) -> Iterator[Token]:
+        depth = 0
+        for token in stream:
+            if token.type in ("LPAR", "LSQB"):
+                depth += 1
+            elif token.type in ("RPAR", "RSQB"):
+                depth = max(depth - 1, 0)
+            if token.type == "_NL" and depth:
+                continue
+            yield token
+
+
+@cache
+def _parser() -> Lark:
+    return Lark(
+        GRAMMAR.read_text(encoding="utf-8"),
+        parser="lalr",
+        postlex=_JoinLines(),
+        propagate_positions=True,
+        maybe_placeholders=False,
+    )
+
+
+def _span(file: str, meta_or_token: object) -> Span:
+    m = meta_or_token
+    return Span(file, m.line, m.column, m.end_line, m.end_column)  # type: ignore[attr-defined]
+
+
+@v_args(meta=True)
+class _ToSyntax(Transformer):
+    """Parse tree -> syntax dataclasses; one method per aliased grammar alternative."""
+
+    def __init__(self, file: str):
+        super().__init__()
+        self.file = file
+
+    def _s(self, m: object) -> Span:
+        return _span(self.file, m)
+
+    # items
+    def start(self, meta, children):
+        return list(children)
+
+    def design(self, meta, children):
+        base = children[1] if len(children) > 1 else None
+        return DesignDecl(self._s(meta), str(children[0]), str(base) if base else None, self._s(base) if base else None)
+
+    def sizes(self, meta, children):
+        return list(children)
+
+    def size_def(self, meta, children):
+        return SizeDef(self._s(meta), str(children[0]), children[1] if len(children) > 1 else None)
+
+    def declaration(self, meta, children):
+        kind, name, *rest = children
+        axes = tuple(c for c in rest if isinstance(c, Axis))
+        init = next((c for c in rest if not isinstance(c, Axis)), None)
+        return Declaration(self._s(meta), str(kind), str(name), self._s(name), axes, init)
+
+    def axis(self, meta, children):
+        return Axis(self._s(meta), str(children[0]), children[1])
+
+    def statement(self, meta, children):
+        return Statement(self._s(meta), children[0], children[1])
+
+    def target(self, meta, children):
+        name, legs = children
+        return Target(self._s(meta), str(name), self._s(name), legs)
+
+    def replace(self, meta, children):
+        (item,) = children
+        if isinstance(item, list):
+            return [SizeDef(s.span, s.name, s.value, replace=True) for s in item]
+        if isinstance(item, Declaration):
+            return Declaration(item.span, item.kind, item.name, item.name_span, item.axes, item.init, True)
+        return Statement(item.span, item.target, item.expr, replace=True)
+
+    def update(self, meta, children):
+        return Update(self._s(meta), children[0], children[1])
+
+    def output(self, meta, children):
+        return Output(self._s(meta), tuple(Name(self._s(t), str(t)) for t in children))
+
+    # legs and options
+    def leg_items(self, meta, children):
+        return tuple(children)
+
+    def bracket_items(self, meta, children):
+        return tuple(children)
+
+    def leg(self, meta, children):
+        return Leg(self._s(meta), str(children[0]))
+
+    def leg_group(self, meta, children):
+        return LegGroup(self._s(meta), tuple(Leg(self._s(t), str(t)) for t in children))
+
+    def option(self, meta, children):
+        return Option(self._s(meta), str(children[0]), children[1])
+
+    # expressions
+    def _binop(op):  # noqa: N805
+        def method(self, meta, children):
+            return BinOp(self._s(meta), op, children[0], children[1])
+
+        return method
+
+    add = _binop("+")
+    sub = _binop("-")
+    mul = _binop("*")
+    div = _binop("/")
+    juxt = _binop("juxt")
+    pow = _binop("^")
+
+    def neg(self, meta, children):
+        return Neg(self._s(meta), children[0])
+
+    def number(self, meta, children):
+        text = str(children[0])
+        value: float | int = int(text) if text.isdigit() else float(text)
+        return Number(self._s(meta), value)
+
+    def name(self, meta, children):
+        return Name(self._s(meta), str(children[0]))
+
+    def indexed(self, meta, children):
+        name, items = children
+        legs = tuple(i for i in items if not isinstance(i, Option))
+        options = tuple(i for i in items if isinstance(i, Option))
+        return Indexed(self._s(meta), str(name), self._s(name), legs, options)
+
+    def call(self, meta, children):
+        name, (args, keywords) = children
+        return Call(self._s(meta), str(name), self._s(name), None, (), args, keywords)
+
+    def box_call(self, meta, children):
+        name, items, (args, keywords) = children
+        legs = tuple(i for i in items if not isinstance(i, Option))
+        options = tuple(i for i in items if isinstance(i, Option))
+        return Call(self._s(meta), str(name), self._s(name), legs, options, args, keywords)
+
+    def arguments(self, meta, children):
+        args = tuple(c for c in children if not isinstance(c, Keyword))
+        keywords = tuple(c for c in children if isinstance(c, Keyword))
+        return args, keywords
+
+    def keyword(self, meta, children):
+        return Keyword(self._s(meta), str(children[0]), children[1])
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+_TOKEN_WORDS = {
+    "NAME": "a name",
+    "NUMBER": "a number",
+    "KIND": "a declaration kind (input, mask, param, const, random, buffer)",
+    "_NL": "end of line",
+    "LSQB": "'['",
+    "RSQB": "']'",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "EQUAL": "'='",
+    "COMMA": "','",
+    "COLON": "':'",
+    "PLUS": "'+'",
+    "MINUS": "'-'",
+    "STAR": "'*'",
+    "SLASH": "'/'",
+    "CIRCUMFLEX": "'^'",
+    "$END": "end of file",
+}
+_KEYWORDS = {"DESIGN": "design", "EXTENDS": "extends", "SIZE": "size", "REPLACE": "replace"}
+_KEYWORDS |= {"UPDATE": "update", "OUTPUT": "output"}
+
+
+def _describe(terminal: str) -> str:
+    if terminal in _KEYWORDS:
+        return f"'{_KEYWORDS[terminal]}'"
+    return _TOKEN_WORDS.get(terminal, terminal.lower())
+
+
+def _expected(allowed: set[str]) -> str:
+    words = sorted({_describe(t) for t in allowed if not t.startswith("__")})
+    if not words:
+        return ""
+    if len(words) == 1:
+        return f"expected {words[0]}"
+    return "expected one of: " + ", ".join(words)
+
+
+def _found(token: Token) -> str:
+    if token.type == "_NL":
+        return "end of line"
+    if token.type == "$END":
+        return "end of file"
+    return f"'{token}'"
+
+
+def _syntax_error(file: str, text: str, error: UnexpectedInput) -> Diagnostic:
+    hint = None
+    if isinstance(error, UnexpectedCharacters):
+        char = text[error.pos_in_stream] if error.pos_in_stream < len(text) else ""
+        span = Span(file, error.line, error.column, error.line, error.column + 1)
+        message = f"unexpected character {char!r}"
+        if not char.isascii():
+            hint = "names, numbers and operators are ASCII; remove or replace this character"
+        expected = _expected(set(error.allowed or ()))
+        if expected:
+            message += f"; {expected}"
+        return Diagnostic(message, (span,), hint)
+    if isinstance(error, UnexpectedToken):
+        token = error.token
+        if token.type == "$END":
+            lines = text.splitlines() or [""]
+            line = len(lines)
+            column = len(lines[-1]) + 1
+            span = Span(file, line, column, line, column + 1)
+        else:
+            end = token.end_column if token.end_line == token.line else token.column + 1
+            span = Span(file, token.line, token.column, token.line, max(end or 0, token.column + 1))
+        message = f"unexpected {_found(token)}"
+        expected = _expected(set(error.expected))
+        if expected:
+            message += f"; {expected}"
+        if token.type == "LPAR" and error.token_history:
+            previous = error.token_history[-1]
+            if previous.type in ("RSQB", "NAME"):
+                hint = "to multiply by a parenthesised expression write '*' before '('"
+        if token.type == "_NL" and "RPAR" in error.expected:
+            hint = "a '(' is not closed"
+        return Diagnostic(message, (span,), hint)
+    span = Span(file, getattr(error, "line", 1) or 1, getattr(error, "column", 1) or 1, 0, 0)
+    return Diagnostic("unexpected end of input", (span,))
+
+
+def parse_text(text: str, file: str = "<string>") -> SourceFile:
+    """Parse one `.td` text into syntax items, or raise TdiagError with a positioned message."""
+    SOURCES.add(file, text)
+    if not text.endswith("\n"):
+        text += "\n"
+    try:
+        tree = _parser().parse(text)
+    except (UnexpectedCharacters, UnexpectedToken, UnexpectedEOF) as error:
+        raise TdiagError(_syntax_error(file, text, error)) from None
+    items = _ToSyntax(file).transform(tree)
+    return SourceFile(file, tuple(_flatten(items)))
+
+
+def _flatten(items: object) -> Iterator[Item]:
+    for item in items if isinstance(items, list) else [items]:
+        if isinstance(item, list):
+            yield from _flatten(item)
+        elif isinstance(item, Tree):
+            raise AssertionError(f"untransformed grammar rule {item.data!r}")
+        else:
+            yield item
+
+
+def parse_file(path: str | Path) -> SourceFile:
+    """Read and parse a `.td` file; an unreadable file is a positioned error too."""
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TdiagError(Diagnostic(f"no such design file '{file}'")) from None
+    except UnicodeDecodeError as error:
+        raise TdiagError(
+            Diagnostic(f"'{file}' is not UTF-8 text (byte {error.start})", hint="a .td file is plain text")
+        ) from None
+    except OSError as error:
+        raise TdiagError(Diagnostic(f"cannot read '{file}': {error.strerror}")) from None
+    return parse_text(text, file)
