@@ -1,0 +1,145 @@
+"""`tdiag check|show|render`: the only place that prints or exits. A mistake in a `.td` file
+exits 1 with positioned messages; a usage mistake exits 2; neither shows a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+from .design import Design, load
+from .errors import Diagnostic, TdiagError, format_diagnostic
+
+RENDER_FORMATS = ("dot", "pdf", "png", "svg")
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _UsageError(f"{self.prog}: error: {message}")
+
+
+def _size_setting(text: str) -> tuple[str, int]:
+    """`--set F=256` -> ("F", 256)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip().isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=NUMBER, got '{text}'")
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size {name} must be a whole number, got '{value}'") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"size {name} must be positive, got {number}")
+    return name.strip(), number
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="tdiag", description="A tensor-diagram compiler for attention designs.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def with_sizes(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--set",
+            dest="sizes",
+            action="append",
+            type=_size_setting,
+            default=[],
+            metavar="NAME=N",
+            help="override a size of the design (repeatable), e.g. --set F=256",
+        )
+
+    p = commands.add_parser("check", help="parse and check designs; print a summary or every mistake")
+    p.add_argument("files", nargs="+", metavar="FILE.td")
+    p.add_argument("--time", action="store_true", help="print how long checking took")
+    with_sizes(p)
+
+    p = commands.add_parser("show", help="print the design graph as a readable summary")
+    p.add_argument("file", metavar="FILE.td")
+    with_sizes(p)
+
+    p = commands.add_parser("render", help="draw the diagram in the papers' notation")
+    p.add_argument("file", metavar="FILE.td")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help=f"output file: .{', .'.join(RENDER_FORMATS)}")
+    p.add_argument("--statements", action="store_true", help="draw one node per statement instead of inlining them")
+    with_sizes(p)
+    return parser
+
+
+def _print_diagnostics(diagnostics: Sequence[Diagnostic]) -> None:
+    for d in diagnostics:
+        print(format_diagnostic(d), file=sys.stderr)
+
+
+def _load(file: str, sizes: list[tuple[str, int]]) -> Design:
+    design = load(file, **dict(sizes))
+    _print_diagnostics(design.warnings)
+    return design
+
+
+def _check(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    failed = 0
+    for file in args.files:
+        try:
+            design = _load(file, args.sizes)
+        except TdiagError as error:
+            _print_diagnostics(error.diagnostics)
+            failed += 1
+            continue
+        print(f"{file}: {design.summary()}")
+    if args.time:
+        print(f"checked {len(args.files)} file(s) in {time.perf_counter() - start:.2f} s")
+    if failed:
+        print(f"{failed} of {len(args.files)} file(s) have errors", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    print(_load(args.file, args.sizes).show())
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    from .render import RenderError
+
+    suffix = args.output.rsplit(".", 1)[-1].lower() if "." in args.output else ""
+    if suffix not in RENDER_FORMATS:
+        raise _UsageError(
+            f"tdiag render: error: cannot tell the format of '{args.output}'; "
+            f"use a file ending in one of: .{', .'.join(RENDER_FORMATS)}"
+        )
+    design = _load(args.file, args.sizes)
+    try:
+        path = design.render(args.output, inline=not args.statements)
+    except RenderError as error:
+        print(f"tdiag render: error: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}")
+    return 0
+
+
+COMMANDS = {"check": _check, "show": _show, "render": _render}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except _UsageError as error:
+        print(error, file=sys.stderr)
+        print("run 'tdiag --help' for usage", file=sys.stderr)
+        return 2
+    except TdiagError as error:
+        _print_diagnostics(error.diagnostics)
+        return 1
+    except KeyboardInterrupt:
+        print("tdiag: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

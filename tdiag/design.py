@@ -1,0 +1,250 @@
+"""`tdiag.load`: parse, build the design graph and check it, giving a Design that later stages
+(render, cost, compile) read. A Design shows its diagram inline in Jupyter."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import sympy
+
+from .check import check
+from .errors import Diagnostic, TdiagError
+from .graph import DesignGraph, build_graph, load_items
+from .ir import (
+    Contraction,
+    ElementwiseMap,
+    Expr,
+    PaddingMask,
+    Quotient,
+    Reduction,
+    Scalar,
+    SoftmaxBox,
+    SquaredDistance,
+    SumNode,
+    Tensor,
+    TensorRef,
+    walk,
+)
+
+
+class Design:
+    """A checked design. `graph` is the design graph every later stage reads."""
+
+    def __init__(self, graph: DesignGraph, warnings: list[Diagnostic]):
+        self.graph = graph
+        self.warnings = warnings
+
+    @property
+    def name(self) -> str:
+        return self.graph.name
+
+    @property
+    def sizes(self) -> dict[str, sympy.Expr | None]:
+        return {n: s.definition for n, s in self.graph.sizes.items()}
+
+    @property
+    def size_values(self) -> dict[str, int]:
+        return {k: int(v) for k, v in self.graph.size_values().items()}
+
+    @property
+    def tensors(self) -> dict[str, Tensor]:
+        return self.graph.tensors
+
+    @property
+    def legs(self) -> dict[str, sympy.Expr]:
+        return {n: leg.size for n, leg in self.graph.legs.items()}
+
+    @property
+    def boxes(self) -> list[SoftmaxBox]:
+        return [box for _, box in self.graph.boxes()]
+
+    def parameter_count(self, **at: int) -> sympy.Expr:
+        """Σ of the leg-size products of the trainable tensors; a number when all sizes are known."""
+        count = self.graph.parameter_count()
+        return self.graph.evaluate(count, **at) if at or not self._free_in(count) else count
+
+    def _free_in(self, expr: sympy.Expr) -> bool:
+        return bool(self.graph.evaluate(expr).free_symbols)
+
+    # -- text --
+    def summary(self) -> str:
+        """One line: sizes, tensors and the parameter count as a formula and a number."""
+        g = self.graph
+        values = self.size_values
+        sizes = ", ".join(f"{n}={values[n]}" if n in values else n for n in g.sizes)
+        kinds = [t.kind for t in g.tensors.values() if t.kind != "derived"]
+        counts = ", ".join(f"{kinds.count(k)} {k}{'s' if kinds.count(k) != 1 else ''}" for k in dict.fromkeys(kinds))
+        formula = g.parameter_count()
+        number = g.evaluate(formula)
+        params = f"{formula} = {_thousands(number)}" if number.is_number and formula != number else str(number)
+        return f"{g.name}: ok ({sizes}; {counts}; {len(g.statements)} statements; params {params})"
+
+    def show(self) -> str:
+        """The design graph as text: sizes with formulas, tensors with legs, statements with
+        their contracted and batch legs, and each box."""
+        return "\n".join(_show(self.graph, self.size_values))
+
+    def __repr__(self) -> str:
+        return f"<tdiag.Design {self.summary()}>"
+
+    # -- diagram --
+    def dot(self, **options: object) -> str:
+        from .render import to_dot
+
+        return to_dot(self.graph, **options)  # type: ignore[arg-type]
+
+    def render(self, path: str | Path, **options: object) -> Path:
+        from .render import render
+
+        return render(self.graph, path, **options)  # type: ignore[arg-type]
+
+    def _repr_svg_(self) -> str | None:
+        from .render import to_svg
+
+        return to_svg(self.graph)
+
+
+def load(path: str | Path, **sizes: int) -> Design:
+    """Parse, build and check a `.td` file; `sizes` override the file's size defaults.
+    Raises TdiagError listing every mistake."""
+    for key, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise TdiagError(Diagnostic(f"size {key} must be a positive whole number, got {value!r}"))
+    head, items = load_items(str(path))
+    graph = build_graph(head, items, sizes)
+    found = graph.warnings + check(graph)
+    errors = [d for d in found if d.is_error]
+    if errors:
+        raise TdiagError(errors)
+    return Design(graph, [d for d in found if not d.is_error])
+
+
+def loads(text: str, name: str = "<string>", **sizes: int) -> Design:
+    """Like `load`, from text (no `extends`)."""
+    from .parse import DesignDecl, parse_text
+
+    source = parse_text(text, name)
+    items = list(source.items)
+    if not items or not isinstance(items[0], DesignDecl) or items[0].base:
+        raise TdiagError(Diagnostic("a design text starts with 'design NAME' (no 'extends')"))
+    graph = build_graph(items[0], items[1:], sizes)  # type: ignore[arg-type]
+    found = graph.warnings + check(graph)
+    errors = [d for d in found if d.is_error]
+    if errors:
+        raise TdiagError(errors)
+    return Design(graph, [d for d in found if not d.is_error])
+
+
+# ---- the show text -------------------------------------------------------------------------
+
+
+def _thousands(value: sympy.Expr) -> str:
+    return f"{int(value):,}" if value.is_integer else str(value)  # type: ignore[attr-defined]
+
+
+def _show(g: DesignGraph, values: Mapping[str, int]) -> list[str]:
+    lines = [f"design {g.name}" + (f" (extends {g.base})" if g.base else "") + f"  [{g.file}]", "", "sizes"]
+    for size in g.sizes.values():
+        if size.definition is None:
+            lines.append(f"  {size.name}  (bound at run time)")
+        elif size.definition.is_number:
+            lines.append(f"  {size.name} = {size.definition}")
+        else:
+            lines.append(f"  {size.name} = {size.definition} = {values.get(size.name, '?')}")
+    lines += ["", "legs"]
+    lines += [f"  {leg.name}: {leg.size}" for leg in g.legs.values()]
+    lines += ["", "tensors"]
+    for t in g.tensors.values():
+        if t.kind == "derived":
+            continue
+        axes = ", ".join(f"{a.leg}: {a.size}" for a in t.axes)
+        extra = f"  = {t.init}" if t.init else ""
+        if t.kind == "param":
+            count = g.evaluate(t.numel)
+            extra += (
+                f"   ({t.numel} = {_thousands(count)} parameters)" if t.numel != count else f"   ({count} parameters)"
+            )
+        lines.append(f"  {t.kind:<6} {t.name}[{axes}]{extra}")
+    lines += ["", "statements"]
+    for s in [*g.statements, *g.updates]:
+        lines.append(f"  {'update ' if s.is_update else ''}{s.target}[{_groups(s.groups)}] = {format_expr(s.expr)}")
+        lines += [f"      {d}" for d in _describe_nodes(s.expr)]
+    lines += [
+        "",
+        "outputs: " + ", ".join(f"{o}[{' '.join(g.tensors[o].legs)}]" for o in g.outputs),
+    ]
+    count = g.parameter_count()
+    lines.append(
+        f"parameters: {count} = {_thousands(g.evaluate(count))}"
+        if g.evaluate(count).is_number
+        else f"parameters: {count}"
+    )
+    return lines
+
+
+def _groups(groups: tuple[tuple[str, ...], ...]) -> str:
+    return " ".join(g[0] if len(g) == 1 else "(" + " ".join(g) + ")" for g in groups)
+
+
+def _describe_nodes(expr: Expr) -> list[str]:
+    out = []
+    for node in walk(expr):
+        if isinstance(node, Contraction) and (node.summed or node.batch):
+            summed = ", ".join(node.summed) or "none"
+            batch = ", ".join(node.batch) or "none"
+            factors = len(node.factors)
+            way = f"{factors}-way " if factors > 2 else ""
+            out.append(f"{way}contraction [{' '.join(node.legs)}]: contracted {summed}; batch legs {batch}")
+        elif isinstance(node, SoftmaxBox):
+            masks = ", ".join(
+                f"causal({m.query}, {m.key})" if not isinstance(m, PaddingMask) else f"pad {m.tensor.name}"
+                for m in node.masks
+            )
+            scale = f", scale {node.scale}" if node.is_exp else ""
+            out.append(
+                f"{node.box_name} box over [{' '.join(node.legs)}], normalized leg {' '.join(node.normalized)}{scale}"
+                + (f", masks {masks}" if masks else "")
+            )
+    return out
+
+
+def format_expr(e: Expr) -> str:
+    """An expression node as `.td`-like text (for show, codegen comments and errors)."""
+    if isinstance(e, TensorRef):
+        return f"{e.name}[{_groups(e.groups)}]"
+    if isinstance(e, Scalar):
+        return str(e.value)
+    if isinstance(e, Contraction):
+        text = " ".join(_wrap(f) for f in e.factors)
+        if e.coefficient == 1:
+            return text
+        coefficient = str(e.coefficient)
+        if not (e.coefficient.is_Atom or e.coefficient.is_Pow):
+            coefficient = f"({coefficient})"
+        return f"{coefficient} * {text}"
+    if isinstance(e, SumNode):
+        parts = [
+            ("- " if s < 0 else ("+ " if i else "")) + format_expr(t)
+            for i, (t, s) in enumerate(zip(e.terms, e.signs, strict=True))
+        ]
+        return " ".join(parts)
+    if isinstance(e, Quotient):
+        return f"{_wrap(e.numerator)} / {_wrap(e.denominator)}"  # type: ignore[arg-type]
+    if isinstance(e, SoftmaxBox):
+        return f"{e.box_name}[{' '.join(e.normalized)}]({format_expr(e.content)})"  # type: ignore[arg-type]
+    if isinstance(e, ElementwiseMap):
+        if e.name == "pow":
+            return f"{_wrap(e.operand)} ^ {e.params[0]}"  # type: ignore[arg-type]
+        params = "".join(f", {p}" for p in e.params)
+        return f"{e.name}({format_expr(e.operand)}{params})"  # type: ignore[arg-type]
+    if isinstance(e, Reduction):
+        return f"{e.name}[{' '.join(e.over)}]({format_expr(e.operand)})"  # type: ignore[arg-type]
+    if isinstance(e, SquaredDistance):
+        return f"sqdist[{' '.join(e.over)}]({format_expr(e.left)}, {format_expr(e.right)})"  # type: ignore[arg-type]
+    return type(e).__name__
+
+
+def _wrap(e: Expr) -> str:
+    text = format_expr(e)
+    return f"({text})" if isinstance(e, SumNode | Quotient | Contraction) else text

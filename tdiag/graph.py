@@ -1,0 +1,1223 @@
+"""Syntax -> DesignGraph. Resolves every name, binds every leg to one size symbol, applies the
+diagram rule for legs (a leg that does not cross a box, map or sum boundary is summed inside it;
+Tuformer App. A) and records the result as a networkx graph of tensors and operations. Every
+mistake becomes a Diagnostic; all of them are collected before anything is raised."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import networkx as nx
+import sympy
+
+from . import parse as syn
+from .errors import Diagnostic, Span, TdiagError, did_you_mean, one_of
+from .ir import (
+    Axis,
+    CausalMask,
+    Contraction,
+    ElementwiseMap,
+    Expr,
+    Init,
+    Leg,
+    Mask,
+    PaddingMask,
+    Quotient,
+    Reduction,
+    Scalar,
+    Size,
+    SoftmaxBox,
+    SquaredDistance,
+    Statement,
+    SumNode,
+    Tensor,
+    TensorRef,
+    walk,
+)
+
+BOXES = ("softmax", "normalize")
+MAPS = {"exp": 0, "log": 0, "relu": 0, "elu1": 0, "clamp": 2}
+REDUCTIONS = ("max", "logsumexp", "mean")
+PAIRINGS = ("sqdist",)
+SCALAR_FUNCTIONS = ("sqrt",)
+FUNCTIONS = (*BOXES, *MAPS, *REDUCTIONS, *PAIRINGS, *SCALAR_FUNCTIONS)
+BOX_OPTIONS = {"softmax": ("mask", "scale"), "normalize": ("eps", "mask")}
+INITIALIZERS = {
+    "param": ("fill", "identity", "normal", "ones", "uniform", "zeros"),
+    "const": ("fill", "identity", "ones", "zeros"),
+    "buffer": ("fill", "ones", "zeros"),
+    "random": ("normal",),
+}
+INIT_PARAMS = {
+    "normal": ("mean", "std"),
+    "uniform": ("low", "high"),
+    "fill": ("value",),
+    "identity": ("scale",),
+    "ones": (),
+    "zeros": (),
+}
+RANDOM_MODES = ("always", "never", "train")
+
+
+# ---- the design graph ----------------------------------------------------------------------
+
+
+@dataclass
+class DesignGraph:
+    """One design: sizes, legs, tensors, statements, boxes, and `graph`, a networkx MultiDiGraph
+    whose nodes are tensors and operations and whose edges carry the legs that flow along them."""
+
+    name: str
+    file: str
+    base: str | None
+    sizes: dict[str, Size]
+    legs: dict[str, Leg]
+    tensors: dict[str, Tensor]
+    statements: list[Statement]
+    updates: list[Statement]
+    outputs: list[str]
+    graph: nx.MultiDiGraph
+    warnings: list[Diagnostic] = field(default_factory=list)
+
+    # sizes
+    def expand(self, expr: sympy.Expr) -> sympy.Expr:
+        """Substitute derived sizes (D = F / H) until only base sizes remain."""
+        return expand_sizes(expr, self.sizes)
+
+    def size_values(self) -> dict[str, int]:
+        """Numbers for every size that does not depend on a run-time size."""
+        return size_values(self.sizes)
+
+    def evaluate(self, expr: sympy.Expr, **at: int) -> sympy.Expr:
+        values = self.size_values() | at
+        subs = {self.sizes[k].symbol: v for k, v in values.items() if k in self.sizes}
+        return sympy.nsimplify(self.expand(expr).subs(subs))
+
+    # tensors
+    def tensors_of_kind(self, *kinds: str) -> list[Tensor]:
+        return [t for t in self.tensors.values() if t.kind in kinds]
+
+    @property
+    def parameters(self) -> list[Tensor]:
+        return self.tensors_of_kind("param")
+
+    @property
+    def inputs(self) -> list[Tensor]:
+        return self.tensors_of_kind("input")
+
+    def parameter_count(self) -> sympy.Expr:
+        """Σ over trainable tensors of the product of their leg sizes (Tuformer A.3(2))."""
+        return sympy.factor(sympy.Add(*(t.numel for t in self.parameters)))
+
+    def statement_of(self, tensor: str) -> Statement | None:
+        t = self.tensors.get(tensor)
+        return t.statement if t else None
+
+    def boxes(self) -> list[tuple[Statement, SoftmaxBox]]:
+        """Every softmax or normalize box, with the statement it sits in, in file order."""
+        found = []
+        for statement in [*self.statements, *self.updates]:
+            found += [(statement, n) for n in walk(statement.expr) if isinstance(n, SoftmaxBox)]
+        return found
+
+    def depends_on(self, tensor: str) -> set[str]:
+        """Names of all tensors that `tensor` is computed from."""
+        return {n for n in nx.ancestors(self.forward_graph(), tensor) if n in self.tensors}
+
+    def forward_graph(self) -> nx.MultiDiGraph:
+        """The graph without update edges: the forward pass's dataflow (acyclic)."""
+        edges = [(u, v, k) for u, v, k, d in self.graph.edges(keys=True, data=True) if d.get("update")]
+        view = self.graph.copy()
+        view.remove_edges_from(edges)
+        return view
+
+
+# ---- sizes ---------------------------------------------------------------------------------
+
+
+def size_symbol(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, positive=True)
+
+
+def expand_sizes(expr: sympy.Expr, sizes: Mapping[str, Size]) -> sympy.Expr:
+    derived = {s.symbol: s.definition for s in sizes.values() if s.definition is not None and s.definition.free_symbols}
+    for _ in range(len(derived) + 1):
+        new = expr.xreplace(derived)
+        if new == expr:
+            return expr
+        expr = new
+    return expr
+
+
+def size_values(sizes: Mapping[str, Size]) -> dict[str, int]:
+    values: dict[str, int] = {}
+    for name, size in sizes.items():
+        value = expand_sizes(size.symbol, sizes)
+        value = value.xreplace({s.symbol: s.definition for s in sizes.values() if s.definition is not None})
+        value = sympy.nsimplify(value)
+        if value.is_number:
+            values[name] = value  # type: ignore[assignment]
+    return values
+
+
+# ---- merging a derived design into its base ------------------------------------------------
+
+
+def _item_name(item: syn.Item) -> str | None:
+    if isinstance(item, syn.SizeDef | syn.Declaration):
+        return item.name
+    if isinstance(item, syn.Statement):
+        return item.target.name
+    return None
+
+
+def _item_name_span(item: syn.Item) -> Span:
+    if isinstance(item, syn.Declaration):
+        return item.name_span
+    if isinstance(item, syn.Statement):
+        return item.target.name_span
+    return item.span
+
+
+def load_items(path: str, chain: tuple[str, ...] = ()) -> tuple[syn.DesignDecl, list[syn.Item]]:
+    """Parse `path` and, when it `extends` a base design, merge it into the base's items."""
+    source = syn.parse_file(path)
+    items = list(source.items)
+    if not items or not isinstance(items[0], syn.DesignDecl):
+        span = items[0].span if items else Span(path, 1, 1, 1, 2)
+        raise TdiagError(
+            Diagnostic("a design file starts with 'design NAME'", (span,), "add a first line: design my_attention")
+        )
+    head = items[0]
+    extra = [i for i in items[1:] if isinstance(i, syn.DesignDecl)]
+    if extra:
+        raise TdiagError(Diagnostic("a file holds one design; 'design' appears again", (extra[0].span,), None))
+    body = items[1:]
+    if head.base is None:
+        stray = [i for i in body if getattr(i, "replace", False)]
+        if stray:
+            raise TdiagError(
+                [
+                    Diagnostic(
+                        f"'replace {_item_name(i)}' needs a base design",
+                        (i.span,),
+                        f"write 'design {head.name} extends BASE' to derive from BASE.td",
+                    )
+                    for i in stray
+                ]
+            )
+        return head, body
+    base_path = str(Path(path).parent / f"{head.base}.td")
+    if base_path in chain or Path(base_path).resolve() == Path(path).resolve():
+        raise TdiagError(Diagnostic(f"design '{head.name}' extends itself through '{head.base}'", (head.base_span,)))
+    if not Path(base_path).exists():
+        siblings = [p.stem for p in Path(path).parent.glob("*.td")]
+        raise TdiagError(
+            Diagnostic(
+                f"no base design '{head.base}' (looked for {base_path})",
+                (head.base_span,),
+                did_you_mean(head.base, siblings),
+            )
+        )
+    _, base_items = load_items(base_path, (*chain, path))
+    return head, _merge(base_items, body)
+
+
+def _merge(base: list[syn.Item], derived: list[syn.Item]) -> list[syn.Item]:
+    items = list(base)
+    position = {_item_name(i): k for k, i in enumerate(items) if _item_name(i)}
+    problems: list[Diagnostic] = []
+    for item in derived:
+        name = _item_name(item)
+        if getattr(item, "replace", False):
+            if name not in position:
+                problems.append(
+                    Diagnostic(
+                        f"nothing named '{name}' in the base design to replace",
+                        (_item_name_span(item),),
+                        did_you_mean(name or "", [n for n in position if n]),
+                    )
+                )
+                continue
+            items[position[name]] = item
+        else:
+            if isinstance(item, syn.Output):
+                items = [i for i in items if not isinstance(i, syn.Output)]
+            items.append(item)
+            if name and name not in position:
+                position[name] = len(items) - 1
+    if problems:
+        raise TdiagError(problems)
+    return items
+
+
+# ---- the builder ---------------------------------------------------------------------------
+
+
+class _Builder:
+    """Builds one DesignGraph; `diagnostics` collects every error and warning on the way."""
+
+    def __init__(self, head: syn.DesignDecl, items: list[syn.Item], overrides: Mapping[str, int]):
+        self.head = head
+        self.items = items
+        self.overrides = dict(overrides)
+        self.diagnostics: list[Diagnostic] = []
+        self.sizes: dict[str, Size] = {}
+        self.legs: dict[str, Leg] = {}
+        self.tensors: dict[str, Tensor] = {}
+        self.statements: list[Statement] = []
+        self.updates: list[Statement] = []
+        self.outputs: list[str] = []
+
+    def error(self, message: str, *spans: Span, hint: str | None = None) -> None:
+        self.diagnostics.append(Diagnostic(message, tuple(spans), hint))
+
+    def warn(self, message: str, *spans: Span, hint: str | None = None) -> None:
+        self.diagnostics.append(Diagnostic(message, tuple(spans), hint, severity="warning"))
+
+    # -- the stages of building, in order --
+    def build(self) -> DesignGraph:
+        self._check_duplicates()
+        self._declare_sizes()
+        self._declare_tensors()
+        for statement in self._ordered_statements():
+            self._add_statement(statement)
+        for update in (i for i in self.items if isinstance(i, syn.Update)):
+            self._add_update(update)
+        self._declare_outputs()
+        errors = [d for d in self.diagnostics if d.is_error]
+        if errors:
+            raise TdiagError(errors)
+        graph = DesignGraph(
+            name=self.head.name,
+            file=self.head.span.file,
+            base=self.head.base,
+            sizes=self.sizes,
+            legs=self.legs,
+            tensors=self.tensors,
+            statements=self.statements,
+            updates=self.updates,
+            outputs=self.outputs,
+            graph=_dataflow_graph(self.tensors, self.statements, self.updates),
+            warnings=[d for d in self.diagnostics if not d.is_error],
+        )
+        return graph
+
+    def _check_duplicates(self) -> None:
+        seen: dict[str, syn.Item] = {}
+        for item in self.items:
+            name = _item_name(item)
+            if name is None:
+                continue
+            if name in seen:
+                first = seen[name]
+                self.error(
+                    f"'{name}' is defined twice (first at line {first.span.line})",
+                    _item_name_span(item),
+                    _item_name_span(first),
+                    hint="rename one of them, or use 'replace' in a design that extends another",
+                )
+            else:
+                seen[name] = item
+            if name in FUNCTIONS:
+                self.error(f"'{name}' is a built-in map and cannot name a size or tensor", _item_name_span(item))
+
+    # -- sizes --
+    def _declare_sizes(self) -> None:
+        defs = [i for i in self.items if isinstance(i, syn.SizeDef)]
+        names = {d.name for d in defs}
+        for key in self.overrides:
+            if key not in names:
+                self.error(
+                    f"design '{self.head.name}' has no size '{key}'",
+                    hint=(did_you_mean(key, names) or "") + f" its sizes are: {', '.join(sorted(names))}",
+                )
+        for d in defs:
+            symbol = size_symbol(d.name)
+            if d.name in self.overrides:
+                definition: sympy.Expr | None = sympy.Integer(self.overrides[d.name])
+            elif d.value is None:
+                definition = None
+            else:
+                definition = self._scalar(d.value, sizes_only=True, known=names)
+            self.sizes[d.name] = Size(d.name, symbol, definition, d.span)
+        self._check_size_cycles()
+        self._check_size_values()
+
+    def _check_size_cycles(self) -> None:
+        deps = nx.DiGraph()
+        for s in self.sizes.values():
+            deps.add_node(s.name)
+            for sym in s.definition.free_symbols if s.definition is not None else ():
+                deps.add_edge(s.name, str(sym))
+        for cycle in nx.simple_cycles(deps):
+            spans = [self.sizes[n].span for n in cycle if n in self.sizes]
+            self.error("sizes defined in a cycle: " + " -> ".join([*cycle, cycle[0]]), *spans)
+            for n in cycle:
+                s = self.sizes[n]
+                self.sizes[n] = Size(n, s.symbol, None, s.span)
+
+    def _check_size_values(self) -> None:
+        values = size_values(self.sizes)
+        for name, value in values.items():
+            size = self.sizes[name]
+            if value.is_integer and value > 0:  # type: ignore[attr-defined]
+                continue
+            shown = ", ".join(
+                f"{k}={v}"
+                for k, v in values.items()
+                if k != name and sympy.Symbol(k, positive=True) in (size.definition or sympy.S.Zero).free_symbols
+            )
+            self.error(
+                f"size {name} = {size.definition} is {_number(value)}"
+                + (f" at {shown}" if shown else "")
+                + "; a size must be a whole positive number",
+                size.span,
+                hint="choose sizes that divide evenly" if "/" in str(size.definition) else None,
+            )
+
+    # -- declarations --
+    def _declare_tensors(self) -> None:
+        for d in (i for i in self.items if isinstance(i, syn.Declaration)):
+            axes = []
+            for axis in d.axes:
+                size = self._scalar(axis.size, sizes_only=True)
+                self._bind(axis.leg, size, axis.span, f"{d.name} (line {axis.span.line})")
+                axes.append(Axis(axis.leg, size))
+            self._check_axis_names(d)
+            init = self._initializer(d, tuple(axes))
+            tensor = Tensor(d.name, d.kind, tuple(axes), d.name_span, init=init)
+            tensor.is_constant = d.kind == "const"
+            self.tensors[d.name] = tensor
+
+    def _check_axis_names(self, d: syn.Declaration) -> None:
+        seen: dict[str, syn.Axis] = {}
+        for axis in d.axes:
+            if axis.leg in seen:
+                self.error(f"leg '{axis.leg}' names two axes of {d.name}", axis.span, seen[axis.leg].span)
+            seen[axis.leg] = axis
+
+    def _initializer(self, d: syn.Declaration, axes: tuple[Axis, ...]) -> Init | None:
+        allowed = INITIALIZERS.get(d.kind, ())
+        if d.init is None:
+            if d.kind == "const":
+                self.error(f"constant {d.name} needs a value", d.span, hint=f"write '= ...', {one_of(allowed)}")
+            return Init("normal", (("mode", "train"),)) if d.kind == "random" else None
+        if not allowed:
+            self.error(f"{d.kind} {d.name} takes no initializer", d.init.span, hint="inputs are given at run time")
+            return None
+        name, args, keywords, span = _call_parts(d.init)
+        if name is None:
+            self.error(f"expected an initializer for {d.kind} {d.name}", d.init.span, hint=one_of(allowed))
+            return None
+        if name not in allowed:
+            self.error(
+                f"unknown initializer '{name}' for {d.kind} {d.name}",
+                span,
+                hint=(did_you_mean(name, allowed) or "") + " " + one_of(allowed),
+            )
+            return None
+        return self._init_params(d, axes, name, args, keywords, span)
+
+    def _init_params(self, d, axes, name, args, keywords, span) -> Init:
+        if d.kind == "random":
+            return self._random_mode(d, args, keywords, span)
+        known = INIT_PARAMS[name]
+        params: list[tuple[str, sympy.Expr | str]] = []
+        if len(args) > len(known):
+            self.error(
+                f"{name} takes {len(known)} argument(s), got {len(args)}",
+                span,
+                hint=f"arguments: {', '.join(known) or 'none'}",
+            )
+        for key, value in zip(known, args, strict=False):
+            params.append((key, self._scalar(value)))
+        for kw in keywords:
+            if kw.name not in known:
+                self.error(
+                    f"unknown argument '{kw.name}' of {name}",
+                    kw.span,
+                    hint=(did_you_mean(kw.name, known) or "") + f" arguments: {', '.join(known) or 'none'}",
+                )
+                continue
+            params.append((kw.name, self._scalar(kw.value)))
+        if name == "identity":
+            sizes = {expand_sizes(a.size, self.sizes) for a in axes}
+            if len(axes) < 2 or len(sizes) > 1:
+                self.error(
+                    f"identity needs two or more axes of one size; {d.name} has "
+                    + (", ".join(str(a.size) for a in axes) or "none"),
+                    span,
+                )
+        if name == "uniform" and {k for k, _ in params} != {"low", "high"}:
+            self.error("uniform needs low and high", span, hint="uniform(low = -0.1, high = 0.1)")
+        return Init(name, tuple(params), span)
+
+    def _random_mode(self, d, args, keywords, span) -> Init:
+        mode = "train"
+        for kw in keywords:
+            if kw.name != "mode":
+                self.error(f"unknown argument '{kw.name}' of normal noise", kw.span, hint="arguments: mode")
+                continue
+            value = kw.value.name if isinstance(kw.value, syn.Name) else None
+            if value not in RANDOM_MODES:
+                self.error("unknown noise mode", kw.value.span, hint=one_of(RANDOM_MODES))
+            else:
+                mode = value
+        if args:
+            self.error(
+                "random nodes are standard normal; scale them in a statement",
+                args[0].span,
+                hint="e.g. noise[m n s] = sigma[m] eps[m n s]",
+            )
+        return Init("normal", (("mode", mode),), span)
+
+    # -- statements --
+    def _ordered_statements(self) -> list[syn.Statement]:
+        statements = [i for i in self.items if isinstance(i, syn.Statement)]
+        by_target: dict[str, syn.Statement] = {}
+        for s in statements:
+            name = s.target.name
+            if name in self.tensors:
+                self.error(
+                    f"'{name}' is declared as {self.tensors[name].kind} and also defined by a statement",
+                    s.target.name_span,
+                    self.tensors[name].span,
+                    hint="a tensor is either declared or computed; remove one",
+                )
+                continue
+            by_target.setdefault(name, s)
+        deps = nx.DiGraph()
+        for name, s in by_target.items():
+            deps.add_node(name)
+            for used in _tensor_names(s.expr):
+                if used in by_target:
+                    deps.add_edge(used, name)
+        for cycle in nx.simple_cycles(deps):
+            spans = [by_target[n].target.name_span for n in cycle]
+            self.error(
+                "cycle of definitions: " + " -> ".join([*cycle, cycle[0]]),
+                *spans,
+                hint="a tensor cannot be computed from itself; state updates use 'update'",
+            )
+            deps.remove_nodes_from(cycle)
+            if not nx.is_directed_acyclic_graph(deps):
+                break
+        order = list(nx.topological_sort(deps)) if nx.is_directed_acyclic_graph(deps) else []
+        return [by_target[n] for n in order]
+
+    def _add_statement(self, s: syn.Statement) -> None:
+        groups = self._target_groups(s.target)
+        expr = _ExprBuilder(self).statement(s.expr, groups, s.target)
+        axes = tuple(Axis(_group_name(g), self._group_size(g)) for g in groups)
+        statement = Statement(s.target.name, groups, expr, s.span, s.target.name_span)
+        tensor = Tensor(s.target.name, "derived", axes, s.target.name_span, statement=statement)
+        tensor.is_constant = _is_constant(expr, self.tensors)
+        self.tensors[s.target.name] = tensor
+        self.statements.append(statement)
+
+    def _add_update(self, u: syn.Update) -> None:
+        name = u.target.name
+        buffer = self.tensors.get(name)
+        if buffer is None or buffer.kind != "buffer":
+            buffers = [t.name for t in self.tensors.values() if t.kind == "buffer"]
+            what = f"a {buffer.kind}" if buffer else "not declared"
+            self.error(
+                f"'update' rewrites a buffer, but '{name}' is {what}",
+                u.target.name_span,
+                hint=did_you_mean(name, buffers) or "declare it first: buffer NAME[leg: SIZE] = fill(...)",
+            )
+            return
+        groups = self._target_groups(u.target)
+        expr = _ExprBuilder(self).statement(u.expr, groups, u.target)
+        if len(groups) != len(buffer.axes):
+            self.error(
+                f"buffer {name} has {len(buffer.axes)} axes but its update names {len(groups)}",
+                u.target.span,
+            )
+        self.updates.append(Statement(name, groups, expr, u.span, u.target.name_span, is_update=True))
+
+    def _target_groups(self, target: syn.Target) -> tuple[tuple[str, ...], ...]:
+        groups = tuple(_leg_names(item) for item in target.legs)
+        seen: set[str] = set()
+        for item in target.legs:
+            for leg in item.legs if isinstance(item, syn.LegGroup) else (item,):
+                if leg.name in seen:
+                    self.error(f"leg '{leg.name}' appears twice in the result {target.name}", leg.span)
+                seen.add(leg.name)
+        return groups
+
+    def _group_size(self, group: tuple[str, ...]) -> sympy.Expr:
+        return sympy.Mul(*(self.legs[g].size if g in self.legs else sympy.Integer(1) for g in group))
+
+    def _declare_outputs(self) -> None:
+        outputs = [i for i in self.items if isinstance(i, syn.Output)]
+        if not outputs:
+            self.error(
+                f"design '{self.head.name}' has no output",
+                self.head.span,
+                hint="add a line 'output Y' naming the result tensor",
+            )
+            return
+        for item in outputs:
+            for name in item.names:
+                if name.name not in self.tensors:
+                    self.error(
+                        f"unknown output '{name.name}'",
+                        name.span,
+                        hint=did_you_mean(name.name, self.tensors) or "outputs name tensors defined in this file",
+                    )
+                elif name.name in self.outputs:
+                    self.error(f"'{name.name}' is listed as an output twice", name.span)
+                else:
+                    self.outputs.append(name.name)
+
+    # -- legs --
+    def _bind(self, leg: str, size: sympy.Expr, span: Span, where: str) -> None:
+        """Bind a leg to a size; a leg has one size throughout the file."""
+        known = self.legs.get(leg)
+        if known is None:
+            self.legs[leg] = Leg(leg, size, span, where)
+            return
+        if not _same_size(known.size, size, self.sizes):
+            self.error(
+                f"leg '{leg}' is bound to {known.size} in {known.bound_by} but to {size} in {where}",
+                span,
+                known.span,
+                hint=f"a leg has one size; use a new leg name where the size is {size}",
+            )
+
+    # -- scalars --
+    def _scalar(self, e: syn.Expr, *, sizes_only: bool = False, known: Iterable[str] = ()) -> sympy.Expr:
+        """A size or scale expression -> sympy, in size symbols."""
+        known = set(known) | set(self.sizes)
+        if isinstance(e, syn.Number):
+            return sympy.Rational(str(e.value)) if isinstance(e.value, float) else sympy.Integer(e.value)
+        if isinstance(e, syn.Name):
+            if e.name in known:
+                return size_symbol(e.name)
+            if e.name in self.tensors:
+                self.error(f"'{e.name}' is a tensor; a size or number is expected here", e.span)
+            else:
+                self.error(f"unknown size '{e.name}'", e.span, hint=did_you_mean(e.name, known))
+            return sympy.Integer(1)
+        if isinstance(e, syn.Neg):
+            return -self._scalar(e.operand, sizes_only=sizes_only, known=known)
+        if isinstance(e, syn.BinOp) and e.op != "juxt":
+            a = self._scalar(e.left, sizes_only=sizes_only, known=known)
+            b = self._scalar(e.right, sizes_only=sizes_only, known=known)
+            if e.op == "/" and b == 0:
+                self.error("division by zero", e.right.span)
+                return sympy.Integer(1)
+            return {"+": a + b, "-": a - b, "*": a * b, "/": a / b, "^": a**b}[e.op]
+        if isinstance(e, syn.Call) and e.name == "sqrt" and e.legs is None and len(e.args) == 1:
+            if sizes_only:
+                self.error("a size is a whole number; sqrt is for scales", e.name_span)
+            return sympy.sqrt(self._scalar(e.args[0], known=known))
+        what = "a size expression (numbers, sizes, + - * / ^)" if sizes_only else "a number or size expression"
+        self.error(f"expected {what}", e.span)
+        return sympy.Integer(1)
+
+
+# ---- expressions ---------------------------------------------------------------------------
+
+
+class _ExprBuilder:
+    """Builds the expression of one statement, applying the leg rule at every boundary."""
+
+    def __init__(self, builder: _Builder):
+        self.b = builder
+
+    def statement(self, e: syn.Expr, groups: tuple[tuple[str, ...], ...], target: syn.Target) -> Expr:
+        result = [leg for g in groups for leg in g]
+        expr = self.inside(e, set(result))
+        spans = {
+            leg.name: leg.span
+            for item in target.legs
+            for leg in (item.legs if isinstance(item, syn.LegGroup) else (item,))
+        }
+        for leg in result:
+            if leg not in expr.legs:
+                self.b.error(
+                    f"result leg '{leg}' of {target.name} appears in no factor",
+                    spans[leg],
+                    hint=did_you_mean(leg, expr.legs)
+                    or f"the right-hand side has legs: {', '.join(expr.legs) or 'none'}",
+                )
+        if any(len(g) > 1 for g in groups):
+            for g in groups:
+                if len(g) > 1 and any(leg not in self.b.legs for leg in g):
+                    self.b.error(f"cannot size the merged legs ({' '.join(g)})", target.span)
+        return expr
+
+    # -- the leg rule --
+    def inside(self, e: syn.Expr, keep: set[str]) -> Expr:
+        """A sub-expression seen from outside: legs not in `keep` are summed inside it."""
+        return self.restrict(self.build(e, keep), keep, e.span)
+
+    @staticmethod
+    def restrict(node: Expr, keep: set[str], span: Span) -> Expr:
+        extra = tuple(leg for leg in node.legs if leg not in keep)
+        if not extra:
+            return node
+        kept = tuple(leg for leg in node.legs if leg in keep)
+        if isinstance(node, Contraction):
+            return Contraction(
+                kept,
+                node.span,
+                node.factors,
+                node.coefficient,
+                (*node.summed, *extra),
+                tuple(b for b in node.batch if b in keep),
+            )
+        return Contraction(kept, span, (node,), sympy.Integer(1), extra, ())
+
+    def build(self, e: syn.Expr, keep: set[str]) -> Expr:
+        e = _call_as_product(e, self.b.tensors)
+        if _is_scalar_syntax(e, self.b.tensors):
+            return Scalar((), e.span, self.b._scalar(e))
+        if isinstance(e, syn.Name):
+            return self._bare_name(e)
+        if isinstance(e, syn.Indexed):
+            return self.tensor_ref(e)
+        if isinstance(e, syn.Neg | syn.BinOp) and _product_op(e, self.b.tensors):
+            return self.product(e, keep)
+        if isinstance(e, syn.BinOp) and e.op in "+-":
+            return self.sum(e, keep)
+        if isinstance(e, syn.BinOp) and e.op == "/":
+            return self.quotient(e, keep)
+        if isinstance(e, syn.BinOp) and e.op == "^":
+            return self.power(e, keep)
+        if isinstance(e, syn.Call):
+            return self.call(e, keep)
+        self.b.error("expected a tensor expression", e.span)
+        return Scalar((), e.span)
+
+    def _bare_name(self, e: syn.Name) -> Expr:
+        if e.name in self.b.tensors:
+            t = self.b.tensors[e.name]
+            self.b.error(
+                f"tensor '{e.name}' is used without legs",
+                e.span,
+                hint=f"name its legs: {e.name}[{' '.join(t.legs)}]",
+            )
+        elif e.name in FUNCTIONS:
+            self.b.error(f"'{e.name}' needs an argument", e.span, hint=f"e.g. {e.name}(...)")
+        else:
+            candidates = [*self.b.tensors, *self.b.sizes, *_statement_targets(self.b.items)]
+            self.b.error(f"unknown name '{e.name}'", e.span, hint=did_you_mean(e.name, candidates))
+        return Scalar((), e.span)
+
+    # -- tensors --
+    def tensor_ref(self, e: syn.Indexed) -> Expr:
+        if e.options:
+            self.b.error(
+                f"options like '{e.options[0].name}=' belong to boxes, not to tensor {e.name}",
+                e.options[0].span,
+            )
+        if e.name in FUNCTIONS:
+            self.b.error(f"'{e.name}[...]' needs its argument", e.span, hint=f"write {e.name}[...](expression)")
+            return Scalar((), e.span)
+        tensor = self.b.tensors.get(e.name)
+        if tensor is None:
+            return self._unknown_tensor(e)
+        groups = tuple(_leg_names(item) for item in e.legs)
+        if len(groups) != len(tensor.axes):
+            axes = " ".join(tensor.legs)
+            self.b.error(
+                f"{e.name} has {len(tensor.axes)} axes ({axes}) but is used with {len(groups)} legs",
+                e.span,
+                hint=f"e.g. {e.name}[{axes}]",
+            )
+            return Scalar((), e.span)
+        self._check_repeated_legs(e)
+        for item, axis in zip(e.legs, tensor.axes, strict=True):
+            where = f"{e.name} (line {item.span.line})"
+            if isinstance(item, syn.Leg):
+                self.b._bind(item.name, axis.size, item.span, where)
+            else:
+                self._bind_group(item, axis, e.name, where)
+        legs = tuple(leg for g in groups for leg in g)
+        return TensorRef(legs, e.span, e.name, groups)
+
+    def _unknown_tensor(self, e: syn.Indexed) -> Expr:
+        if e.name in self.b.sizes:
+            self.b.error(f"'{e.name}' is a size, not a tensor", e.name_span)
+        else:
+            defined = [*self.b.tensors, *_statement_targets(self.b.items)]
+            if e.name in defined:
+                return Scalar((), e.span)  # its own statement failed; already reported
+            self.b.error(f"unknown tensor '{e.name}'", e.name_span, hint=did_you_mean(e.name, defined))
+        return Scalar((), e.span)
+
+    def _check_repeated_legs(self, e: syn.Indexed) -> None:
+        seen: dict[str, Span] = {}
+        for item in e.legs:
+            for leg in item.legs if isinstance(item, syn.LegGroup) else (item,):
+                if leg.name in seen:
+                    self.b.error(
+                        f"leg '{leg.name}' names two axes of {e.name}",
+                        leg.span,
+                        seen[leg.name],
+                        hint="each axis of a tensor needs its own leg; a diagonal is not supported",
+                    )
+                seen[leg.name] = leg.span
+
+    def _bind_group(self, group: syn.LegGroup, axis: Axis, name: str, where: str) -> None:
+        """A reshape `(h d)`: the axis size must equal the product of the legs' sizes."""
+        unknown = [leg for leg in group.legs if leg.name not in self.b.legs]
+        known = sympy.Mul(*(self.b.legs[leg.name].size for leg in group.legs if leg.name in self.b.legs))
+        pieces = " ".join(leg.name for leg in group.legs)
+        if len(unknown) > 1:
+            self.b.error(
+                f"cannot split axis {axis.leg} of {name} ({axis.size}) into ({pieces}): "
+                f"legs {', '.join(leg.name for leg in unknown)} have no size yet",
+                group.span,
+                hint="declare a tensor that uses these legs, so their sizes are known",
+            )
+            return
+        if unknown:
+            inferred = sympy.simplify(
+                self.b.sizes and expand_sizes(axis.size, self.b.sizes) / expand_sizes(known, self.b.sizes)
+            )
+            self.b._bind(unknown[0].name, inferred, unknown[0].span, where)
+            return
+        if not _same_size(known, axis.size, self.b.sizes):
+            self.b.error(
+                f"reshape mismatch: axis {axis.leg} of {name} has size {axis.size} "
+                f"but ({' '.join(leg.name for leg in group.legs)}) has size {_product_text(group, self.b.legs)}",
+                group.span,
+                hint="the legs of a reshape must multiply to the axis size",
+            )
+
+    # -- products, sums, quotients --
+    def product(self, e: syn.Expr, keep: set[str]) -> Expr:
+        coefficient, factors = self._flatten_product(e)
+        if not factors:
+            return Scalar((), e.span, coefficient)
+        available = [_available(f, self.b.tensors) for f in factors]
+        nodes = []
+        for i, f in enumerate(factors):
+            outside = set().union(*(a for j, a in enumerate(available) if j != i))
+            nodes.append(self.build(f, keep | outside))
+        every = _ordered_union(n.legs for n in nodes)
+        kept = tuple(leg for leg in every if leg in keep)
+        summed = tuple(leg for leg in every if leg not in keep)
+        batch = tuple(leg for leg in kept if sum(leg in n.legs for n in nodes) > 1)
+        if len(nodes) == 1 and coefficient == 1 and not summed:
+            return nodes[0]
+        return Contraction(kept, e.span, tuple(nodes), coefficient, summed, batch)
+
+    def _flatten_product(self, e: syn.Expr) -> tuple[sympy.Expr, list[syn.Expr]]:
+        e = _call_as_product(e, self.b.tensors)
+        if _is_scalar_syntax(e, self.b.tensors):
+            return self.b._scalar(e), []
+        if isinstance(e, syn.Neg):
+            c, fs = self._flatten_product(e.operand)
+            return -c, fs
+        if isinstance(e, syn.BinOp) and e.op in ("juxt", "*"):
+            c1, f1 = self._flatten_product(e.left)
+            c2, f2 = self._flatten_product(e.right)
+            return c1 * c2, f1 + f2
+        if isinstance(e, syn.BinOp) and e.op == "/" and _is_scalar_syntax(e.right, self.b.tensors):
+            c, fs = self._flatten_product(e.left)
+            return c / self.b._scalar(e.right), fs
+        return sympy.Integer(1), [e]
+
+    def _elementwise(self, operands: list[syn.Expr], keep: set[str]) -> list[Expr]:
+        """Operands of an elementwise node: legs shared between operands survive into the node."""
+        available = [_available(o, self.b.tensors) for o in operands]
+        shared = {
+            leg
+            for i, a in enumerate(available)
+            for leg in a
+            if any(leg in b for j, b in enumerate(available) if j != i)
+        }
+        return [self.inside(o, keep | shared) for o in operands]
+
+    def sum(self, e: syn.BinOp, keep: set[str]) -> Expr:
+        terms, signs = _flatten_sum(e)
+        nodes = self._elementwise(terms, keep)
+        node = SumNode(_ordered_union(n.legs for n in nodes), e.span, tuple(nodes), tuple(signs))
+        return self.restrict(node, keep, e.span)
+
+    def quotient(self, e: syn.BinOp, keep: set[str]) -> Expr:
+        numerator, denominator = self._elementwise([e.left, e.right], keep)
+        node = Quotient(_ordered_union([numerator.legs, denominator.legs]), e.span, numerator, denominator)
+        return self.restrict(node, keep, e.span)
+
+    def power(self, e: syn.BinOp, keep: set[str]) -> Expr:
+        if not _is_scalar_syntax(e.right, self.b.tensors):
+            self.b.error("an exponent is a number or size, not a tensor", e.right.span)
+            return Scalar((), e.span)
+        base = self.inside(e.left, keep)
+        return ElementwiseMap(base.legs, e.span, "pow", base, (self.b._scalar(e.right),))
+
+    # -- calls: boxes, maps, reductions, squared distance --
+    def call(self, e: syn.Call, keep: set[str]) -> Expr:
+        if e.name in BOXES:
+            return self.box(e, keep)
+        if e.name in MAPS:
+            return self.elementwise_map(e, keep)
+        if e.name in REDUCTIONS:
+            return self.reduction(e, keep)
+        if e.name in PAIRINGS:
+            return self.squared_distance(e, keep)
+        if e.name in self.b.tensors:
+            self.b.error(
+                f"'{e.name}' is a tensor, not a map",
+                e.name_span,
+                hint="to multiply by a parenthesised expression write '*' before '('",
+            )
+        elif e.name in SCALAR_FUNCTIONS:
+            self.b.error(f"{e.name} takes a number or size, not a tensor", e.span)
+        else:
+            self.b.error(
+                f"unknown map '{e.name}'",
+                e.name_span,
+                hint=(did_you_mean(e.name, FUNCTIONS) or "")
+                + " "
+                + one_of(f for f in FUNCTIONS if f not in SCALAR_FUNCTIONS),
+            )
+        return Scalar((), e.span)
+
+    def _one_argument(self, e: syn.Call) -> syn.Expr | None:
+        if e.keywords:
+            self.b.error(f"{e.name} takes no keyword arguments; options go in [...]", e.keywords[0].span)
+        if len(e.args) != 1:
+            self.b.error(f"{e.name} takes one argument, got {len(e.args)}", e.span)
+            return None
+        return e.args[0]
+
+    def _legs_of(self, e: syn.Call) -> tuple[str, ...]:
+        legs = []
+        for item in e.legs or ():
+            if isinstance(item, syn.LegGroup):
+                self.b.error(f"{e.name} takes leg names, not a reshape", item.span)
+                legs += [leg.name for leg in item.legs]
+            else:
+                legs.append(item.name)
+        return tuple(legs)
+
+    def box(self, e: syn.Call, keep: set[str]) -> Expr:
+        normalized = self._legs_of(e)
+        argument = self._one_argument(e)
+        if not normalized:
+            self.b.error(
+                f"a {e.name} box needs its normalized leg",
+                e.name_span,
+                hint=f"name the leg of the filled ball: {e.name}[m](...)",
+            )
+        if argument is None:
+            return Scalar((), e.span)
+        available = _available(argument, self.b.tensors)
+        for leg, item in zip(normalized, e.legs or (), strict=False):
+            if leg not in available:
+                self.b.error(
+                    f"normalized leg '{leg}' is not a leg of the {e.name} box's content",
+                    item.span,
+                    hint=did_you_mean(leg, available) or f"its legs are: {', '.join(sorted(available)) or 'none'}",
+                )
+            elif leg not in keep:
+                self.b.error(
+                    f"normalized leg '{leg}' is contracted inside its {e.name} box",
+                    item.span,
+                    hint=f"the ball's leg must leave the box: use '{leg}' in the result or in a factor outside the box",
+                )
+        content = self.inside(argument, keep | (set(normalized) & available))
+        options = self._box_options(e, content)
+        return SoftmaxBox(
+            content.legs,
+            e.span,
+            content,
+            normalized,
+            options.get("scale", sympy.Integer(1)),
+            tuple(options.get("masks", ())),
+            is_exp=e.name == "softmax",
+            eps=options.get("eps", sympy.Integer(0)),
+        )
+
+    def _box_options(self, e: syn.Call, content: Expr) -> dict:
+        allowed = BOX_OPTIONS[e.name]
+        options: dict = {"masks": []}
+        for option in e.options:
+            if option.name not in allowed:
+                self.b.error(
+                    f"unknown {e.name} option '{option.name}'",
+                    option.span,
+                    hint=(did_you_mean(option.name, allowed) or "") + " " + one_of(allowed),
+                )
+            elif option.name == "mask":
+                mask = self._mask(option.value, content, e.name)
+                if mask is not None:
+                    options["masks"].append(mask)
+            elif option.name in options:
+                self.b.error(f"option '{option.name}' is given twice", option.span)
+            else:
+                options[option.name] = self.b._scalar(option.value)
+        return options
+
+    def _mask(self, value: syn.Expr, content: Expr, box: str) -> Mask | None:
+        if isinstance(value, syn.Call) and value.name == "causal":
+            legs = [a.name if isinstance(a, syn.Name) else None for a in value.args]
+            if len(legs) != 2 or None in legs or value.legs is not None:
+                self.b.error("causal takes a query leg and a key leg", value.span, hint="mask = causal(n, m)")
+                return None
+            for leg, arg in zip(legs, value.args, strict=True):
+                if leg not in content.legs:
+                    self.b.error(
+                        f"causal mask leg '{leg}' is not a leg of the {box} box",
+                        arg.span,
+                        hint=did_you_mean(leg, content.legs) or f"the box's legs are: {', '.join(content.legs)}",
+                    )
+            if legs[0] == legs[1]:
+                self.b.error("a causal mask relates two different legs", value.span)
+            return CausalMask(legs[0], legs[1], value.span)  # type: ignore[arg-type]
+        if isinstance(value, syn.Indexed):
+            tensor = self.b.tensors.get(value.name)
+            if tensor is None or tensor.kind != "mask":
+                masks = [t.name for t in self.b.tensors.values() if t.kind == "mask"]
+                what = f"a {tensor.kind}" if tensor else "not declared"
+                self.b.error(
+                    f"a padding mask must be a 'mask' input; '{value.name}' is {what}",
+                    value.name_span,
+                    hint=did_you_mean(value.name, masks) or "declare it: mask pad[m: N]",
+                )
+                return None
+            ref = self.tensor_ref(value)
+            for leg in ref.legs:
+                if leg not in content.legs:
+                    self.b.error(f"mask leg '{leg}' is not a leg of the {box} box", value.span)
+            return PaddingMask(ref, value.span) if isinstance(ref, TensorRef) else None
+        self.b.error("a mask is causal(query_leg, key_leg) or a mask input like pad[m]", value.span)
+        return None
+
+    def elementwise_map(self, e: syn.Call, keep: set[str]) -> Expr:
+        if e.legs is not None:
+            self.b.error(f"{e.name} is elementwise and takes no legs", e.name_span, hint=f"write {e.name}(...)")
+        extra = MAPS[e.name]
+        args = list(e.args)
+        keywords = {k.name: k.value for k in e.keywords}
+        if e.name == "clamp":
+            for key in ("lo", "hi"):
+                if key in keywords:
+                    args.append(keywords.pop(key))
+        for key in keywords:
+            self.b.error(f"unknown argument '{key}' of {e.name}", e.span)
+        if len(args) != 1 + extra:
+            usage = "clamp(x, lo, hi)" if extra else f"{e.name}(x)"
+            self.b.error(f"{e.name} takes {1 + extra} argument(s), got {len(args)}", e.span, hint=usage)
+            return Scalar((), e.span)
+        operand = self.inside(args[0], keep)
+        params = tuple(self.b._scalar(a) for a in args[1:])
+        return ElementwiseMap(operand.legs, e.span, e.name, operand, params)
+
+    def reduction(self, e: syn.Call, keep: set[str]) -> Expr:
+        over = self._legs_of(e)
+        argument = self._one_argument(e)
+        if not over:
+            self.b.error(f"{e.name} needs the leg it reduces", e.name_span, hint=f"e.g. {e.name}[r](...)")
+        if argument is None:
+            return Scalar((), e.span)
+        operand = self.inside(argument, keep | set(over))
+        for leg, item in zip(over, e.legs or (), strict=False):
+            if leg not in operand.legs:
+                self.b.error(
+                    f"{e.name} over leg '{leg}', which its argument does not have",
+                    item.span,
+                    hint=did_you_mean(leg, operand.legs) or f"its legs are: {', '.join(operand.legs) or 'none'}",
+                )
+        legs = tuple(leg for leg in operand.legs if leg not in over)
+        return self.restrict(Reduction(legs, e.span, e.name, over, operand), keep, e.span)
+
+    def squared_distance(self, e: syn.Call, keep: set[str]) -> Expr:
+        over = self._legs_of(e)
+        if e.keywords or len(e.args) != 2:
+            self.b.error(
+                "sqdist takes two arguments, a query side and a key side",
+                e.span,
+                hint="sqdist[d](Q[n h d], K[m h d])",
+            )
+            return Scalar((), e.span)
+        if not over:
+            self.b.error("sqdist needs the leg it sums over", e.name_span, hint="e.g. sqdist[d](Q[n h d], K[m h d])")
+        left, right = self._elementwise(list(e.args), keep | set(over))
+        for side, name in ((left, "query"), (right, "key")):
+            for leg in over:
+                if leg not in side.legs:
+                    self.b.error(f"sqdist leg '{leg}' is missing from the {name} side", side.span)
+        legs = tuple(leg for leg in _ordered_union([left.legs, right.legs]) if leg not in over)
+        return self.restrict(SquaredDistance(legs, e.span, over, left, right), keep, e.span)
+
+
+# ---- helpers on syntax ---------------------------------------------------------------------
+
+
+def _call_parts(e: syn.Expr):
+    """An initializer written `ones` or `normal(std = 0.1)` -> (name, args, keywords, span)."""
+    if isinstance(e, syn.Name):
+        return e.name, (), (), e.span
+    if isinstance(e, syn.Call) and e.legs is None:
+        return e.name, e.args, e.keywords, e.name_span
+    return None, (), (), e.span
+
+
+def _leg_names(item: syn.Leg | syn.LegGroup) -> tuple[str, ...]:
+    return tuple(leg.name for leg in item.legs) if isinstance(item, syn.LegGroup) else (item.name,)
+
+
+def _group_name(group: tuple[str, ...]) -> str:
+    return group[0] if len(group) == 1 else "(" + " ".join(group) + ")"
+
+
+def _product_op(e: syn.Expr, tensors: Mapping[str, Tensor]) -> bool:
+    """Juxtaposition, `*`, negation and division by a scalar all make an Einstein product."""
+    if isinstance(e, syn.Neg):
+        return True
+    if isinstance(e, syn.BinOp) and e.op == "/":
+        return _is_scalar_syntax(e.right, tensors)
+    return isinstance(e, syn.BinOp) and (e.op in ("juxt", "*"))
+
+
+def _flatten_sum(e: syn.Expr, sign: int = 1) -> tuple[list[syn.Expr], list[int]]:
+    if isinstance(e, syn.BinOp) and e.op in "+-":
+        left, ls = _flatten_sum(e.left, sign)
+        right, rs = _flatten_sum(e.right, sign if e.op == "+" else -sign)
+        return left + right, ls + rs
+    return [e], [sign]
+
+
+def _is_scalar_syntax(e: syn.Expr, tensors: Mapping[str, Tensor]) -> bool:
+    """Numbers, sizes and sqrt/arithmetic of them: things that carry no legs."""
+    if isinstance(e, syn.Number):
+        return True
+    if isinstance(e, syn.Name):
+        return e.name not in tensors and e.name not in FUNCTIONS
+    if isinstance(e, syn.Neg):
+        return _is_scalar_syntax(e.operand, tensors)
+    if isinstance(e, syn.BinOp):
+        return _is_scalar_syntax(e.left, tensors) and _is_scalar_syntax(e.right, tensors)
+    if isinstance(e, syn.Call):
+        return e.name in SCALAR_FUNCTIONS and e.legs is None and all(_is_scalar_syntax(a, tensors) for a in e.args)
+    return False
+
+
+def _call_as_product(e: syn.Expr, tensors: Mapping[str, Tensor]) -> syn.Expr:
+    """`P[k h] (A + B)` reads as a call; when P is a tensor it is the product P[k h] * (A + B)."""
+    if not (isinstance(e, syn.Call) and e.name in tensors and e.legs is not None):
+        return e
+    if e.options or e.keywords or len(e.args) != 1:
+        return e
+    tensor = syn.Indexed(e.name_span, e.name, e.name_span, e.legs, ())
+    return syn.BinOp(e.span, "juxt", tensor, e.args[0])
+
+
+def _available(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
+    """Legs a sub-expression could expose to its surroundings (before the leg rule)."""
+    e = _call_as_product(e, tensors)
+    if isinstance(e, syn.Indexed):
+        return {leg for item in e.legs for leg in _leg_names(item)}
+    if isinstance(e, syn.Neg):
+        return _available(e.operand, tensors)
+    if isinstance(e, syn.BinOp):
+        if e.op == "^":
+            return _available(e.left, tensors)
+        return _available(e.left, tensors) | _available(e.right, tensors)
+    if isinstance(e, syn.Call):
+        inner = set().union(*(_available(a, tensors) for a in e.args)) if e.args else set()
+        over = {leg for item in e.legs or () for leg in _leg_names(item)}
+        if e.name in REDUCTIONS or e.name in PAIRINGS:
+            return inner - over
+        if e.name in BOXES or e.name in MAPS:
+            return inner
+        return set()
+    return set()
+
+
+def _tensor_names(e: syn.Expr) -> Iterator[str]:
+    if isinstance(e, syn.Indexed):
+        yield e.name
+    elif isinstance(e, syn.Neg):
+        yield from _tensor_names(e.operand)
+    elif isinstance(e, syn.BinOp):
+        yield from _tensor_names(e.left)
+        yield from _tensor_names(e.right)
+    elif isinstance(e, syn.Call):
+        if e.name not in FUNCTIONS:
+            yield e.name
+        for a in e.args:
+            yield from _tensor_names(a)
+        for o in e.options:
+            yield from _tensor_names(o.value)
+
+
+def _statement_targets(items: list[syn.Item]) -> list[str]:
+    return [i.target.name for i in items if isinstance(i, syn.Statement)]
+
+
+def _ordered_union(leg_lists: Iterable[Iterable[str]]) -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    for legs in leg_lists:
+        for leg in legs:
+            seen.setdefault(leg, None)
+    return tuple(seen)
+
+
+def _same_size(a: sympy.Expr, b: sympy.Expr, sizes: Mapping[str, Size]) -> bool:
+    return sympy.simplify(expand_sizes(a, sizes) - expand_sizes(b, sizes)) == 0
+
+
+def _product_text(group: syn.LegGroup, legs: Mapping[str, Leg]) -> str:
+    return "·".join(str(legs[leg.name].size) for leg in group.legs)
+
+
+def _number(value: sympy.Expr) -> str:
+    if value.is_Rational and not value.is_integer:  # type: ignore[attr-defined]
+        return f"{value} = {float(value):.4g}"
+    return str(value)
+
+
+def _is_constant(expr: Expr, tensors: Mapping[str, Tensor]) -> bool:
+    refs = [n for n in walk(expr) if isinstance(n, TensorRef)]
+    return all(tensors[r.name].is_constant for r in refs if r.name in tensors)
+
+
+# ---- the networkx view ---------------------------------------------------------------------
+
+
+def _dataflow_graph(
+    tensors: Mapping[str, Tensor], statements: list[Statement], updates: list[Statement]
+) -> nx.MultiDiGraph:
+    """Tensors and operations as nodes; an edge carries the legs of the value that flows on it.
+    Update rules add edges marked `update=True`, so the forward graph stays acyclic."""
+    g = nx.MultiDiGraph()
+    for t in tensors.values():
+        g.add_node(t.name, kind="tensor", tensor=t)
+    for statement in [*statements, *updates]:
+        top = _add_operations(g, statement, statement.expr, itertools.count())
+        g.add_edge(top, statement.target, position=0, legs=statement.expr.legs, update=statement.is_update)
+    return g
+
+
+def _add_operations(g: nx.MultiDiGraph, statement: Statement, node: Expr, counter: Iterator[int]) -> str:
+    """Add `node` and its operands to `g`; return the id of the node that produces its value."""
+    if isinstance(node, TensorRef):
+        return node.name
+    suffix = "@update" if statement.is_update else ""
+    node_id = f"{statement.target}{suffix}#{next(counter)}"
+    g.add_node(node_id, kind=node.kind, expr=node, statement=statement.target)
+    for position, child in enumerate(c for c in node.children() if c is not None):
+        source = _add_operations(g, statement, child, counter)
+        g.add_edge(source, node_id, position=position, legs=child.legs, update=statement.is_update)
+    for mask in node.masks if isinstance(node, SoftmaxBox) else ():
+        if isinstance(mask, PaddingMask):
+            g.add_edge(mask.tensor.name, node_id, position="mask", legs=mask.tensor.legs, update=statement.is_update)
+    return node_id
+
+
+def build_graph(head: syn.DesignDecl, items: list[syn.Item], overrides: Mapping[str, int] | None = None) -> DesignGraph:
+    """Syntax items (after `extends` merging) -> DesignGraph, or TdiagError with every mistake."""
+    return _Builder(head, items, overrides or {}).build()

@@ -1,0 +1,270 @@
+"""The design graph's dataclasses: sizes, legs, tensors, statements and the expression nodes
+(contraction, sum node, softmax box, elementwise map, reduction, squared distance). Every node
+knows its output legs and its Span, so later stages never look at text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import sympy
+
+from .errors import Span
+
+ONE = sympy.Integer(1)
+ZERO = sympy.Integer(0)
+
+
+@dataclass(frozen=True)
+class Size:
+    """A size symbol (`F`, `H`, `D = F / H`); `definition` is None for a run-time size like N."""
+
+    name: str
+    symbol: sympy.Symbol
+    definition: sympy.Expr | None
+    span: Span
+
+    @property
+    def is_free(self) -> bool:
+        return self.definition is None
+
+
+@dataclass(frozen=True)
+class Leg:
+    """A leg (index) and the size symbol it is bound to, with where it was first bound."""
+
+    name: str
+    size: sympy.Expr
+    span: Span
+    bound_by: str
+
+
+@dataclass(frozen=True)
+class Axis:
+    leg: str
+    size: sympy.Expr
+
+
+@dataclass(frozen=True)
+class Init:
+    """An initializer or constant fill: `normal(std=...)`, `identity(scale=...)`, `ones`, ..."""
+
+    name: str
+    params: tuple[tuple[str, sympy.Expr | str], ...] = ()
+    span: Span | None = None
+
+    def param(self, key: str, default: sympy.Expr | str | None = None) -> sympy.Expr | str | None:
+        return dict(self.params).get(key, default)
+
+    def __str__(self) -> str:
+        if not self.params:
+            return self.name
+        return f"{self.name}(" + ", ".join(f"{k}={v}" for k, v in self.params) + ")"
+
+
+TENSOR_KINDS = ("input", "mask", "param", "const", "random", "buffer", "derived")
+
+
+@dataclass
+class Tensor:
+    """A node of the diagram. Declared tensors have an `init`; derived ones a `statement`."""
+
+    name: str
+    kind: str
+    axes: tuple[Axis, ...]
+    span: Span
+    init: Init | None = None
+    statement: Statement | None = None
+    is_constant: bool = False
+
+    @property
+    def legs(self) -> tuple[str, ...]:
+        return tuple(a.leg for a in self.axes)
+
+    @property
+    def shape(self) -> tuple[sympy.Expr, ...]:
+        return tuple(a.size for a in self.axes)
+
+    @property
+    def numel(self) -> sympy.Expr:
+        return sympy.Mul(*self.shape)
+
+    @property
+    def is_trainable(self) -> bool:
+        return self.kind == "param"
+
+    @property
+    def is_batched(self) -> bool:
+        """Inputs, masks and random nodes carry the implicit leading batch dims."""
+        return self.kind in ("input", "mask", "random")
+
+
+# ---- expression nodes ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Expr:
+    legs: tuple[str, ...]
+    span: Span
+    kind: ClassVar[str] = "expr"
+
+    def children(self) -> tuple[Expr, ...]:
+        return ()
+
+
+@dataclass(frozen=True)
+class TensorRef(Expr):
+    """A tensor used in a statement; `groups[i]` are the legs naming its axis i (a reshape when
+    more than one)."""
+
+    name: str = ""
+    groups: tuple[tuple[str, ...], ...] = ()
+    kind: ClassVar[str] = "tensor"
+
+    @property
+    def is_reshaped(self) -> bool:
+        return any(len(g) != 1 for g in self.groups)
+
+
+@dataclass(frozen=True)
+class Scalar(Expr):
+    value: sympy.Expr = ONE
+    kind: ClassVar[str] = "scalar"
+
+
+@dataclass(frozen=True)
+class Contraction(Expr):
+    """Einstein product: `summed` legs are contracted, `batch` legs are kept and shared."""
+
+    factors: tuple[Expr, ...] = ()
+    coefficient: sympy.Expr = ONE
+    summed: tuple[str, ...] = ()
+    batch: tuple[str, ...] = ()
+    kind: ClassVar[str] = "contraction"
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.factors
+
+
+@dataclass(frozen=True)
+class SumNode(Expr):
+    """Elementwise sum of terms with broadcasting over legs a term lacks (biases, noise)."""
+
+    terms: tuple[Expr, ...] = ()
+    signs: tuple[int, ...] = ()
+    kind: ClassVar[str] = "sum"
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.terms
+
+
+@dataclass(frozen=True)
+class Quotient(Expr):
+    numerator: Expr | None = None
+    denominator: Expr | None = None
+    kind: ClassVar[str] = "quotient"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.numerator, self.denominator)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class CausalMask:
+    """Key leg `key` may attend only where its index is <= that of query leg `query`."""
+
+    query: str
+    key: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class PaddingMask:
+    tensor: TensorRef
+    span: Span
+
+
+Mask = CausalMask | PaddingMask
+
+
+@dataclass(frozen=True)
+class SoftmaxBox(Expr):
+    """Tuformer's dotted box with a filled ball on the `normalized` legs, labelled `scale` (α).
+    With `is_exp=False` it is the normalize box (x / Σ x) of linear attention."""
+
+    content: Expr | None = None
+    normalized: tuple[str, ...] = ()
+    scale: sympy.Expr = ONE
+    masks: tuple[Mask, ...] = ()
+    is_exp: bool = True
+    eps: sympy.Expr = ZERO
+    kind: ClassVar[str] = "softmax"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.content,)  # type: ignore[return-value]
+
+    @property
+    def box_name(self) -> str:
+        return "softmax" if self.is_exp else "normalize"
+
+
+@dataclass(frozen=True)
+class ElementwiseMap(Expr):
+    """exp, log, relu, elu1 (elu + 1), clamp(lo, hi), pow(p): shape-preserving maps."""
+
+    name: str = ""
+    operand: Expr | None = None
+    params: tuple[sympy.Expr, ...] = ()
+    kind: ClassVar[str] = "map"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.operand,)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Reduction(Expr):
+    """max, logsumexp or mean over `over` legs (MGK hard/soft E-step and M-step)."""
+
+    name: str = ""
+    over: tuple[str, ...] = ()
+    operand: Expr | None = None
+    kind: ClassVar[str] = "reduction"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.operand,)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class SquaredDistance(Expr):
+    """Σ_over (left − right)², the Gaussian-kernel distance between a query and a key side."""
+
+    over: tuple[str, ...] = ()
+    left: Expr | None = None
+    right: Expr | None = None
+    kind: ClassVar[str] = "sqdist"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.left, self.right)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Statement:
+    """`target[groups] = expr`; an update statement rewrites a buffer after the forward pass."""
+
+    target: str
+    groups: tuple[tuple[str, ...], ...]
+    expr: Expr
+    span: Span
+    target_span: Span
+    is_update: bool = False
+
+    @property
+    def legs(self) -> tuple[str, ...]:
+        return tuple(leg for g in self.groups for leg in g)
+
+
+def walk(expr: Expr):
+    """Every node of an expression tree, parents before children."""
+    yield expr
+    for child in expr.children():
+        if child is not None:
+            yield from walk(child)

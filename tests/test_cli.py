@@ -1,0 +1,95 @@
+"""The command line: exit codes, summaries, and no tracebacks for user mistakes."""
+
+import pytest
+from conftest import DESIGN_FILES, DESIGNS
+
+from tdiag.cli import main
+from tdiag.render import has_dot
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def test_check_prints_ok_with_sizes_and_parameter_formula(capsys):
+    code, out, _ = run(capsys, "check", str(DESIGNS / "mhsa.td"))
+    assert code == 0
+    assert "mhsa: ok (F=512, H=8, D=64, N; 1 input, 4 params; 5 statements; params 4*D*F*H = 1,048,576)" in out
+
+
+def test_check_all_bundled_designs_succeeds(capsys):
+    code, out, err = run(capsys, "check", *map(str, DESIGN_FILES))
+    assert code == 0 and out.count(": ok (") == len(DESIGN_FILES) and "warning" not in err
+
+
+def test_check_reports_mistakes_with_exit_code_1(capsys, write_td):
+    path = write_td("design t\nsize N\ninput X[n: N]\nY[n] = X[n] Z[n]\noutput Y\n")
+    code, _, err = run(capsys, "check", str(path))
+    assert code == 1
+    assert f"{path}:4:13: error: unknown tensor 'Z'" in err
+    assert "    4 | Y[n] = X[n] Z[n]\n      |             ^" in err
+
+
+def test_missing_file_is_an_error_not_a_traceback(capsys):
+    code, _, err = run(capsys, "check", "no/such/file.td")
+    assert code == 1 and "no such design file 'no/such/file.td'" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["frobnicate"],
+        ["check"],
+        ["check", "x.td", "--set", "F"],
+        ["check", "x.td", "--set", "F=abc"],
+        ["check", "x.td", "--set", "F=-2"],
+        ["render", "designs/mhsa.td"],
+        ["render", "designs/mhsa.td", "-o", "out.jpeg"],
+    ],
+)
+def test_usage_mistakes_exit_2(capsys, argv):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and "error" in err
+
+
+def test_set_overrides_a_size(capsys):
+    code, out, _ = run(capsys, "check", str(DESIGNS / "mhsa.td"), "--set", "F=256", "--set", "H=4")
+    assert code == 0 and "F=256, H=4, D=64" in out
+
+
+def test_set_with_an_unknown_size_lists_the_sizes(capsys):
+    code, _, err = run(capsys, "check", str(DESIGNS / "mhsa.td"), "--set", "K=4")
+    assert code == 1 and "design 'mhsa' has no size 'K'" in err and "D, F, H, N" in err
+
+
+def test_show_lists_sizes_tensors_statements_and_boxes(capsys):
+    code, out, _ = run(capsys, "show", str(DESIGNS / "thsa.td"))
+    assert code == 0
+    for fragment in (
+        "D = F/H = 64",
+        "param  C[r: R, s: R]",
+        "softmax box over",
+        "normalized leg m",
+        "contracted",
+    ):
+        assert fragment in out
+
+
+def test_render_dot(capsys, tmp_path):
+    code, _, _ = run(capsys, "render", str(DESIGNS / "thsa.td"), "-o", str(tmp_path / "thsa.dot"))
+    assert code == 0 and (tmp_path / "thsa.dot").read_text().startswith('graph "thsa"')
+
+
+@pytest.mark.skipif(not has_dot(), reason="Graphviz 'dot' is not installed")
+def test_render_svg(capsys, tmp_path):
+    code, _, _ = run(capsys, "render", str(DESIGNS / "mhsa.td"), "-o", str(tmp_path / "mhsa.svg"))
+    assert code == 0 and "<svg" in (tmp_path / "mhsa.svg").read_text()
+
+
+def test_render_without_dot_program_explains(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    code, _, err = run(capsys, "render", str(DESIGNS / "mhsa.td"), "-o", str(tmp_path / "m.png"))
+    assert code == 1 and "needs Graphviz's 'dot' program" in err

@@ -1,0 +1,203 @@
+"""The design graph: legs bound to sizes, contractions and batch legs, boxes (Tuformer App. A-B,
+spec tuformer.md §1-2), reshapes, derivation, and the networkx dataflow view."""
+
+import networkx as nx
+import pytest
+import sympy
+from conftest import DESIGNS
+
+import tdiag
+from tdiag import TdiagError
+from tdiag.ir import Contraction, SoftmaxBox, SumNode, walk
+from tdiag.render import network
+
+
+def mhsa(**sizes):
+    return tdiag.load(DESIGNS / "mhsa.td", **sizes)
+
+
+def statement(design, target):
+    return design.graph.tensors[target].statement
+
+
+def test_mhsa_box_has_head_batch_leg_and_latent_contraction():
+    """Inside the box, h is a batch leg and d the latent contraction (App. C)."""
+    (box,) = mhsa().boxes
+    assert set(box.legs) == {"h", "n", "m"} and box.normalized == ("m",)
+    assert box.scale == 1 / sympy.sqrt(sympy.Symbol("D", positive=True))
+    (inner,) = [n for n in walk(box) if isinstance(n, Contraction)]
+    assert inner.summed == ("d",) and inner.batch == ("h",)
+
+
+def test_mhsa_output_contracts_heads_keys_and_latent_legs():
+    """Y = A V WO: the head contraction over h is three-way, with m and e (spec §2.1)."""
+    expr = statement(mhsa(), "Y").expr
+    assert isinstance(expr, Contraction)
+    assert set(expr.summed) == {"h", "m", "e"} and expr.batch == ()
+    assert expr.legs == ("n", "g")
+
+
+def test_mhsa_network_is_tuformer_fig_3b():
+    """Edges F (X-W), D (WQ-WK), D (WV-WO), one H hyperedge through the four weights, the ball on
+    the key leg M, and dangling N and F (spec tuformer.md §2.1)."""
+    legs = {(h.leg, h.tensors, h.is_open, h.has_ball) for h in network(mhsa().graph)}
+    assert ("h", ("WK", "WO", "WQ", "WV"), False, False) in legs
+    assert ("d", ("WK", "WQ"), False, False) in legs
+    assert ("e", ("WO", "WV"), False, False) in legs
+    assert ("m", ("X", "X"), False, True) in legs
+    assert {(h.leg, h.size) for h in network(mhsa().graph) if h.is_open} == {("n", "N"), ("g", "F")}
+    assert sorted(h.tensors for h in network(mhsa().graph) if h.leg == "f") == [
+        ("WK", "X"),
+        ("WQ", "X"),
+        ("WV", "X"),
+    ]
+
+
+def test_thsa_box_output_has_legs_r_n_m():
+    """P6: the THSA box output has legs {R, N, M}; the core's s leg is summed inside."""
+    design = tdiag.load(DESIGNS / "thsa.td")
+    (box,) = design.boxes
+    assert {design.legs[leg] for leg in box.legs} == {sympy.Symbol(s, positive=True) for s in "RN"}
+    assert len(box.legs) == 3
+
+
+def test_sizes_can_be_overridden_at_load():
+    design = mhsa(F=256, H=4)
+    assert design.size_values == {"F": 256, "H": 4, "D": 64}
+
+
+def test_parameter_count_is_a_formula_in_the_size_symbols():
+    F, H, D = sympy.symbols("F H D", positive=True)
+    assert sympy.simplify(mhsa().graph.parameter_count() - 4 * F * H * D) == 0
+    assert mhsa().parameter_count() == 1_048_576
+
+
+@pytest.mark.parametrize(
+    ("name", "count"),
+    [
+        ("mhsa", 1_048_576),
+        ("thsa", 1_310_720),
+        ("skip_right", 1_048_640),
+        ("skip_left", 1_048_704),
+        ("heads_only", 16_384),
+        ("trainable_heads_only", 16_448),
+    ],
+)
+def test_tuformer_parameter_counts_match_spec_p13(name, count):
+    assert tdiag.load(DESIGNS / f"{name}.td").parameter_count() == count
+
+
+def test_derived_design_replaces_only_the_core():
+    base = tdiag.load(DESIGNS / "thsa.td")
+    variant = tdiag.load(DESIGNS / "skip_right.td")
+    assert variant.graph.base == "thsa"
+    assert variant.tensors["C"].kind == "derived" and base.tensors["C"].kind == "param"
+    assert statement(variant, "Y").expr == statement(base, "Y").expr
+
+
+def test_reshaped_core_is_a_kronecker_product_of_legs():
+    """skip_right writes C = C1 ⊗ J_D with legs, so its structure is visible (design notes §1)."""
+    core = statement(tdiag.load(DESIGNS / "skip_right.td"), "C")
+    assert core.groups[0] == ("h", "d") or len(core.groups[0]) == 2
+    assert core.expr.legs and set(core.legs) == set(core.expr.legs)
+
+
+def test_dataflow_graph_is_acyclic_and_reaches_the_output_from_the_input():
+    g = mhsa().graph
+    forward = g.forward_graph()
+    assert nx.is_directed_acyclic_graph(forward)
+    assert nx.has_path(forward, "X", "Y") and nx.has_path(forward, "WO", "Y")
+
+
+def test_sum_node_broadcasts_over_missing_legs(write_td):
+    path = write_td(
+        "design t\nsize N, F = 4\ninput X[n: N, f: F]\nparam b[g: F] = zeros\n"
+        "param W[f: F, g: F] = normal(std = 0.5)\nY[n g] = X[n f] W[f g] + b[g]\noutput Y\n"
+    )
+    expr = statement(tdiag.load(path), "Y").expr
+    assert isinstance(expr, SumNode) and expr.legs == ("n", "g")
+    assert expr.terms[1].legs == ("g",)
+
+
+def test_leg_only_inside_a_box_is_summed_inside_it(write_td):
+    path = write_td("design t\nsize N, F = 4\ninput X[n: N, f: F]\nY[n m] = softmax[m](X[n f] X[m f])\noutput Y\n")
+    (box,) = tdiag.load(path).boxes
+    assert box.legs == ("n", "m") and box.content.summed == ("f",)
+
+
+def test_every_error_in_a_file_is_reported(write_td):
+    path = write_td(
+        "design t\nsize N, F = 4\ninput X[n: N, f: F]\nparam W[f: F, g: F] = normal(std = 1)\n"
+        "Y[n g] = X[n f] WW[f g]\nZ[n] = X[n q]\noutput Y\n"
+    )
+    with pytest.raises(TdiagError) as caught:
+        tdiag.load(path)
+    messages = [d.message for d in caught.value.diagnostics]
+    assert any("unknown tensor 'WW'" in m for m in messages)
+    assert any("has 2 axes" in m or "appears in no factor" in m or "q" in m for m in messages)
+    assert len(messages) >= 2
+
+
+def test_leg_with_two_sizes_is_reported_at_both_uses(write_td):
+    path = write_td(
+        "design t\nsize N, F = 4, R = 3\ninput X[n: N, f: F]\nparam W[r: R, g: F] = zeros\n"
+        "Y[n g] = X[n f] W[f g]\noutput Y\n"
+    )
+    with pytest.raises(TdiagError) as caught:
+        tdiag.load(path)
+    (diag,) = [d for d in caught.value.diagnostics if "leg 'f'" in d.message]
+    assert "bound to F" in diag.message and "but to R" in diag.message
+    assert len(diag.spans) == 2 and diag.hint
+
+
+def test_normalized_leg_contracted_inside_its_box_is_an_error(write_td):
+    path = write_td("design t\nsize N, F = 4\ninput X[n: N, f: F]\nY[n m] = softmax[f](X[n f] X[m f])\noutput Y\n")
+    with pytest.raises(TdiagError) as caught:
+        tdiag.load(path)
+    assert "normalized leg 'f' is contracted inside its softmax box" in str(caught.value)
+
+
+def test_reshape_whose_sizes_do_not_multiply_is_an_error(write_td):
+    path = write_td(
+        "design t\nsize N, F = 4, H = 2, D = 3\ninput X[n: N, f: F]\nparam A[h: H, d: D] = zeros\n"
+        "Y[n h d] = X[n (h d)] A[h d]\noutput Y\n"
+    )
+    with pytest.raises(TdiagError) as caught:
+        tdiag.load(path)
+    assert "reshape mismatch: axis f of X has size F but (h d) has size H·D" in str(caught.value)
+
+
+def test_size_that_is_not_whole_is_an_error():
+    with pytest.raises(TdiagError) as caught:
+        mhsa(H=3)
+    assert "size D = F/H is 512/3" in str(caught.value)
+
+
+def test_unknown_size_override_lists_the_sizes():
+    with pytest.raises(TdiagError) as caught:
+        mhsa(K=4)
+    assert "has no size 'K'" in str(caught.value) and "D, F, H, N" in str(caught.value)
+
+
+def test_misspelt_tensor_gets_did_you_mean(write_td):
+    path = write_td(
+        "design t\nsize N, F = 4\ninput X[n: N, f: F]\nparam WK[f: F, g: F] = zeros\n"
+        "Y[n g] = X[n f] WKK[f g]\noutput Y\n"
+    )
+    with pytest.raises(TdiagError) as caught:
+        tdiag.load(path)
+    assert caught.value.diagnostics[0].hint == "did you mean 'WK'?"
+
+
+def test_cycle_of_definitions_is_an_error(write_td):
+    path = write_td("design t\nsize N\ninput X[n: N]\nA[n] = B[n] X[n]\nB[n] = A[n]\noutput A\n")
+    with pytest.raises(TdiagError) as caught:
+        tdiag.load(path)
+    assert "cycle of definitions" in str(caught.value)
+
+
+def test_every_box_is_listed_with_its_statement():
+    design = tdiag.load(DESIGNS / "thsa.td")
+    assert [(s.target, type(b)) for s, b in design.graph.boxes()] == [
+        (s.target, SoftmaxBox) for s, _ in design.graph.boxes()
+    ]
