@@ -78,11 +78,11 @@ SOURCES = SourceRegistry()
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
     """A hint naming the closest candidate, or None when nothing is close."""
-    matches = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
-    if not matches and len(name) > 1:
-        folded = {c.lower(): c for c in candidates}
-        if name.lower() in folded:
-            matches = [folded[name.lower()]]
+    candidates = sorted(set(candidates) - {name})
+    folded = {c.lower(): c for c in candidates}
+    if name.lower() in folded:
+        return f"did you mean '{folded[name.lower()]}'?"
+    matches = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
     return f"did you mean '{matches[0]}'?" if matches else None
 
 

@@ -6,6 +6,7 @@ mistake becomes a Diagnostic; all of them are collected before anything is raise
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,8 @@ INIT_PARAMS = {
     "zeros": (),
 }
 RANDOM_MODES = ("always", "never", "train")
+POISON_NAME = ""  # the name of a stand-in for an expression that had an error
+POISON_SIZE = sympy.Symbol("_invalid_", positive=True)  # the size of a leg bound by a mistake
 
 
 # ---- the design graph ----------------------------------------------------------------------
@@ -174,6 +177,14 @@ def _item_name(item: syn.Item) -> str | None:
     return None
 
 
+def _what(item: syn.Item) -> str:
+    if isinstance(item, syn.Declaration):
+        return f"declared as {item.kind}"
+    if isinstance(item, syn.SizeDef):
+        return "as a size"
+    return "computed by a statement"
+
+
 def _item_name_span(item: syn.Item) -> Span:
     if isinstance(item, syn.Declaration):
         return item.name_span
@@ -188,6 +199,7 @@ def load_items(path: str, chain: tuple[str, ...] = ()) -> tuple[syn.DesignDecl, 
     items = list(source.items)
     if not items or not isinstance(items[0], syn.DesignDecl):
         span = items[0].span if items else Span(path, 1, 1, 1, 2)
+        span = Span(span.file, span.line, 1, span.line, 2)
         raise TdiagError(
             Diagnostic("a design file starts with 'design NAME'", (span,), "add a first line: design my_attention")
         )
@@ -315,7 +327,7 @@ class _Builder:
             if name in seen:
                 first = seen[name]
                 self.error(
-                    f"'{name}' is defined twice (first at line {first.span.line})",
+                    f"'{name}' is defined twice: {_what(first)} on line {first.span.line}, {_what(item)} here",
                     _item_name_span(item),
                     _item_name_span(first),
                     hint="rename one of them, or use 'replace' in a design that extends another",
@@ -482,13 +494,7 @@ class _Builder:
         for s in statements:
             name = s.target.name
             if name in self.tensors:
-                self.error(
-                    f"'{name}' is declared as {self.tensors[name].kind} and also defined by a statement",
-                    s.target.name_span,
-                    self.tensors[name].span,
-                    hint="a tensor is either declared or computed; remove one",
-                )
-                continue
+                continue  # reported by _check_duplicates
             by_target.setdefault(name, s)
         deps = nx.DiGraph()
         for name, s in by_target.items():
@@ -496,18 +502,18 @@ class _Builder:
             for used in _tensor_names(s.expr):
                 if used in by_target:
                     deps.add_edge(used, name)
-        for cycle in nx.simple_cycles(deps):
-            spans = [by_target[n].target.name_span for n in cycle]
+        for component in nx.strongly_connected_components(deps.copy()):
+            if len(component) == 1 and not deps.has_edge(*component, *component):
+                continue
+            cycle = nx.find_cycle(deps.subgraph(component))
+            names = [u for u, _ in cycle]
             self.error(
-                "cycle of definitions: " + " -> ".join([*cycle, cycle[0]]),
-                *spans,
+                "cycle of definitions: " + " -> ".join([*names, names[0]]),
+                *(by_target[n].target.name_span for n in names),
                 hint="a tensor cannot be computed from itself; state updates use 'update'",
             )
-            deps.remove_nodes_from(cycle)
-            if not nx.is_directed_acyclic_graph(deps):
-                break
-        order = list(nx.topological_sort(deps)) if nx.is_directed_acyclic_graph(deps) else []
-        return [by_target[n] for n in order]
+            deps.remove_nodes_from(component)
+        return [by_target[n] for n in nx.topological_sort(deps)]
 
     def _add_statement(self, s: syn.Statement) -> None:
         groups = self._target_groups(s.target)
@@ -528,7 +534,9 @@ class _Builder:
             self.error(
                 f"'update' rewrites a buffer, but '{name}' is {what}",
                 u.target.name_span,
-                hint=did_you_mean(name, buffers) or "declare it first: buffer NAME[leg: SIZE] = fill(...)",
+                hint=did_you_mean(name, buffers)
+                or (f"only a buffer changes by a rule: declare 'buffer {name}[...] = fill(...)'" if buffer else None)
+                or "declare it first: buffer NAME[leg: SIZE] = fill(...)",
             )
             return
         groups = self._target_groups(u.target)
@@ -592,18 +600,19 @@ class _Builder:
 
     # -- scalars --
     def _scalar(self, e: syn.Expr, *, sizes_only: bool = False, known: Iterable[str] = ()) -> sympy.Expr:
-        """A size or scale expression -> sympy, in size symbols."""
+        """A size or scale expression -> sympy, in size symbols. A mistake gives POISON_SIZE, which
+        matches any size, so it is reported once."""
         known = set(known) | set(self.sizes)
         if isinstance(e, syn.Number):
+            if not math.isfinite(e.value):
+                self.error("number out of range", e.span)
+                return POISON_SIZE
             return sympy.Rational(str(e.value)) if isinstance(e.value, float) else sympy.Integer(e.value)
         if isinstance(e, syn.Name):
             if e.name in known:
                 return size_symbol(e.name)
-            if e.name in self.tensors:
-                self.error(f"'{e.name}' is a tensor; a size or number is expected here", e.span)
-            else:
-                self.error(f"unknown size '{e.name}'", e.span, hint=did_you_mean(e.name, known))
-            return sympy.Integer(1)
+            self._unknown_size(e, known)
+            return POISON_SIZE
         if isinstance(e, syn.Neg):
             return -self._scalar(e.operand, sizes_only=sizes_only, known=known)
         if isinstance(e, syn.BinOp) and e.op != "juxt":
@@ -611,15 +620,32 @@ class _Builder:
             b = self._scalar(e.right, sizes_only=sizes_only, known=known)
             if e.op == "/" and b == 0:
                 self.error("division by zero", e.right.span)
-                return sympy.Integer(1)
+                return POISON_SIZE
+            if e.op == "^" and b.is_number and abs(b) > 64:
+                self.error("exponent out of range (at most 64)", e.right.span)
+                return POISON_SIZE
             return {"+": a + b, "-": a - b, "*": a * b, "/": a / b, "^": a**b}[e.op]
         if isinstance(e, syn.Call) and e.name == "sqrt" and e.legs is None and len(e.args) == 1:
             if sizes_only:
                 self.error("a size is a whole number; sqrt is for scales", e.name_span)
+                return POISON_SIZE
             return sympy.sqrt(self._scalar(e.args[0], known=known))
         what = "a size expression (numbers, sizes, + - * / ^)" if sizes_only else "a number or size expression"
         self.error(f"expected {what}", e.span)
-        return sympy.Integer(1)
+        return POISON_SIZE
+
+    def _unknown_size(self, e: syn.Name, known: set[str]) -> None:
+        if e.name in self.tensors:
+            self.error(f"'{e.name}' is a tensor; a size or number is expected here", e.span)
+        elif e.name in self.legs:
+            leg = self.legs[e.name]
+            self.error(
+                f"'{e.name}' is a leg, not a size",
+                e.span,
+                hint=f"leg {e.name} has size {leg.size}; write the size: {leg.size}",
+            )
+        else:
+            self.error(f"unknown size '{e.name}'", e.span, hint=did_you_mean(e.name, known))
 
 
 # ---- expressions ---------------------------------------------------------------------------
@@ -652,6 +678,11 @@ class _ExprBuilder:
                 if len(g) > 1 and any(leg not in self.b.legs for leg in g):
                     self.b.error(f"cannot size the merged legs ({' '.join(g)})", target.span)
         return expr
+
+    def poison(self, e: syn.Expr) -> Expr:
+        """A stand-in for a sub-expression that had an error: it has the legs the text gives it,
+        so one mistake is reported once, not again by every check downstream of it."""
+        return TensorRef(tuple(sorted(_available(e, self.b.tensors))), e.span, POISON_NAME, ())
 
     # -- the leg rule --
     def inside(self, e: syn.Expr, keep: set[str]) -> Expr:
@@ -694,7 +725,7 @@ class _ExprBuilder:
         if isinstance(e, syn.Call):
             return self.call(e, keep)
         self.b.error("expected a tensor expression", e.span)
-        return Scalar((), e.span)
+        return self.poison(e)
 
     def _bare_name(self, e: syn.Name) -> Expr:
         if e.name in self.b.tensors:
@@ -709,7 +740,7 @@ class _ExprBuilder:
         else:
             candidates = [*self.b.tensors, *self.b.sizes, *_statement_targets(self.b.items)]
             self.b.error(f"unknown name '{e.name}'", e.span, hint=did_you_mean(e.name, candidates))
-        return Scalar((), e.span)
+        return self.poison(e)
 
     # -- tensors --
     def tensor_ref(self, e: syn.Indexed) -> Expr:
@@ -719,8 +750,9 @@ class _ExprBuilder:
                 e.options[0].span,
             )
         if e.name in FUNCTIONS:
-            self.b.error(f"'{e.name}[...]' needs its argument", e.span, hint=f"write {e.name}[...](expression)")
-            return Scalar((), e.span)
+            if e.name not in _statement_targets(self.b.items) and e.name not in self.b.tensors:
+                self.b.error(f"'{e.name}[...]' needs its argument", e.span, hint=f"write {e.name}[...](expression)")
+            return self.poison(e)
         tensor = self.b.tensors.get(e.name)
         if tensor is None:
             return self._unknown_tensor(e)
@@ -732,7 +764,7 @@ class _ExprBuilder:
                 e.span,
                 hint=f"e.g. {e.name}[{axes}]",
             )
-            return Scalar((), e.span)
+            return self.poison(e)
         self._check_repeated_legs(e)
         for item, axis in zip(e.legs, tensor.axes, strict=True):
             where = f"{e.name} (line {item.span.line})"
@@ -749,9 +781,9 @@ class _ExprBuilder:
         else:
             defined = [*self.b.tensors, *_statement_targets(self.b.items)]
             if e.name in defined:
-                return Scalar((), e.span)  # its own statement failed; already reported
+                return self.poison(e)  # its own statement failed; already reported
             self.b.error(f"unknown tensor '{e.name}'", e.name_span, hint=did_you_mean(e.name, defined))
-        return Scalar((), e.span)
+        return self.poison(e)
 
     def _check_repeated_legs(self, e: syn.Indexed) -> None:
         seen: dict[str, Span] = {}
@@ -852,7 +884,7 @@ class _ExprBuilder:
     def power(self, e: syn.BinOp, keep: set[str]) -> Expr:
         if not _is_scalar_syntax(e.right, self.b.tensors):
             self.b.error("an exponent is a number or size, not a tensor", e.right.span)
-            return Scalar((), e.span)
+            return self.poison(e)
         base = self.inside(e.left, keep)
         return ElementwiseMap(base.legs, e.span, "pow", base, (self.b._scalar(e.right),))
 
@@ -867,10 +899,11 @@ class _ExprBuilder:
         if e.name in PAIRINGS:
             return self.squared_distance(e, keep)
         if e.name in self.b.tensors:
+            legs = " ".join(self.b.tensors[e.name].legs)
             self.b.error(
                 f"'{e.name}' is a tensor, not a map",
                 e.name_span,
-                hint="to multiply by a parenthesised expression write '*' before '('",
+                hint=f"use it with legs, e.g. {e.name}[{legs}]; write '*' between factors if you meant a product",
             )
         elif e.name in SCALAR_FUNCTIONS:
             self.b.error(f"{e.name} takes a number or size, not a tensor", e.span)
@@ -882,7 +915,7 @@ class _ExprBuilder:
                 + " "
                 + one_of(f for f in FUNCTIONS if f not in SCALAR_FUNCTIONS),
             )
-        return Scalar((), e.span)
+        return self.poison(e)
 
     def _one_argument(self, e: syn.Call) -> syn.Expr | None:
         if e.keywords:
@@ -912,7 +945,7 @@ class _ExprBuilder:
                 hint=f"name the leg of the filled ball: {e.name}[m](...)",
             )
         if argument is None:
-            return Scalar((), e.span)
+            return self.poison(e)
         available = _available(argument, self.b.tensors)
         for leg, item in zip(normalized, e.legs or (), strict=False):
             if leg not in available:
@@ -1010,7 +1043,7 @@ class _ExprBuilder:
         if len(args) != 1 + extra:
             usage = "clamp(x, lo, hi)" if extra else f"{e.name}(x)"
             self.b.error(f"{e.name} takes {1 + extra} argument(s), got {len(args)}", e.span, hint=usage)
-            return Scalar((), e.span)
+            return self.poison(e)
         operand = self.inside(args[0], keep)
         params = tuple(self.b._scalar(a) for a in args[1:])
         return ElementwiseMap(operand.legs, e.span, e.name, operand, params)
@@ -1021,7 +1054,7 @@ class _ExprBuilder:
         if not over:
             self.b.error(f"{e.name} needs the leg it reduces", e.name_span, hint=f"e.g. {e.name}[r](...)")
         if argument is None:
-            return Scalar((), e.span)
+            return self.poison(e)
         operand = self.inside(argument, keep | set(over))
         for leg, item in zip(over, e.legs or (), strict=False):
             if leg not in operand.legs:
@@ -1041,7 +1074,7 @@ class _ExprBuilder:
                 e.span,
                 hint="sqdist[d](Q[n h d], K[m h d])",
             )
-            return Scalar((), e.span)
+            return self.poison(e)
         if not over:
             self.b.error("sqdist needs the leg it sums over", e.name_span, hint="e.g. sqdist[d](Q[n h d], K[m h d])")
         left, right = self._elementwise(list(e.args), keep | set(over))
@@ -1131,9 +1164,9 @@ def _available(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
         over = {leg for item in e.legs or () for leg in _leg_names(item)}
         if e.name in REDUCTIONS or e.name in PAIRINGS:
             return inner - over
-        if e.name in BOXES or e.name in MAPS:
-            return inner
-        return set()
+        if e.name in SCALAR_FUNCTIONS:
+            return set()
+        return inner
     return set()
 
 
@@ -1167,6 +1200,8 @@ def _ordered_union(leg_lists: Iterable[Iterable[str]]) -> tuple[str, ...]:
 
 
 def _same_size(a: sympy.Expr, b: sympy.Expr, sizes: Mapping[str, Size]) -> bool:
+    if POISON_SIZE in a.free_symbols | b.free_symbols:
+        return True
     return sympy.simplify(expand_sizes(a, sizes) - expand_sizes(b, sizes)) == 0
 
 

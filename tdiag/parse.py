@@ -168,14 +168,17 @@ class _JoinLines:
 
     always_accept = ("_NL",)
 
+    def __init__(self) -> None:
+        self.open: list[Token] = []  # brackets not yet closed, for the "not closed" hint
+
     def process(self, stream: Iterator[Token]) -> Iterator[Token]:
-        depth = 0
+        self.open = []
         for token in stream:
             if token.type in ("LPAR", "LSQB"):
-                depth += 1
-            elif token.type in ("RPAR", "RSQB"):
-                depth = max(depth - 1, 0)
-            if token.type == "_NL" and depth:
+                self.open.append(token)
+            elif token.type in ("RPAR", "RSQB") and self.open:
+                self.open.pop()
+            if token.type == "_NL" and self.open:
                 continue
             yield token
 
@@ -365,13 +368,53 @@ def _found(token: Token) -> str:
     return f"'{token}'"
 
 
+_UNICODE_LOOKALIKES = {
+    "×": "*",
+    "·": "*",
+    "∕": "/",
+    "÷": "/",
+    "−": "-",
+    "–": "-",
+    "√": "sqrt(...)",
+    "⊗": "a product of legs",
+}
+_RESERVED = {"DESIGN", "EXTENDS", "SIZE", "REPLACE", "UPDATE", "OUTPUT", "KIND"}
+
+
+def _unclosed_hint(token: Token) -> str | None:
+    """When a bracket opened on an earlier line is still open, say where it was opened."""
+    postlex = _parser().options.postlex
+    opened = getattr(postlex, "open", [])
+    if opened and (opened[-1].line < token.line or token.type in ("$END", "_NL", "EQUAL")):
+        return f"the '{opened[-1]}' at line {opened[-1].line}, column {opened[-1].column} is not closed"
+    return None
+
+
+def _token_hint(token: Token, previous: Token | None, text: str) -> str | None:
+    if token.type == "STAR" and previous is not None and previous.type == "STAR":
+        return "write powers with '^', e.g. x ^ 2"
+    if token.type == "LSQB" and previous is not None and previous.type in _RESERVED:
+        return f"'{previous}' is a reserved word; give the tensor another name"
+    if token.type == "COLON":
+        return "'leg: SIZE' axes belong in a declaration; start the line with its kind: input, mask, param, const, ..."
+    if token.type == "LPAR" and previous is not None and previous.type in ("RSQB", "NAME"):
+        return "to multiply by a parenthesised expression write '*' before '('"
+    return None
+
+
 def _syntax_error(file: str, text: str, error: UnexpectedInput) -> Diagnostic:
     hint = None
     if isinstance(error, UnexpectedCharacters):
         char = text[error.pos_in_stream] if error.pos_in_stream < len(text) else ""
         span = Span(file, error.line, error.column, error.line, error.column + 1)
         message = f"unexpected character {char!r}"
-        if not char.isascii():
+        if char in _UNICODE_LOOKALIKES:
+            hint = f"write {_UNICODE_LOOKALIKES[char]!r} instead; .td files are ASCII"
+        elif char == "@":
+            hint = "juxtaposition (or '*') multiplies tensors; shared legs are contracted"
+        elif char == "*" or char == "!":
+            hint = None
+        elif not char.isascii():
             hint = "names, numbers and operators are ASCII; remove or replace this character"
         expected = _expected(set(error.allowed or ()))
         if expected:
@@ -391,12 +434,8 @@ def _syntax_error(file: str, text: str, error: UnexpectedInput) -> Diagnostic:
         expected = _expected(set(error.expected))
         if expected:
             message += f"; {expected}"
-        if token.type == "LPAR" and error.token_history:
-            previous = error.token_history[-1]
-            if previous.type in ("RSQB", "NAME"):
-                hint = "to multiply by a parenthesised expression write '*' before '('"
-        if token.type == "_NL" and "RPAR" in error.expected:
-            hint = "a '(' is not closed"
+        previous = error.token_history[-1] if error.token_history else None
+        hint = _unclosed_hint(token) or _token_hint(token, previous, text)
         return Diagnostic(message, (span,), hint)
     span = Span(file, getattr(error, "line", 1) or 1, getattr(error, "column", 1) or 1, 0, 0)
     return Diagnostic("unexpected end of input", (span,))
@@ -433,8 +472,15 @@ def parse_file(path: str | Path) -> SourceFile:
     except FileNotFoundError:
         raise TdiagError(Diagnostic(f"no such design file '{file}'")) from None
     except UnicodeDecodeError as error:
+        raw = Path(path).read_bytes()[: error.start]
+        line = raw.count(b"\n") + 1
+        column = error.start - (raw.rfind(b"\n") + 1) + 1
         raise TdiagError(
-            Diagnostic(f"'{file}' is not UTF-8 text (byte {error.start})", hint="a .td file is plain text")
+            Diagnostic(
+                f"'{file}' is not UTF-8 text: byte {error.start} (line {line}, column {column}) is invalid",
+                (),
+                "a .td file is plain ASCII/UTF-8 text",
+            )
         ) from None
     except OSError as error:
         raise TdiagError(Diagnostic(f"cannot read '{file}': {error.strerror}")) from None

@@ -1,0 +1,139 @@
+"""Property: whatever happens to a bundled design's text (deleted or duplicated characters,
+swapped tokens, truncation, stray unicode, renamed legs), tdiag answers with its own positioned
+errors or a valid design, never with another exception."""
+
+import re
+import shutil
+
+import pytest
+from conftest import DESIGN_FILES
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tdiag
+from tdiag import TdiagError
+from tdiag.errors import format_diagnostics
+
+TEXTS = {p.name: p.read_text() for p in DESIGN_FILES}
+TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9.]+|\S")
+STRAY = st.sampled_from(["é", "∑", "α", "\u200b", "１", "\t", "\x00", "😀", "—", "\r", "⊗"])
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    """A copy of designs/ so mutated derived designs still find their base files."""
+    folder = tmp_path_factory.mktemp("designs")
+    for path in DESIGN_FILES:
+        shutil.copy(path, folder / path.name)
+    return folder
+
+
+def load_mutated(folder, name: str, text: str) -> None:
+    path = folder / f"mutant_{name}"
+    path.write_text(text, encoding="utf-8")
+    try:
+        tdiag.load(path)
+    except TdiagError as error:
+        assert error.diagnostics
+        rendered = format_diagnostics(error.diagnostics)
+        assert ": error: " in rendered and "Traceback" not in rendered
+
+
+def mutate_chars(text: str, data, kind: str) -> str:
+    i = data.draw(st.integers(0, max(len(text) - 1, 0)))
+    if kind == "delete":
+        return text[:i] + text[i + 1 :]
+    if kind == "duplicate":
+        return text[:i] + text[i] + text[i:]
+    if kind == "truncate":
+        return text[:i]
+    return text[:i] + data.draw(STRAY) + text[i:]
+
+
+names = st.sampled_from(sorted(TEXTS))
+
+
+@SETTINGS
+@given(name=names, kind=st.sampled_from(["delete", "duplicate", "truncate", "unicode"]), data=st.data())
+def test_character_mutations_give_only_tdiag_errors(library, name, kind, data):
+    text = TEXTS[name]
+    for _ in range(data.draw(st.integers(1, 3))):
+        text = mutate_chars(text, data, kind)
+    load_mutated(library, name, text)
+
+
+@SETTINGS
+@given(name=names, data=st.data())
+def test_swapped_tokens_give_only_tdiag_errors(library, name, data):
+    text = TEXTS[name]
+    tokens = list(TOKEN.finditer(text))
+    a, b = sorted(data.draw(st.lists(st.integers(0, len(tokens) - 1), min_size=2, max_size=2, unique=True)))
+    ta, tb = tokens[a], tokens[b]
+    swapped = text[: ta.start()] + tb.group() + text[ta.end() : tb.start()] + ta.group() + text[tb.end() :]
+    load_mutated(library, name, swapped)
+
+
+@SETTINGS
+@given(name=names, data=st.data())
+def test_renamed_legs_give_only_tdiag_errors(library, name, data):
+    text = TEXTS[name]
+    legs = sorted(set(re.findall(r"\b([a-z][a-z0-9]*)\b(?=[^\[\]]*\])", text)))
+    if not legs:
+        return
+    old = data.draw(st.sampled_from(legs))
+    new = data.draw(st.sampled_from([*legs, "zz", "N", "WQ", "softmax", "size"]))
+    occurrences = [m.start() for m in re.finditer(rf"\b{old}\b", text)]
+    where = data.draw(st.sampled_from(occurrences))
+    load_mutated(library, name, text[:where] + new + text[where + len(old) :])
+
+
+@SETTINGS
+@given(name=names, data=st.data())
+def test_random_token_replacement_gives_only_tdiag_errors(library, name, data):
+    text = TEXTS[name]
+    tokens = list(TOKEN.finditer(text))
+    t = data.draw(st.sampled_from(tokens))
+    new = data.draw(
+        st.sampled_from(
+            [
+                "(",
+                ")",
+                "[",
+                "]",
+                "=",
+                ",",
+                ":",
+                "^",
+                "*",
+                "/",
+                "+",
+                "-",
+                "0",
+                "1e999",
+                "replace",
+                "output",
+                "design",
+                "size",
+                "param",
+                "softmax",
+                "sqdist",
+                "max",
+                "causal",
+                "mask",
+                "extends",
+                "0.0",
+                "-1",
+                "sqrt",
+                "",
+                "\n",
+                "#",
+            ]
+        )
+    )
+    load_mutated(library, name, text[: t.start()] + new + text[t.end() :])
+
+
+def test_the_unmutated_library_loads(library):
+    for name in TEXTS:
+        assert tdiag.load(library / name).name == name.removesuffix(".td")
