@@ -1,0 +1,255 @@
+"""Plan -> the source of a standalone PyTorch module: one class that imports only torch (and the
+standard library), parameters named after the `.td` tensors with axes in declared order, one
+line per step with its legs and cost as a comment. The in-process module runs this same text."""
+
+from __future__ import annotations
+
+import re
+
+import sympy
+
+from .graph import DesignGraph
+from .ir import Tensor
+from .plan import BATCH, BATCH_SIZE, Plan, Step, size_code
+
+HELPERS = '''
+
+def _seed(seed: int, name: str) -> int:
+    """Each tensor draws from its own generator, seeded from (seed, name)."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _generator(seed: int, name: str) -> torch.Generator:
+    return torch.Generator().manual_seed(_seed(seed, name))
+
+
+def _normal(shape, mean, std, seed, name):
+    return torch.empty(shape, dtype=torch.float64).normal_(mean, std, generator=_generator(seed, name))
+
+
+def _uniform(shape, low, high, seed, name):
+    return torch.empty(shape, dtype=torch.float64).uniform_(low, high, generator=_generator(seed, name))
+
+
+def _fill(shape, value):
+    return torch.full(shape, float(value), dtype=torch.float64)
+
+
+def _identity(shape, scale=1.0):
+    value = torch.zeros(shape, dtype=torch.float64)
+    index = torch.arange(shape[0])
+    value[(index,) * len(shape)] = scale
+    return value
+'''
+
+
+def class_name(design: str) -> str:
+    return "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", design) if part) or "Design"
+
+
+def _number(graph: DesignGraph, value: object, sizes: dict[str, int]) -> str:
+    return repr(float(graph.evaluate(sympy.sympify(value), **sizes)))
+
+
+def _shape(tensor: Tensor, graph: DesignGraph, sizes: dict[str, int]) -> tuple[int, ...]:
+    from .init import numeric_shape
+
+    return numeric_shape(tensor, sizes, graph)
+
+
+def _init_line(tensor: Tensor, graph: DesignGraph, sizes: dict[str, int]) -> str:
+    shape = _shape(tensor, graph, sizes)
+    init = tensor.init
+    if init is None:
+        return f"_normal({shape}, 0.0, {1 / shape[0] ** 0.5!r}, seed, {tensor.name!r})"
+    p = {k: _number(graph, v, sizes) for k, v in init.params}
+    if init.name == "normal":
+        return f"_normal({shape}, {p.get('mean', '0.0')}, {p.get('std', '1.0')}, seed, {tensor.name!r})"
+    if init.name == "uniform":
+        return f"_uniform({shape}, {p['low']}, {p['high']}, seed, {tensor.name!r})"
+    if init.name == "identity":
+        return f"_identity({shape}, {p.get('scale', '1.0')})"
+    value = {"zeros": "0.0", "ones": "1.0"}.get(init.name) or p["value"]
+    return f"_fill({shape}, {value})"
+
+
+def generate(plan: Plan, *, source_name: str = "") -> str:
+    """The module source for `plan`."""
+    graph = plan.graph
+    name = class_name(graph.name)
+    lines = [
+        f'"""{name}: the `{graph.name}` design compiled by tdiag{f" from {source_name}" if source_name else ""}.',
+        "",
+        "Sizes: " + ", ".join(f"{k}={v}" for k, v in plan.sizes.items() if k != "B") + ".",
+        'Generated code: edit the .td file and recompile rather than editing this file."""',
+        "",
+        "import hashlib",
+        "",
+        "import torch",
+        "from torch import nn",
+        HELPERS,
+        "",
+        f"class {name}(nn.Module):",
+        f'    """{_docstring(graph)}"""',
+        "",
+        *_init(plan),
+        "",
+        *_reset(plan),
+        "",
+        *_forward(plan),
+    ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _docstring(graph: DesignGraph) -> str:
+    inputs = ", ".join(f"{t.name}[..., {', '.join(t.legs)}]" for t in graph.inputs)
+    outputs = ", ".join(f"{o}[..., {', '.join(graph.tensors[o].legs)}]" for o in graph.outputs)
+    return f"{inputs} -> {outputs}."
+
+
+def _stored(plan: Plan) -> list[Tensor]:
+    graph = plan.graph
+    return [
+        t
+        for t in graph.tensors.values()
+        if t.kind in ("param", "buffer") or (t.kind == "const" and t.name in plan.stored)
+    ]
+
+
+def _init(plan: Plan) -> list[str]:
+    lines = [
+        "    def __init__(self, seed: int = 0, dtype: torch.dtype = torch.float32, device=None):",
+        "        super().__init__()",
+    ]
+    for t in _stored(plan):
+        shape = _shape(t, plan.graph, plan.sizes)
+        empty = f"torch.empty({shape}, dtype=dtype, device=device)"
+        if t.kind == "param":
+            lines.append(f"        self.{t.name} = nn.Parameter({empty})  # legs {' '.join(t.legs)}")
+        else:
+            persistent = "True" if t.kind == "buffer" else "False"
+            lines.append(
+                f"        self.register_buffer({t.name!r}, {empty}, persistent={persistent})  # legs {' '.join(t.legs)}"
+            )
+    lines.append("        self.reset_parameters(seed)")
+    return lines
+
+
+def _reset(plan: Plan) -> list[str]:
+    lines = [
+        "    @torch.no_grad()",
+        "    def reset_parameters(self, seed: int = 0) -> None:",
+        '        """Initialize every stored tensor from its .td initializer; deterministic for a seed."""',
+    ]
+    for t in _stored(plan):
+        lines.append(f"        self.{t.name}.copy_({_init_line(t, plan.graph, plan.sizes)})")
+    if len(lines) == 3:
+        lines.append("        pass")
+    return lines
+
+
+def _forward(plan: Plan) -> list[str]:
+    graph = plan.graph
+    inputs = [plan.names[t.name] for t in graph.inputs]
+    masks = [plan.names[t.name] for t in graph.tensors_of_kind("mask")]
+    signature = ", ".join(
+        ["self", *(f"{v}: torch.Tensor" for v in inputs)]
+        + (["*", *(f"{m}: torch.Tensor | None = None" for m in masks)] if masks else [])
+    )
+    returns = "torch.Tensor" if len(graph.outputs) == 1 else "tuple[torch.Tensor, ...]"
+    lines = [f"    def forward({signature}) -> {returns}:"]
+    lines += ["        " + line for line in _entry(plan)]
+    for step in plan.steps:
+        lines += _step_lines(step, plan)
+    if plan.update_steps:
+        lines.append("        if self.training:  # state updates, never by gradient")
+        lines.append("            with torch.no_grad():")
+        for step in plan.update_steps:
+            lines += ["        " + line for line in _step_lines(step, plan)]
+    outs = []
+    for name, value in plan.outputs:
+        tensor = graph.tensors[name]
+        shape = ", ".join(_size(graph, a.size) for a in tensor.axes)
+        batch = "*batch_shape, " if value.is_batched else ""
+        outs.append(f"{value.var}.reshape({batch}{shape})")
+    lines.append(f"        return {', '.join(outs)}")
+    return lines
+
+
+def _entry(plan: Plan) -> list[str]:
+    """Read the inputs: bind run-time sizes from their shapes, check them, flatten the batch."""
+    graph = plan.graph
+    lines: list[str] = []
+    first = True
+    bound: set[str] = set()
+    for t in graph.inputs:
+        var = plan.names[t.name]
+        rank = len(t.axes)
+        lines.append(f"if {var}.dim() < {rank}:")
+        lines.append(
+            f'    raise ValueError(f"input {t.name} needs {rank} trailing axes ({" ".join(t.legs)}), got shape {{tuple({var}.shape)}}")'
+        )
+        if first:
+            lines.append(f"batch_shape = {var}.shape[:-{rank}]")
+            first = False
+        for k, axis in enumerate(t.axes):
+            position = k - rank
+            size = axis.size
+            if size.is_Symbol and graph.sizes[str(size)].is_free and str(size) not in bound:
+                lines.append(f"{size} = {var}.shape[{position}]")
+                bound.add(str(size))
+                continue
+            expected = _size(graph, size)
+            lines.append(f"if {var}.shape[{position}] != {expected}:")
+            lines.append(
+                f'    raise ValueError(f"input {t.name}: leg {axis.leg} has size {axis.size} = {{{expected}}}, got {{{var}.shape[{position}]}}")'
+            )
+        shape = ", ".join(_size(graph, a.size) for a in t.axes)
+        lines.append(f"{var} = {var}.reshape(-1, {shape})")
+    lines.append(f"B = {plan.names[graph.inputs[0].name]}.shape[0]" if graph.inputs else "B = 1")
+    for t in graph.tensors_of_kind("mask"):
+        var = plan.names[t.name]
+        shape = ", ".join(_size(graph, a.size) for a in t.axes)
+        lines.append(
+            f"{var} = torch.ones(B, {shape}, dtype=torch.bool, device={plan.names[graph.inputs[0].name]}.device) if {var} is None else {var}.reshape(B, {shape})"
+        )
+    device = f"{plan.names[graph.inputs[0].name]}" if graph.inputs else "None"
+    for (n, m), var in plan.causal.items():
+        lines.append(
+            f"{var} = torch.ones({_size(graph, n)}, {_size(graph, m)}, dtype=torch.bool, device={device}.device).triu(1)"
+        )
+    for t in graph.tensors_of_kind("random"):
+        var = plan.names[t.name]
+        shape = ", ".join(_size(graph, a.size) for a in t.axes)
+        mode = t.init.param("mode", "train") if t.init else "train"
+        like = f"dtype={device}.dtype, device={device}.device"
+        noise = f"torch.randn(B, {shape}, {like})"
+        zeros = f"torch.zeros(B, {shape}, {like})"
+        lines.append(
+            f"{var} = "
+            + {"always": noise, "never": zeros}.get(str(mode), f"{noise} if self.training else {zeros}")
+            + f"  # noise, mode {mode}"
+        )
+    return lines
+
+
+def _size(graph: DesignGraph, expr: sympy.Expr) -> str:
+    """A size as Python in forward: known sizes are numbers, run-time ones locals."""
+    return size_code(graph.expand(expr).xreplace(_known(graph)), {})
+
+
+def _known(graph: DesignGraph) -> dict:
+    return {graph.sizes[k].symbol: v for k, v in graph.size_values().items()}
+
+
+def _step_lines(step: Step, plan: Plan) -> list[str]:
+    legs = " ".join("b" if leg == BATCH else leg for leg in step.out.legs) if step.out else ""
+    cost = ""
+    if step.flops != 0:
+        cost = f"; {sympy.sstr(sympy.factor(step.flops.subs(BATCH_SIZE, 1)))} flops"
+    comment = f"  # {step.description} [{legs}]{cost}" if step.description else ""
+    lines = [f"        {line}" for line in step.lines]
+    if lines:
+        lines[-1] += comment
+    return lines

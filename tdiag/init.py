@@ -1,0 +1,86 @@
+"""Creating the stored tensors of a design: parameters from their initializers, constants and
+buffers from their fills. Deterministic for a seed: each tensor draws from its own generator
+seeded from (seed, tensor name), so adding a tensor does not change the others."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+import sympy
+import torch
+
+from .errors import Diagnostic, TdiagError
+from .graph import DesignGraph
+from .ir import Init, Tensor
+
+
+def numeric_shape(tensor: Tensor, sizes: Mapping[str, int], graph: DesignGraph) -> tuple[int, ...]:
+    """The tensor's axis sizes as numbers at `sizes`; a run-time size here is an error."""
+    shape = []
+    for axis in tensor.axes:
+        value = graph.evaluate(axis.size, **sizes)
+        if not value.is_Integer:
+            missing = ", ".join(sorted(str(s) for s in value.free_symbols))
+            raise TdiagError(
+                Diagnostic(
+                    f"{tensor.kind} {tensor.name} needs the size of leg {axis.leg} ({axis.size}) when it is built",
+                    (tensor.span,),
+                    f"give {missing} a value, e.g. tdiag.load(..., {missing}=256) or --set {missing}=256",
+                )
+            )
+        shape.append(int(value))
+    return tuple(shape)
+
+
+def tensor_seed(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _number(value: sympy.Expr | str | None, graph: DesignGraph, sizes: Mapping[str, int], default: float) -> float:
+    if value is None:
+        return default
+    return float(graph.evaluate(sympy.sympify(value), **sizes))
+
+
+def initial_value(
+    tensor: Tensor,
+    shape: tuple[int, ...],
+    graph: DesignGraph,
+    sizes: Mapping[str, int],
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The tensor's initial value. A param without an initializer gets normal(std=1/sqrt(fan_in)),
+    fan_in being the size of its first axis (docs/language.md)."""
+    init = tensor.init or Init("normal", (("std", sympy.Integer(shape[0]) ** sympy.Rational(-1, 2)),))
+    generator = torch.Generator().manual_seed(tensor_seed(seed, tensor.name))
+    value = torch.empty(shape, dtype=torch.float64)
+    if init.name == "normal":
+        value.normal_(
+            _number(init.param("mean"), graph, sizes, 0.0),
+            _number(init.param("std"), graph, sizes, 1.0),
+            generator=generator,
+        )
+    elif init.name == "uniform":
+        value.uniform_(
+            _number(init.param("low"), graph, sizes, 0.0),
+            _number(init.param("high"), graph, sizes, 1.0),
+            generator=generator,
+        )
+    elif init.name in ("zeros", "ones", "fill"):
+        value.fill_({"zeros": 0.0, "ones": 1.0}.get(init.name) or _number(init.param("value"), graph, sizes, 0.0))
+    elif init.name == "identity":
+        value = identity(shape, dtype=torch.float64) * _number(init.param("scale"), graph, sizes, 1.0)
+    else:
+        raise AssertionError(f"initializer {init.name} was not checked")
+    return value.to(dtype)
+
+
+def identity(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """δ over all axes (which have one size): 1 where every index is equal."""
+    value = torch.zeros(shape, dtype=dtype)
+    index = torch.arange(shape[0])
+    value[(index,) * len(shape)] = 1
+    return value

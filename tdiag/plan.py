@@ -1,0 +1,916 @@
+"""Contraction planning: DesignGraph + sizes -> Plan, a list of Steps over named values that
+codegen turns into PyTorch and cost turns into formulas (so the two cannot disagree).
+
+Invariants the Plan keeps:
+- Every maximal multilinear region (single-use products inlined into their consumer, up to the
+  softmax boxes, maps and sum nodes around them) is one contraction, ordered by opt_einsum for
+  the sizes the module is built with ('optimal' up to 5 operands, 'dp' beyond).
+- Identity and all-ones constants never reach a Step: identities merge the legs they join,
+  all-ones drop out (a leg they alone carried becomes a broadcast leg or a factor of its size),
+  so THSA with C = I_H ⊗ J_D costs what MHSA costs (Tuformer Prop. 1), and a box whose content
+  is constant along a leg is computed without it (skip-right and single-head, spec §3.4).
+- A leg that a Kronecker-structured definition views as (h d) is split into those pieces in the
+  whole design, head-major, so the structure is visible to the contraction.
+- The leading batch dims are flattened into one leg, BATCH, on entry and restored on exit."""
+
+from __future__ import annotations
+
+import itertools
+import keyword
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import opt_einsum
+import sympy
+
+from .errors import Diagnostic, TdiagError
+from .graph import DesignGraph
+from .ir import (
+    ONE,
+    ZERO,
+    CausalMask,
+    Contraction,
+    ElementwiseMap,
+    Expr,
+    PaddingMask,
+    Quotient,
+    Reduction,
+    Scalar,
+    SoftmaxBox,
+    SquaredDistance,
+    Statement,
+    SumNode,
+    Tensor,
+    TensorRef,
+    walk,
+)
+
+BATCH = "#b"
+BATCH_SIZE = sympy.Symbol("B", positive=True)
+OPTIMAL_UP_TO = 5
+RESERVED = set(keyword.kwlist) | {"self", "torch", "F", "math", "hashlib", "nn", "inputs", "masks", "batch_shape"}
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor in the generated forward: a variable whose axes are `legs` (BATCH first when it
+    carries the batch). `broadcast` legs are logical legs the value is constant along and so
+    does not store."""
+
+    var: str
+    legs: tuple[str, ...]
+    broadcast: frozenset[str] = frozenset()
+
+    @property
+    def is_batched(self) -> bool:
+        return BATCH in self.legs
+
+
+@dataclass
+class Step:
+    """One line (or a few) of the forward pass, with what it computes and what it costs."""
+
+    kind: str
+    lines: list[str]
+    out: Value | None
+    description: str = ""
+    summed: tuple[str, ...] = ()
+    flops: sympy.Expr = ZERO
+    exps: sympy.Expr = ZERO
+    divisions: sympy.Expr = ZERO
+    entries: sympy.Expr = ZERO  # for box steps: the materialized box entries
+    elementwise: sympy.Expr = ZERO  # scalings, maps, sums: counted apart from contractions
+    inputs: tuple[Value, ...] = ()
+
+
+@dataclass
+class Plan:
+    graph: DesignGraph
+    sizes: dict[str, int]  # the sizes planned for, run-time ones included
+    leg_sizes: dict[str, sympy.Expr]
+    steps: list[Step] = field(default_factory=list)
+    update_steps: list[Step] = field(default_factory=list)
+    outputs: list[tuple[str, Value]] = field(default_factory=list)
+    entry: list[str] = field(default_factory=list)  # lines that read inputs and bind run-time sizes
+    lowered: list[str] = field(default_factory=list)  # notes, e.g. boxes lowered to SDPA
+    names: dict[str, str] = field(default_factory=dict)  # .td input/mask/noise name -> python variable
+    causal: dict[tuple[sympy.Expr, sympy.Expr], str] = field(default_factory=dict)  # (N, M) -> mask variable
+    stored: list[str] = field(default_factory=list)  # declared tensors the forward reads
+
+    def flops(self) -> sympy.Expr:
+        return sympy.expand(sum((s.flops for s in self.steps), sympy.Integer(0)))
+
+
+# ---- sizes of legs -------------------------------------------------------------------------
+
+
+def size_code(expr: sympy.Expr, names: Mapping[str, str]) -> str:
+    """A size as Python: numbers stay numbers, run-time sizes are locals of forward."""
+    if expr.is_Integer:
+        return str(int(expr))
+    return str(expr.xreplace({s: sympy.Symbol(names.get(str(s), str(s))) for s in expr.free_symbols}))
+
+
+# ---- leaves of a multilinear region ----------------------------------------------------------
+
+
+@dataclass
+class _Leaf:
+    """A factor of a region: a stored tensor (viewed into region legs) or a computed Value."""
+
+    legs: tuple[str, ...]
+    tensor: Tensor | None = None
+    value: Value | None = None
+    view: tuple[tuple[str, ...], ...] = ()  # for stored tensors: region legs of each axis
+
+
+class _Names:
+    """Python variable names for the generated code: .td names where possible, fresh otherwise."""
+
+    def __init__(self, taken: Iterable[str]):
+        self.used = set(RESERVED) | set(taken)
+        self.counter = itertools.count()
+
+    def fresh(self, stem: str) -> str:
+        stem = stem if stem.isidentifier() else "t"
+        name = stem
+        while name in self.used:
+            name = f"{stem}_{next(self.counter)}"
+        self.used.add(name)
+        return name
+
+
+class _Lowering:
+    """Walks the design graph once, emitting Steps."""
+
+    def __init__(self, graph: DesignGraph, sizes: Mapping[str, int]):
+        self.g = graph
+        self.sizes = dict(sizes)
+        self.steps: list[Step] = []
+        self.names = _Names(list(graph.sizes))
+        self.values: dict[str, Value] = {}
+        self.uses = _count_uses(graph)
+        self.splits = _leg_splits(graph, self.uses)
+        self.leg_sizes: dict[str, sympy.Expr] = {BATCH: BATCH_SIZE}
+        for name, leg in graph.legs.items():
+            self.leg_sizes[name] = leg.size
+            for piece, size in self.splits.get(name, ()):
+                self.leg_sizes[piece] = size
+        self.fresh_legs = itertools.count()
+        self.size_names = {s: s for s in graph.sizes} | {"B": "B"}
+        self.known = {graph.sizes[k].symbol: v for k, v in graph.size_values().items()}
+        self.target: list[Step] = self.steps
+        self.input_vars = {
+            t.name: self.names.fresh(t.name) for t in graph.tensors.values() if t.kind in ("input", "mask", "random")
+        }
+        self.causal_masks: dict[tuple[sympy.Expr, sympy.Expr], str] = {}
+        self.stored_used: set[str] = set()
+
+    # -- helpers --
+    def size(self, leg: str) -> sympy.Expr:
+        return self.leg_sizes[leg]
+
+    def number(self, leg: str) -> int:
+        value = self.g.evaluate(self.size(leg), **self.sizes)
+        value = value.xreplace({BATCH_SIZE: self.sizes.get("B", 1)})
+        return int(value)
+
+    def numel(self, legs: Iterable[str]) -> sympy.Expr:
+        return sympy.Mul(*(self.size(leg) for leg in legs))
+
+    def runtime(self, expr: sympy.Expr) -> sympy.Expr:
+        """A size or scalar with every size known at build time replaced by its number."""
+        return self.g.expand(expr).xreplace(self.known)
+
+    def sizes_code(self, legs: Iterable[str]) -> str:
+        return ", ".join(size_code(self.runtime(self.size(leg)), self.size_names) for leg in legs)
+
+    def expand(self, leg: str) -> tuple[str, ...]:
+        return tuple(p for p, _ in self.splits[leg]) if leg in self.splits else (leg,)
+
+    def new_leg(self, leg: str) -> str:
+        name = f"{leg}'{next(self.fresh_legs)}"
+        self.leg_sizes[name] = self.size(leg)
+        return name
+
+    def emit(self, step: Step) -> Value | None:
+        self.target.append(step)
+        return step.out
+
+    def identity_renaming(self, legs: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        return {leg: self.expand(leg) for leg in legs}
+
+    # -- statements --
+    def lower_design(self) -> None:
+        for statement in self.g.statements:
+            if self.is_inlined(statement.target):
+                continue
+            ren = self.identity_renaming(_all_legs(statement.expr))
+            value = self.lower(statement.expr, ren, var=statement.target)
+            self.values[statement.target] = value
+
+    def is_inlined(self, name: str) -> bool:
+        """Single-use multilinear statements (and constant ones) are folded into their consumer."""
+        tensor = self.g.tensors[name]
+        statement = tensor.statement
+        if statement is None or name in self.g.outputs:
+            return False
+        if not isinstance(statement.expr, Contraction | TensorRef):
+            return False
+        return tensor.is_constant or self.uses[name] == 1
+
+    # -- expressions --
+    def lower(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None = None, scale: sympy.Expr = ONE) -> Value:
+        """Lower expression `e` whose legs are renamed by `ren` into region legs."""
+        if isinstance(e, Contraction | TensorRef | Scalar):
+            return self.lower_region(e, ren, var, scale)
+        value = self.lower_nonlinear(e, ren, var)
+        if scale != 1:
+            value = self.scale(value, scale)
+        return value
+
+    def lower_nonlinear(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
+        if isinstance(e, SoftmaxBox):
+            return self.lower_box(e, ren, var)
+        if isinstance(e, ElementwiseMap):
+            return self.lower_map(e, ren, var)
+        if isinstance(e, Reduction):
+            return self.lower_reduction(e, ren, var)
+        if isinstance(e, SumNode):
+            return self.lower_sum(e, ren, var)
+        if isinstance(e, Quotient):
+            return self.lower_quotient(e, ren, var)
+        if isinstance(e, SquaredDistance):
+            return self.lower_distance(e, ren, var)
+        raise AssertionError(f"cannot lower {type(e).__name__}")
+
+    # -- multilinear regions --
+    def lower_region(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr) -> Value:
+        leaves: list[_Leaf] = []
+        coefficient = self.collect(e, ren, leaves) * scale
+        out = tuple(p for leg in e.legs for p in ren[leg])
+        return self.contract(leaves, out, coefficient, var)
+
+    def collect(self, e: Expr, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf]) -> sympy.Expr:
+        """Gather the factors of a multilinear region into `leaves`; returns the coefficient."""
+        if isinstance(e, Scalar):
+            return e.value
+        if isinstance(e, Contraction):
+            inner = dict(ren)
+            for leg in e.summed:
+                inner[leg] = tuple(self.new_leg(p) for p in self.expand(leg))
+            coefficient = e.coefficient
+            for factor in e.factors:
+                coefficient *= self.collect(factor, inner, leaves)
+            return coefficient
+        if isinstance(e, TensorRef):
+            return self.collect_tensor(e, ren, leaves)
+        value = self.lower_nonlinear(e, ren, None)
+        leaves.append(_Leaf(value.legs, value=value))
+        return sympy.Integer(1)
+
+    def collect_tensor(self, e: TensorRef, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf]) -> sympy.Expr:
+        tensor = self.g.tensors[e.name]
+        axes = tuple(tuple(p for leg in group for p in ren[leg]) for group in e.groups)
+        statement = tensor.statement
+        if statement is None:
+            batch = (BATCH,) if tensor.is_batched else ()
+            leaves.append(_Leaf(batch + tuple(p for a in axes for p in a), tensor=tensor, view=axes))
+            return sympy.Integer(1)
+        mapping = self.align_definition(statement, axes)
+        if mapping is not None and self.is_inlined(e.name):
+            inner = dict(mapping)
+            for leg in _all_legs(statement.expr):
+                if leg not in inner:
+                    inner[leg] = tuple(self.new_leg(p) for p in self.expand(leg))
+            return self.collect(statement.expr, inner, leaves)
+        value = self.values[e.name]
+        leaves.append(_Leaf(self.rename_value_legs(value, statement, axes), value=value))
+        return sympy.Integer(1)
+
+    def align_definition(
+        self, statement: Statement, axes: tuple[tuple[str, ...], ...]
+    ) -> dict[str, tuple[str, ...]] | None:
+        """Map the definition's result legs onto the use's region legs, piece by piece."""
+        mapping: dict[str, tuple[str, ...]] = {}
+        for group, use in zip(statement.groups, axes, strict=True):
+            pieces = [(leg, p) for leg in group for p in self.expand(leg)]
+            if len(pieces) != len(use):
+                return None
+            for (leg, piece), target in zip(pieces, use, strict=True):
+                if sympy.simplify(self.g.expand(self.size(piece) - self.size(target))) != 0:
+                    return None
+                mapping.setdefault(leg, ())
+                mapping[leg] = (*mapping[leg], target)
+        return mapping
+
+    def rename_value_legs(
+        self, value: Value, statement: Statement, axes: tuple[tuple[str, ...], ...]
+    ) -> tuple[str, ...]:
+        mapping = self.align_definition(statement, axes)
+        if mapping is None:
+            raise TdiagError(
+                Diagnostic(
+                    f"cannot use {statement.target} with these legs: its axes are split differently",
+                    (statement.target_span,),
+                )
+            )
+        rename = {}
+        for leg, targets in mapping.items():
+            for piece, target in zip(self.expand(leg), targets, strict=True):
+                rename[piece] = target
+        return tuple(rename.get(leg, leg) for leg in value.legs)
+
+    # -- folding constants, then planning the contraction --
+    def contract(self, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None) -> Value:
+        leaves, out, coefficient = self.fold_constants(leaves, out, coefficient)
+        operands: list[tuple[tuple[str, ...], Value | None, _Leaf]] = []
+        for leaf in leaves:
+            legs = leaf.legs
+            if leaf.value is not None and leaf.value.broadcast:
+                legs = tuple(leg for leg in legs if leg not in leaf.value.broadcast)
+            operands.append((legs, None, leaf))
+        present = {leg for legs, _, _ in operands for leg in legs}
+        broadcast = frozenset(leg for leg in out if leg not in present and leg != BATCH)
+        every = {leg for leaf in leaves for leg in leaf.legs} | set(out)
+        for leg in every:
+            if leg not in present and leg not in out:
+                coefficient *= self.size(leg)
+        if any(leg == BATCH for legs, _, _ in operands for leg in legs) and BATCH not in out:
+            out = (BATCH, *out)
+        wanted = tuple(leg for leg in out if leg in present)
+        if not operands:
+            raise TdiagError(Diagnostic("a statement computes a constant only; nothing depends on an input"))
+        values = [self.leaf_value(leaf) for _, _, leaf in operands]
+        values = [self.drop_broadcast(v, legs) for v, (legs, _, _) in zip(values, operands, strict=True)]
+        result = self.plan_contraction(values, wanted, coefficient, var)
+        return Value(result.var, result.legs, broadcast)
+
+    def fold_constants(self, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr):
+        """Identity constants merge the legs they join; fills and all-ones become a coefficient."""
+        parent: dict[str, str] = {}
+
+        def find(leg: str) -> str:
+            while parent.get(leg, leg) != leg:
+                leg = parent[leg]
+            return leg
+
+        kept: list[_Leaf] = []
+        for leaf in leaves:
+            tensor = leaf.tensor
+            if tensor is None or tensor.kind != "const" or tensor.init is None:
+                kept.append(leaf)
+                continue
+            init = tensor.init
+            if init.name in ("ones", "zeros", "fill"):
+                value = {"ones": sympy.Integer(1), "zeros": sympy.Integer(0)}.get(init.name)
+                coefficient *= value if value is not None else sympy.sympify(init.param("value"))
+                continue
+            roots = {find(leg) for leg in leaf.legs}
+            if init.name == "identity" and len([r for r in roots if r in out]) <= 1:
+                coefficient *= sympy.sympify(init.param("scale", sympy.Integer(1)))
+                anchor = next((r for r in roots if r in out), sorted(roots)[0])
+                for root in roots:
+                    parent[root] = anchor
+                parent.setdefault(anchor, anchor)
+                continue
+            kept.append(leaf)
+        if not parent:
+            return kept, out, coefficient
+        renamed = [
+            _Leaf(
+                tuple(find(leg) for leg in leaf.legs),
+                leaf.tensor,
+                leaf.value,
+                tuple(tuple(find(leg) for leg in a) for a in leaf.view),
+            )
+            for leaf in kept
+        ]
+        return renamed, tuple(find(leg) for leg in out), coefficient
+
+    def leaf_value(self, leaf: _Leaf) -> Value:
+        if leaf.value is not None:
+            return Value(leaf.value.var, leaf.legs, leaf.value.broadcast)
+        return self.stored(leaf.tensor, leaf.view)  # type: ignore[arg-type]
+
+    def drop_broadcast(self, value: Value, legs: tuple[str, ...]) -> Value:
+        if value.legs == legs:
+            return value
+        return Value(value.var, tuple(leg for leg in value.legs if leg not in value.broadcast), value.broadcast)
+
+    def stored(self, tensor: Tensor, view: tuple[tuple[str, ...], ...]) -> Value:
+        """A declared tensor seen with region legs, viewed into pieces where an axis is split."""
+        base = self.tensor_var(tensor)
+        legs = tuple(p for axis in view for p in axis)
+        batched = tensor.is_batched
+        if all(len(axis) == 1 for axis in view):
+            return Value(base, ((BATCH,) if batched else ()) + legs)
+        shape = ("B, " if batched else "") + self.sizes_code(legs)
+        var = self.names.fresh(f"{tensor.name}_view")
+        self.emit(
+            Step(
+                "view",
+                [f"{var} = {base}.reshape({shape})"],
+                Value(var, ((BATCH,) if batched else ()) + legs),
+                f"view {tensor.name} with legs {' '.join(legs)}",
+            )
+        )
+        return Value(var, ((BATCH,) if batched else ()) + legs)
+
+    def tensor_var(self, tensor: Tensor) -> str:
+        self.stored_used.add(tensor.name)
+        if tensor.kind in ("param", "const", "buffer"):
+            return f"self.{tensor.name}"
+        return self.input_vars[tensor.name]
+
+    # -- the contraction order --
+    def plan_contraction(
+        self, values: list[Value], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None
+    ) -> Value:
+        if coefficient != 1:
+            values, coefficient = self.place_coefficient(values, out, coefficient)
+        if len(values) == 1:
+            result = self.reduce_single(values[0], out, var)
+        else:
+            result = self.pairwise_steps(values, out, var)
+        if coefficient != 1:
+            result = self.scale(result, coefficient, var)
+        return result
+
+    def place_coefficient(self, values: list[Value], out: tuple[str, ...], coefficient: sympy.Expr):
+        """Multiply the smallest operand by the coefficient (a softmax scale lands on Q, not on QKᵀ)."""
+        sizes = [self.numel_number(v.legs) for v in values]
+        smallest = min(range(len(values)), key=lambda i: sizes[i])
+        if sizes[smallest] <= self.numel_number(out):
+            values = list(values)
+            values[smallest] = self.scale(values[smallest], coefficient)
+            return values, sympy.Integer(1)
+        return values, coefficient
+
+    def numel_number(self, legs: Iterable[str]) -> int:
+        total = 1
+        for leg in legs:
+            total *= self.number(leg)
+        return total
+
+    def scale(self, value: Value, coefficient: sympy.Expr, var: str | None = None) -> Value:
+        name = self.names.fresh(var or "scaled")
+        code = _scalar_code(self.runtime(coefficient), self.size_names)
+        return self.emit(
+            Step(
+                "scale",
+                [f"{name} = {value.var} * {code}"],
+                Value(name, value.legs, value.broadcast),
+                f"× {coefficient}",
+                elementwise=self.numel(value.legs),
+                inputs=(value,),
+            )
+        )  # type: ignore[return-value]
+
+    def reduce_single(self, value: Value, out: tuple[str, ...], var: str | None) -> Value:
+        summed = tuple(leg for leg in value.legs if leg not in out)
+        if not summed:
+            return value
+        name = self.names.fresh(var or "summed")
+        dims = tuple(value.legs.index(leg) for leg in summed)
+        legs = tuple(leg for leg in value.legs if leg in out)
+        return self.emit(
+            Step(
+                "sum",
+                [f"{name} = {value.var}.sum({_dims(dims)})"],
+                Value(name, legs),
+                f"Σ over {' '.join(_show(summed))}",
+                summed,
+                flops=self.numel(value.legs),
+                inputs=(value,),
+            )
+        )  # type: ignore[return-value]
+
+    def pairwise_steps(self, values: list[Value], out: tuple[str, ...], var: str | None) -> Value:
+        path = self.contraction_path(values, out)
+        operands = list(values)
+        for k, (i, j) in enumerate(path):
+            a, b = operands[i], operands[j]
+            rest = [v for n, v in enumerate(operands) if n not in (i, j)]
+            needed = set(out) | {leg for v in rest for leg in v.legs}
+            last = k == len(path) - 1
+            result = self.pairwise(a, b, needed, var if last else None)
+            operands = [*rest, result]
+        (result,) = operands
+        if len(values) > 1 and set(result.legs) != set(out):
+            result = self.reduce_single(result, out, var)
+        return result
+
+    def contraction_path(self, values: list[Value], out: tuple[str, ...]) -> list[tuple[int, int]]:
+        legs = sorted({leg for v in values for leg in v.legs} | set(out))
+        symbol = {leg: opt_einsum.get_symbol(i) for i, leg in enumerate(legs)}
+        equation = (
+            ",".join("".join(symbol[leg] for leg in v.legs) for v in values)
+            + "->"
+            + "".join(symbol[leg] for leg in out)
+        )
+        shapes = [tuple(self.number(leg) for leg in v.legs) for v in values]
+        strategy = "optimal" if len(values) <= OPTIMAL_UP_TO else "dp"
+        path, _ = opt_einsum.contract_path(equation, *shapes, shapes=True, optimize=strategy)
+        return [tuple(sorted(p)) for p in path]  # type: ignore[misc]
+
+    def pairwise(self, a: Value, b: Value, needed: set[str], var: str | None) -> Value:
+        """One pairwise contraction as a matmul: (batch, a's kept legs, summed) @ (batch, summed,
+        b's kept legs). Legs that one side alone has and nobody needs are summed first."""
+        a = self.reduce_single(a, tuple(leg for leg in a.legs if leg in needed or leg in b.legs), None)
+        b = self.reduce_single(b, tuple(leg for leg in b.legs if leg in needed or leg in a.legs), None)
+        if BATCH in b.legs and BATCH not in a.legs:
+            a, b = b, a
+        if len(set(a.legs)) != len(a.legs) or len(set(b.legs)) != len(b.legs):
+            out = tuple(leg for leg in dict.fromkeys(a.legs + b.legs) if leg in needed)
+            return self.einsum_step([a, b], out, var)
+        batch = [leg for leg in a.legs if leg in b.legs and leg in needed]
+        summed = [leg for leg in a.legs if leg in b.legs and leg not in needed]
+        left = [leg for leg in a.legs if leg not in b.legs]
+        right = [leg for leg in b.legs if leg not in a.legs]
+        legs = tuple(batch + left + right)
+        if batch:
+            a_code = self.arrange(a, [batch, left, summed])
+            b_code = self.arrange(b, [batch, summed, right])
+            natural = [batch, left, right]
+        else:
+            a_code = self.arrange(a, [*[[leg] for leg in left], summed])
+            b_code = self.arrange(b, [summed, right])
+            natural = [*[[leg] for leg in left], right]
+        product = f"{a_code} @ {b_code}"
+        if [g for g in natural if g] != [[leg] for leg in legs] or any(not g for g in natural[-1:]):
+            product = f"({product}).reshape({self.sizes_code(legs)})"
+        name = self.names.fresh(var or "t")
+        flops = 2 * self.numel(batch + left + summed + right)
+        description = f"{_show_value(a)} · {_show_value(b)} -> [{' '.join(_show(legs))}]"
+        step = Step(
+            "contraction", [f"{name} = {product}"], Value(name, legs), description, tuple(summed), flops, inputs=(a, b)
+        )
+        return self.emit(step)  # type: ignore[return-value]
+
+    def arrange(self, value: Value, groups: list[list[str]]) -> str:
+        """`value` permuted to the legs of `groups` in order, one axis per group."""
+        order = [leg for g in groups for leg in g]
+        code = value.var
+        if list(value.legs) != order:
+            code = f"{code}.permute({', '.join(str(value.legs.index(leg)) for leg in order)})"
+        if all(len(g) == 1 for g in groups):
+            return code
+        return f"{code}.reshape({', '.join(self._group_size(g) for g in groups)})"
+
+    def _group_size(self, group: list[str]) -> str:
+        if not group:
+            return "1"
+        return size_code(self.runtime(sympy.Mul(*(self.size(leg) for leg in group))), self.size_names)
+
+    def einsum_step(self, values: list[Value], out: tuple[str, ...], var: str | None) -> Value:
+        """The fallback for what a matmul cannot say (a leg repeated within one operand)."""
+        legs = sorted({leg for v in values for leg in v.legs} | set(out))
+        symbol = {leg: opt_einsum.get_symbol(i) for i, leg in enumerate(legs)}
+        spec = (
+            ",".join("".join(symbol[leg] for leg in v.legs) for v in values)
+            + "->"
+            + "".join(symbol[leg] for leg in out)
+        )
+        name = self.names.fresh(var or "t")
+        args = ", ".join(v.var for v in values)
+        flops = 2 * self.numel(legs)
+        return self.emit(
+            Step(
+                "contraction",
+                [f'{name} = torch.einsum("{spec}", {args})'],
+                Value(name, out),
+                " · ".join(_show_value(v) for v in values),
+                flops=flops,
+                inputs=tuple(values),
+            )
+        )  # type: ignore[return-value]
+
+    # -- boxes --
+    def lower_box(self, e: SoftmaxBox, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
+        scale = e.scale if e.is_exp else sympy.Integer(1)
+        content = self.lower(e.content, ren, None, scale)  # type: ignore[arg-type]
+        normalized = tuple(p for leg in e.normalized for p in ren[leg])
+        content = self.expand_broadcast(content, set(normalized))
+        name = self.names.fresh(var or ("attention" if e.is_exp else "normalized"))
+        lines: list[str] = []
+        code = content.var
+        for mask in e.masks:
+            code = self.apply_mask(code, content, mask, ren, e.is_exp, lines)
+        moved = [leg for leg in content.legs if leg not in normalized] + list(normalized)
+        if list(content.legs) != moved:
+            code = f"{code}.permute({', '.join(str(content.legs.index(leg)) for leg in moved)})"
+        count = len(normalized)
+        entries = self.numel(content.legs)
+        if e.is_exp:
+            if count == 1:
+                lines.append(f"{name} = {code}.softmax(-1)")
+            else:
+                lines.append(
+                    f"{name} = {code}.flatten(-{count}).softmax(-1).unflatten(-1, ({self.sizes_code(normalized)}))"
+                )
+            step = Step(
+                "softmax",
+                lines,
+                Value(name, tuple(moved), content.broadcast),
+                f"softmax over {' '.join(_show(normalized))}",
+                exps=entries,
+                divisions=entries,
+                entries=entries,
+                flops=sympy.Integer(0),
+                inputs=(content,),
+            )
+        else:
+            eps = _scalar_code(self.runtime(e.eps), self.size_names)
+            dims = ", ".join(str(-1 - k) for k in range(count))
+            lines.append(f"{name} = {code} / ({code}.sum(dim=({dims},), keepdim=True) + {eps})")
+            step = Step(
+                "normalize",
+                lines,
+                Value(name, tuple(moved), content.broadcast),
+                f"normalize over {' '.join(_show(normalized))}",
+                divisions=entries,
+                entries=entries,
+                elementwise=entries,
+                inputs=(content,),
+            )
+        return self.emit(step)  # type: ignore[return-value]
+
+    def apply_mask(self, code: str, content: Value, mask, ren, is_exp: bool, lines: list[str]) -> str:
+        fill = f"torch.finfo({content.var}.dtype).min" if is_exp else "0.0"
+        if isinstance(mask, CausalMask):
+            (query,), (key,) = ren[mask.query], ren[mask.key]
+            sizes = (self.size(query), self.size(key))
+            if sizes not in self.causal_masks:
+                self.causal_masks[sizes] = self.names.fresh("causal")
+            mask_code = self.align_code(self.causal_masks[sizes], (query, key), content.legs)
+        else:
+            ref = mask.tensor
+            legs = tuple(p for leg in ref.legs for p in ren[leg])
+            mask_code = self.align_code(f"(~{self.input_vars[ref.name]})", (BATCH, *legs), content.legs)
+        masked = self.names.fresh("masked")
+        lines.append(f"{masked} = {code}.masked_fill({mask_code}, {fill})")
+        return masked
+
+    def align_code(self, code: str, legs: tuple[str, ...], target: tuple[str, ...]) -> str:
+        """Index `code` (axes `legs`) so it broadcasts against axes `target`."""
+        present = [leg for leg in target if leg in legs]
+        if list(legs) != present:
+            code = f"{code}.permute({', '.join(str(legs.index(leg)) for leg in present)})"
+        if present == list(target):
+            return code
+        index = ", ".join(":" if leg in legs else "None" for leg in target)
+        return f"{code}[{index}]"
+
+    def expand_broadcast(self, value: Value, legs: set[str]) -> Value:
+        """Materialize broadcast legs that an operation needs as real axes."""
+        needed = [leg for leg in value.broadcast if leg in legs]
+        if not needed:
+            return value
+        name = self.names.fresh("expanded")
+        target = (*value.legs, *needed)
+        index = ", ".join([":"] * len(value.legs) + ["None"] * len(needed))
+        shape = ", ".join(["-1"] * len(value.legs)) + ", " + self.sizes_code(needed)
+        return self.emit(
+            Step(
+                "expand",
+                [f"{name} = {value.var}[{index}].expand({shape})"],
+                Value(name, target, value.broadcast - set(needed)),
+                "broadcast " + " ".join(needed),
+                inputs=(value,),
+            )
+        )  # type: ignore[return-value]
+
+    # -- maps, reductions, sums --
+    def lower_map(self, e: ElementwiseMap, ren, var: str | None) -> Value:
+        operand = self.lower(e.operand, ren)  # type: ignore[arg-type]
+        name = self.names.fresh(var or e.name)
+        params = [_scalar_code(self.runtime(p), self.size_names) for p in e.params]
+        code = {
+            "exp": f"{operand.var}.exp()",
+            "log": f"{operand.var}.log()",
+            "relu": f"torch.relu({operand.var})",
+            "elu1": f"torch.nn.functional.elu({operand.var}) + 1",
+            "clamp": f"{operand.var}.clamp({', '.join(params)})",
+            "pow": f"{operand.var} ** {params[0] if params else 1}",
+        }[e.name]
+        return self.emit(
+            Step(
+                "map",
+                [f"{name} = {code}"],
+                Value(name, operand.legs, operand.broadcast),
+                e.name,
+                elementwise=self.numel(operand.legs),
+                inputs=(operand,),
+            )
+        )  # type: ignore[return-value]
+
+    def lower_reduction(self, e: Reduction, ren, var: str | None) -> Value:
+        operand = self.lower(e.operand, ren)  # type: ignore[arg-type]
+        over = tuple(p for leg in e.over for p in ren[leg])
+        operand = self.expand_broadcast(operand, set(over))
+        dims = tuple(operand.legs.index(leg) for leg in over)
+        name = self.names.fresh(var or e.name)
+        method = {"max": "amax", "logsumexp": "logsumexp", "mean": "mean"}[e.name]
+        legs = tuple(leg for leg in operand.legs if leg not in over)
+        code = (
+            f"{operand.var}.{method}(dim={_dims(dims)})"
+            if method != "logsumexp"
+            else f"{operand.var}.logsumexp(dim={_dims(dims)})"
+        )
+        return self.emit(
+            Step(
+                "reduction",
+                [f"{name} = {code}"],
+                Value(name, legs, operand.broadcast),
+                f"{e.name} over {' '.join(_show(over))}",
+                over,
+                elementwise=self.numel(operand.legs),
+                inputs=(operand,),
+            )
+        )  # type: ignore[return-value]
+
+    def combine(
+        self, kind: str, parts: list[tuple[int, Value]], out: tuple[str, ...], var: str | None, operator: str = "+"
+    ) -> Value:
+        """Elementwise sum (or quotient) of values aligned to `out` with broadcasting."""
+        present = [leg for leg in out if any(leg in v.legs for _, v in parts)]
+        if any(v.is_batched for _, v in parts) and BATCH not in present:
+            present = [BATCH, *present]
+        broadcast = frozenset(leg for leg in out if leg not in present)
+        name = self.names.fresh(var or kind)
+        terms = []
+        for k, (sign, v) in enumerate(parts):
+            code = self.align_code(v.var, v.legs, tuple(present))
+            if operator == "+":
+                terms.append(("- " if sign < 0 else ("+ " if k else "")) + code)
+            else:
+                terms.append(code if k == 0 else f"/ {code}")
+        line = f"{name} = {' '.join(terms)}"
+        return self.emit(
+            Step(
+                kind,
+                [line],
+                Value(name, tuple(present), broadcast),
+                kind,
+                elementwise=self.numel(present) * (len(parts) - 1),
+                inputs=tuple(v for _, v in parts),
+            )
+        )  # type: ignore[return-value]
+
+    def lower_sum(self, e: SumNode, ren, var: str | None) -> Value:
+        parts = [(sign, self.expand_all(self.lower(term, ren))) for term, sign in zip(e.terms, e.signs, strict=True)]
+        out = tuple(p for leg in e.legs for p in ren[leg])
+        return self.combine("sum", parts, out, var)
+
+    def lower_quotient(self, e: Quotient, ren, var: str | None) -> Value:
+        numerator = self.expand_all(self.lower(e.numerator, ren))  # type: ignore[arg-type]
+        denominator = self.expand_all(self.lower(e.denominator, ren))  # type: ignore[arg-type]
+        out = tuple(p for leg in e.legs for p in ren[leg])
+        return self.combine("quotient", [(1, numerator), (1, denominator)], out, var, operator="/")
+
+    def expand_all(self, value: Value) -> Value:
+        return Value(value.var, value.legs, frozenset())
+
+    def lower_distance(self, e: SquaredDistance, ren, var: str | None) -> Value:
+        """Σ_d (a − b)² = Σ_d a² + Σ_d b² − 2 Σ_d a·b: three contractions, no (a − b) tensor."""
+        left = self.lower(e.left, ren)  # type: ignore[arg-type]
+        right = self.lower(e.right, ren)  # type: ignore[arg-type]
+        over = tuple(p for leg in e.over for p in ren[leg])
+        out = tuple(p for leg in e.legs for p in ren[leg])
+        cross = self.plan_contraction(
+            [left, right], tuple(leg for leg in (BATCH, *out) if leg in left.legs + right.legs), sympy.Integer(-2), None
+        )
+        left_norm = self.plan_contraction(
+            [left, left], tuple(leg for leg in left.legs if leg not in over), sympy.Integer(1), None
+        )
+        right_norm = self.plan_contraction(
+            [right, right], tuple(leg for leg in right.legs if leg not in over), sympy.Integer(1), None
+        )
+        return self.combine("sqdist", [(1, cross), (1, left_norm), (1, right_norm)], out, var)
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+def _dims(dims: Sequence[int]) -> str:
+    return str(dims[0]) if len(dims) == 1 else "(" + ", ".join(map(str, dims)) + ")"
+
+
+def _show(legs: Iterable[str]) -> list[str]:
+    """Legs as the user wrote them: the batch is b, a renamed copy d'3 is shown as d."""
+    return ["b" if leg == BATCH else leg.split("'")[0] for leg in legs]
+
+
+def _show_value(value: Value) -> str:
+    return f"{value.var}[{' '.join(_show(value.legs))}]"
+
+
+def _scalar_code(value: sympy.Expr, names: Mapping[str, str]) -> str:
+    if value.is_Integer:
+        return str(int(value))
+    if value.is_number:
+        return repr(float(value))
+    return (
+        "("
+        + sympy.pycode(value.xreplace({s: sympy.Symbol(names.get(str(s), str(s))) for s in value.free_symbols}))
+        + ")"
+    )
+
+
+def _all_legs(e: Expr) -> set[str]:
+    legs: set[str] = set()
+    for node in walk(e):
+        legs |= set(node.legs)
+        if isinstance(node, Contraction):
+            legs |= set(node.summed)
+        if isinstance(node, Reduction | SquaredDistance):
+            legs |= set(node.over)
+        if isinstance(node, TensorRef):
+            legs |= {leg for g in node.groups for leg in g}
+    return legs
+
+
+def _count_uses(graph: DesignGraph) -> Counter[str]:
+    uses: Counter[str] = Counter()
+    for statement in [*graph.statements, *graph.updates]:
+        for node in walk(statement.expr):
+            if isinstance(node, TensorRef):
+                uses[node.name] += 1
+            if isinstance(node, SoftmaxBox):
+                for mask in node.masks:
+                    if isinstance(mask, PaddingMask):
+                        uses[mask.tensor.name] += 1
+    for name in graph.outputs:
+        uses[name] += 1
+    return uses
+
+
+def _leg_splits(graph: DesignGraph, uses: Counter[str]) -> dict[str, tuple[tuple[str, sympy.Expr], ...]]:
+    """Legs that a definition with grouped axes (`C[(h d) (g e)] = ...`) is used with as one
+    leg (`C[r s]`) are split into head-major pieces everywhere, so that the structure of the
+    definition reaches the contraction. A leg asked to split two different ways stays whole."""
+    wanted: dict[str, set[tuple[sympy.Expr, ...]]] = {}
+    for statement in [*graph.statements, *graph.updates]:
+        for node in walk(statement.expr):
+            if not isinstance(node, TensorRef):
+                continue
+            definition = graph.tensors[node.name].statement
+            if definition is None:
+                continue
+            for use, group in zip(node.groups, definition.groups, strict=True):
+                if len(use) == 1 and len(group) > 1:
+                    wanted.setdefault(use[0], set()).add(tuple(graph.legs[leg].size for leg in group))
+    masked = {
+        leg for _, box in graph.boxes() for m in box.masks if isinstance(m, CausalMask) for leg in (m.query, m.key)
+    }
+    splits = {}
+    for leg, options in wanted.items():
+        if len(options) == 1 and leg not in masked:
+            (sizes,) = options
+            splits[leg] = tuple((f"{leg}.{k}", size) for k, size in enumerate(sizes))
+    return splits
+
+
+# ---- the plan of a whole design ------------------------------------------------------------
+
+
+def build_plan(graph: DesignGraph, sizes: Mapping[str, int]) -> Plan:
+    """Lower every statement, then the outputs and the state updates."""
+    lowering = _Lowering(graph, sizes)
+    lowering.lower_design()
+    plan = Plan(graph, dict(sizes), lowering.leg_sizes, steps=lowering.steps)
+    for name in graph.outputs:
+        value = lowering.expand_broadcast(lowering.values[name], set(lowering.values[name].broadcast))
+        statement = graph.tensors[name].statement
+        order = [BATCH] if value.is_batched else []
+        order += [p for group in statement.groups for leg in group for p in lowering.expand(leg)]  # type: ignore[union-attr]
+        plan.outputs.append((name, _reorder(lowering, value, order)))
+    lowering.target = plan.update_steps
+    for update in graph.updates:
+        value = lowering.lower(update.expr, lowering.identity_renaming(_all_legs(update.expr)))
+        value = lowering.expand_broadcast(value, set(value.broadcast))
+        order = [BATCH] if value.is_batched else []
+        order += [p for group in update.groups for leg in group for p in lowering.expand(leg)]
+        value = _reorder(lowering, value, order)
+        shape = lowering.sizes_code([leg for leg in order if leg != BATCH])
+        mean = f"{value.var}.mean(0)" if value.is_batched else value.var
+        lowering.emit(
+            Step("update", [f"self.{update.target}.copy_({mean}.reshape({shape}))"], None, f"update {update.target}")
+        )
+    plan.steps = lowering.steps
+    plan.names = lowering.input_vars
+    plan.causal = lowering.causal_masks
+    plan.stored = sorted(lowering.stored_used)
+    return plan
+
+
+def _reorder(lowering: _Lowering, value: Value, order: list[str]) -> Value:
+    if list(value.legs) == order:
+        return value
+    name = lowering.names.fresh(f"{value.var}_out")
+    permutation = ", ".join(str(value.legs.index(leg)) for leg in order)
+    return lowering.emit(
+        Step("permute", [f"{name} = {value.var}.permute({permutation})"], Value(name, tuple(order)), "reorder legs")
+    )  # type: ignore[return-value]
