@@ -76,14 +76,34 @@ class SourceRegistry:
 SOURCES = SourceRegistry()
 
 
+_LOOKALIKE = str.maketrans({"0": "O", "1": "l", "O": "0"})
+
+
 def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
     """A hint naming the closest candidate, or None when nothing is close."""
     candidates = sorted(set(candidates) - {name})
     folded = {c.lower(): c for c in candidates}
-    if name.lower() in folded:
-        return f"did you mean '{folded[name.lower()]}'?"
+    for guess in (name.lower(), name.translate(_LOOKALIKE).lower()):
+        if guess in folded:
+            return f"did you mean '{folded[guess]}'?"
     matches = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    if not matches:
+        matches = [c for c in candidates if len(c) == len(name) > 1 and _differ_by_one(c, name)]
     return f"did you mean '{matches[0]}'?" if matches else None
+
+
+def _differ_by_one(a: str, b: str) -> bool:
+    return sum(x != y for x, y in zip(a, b, strict=True)) == 1
+
+
+def hint(*parts: str | None) -> str | None:
+    """Join the non-empty parts of a hint with one space."""
+    text = " ".join(p for p in parts if p)
+    return text or None
+
+
+def a_or_an(word: str) -> str:
+    return f"an {word}" if word[:1] in "aeiou" else f"a {word}"
 
 
 def one_of(choices: Iterable[str]) -> str:

@@ -15,7 +15,8 @@ import networkx as nx
 import sympy
 
 from . import parse as syn
-from .errors import Diagnostic, Span, TdiagError, did_you_mean, one_of
+from .errors import Diagnostic, Span, TdiagError, a_or_an, did_you_mean, one_of
+from .errors import hint as join_hint
 from .ir import (
     Axis,
     CausalMask,
@@ -186,6 +187,8 @@ def _what(item: syn.Item) -> str:
 
 
 def _item_name_span(item: syn.Item) -> Span:
+    if isinstance(item, syn.SizeDef) and item.name_span is not None:
+        return item.name_span
     if isinstance(item, syn.Declaration):
         return item.name_span
     if isinstance(item, syn.Statement):
@@ -283,6 +286,7 @@ class _Builder:
         self.statements: list[Statement] = []
         self.updates: list[Statement] = []
         self.outputs: list[str] = []
+        self.conflicting_legs: set[str] = set()  # each leg-size conflict is reported once
 
     def error(self, message: str, *spans: Span, hint: str | None = None) -> None:
         self.diagnostics.append(Diagnostic(message, tuple(spans), hint))
@@ -327,7 +331,8 @@ class _Builder:
             if name in seen:
                 first = seen[name]
                 self.error(
-                    f"'{name}' is defined twice: {_what(first)} on line {first.span.line}, {_what(item)} here",
+                    f"'{name}' is defined twice: {_what(first)} ({_place_line(first.span, item.span)}), "
+                    f"{_what(item)} here",
                     _item_name_span(item),
                     _item_name_span(first),
                     hint="rename one of them, or use 'replace' in a design that extends another",
@@ -345,7 +350,7 @@ class _Builder:
             if key not in names:
                 self.error(
                     f"design '{self.head.name}' has no size '{key}'",
-                    hint=(did_you_mean(key, names) or "") + f" its sizes are: {', '.join(sorted(names))}",
+                    hint=join_hint(did_you_mean(key, names), f"its sizes are: {', '.join(sorted(names))}"),
                 )
         for d in defs:
             symbol = size_symbol(d.name)
@@ -365,7 +370,7 @@ class _Builder:
             deps.add_node(s.name)
             for sym in s.definition.free_symbols if s.definition is not None else ():
                 deps.add_edge(s.name, str(sym))
-        for cycle in nx.simple_cycles(deps):
+        for cycle in _cycles(deps, list(self.sizes)):
             spans = [self.sizes[n].span for n in cycle if n in self.sizes]
             self.error("sizes defined in a cycle: " + " -> ".join([*cycle, cycle[0]]), *spans)
             for n in cycle:
@@ -397,7 +402,7 @@ class _Builder:
             axes = []
             for axis in d.axes:
                 size = self._scalar(axis.size, sizes_only=True)
-                self._bind(axis.leg, size, axis.span, f"{d.name} (line {axis.span.line})")
+                self._bind(axis.leg, size, axis.span, d.name)
                 axes.append(Axis(axis.leg, size))
             self._check_axis_names(d)
             init = self._initializer(d, tuple(axes))
@@ -429,7 +434,7 @@ class _Builder:
             self.error(
                 f"unknown initializer '{name}' for {d.kind} {d.name}",
                 span,
-                hint=(did_you_mean(name, allowed) or "") + " " + one_of(allowed),
+                hint=join_hint(did_you_mean(name, allowed), one_of(allowed)),
             )
             return None
         return self._init_params(d, axes, name, args, keywords, span)
@@ -452,7 +457,7 @@ class _Builder:
                 self.error(
                     f"unknown argument '{kw.name}' of {name}",
                     kw.span,
-                    hint=(did_you_mean(kw.name, known) or "") + f" arguments: {', '.join(known) or 'none'}",
+                    hint=join_hint(did_you_mean(kw.name, known), f"arguments: {', '.join(known) or 'none'}"),
                 )
                 continue
             params.append((kw.name, self._scalar(kw.value)))
@@ -476,7 +481,12 @@ class _Builder:
                 continue
             value = kw.value.name if isinstance(kw.value, syn.Name) else None
             if value not in RANDOM_MODES:
-                self.error("unknown noise mode", kw.value.span, hint=one_of(RANDOM_MODES))
+                found = f" '{value}'" if value else ""
+                self.error(
+                    f"unknown noise mode{found}",
+                    kw.value.span,
+                    hint=join_hint(did_you_mean(value or "", RANDOM_MODES), one_of(RANDOM_MODES)),
+                )
             else:
                 mode = value
         if args:
@@ -502,17 +512,16 @@ class _Builder:
             for used in _tensor_names(s.expr):
                 if used in by_target:
                     deps.add_edge(used, name)
-        for component in nx.strongly_connected_components(deps.copy()):
-            if len(component) == 1 and not deps.has_edge(*component, *component):
-                continue
-            cycle = nx.find_cycle(deps.subgraph(component))
-            names = [u for u, _ in cycle]
+        for names in _cycles(deps, list(by_target)):
             self.error(
                 "cycle of definitions: " + " -> ".join([*names, names[0]]),
                 *(by_target[n].target.name_span for n in names),
                 hint="a tensor cannot be computed from itself; state updates use 'update'",
             )
-            deps.remove_nodes_from(component)
+        for component in list(nx.strongly_connected_components(deps)):
+            node = next(iter(component))
+            if len(component) > 1 or deps.has_edge(node, node):
+                deps.remove_nodes_from(component)
         return [by_target[n] for n in nx.topological_sort(deps)]
 
     def _add_statement(self, s: syn.Statement) -> None:
@@ -530,7 +539,7 @@ class _Builder:
         buffer = self.tensors.get(name)
         if buffer is None or buffer.kind != "buffer":
             buffers = [t.name for t in self.tensors.values() if t.kind == "buffer"]
-            what = f"a {buffer.kind}" if buffer else "not declared"
+            what = a_or_an(buffer.kind) if buffer else "not declared"
             self.error(
                 f"'update' rewrites a buffer, but '{name}' is {what}",
                 u.target.name_span,
@@ -590,9 +599,11 @@ class _Builder:
         if known is None:
             self.legs[leg] = Leg(leg, size, span, where)
             return
-        if not _same_size(known.size, size, self.sizes):
+        if not _same_size(known.size, size, self.sizes) and leg not in self.conflicting_legs:
+            self.conflicting_legs.add(leg)
             self.error(
-                f"leg '{leg}' is bound to {known.size} in {known.bound_by} but to {size} in {where}",
+                f"leg '{leg}' is bound to {known.size} in {_place(known.bound_by, known.span, span)} "
+                f"but to {size} in {_place(where, span, span)}",
                 span,
                 known.span,
                 hint=f"a leg has one size; use a new leg name where the size is {size}",
@@ -659,7 +670,10 @@ class _ExprBuilder:
 
     def statement(self, e: syn.Expr, groups: tuple[tuple[str, ...], ...], target: syn.Target) -> Expr:
         result = [leg for g in groups for leg in g]
+        errors_before = len(self.b.diagnostics)
         expr = self.inside(e, set(result))
+        if len(self.b.diagnostics) > errors_before:
+            return expr  # a mistake inside already explains any missing result leg
         spans = {
             leg.name: leg.span
             for item in target.legs
@@ -767,7 +781,7 @@ class _ExprBuilder:
             return self.poison(e)
         self._check_repeated_legs(e)
         for item, axis in zip(e.legs, tensor.axes, strict=True):
-            where = f"{e.name} (line {item.span.line})"
+            where = e.name
             if isinstance(item, syn.Leg):
                 self.b._bind(item.name, axis.size, item.span, where)
             else:
@@ -911,9 +925,9 @@ class _ExprBuilder:
             self.b.error(
                 f"unknown map '{e.name}'",
                 e.name_span,
-                hint=(did_you_mean(e.name, FUNCTIONS) or "")
-                + " "
-                + one_of(f for f in FUNCTIONS if f not in SCALAR_FUNCTIONS),
+                hint=join_hint(
+                    did_you_mean(e.name, FUNCTIONS), one_of(f for f in FUNCTIONS if f not in SCALAR_FUNCTIONS)
+                ),
             )
         return self.poison(e)
 
@@ -981,7 +995,7 @@ class _ExprBuilder:
                 self.b.error(
                     f"unknown {e.name} option '{option.name}'",
                     option.span,
-                    hint=(did_you_mean(option.name, allowed) or "") + " " + one_of(allowed),
+                    hint=join_hint(did_you_mean(option.name, allowed), one_of(allowed)),
                 )
             elif option.name == "mask":
                 mask = self._mask(option.value, content, e.name)
@@ -1013,7 +1027,7 @@ class _ExprBuilder:
             tensor = self.b.tensors.get(value.name)
             if tensor is None or tensor.kind != "mask":
                 masks = [t.name for t in self.b.tensors.values() if t.kind == "mask"]
-                what = f"a {tensor.kind}" if tensor else "not declared"
+                what = a_or_an(tensor.kind) if tensor else "not declared"
                 self.b.error(
                     f"a padding mask must be a 'mask' input; '{value.name}' is {what}",
                     value.name_span,
@@ -1023,7 +1037,11 @@ class _ExprBuilder:
             ref = self.tensor_ref(value)
             for leg in ref.legs:
                 if leg not in content.legs:
-                    self.b.error(f"mask leg '{leg}' is not a leg of the {box} box", value.span)
+                    self.b.error(
+                        f"mask leg '{leg}' is not a leg of the {box} box",
+                        value.span,
+                        hint=did_you_mean(leg, content.legs) or f"the box's legs are: {', '.join(content.legs)}",
+                    )
             return PaddingMask(ref, value.span) if isinstance(ref, TensorRef) else None
         self.b.error("a mask is causal(query_leg, key_leg) or a mask input like pad[m]", value.span)
         return None
@@ -1056,12 +1074,13 @@ class _ExprBuilder:
         if argument is None:
             return self.poison(e)
         operand = self.inside(argument, keep | set(over))
+        available = sorted(_available(argument, self.b.tensors))
         for leg, item in zip(over, e.legs or (), strict=False):
             if leg not in operand.legs:
                 self.b.error(
                     f"{e.name} over leg '{leg}', which its argument does not have",
                     item.span,
-                    hint=did_you_mean(leg, operand.legs) or f"its legs are: {', '.join(operand.legs) or 'none'}",
+                    hint=did_you_mean(leg, available) or f"its legs are: {', '.join(available) or 'none'}",
                 )
         legs = tuple(leg for leg in operand.legs if leg not in over)
         return self.restrict(Reduction(legs, e.span, e.name, over, operand), keep, e.span)
@@ -1087,6 +1106,29 @@ class _ExprBuilder:
 
 
 # ---- helpers on syntax ---------------------------------------------------------------------
+
+
+def _place(tensor: str, span: Span, relative_to: Span) -> str:
+    """`WQ (line 4)`, naming the file too when it is not the one being reported on."""
+    return f"{tensor} ({_place_line(span, relative_to)})"
+
+
+def _place_line(span: Span, relative_to: Span) -> str:
+    return f"line {span.line}" if span.file == relative_to.file else f"{Path(span.file).name}, line {span.line}"
+
+
+def _cycles(deps: nx.DiGraph, order: list[str]) -> list[list[str]]:
+    """One cycle per strongly connected component, each starting at its first name in the file,
+    in file order, so the report is the same on every run."""
+    position = {name: k for k, name in enumerate(order)}
+    found = []
+    for component in nx.strongly_connected_components(deps):
+        first = min(component, key=lambda n: position.get(n, len(order)))
+        if len(component) == 1 and not deps.has_edge(first, first):
+            continue
+        cycle = nx.find_cycle(deps.subgraph(component), source=first)
+        found.append([u for u, _ in cycle])
+    return sorted(found, key=lambda c: position.get(c[0], len(order)))
 
 
 def _call_parts(e: syn.Expr):

@@ -108,6 +108,7 @@ class SizeDef(Node):
     name: str
     value: Expr | None
     replace: bool = False
+    name_span: Span | None = None
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,8 @@ class _ToSyntax(Transformer):
         return list(children)
 
     def size_def(self, meta, children):
-        return SizeDef(self._s(meta), str(children[0]), children[1] if len(children) > 1 else None)
+        name = children[0]
+        return SizeDef(self._s(meta), str(name), children[1] if len(children) > 1 else None, name_span=self._s(name))
 
     def declaration(self, meta, children):
         kind, name, *rest = children
@@ -243,7 +245,7 @@ class _ToSyntax(Transformer):
     def replace(self, meta, children):
         (item,) = children
         if isinstance(item, list):
-            return [SizeDef(s.span, s.name, s.value, replace=True) for s in item]
+            return [SizeDef(s.span, s.name, s.value, replace=True, name_span=s.name_span) for s in item]
         if isinstance(item, Declaration):
             return Declaration(item.span, item.kind, item.name, item.name_span, item.axes, item.init, True)
         return Statement(item.span, item.target, item.expr, replace=True)
@@ -381,6 +383,27 @@ _UNICODE_LOOKALIKES = {
 _RESERVED = {"DESIGN", "EXTENDS", "SIZE", "REPLACE", "UPDATE", "OUTPUT", "KIND"}
 
 
+def _accepted(error: UnexpectedInput, fallback: set[str]) -> set[str]:
+    """What the parser could take at the error (the lexer's own list is wider than that)."""
+    parser = getattr(error, "interactive_parser", None)
+    if parser is None:
+        return fallback
+    try:
+        return set(parser.accepts())
+    except Exception:  # lark cannot always replay the state; its own list is still right
+        return fallback
+
+
+def _continuation_hint(token: Token, error: UnexpectedToken, text: str) -> str | None:
+    """An indented line that was meant to continue the previous one."""
+    if token.type != "_NL" or "EQUAL" not in error.expected:
+        return None
+    line = text.splitlines()[token.line - 1] if token.line <= len(text.splitlines()) else ""
+    if line[:1].isspace():
+        return "an item continues on the next line only inside ( ) or [ ]; wrap the expression in parentheses"
+    return None
+
+
 def _unclosed_hint(token: Token) -> str | None:
     """When a bracket opened on an earlier line is still open, say where it was opened."""
     postlex = _parser().options.postlex
@@ -416,7 +439,7 @@ def _syntax_error(file: str, text: str, error: UnexpectedInput) -> Diagnostic:
             hint = None
         elif not char.isascii():
             hint = "names, numbers and operators are ASCII; remove or replace this character"
-        expected = _expected(set(error.allowed or ()))
+        expected = _expected(_accepted(error, set(error.allowed or ())))
         if expected:
             message += f"; {expected}"
         return Diagnostic(message, (span,), hint)
@@ -431,11 +454,11 @@ def _syntax_error(file: str, text: str, error: UnexpectedInput) -> Diagnostic:
             end = token.end_column if token.end_line == token.line else token.column + 1
             span = Span(file, token.line, token.column, token.line, max(end or 0, token.column + 1))
         message = f"unexpected {_found(token)}"
-        expected = _expected(set(error.expected))
+        expected = _expected(_accepted(error, set(error.expected)))
         if expected:
             message += f"; {expected}"
         previous = error.token_history[-1] if error.token_history else None
-        hint = _unclosed_hint(token) or _token_hint(token, previous, text)
+        hint = _unclosed_hint(token) or _token_hint(token, previous, text) or _continuation_hint(token, error, text)
         return Diagnostic(message, (span,), hint)
     span = Span(file, getattr(error, "line", 1) or 1, getattr(error, "column", 1) or 1, 0, 0)
     return Diagnostic("unexpected end of input", (span,))
@@ -472,14 +495,15 @@ def parse_file(path: str | Path) -> SourceFile:
     except FileNotFoundError:
         raise TdiagError(Diagnostic(f"no such design file '{file}'")) from None
     except UnicodeDecodeError as error:
-        raw = Path(path).read_bytes()[: error.start]
-        line = raw.count(b"\n") + 1
-        column = error.start - (raw.rfind(b"\n") + 1) + 1
+        raw = Path(path).read_bytes()
+        line = raw[: error.start].count(b"\n") + 1
+        column = len(raw[raw.rfind(b"\n", 0, error.start) + 1 : error.start].decode("utf-8", "replace")) + 1
+        SOURCES.add(file, raw.decode("utf-8", errors="replace"))
         raise TdiagError(
             Diagnostic(
-                f"'{file}' is not UTF-8 text: byte {error.start} (line {line}, column {column}) is invalid",
-                (),
-                "a .td file is plain ASCII/UTF-8 text",
+                f"this file is not UTF-8 text: byte {error.start} is invalid",
+                (Span(file, line, column, line, column + 1),),
+                "a .td file is plain text; save it as UTF-8",
             )
         ) from None
     except OSError as error:

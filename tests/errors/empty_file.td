@@ -1,0 +1,1 @@
+# mistake: an empty design file (only this comment)
