@@ -1,0 +1,394 @@
+"""The reference evaluator: a design graph run statement by statement with `torch.einsum` on fully
+materialized tensors. It is the test oracle for the compiler, so it does no planning and no
+optimization: every node of every statement is evaluated as written, in the semantics of
+docs/language.md. Every value carries arbitrary leading batch dims; its trailing axes are the
+legs of the node that computed it, in that node's order."""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+from torch import nn
+
+from .graph import DesignGraph
+from .init import initial_value, numeric_shape
+from .ir import (
+    CausalMask,
+    Contraction,
+    ElementwiseMap,
+    Expr,
+    PaddingMask,
+    Quotient,
+    Reduction,
+    Scalar,
+    SoftmaxBox,
+    SquaredDistance,
+    Statement,
+    SumNode,
+    Tensor,
+    TensorRef,
+)
+
+__all__ = ["ReferenceModule"]
+
+
+class ReferenceModule(nn.Module):
+    """Evaluates `graph` directly and naively. Parameters are registered under their tensor's
+    name with axes in declaration order; constants are non-persistent buffers, `buffer` tensors
+    persistent ones. Values for one seed equal those of any module built with tdiag.init.
+
+    forward(*inputs, return_intermediates=False, **masks): the `input` tensors positionally in
+    declaration order, `mask` inputs by name (bool, True = attend; missing = attend everywhere).
+    Returns the output (a tuple when there are several) and, with return_intermediates=True,
+    also a dict of every statement's value by target name."""
+
+    def __init__(
+        self,
+        graph: DesignGraph,
+        sizes: Mapping[str, int] | None = None,
+        *,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+    ):
+        super().__init__()
+        self.graph = graph
+        self.dtype = dtype
+        self.sizes = known_sizes(graph, dict(sizes or {}))
+        for tensor in graph.tensors.values():
+            if tensor.kind not in ("param", "const", "buffer"):
+                continue
+            shape = numeric_shape(tensor, self.sizes, graph)
+            value = initial_value(tensor, shape, graph, self.sizes, seed, dtype)
+            if tensor.kind == "param":
+                self.register_parameter(tensor.name, nn.Parameter(value))
+            else:
+                self.register_buffer(tensor.name, value, persistent=tensor.kind == "buffer")
+
+    def forward(
+        self, *inputs: torch.Tensor, return_intermediates: bool = False, **masks: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, ...] | tuple[object, dict[str, torch.Tensor]]:
+        given = self._given(inputs, masks)
+        sizes = bind_sizes(self.graph, self.sizes, given)
+        batch_shape = torch.broadcast_shapes(*(batch_dims(x, self.graph.tensors[n]) for n, x in given.items()))
+        device = next(iter(given.values())).device if given else torch.device("cpu")
+        frame = Frame(self.graph, sizes, dict(given), self.dtype, device)
+        for tensor in self.graph.tensors.values():
+            if tensor.kind == "param" or tensor.kind == "const":
+                frame.values[tensor.name] = getattr(self, tensor.name)
+            elif tensor.kind == "buffer":  # a copy: the update below must not touch saved tensors
+                frame.values[tensor.name] = getattr(self, tensor.name).clone()
+            elif tensor.kind == "random":
+                frame.values[tensor.name] = self._noise(tensor, batch_shape, frame)
+        intermediates = {}
+        for statement in self.graph.statements:
+            frame.values[statement.target] = intermediates[statement.target] = statement_value(statement, frame)
+        outputs = tuple(frame.values[name] for name in self.graph.outputs)
+        if self.training:
+            self._update_buffers(frame)
+        output = outputs[0] if len(outputs) == 1 else outputs
+        return (output, intermediates) if return_intermediates else output
+
+    def _given(self, inputs: Sequence[torch.Tensor], masks: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The inputs and masks by name, checked for count, names and mask dtype."""
+        declared = [t.name for t in self.graph.inputs]
+        if len(inputs) != len(declared):
+            raise ValueError(
+                f"{self.graph.name} takes {len(declared)} input(s) ({', '.join(declared)}), got {len(inputs)}"
+            )
+        mask_names = [t.name for t in self.graph.tensors_of_kind("mask")]
+        for name, mask in masks.items():
+            if name not in mask_names:
+                known = ", ".join(mask_names) or "none"
+                raise ValueError(f"{self.graph.name} has no mask input '{name}' (its masks: {known})")
+            if mask is not None and mask.dtype != torch.bool:
+                raise ValueError(f"mask {name} must be a bool tensor (True = attend), got {mask.dtype}")
+        return dict(zip(declared, inputs, strict=True)) | {k: v for k, v in masks.items() if v is not None}
+
+    def _noise(self, tensor: Tensor, batch_shape: torch.Size, frame: Frame) -> torch.Tensor:
+        """Fresh N(0, 1) noise (global RNG) when the mode says so, zeros otherwise."""
+        shape = (*batch_shape, *numeric_shape(tensor, frame.sizes, self.graph))
+        mode = tensor.init.param("mode", "train") if tensor.init else "train"
+        if mode == "always" or (mode == "train" and self.training):
+            return torch.randn(shape, dtype=self.dtype, device=frame.device)
+        return torch.zeros(shape, dtype=self.dtype, device=frame.device)
+
+    def _update_buffers(self, frame: Frame) -> None:
+        """Evaluate every update rule (no gradient, averaged over the batch dims) from this forward
+        pass's values, then copy the results into the buffers."""
+        new = {}
+        with torch.no_grad():
+            for update in self.graph.updates:
+                x = align(evaluate(update.expr, frame), update.expr.legs, update.legs)
+                batch = x.dim() - len(update.legs)
+                new[update.target] = x.mean(dim=tuple(range(batch))) if batch else x
+            for name, x in new.items():
+                buffer = getattr(self, name)
+                buffer.copy_(x.reshape(buffer.shape))
+
+
+# ---- sizes and inputs ----------------------------------------------------------------------
+
+
+def known_sizes(graph: DesignGraph, given: Mapping[str, int]) -> dict[str, int]:
+    """Every size that is a number once `given` is substituted (derived sizes recomputed)."""
+    for name in given:
+        if name not in graph.sizes:
+            raise ValueError(f"design {graph.name} has no size {name} (its sizes: {', '.join(graph.sizes)})")
+    values = {}
+    for name, size in graph.sizes.items():
+        value = graph.evaluate(size.symbol, **given)
+        if not value.is_number:
+            continue
+        if not (value.is_Integer and value > 0):
+            raise ValueError(f"size {name} = {size.definition} is {value}; a size is a whole positive number")
+        if name in given and int(value) != given[name]:
+            raise ValueError(f"size {name} = {size.definition} = {value} cannot be set to {given[name]}")
+        values[name] = int(value)
+    return values
+
+
+def batch_dims(x: torch.Tensor, tensor: Tensor) -> torch.Size:
+    return x.shape[: x.dim() - len(tensor.axes)]
+
+
+def bind_sizes(graph: DesignGraph, sizes: Mapping[str, int], given: Mapping[str, torch.Tensor]) -> dict[str, int]:
+    """Bind free sizes (N) from the inputs' shapes, then check every input axis against its size."""
+    bound = dict(sizes)
+    for name, x in given.items():
+        tensor = graph.tensors[name]
+        if x.dim() < len(tensor.axes):
+            legs = " ".join(tensor.legs)
+            raise ValueError(
+                f"{tensor.kind} {name}: expected at least {len(tensor.axes)} dims [..., {legs}], "
+                f"got shape {tuple(x.shape)}"
+            )
+        for axis, actual in zip(tensor.axes, x.shape[x.dim() - len(tensor.axes) :], strict=True):
+            if isinstance(axis.size, sympy.Symbol) and axis.size.name not in bound:
+                bound[axis.size.name] = actual
+    bound = known_sizes(graph, bound)
+    for name, x in given.items():
+        tensor = graph.tensors[name]
+        for axis, actual in zip(tensor.axes, x.shape[x.dim() - len(tensor.axes) :], strict=True):
+            expected = graph.evaluate(axis.size, **bound)
+            if not expected.is_number:
+                raise ValueError(f"{tensor.kind} {name}: cannot bind leg {axis.leg} of size {axis.size} from its shape")
+            if int(expected) != actual:
+                size = str(expected) if axis.size == expected else f"{axis.size} = {expected}"
+                raise ValueError(f"{tensor.kind} {name}: leg {axis.leg} has size {size}, got {actual}")
+    return bound
+
+
+# ---- evaluating expressions ----------------------------------------------------------------
+
+
+@dataclass
+class Frame:
+    """What one forward pass evaluates against: sizes (with run-time ones bound) and the values
+    of every tensor so far, by name."""
+
+    graph: DesignGraph
+    sizes: dict[str, int]
+    values: dict[str, torch.Tensor]
+    dtype: torch.dtype
+    device: torch.device
+    _leg_sizes: dict[str, int] = field(default_factory=dict)
+
+    def number(self, expr: sympy.Expr) -> float:
+        return float(self.graph.evaluate(expr, **self.sizes))
+
+    def leg_size(self, leg: str) -> int:
+        if leg not in self._leg_sizes:
+            self._leg_sizes[leg] = int(self.graph.evaluate(self.graph.legs[leg].size, **self.sizes))
+        return self._leg_sizes[leg]
+
+
+def statement_value(statement: Statement, frame: Frame) -> torch.Tensor:
+    """`target[groups] = expr`: the expression with its legs in the target's order, each group of
+    several legs merged into one axis (head-major)."""
+    x = align(evaluate(statement.expr, frame), statement.expr.legs, statement.legs)
+    batch = x.shape[: x.dim() - len(statement.legs)]
+    return x.reshape(*batch, *(math.prod(frame.leg_size(leg) for leg in group) for group in statement.groups))
+
+
+def evaluate(node: Expr, frame: Frame) -> torch.Tensor:
+    """A node's value: leading batch dims (possibly none), then one axis per leg of `node.legs`."""
+    if isinstance(node, TensorRef):
+        return tensor_ref(node, frame)
+    if isinstance(node, Scalar):
+        return torch.tensor(frame.number(node.value), dtype=frame.dtype, device=frame.device)
+    if isinstance(node, Contraction):
+        return contraction(node, frame)
+    if isinstance(node, SumNode):
+        return sum_node(node, frame)
+    if isinstance(node, Quotient):
+        return quotient(node, frame)
+    if isinstance(node, SoftmaxBox):
+        return softmax_box(node, frame)
+    if isinstance(node, ElementwiseMap):
+        return elementwise_map(node, frame)
+    if isinstance(node, Reduction):
+        return reduction(node, frame)
+    if isinstance(node, SquaredDistance):
+        return squared_distance(node, frame)
+    raise TypeError(f"the reference cannot evaluate a {type(node).__name__}")
+
+
+def align(x: torch.Tensor, legs: Sequence[str], to: Sequence[str]) -> torch.Tensor:
+    """`x` (trailing axes `legs`) with trailing axes `to`: permuted, and a size-1 axis for each
+    leg of `to` that `x` lacks, so that it broadcasts along it."""
+    legs, to = tuple(legs), tuple(to)
+    assert set(legs) <= set(to), f"legs {legs} do not fit in {to}"
+    batch = x.dim() - len(legs)
+    kept = [leg for leg in to if leg in legs]
+    x = x.permute(*range(batch), *(batch + legs.index(leg) for leg in kept))
+    sizes = dict(zip(kept, x.shape[batch:], strict=True))
+    return x.reshape(*x.shape[:batch], *(sizes.get(leg, 1) for leg in to))
+
+
+def leg_dims(legs: Sequence[str], of: Sequence[str]) -> list[int]:
+    """The (negative) dims of `legs` in a tensor whose trailing axes are `of`, whatever its batch dims."""
+    return [tuple(of).index(leg) - len(of) for leg in legs]
+
+
+def tensor_ref(ref: TensorRef, frame: Frame) -> torch.Tensor:
+    """A stored, input or computed tensor; an axis named by a group of legs is split into them."""
+    x = frame.values[ref.name]
+    if not ref.is_reshaped:
+        return x
+    batch = x.shape[: x.dim() - len(ref.groups)]
+    return x.reshape(*batch, *(frame.leg_size(leg) for leg in ref.legs))
+
+
+def contraction(node: Contraction, frame: Frame) -> torch.Tensor:
+    """coefficient * einsum of the factors: `summed` legs are summed, the others kept."""
+    inner = {leg for factor in node.factors for leg in factor.legs}
+    assert inner == set(node.legs) | set(node.summed), f"contraction legs {inner} vs {node.legs} + {node.summed}"
+    letters = dict(zip(sorted(inner | set(node.legs)), string.ascii_letters, strict=False))
+    inputs = ",".join("..." + "".join(letters[leg] for leg in factor.legs) for factor in node.factors)
+    spec = f"{inputs}->..." + "".join(letters[leg] for leg in node.legs)
+    return frame.number(node.coefficient) * torch.einsum(spec, *(evaluate(f, frame) for f in node.factors))
+
+
+def sum_node(node: SumNode, frame: Frame) -> torch.Tensor:
+    """Σ sign * term, each term broadcast along the legs it lacks."""
+    terms = [
+        sign * align(evaluate(t, frame), t.legs, node.legs) for t, sign in zip(node.terms, node.signs, strict=True)
+    ]
+    total = terms[0]
+    for term in terms[1:]:
+        total = total + term
+    return total
+
+
+def quotient(node: Quotient, frame: Frame) -> torch.Tensor:
+    """numerator / denominator, broadcast along the legs each lacks."""
+    numerator, denominator = node.numerator, node.denominator
+    assert numerator is not None and denominator is not None
+    return align(evaluate(numerator, frame), numerator.legs, node.legs) / align(
+        evaluate(denominator, frame), denominator.legs, node.legs
+    )
+
+
+def softmax_box(node: SoftmaxBox, frame: Frame) -> torch.Tensor:
+    """softmax (is_exp): softmax of scale * content jointly over the normalized legs, masked
+    logits set to the dtype's lowest finite value. normalize: content with masked entries 0,
+    divided by its sum over the normalized legs plus eps."""
+    assert node.content is not None
+    x = align(evaluate(node.content, frame), node.content.legs, node.legs)
+    allowed = box_mask(node, frame)
+    dims = leg_dims(node.normalized, node.legs)
+    if node.is_exp:
+        x = frame.number(node.scale) * x
+        if allowed is not None:
+            x = torch.where(allowed, x, torch.finfo(x.dtype).min)
+        return joint_softmax(x, dims)
+    if allowed is not None:
+        x = torch.where(allowed, x, 0.0)
+    return x / (x.sum(dim=dims, keepdim=True) + frame.number(node.eps))
+
+
+def joint_softmax(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    """Softmax over several dims at once: moved to the end, flattened, softmaxed, put back."""
+    dims = [d % x.dim() for d in dims]
+    end = list(range(x.dim() - len(dims), x.dim()))
+    moved = x.movedim(dims, end)
+    flat = moved.reshape(*moved.shape[: x.dim() - len(dims)], -1).softmax(dim=-1)
+    return flat.reshape(moved.shape).movedim(end, dims)
+
+
+def box_mask(node: SoftmaxBox, frame: Frame) -> torch.Tensor | None:
+    """True where the box attends (all masks and-ed), over the box's legs; None when unmasked."""
+    allowed = None
+    for mask in node.masks:
+        if isinstance(mask, CausalMask):
+            part = causal_mask(mask, node.legs, frame)
+        elif isinstance(mask, PaddingMask):
+            if mask.tensor.name not in frame.values:  # not given: attend everywhere
+                continue
+            part = align(tensor_ref(mask.tensor, frame), mask.tensor.legs, node.legs)
+        else:
+            raise TypeError(f"unknown mask {mask!r}")
+        allowed = part if allowed is None else allowed & part
+    return allowed
+
+
+def causal_mask(mask: CausalMask, legs: Sequence[str], frame: Frame) -> torch.Tensor:
+    """Key index <= query index, over `legs` (size 1 along the other legs)."""
+
+    def index(leg: str) -> torch.Tensor:
+        shape = [-1 if other == leg else 1 for other in legs]
+        return torch.arange(frame.leg_size(leg), device=frame.device).reshape(shape)
+
+    return index(mask.key) <= index(mask.query)
+
+
+def elementwise_map(node: ElementwiseMap, frame: Frame) -> torch.Tensor:
+    """exp, log, relu, elu1 = elu + 1, clamp(lo, hi), pow(p)."""
+    assert node.operand is not None
+    x = align(evaluate(node.operand, frame), node.operand.legs, node.legs)
+    params = [frame.number(p) for p in node.params]
+    if node.name == "exp":
+        return torch.exp(x)
+    if node.name == "log":
+        return torch.log(x)
+    if node.name == "relu":
+        return torch.relu(x)
+    if node.name == "elu1":
+        return nn.functional.elu(x) + 1
+    if node.name == "clamp":
+        return torch.clamp(x, params[0], params[1])
+    if node.name == "pow":
+        return x ** (int(params[0]) if params[0].is_integer() else params[0])
+    raise ValueError(f"unknown elementwise map {node.name}")
+
+
+def reduction(node: Reduction, frame: Frame) -> torch.Tensor:
+    """max, logsumexp or mean over the `over` legs."""
+    operand = node.operand
+    assert operand is not None
+    x = evaluate(operand, frame)
+    dims = leg_dims(node.over, operand.legs)
+    if node.name == "max":
+        x = x.amax(dim=dims)
+    elif node.name == "logsumexp":
+        x = x.logsumexp(dim=dims)
+    elif node.name == "mean":
+        x = x.mean(dim=dims)
+    else:
+        raise ValueError(f"unknown reduction {node.name}")
+    return align(x, [leg for leg in operand.legs if leg not in node.over], node.legs)
+
+
+def squared_distance(node: SquaredDistance, frame: Frame) -> torch.Tensor:
+    """Σ_over (left - right)², naively: both sides broadcast to the union of their legs."""
+    left, right = node.left, node.right
+    assert left is not None and right is not None
+    union = tuple(dict.fromkeys((*left.legs, *right.legs)))
+    difference = align(evaluate(left, frame), left.legs, union) - align(evaluate(right, frame), right.legs, union)
+    x = (difference**2).sum(dim=leg_dims(node.over, union))
+    return align(x, [leg for leg in union if leg not in node.over], node.legs)
