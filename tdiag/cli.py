@@ -37,6 +37,21 @@ def _size_setting(text: str) -> tuple[str, int]:
     return name.strip(), number
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def _size_list(text: str) -> dict[str, int]:
+    """`N=1024,F=512` -> {"N": 1024, "F": 512}."""
+    return dict(_size_setting(part.strip()) for part in text.split(",") if part.strip())
+
+
 def _parser() -> _Parser:
     parser = _Parser(prog="tdiag", description="A tensor-diagram compiler for attention designs.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -60,6 +75,22 @@ def _parser() -> _Parser:
     p = commands.add_parser("show", help="print the design graph as a readable summary")
     p.add_argument("file", metavar="FILE.td")
     with_sizes(p)
+
+    p = commands.add_parser("compile", help="write a standalone PyTorch module for a design")
+    p.add_argument("file", metavar="FILE.td")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.py")
+    p.add_argument(
+        "--plan-n", type=_positive, default=None, metavar="N", help="sequence length to plan for (default 1024)"
+    )
+    with_sizes(p)
+
+    p = commands.add_parser("cost", help="parameters, FLOPs, softmax entries and peak memory, side by side")
+    p.add_argument("files", nargs="+", metavar="FILE.td")
+    p.add_argument("--at", type=_size_list, default={}, metavar="N=1024,F=512", help="sizes to evaluate at")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument(
+        "--convention", choices=("flop", "mac", "paper"), default="flop", help="how contractions are counted"
+    )
 
     p = commands.add_parser("render", help="draw the diagram in the papers' notation")
     p.add_argument("file", metavar="FILE.td")
@@ -122,7 +153,46 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"check": _check, "show": _show, "render": _render}
+def _compile(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    design = _load(args.file, args.sizes)
+    sizes = {"N": args.plan_n} if args.plan_n else {}
+    if args.plan_n and "N" not in design.graph.sizes:
+        raise _UsageError(f"tdiag compile: error: design '{design.name}' has no size N to plan for")
+    plan = design.plan(**sizes)
+    source = design.source(**sizes)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(source, encoding="utf-8")
+    print(f"wrote {args.output}: class {source.split('class ', 1)[1].split('(', 1)[0]}, {len(plan.steps)} steps")
+    for note in plan.lowered or ["no softmax box lowered to scaled_dot_product_attention"]:
+        print(f"  {note}")
+    return 0
+
+
+def _cost(args: argparse.Namespace) -> int:
+    from .cost import cost_report, table, to_json
+
+    designs = [_load(f, []) for f in args.files]
+    known = set().union(*(d.graph.sizes for d in designs))
+    unknown = [k for k in args.at if k not in known]
+    if unknown:
+        raise _UsageError(
+            f"tdiag cost: error: no design has a size {', '.join(unknown)}; their sizes are: {', '.join(sorted(known))}"
+        )
+    reports = []
+    for design in designs:
+        own = {k: v for k, v in args.at.items() if k in design.graph.sizes}
+        fixed = {k: v for k, v in own.items() if not design.graph.sizes[k].is_free}
+        if fixed:
+            design = load(design.graph.file, **fixed)
+        runtime = {k: v for k, v in own.items() if design.graph.sizes[k].is_free}
+        reports.append(cost_report(design.plan(**runtime), args.convention))
+    print(to_json(reports, args.at) if args.format == "json" else table(reports, args.at))
+    return 0
+
+
+COMMANDS = {"check": _check, "show": _show, "render": _render, "compile": _compile, "cost": _cost}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,6 +34,7 @@ class Design:
     def __init__(self, graph: DesignGraph, warnings: list[Diagnostic]):
         self.graph = graph
         self.warnings = warnings
+        self._plans: dict[tuple, object] = {}  # plans are cached by size
 
     @property
     def name(self) -> str:
@@ -87,6 +88,44 @@ class Design:
 
     def __repr__(self) -> str:
         return f"<tdiag.Design {self.summary()}>"
+
+    # -- compile and cost --
+    def plan(self, **sizes: int):
+        """The evaluation plan for these sizes (run-time sizes such as N default to 1024)."""
+        from .module import plan_for
+
+        key = tuple(sorted(sizes.items()))
+        if key not in self._plans:
+            self._plans[key] = plan_for(self.graph, sizes)
+        return self._plans[key]
+
+    def module(self, *, seed: int = 0, dtype=None, device=None, impl: str = "compiled", **sizes: int):
+        """An ordinary torch.nn.Module: the compiled plan (`impl="compiled"`) or the plain
+        materialized evaluation of the same graph (`impl="reference"`, the test oracle)."""
+        import torch
+
+        dtype = dtype or torch.float32
+        if impl == "reference":
+            from .reference import ReferenceModule
+
+            return ReferenceModule(self.graph, sizes or None, seed=seed, dtype=dtype).to(device)
+        if impl != "compiled":
+            raise ValueError(f"impl must be 'compiled' or 'reference', got {impl!r}")
+        from .module import build_module
+
+        return build_module(self.plan(**sizes), seed=seed, dtype=dtype, device=device, source_name=self.graph.file)
+
+    def source(self, **sizes: int) -> str:
+        """The standalone Python module `tdiag compile` writes for these sizes."""
+        from .codegen import generate
+
+        return generate(self.plan(**sizes), source_name=self.graph.file)
+
+    def cost(self, convention: str = "flop", **sizes: int):
+        """Parameters, FLOPs, softmax entries and peak memory as formulas (CostReport)."""
+        from .cost import cost_report
+
+        return cost_report(self.plan(**sizes), convention)
 
     # -- diagram --
     def dot(self, **options: object) -> str:

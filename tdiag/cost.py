@@ -1,0 +1,188 @@
+"""Plan -> CostReport: parameters, FLOPs of the chosen plan, softmax-box entries and peak
+activation memory, each a sympy formula in the size symbols (per sequence, B = 1) and a number
+at given sizes. Costs are read off the same Steps that codegen emits, so they describe the code.
+
+Conventions for contractions (FiSH App. D, MGK App. B count differently from opt_einsum):
+- flop: 2 per multiply-add (the default);
+- mac: 1 per multiply-add (fvcore's count);
+- paper: a k-term sum costs 2k − 1 per output element (a multiply and an add each).
+Softmax exponentials and divisions, and other elementwise work, are reported apart."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import sympy
+
+from .graph import DesignGraph
+from .plan import BATCH_SIZE, Plan, Step, Value
+
+CONVENTIONS = ("flop", "mac", "paper")
+METRICS = ("params", "flops", "softmax_entries", "peak_memory")
+
+
+@dataclass
+class CostReport:
+    """Formulas for one design's plan. `at(...)` gives numbers; `formulas()` sympy strings."""
+
+    design: str
+    graph: DesignGraph
+    convention: str
+    params: sympy.Expr
+    flops: sympy.Expr
+    exps: sympy.Expr
+    divisions: sympy.Expr
+    elementwise: sympy.Expr
+    softmax_entries: sympy.Expr
+    memory_candidates: list[sympy.Expr]
+    sizes: dict[str, int]
+
+    @property
+    def peak_memory(self) -> sympy.Expr:
+        """The live activations (elements) at the step where they peak, at the planned sizes."""
+        return max(self.memory_candidates, key=lambda e: self._number(e, self.sizes), default=sympy.Integer(0))
+
+    def _number(self, expr: sympy.Expr, sizes: Mapping[str, int]) -> sympy.Expr:
+        value = self.graph.evaluate(expr, **{k: v for k, v in sizes.items() if k in self.graph.sizes})
+        return sympy.nsimplify(value.xreplace({BATCH_SIZE: 1}))
+
+    def formulas(self) -> dict[str, sympy.Expr]:
+        return {
+            "params": self.params,
+            "flops": self.flops,
+            "exps": self.exps,
+            "divisions": self.divisions,
+            "elementwise": self.elementwise,
+            "softmax_entries": self.softmax_entries,
+            "peak_memory": self.peak_memory,
+        }
+
+    def at(self, **sizes: int) -> dict[str, int | float]:
+        """Every metric as a number at `sizes` (default: the sizes planned for)."""
+        sizes = self.sizes | sizes
+        numbers: dict[str, int | float] = {}
+        for key, expr in self.formulas().items():
+            if key == "peak_memory":
+                value = max((self._number(e, sizes) for e in self.memory_candidates), default=sympy.Integer(0))
+            else:
+                value = self._number(expr, sizes)
+            numbers[key] = int(value) if value.is_Integer else float(value)
+        return numbers
+
+    def as_dict(self, **sizes: int) -> dict[str, object]:
+        numbers = self.at(**sizes)
+        out: dict[str, object] = {"design": self.design, "convention": self.convention}
+        for key, expr in self.formulas().items():
+            out[key] = numbers[key]
+            out[f"{key}_formula"] = sympy.sstr(expr)
+        out["sizes"] = {k: v for k, v in (self.sizes | sizes).items() if k != "B"}
+        return out
+
+
+def _per_sequence(expr: sympy.Expr) -> sympy.Expr:
+    return sympy.factor(sympy.expand(expr.xreplace({BATCH_SIZE: 1})))
+
+
+def step_cost(step: Step, plan: Plan, convention: str) -> sympy.Expr:
+    """Contraction work of one step under a counting convention."""
+    if step.kind not in ("contraction", "sum") or step.out is None:
+        return sympy.Integer(0)
+    macs = step.flops / 2 if step.kind == "contraction" else step.flops
+    if convention == "mac":
+        return macs
+    if convention == "flop":
+        return step.flops
+    outputs = sympy.Mul(*(plan.leg_sizes[leg] for leg in step.out.legs))
+    if step.kind == "sum":
+        return macs - outputs
+    summed = sympy.Mul(*(plan.leg_sizes[leg] for leg in step.summed))
+    return outputs * (2 * summed - 1)
+
+
+def _memory_candidates(plan: Plan) -> list[sympy.Expr]:
+    """Σ of live intermediate sizes after each step (inputs and parameters excluded)."""
+    steps = plan.steps
+    produced: dict[str, tuple[int, Value]] = {}
+    last_use: dict[str, int] = {}
+    for k, step in enumerate(steps):
+        if step.out is not None and step.kind not in ("view", "permute"):
+            produced[step.out.var] = (k, step.out)
+        for value in step.inputs:
+            last_use[value.var] = k
+    for _, value in plan.outputs:
+        last_use[value.var] = len(steps)
+    candidates = []
+    for k in range(len(steps)):
+        live = [
+            sympy.Mul(*(plan.leg_sizes[leg] for leg in v.legs))
+            for var, (start, v) in produced.items()
+            if start <= k <= last_use.get(var, start)
+        ]
+        candidates.append(_per_sequence(sympy.Add(*live)))
+    return candidates
+
+
+def cost_report(plan: Plan, convention: str = "flop") -> CostReport:
+    if convention not in CONVENTIONS:
+        raise ValueError(f"unknown cost convention '{convention}'; expected one of: {', '.join(CONVENTIONS)}")
+    steps = plan.steps
+    graph = plan.graph
+
+    def total(values: Sequence[sympy.Expr]) -> sympy.Expr:
+        return _per_sequence(sympy.Add(*values))
+
+    return CostReport(
+        design=graph.name,
+        graph=graph,
+        convention=convention,
+        params=graph.parameter_count(),
+        flops=total([step_cost(s, plan, convention) for s in steps]),
+        exps=total([s.exps for s in steps]),
+        divisions=total([s.divisions for s in steps]),
+        elementwise=total([s.elementwise for s in steps]),
+        softmax_entries=total([s.entries for s in steps if s.kind == "softmax"]),
+        memory_candidates=_memory_candidates(plan),
+        sizes={k: v for k, v in plan.sizes.items() if k != "B"},
+    )
+
+
+# ---- the side-by-side table ----------------------------------------------------------------
+
+
+def _show_number(value: float | int) -> str:
+    if isinstance(value, int) or float(value).is_integer():
+        return f"{int(value):,}"
+    return f"{value:.4g}"
+
+
+def table(reports: Sequence[CostReport], sizes: Mapping[str, int]) -> str:
+    """Numbers side by side with ratios to the first design, then each design's formulas."""
+    numbers = [r.at(**{k: v for k, v in sizes.items() if k in r.graph.sizes}) for r in reports]
+    metrics = (*METRICS, "exps", "divisions", "elementwise")
+    cells = {}
+    for metric in metrics:
+        base = numbers[0][metric]
+        cells[metric] = [
+            _show_number(n[metric]) + (f" ({n[metric] / base:.3g}x)" if k and base else "")
+            for k, n in enumerate(numbers)
+        ]
+    width = 2 + max(len(text) for row in [*cells.values(), [r.design for r in reports]] for text in row)
+    shown = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    lines = [
+        f"cost per sequence at {shown or 'the design sizes'} ({reports[0].convention} convention)",
+        "",
+        f"{'metric':<17}" + "".join(f"{r.design:>{width}}" for r in reports),
+    ]
+    lines += [f"{metric:<17}" + "".join(f"{cell:>{width}}" for cell in cells[metric]) for metric in metrics]
+    lines += ["", "formulas (size symbols; per sequence)"]
+    for r in reports:
+        lines.append(f"  {r.design}")
+        for key, expr in r.formulas().items():
+            lines.append(f"    {key:<16} {sympy.sstr(expr)}")
+    return "\n".join(lines)
+
+
+def to_json(reports: Sequence[CostReport], sizes: Mapping[str, int]) -> str:
+    return json.dumps([r.as_dict(**{k: v for k, v in sizes.items() if k in r.graph.sizes}) for r in reports], indent=2)
