@@ -10,7 +10,7 @@ import sympy
 
 from .graph import DesignGraph
 from .ir import Tensor
-from .plan import BATCH, BATCH_SIZE, Plan, Step, size_code
+from .plan import BATCH_SIZE, Plan, Step, _show, size_code
 
 HELPERS = '''
 
@@ -244,7 +244,7 @@ def _known(graph: DesignGraph) -> dict:
 
 
 def _step_lines(step: Step, plan: Plan) -> list[str]:
-    legs = " ".join("b" if leg == BATCH else leg for leg in step.out.legs) if step.out else ""
+    legs = " ".join(_show(step.out.legs)) if step.out else ""
     cost = ""
     if step.flops != 0:
         cost = f"; {sympy.sstr(sympy.factor(step.flops.subs(BATCH_SIZE, 1)))} flops"

@@ -89,6 +89,12 @@ class Design:
     def __repr__(self) -> str:
         return f"<tdiag.Design {self.summary()}>"
 
+    def with_causal_mask(self, query: str = "n", key: str = "m") -> Design:
+        """This design with a causal mask on every box normalized over `key` (decoder use)."""
+        from .graph import with_causal_mask
+
+        return Design(with_causal_mask(self.graph, query, key), self.warnings)
+
     # -- compile and cost --
     def plan(self, **sizes: int):
         """The evaluation plan for these sizes (run-time sizes such as N default to 1024)."""

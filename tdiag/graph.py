@@ -5,6 +5,7 @@ mistake becomes a Diagnostic; all of them are collected before anything is raise
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping
@@ -1298,3 +1299,56 @@ def _add_operations(g: nx.MultiDiGraph, statement: Statement, node: Expr, counte
 def build_graph(head: syn.DesignDecl, items: list[syn.Item], overrides: Mapping[str, int] | None = None) -> DesignGraph:
     """Syntax items (after `extends` merging) -> DesignGraph, or TdiagError with every mistake."""
     return _Builder(head, items, overrides or {}).build()
+
+
+def _masked(expr: Expr, query: str, key: str, span: Span) -> tuple[Expr, int]:
+    """`expr` with a causal mask added to every box normalized over `key` that has `query`."""
+    count = 0
+    if isinstance(expr, TensorRef | Scalar):
+        return expr, 0
+    changes = {}
+    for field_name in ("factors", "terms"):
+        children = getattr(expr, field_name, None)
+        if children is not None:
+            rebuilt = [_masked(c, query, key, span) for c in children]
+            count += sum(n for _, n in rebuilt)
+            changes[field_name] = tuple(c for c, _ in rebuilt)
+    for field_name in ("content", "operand", "numerator", "denominator", "left", "right"):
+        child = getattr(expr, field_name, None)
+        if isinstance(child, Expr):
+            rebuilt, n = _masked(child, query, key, span)
+            count += n
+            changes[field_name] = rebuilt
+    if isinstance(expr, SoftmaxBox) and key in expr.normalized and query in expr.legs:
+        if not any(isinstance(m, CausalMask) and (m.query, m.key) == (query, key) for m in expr.masks):
+            changes["masks"] = (*expr.masks, CausalMask(query, key, span))
+            count += 1
+    return (dataclasses.replace(expr, **changes) if changes else expr), count
+
+
+def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> DesignGraph:
+    """The same design with `mask = causal(query, key)` on every box normalized over `key` that
+    also has leg `query` (the bundled designs use n for queries and m for keys)."""
+    statements, total = [], 0
+    for statement in graph.statements:
+        expr, count = _masked(statement.expr, query, key, statement.span)
+        total += count
+        statements.append(dataclasses.replace(statement, expr=expr))
+    if not total:
+        raise TdiagError(
+            Diagnostic(
+                f"design '{graph.name}' has no softmax or normalize box over leg '{key}' with leg '{query}' to mask",
+                (Span(graph.file, 1, 1, 1, 2),),
+                "name the query and key legs: with_causal_mask(query=..., key=...)",
+            )
+        )
+    tensors = {name: dataclasses.replace(t) for name, t in graph.tensors.items()}
+    for statement in statements:
+        tensors[statement.target].statement = statement
+    return dataclasses.replace(
+        graph,
+        name=graph.name,
+        tensors=tensors,
+        statements=statements,
+        graph=_dataflow_graph(tensors, statements, graph.updates),
+    )

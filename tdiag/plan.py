@@ -123,6 +123,7 @@ class _Leaf:
     tensor: Tensor | None = None
     value: Value | None = None
     view: tuple[tuple[str, ...], ...] = ()  # for stored tensors: region legs of each axis
+    box: tuple[SoftmaxBox, dict[str, tuple[str, ...]]] | None = None  # a box its consumer may fuse
 
 
 class _Names:
@@ -166,6 +167,7 @@ class _Lowering:
         }
         self.causal_masks: dict[tuple[sympy.Expr, sympy.Expr], str] = {}
         self.stored_used: set[str] = set()
+        self.lowered: list[str] = []
 
     # -- helpers --
     def size(self, leg: str) -> sympy.Expr:
@@ -216,6 +218,8 @@ class _Lowering:
         statement = tensor.statement
         if statement is None or name in self.g.outputs:
             return False
+        if isinstance(statement.expr, SoftmaxBox) and statement.expr.is_exp:
+            return self.uses[name] == 1  # its consumer may lower it to SDPA
         if not isinstance(statement.expr, Contraction | TensorRef):
             return False
         return tensor.is_constant or self.uses[name] == 1
@@ -266,6 +270,10 @@ class _Lowering:
             return coefficient
         if isinstance(e, TensorRef):
             return self.collect_tensor(e, ren, leaves)
+        if isinstance(e, SoftmaxBox) and e.is_exp:
+            batch = (BATCH,) if self.is_batched(e) else ()
+            leaves.append(_Leaf(batch + tuple(p for leg in e.legs for p in ren[leg]), box=(e, ren)))
+            return sympy.Integer(1)
         value = self.lower_nonlinear(e, ren, None)
         leaves.append(_Leaf(value.legs, value=value))
         return sympy.Integer(1)
@@ -323,7 +331,17 @@ class _Lowering:
         return tuple(rename.get(leg, leg) for leg in value.legs)
 
     # -- folding constants, then planning the contraction --
+    def is_batched(self, e: Expr) -> bool:
+        """Does `e` depend on an input, mask or noise (and so carry the batch)?"""
+        for node in walk(e):
+            if isinstance(node, TensorRef):
+                tensor = self.g.tensors[node.name]
+                if tensor.is_batched or (tensor.statement is not None and self.is_batched(tensor.statement.expr)):
+                    return True
+        return False
+
     def contract(self, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None) -> Value:
+        leaves = self.resolve_boxes(leaves, out)
         leaves, out, coefficient = self.fold_constants(leaves, out, coefficient)
         operands: list[tuple[tuple[str, ...], Value | None, _Leaf]] = []
         for leaf in leaves:
@@ -790,6 +808,164 @@ class _Lowering:
         )
         return self.combine("sqdist", [(1, cross), (1, left_norm), (1, right_norm)], out, var)
 
+    # -- softmax boxes fused with their consumer (scaled_dot_product_attention) --
+    def resolve_boxes(self, leaves: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
+        """Each box leaf of a region becomes SDPA with its value side when that costs no more
+        than the materialized box and its consumer; otherwise the box is computed as such."""
+        while any(leaf.box is not None for leaf in leaves):
+            k = next(i for i, leaf in enumerate(leaves) if leaf.box is not None)
+            box, ren = leaves[k].box  # type: ignore[misc]
+            others = leaves[:k] + leaves[k + 1 :]
+            fused = self.fusable(box, ren, leaves[k], others, out)
+            if fused is not None and self.cheaper_fused(box, ren, leaves[k], others, out, fused):
+                leaves = self.fuse(box, ren, others, fused)
+            else:
+                value = self.lower_box(box, ren, None)
+                leaves = [*others[:k], _Leaf(value.legs, value=value), *others[k:]]
+        return leaves
+
+    def fusable(self, box: SoftmaxBox, ren, leaf: _Leaf, others: list[_Leaf], out: tuple[str, ...]):
+        """The query, key and value sides of an attention, or None when the pattern does not hold:
+        content = per-head dot product of a query side and a key side, one normalized leg (or
+        several, flattened), causal masks only, values joined along the normalized legs."""
+        if any(not isinstance(m, CausalMask) for m in box.masks) or not isinstance(
+            box.content, Contraction | TensorRef
+        ):
+            return None
+        keys = tuple(p for leg in box.normalized for p in ren[leg])
+        if any(k in out for k in keys):
+            return None
+        content: list[_Leaf] = []
+        coefficient = self.collect(box.content, ren, content)
+        box_legs = tuple(p for leg in box.legs for p in ren[leg])
+        content, box_legs, coefficient = self.fold_constants(content, box_legs, coefficient)
+        if any(c.box is not None or (c.value is not None and c.value.broadcast) for c in content):
+            return None
+        split = self.split_sides(content, box_legs, keys, others, out)
+        if split is None:
+            return None
+        query_side, key_side, values, heads, queries, latent, features = split
+        for mask in box.masks:
+            if (ren[mask.query], ren[mask.key]) != ((queries[0],), keys) or len(queries) != 1:  # type: ignore[union-attr]
+                return None
+        return {
+            "query": query_side,
+            "key": key_side,
+            "value": values,
+            "heads": heads,
+            "queries": queries,
+            "keys": list(keys),
+            "latent": latent,
+            "features": features,
+            "scale": coefficient * box.scale,
+            "causal": bool(box.masks),
+        }
+
+    def split_sides(self, content: list[_Leaf], box_legs, keys, others: list[_Leaf], out: tuple[str, ...]):
+        """Assign the content's factors to a query and a key side, and the consumer's factors to
+        the value side or the rest, so that the sides meet only in head legs (kept) and latent
+        legs (contracted) and the values carry every head; the cheapest valid split wins."""
+        fixed_key = [c for c in content if set(keys) & set(c.legs)]
+        fixed_value = [o for o in others if set(keys) & set(o.legs)]
+        undecided = [c for c in content if c not in fixed_key]
+        optional = [o for o in others if o not in fixed_value]
+        if len(undecided) + len(optional) > 12:
+            return None
+        present = {leg for c in content for leg in c.legs}
+        queries_all = [leg for leg in box_legs if leg not in keys and leg in present]
+        best, best_cost = None, None
+        for choice in itertools.product((0, 1), repeat=len(undecided) + len(optional)):
+            query_side = [c for c, side in zip(undecided, choice, strict=False) if side == 0]
+            key_side = fixed_key + [c for c, side in zip(undecided, choice, strict=False) if side == 1]
+            values = fixed_value + [o for o, side in zip(optional, choice[len(undecided) :], strict=True) if side == 1]
+            rest = [o for o in others if o not in values]
+            q_legs = {leg for c in query_side for leg in c.legs}
+            k_legs = {leg for c in key_side for leg in c.legs}
+            v_legs = {leg for c in values for leg in c.legs}
+            heads = [leg for leg in (BATCH, *box_legs) if leg in q_legs and leg in k_legs]
+            queries = [leg for leg in queries_all if leg in q_legs and leg not in k_legs]
+            latent = sorted((q_legs & k_legs) - set(box_legs) - {BATCH})
+            needed = set(out) | {leg for o in rest for leg in o.legs}
+            features = [
+                leg
+                for leg in dict.fromkeys(leg for c in values for leg in c.legs)
+                if leg not in heads and leg not in keys and leg in needed
+            ]
+            if not query_side or not queries or set(queries_all) != (set(heads) - {BATCH}) | set(queries):
+                continue
+            if (
+                any(h not in v_legs for h in heads)
+                or v_legs & set(queries)
+                or (v_legs - set(heads) - set(keys)) & (q_legs | k_legs)
+            ):
+                continue
+            cost = self.numel_number([*heads, *queries, *keys]) * (
+                self.numel_number(latent) + self.numel_number(features)
+            )
+            if best_cost is None or cost < best_cost:
+                best, best_cost = (query_side, key_side, values, heads, queries, latent, features), cost
+        return best
+
+    def cheaper_fused(self, box, ren, leaf: _Leaf, others: list[_Leaf], out, fused) -> bool:
+        def materialized() -> None:
+            value = self.lower_box(box, ren, None)
+            self.contract([*others, _Leaf(value.legs, value=value)], out, sympy.Integer(1), None)
+
+        def as_sdpa() -> None:
+            self.contract(self.fuse(box, ren, others, fused), out, sympy.Integer(1), None)
+
+        return self.trial(as_sdpa) <= self.trial(materialized)
+
+    def trial(self, build) -> int:
+        """The FLOPs a lowering would emit, at the planned sizes, without keeping its steps."""
+        saved, self.target = self.target, []
+        try:
+            build()
+            total = sum((s.flops for s in self.target), sympy.Integer(0))
+            return int(self.g.evaluate(total, **self.sizes).xreplace({BATCH_SIZE: self.sizes.get("B", 1)}))
+        finally:
+            self.target = saved
+
+    def fuse(self, box: SoftmaxBox, ren, others: list[_Leaf], fused: dict) -> list[_Leaf]:
+        """Emit q, k, v and the SDPA call; return the region's leaves with the attention output
+        standing in for the box and its value side."""
+        heads, queries, keys, latent, features = (fused[k] for k in ("heads", "queries", "keys", "latent", "features"))
+        q = self.contract(fused["query"], tuple(heads + queries + latent), sympy.Integer(1), "q")
+        k = self.contract(fused["key"], tuple(heads + keys + latent), sympy.Integer(1), "k")
+        v = self.contract(fused["value"], tuple(heads + keys + features), sympy.Integer(1), "v")
+        flat = [[h] for h in heads]
+        q_code = self.arrange(q, [*flat, queries, latent])
+        k_code = self.arrange(k, [*flat, keys, latent])
+        v_code = self.arrange(v, [*flat, keys, features])
+        scale = _scalar_code(self.runtime(fused["scale"]), self.size_names)
+        causal = ", is_causal=True" if fused["causal"] else ""
+        name = self.names.fresh("attended")
+        legs = tuple(heads + queries + features)
+        call = f"torch.nn.functional.scaled_dot_product_attention({q_code}, {k_code}, {v_code}, scale={scale}{causal})"
+        if len(queries) != 1 or len(features) != 1:
+            call = f"({call}).reshape({self.sizes_code(legs)})"
+        entries = self.numel([*heads, *queries, *keys])
+        flops = 2 * entries * (self.numel(latent) + self.numel(features))
+        description = f"scaled_dot_product_attention over {' '.join(_show(keys))}, heads {' '.join(_show(heads))}"
+        value = self.emit(
+            Step(
+                "sdpa",
+                [f"{name} = {call}"],
+                Value(name, legs),
+                description,
+                tuple(keys),
+                flops,
+                exps=entries,
+                divisions=entries,
+                entries=entries,
+                inputs=(q, k, v),
+            )
+        )
+        if self.target is self.steps:
+            self.lowered.append(f"softmax box over {' '.join(_show(keys))} lowered to scaled_dot_product_attention")
+        rest = [o for o in others if o not in fused["value"]]
+        return [*rest, _Leaf(value.legs, value=value)]  # type: ignore[union-attr]
+
 
 # ---- helpers -------------------------------------------------------------------------------
 
@@ -901,6 +1077,7 @@ def build_plan(graph: DesignGraph, sizes: Mapping[str, int]) -> Plan:
         )
     plan.steps = lowering.steps
     plan.names = lowering.input_vars
+    plan.lowered = lowering.lowered
     plan.causal = lowering.causal_masks
     plan.stored = sorted(lowering.stored_used)
     return plan
