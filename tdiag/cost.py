@@ -87,9 +87,11 @@ def _per_sequence(expr: sympy.Expr) -> sympy.Expr:
 
 def step_cost(step: Step, plan: Plan, convention: str) -> sympy.Expr:
     """Contraction work of one step under a counting convention."""
-    if step.kind not in ("contraction", "sum") or step.out is None:
+    if step.kind not in ("contraction", "sum", "sdpa") or step.out is None:
         return sympy.Integer(0)
-    macs = step.flops / 2 if step.kind == "contraction" else step.flops
+    if step.kind == "sdpa" and convention == "paper":
+        return step.paper
+    macs = step.flops / 2 if step.kind in ("contraction", "sdpa") else step.flops
     if convention == "mac":
         return macs
     if convention == "flop":
@@ -142,7 +144,7 @@ def cost_report(plan: Plan, convention: str = "flop") -> CostReport:
         exps=total([s.exps for s in steps]),
         divisions=total([s.divisions for s in steps]),
         elementwise=total([s.elementwise for s in steps]),
-        softmax_entries=total([s.entries for s in steps if s.kind == "softmax"]),
+        softmax_entries=total([s.entries for s in steps if s.kind in ("softmax", "sdpa")]),
         memory_candidates=_memory_candidates(plan),
         sizes={k: v for k, v in plan.sizes.items() if k != "B"},
     )

@@ -81,6 +81,7 @@ class Step:
     divisions: sympy.Expr = ZERO
     entries: sympy.Expr = ZERO  # for box steps: the materialized box entries
     elementwise: sympy.Expr = ZERO  # scalings, maps, sums: counted apart from contractions
+    paper: sympy.Expr = ZERO  # for fused steps: their contractions counted the papers' way
     inputs: tuple[Value, ...] = ()
 
 
@@ -959,6 +960,7 @@ class _Lowering:
                 divisions=entries,
                 entries=entries,
                 inputs=(q, k, v),
+                paper=entries * (2 * self.numel(latent) - 1) + self.numel(legs) * (2 * self.numel(keys) - 1),
             )
         )
         if self.target is self.steps:

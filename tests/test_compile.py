@@ -1,0 +1,468 @@
+"""The compiled module is exactly the design (spec tuformer.md §6): against torch's attention,
+against the reference evaluation of the same graph, and against the paper's identities."""
+
+import importlib.util
+import math
+import shutil
+
+import pytest
+import sympy
+import torch
+import torch.nn.functional as functional
+from conftest import DESIGN_FILES, DESIGNS
+
+import tdiag
+from tdiag.thsa import core_matrix, init_from_mhsa, stable_rank
+
+TOL = 1e-10
+SMALL = {"F": 8, "H": 2}
+TUFORMER = ["mhsa", "single_head", "thsa", "skip_left", "skip_right", "kronecker", "heads_only",
+            "trainable_heads_only", "thsa_elu", "thsa_poly"]  # fmt: skip
+
+
+def small_sizes(name: str) -> dict[str, int]:
+    sizes = dict(SMALL)
+    if "mgk" in name or "mlk" in name:
+        sizes["D"] = 4
+    if name == "mgk_softe":
+        sizes["N"] = 5
+    return sizes
+
+
+def build(name: str, *, causal: bool = False, seed: int = 0, **sizes):
+    design = tdiag.load(DESIGNS / f"{name}.td", **(small_sizes(name) | sizes))
+    if causal:
+        design = design.with_causal_mask()
+    return design.module(dtype=torch.float64, seed=seed, N=5)
+
+
+def reference_of(design_name: str, module, *, causal: bool = False, **sizes):
+    design = tdiag.load(DESIGNS / f"{design_name}.td", **(small_sizes(design_name) | sizes))
+    if causal:
+        design = design.with_causal_mask()
+    reference = design.module(impl="reference", dtype=torch.float64, N=5)
+    reference.load_state_dict(module.state_dict(), strict=False)
+    for name, value in module.named_parameters():
+        getattr(reference, name).data.copy_(value)
+    return reference
+
+
+def x_input(*batch, n=5, f=8):
+    return torch.randn(*batch, n, f, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+
+def multihead_attention(mhsa) -> torch.nn.MultiheadAttention:
+    width, heads = mhsa.WQ.shape[0], mhsa.WQ.shape[1]
+    mha = torch.nn.MultiheadAttention(width, heads, bias=False, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([w.reshape(width, width).T for w in (mhsa.WQ, mhsa.WK, mhsa.WV)]))
+        mha.out_proj.weight.copy_(mhsa.WO.reshape(width, width).T)
+    return mha
+
+
+# ---- MHSA against torch ---------------------------------------------------------------------
+
+
+def test_mhsa_equals_torch_multihead_attention_float64():
+    mhsa, x = build("mhsa"), x_input(3)
+    expected, _ = multihead_attention(mhsa)(x, x, x, need_weights=False)
+    assert torch.allclose(mhsa(x), expected, atol=TOL, rtol=0)
+
+
+def test_causal_mhsa_equals_torch_multihead_attention_with_causal_mask():
+    mhsa, x = build("mhsa", causal=True), x_input(3)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(5, dtype=torch.float64)
+    expected, _ = multihead_attention(mhsa)(x, x, x, attn_mask=mask, need_weights=False)
+    assert torch.allclose(mhsa(x), expected, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_mhsa_equals_an_sdpa_formulation(causal):
+    mhsa, x = build("mhsa", causal=causal), x_input(2)
+    q, k, v = (torch.einsum("bnf,fhd->bhnd", x, w) for w in (mhsa.WQ, mhsa.WK, mhsa.WV))
+    heads = functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert torch.allclose(mhsa(x), torch.einsum("bhnd,hdg->bng", heads, mhsa.WO), atol=TOL, rtol=0)
+
+
+def test_mhsa_box_is_lowered_to_scaled_dot_product_attention():
+    plan = tdiag.load(DESIGNS / "mhsa.td").plan()
+    assert plan.lowered == ["softmax box over m lowered to scaled_dot_product_attention"]
+    assert "scaled_dot_product_attention" in tdiag.load(DESIGNS / "mhsa.td").source()
+
+
+def test_module_accepts_any_leading_batch_dims():
+    mhsa = build("mhsa")
+    x = x_input(2, 3)
+    assert mhsa(x).shape == (2, 3, 5, 8)
+    assert torch.allclose(mhsa(x)[1, 2], mhsa(x[1, 2]), atol=TOL, rtol=0)
+
+
+# ---- the plan equals the plain evaluation of the same graph ---------------------------------
+
+
+@pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
+def test_compiled_plan_equals_reference_evaluation(path):
+    module = build(path.stem).eval()
+    reference = reference_of(path.stem, module).eval()
+    x = x_input(2)
+    assert torch.allclose(module(x), reference(x), atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
+def test_causal_compiled_plan_equals_reference_and_ignores_the_future(path):
+    module = build(path.stem, causal=True).eval()
+    reference = reference_of(path.stem, module, causal=True).eval()
+    x = x_input(2)
+    later = x.clone()
+    later[:, 3:] += 1.0
+    assert torch.allclose(module(x), reference(x), atol=TOL, rtol=0)
+    assert torch.allclose(module(later)[:, :3], module(x)[:, :3], atol=TOL, rtol=0)
+
+
+def test_standalone_file_equals_in_process_module(tmp_path):
+    design = tdiag.load(DESIGNS / "thsa.td", **SMALL)
+    path = tmp_path / "thsa_module.py"
+    path.write_text(design.source(N=5))
+    spec = importlib.util.spec_from_file_location("thsa_module", path)
+    generated = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generated)
+    standalone = generated.Thsa(seed=7, dtype=torch.float64)
+    in_process = design.module(seed=7, dtype=torch.float64, N=5)
+    x = x_input(2)
+    assert torch.equal(standalone(x), in_process(x))
+
+
+def test_standalone_file_imports_only_torch_and_the_standard_library():
+    source = tdiag.load(DESIGNS / "fish.td").source()
+    imports = {line.split()[1] for line in source.splitlines() if line.startswith(("import ", "from "))}
+    assert imports <= {"hashlib", "torch"}
+
+
+def test_generated_code_names_parameters_after_the_td_tensors_in_declared_axis_order():
+    module = tdiag.load(DESIGNS / "thsa.td").module()
+    assert {n: tuple(p.shape) for n, p in module.named_parameters()} == {
+        "WQ": (512, 512), "WK": (512, 512), "WV": (512, 512), "WO": (512, 512), "C": (512, 512)
+    }  # fmt: skip
+    assert tuple(tdiag.load(DESIGNS / "mhsa.td").module().WO.shape) == (8, 64, 512)
+
+
+def test_initialization_is_deterministic_for_a_seed():
+    a, b, c = (tdiag.load(DESIGNS / "mhsa.td", **SMALL).module(seed=s) for s in (3, 3, 4))
+    assert torch.equal(a.WQ, b.WQ) and not torch.equal(a.WQ, c.WQ)
+    assert a.WQ.std().item() == pytest.approx(1 / math.sqrt(8), rel=0.3)
+
+
+@pytest.mark.parametrize("name", TUFORMER)
+def test_gradcheck(name):
+    module = build(name).eval()
+    x = x_input(1, n=3).requires_grad_()
+    params = tuple(module.parameters())
+
+    def run(x, *values):
+        return torch.func.functional_call(module, dict(zip(dict(module.named_parameters()), values, strict=True)), (x,))
+
+    assert torch.autograd.gradcheck(run, (x, *params), eps=1e-6, atol=1e-7)
+
+
+# ---- Tuformer identities (spec tuformer.md §6) ----------------------------------------------
+
+
+def test_p1_thsa_initialized_from_mhsa_equals_mhsa():
+    mhsa, thsa, x = build("mhsa", H=4), build("thsa", H=4), x_input(2)
+    init_from_mhsa(thsa, mhsa)
+    assert torch.allclose(thsa(x), mhsa(x), atol=TOL, rtol=0)
+
+
+def test_p1_init_from_torch_multihead_attention():
+    thsa, x = build("thsa", H=4), x_input(2)
+    mha = torch.nn.MultiheadAttention(8, 4, bias=False, batch_first=True, dtype=torch.float64)
+    init_from_mhsa(thsa, mha)
+    assert torch.allclose(thsa(x), mha(x, x, x, need_weights=False)[0], atol=TOL, rtol=0)
+
+
+def test_p1_negative_control_unscaled_core_is_not_mhsa():
+    mhsa, thsa, x = build("mhsa", H=4), build("thsa", H=4), x_input(2)
+    init_from_mhsa(thsa, mhsa)
+    with torch.no_grad():
+        thsa.C.div_(2.0)  # √H = 2: C = I_H ⊗ J_D at THSA's 1/√R is MHSA at the wrong temperature
+    assert not torch.allclose(thsa(x), mhsa(x), atol=1e-6)
+
+
+def test_p2_kron_in_the_other_order_is_not_mhsa():
+    mhsa, thsa, x = build("mhsa", H=4), build("thsa", H=4), x_input(2)
+    init_from_mhsa(thsa, mhsa)
+    with torch.no_grad():
+        thsa.C.copy_(2.0 * torch.kron(torch.ones(2, 2), torch.eye(4)))
+    assert not torch.allclose(thsa(x), mhsa(x), atol=1e-6)
+
+
+def test_p3_thsa_with_all_ones_core_equals_single_head():
+    thsa, single, x = build("thsa"), build("single_head"), x_input(2)
+    with torch.no_grad():
+        for name in ("WQ", "WK", "WV", "WO"):
+            getattr(single, name).copy_(getattr(thsa, name))
+        thsa.C.fill_(1.0)
+    assert torch.allclose(thsa(x), single(x), atol=TOL, rtol=0)
+
+
+def test_p4_heads_only_is_attention_with_one_dimensional_heads():
+    """C = I_H with R = H (D = 1): per-head rank-1 scores q_r k_r at THSA's 1/√R (spec §2.4)."""
+    heads_only, x = build("heads_only", H=4), x_input(2)
+    q, k, v = (x @ w for w in (heads_only.WQ, heads_only.WK, heads_only.WV))
+    scores = torch.einsum("bnr,bmr->brnm", q, k) / math.sqrt(4)
+    expected = torch.einsum("brnm,bmr,rg->bng", scores.softmax(-1), v, heads_only.WO)
+    assert torch.allclose(heads_only(x), expected, atol=TOL, rtol=0)
+
+
+def test_p5_stable_rank_counts_heads():
+    h, d = 4, 3
+    core = torch.kron(torch.eye(h), torch.ones(d, d))
+    assert stable_rank(core) == pytest.approx(h)
+    assert stable_rank(torch.ones(12, 12)) == pytest.approx(1)
+    assert stable_rank(torch.eye(h)) == pytest.approx(h)
+    a, b = torch.randn(3, 3), torch.randn(2, 2)
+    assert stable_rank(5 * a) == pytest.approx(stable_rank(a))
+    assert stable_rank(torch.kron(a, b)) == pytest.approx(stable_rank(a) * stable_rank(b))
+
+
+@pytest.mark.parametrize(
+    ("name", "heads"), [("single_head", 1), ("skip_left", 2), ("skip_right", 2), ("heads_only", 2)]
+)
+def test_p5_stable_rank_of_design_cores_at_init(name, heads):
+    assert stable_rank(build(name)) == pytest.approx(heads)
+
+
+def test_p6_box_rows_sum_to_one_and_thsa_box_has_legs_r_n_m():
+    reference = tdiag.load(DESIGNS / "thsa.td", **SMALL).module(impl="reference", dtype=torch.float64, N=5)
+    _, values = reference(x_input(2), return_intermediates=True)
+    assert values["A"].shape == (2, 8, 5, 5)  # [r n m]
+    assert torch.allclose(values["A"].sum(-1), torch.ones(2, 8, 5, dtype=torch.float64))
+
+
+def test_p7_identity_core_folds_to_the_mhsa_plan(tmp_path):
+    """THSA with C = √H·(I_H ⊗ J_D) written with constants costs what MHSA costs: the identity
+    and all-ones nodes never reach the code (spec §1.6, P7)."""
+    shutil.copy(DESIGNS / "thsa.td", tmp_path / "thsa.td")
+    (tmp_path / "thsa_mhsa.td").write_text(
+        "# Paper: Tuformer eq. 2a-2c (Prop. 1)\ndesign thsa_mhsa extends thsa\n"
+        "const I[h: H, k: H] = identity(scale = sqrt(H))\nconst J[d: D, e: D] = ones\n"
+        "replace C[(h d) (k e)] = I[h k] J[d e]\n"
+    )
+    folded, mhsa = tdiag.load(tmp_path / "thsa_mhsa.td"), tdiag.load(DESIGNS / "mhsa.td")
+    assert sympy.simplify(folded.cost().flops - mhsa.cost().flops) == 0
+    assert "torch.eye" not in folded.source() and "self.I" not in folded.source()
+    small = tdiag.load(tmp_path / "thsa_mhsa.td", **SMALL).module(dtype=torch.float64, N=5)
+    reference = tdiag.load(tmp_path / "thsa_mhsa.td", **SMALL).module(impl="reference", dtype=torch.float64, N=5)
+    reference.load_state_dict(small.state_dict(), strict=False)
+    assert torch.allclose(small(x_input(2)), reference(x_input(2)), atol=TOL, rtol=0)
+
+
+def test_p8_diagonal_rescaling_of_core_and_query_is_a_symmetry():
+    thsa, x = build("thsa"), x_input(2)
+    before = thsa(x)
+    a = torch.rand(8, dtype=torch.float64) + 0.5
+    with torch.no_grad():
+        thsa.C.mul_(a)  # C diag(a): scales column s
+        thsa.WQ.div_(a)  # W^Q diag(a)^-1
+    assert torch.allclose(thsa(x), before, atol=TOL, rtol=0)
+
+
+def test_p8_value_output_rescaling_is_a_symmetry():
+    thsa, x = build("thsa"), x_input(2)
+    before = thsa(x)
+    g = torch.rand(8, dtype=torch.float64) + 0.5
+    with torch.no_grad():
+        thsa.WV.mul_(g)
+        thsa.WO.div_(g[:, None])
+    assert torch.allclose(thsa(x), before, atol=TOL, rtol=0)
+
+
+def test_p8_permuting_the_rank_index_everywhere_is_a_symmetry():
+    thsa, x = build("thsa"), x_input(2)
+    before = thsa(x)
+    perm = torch.randperm(8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for name in ("WQ", "WK", "WV"):
+            getattr(thsa, name).copy_(getattr(thsa, name)[:, perm])
+        thsa.WO.copy_(thsa.WO[perm])
+        thsa.C.copy_(thsa.C[perm][:, perm])
+    assert torch.allclose(thsa(x), before, atol=TOL, rtol=0)
+
+
+def test_p10_skip_right_is_pre_softmax_head_mixing():
+    skip, x = build("skip_right", H=4), x_input(2)
+    heads, width = 4, 8
+    with torch.no_grad():
+        skip.C1.copy_(torch.randn(heads, heads, dtype=torch.float64))
+    q, k, v = (torch.einsum("bnf,fhd->bhnd", x, w.reshape(width, heads, -1)) for w in (skip.WQ, skip.WK, skip.WV))
+    scores = torch.einsum("bhnd,bhmd->bhnm", q, k)
+    mixed = torch.einsum("gh,bhnm->bgnm", skip.C1, scores) / math.sqrt(width)
+    out = torch.einsum("bgnm,bgmd,gdf->bnf", mixed.softmax(-1), v, skip.WO.reshape(heads, -1, width))
+    assert torch.allclose(skip(x), out, atol=TOL, rtol=0)
+
+
+def test_p12_official_linear_on_the_score_tensor_equals_the_core_contraction():
+    r, n, m = 6, 4, 5
+    q, k, c = (
+        torch.randn(n, r, dtype=torch.float64),
+        torch.randn(m, r, dtype=torch.float64),
+        torch.randn(r, r, dtype=torch.float64),
+    )
+    linear = torch.nn.functional.linear(torch.einsum("nr,mr->nmr", q, k), c)
+    assert torch.allclose(linear.permute(2, 0, 1), torch.einsum("rs,ns,ms->rnm", c, q, k), atol=TOL)
+
+
+def test_p16_thsa_output_rank_is_bounded():
+    out = build("thsa", F=8)(x_input(n=12))
+    assert torch.linalg.matrix_rank(out) <= min(12, 8, 8)
+
+
+def test_p17_skip_left_and_skip_right_at_init_equal_mhsa():
+    mhsa = build("mhsa", H=4)
+    x = x_input(2)
+    for name in ("skip_left", "skip_right", "kronecker"):
+        variant = build(name, H=4)
+        with torch.no_grad():
+            for w in ("WQ", "WK", "WV"):
+                getattr(variant, w).copy_(getattr(mhsa, w).reshape(8, 8))
+            variant.WO.copy_(mhsa.WO.reshape(8, 8))
+        assert torch.allclose(variant(x), mhsa(x), atol=TOL, rtol=0), name
+
+
+def test_p17_thsa_with_a_kronecker_core_equals_the_kronecker_design():
+    kron, thsa, x = build("kronecker", H=4), build("thsa", H=4), x_input(2)
+    with torch.no_grad():
+        kron.C1.copy_(torch.randn(4, 4, dtype=torch.float64))
+        for w in ("WQ", "WK", "WV", "WO"):
+            getattr(thsa, w).copy_(getattr(kron, w))
+        thsa.C.copy_(core_matrix(kron))
+    assert torch.allclose(thsa(x), kron(x), atol=TOL, rtol=0)
+
+
+def test_p18_declaring_the_input_transposed_gives_the_same_output(write_td):
+    text = (DESIGNS / "mhsa.td").read_text().replace("input X[n: N, f: F]", "input X[f: F, n: N]")
+    text = text.replace("X[n f]", "X[f n]").replace("X[m f]", "X[f m]")
+    transposed = tdiag.load(write_td(text, "mhsa.td"), **SMALL).module(dtype=torch.float64, N=5)
+    mhsa, x = build("mhsa"), x_input(2)
+    transposed.load_state_dict(mhsa.state_dict())
+    assert torch.allclose(transposed(x.transpose(-1, -2)), mhsa(x), atol=TOL, rtol=0)
+
+
+# ---- costs (spec tuformer.md §3.5, P13, P14) -------------------------------------------------
+
+
+def symbols(names: str):
+    return sympy.symbols(names, positive=True)
+
+
+def test_mhsa_flops_are_twice_the_spec_multiply_adds():
+    F_, H, D, N = symbols("F H D N")
+    R = H * D
+    macs = 2 * F_ * R * (N + N) + N * N * R + N * N * R  # projections, scores, AV (N = M)
+    assert sympy.simplify(tdiag.load(DESIGNS / "mhsa.td").cost().flops - 2 * macs) == 0
+
+
+def test_thsa_flops_are_the_spec_formula_with_the_smaller_first_pairwise_step():
+    F_, N, R = symbols("F N R")
+    flops = tdiag.load(DESIGNS / "thsa.td").cost(N=1024).flops
+    macs = 2 * F_ * R * 2 * N + N * N * R**2 + N * R**2 + N * N * R  # C·Q first (N·R² < N·M·R at N > R)
+    assert sympy.simplify(flops - 2 * macs) == 0
+
+
+def test_p14_thsa_box_holds_d_times_the_mhsa_entries():
+    thsa, mhsa = (tdiag.load(DESIGNS / f"{n}.td").cost() for n in ("thsa", "mhsa"))
+    H, D, R = symbols("H D R")
+    ratio = thsa.softmax_entries.subs(R, H * D) / mhsa.softmax_entries
+    assert sympy.simplify(ratio - D) == 0
+
+
+@pytest.mark.parametrize(("name", "entries"), [("skip_right", "H*N**2"), ("single_head", "N**2")])
+def test_structured_cores_never_materialize_an_r_n_m_score_tensor(name, entries):
+    """Spec §3.4: skip-right's and single-head's boxes are constant along d (resp. r)."""
+    report = tdiag.load(DESIGNS / f"{name}.td").cost()
+    H, N = symbols("H N")
+    assert sympy.simplify(report.softmax_entries - sympy.sympify(entries, locals={"H": H, "N": N})) == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "count"),
+    [("mhsa", 1_048_576), ("thsa", 1_310_720), ("skip_right", 1_048_640), ("skip_left", 1_048_704),
+     ("heads_only", 16_384), ("trainable_heads_only", 16_448)],
+)  # fmt: skip
+def test_p13_cost_reports_spec_parameter_counts(name, count):
+    assert tdiag.load(DESIGNS / f"{name}.td").cost().at(F=512, H=8)["params"] == count
+
+
+def test_p13_thsa_with_twice_the_rank_has_150_percent_of_mhsa_at_that_rank():
+    thsa = tdiag.load(DESIGNS / "thsa.td", R=1024)
+    mhsa = tdiag.load(DESIGNS / "mhsa.td", D=128)  # H·D = 1024
+    assert thsa.parameter_count() / mhsa.parameter_count() == pytest.approx(1.5)
+
+
+# ---- what a training script relies on --------------------------------------------------------
+
+
+def test_state_dict_round_trip():
+    a, b = build("fish", seed=1), build("fish", seed=2)
+    b.load_state_dict(a.state_dict())
+    x = x_input(2)
+    assert torch.equal(a.eval()(x), b.eval()(x))
+
+
+def test_autocast_bfloat16_runs_close_to_float32():
+    design = tdiag.load(DESIGNS / "mhsa.td", F=32, H=4)
+    module = design.module(N=16)
+    x = torch.randn(2, 16, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = module(x)
+    assert low.dtype == torch.bfloat16
+    assert torch.allclose(low.float(), module(x), atol=5e-2, rtol=5e-2)
+
+
+def test_torch_compile_fullgraph():
+    module = tdiag.load(DESIGNS / "mhsa.td", **SMALL).module(N=5)
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    x = torch.randn(2, 5, 8)
+    assert torch.allclose(compiled(x), module(x), atol=1e-6)
+
+
+def test_distributed_data_parallel_wraps_a_compiled_module(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        module = torch.nn.parallel.DistributedDataParallel(build("thsa"))
+        loss = module(x_input(2)).square().sum()
+        loss.backward()
+        assert all(p.grad is not None for p in module.parameters())
+    finally:
+        dist.destroy_process_group()
+
+
+# ---- bad sizes and inputs --------------------------------------------------------------------
+
+
+def test_input_of_the_wrong_width_names_the_leg_and_sizes():
+    with pytest.raises(ValueError, match=r"input X: leg f has size F = 8, got 7"):
+        build("mhsa")(torch.randn(2, 5, 7, dtype=torch.float64))
+
+
+def test_input_without_enough_axes_is_explained():
+    with pytest.raises(ValueError, match=r"input X needs 2 trailing axes \(n f\)"):
+        build("mhsa")(torch.randn(8, dtype=torch.float64))
+
+
+def test_width_not_divisible_by_heads_is_a_tdiag_error():
+    with pytest.raises(tdiag.TdiagError, match=r"size D = F/H is 512/3"):
+        tdiag.load(DESIGNS / "mhsa.td", H=3).module()
+
+
+def test_buffer_over_a_run_time_size_needs_that_size(tmp_path):
+    shutil.copy(DESIGNS / "mgk.td", tmp_path / "mgk.td")
+    text = (DESIGNS / "mgk_softe.td").read_text()
+    (tmp_path / "mgk_softe.td").write_text(
+        text.replace("size N = 256", "size N").replace("replace size N", "replace size N")
+    )
+    design = tdiag.load(tmp_path / "mgk_softe.td")
+    with pytest.raises(tdiag.TdiagError, match="needs the size of leg m"):
+        design.module(impl="reference")
