@@ -219,8 +219,8 @@ class _Lowering:
         statement = tensor.statement
         if statement is None or name in self.g.outputs:
             return False
-        if isinstance(statement.expr, SoftmaxBox) and statement.expr.is_exp:
-            return self.uses[name] == 1  # its consumer may lower it to SDPA
+        if isinstance(statement.expr, SoftmaxBox):
+            return self.uses[name] == 1  # its consumer may fuse it (SDPA, or the linear-time order)
         if not isinstance(statement.expr, Contraction | TensorRef):
             return False
         return tensor.is_constant or self.uses[name] == 1
@@ -271,7 +271,7 @@ class _Lowering:
             return coefficient
         if isinstance(e, TensorRef):
             return self.collect_tensor(e, ren, leaves)
-        if isinstance(e, SoftmaxBox) and e.is_exp:
+        if isinstance(e, SoftmaxBox):
             batch = (BATCH,) if self.is_batched(e) else ()
             leaves.append(_Leaf(batch + tuple(p for leg in e.legs for p in ren[leg]), box=(e, ren)))
             return sympy.Integer(1)
@@ -809,6 +809,106 @@ class _Lowering:
         )
         return self.combine("sqdist", [(1, cross), (1, left_norm), (1, right_norm)], out, var)
 
+    # -- normalize boxes in the linear-time order --
+    def resolve_normalize(self, box: SoftmaxBox, ren, k: int, others: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
+        """Σ_m (x / Σ_m x) v = (Σ_m x v) / (Σ_m x): with the content multilinear (powers of a
+        contraction expanded into copies), both sides are contractions that opt_einsum can order
+        so that N·M never appears (linear attention, Tuformer §3.3, MGK P12). Taken when a trial
+        plan is cheaper than the materialized box."""
+
+        def materialized() -> list[_Leaf]:
+            value = self.lower_box(box, ren, None)
+            return [*others[:k], _Leaf(value.legs, value=value), *others[k:]]
+
+        normalized = tuple(p for leg in box.normalized for p in ren[leg])
+        if box.masks or any(leg in out for leg in normalized) or not self.is_multilinear(box.content):
+            return materialized()
+        fixed = [o for o in others if set(normalized) & set(o.legs)]
+        optional = [o for o in others if o not in fixed]
+        if not fixed or len(optional) > 6:
+            return materialized()
+        best, best_cost = None, self.trial(lambda: self.contract(materialized(), out, sympy.Integer(1), None))
+        for choice in itertools.product((0, 1), repeat=len(optional)):
+            values = fixed + [o for o, c in zip(optional, choice, strict=True) if c]
+            rest = [o for o in others if o not in values]
+            cost = self.trial(
+                lambda v=values, r=rest: self.contract(self.hoist(box, ren, v, r, out), out, sympy.Integer(1), None)
+            )
+            if cost < best_cost:
+                best, best_cost = (values, rest), cost
+        if best is None:
+            return materialized()
+        if self.target is self.steps:
+            self.lowered.append(f"normalize box over {' '.join(_show(normalized))} evaluated in the linear-time order")
+        return self.hoist(box, ren, *best, out)
+
+    def is_multilinear(self, e: Expr) -> bool:
+        if isinstance(e, ElementwiseMap) and e.name == "pow":
+            exponent = e.params[0]
+            return exponent.is_Integer and 1 <= int(exponent) <= 4 and self.is_multilinear(e.operand)  # type: ignore[arg-type]
+        if isinstance(e, Contraction):
+            return all(self.is_multilinear(f) or not isinstance(f, ElementwiseMap) for f in e.factors)
+        return isinstance(e, TensorRef | Scalar | ElementwiseMap)
+
+    def collect_expanded(self, e: Expr, ren, leaves: list[_Leaf]) -> sympy.Expr:
+        """Like collect, with x ^ p of a contraction written as p copies of it."""
+        if isinstance(e, ElementwiseMap) and e.name == "pow" and e.params[0].is_Integer:
+            coefficient = sympy.Integer(1)
+            for _ in range(int(e.params[0])):
+                inner = dict(ren)
+                for leg in _all_legs(e.operand) - set(e.operand.legs):  # type: ignore[arg-type]
+                    inner[leg] = tuple(self.new_leg(p) for p in self.expand(leg))
+                coefficient *= self.collect_expanded(e.operand, inner, leaves)  # type: ignore[arg-type]
+            return coefficient
+        if isinstance(e, Contraction):
+            inner = dict(ren)
+            for leg in e.summed:
+                inner[leg] = tuple(self.new_leg(p) for p in self.expand(leg))
+            coefficient = e.coefficient
+            for factor in e.factors:
+                coefficient *= self.collect_expanded(factor, inner, leaves)
+            return coefficient
+        return self.collect(e, ren, leaves)
+
+    def hoist(self, box: SoftmaxBox, ren, values: list[_Leaf], rest: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
+        """Emit numerator and denominator contractions and their quotient; return the region's
+        leaves with the quotient standing in for the box and its value side."""
+        normalized = {p for leg in box.normalized for p in ren[leg]}
+        content: list[_Leaf] = []
+        coefficient = self.collect_expanded(box.content, ren, content)  # type: ignore[arg-type]
+        kept = tuple(p for leg in box.legs for p in ren[leg] if p not in normalized)
+        batch = (BATCH,) if any(BATCH in c.legs for c in [*content, *values]) else ()
+        needed = set(out) | {leg for r in rest for leg in r.legs}
+        extra = tuple(
+            leg
+            for leg in dict.fromkeys(leg for v in values for leg in v.legs)
+            if leg in needed and leg not in kept and leg != BATCH
+        )
+        numerator = self.contract([*content, *values], (*batch, *kept, *extra), coefficient, "numerator")
+        den_content: list[_Leaf] = []
+        den_coefficient = self.collect_expanded(box.content, ren, den_content)  # type: ignore[arg-type]
+        denominator = self.contract(
+            den_content,
+            tuple(leg for leg in (BATCH, *kept) if any(leg in c.legs for c in den_content)),
+            den_coefficient,
+            "denominator",
+        )
+        eps = _scalar_code(self.runtime(box.eps), self.size_names)
+        present = tuple(leg for leg in numerator.legs)
+        name = self.names.fresh("normalized")
+        den_code = self.align_code(denominator.var, denominator.legs, present)
+        step = Step(
+            "quotient",
+            [f"{name} = {numerator.var} / ({den_code} + {eps})"],
+            Value(name, present),
+            "numerator / (denominator + eps)",
+            elementwise=self.numel(present),
+            divisions=self.numel(present),
+            inputs=(numerator, denominator),
+        )
+        value = self.emit(step)
+        return [*rest, _Leaf(value.legs, value=value)]  # type: ignore[union-attr]
+
     # -- softmax boxes fused with their consumer (scaled_dot_product_attention) --
     def resolve_boxes(self, leaves: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
         """Each box leaf of a region becomes SDPA with its value side when that costs no more
@@ -817,6 +917,9 @@ class _Lowering:
             k = next(i for i, leaf in enumerate(leaves) if leaf.box is not None)
             box, ren = leaves[k].box  # type: ignore[misc]
             others = leaves[:k] + leaves[k + 1 :]
+            if not box.is_exp:
+                leaves = self.resolve_normalize(box, ren, k, others, out)
+                continue
             fused = self.fusable(box, ren, leaves[k], others, out)
             if fused is not None and self.cheaper_fused(box, ren, leaves[k], others, out, fused):
                 leaves = self.fuse(box, ren, others, fused)
