@@ -37,6 +37,12 @@ def _size_setting(text: str) -> tuple[str, int]:
     return name.strip(), number
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -91,6 +97,17 @@ def _parser() -> _Parser:
     p.add_argument(
         "--convention", choices=("flop", "mac", "paper"), default="flop", help="how contractions are counted"
     )
+
+    p = commands.add_parser("bench", help="time compiled designs against hand-written references")
+    p.add_argument("files", nargs="+", metavar="FILE.td")
+    p.add_argument("--n", type=_positive, default=256, help="sequence length (default 256)")
+    p.add_argument("--batch", type=_positive, default=8)
+    p.add_argument("--width", type=_positive, default=256, help="model width F (default 256)")
+    p.add_argument("--heads", type=_positive, default=4, help="heads H (default 4)")
+    p.add_argument("--repeat", type=_positive, default=10)
+    p.add_argument("--causal", action="store_true", help="mask the future in every box")
+    p.add_argument("--device", default="cuda" if _has_cuda() else "cpu")
+    p.add_argument("--out", default="out/bench", help="folder for bench.json, bench.csv, bench.png")
 
     p = commands.add_parser("render", help="draw the diagram in the papers' notation")
     p.add_argument("file", metavar="FILE.td")
@@ -160,8 +177,8 @@ def _compile(args: argparse.Namespace) -> int:
     sizes = {"N": args.plan_n} if args.plan_n else {}
     if args.plan_n and "N" not in design.graph.sizes:
         raise _UsageError(f"tdiag compile: error: design '{design.name}' has no size N to plan for")
-    plan = design.plan(**sizes)
-    source = design.source(**sizes)
+    plan = design.plan(checkpoint_boxes=args.checkpoint_boxes, **sizes)
+    source = design.source(checkpoint_boxes=args.checkpoint_boxes, **sizes)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(source, encoding="utf-8")
     print(f"wrote {args.output}: class {source.split('class ', 1)[1].split('(', 1)[0]}, {len(plan.steps)} steps")
@@ -192,7 +209,24 @@ def _cost(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"check": _check, "show": _show, "render": _render, "compile": _compile, "cost": _cost}
+def _bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import bench
+
+    for file in args.files:
+        _load(file, [])
+    settings = {k: getattr(args, k) for k in ("n", "batch", "width", "heads", "repeat", "causal", "device")}
+    print(f"tdiag bench: forward + backward, {settings}")
+    rows = bench.run(args.files, log=lambda line: print(line, flush=True), **settings)
+    print()
+    print(bench.table(rows))
+    for path in bench.write(rows, Path(args.out), settings):
+        print(f"wrote {path}")
+    return 0
+
+
+COMMANDS = {"check": _check, "show": _show, "render": _render, "compile": _compile, "cost": _cost, "bench": _bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -160,8 +160,7 @@ def _forward(plan: Plan) -> list[str]:
     returns = "torch.Tensor" if len(graph.outputs) == 1 else "tuple[torch.Tensor, ...]"
     lines = [f"    def forward({signature}) -> {returns}:"]
     lines += ["        " + line for line in _entry(plan)]
-    for step in plan.steps:
-        lines += _step_lines(step, plan)
+    lines += _body(plan)
     if plan.update_steps:
         lines.append("        if self.training:  # state updates, never by gradient")
         lines.append("            with torch.no_grad():")
@@ -175,6 +174,43 @@ def _forward(plan: Plan) -> list[str]:
         outs.append(f"{value.var}.reshape({batch}{shape})")
     lines.append(f"        return {', '.join(outs)}")
     return lines
+
+
+def _body(plan: Plan) -> list[str]:
+    """The steps; a checkpointed segment becomes a nested function run by torch's checkpoint."""
+    lines: list[str] = []
+    starts = {start: end for start, end in plan.segments}
+    k = 0
+    while k < len(plan.steps):
+        if k not in starts:
+            lines += _step_lines(plan.steps[k], plan)
+            k += 1
+            continue
+        end = starts[k]
+        inner = [line for step in plan.steps[k : end + 1] for line in _step_lines(step, plan)]
+        later = [line for step in plan.steps[end + 1 :] for line in _step_lines(step, plan)]
+        later += [v.var for _, v in plan.outputs] + [
+            line for step in plan.update_steps for line in _step_lines(step, plan)
+        ]
+        results = _escaping(inner, later)
+        name = f"_box_{k}"
+        lines.append(f"        def {name}():  # recomputed in the backward pass instead of kept")
+        lines += ["    " + line for line in inner]
+        lines.append(f"            return {', '.join(results)}{',' if len(results) == 1 else ''}")
+        lines.append(f"        {', '.join(results)}, = torch.utils.checkpoint.checkpoint({name}, use_reentrant=False)")
+        k = end + 1
+    return lines
+
+
+def _escaping(inner: list[str], later: list[str]) -> list[str]:
+    """Names assigned in `inner` that code in `later` reads."""
+    assigned = []
+    for line in inner:
+        target = line.strip().split(" = ", 1)[0]
+        if target.isidentifier():
+            assigned.append(target)
+    text = "\n".join(later)
+    return [name for name in assigned if re.search(rf"\b{re.escape(name)}\b", text)]
 
 
 def _entry(plan: Plan) -> list[str]:

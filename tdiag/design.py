@@ -96,18 +96,29 @@ class Design:
         return Design(with_causal_mask(self.graph, query, key), self.warnings)
 
     # -- compile and cost --
-    def plan(self, **sizes: int):
-        """The evaluation plan for these sizes (run-time sizes such as N default to 1024)."""
+    def plan(self, *, checkpoint_boxes: bool = False, **sizes: int):
+        """The evaluation plan for these sizes (run-time sizes such as N default to 1024),
+        cached by size. `checkpoint_boxes` recomputes each box in the backward pass."""
         from .module import plan_for
 
-        key = tuple(sorted(sizes.items()))
+        key = (tuple(sorted(sizes.items())), checkpoint_boxes)
         if key not in self._plans:
-            self._plans[key] = plan_for(self.graph, sizes)
+            self._plans[key] = plan_for(self.graph, sizes, checkpoint_boxes=checkpoint_boxes)
         return self._plans[key]
 
-    def module(self, *, seed: int = 0, dtype=None, device=None, impl: str = "compiled", **sizes: int):
+    def module(
+        self,
+        *,
+        seed: int = 0,
+        dtype=None,
+        device=None,
+        impl: str = "compiled",
+        checkpoint_boxes: bool = False,
+        **sizes: int,
+    ):
         """An ordinary torch.nn.Module: the compiled plan (`impl="compiled"`) or the plain
-        materialized evaluation of the same graph (`impl="reference"`, the test oracle)."""
+        materialized evaluation of the same graph (`impl="reference"`, the test oracle).
+        `checkpoint_boxes=True` recomputes softmax boxes in the backward pass (spec §3.4)."""
         import torch
 
         dtype = dtype or torch.float32
@@ -119,13 +130,14 @@ class Design:
             raise ValueError(f"impl must be 'compiled' or 'reference', got {impl!r}")
         from .module import build_module
 
-        return build_module(self.plan(**sizes), seed=seed, dtype=dtype, device=device, source_name=self.graph.file)
+        plan = self.plan(checkpoint_boxes=checkpoint_boxes, **sizes)
+        return build_module(plan, seed=seed, dtype=dtype, device=device, source_name=self.graph.file)
 
-    def source(self, **sizes: int) -> str:
+    def source(self, *, checkpoint_boxes: bool = False, **sizes: int) -> str:
         """The standalone Python module `tdiag compile` writes for these sizes."""
         from .codegen import generate
 
-        return generate(self.plan(**sizes), source_name=self.graph.file)
+        return generate(self.plan(checkpoint_boxes=checkpoint_boxes, **sizes), source_name=self.graph.file)
 
     def cost(self, convention: str = "flop", **sizes: int):
         """Parameters, FLOPs, softmax entries and peak memory as formulas (CostReport)."""

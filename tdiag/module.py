@@ -54,5 +54,5 @@ def build_module(
     return module
 
 
-def plan_for(graph: DesignGraph, sizes: Mapping[str, int] | None = None) -> Plan:
-    return build_plan(graph, planning_sizes(graph, sizes))
+def plan_for(graph: DesignGraph, sizes: Mapping[str, int] | None = None, *, checkpoint_boxes: bool = False) -> Plan:
+    return build_plan(graph, planning_sizes(graph, sizes), checkpoint_boxes=checkpoint_boxes)

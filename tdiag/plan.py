@@ -98,6 +98,7 @@ class Plan:
     names: dict[str, str] = field(default_factory=dict)  # .td input/mask/noise name -> python variable
     causal: dict[tuple[sympy.Expr, sympy.Expr], str] = field(default_factory=dict)  # (N, M) -> mask variable
     stored: list[str] = field(default_factory=list)  # declared tensors the forward reads
+    segments: list[tuple[int, int]] = field(default_factory=list)  # steps recomputed in backward
 
     def flops(self) -> sympy.Expr:
         return sympy.expand(sum((s.flops for s in self.steps), sympy.Integer(0)))
@@ -169,6 +170,7 @@ class _Lowering:
         self.causal_masks: dict[tuple[sympy.Expr, sympy.Expr], str] = {}
         self.stored_used: set[str] = set()
         self.lowered: list[str] = []
+        self.box_segments: list[tuple[int, int, str]] = []  # (first step, box step, box value)
 
     # -- helpers --
     def size(self, leg: str) -> sympy.Expr:
@@ -509,19 +511,24 @@ class _Lowering:
     def pairwise_steps(self, values: list[Value], out: tuple[str, ...], var: str | None) -> Value:
         path = self.contraction_path(values, out)
         operands = list(values)
-        for k, (i, j) in enumerate(path):
-            a, b = operands[i], operands[j]
-            rest = [v for n, v in enumerate(operands) if n not in (i, j)]
+        for k, step in enumerate(path):
+            chosen = [operands[i] for i in step]
+            rest = [v for n, v in enumerate(operands) if n not in step]
             needed = set(out) | {leg for v in rest for leg in v.legs}
             last = k == len(path) - 1
-            result = self.pairwise(a, b, needed, var if last else None)
+            result = chosen[0]
+            if len(chosen) == 1:  # a leg only this operand has: summed on its own
+                result = self.reduce_single(result, tuple(leg for leg in result.legs if leg in needed), None)
+            for n, other in enumerate(chosen[1:], start=2):
+                later = {leg for v in chosen[n:] for leg in v.legs}
+                result = self.pairwise(result, other, needed | later, var if last and n == len(chosen) else None)
             operands = [*rest, result]
         (result,) = operands
         if len(values) > 1 and set(result.legs) != set(out):
             result = self.reduce_single(result, out, var)
         return result
 
-    def contraction_path(self, values: list[Value], out: tuple[str, ...]) -> list[tuple[int, int]]:
+    def contraction_path(self, values: list[Value], out: tuple[str, ...]) -> list[tuple[int, ...]]:
         legs = sorted({leg for v in values for leg in v.legs} | set(out))
         symbol = {leg: opt_einsum.get_symbol(i) for i, leg in enumerate(legs)}
         equation = (
@@ -530,9 +537,16 @@ class _Lowering:
             + "".join(symbol[leg] for leg in out)
         )
         shapes = [tuple(self.number(leg) for leg in v.legs) for v in values]
-        strategy = "optimal" if len(values) <= OPTIMAL_UP_TO else "dp"
-        path, _ = opt_einsum.contract_path(equation, *shapes, shapes=True, optimize=strategy)
-        return [tuple(sorted(p)) for p in path]  # type: ignore[misc]
+        strategies = [
+            "optimal" if len(values) <= OPTIMAL_UP_TO else "dp",
+            opt_einsum.paths.DynamicProgramming(minimize="size"),
+        ]
+        candidates = []
+        for strategy in strategies:
+            path, info = opt_einsum.contract_path(equation, *shapes, shapes=True, optimize=strategy)
+            candidates.append((int(info.opt_cost), int(info.largest_intermediate), path))
+        _, _, path = min(candidates, key=lambda c: (c[0], c[1]))  # fewest FLOPs, then the smaller intermediate
+        return [tuple(sorted(p)) for p in path]
 
     def pairwise(self, a: Value, b: Value, needed: set[str], var: str | None) -> Value:
         """One pairwise contraction as a matmul: (batch, a's kept legs, summed) @ (batch, summed,
@@ -607,7 +621,18 @@ class _Lowering:
         )  # type: ignore[return-value]
 
     # -- boxes --
-    def lower_box(self, e: SoftmaxBox, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
+    def lower_box(
+        self, e: SoftmaxBox, ren: dict[str, tuple[str, ...]], var: str | None, prefer: set[str] = frozenset()
+    ) -> Value:  # type: ignore[assignment]
+        """`prefer`: legs the consumer shares with other factors (its batch legs), laid out first so
+        that the consumer's matmul reads the box without a copy."""
+        start = len(self.target)
+        value = self._lower_box(e, ren, var, prefer)
+        if self.target is self.steps:
+            self.box_segments.append((start, len(self.steps) - 1, value.var))
+        return value
+
+    def _lower_box(self, e: SoftmaxBox, ren: dict[str, tuple[str, ...]], var: str | None, prefer: set[str]) -> Value:
         scale = e.scale if e.is_exp else sympy.Integer(1)
         content = self.lower(e.content, ren, None, scale)  # type: ignore[arg-type]
         normalized = tuple(p for leg in e.normalized for p in ren[leg])
@@ -617,7 +642,9 @@ class _Lowering:
         code = content.var
         for mask in e.masks:
             code = self.apply_mask(code, content, mask, ren, e.is_exp, lines)
-        moved = [leg for leg in content.legs if leg not in normalized] + list(normalized)
+        kept = [leg for leg in content.legs if leg not in normalized]
+        kept.sort(key=lambda leg: (leg != BATCH, leg not in prefer))
+        moved = kept + list(normalized)
         if list(content.legs) != moved:
             code = f"{code}.permute({', '.join(str(content.legs.index(leg)) for leg in moved)})"
         count = len(normalized)
@@ -924,7 +951,7 @@ class _Lowering:
             if fused is not None and self.cheaper_fused(box, ren, leaves[k], others, out, fused):
                 leaves = self.fuse(box, ren, others, fused)
             else:
-                value = self.lower_box(box, ren, None)
+                value = self.lower_box(box, ren, None, prefer={leg for o in others for leg in o.legs})
                 leaves = [*others[:k], _Leaf(value.legs, value=value), *others[k:]]
         return leaves
 
@@ -1157,8 +1184,10 @@ def _leg_splits(graph: DesignGraph, uses: Counter[str]) -> dict[str, tuple[tuple
 # ---- the plan of a whole design ------------------------------------------------------------
 
 
-def build_plan(graph: DesignGraph, sizes: Mapping[str, int]) -> Plan:
-    """Lower every statement, then the outputs and the state updates."""
+def build_plan(graph: DesignGraph, sizes: Mapping[str, int], *, checkpoint_boxes: bool = False) -> Plan:
+    """Lower every statement, then the outputs and the state updates. With `checkpoint_boxes`,
+    each box, its content and its first consumer are recomputed in the backward pass instead of
+    being kept (Tuformer §4.3, spec §3.4)."""
     lowering = _Lowering(graph, sizes)
     lowering.lower_design()
     plan = Plan(graph, dict(sizes), lowering.leg_sizes, steps=lowering.steps)
@@ -1183,6 +1212,8 @@ def build_plan(graph: DesignGraph, sizes: Mapping[str, int]) -> Plan:
     plan.steps = lowering.steps
     plan.names = lowering.input_vars
     plan.lowered = lowering.lowered
+    if checkpoint_boxes:
+        plan.segments = _checkpoint_segments(lowering.steps, lowering.box_segments)
     plan.causal = lowering.causal_masks
     plan.stored = sorted(lowering.stored_used)
     return plan
@@ -1196,3 +1227,18 @@ def _reorder(lowering: _Lowering, value: Value, order: list[str]) -> Value:
     return lowering.emit(
         Step("permute", [f"{name} = {value.var}.permute({permutation})"], Value(name, tuple(order)), "reorder legs")
     )  # type: ignore[return-value]
+
+
+def _checkpoint_segments(steps: list[Step], boxes: list[tuple[int, int, str]]) -> list[tuple[int, int]]:
+    """Each box's steps extended to the first step that reads the box, merged where they meet."""
+    segments = []
+    for start, end, var in boxes:
+        consumer = next((k for k in range(end + 1, len(steps)) if any(v.var == var for v in steps[k].inputs)), end)
+        segments.append((start, consumer))
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(segments):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged

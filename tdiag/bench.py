@@ -1,0 +1,229 @@
+"""Benchmark: forward + backward time and activation memory of compiled designs against
+hand-written references, in one run, as ratios side by side. A script, not a test: numbers
+depend on the machine. Memory is the bytes autograd saves for the backward pass (the same on
+every device); on CUDA the peak allocated memory is reported too."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as functional
+from torch import nn
+
+import tdiag
+
+# ---- hand-written references ----------------------------------------------------------------
+
+
+class SdpaAttention(nn.Module):
+    """Multi-head self-attention as one writes it by hand with scaled_dot_product_attention."""
+
+    def __init__(self, mhsa: nn.Module):
+        super().__init__()
+        width, heads, head = mhsa.WQ.shape
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * heads * head, bias=False)
+        self.out = nn.Linear(heads * head, width, bias=False)
+        with torch.no_grad():
+            self.qkv.weight.copy_(torch.cat([w.reshape(width, -1).T for w in (mhsa.WQ, mhsa.WK, mhsa.WV)]))
+            self.out.weight.copy_(mhsa.WO.reshape(-1, width).T)
+
+    def forward(self, x: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        y = functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return self.out(y.transpose(1, 2).reshape(b, n, -1))
+
+
+class TorchMultiheadAttention(nn.Module):
+    def __init__(self, mhsa: nn.Module):
+        super().__init__()
+        width, heads, _ = mhsa.WQ.shape
+        self.attention = nn.MultiheadAttention(width, heads, bias=False, batch_first=True)
+        with torch.no_grad():
+            self.attention.in_proj_weight.copy_(
+                torch.cat([w.reshape(width, -1).T for w in (mhsa.WQ, mhsa.WK, mhsa.WV)])
+            )
+            self.attention.out_proj.weight.copy_(mhsa.WO.reshape(-1, width).T)
+
+    def forward(self, x: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device) if causal else None
+        return self.attention(x, x, x, attn_mask=mask, need_weights=False)[0]
+
+
+class AuthorsThsa(nn.Module):
+    """The Tuformer authors' THSA formulation (fairseq tuckerhead_attention, bias-free): the
+    score tensor einsum('bsr,blr->bslr') then Linear(R, R) on its last axis (spec §2.3)."""
+
+    def __init__(self, thsa: nn.Module):
+        super().__init__()
+        width, rank = thsa.WQ.shape
+        self.rank = rank
+        self.q, self.k, self.v = (nn.Linear(width, rank, bias=False) for _ in range(3))
+        self.c_proj = nn.Linear(rank, rank, bias=False)
+        self.out = nn.Linear(rank, width, bias=False)
+        with torch.no_grad():
+            for linear, name in ((self.q, "WQ"), (self.k, "WK"), (self.v, "WV")):
+                linear.weight.copy_(getattr(thsa, name).T)
+            self.c_proj.weight.copy_(thsa.C)
+            self.out.weight.copy_(thsa.WO.T)
+
+    def forward(self, x: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        q = self.q(x) * self.rank**-0.5
+        k, v = self.k(x), self.v(x)
+        attention = self.c_proj(torch.einsum("bsr,blr->bslr", q, k))
+        if causal:
+            n = x.shape[1]
+            mask = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
+            attention = attention.masked_fill(mask[None, :, :, None], float("-inf"))
+        probabilities = attention.softmax(dim=2)
+        return self.out(torch.einsum("bslr,blr->bsr", probabilities, v))
+
+
+REFERENCES: dict[str, list[tuple[str, Callable[[nn.Module], nn.Module]]]] = {
+    "mhsa": [("torch MultiheadAttention", TorchMultiheadAttention), ("hand-written SDPA", SdpaAttention)],
+    "thsa": [("authors' THSA (einsum + Linear(R,R))", AuthorsThsa)],
+}
+
+
+# ---- measuring ------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    design: str
+    implementation: str
+    seconds: float  # median forward + backward
+    saved_bytes: int  # activations autograd keeps for backward
+    cuda_peak_bytes: int | None
+    time_ratio: float = 1.0  # this row / the compiled design's row
+    memory_ratio: float = 1.0
+
+
+def _saved_bytes(run: Callable[[], torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(seen.values())
+
+
+def _step(module: nn.Module, x: torch.Tensor, causal: bool) -> None:
+    out = module(x) if hasattr(module, "tdiag_plan") else module(x, causal=causal)
+    out.float().square().mean().backward()
+
+
+def _timed(module: nn.Module, x: torch.Tensor, causal: bool) -> float:
+    if x.is_cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    _step(module, x, causal)
+    if x.is_cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def measure_all(
+    modules: list[nn.Module], x: torch.Tensor, causal: bool, repeat: int
+) -> list[tuple[float, int, int | None]]:
+    """Round-robin over the implementations, so warm-up and machine noise fall on all alike."""
+    for module in modules:
+        for _ in range(2):
+            _step(module, x, causal)
+    times: list[list[float]] = [[] for _ in modules]
+    for _ in range(repeat):
+        for k, module in enumerate(modules):
+            times[k].append(_timed(module, x, causal))
+    results = []
+    for k, module in enumerate(modules):
+        peak = None
+        if x.is_cuda:
+            torch.cuda.reset_peak_memory_stats()
+            _step(module, x, causal)
+            peak = torch.cuda.max_memory_allocated()
+        saved = _saved_bytes(lambda m=module: m(x) if hasattr(m, "tdiag_plan") else m(x, causal=causal))
+        results.append((statistics.median(times[k]), saved, peak))
+    return results
+
+
+def run(
+    files: list[str], *, n: int, batch: int, width: int, heads: int, repeat: int, causal: bool, device: str, log=print
+) -> list[Row]:
+    rows: list[Row] = []
+    torch.manual_seed(0)
+    for file in files:
+        design = tdiag.load(file, **_sizes_for(file, width, heads))
+        if causal:
+            design = design.with_causal_mask()
+        compiled = design.module(N=n, device=device)
+        x = torch.randn(batch, n, width, device=device)
+        labels = ["tdiag compiled"] + [label for label, _ in REFERENCES.get(Path(file).stem, [])]
+        modules = [compiled] + [make(compiled).to(device) for _, make in REFERENCES.get(Path(file).stem, [])]
+        for label, timing in zip(labels, measure_all(modules, x, causal, repeat), strict=True):
+            rows.append(Row(design.name, label, *timing))
+            log(f"  {design.name:<22} {label:<38} {timing[0] * 1e3:9.2f} ms")
+    for row in rows:
+        base = next(r for r in rows if r.design == row.design and r.implementation == "tdiag compiled")
+        row.time_ratio = base.seconds / row.seconds
+        row.memory_ratio = base.saved_bytes / row.saved_bytes if row.saved_bytes else math.nan
+    return rows
+
+
+def _sizes_for(file: str, width: int, heads: int) -> dict[str, int]:
+    design = tdiag.load(file)
+    sizes = {"F": width, "H": heads}
+    return {k: v for k, v in sizes.items() if k in design.graph.sizes and not design.graph.sizes[k].is_free}
+
+
+def table(rows: list[Row]) -> str:
+    header = f"{'design':<22} {'implementation':<38} {'fwd+bwd ms':>11} {'saved MiB':>10}"
+    lines = [header + f" {'compiled/this time':>19} {'compiled/this mem':>18}"]
+    for r in rows:
+        lines.append(
+            f"{r.design:<22} {r.implementation:<38} {r.seconds * 1e3:11.2f} {r.saved_bytes / 2**20:10.1f} "
+            f"{r.time_ratio:19.3f} {r.memory_ratio:18.3f}"
+        )
+    return "\n".join(lines)
+
+
+def write(rows: list[Row], out: Path, settings: dict) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    meta = settings | {"machine": platform.platform(), "processor": platform.processor(), "torch": torch.__version__}
+    (out / "bench.json").write_text(json.dumps({"settings": meta, "rows": [asdict(r) for r in rows]}, indent=2))
+    with (out / "bench.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(asdict(rows[0])))
+        writer.writeheader()
+        writer.writerows(asdict(r) for r in rows)
+    paths = [out / "bench.json", out / "bench.csv"]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.5))
+        labels = [f"{r.design}: {r.implementation}" for r in rows]
+        ax.barh(labels[::-1], [r.seconds * 1e3 for r in rows][::-1])
+        ax.set_xlabel("forward + backward (ms)")
+        ax.set_title(f"tdiag bench (N={settings['n']}, batch={settings['batch']}, {settings['device']})")
+        fig.tight_layout()
+        fig.savefig(out / "bench.png", dpi=120)
+        plt.close(fig)
+        paths.append(out / "bench.png")
+    except ImportError:
+        pass
+    return paths
