@@ -88,6 +88,7 @@ def _parser() -> _Parser:
     p.add_argument(
         "--plan-n", type=_positive, default=None, metavar="N", help="sequence length to plan for (default 1024)"
     )
+    p.add_argument("--checkpoint-boxes", action="store_true", help="recompute softmax boxes in the backward pass")
     with_sizes(p)
 
     p = commands.add_parser("cost", help="parameters, FLOPs, softmax entries and peak memory, side by side")

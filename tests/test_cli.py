@@ -93,3 +93,41 @@ def test_render_without_dot_program_explains(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     code, _, err = run(capsys, "render", str(DESIGNS / "mhsa.td"), "-o", str(tmp_path / "m.png"))
     assert code == 1 and "needs Graphviz's 'dot' program" in err
+
+
+def test_compile_writes_an_importable_module_and_reports_lowering(capsys, tmp_path):
+    target = tmp_path / "mhsa_module.py"
+    code, out, _ = run(capsys, "compile", str(DESIGNS / "mhsa.td"), "-o", str(target), "--set", "F=64", "--set", "H=4")
+    assert code == 0 and "lowered to scaled_dot_product_attention" in out
+    namespace: dict = {}
+    exec(compile(target.read_text(), str(target), "exec"), namespace)
+    assert namespace["Mhsa"]().WQ.shape == (64, 4, 16)
+
+
+def test_cost_prints_ratios_to_the_first_design(capsys):
+    code, out, _ = run(capsys, "cost", str(DESIGNS / "mhsa.td"), str(DESIGNS / "thsa.td"), "--at", "N=1024,F=512,H=8")
+    assert code == 0
+    assert "1,048,576" in out and "1,310,720 (1.25x)" in out and "softmax_entries" in out
+
+
+def test_cost_json_has_numbers_and_formulas(capsys):
+    import json
+
+    code, out, _ = run(capsys, "cost", str(DESIGNS / "skip_right.td"), "--at", "N=1024", "--format", "json")
+    (report,) = json.loads(out)
+    assert code == 0 and report["params"] == 1_048_640 and report["params_formula"] == "4*F*R + H**2"
+    assert {"flops", "softmax_entries", "peak_memory", "flops_formula", "peak_memory_formula"} <= set(report)
+
+
+def test_cost_with_a_size_no_design_has_is_a_usage_error(capsys):
+    code, _, err = run(capsys, "cost", str(DESIGNS / "mhsa.td"), "--at", "K=4")
+    assert code == 2 and "no design has a size K; their sizes are: D, F, H, N" in err
+
+
+def test_bench_writes_json_csv_and_plot(capsys, tmp_path):
+    code, out, _ = run(
+        capsys, "bench", str(DESIGNS / "mhsa.td"), "--n", "8", "--batch", "2", "--width", "16", "--heads", "2",
+        "--repeat", "1", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert code == 0 and "hand-written SDPA" in out
+    assert {p.name for p in tmp_path.iterdir()} >= {"bench.json", "bench.csv"}

@@ -466,3 +466,32 @@ def test_buffer_over_a_run_time_size_needs_that_size(tmp_path):
     design = tdiag.load(tmp_path / "mgk_softe.td")
     with pytest.raises(tdiag.TdiagError, match="needs the size of leg m"):
         design.module(impl="reference")
+
+
+# ---- options ---------------------------------------------------------------------------------
+
+
+def test_checkpointed_boxes_give_the_same_values_and_gradients():
+    design = tdiag.load(DESIGNS / "thsa.td", **SMALL)
+    plain = design.module(dtype=torch.float64, N=5)
+    checkpointed = design.module(dtype=torch.float64, N=5, checkpoint_boxes=True)
+    assert "torch.utils.checkpoint.checkpoint" in checkpointed.tdiag_source
+    x = x_input(2)
+    plain(x).square().sum().backward()
+    checkpointed(x).square().sum().backward()
+    for a, b in zip(plain.parameters(), checkpointed.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["thsa_elu", "mlk", "lfish"])
+def test_kernel_designs_are_compiled_in_linear_time_order(name):
+    """Spec tuformer §3.3, mgk P12: no N·M term in the plan's FLOPs."""
+    report = tdiag.load(DESIGNS / f"{name}.td").cost()
+    assert sympy.degree(sympy.expand(report.flops), sympy.Symbol("N", positive=True)) == 1
+    assert sympy.Symbol("N", positive=True) not in report.softmax_entries.free_symbols
+
+
+def test_polynomial_kernel_takes_the_linear_order_only_when_cheaper():
+    design = tdiag.load(DESIGNS / "thsa_poly.td")
+    assert design.plan(N=8192).lowered == ["normalize box over m evaluated in the linear-time order"]
+    assert design.plan(N=64).lowered == []
