@@ -107,7 +107,7 @@ def _parser() -> _Parser:
     p.add_argument("--heads", type=_positive, default=4, help="heads H (default 4)")
     p.add_argument("--repeat", type=_positive, default=10)
     p.add_argument("--causal", action="store_true", help="mask the future in every box")
-    p.add_argument("--device", default="cuda" if _has_cuda() else "cpu")
+    p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
     p.add_argument("--out", default="out/bench", help="folder for bench.json, bench.csv, bench.png")
 
     p = commands.add_parser("render", help="draw the diagram in the papers' notation")
@@ -217,6 +217,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     for file in args.files:
         _load(file, [])
+    if args.device == "auto":
+        args.device = "cuda" if _has_cuda() else "cpu"
     settings = {k: getattr(args, k) for k in ("n", "batch", "width", "heads", "repeat", "causal", "device")}
     print(f"tdiag bench: forward + backward, {settings}")
     rows = bench.run(args.files, log=lambda line: print(line, flush=True), **settings)
