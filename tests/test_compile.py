@@ -495,3 +495,76 @@ def test_polynomial_kernel_takes_the_linear_order_only_when_cheaper():
     design = tdiag.load(DESIGNS / "thsa_poly.td")
     assert design.plan(N=8192).lowered == ["normalize box over m evaluated in the linear-time order"]
     assert design.plan(N=64).lowered == []
+
+
+def test_padding_mask_equals_torch_key_padding_mask(tmp_path):
+    text = (DESIGNS / "mhsa.td").read_text().replace("input X[n: N, f: F]", "input X[n: N, f: F]\nmask keep[m: N]")
+    text = text.replace("softmax[m, scale = 1 / sqrt(D)]", "softmax[m, scale = 1 / sqrt(D), mask = keep[m]]")
+    (tmp_path / "padded.td").write_text(text)
+    design = tdiag.load(tmp_path / "padded.td", **SMALL)
+    module, mhsa = design.module(dtype=torch.float64, N=5), build("mhsa")
+    module.load_state_dict(mhsa.state_dict())
+    x = x_input(3)
+    keep = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 1, 0, 1]], dtype=torch.bool)
+    expected, _ = multihead_attention(mhsa)(x, x, x, key_padding_mask=~keep, need_weights=False)
+    assert torch.allclose(module(x, keep=keep), expected, atol=TOL, rtol=0)
+    reference = design.module(impl="reference", dtype=torch.float64, N=5)
+    reference.load_state_dict(module.state_dict())
+    assert torch.allclose(module(x, keep=keep), reference(x, keep=keep), atol=TOL, rtol=0)
+
+
+def test_p9_a_per_channel_score_bias_changes_nothing(tmp_path):
+    shutil.copy(DESIGNS / "thsa.td", tmp_path / "thsa.td")
+    (tmp_path / "biased.td").write_text(
+        "# Paper: Tuformer eq. 3b with the official c_proj bias (spec P9)\ndesign biased extends thsa\n"
+        "param b[r: R] = normal(std = 1)\n"
+        "replace A[r n m] = softmax[m, scale = 1 / sqrt(R)](C[r s] Q[n s] K[m s] + b[r])\n"
+    )
+    biased = tdiag.load(tmp_path / "biased.td", **SMALL).module(dtype=torch.float64, N=5)
+    thsa = build("thsa")
+    biased.load_state_dict(thsa.state_dict(), strict=False)
+    assert torch.allclose(biased(x_input(2)), thsa(x_input(2)), atol=TOL, rtol=0)
+
+
+def test_p11_skip_left_key_factor_folds_into_the_query_projection():
+    skip = build("skip_left", H=4)
+    x = x_input(2)
+    with torch.no_grad():
+        skip.C2.copy_(torch.rand(2, dtype=torch.float64) + 0.5)
+        skip.C3.copy_(torch.rand(2, dtype=torch.float64) + 0.5)
+        before = skip(x)
+        skip.WQ.mul_(skip.C3.repeat(4))  # W^Q columns scaled by tile(c3, H)
+        skip.C3.fill_(1.0)
+    assert torch.allclose(skip(x), before, atol=TOL, rtol=0)
+
+
+def test_p15_elu_thsa_linear_order_equals_its_quadratic_evaluation():
+    design = tdiag.load(DESIGNS / "thsa_elu.td", **SMALL)
+    assert design.plan(N=64).lowered == ["normalize box over m evaluated in the linear-time order"]
+    module = design.module(dtype=torch.float64, N=64)
+    reference = design.module(impl="reference", dtype=torch.float64, N=64)
+    reference.load_state_dict(module.state_dict())
+    x = torch.randn(2, 64, 8, dtype=torch.float64)
+    assert torch.allclose(module(x), reference(x), atol=TOL, rtol=0)
+
+
+def test_p15_elu_thsa_with_mhsa_core_is_per_head_linear_attention():
+    elu, x, heads = build("thsa_elu", H=4), x_input(2), 4
+    with torch.no_grad():
+        elu.C.copy_(torch.block_diag(*[torch.ones(2, 2, dtype=torch.float64)] * heads))
+    phi = lambda t: functional.elu(t) + 1  # noqa: E731
+    q, k = (phi(x @ w).view(2, 5, heads, 2) for w in (elu.WQ, elu.WK))
+    v = (x @ elu.WV).view(2, 5, heads, 2)
+    kernel = torch.einsum("bnhd,bmhd->bhnm", q, k)
+    heads_out = torch.einsum("bhnm,bmhe->bnhe", kernel / (kernel.sum(-1, keepdim=True) + 1e-6), v)
+    assert torch.allclose(elu(x), heads_out.reshape(2, 5, 8) @ elu.WO, atol=1e-8, rtol=0)
+
+
+def test_p15_polynomial_thsa_is_invariant_to_rescaling_the_core():
+    poly, x = build("thsa_poly"), x_input(2)
+    with torch.no_grad():
+        poly.C.mul_(100.0)  # kernel sums far above the normalize box's eps
+    before = poly(x)
+    with torch.no_grad():
+        poly.C.mul_(3.0)
+    assert torch.allclose(poly(x), before, atol=1e-8, rtol=0)
