@@ -12,4 +12,6 @@ design mish extends fish
 
 replace param P[k: M] = uniform(low = -1 / sqrt(M), high = 1 / sqrt(M))   # p_k
 replace random eps[h: H, n: N, m: N] = normal(mode = train)                # eps_j, per local head
-replace A[h n m] = softmax[m, scale = 1 / sqrt(D)](P[k] * (Q[n k d] K[m k d] + sigma[k] eps[h n m]))   # eq. 11
+# eq. 11, distributed: sum_k p_k (G_k + sigma_k eps_j) = sum_k p_k G_k + (sum_k p_k sigma_k) eps_j (spec §3.5 [D]),
+# so the shared base is mixed once and only the noise term carries the local head h.
+replace A[h n m] = softmax[m, scale = 1 / sqrt(D)](P[k] Q[n k d] K[m k d] + P[k] sigma[k] eps[h n m])

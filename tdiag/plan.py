@@ -171,6 +171,9 @@ class _Lowering:
         self.stored_used: set[str] = set()
         self.lowered: list[str] = []
         self.box_segments: list[tuple[int, int, str]] = []  # (first step, box step, box value)
+        # the normalized legs of the softmax whose argument the current expression is added into:
+        # a term constant along them shifts every row equally and changes nothing (softmax(x + c))
+        self.shift_invariant: frozenset[str] | None = None
 
     # -- helpers --
     def size(self, leg: str) -> sympy.Expr:
@@ -230,6 +233,15 @@ class _Lowering:
     # -- expressions --
     def lower(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None = None, scale: sympy.Expr = ONE) -> Value:
         """Lower expression `e` whose legs are renamed by `ren` into region legs."""
+        context = self.shift_invariant
+        if not (isinstance(e, SumNode | SquaredDistance) or _is_scaling(e)):
+            self.shift_invariant = None
+        try:
+            return self._lower(e, ren, var, scale)
+        finally:
+            self.shift_invariant = context
+
+    def _lower(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr) -> Value:
         if isinstance(e, Contraction | TensorRef | Scalar):
             return self.lower_region(e, ren, var, scale)
         value = self.lower_nonlinear(e, ren, var)
@@ -634,8 +646,12 @@ class _Lowering:
 
     def _lower_box(self, e: SoftmaxBox, ren: dict[str, tuple[str, ...]], var: str | None, prefer: set[str]) -> Value:
         scale = e.scale if e.is_exp else sympy.Integer(1)
-        content = self.lower(e.content, ren, None, scale)  # type: ignore[arg-type]
         normalized = tuple(p for leg in e.normalized for p in ren[leg])
+        context, self.shift_invariant = self.shift_invariant, frozenset(normalized) if e.is_exp else None
+        try:
+            content = self.lower(e.content, ren, None, scale)  # type: ignore[arg-type]
+        finally:
+            self.shift_invariant = context
         content = self.expand_broadcast(content, set(normalized))
         name = self.names.fresh(var or ("attention" if e.is_exp else "normalized"))
         lines: list[str] = []
@@ -729,6 +745,15 @@ class _Lowering:
         )  # type: ignore[return-value]
 
     # -- maps, reductions, sums --
+    def owns_parameter(self, e: Expr) -> bool:
+        """Does `e` hold a parameter nothing else uses? Such a term is kept even where it cannot
+        matter (GFiSH's b2, T11), so every parameter gets a gradient and DDP needs no
+        find_unused_parameters."""
+        for node in walk(e):
+            if isinstance(node, TensorRef) and self.g.tensors[node.name].kind == "param" and self.uses[node.name] == 1:
+                return True
+        return False
+
     def lower_map(self, e: ElementwiseMap, ren, var: str | None) -> Value:
         operand = self.lower(e.operand, ren)  # type: ignore[arg-type]
         name = self.names.fresh(var or e.name)
@@ -806,7 +831,17 @@ class _Lowering:
         )  # type: ignore[return-value]
 
     def lower_sum(self, e: SumNode, ren, var: str | None) -> Value:
-        parts = [(sign, self.expand_all(self.lower(term, ren))) for term, sign in zip(e.terms, e.signs, strict=True)]
+        terms = list(zip(e.terms, e.signs, strict=True))
+        if self.shift_invariant is not None:
+            varying = [
+                (t, s)
+                for t, s in terms
+                if {p for leg in t.legs for p in ren[leg]} & self.shift_invariant or self.owns_parameter(t)
+            ]
+            terms = varying or terms[:1]  # terms constant along the softmax's legs drop out
+        if len(terms) == 1 and terms[0][1] > 0:
+            return self.lower(terms[0][0], ren, var)
+        parts = [(sign, self.expand_all(self.lower(term, ren))) for term, sign in terms]
         out = tuple(p for leg in e.legs for p in ren[leg])
         return self.combine("sum", parts, out, var)
 
@@ -828,13 +863,13 @@ class _Lowering:
         cross = self.plan_contraction(
             [left, right], tuple(leg for leg in (BATCH, *out) if leg in left.legs + right.legs), sympy.Integer(-2), None
         )
-        left_norm = self.plan_contraction(
-            [left, left], tuple(leg for leg in left.legs if leg not in over), sympy.Integer(1), None
-        )
-        right_norm = self.plan_contraction(
-            [right, right], tuple(leg for leg in right.legs if leg not in over), sympy.Integer(1), None
-        )
-        return self.combine("sqdist", [(1, cross), (1, left_norm), (1, right_norm)], out, var)
+        parts = [(1, cross)]
+        for side in (left, right):
+            kept = tuple(leg for leg in side.legs if leg not in over)
+            if self.shift_invariant is not None and not set(kept) & self.shift_invariant:
+                continue  # ‖q‖² is the same for every key: it cancels in the softmax (MGK P2)
+            parts.append((1, self.plan_contraction([side, side], kept, sympy.Integer(1), None)))
+        return self.combine("sqdist", parts, out, var)
 
     # -- normalize boxes in the linear-time order --
     def resolve_normalize(self, box: SoftmaxBox, ren, k: int, others: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
@@ -1100,6 +1135,13 @@ class _Lowering:
 
 
 # ---- helpers -------------------------------------------------------------------------------
+
+
+def _is_scaling(e: Expr) -> bool:
+    """A contraction that only multiplies one factor by a number."""
+    if not isinstance(e, Contraction) or e.summed:
+        return False
+    return len([f for f in e.factors if not isinstance(f, Scalar)]) == 1
 
 
 def _dims(dims: Sequence[int]) -> str:
