@@ -32,6 +32,7 @@ class CostReport:
     convention: str
     params: sympy.Expr
     flops: sympy.Expr
+    score_flops: sympy.Expr  # only the computation of the softmax boxes' arguments (attention scores)
     exps: sympy.Expr
     divisions: sympy.Expr
     elementwise: sympy.Expr
@@ -52,6 +53,7 @@ class CostReport:
         return {
             "params": self.params,
             "flops": self.flops,
+            "score_flops": self.score_flops,
             "exps": self.exps,
             "divisions": self.divisions,
             "elementwise": self.elementwise,
@@ -86,21 +88,37 @@ def _per_sequence(expr: sympy.Expr) -> sympy.Expr:
 
 
 def step_cost(step: Step, plan: Plan, convention: str) -> sympy.Expr:
-    """Contraction work of one step under a counting convention."""
-    if step.kind not in ("contraction", "sum", "sdpa") or step.out is None:
+    """Contraction work of one step under a counting convention. `paper` follows FiSH App. D.1
+    and MGK App. B: a k-term sum costs 2k − 1 per output; one op per element a sum node adds
+    (noise, biases); nothing for products that sum nothing (σ·ε), for single-tensor sums (the
+    mixing Σ_r), for the norm terms of a squared distance, or for exp and softmax."""
+    if step.out is None:
         return sympy.Integer(0)
-    if step.kind == "sdpa" and convention == "paper":
+    if convention == "paper":
+        return _paper_cost(step, plan)
+    if step.kind not in ("contraction", "norm", "sum", "sdpa"):
+        return sympy.Integer(0)
+    macs = step.flops / 2 if step.kind in ("contraction", "norm", "sdpa") else step.flops
+    return macs if convention == "mac" else step.flops
+
+
+def _paper_cost(step: Step, plan: Plan) -> sympy.Expr:
+    if step.kind == "sdpa":
         return step.paper
-    macs = step.flops / 2 if step.kind in ("contraction", "sdpa") else step.flops
-    if convention == "mac":
-        return macs
-    if convention == "flop":
-        return step.flops
-    outputs = sympy.Mul(*(plan.leg_sizes[leg] for leg in step.out.legs))
-    if step.kind == "sum":
-        return macs - outputs
+    if step.kind == "sum" and step.description == "sum":  # a sum node: one add per extra term
+        return step.elementwise
+    if step.kind != "contraction" or not step.summed:
+        return sympy.Integer(0)
+    outputs = sympy.Mul(*(plan.leg_sizes[leg] for leg in step.out.legs))  # type: ignore[union-attr]
     summed = sympy.Mul(*(plan.leg_sizes[leg] for leg in step.summed))
     return outputs * (2 * summed - 1)
+
+
+def score_cost(step: Step, plan: Plan, convention: str) -> sympy.Expr:
+    """The part of a step that computes a softmax box's argument (FiSH App. D.1's scope)."""
+    if step.kind == "sdpa":
+        return {"paper": step.score_paper, "mac": step.score_flops / 2}.get(convention, step.score_flops)
+    return step_cost(step, plan, convention) if step.in_box else sympy.Integer(0)
 
 
 def _memory_candidates(plan: Plan) -> list[sympy.Expr]:
@@ -141,6 +159,7 @@ def cost_report(plan: Plan, convention: str = "flop") -> CostReport:
         convention=convention,
         params=graph.parameter_count(),
         flops=total([step_cost(s, plan, convention) for s in steps]),
+        score_flops=total([score_cost(s, plan, convention) for s in steps]),
         exps=total([s.exps for s in steps]),
         divisions=total([s.divisions for s in steps]),
         elementwise=total([s.elementwise for s in steps]),
@@ -162,7 +181,7 @@ def _show_number(value: float | int) -> str:
 def table(reports: Sequence[CostReport], sizes: Mapping[str, int]) -> str:
     """Numbers side by side with ratios to the first design, then each design's formulas."""
     numbers = [r.at(**{k: v for k, v in sizes.items() if k in r.graph.sizes}) for r in reports]
-    metrics = (*METRICS, "exps", "divisions", "elementwise")
+    metrics = (*METRICS, "score_flops", "exps", "divisions", "elementwise")
     cells = {}
     for metric in metrics:
         base = numbers[0][metric]

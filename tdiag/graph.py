@@ -886,8 +886,9 @@ class _ExprBuilder:
         return [self.inside(o, keep | shared) for o in operands]
 
     def sum(self, e: syn.BinOp, keep: set[str]) -> Expr:
+        """A leg that leaves no term is summed within each term: Σ_k (A + B) = Σ_k A + Σ_k B."""
         terms, signs = _flatten_sum(e)
-        nodes = self._elementwise(terms, keep)
+        nodes = [self.inside(t, keep) for t in terms]
         node = SumNode(_ordered_union(n.legs for n in nodes), e.span, tuple(nodes), tuple(signs))
         return self.restrict(node, keep, e.span)
 

@@ -82,6 +82,9 @@ class Step:
     entries: sympy.Expr = ZERO  # for box steps: the materialized box entries
     elementwise: sympy.Expr = ZERO  # scalings, maps, sums: counted apart from contractions
     paper: sympy.Expr = ZERO  # for fused steps: their contractions counted the papers' way
+    in_box: bool = False  # computes a softmax box's argument (the papers' "attention scores")
+    score_flops: sympy.Expr = ZERO  # for fused steps: the FLOPs of their score part
+    score_paper: sympy.Expr = ZERO
     inputs: tuple[Value, ...] = ()
 
 
@@ -174,6 +177,7 @@ class _Lowering:
         # the normalized legs of the softmax whose argument the current expression is added into:
         # a term constant along them shifts every row equally and changes nothing (softmax(x + c))
         self.shift_invariant: frozenset[str] | None = None
+        self.box_depth = 0  # > 0 while a softmax box's argument is being computed
 
     # -- helpers --
     def size(self, leg: str) -> sympy.Expr:
@@ -203,6 +207,7 @@ class _Lowering:
         return name
 
     def emit(self, step: Step) -> Value | None:
+        step.in_box = step.in_box or self.box_depth > 0
         self.target.append(step)
         return step.out
 
@@ -346,6 +351,17 @@ class _Lowering:
         return tuple(rename.get(leg, leg) for leg in value.legs)
 
     # -- folding constants, then planning the contraction --
+    def is_product(self, e: Expr) -> bool:
+        """Is `e` a product of stored or already computed tensors (nothing left to lower)?"""
+        if isinstance(e, Scalar):
+            return True
+        if isinstance(e, Contraction):
+            return all(self.is_product(f) for f in e.factors)
+        if isinstance(e, TensorRef):
+            statement = self.g.tensors[e.name].statement
+            return statement is None or not self.is_inlined(e.name) or self.is_product(statement.expr)
+        return False
+
     def is_batched(self, e: Expr) -> bool:
         """Does `e` depend on an input, mask or noise (and so carry the batch)?"""
         for node in walk(e):
@@ -585,7 +601,7 @@ class _Lowering:
             natural = [*[[leg] for leg in left], right]
         product = f"{a_code} @ {b_code}"
         if [g for g in natural if g] != [[leg] for leg in legs] or any(not g for g in natural[-1:]):
-            product = f"({product}).reshape({self.sizes_code(legs)})"
+            product = f"({product}).reshape({self.sizes_code(legs) or '()'})"
         name = self.names.fresh(var or "t")
         flops = 2 * self.numel(batch + left + summed + right)
         description = f"{_show_value(a)} · {_show_value(b)} -> [{' '.join(_show(legs))}]"
@@ -648,10 +664,12 @@ class _Lowering:
         scale = e.scale if e.is_exp else sympy.Integer(1)
         normalized = tuple(p for leg in e.normalized for p in ren[leg])
         context, self.shift_invariant = self.shift_invariant, frozenset(normalized) if e.is_exp else None
+        self.box_depth += 1
         try:
             content = self.lower(e.content, ren, None, scale)  # type: ignore[arg-type]
         finally:
             self.shift_invariant = context
+            self.box_depth -= 1
         content = self.expand_broadcast(content, set(normalized))
         name = self.names.fresh(var or ("attention" if e.is_exp else "normalized"))
         lines: list[str] = []
@@ -868,7 +886,10 @@ class _Lowering:
             kept = tuple(leg for leg in side.legs if leg not in over)
             if self.shift_invariant is not None and not set(kept) & self.shift_invariant:
                 continue  # ‖q‖² is the same for every key: it cancels in the softmax (MGK P2)
+            start = len(self.target)
             parts.append((1, self.plan_contraction([side, side], kept, sympy.Integer(1), None)))
+            for step in self.target[start:]:
+                step.kind = "norm" if step.kind == "contraction" else step.kind
         return self.combine("sqdist", parts, out, var)
 
     # -- normalize boxes in the linear-time order --
@@ -1096,8 +1117,10 @@ class _Lowering:
         """Emit q, k, v and the SDPA call; return the region's leaves with the attention output
         standing in for the box and its value side."""
         heads, queries, keys, latent, features = (fused[k] for k in ("heads", "queries", "keys", "latent", "features"))
+        self.box_depth += 1
         q = self.contract(fused["query"], tuple(heads + queries + latent), sympy.Integer(1), "q")
         k = self.contract(fused["key"], tuple(heads + keys + latent), sympy.Integer(1), "k")
+        self.box_depth -= 1
         v = self.contract(fused["value"], tuple(heads + keys + features), sympy.Integer(1), "v")
         flat = [[h] for h in heads]
         q_code = self.arrange(q, [*flat, queries, latent])
@@ -1126,6 +1149,8 @@ class _Lowering:
                 entries=entries,
                 inputs=(q, k, v),
                 paper=entries * (2 * self.numel(latent) - 1) + self.numel(legs) * (2 * self.numel(keys) - 1),
+                score_flops=2 * entries * self.numel(latent),
+                score_paper=entries * (2 * self.numel(latent) - 1),
             )
         )
         if self.target is self.steps:
