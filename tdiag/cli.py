@@ -89,6 +89,7 @@ def _parser() -> _Parser:
         "--plan-n", type=_positive, default=None, metavar="N", help="sequence length to plan for (default 1024)"
     )
     p.add_argument("--checkpoint-boxes", action="store_true", help="recompute softmax boxes in the backward pass")
+    p.add_argument("--causal", action="store_true", help="mask the future: causal(n, m) on every box over m")
     with_sizes(p)
 
     p = commands.add_parser("cost", help="parameters, FLOPs, softmax entries and peak memory, side by side")
@@ -109,6 +110,12 @@ def _parser() -> _Parser:
     p.add_argument("--causal", action="store_true", help="mask the future in every box")
     p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
     p.add_argument("--out", default="out/bench", help="folder for bench.json, bench.csv, bench.png")
+
+    p = commands.add_parser("train", help="train a character language model whose attention is the design")
+    from .train import add_arguments
+
+    add_arguments(p)
+    with_sizes(p)
 
     p = commands.add_parser("render", help="draw the diagram in the papers' notation")
     p.add_argument("file", metavar="FILE.td")
@@ -175,6 +182,8 @@ def _compile(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     design = _load(args.file, args.sizes)
+    if args.causal:
+        design = design.with_causal_mask()
     sizes = {"N": args.plan_n} if args.plan_n else {}
     if args.plan_n and "N" not in design.graph.sizes:
         raise _UsageError(f"tdiag compile: error: design '{design.name}' has no size N to plan for")
@@ -229,7 +238,74 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"check": _check, "show": _show, "render": _render, "compile": _compile, "cost": _cost, "bench": _bench}
+def _train(args: argparse.Namespace) -> int:
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from . import train as training
+
+    if args.nproc > 1 and "RANK" not in os.environ:
+        argv = [a for a in sys.argv[2:] if a != "--nproc" and not a.startswith("--nproc=")]
+        if "--nproc" in sys.argv:
+            index = sys.argv.index("--nproc")
+            argv = sys.argv[2:index] + sys.argv[index + 2 :]
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}"]
+        return subprocess.call([*command, "-m", "tdiag.train", *argv])
+    sizes = dict(args.sizes)
+    if args.resume:
+        folder = Path(args.resume)
+        if not (folder / "config.json").is_file():
+            raise TdiagError(Diagnostic(f"'{folder}' is not a run folder (no config.json)"))
+        saved = json.loads((folder / "config.json").read_text())
+        saved.pop("summary", None)
+        config = training.TrainConfig(**saved)
+        config.out, config.steps = (
+            str(folder),
+            max(config.steps, args.steps if args.steps != training.TrainConfig.steps else 0),
+        )
+        result = training.train(config, resume=True, progress=not args.no_progress)
+        return _report_training(result)
+    if not args.designs:
+        raise _UsageError("tdiag train: error: give a design file, e.g. tdiag train designs/mhsa.td")
+    for file in args.designs:
+        _load(file, [])
+    if args.compare:
+        if len(args.designs) < 2:
+            raise _UsageError("tdiag train: error: --compare needs two or more designs")
+        configs = [training.config_from(args, d, sizes) for d in args.designs]
+        for config in configs:
+            config.out = str(Path(args.out or "runs/compare") / Path(config.design).stem)
+        out = Path(args.out or "runs/compare")
+        results = training.compare(configs, out, progress=not args.no_progress)
+        print((out / "compare.md").read_text())
+        print(f"wrote {out}/compare.md, compare.csv, compare.json, compare.png")
+        return 0 if results else 1
+    if len(args.designs) != 1:
+        raise _UsageError("tdiag train: error: train one design, or several with --compare")
+    result = training.train(training.config_from(args, args.designs[0], sizes), progress=not args.no_progress)
+    return _report_training(result)
+
+
+def _report_training(result: dict) -> int:
+    if result.get("final_val_loss") is not None:
+        print(
+            f"{result['design']}: validation loss {result['final_val_loss']:.4f} nats/char "
+            f"(unigram baseline {result['unigram_val_loss']:.4f}); run folder {result['folder']}"
+        )
+    return 0
+
+
+COMMANDS = {
+    "train": _train,
+    "check": _check,
+    "show": _show,
+    "render": _render,
+    "compile": _compile,
+    "cost": _cost,
+    "bench": _bench,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

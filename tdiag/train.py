@@ -1,0 +1,523 @@
+"""Train any design as the attention of a small decoder-only character language model
+(design notes §7). One process or data-parallel under torchrun (gloo on CPU, NCCL on GPU).
+Each run writes a folder: config.json, log.csv and log.jsonl (every evaluation), checkpoint.pt
+(resumable, written at every evaluation and on Ctrl-C), loss.png and sample.txt.
+
+    tdiag train designs/fish.td
+    tdiag train --compare designs/mhsa.td designs/thsa.td designs/fish.td
+    torchrun --nproc_per_node=2 -m tdiag.train designs/mhsa.td"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import gzip
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as functional
+from torch import nn
+
+import tdiag
+
+from .errors import Diagnostic, TdiagError
+
+DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "shakespeare_gut.txt.gz"
+
+
+@dataclass
+class TrainConfig:
+    design: str  # the .td file whose attention the model uses
+    data: str = str(DEFAULT_DATA)  # UTF-8 text, plain or gzipped
+    layers: int = 2  # transformer blocks
+    width: int = 128  # model width: the design's F
+    heads: int = 4  # the design's H, where it has one
+    context: int = 128  # context length in characters: the size of the n and m legs
+    batch: int = 16  # sequences per step (the global batch under DDP)
+    steps: int = 2000  # optimizer steps (about two minutes on 2 CPU cores at the defaults)
+    lr: float = 3e-3  # AdamW peak learning rate (cosine decay, 50 warm-up steps)
+    eval_every: int = 200  # steps between evaluations and checkpoints
+    eval_batches: int = 8  # validation batches per evaluation
+    seed: int = 0  # parameters, batches and sampling
+    sizes: dict[str, int] = field(default_factory=dict)  # the design's own sizes, e.g. {"M": 2}
+    device: str = "auto"  # cpu, cuda, ... (auto: cuda when available)
+    compile: bool = False  # torch.compile the model
+    out: str = ""  # run folder (default runs/<design>-<seed>)
+
+
+# ---- data ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Corpus:
+    """Characters as integer ids, split 90/10 into training and validation text."""
+
+    chars: list[str]
+    train: torch.Tensor
+    val: torch.Tensor
+
+    @property
+    def vocab(self) -> int:
+        return len(self.chars)
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def unigram_loss(self) -> float:
+        """Cross-entropy of the validation text under the training text's character frequencies:
+        the loss a model that ignores context reaches."""
+        counts = torch.bincount(self.train, minlength=self.vocab).double() + 1.0
+        log_p = (counts / counts.sum()).log()
+        return float(-log_p[self.val].mean())
+
+
+def read_corpus(path: str, context: int) -> Corpus:
+    file = Path(path)
+    if not file.is_file():
+        raise TdiagError(
+            Diagnostic(f"no data file '{path}'", hint="pass --data PATH to a UTF-8 text file (.txt or .gz)")
+        )
+    try:
+        raw = gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_bytes()
+        text = raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError, EOFError) as error:
+        raise TdiagError(Diagnostic(f"cannot read '{path}' as UTF-8 text: {error}")) from None
+    if not text.strip():
+        raise TdiagError(Diagnostic(f"data file '{path}' is empty"))
+    chars = sorted(set(text))
+    index = {c: i for i, c in enumerate(chars)}
+    ids = torch.tensor([index[c] for c in text], dtype=torch.long)
+    split = int(0.9 * len(ids))
+    corpus = Corpus(chars, ids[:split], ids[split:])
+    if len(corpus.val) <= context + 1:
+        raise TdiagError(
+            Diagnostic(
+                f"the context ({context} characters) is longer than the validation text ({len(corpus.val)} characters)",
+                hint="use a shorter --context or a longer data file",
+            )
+        )
+    return corpus
+
+
+def batch_at(data: torch.Tensor, starts: torch.Tensor, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = starts[:, None] + torch.arange(context + 1)
+    chunk = data[rows]
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+# ---- model -----------------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    def __init__(self, attention: nn.Module, width: int):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attention = attention
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class LanguageModel(nn.Module):
+    """Token and position embeddings, pre-norm blocks with the compiled design as attention."""
+
+    def __init__(self, attentions: list[nn.Module], vocab: int, width: int, context: int):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Embedding(context, width)
+        self.blocks = nn.ModuleList(Block(a, width) for a in attentions)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(ids) + self.positions(torch.arange(ids.shape[-1], device=ids.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def design_for(config: TrainConfig) -> tdiag.Design:
+    """The causal design at the model's sizes; its input and output width must be the model's."""
+    base = tdiag.load(config.design)
+    sizes = dict(config.sizes)
+    if "F" in base.graph.sizes and "F" not in sizes:
+        sizes["F"] = config.width
+    if "H" in base.graph.sizes and "H" not in sizes:
+        sizes["H"] = config.heads
+    if "N" in base.graph.sizes and not base.graph.sizes["N"].is_free:
+        sizes["N"] = config.context
+    design = tdiag.load(config.design, **sizes).with_causal_mask()
+    graph = design.graph
+    if len(graph.inputs) != 1 or len(graph.outputs) != 1:
+        raise TdiagError(
+            Diagnostic(f"design '{design.name}' must have one input and one output to be a self-attention layer")
+        )
+    x, y = graph.inputs[0], graph.tensors[graph.outputs[0]]
+    widths = {int(graph.evaluate(x.axes[-1].size)), int(graph.evaluate(y.axes[-1].size))}
+    if widths != {config.width}:
+        raise TdiagError(
+            Diagnostic(
+                f"design '{design.name}' maps width {sorted(widths)} but the model width is {config.width}",
+                (x.span,),
+                "give the design's width size the model width, e.g. --set F=" + str(config.width),
+            )
+        )
+    return design
+
+
+def build_model(config: TrainConfig, vocab: int, device: torch.device) -> tuple[LanguageModel, tdiag.Design]:
+    design = design_for(config)
+    attentions = [design.module(seed=config.seed + k, N=config.context, device=device) for k in range(config.layers)]
+    torch.manual_seed(config.seed)
+    model = LanguageModel(attentions, vocab, config.width, config.context).to(device)
+    return model, design
+
+
+def flops_per_step(config: TrainConfig, design: tdiag.Design, vocab: int) -> int:
+    """Training FLOPs of one step from tdiag's own cost of the attention, plus the MLPs, the
+    output head and 2x for the backward pass."""
+    attention = design.cost(N=config.context).at(N=config.context)["flops"]
+    mlp = 2 * config.context * 2 * config.width * 4 * config.width
+    head = 2 * config.context * config.width * vocab
+    forward = config.layers * (attention + mlp) + head
+    return int(3 * forward * config.batch)
+
+
+# ---- training ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Distributed:
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed(device: torch.device) -> Distributed:
+    if "RANK" not in os.environ:
+        return Distributed()
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Distributed(dist.get_rank(), dist.get_world_size())
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and "LOCAL_RANK" in os.environ:
+        name = f"cuda:{os.environ['LOCAL_RANK']}"
+    return torch.device(name)
+
+
+def global_batch(generator: torch.Generator, data: torch.Tensor, config: TrainConfig, rank: int, world: int):
+    """The same global batch on every rank (one generator), each rank taking its slice."""
+    starts = torch.randint(len(data) - config.context - 1, (config.batch,), generator=generator)
+    share = config.batch // world
+    return batch_at(data, starts[rank * share : (rank + 1) * share], config.context)
+
+
+def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> torch.Tensor:
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        logits = model(x.to(device))
+    return functional.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten())
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, corpus: Corpus, config: TrainConfig, device: torch.device) -> float:
+    model.eval()
+    generator = torch.Generator().manual_seed(1234)
+    losses = []
+    for _ in range(config.eval_batches):
+        starts = torch.randint(len(corpus.val) - config.context - 1, (config.batch,), generator=generator)
+        losses.append(float(loss_of(model, *batch_at(corpus.val, starts, config.context), device)))
+    model.train()
+    return sum(losses) / len(losses)
+
+
+@torch.no_grad()
+def sample(model: LanguageModel, corpus: Corpus, config: TrainConfig, device: torch.device, length: int = 400) -> str:
+    model.eval()
+    generator = torch.Generator(device="cpu").manual_seed(config.seed)
+    ids = corpus.train[: config.context].tolist()
+    out: list[int] = []
+    for _ in range(length):
+        window = torch.tensor(ids[-config.context :], device=device)[None]
+        logits = model(torch.cat([window, window.new_zeros(1, config.context - window.shape[1])], 1))
+        probabilities = logits[0, window.shape[1] - 1].float().softmax(-1).cpu()
+        token = int(torch.multinomial(probabilities, 1, generator=generator))
+        ids.append(token)
+        out.append(token)
+    model.train()
+    return corpus.decode(out)
+
+
+def learning_rate(step: int, config: TrainConfig) -> float:
+    warmup = min(50, config.steps // 10 + 1)
+    if step < warmup:
+        return config.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, config.steps - warmup)
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def run_folder(config: TrainConfig) -> Path:
+    return Path(config.out or f"runs/{Path(config.design).stem}-seed{config.seed}")
+
+
+def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -> dict:
+    """Train, evaluate every `eval_every` steps, checkpoint, and return the final summary."""
+    device = resolve_device(config.device)
+    dist = setup_distributed(device)
+    if config.batch % dist.world:
+        raise TdiagError(Diagnostic(f"--batch {config.batch} does not split over {dist.world} processes"))
+    corpus = read_corpus(config.data, config.context)
+    folder = run_folder(config)
+    model, design = build_model(config, corpus.vocab, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
+    state = {"step": 0, "log": [], "generator": torch.Generator().manual_seed(config.seed).get_state()}
+    if resume:
+        state = _load_checkpoint(folder, model, optimizer)
+    network = model
+    if dist.world > 1:
+        network = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    if config.compile:
+        network = torch.compile(network)
+    generator = torch.Generator()
+    generator.set_state(state["generator"])
+    per_step = flops_per_step(config, design, corpus.vocab)
+    summary = {
+        "design": design.name,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "attention_parameters": sum(p.numel() for b in model.blocks for p in b.attention.parameters()),
+        "flops_per_step": per_step,
+        "unigram_val_loss": corpus.unigram_loss(),
+    }
+    if dist.is_main:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(dataclasses.asdict(config) | {"summary": summary}, indent=2))
+    bar = _progress(config, state["step"], enabled=progress and dist.is_main)
+    tokens, started, rate = 0, time.perf_counter(), 0.0
+    step = state["step"]
+    try:
+        while step < config.steps:
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, config)
+            x, y = global_batch(generator, corpus.train, config, dist.rank, dist.world)
+            loss = loss_of(network, x, y, device)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            loss = loss.detach()
+            step += 1
+            tokens += config.batch * config.context
+            rate = tokens / (time.perf_counter() - started)
+            bar.update(1)
+            bar.set_postfix(train=f"{float(loss):.3f}", tok_s=f"{rate:,.0f}")
+            if step % config.eval_every == 0 or step == config.steps:
+                val = evaluate(model, corpus, config, device)
+                entry = {
+                    "step": step,
+                    "train_loss": float(loss),
+                    "val_loss": val,
+                    "tokens_per_s": rate,
+                    "flops": per_step * step,
+                }
+                state["log"].append(entry)
+                bar.set_postfix(train=f"{float(loss):.3f}", val=f"{val:.3f}", tok_s=f"{rate:,.0f}")
+                if dist.is_main:
+                    _save_checkpoint(folder, model, optimizer, step, state["log"], generator, config)
+                    _write_log(folder, state["log"])
+    except KeyboardInterrupt:
+        if dist.is_main:
+            _save_checkpoint(folder, model, optimizer, step, state["log"], generator, config)
+            print(f"\ninterrupted at step {step}; resume with: tdiag train --resume {folder}", file=sys.stderr)
+        raise
+    finally:
+        bar.close()
+    summary |= {"final_val_loss": state["log"][-1]["val_loss"] if state["log"] else None, "tokens_per_s": rate}
+    if dist.is_main:
+        (folder / "sample.txt").write_text(sample(model, corpus, config, device))
+        (folder / "summary.json").write_text(json.dumps(summary, indent=2))
+        _plot(folder, state["log"], design.name)
+    return summary | {"log": state["log"], "folder": str(folder)}
+
+
+def _progress(config: TrainConfig, start: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(
+        total=config.steps,
+        initial=start,
+        disable=not enabled,
+        desc=Path(config.design).stem,
+        unit="step",
+        dynamic_ncols=True,
+    )
+
+
+def _save_checkpoint(folder, model, optimizer, step, log, generator, config) -> None:
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "log": log}
+    state |= {"generator": generator.get_state(), "config": dataclasses.asdict(config)}
+    temporary = folder / "checkpoint.pt.tmp"
+    torch.save(state, temporary)
+    temporary.replace(folder / "checkpoint.pt")  # a killed process never leaves half a checkpoint
+
+
+def _load_checkpoint(folder: Path, model, optimizer) -> dict:
+    path = folder / "checkpoint.pt"
+    if not path.is_file():
+        raise TdiagError(
+            Diagnostic(f"no checkpoint to resume in '{folder}'", hint="train first, or check the run folder")
+        )
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state
+
+
+def _write_log(folder: Path, log: list[dict]) -> None:
+    (folder / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
+    with (folder / "log.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(log[0]))
+        writer.writeheader()
+        writer.writerows(log)
+
+
+def _plot(folder: Path, log: list[dict], name: str) -> None:
+    if not log:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    steps = [e["step"] for e in log]
+    ax.plot(steps, [e["train_loss"] for e in log], label="train")
+    ax.plot(steps, [e["val_loss"] for e in log], label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/char)")
+    ax.set_title(name)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(folder / "loss.png", dpi=120)
+    plt.close(fig)
+
+
+# ---- comparing designs --------------------------------------------------------------------------
+
+
+def compare(configs: list[TrainConfig], out: Path, progress: bool = True) -> list[dict]:
+    """Train each design with the same seed and data; one plot against step and FLOPs, one table."""
+    results = [train(c, progress=progress) for c in configs]
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [
+        {
+            k: r[k]
+            for k in (
+                "design",
+                "attention_parameters",
+                "parameters",
+                "flops_per_step",
+                "final_val_loss",
+                "tokens_per_s",
+            )
+        }
+        for r in results
+    ]
+    (out / "compare.json").write_text(json.dumps({"rows": rows, "runs": results}, indent=2, default=str))
+    with (out / "compare.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / "compare.md").write_text(compare_table(rows, results[0]["unigram_val_loss"]))
+    _plot_compare(out, results)
+    return results
+
+
+def compare_table(rows: list[dict], unigram: float) -> str:
+    lines = [
+        "| design | attention params | model params | train FLOPs/step | final val loss | tokens/s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['design']} | {r['attention_parameters']:,} | {r['parameters']:,} | {r['flops_per_step']:.3g} | "
+            f"{r['final_val_loss']:.4f} | {r['tokens_per_s']:,.0f} |"
+        )
+    lines.append(f"\nUnigram baseline (validation cross-entropy of character frequencies): {unigram:.4f} nats/char.")
+    return "\n".join(lines) + "\n"
+
+
+def _plot_compare(out: Path, results: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_flops) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in results:
+        log = r["log"]
+        by_step.plot([e["step"] for e in log], [e["val_loss"] for e in log], marker="o", label=r["design"])
+        by_flops.plot([e["flops"] for e in log], [e["val_loss"] for e in log], marker="o", label=r["design"])
+    by_step.set_xlabel("step")
+    by_flops.set_xlabel("training FLOPs (tdiag cost)")
+    by_flops.set_xscale("log")
+    for ax in (by_step, by_flops):
+        ax.set_ylabel("validation loss (nats/char)")
+        ax.grid(alpha=0.3)
+    by_step.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "compare.png", dpi=120)
+    plt.close(fig)
+
+
+# ---- command line ---------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = TrainConfig(design="")
+    parser.add_argument("designs", nargs="*", metavar="FILE.td")
+    parser.add_argument("--compare", action="store_true", help="train every design given and compare them")
+    parser.add_argument("--resume", metavar="RUN", help="continue the run in this folder from its checkpoint")
+    parser.add_argument("--nproc", type=int, default=1, help="data-parallel processes (runs torchrun)")
+    parser.add_argument("--data", default=defaults.data)
+    for name in ("layers", "width", "heads", "context", "batch", "steps", "eval_every", "eval_batches", "seed"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--device", default=defaults.device)
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--out", default="", help="run folder (compare: the folder for the comparison)")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def config_from(args: argparse.Namespace, design: str, sizes: dict[str, int]) -> TrainConfig:
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = {k: v for k, v in vars(args).items() if k in fields and k not in ("design", "sizes", "out")}
+    return TrainConfig(design=design, sizes=sizes, out=args.out if not args.compare else "", **values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tdiag.train` / torchrun entry: the same flags as `tdiag train`."""
+    from .cli import main as cli_main
+
+    return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

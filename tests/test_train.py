@@ -1,0 +1,190 @@
+"""Training a language model around a compiled design: data, runs, resume, compare, DDP."""
+
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import DESIGNS, ROOT
+
+from tdiag import TdiagError
+from tdiag.cli import main
+from tdiag.train import TrainConfig, build_model, global_batch, loss_of, read_corpus, train
+
+TEXT = ("To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 40).strip()
+
+
+@pytest.fixture
+def corpus_file(tmp_path):
+    path = tmp_path / "tiny.txt.gz"
+    path.write_bytes(gzip.compress(TEXT.encode()))
+    return path
+
+
+def tiny(design: str, data, tmp_path, **changes) -> TrainConfig:
+    values = dict(design=str(DESIGNS / design), data=str(data), layers=1, width=16, heads=2, context=16, batch=4,
+                  steps=4, eval_every=2, eval_batches=1, out=str(tmp_path / "run"))  # fmt: skip
+    return TrainConfig(**(values | changes))
+
+
+def test_a_run_writes_config_log_checkpoint_plot_and_sample(corpus_file, tmp_path):
+    result = train(tiny("mhsa.td", corpus_file, tmp_path), progress=False)
+    folder = tmp_path / "run"
+    assert {p.name for p in folder.iterdir()} >= {
+        "config.json",
+        "log.csv",
+        "log.jsonl",
+        "checkpoint.pt",
+        "loss.png",
+        "sample.txt",
+    }
+    assert [e["step"] for e in result["log"]] == [2, 4]
+    assert json.loads((folder / "config.json").read_text())["summary"]["flops_per_step"] > 0
+
+
+def test_resume_continues_from_the_last_checkpoint(corpus_file, tmp_path):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    result = train(tiny("mhsa.td", corpus_file, tmp_path, steps=4), resume=True, progress=False)
+    assert [e["step"] for e in result["log"]] == [2, 4]
+
+
+def test_resume_from_a_step_equals_training_straight_through(corpus_file, tmp_path):
+    straight = train(tiny("mhsa.td", corpus_file, tmp_path / "a", out=str(tmp_path / "a")), progress=False)
+    train(tiny("mhsa.td", corpus_file, tmp_path, out=str(tmp_path / "b"), steps=2), progress=False)
+    resumed = train(tiny("mhsa.td", corpus_file, tmp_path, out=str(tmp_path / "b")), resume=True, progress=False)
+    assert resumed["log"][-1]["val_loss"] == pytest.approx(straight["log"][-1]["val_loss"], abs=1e-6)
+
+
+def test_compare_writes_one_table_and_plot(corpus_file, tmp_path, capsys):
+    args = ["train", "--compare", str(DESIGNS / "mhsa.td"), str(DESIGNS / "skip_right.td"), "--data", str(corpus_file)]
+    args += ["--layers", "1", "--width", "16", "--heads", "2", "--context", "16", "--batch", "4", "--steps", "2"]
+    args += ["--eval-every", "2", "--eval-batches", "1", "--out", str(tmp_path / "cmp"), "--no-progress"]
+    assert main(args) == 0
+    assert {p.name for p in (tmp_path / "cmp").iterdir()} >= {
+        "compare.md",
+        "compare.csv",
+        "compare.json",
+        "compare.png",
+    }
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| mhsa |" in table and "| skip_right |" in table and "Unigram baseline" in table
+
+
+@pytest.mark.parametrize("design", ["fish.td", "mgk.td", "mlk.td", "thsa.td"])
+def test_any_design_trains_and_lowers_the_loss(design, corpus_file, tmp_path):
+    config = tiny(
+        design, corpus_file, tmp_path, steps=30, eval_every=30, lr=1e-2, sizes={"D": 4} if "m" in design[:3] else {}
+    )
+    result = train(config, progress=False)
+    assert result["final_val_loss"] < result["unigram_val_loss"]
+
+
+def test_missing_and_empty_data_files_are_clear_errors(tmp_path):
+    with pytest.raises(TdiagError, match="no data file"):
+        read_corpus(str(tmp_path / "nope.txt"), 16)
+    (tmp_path / "empty.txt").write_text("  \n")
+    with pytest.raises(TdiagError, match="is empty"):
+        read_corpus(str(tmp_path / "empty.txt"), 16)
+
+
+def test_context_longer_than_the_data_is_a_clear_error(corpus_file):
+    with pytest.raises(TdiagError, match="longer than the validation text"):
+        read_corpus(str(corpus_file), 10_000)
+
+
+def test_a_design_whose_width_is_not_the_model_width_is_a_clear_error(corpus_file, tmp_path):
+    config = tiny("mhsa.td", corpus_file, tmp_path, sizes={"F": 32})
+    with pytest.raises(TdiagError, match="maps width \\[32\\] but the model width is 16"):
+        build_model(config, 10, torch.device("cpu"))
+
+
+def test_train_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
+    assert main(["train", str(DESIGNS / "mhsa.td"), "--data", str(tmp_path / "nope.txt"), "--no-progress"]) == 1
+    assert "no data file" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+DDP_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+from tdiag.train import TrainConfig, build_model, global_batch, loss_of, read_corpus
+config = TrainConfig(**eval(sys.argv[1]))
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+corpus = read_corpus(config.data, config.context)
+model, _ = build_model(config, corpus.vocab, torch.device("cpu"))
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+x, y = global_batch(torch.Generator().manual_seed(7), corpus.train, config, rank, world)
+loss_of(ddp, x, y, torch.device("cpu")).backward()
+if rank == 0:
+    torch.save({n: p.grad for n, p in model.named_parameters()}, sys.argv[2])
+dist.destroy_process_group()
+"""
+
+
+def test_two_process_ddp_gradients_equal_one_process_on_the_same_global_batch(corpus_file, tmp_path):
+    config = tiny("thsa.td", corpus_file, tmp_path)
+    fields = {k: getattr(config, k) for k in ("design", "data", "layers", "width", "heads", "context", "batch")}
+    script = tmp_path / "ddp_step.py"
+    script.write_text(DDP_SCRIPT)
+    env = os.environ | {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": "2",
+        "PYTHONPATH": str(ROOT),
+    }
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(script), repr(fields), str(tmp_path / "grads.pt")], env=env | {"RANK": str(r)}
+        )
+        for r in range(2)
+    ]
+    assert [p.wait(timeout=240) for p in processes] == [0, 0]
+    distributed = torch.load(tmp_path / "grads.pt")
+
+    corpus = read_corpus(config.data, config.context)
+    model, _ = build_model(config, corpus.vocab, torch.device("cpu"))
+    x, y = global_batch(torch.Generator().manual_seed(7), corpus.train, config, 0, 1)
+    loss_of(model, x, y, torch.device("cpu")).backward()
+    for name, param in model.named_parameters():
+        assert torch.allclose(distributed[name], param.grad, atol=1e-6, rtol=1e-5), name
+
+
+def test_example_script_trains_a_compiled_module_without_importing_tdiag(corpus_file, tmp_path):
+    example = ROOT / "examples" / "train_shakespeare.py"
+    imports = [line for line in example.read_text().splitlines() if line.startswith(("import ", "from "))]
+    assert imports and not any("tdiag" in line for line in imports)
+    module = tmp_path / "mhsa_module.py"
+    assert (
+        main(
+            [
+                "compile",
+                str(DESIGNS / "mhsa.td"),
+                "--causal",
+                "--set",
+                "F=16",
+                "--set",
+                "H=2",
+                "--plan-n",
+                "16",
+                "-o",
+                str(module),
+            ]
+        )
+        == 0
+    )
+    result = subprocess.run(
+        [sys.executable, str(example), str(module), "--data", str(corpus_file), "--width", "16", "--context", "16",
+         "--layers", "1", "--batch", "4", "--steps", "2"],
+        capture_output=True, text=True, timeout=120, env=os.environ | {"PYTHONPATH": ""},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "step     2" in result.stdout
