@@ -261,10 +261,9 @@ def _train(args: argparse.Namespace) -> int:
         saved = json.loads((folder / "config.json").read_text())
         saved.pop("summary", None)
         config = training.TrainConfig(**saved)
-        config.out, config.steps = (
-            str(folder),
-            max(config.steps, args.steps if args.steps != training.TrainConfig.steps else 0),
-        )
+        config.out = str(folder)
+        if args.steps != training.TrainConfig.steps:  # given explicitly: the new total
+            config.steps = args.steps
         result = training.train(config, resume=True, progress=not args.no_progress)
         return _report_training(result)
     if not args.designs:

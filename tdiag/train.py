@@ -311,6 +311,7 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -
         (folder / "config.json").write_text(json.dumps(dataclasses.asdict(config) | {"summary": summary}, indent=2))
     bar = _progress(config, state["step"], enabled=progress and dist.is_main)
     tokens, started, rate = 0, time.perf_counter(), 0.0
+    previous_handler = _stop_on_sigterm()
     step = state["step"]
     try:
         while step < config.steps:
@@ -345,16 +346,37 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -
     except KeyboardInterrupt:
         if dist.is_main:
             _save_checkpoint(folder, model, optimizer, step, state["log"], generator, config)
-            print(f"\ninterrupted at step {step}; resume with: tdiag train --resume {folder}", file=sys.stderr)
-        raise
+        message = f"training interrupted at step {step}; the checkpoint in '{folder}' holds every completed step"
+        raise TdiagError(Diagnostic(message, hint=f"resume with: tdiag train --resume {folder}")) from None
     finally:
         bar.close()
+        _restore_sigterm(previous_handler)
     summary |= {"final_val_loss": state["log"][-1]["val_loss"] if state["log"] else None, "tokens_per_s": rate}
     if dist.is_main:
         (folder / "sample.txt").write_text(sample(model, corpus, config, device))
         (folder / "summary.json").write_text(json.dumps(summary, indent=2))
         _plot(folder, state["log"], design.name)
     return summary | {"log": state["log"], "folder": str(folder)}
+
+
+def _stop_on_sigterm():
+    """`kill` (SIGTERM) stops a run like Ctrl-C does: the checkpoint is written first."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        return None
+
+
+def _restore_sigterm(previous) -> None:
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _progress(config: TrainConfig, start: int, enabled: bool):

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -188,3 +189,22 @@ def test_example_script_trains_a_compiled_module_without_importing_tdiag(corpus_
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "step     2" in result.stdout
+
+
+def test_a_terminated_run_keeps_every_completed_step_and_resumes(corpus_file, tmp_path):
+    folder = tmp_path / "killed"
+    flags = ["--layers", "1", "--width", "16", "--heads", "2", "--context", "16", "--batch", "4"]
+    flags += ["--steps", "100000", "--eval-every", "100000", "--out", str(folder), "--no-progress"]
+    command = [sys.executable, "-m", "tdiag.train", str(DESIGNS / "mhsa.td"), "--data", str(corpus_file), *flags]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    for _ in range(120):
+        if (folder / "config.json").exists():
+            break
+        time.sleep(0.5)
+    time.sleep(2)  # some steps complete
+    process.terminate()
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 1 and "training interrupted at step" in err and "Traceback" not in err
+    saved = torch.load(folder / "checkpoint.pt", weights_only=False)["step"]
+    assert saved > 0
+    assert main(["train", "--resume", str(folder), "--steps", str(saved + 2), "--no-progress"]) == 0
