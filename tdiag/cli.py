@@ -288,7 +288,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _report_training(result: dict) -> int:
-    if result.get("final_val_loss") is not None:
+    import os
+
+    if result.get("final_val_loss") is not None and os.environ.get("RANK", "0") == "0":
         print(
             f"{result['design']}: validation loss {result['final_val_loss']:.4f} nats/char "
             f"(unigram baseline {result['unigram_val_loss']:.4f}); run folder {result['folder']}"
