@@ -276,17 +276,28 @@ class _Lowering:
         out = tuple(p for leg in e.legs for p in ren[leg])
         return self.contract(leaves, out, coefficient, var)
 
-    def collect(self, e: Expr, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf]) -> sympy.Expr:
-        """Gather the factors of a multilinear region into `leaves`; returns the coefficient."""
+    def collect(
+        self, e: Expr, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf], *, expand_powers: bool = False
+    ) -> sympy.Expr:
+        """Gather the factors of a multilinear region into `leaves`; returns the coefficient.
+        With `expand_powers`, an integer power of a contraction becomes that many copies of it."""
         if isinstance(e, Scalar):
             return e.value
+        if expand_powers and isinstance(e, ElementwiseMap) and e.name == "pow" and e.params[0].is_Integer:
+            coefficient = sympy.Integer(1)
+            for _ in range(int(e.params[0])):
+                inner = dict(ren)
+                for leg in _all_legs(e.operand) - set(e.operand.legs):  # type: ignore[arg-type]
+                    inner[leg] = tuple(self.new_leg(p) for p in self.expand(leg))
+                coefficient *= self.collect(e.operand, inner, leaves, expand_powers=True)  # type: ignore[arg-type]
+            return coefficient
         if isinstance(e, Contraction):
             inner = dict(ren)
             for leg in e.summed:
                 inner[leg] = tuple(self.new_leg(p) for p in self.expand(leg))
             coefficient = e.coefficient
             for factor in e.factors:
-                coefficient *= self.collect(factor, inner, leaves)
+                coefficient *= self.collect(factor, inner, leaves, expand_powers=expand_powers)
             return coefficient
         if isinstance(e, TensorRef):
             return self.collect_tensor(e, ren, leaves)
@@ -935,23 +946,7 @@ class _Lowering:
 
     def collect_expanded(self, e: Expr, ren, leaves: list[_Leaf]) -> sympy.Expr:
         """Like collect, with x ^ p of a contraction written as p copies of it."""
-        if isinstance(e, ElementwiseMap) and e.name == "pow" and e.params[0].is_Integer:
-            coefficient = sympy.Integer(1)
-            for _ in range(int(e.params[0])):
-                inner = dict(ren)
-                for leg in _all_legs(e.operand) - set(e.operand.legs):  # type: ignore[arg-type]
-                    inner[leg] = tuple(self.new_leg(p) for p in self.expand(leg))
-                coefficient *= self.collect_expanded(e.operand, inner, leaves)  # type: ignore[arg-type]
-            return coefficient
-        if isinstance(e, Contraction):
-            inner = dict(ren)
-            for leg in e.summed:
-                inner[leg] = tuple(self.new_leg(p) for p in self.expand(leg))
-            coefficient = e.coefficient
-            for factor in e.factors:
-                coefficient *= self.collect_expanded(factor, inner, leaves)
-            return coefficient
-        return self.collect(e, ren, leaves)
+        return self.collect(e, ren, leaves, expand_powers=True)
 
     def hoist(self, box: SoftmaxBox, ren, values: list[_Leaf], rest: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
         """Emit numerator and denominator contractions and their quotient; return the region's
