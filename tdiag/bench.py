@@ -89,9 +89,91 @@ class AuthorsThsa(nn.Module):
         return self.out(torch.einsum("bslr,blr->bsr", probabilities, v))
 
 
+class AuthorsFish(nn.Module):
+    """The FiSH authors' formulation (HDPAttn, spec fishformer §3.2-3.3): M global score maps,
+    Gaussian noise on them in training, Linear(M -> H) mixing on the head axis, then a softmax per
+    local head and the H value heads."""
+
+    def __init__(self, fish: nn.Module):
+        super().__init__()
+        width, globals_, head = fish.WQ.shape
+        heads = fish.WV.shape[1]
+        self.scale = head**-0.5
+        like = {"bias": False, "dtype": fish.WQ.dtype}
+        self.q, self.k = nn.Linear(width, globals_ * head, **like), nn.Linear(width, globals_ * head, **like)
+        self.v = nn.Linear(width, heads * fish.WV.shape[2], **like)
+        self.mix = nn.Linear(globals_, heads, **like)
+        self.out = nn.Linear(heads * fish.WV.shape[2], width, **like)
+        self.sigma = nn.Parameter(fish.sigma.detach().clone()) if hasattr(fish, "sigma") else None
+        with torch.no_grad():
+            self.q.weight.copy_(fish.WQ.reshape(width, -1).T)
+            self.k.weight.copy_(fish.WK.reshape(width, -1).T)
+            self.v.weight.copy_(fish.WV.reshape(width, -1).T)
+            self.mix.weight.copy_(fish.P.T)
+            self.out.weight.copy_(fish.WO.reshape(-1, width).T)
+        self.globals, self.heads = globals_, heads
+
+    def forward(self, x: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, self.globals, -1)
+        k = self.k(x).view(b, n, self.globals, -1)
+        scores = torch.einsum("bnmd,bsmd->bnsm", q, k)
+        if self.sigma is not None and self.training:
+            scores = scores + self.sigma * torch.randn_like(scores)
+        attention = self.mix(scores) * self.scale  # [b n s h]
+        if causal:
+            mask = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
+            attention = attention.masked_fill(mask[None, :, :, None], float("-inf"))
+        probabilities = attention.softmax(dim=2)
+        v = self.v(x).view(b, n, self.heads, -1)
+        return self.out(torch.einsum("bnsh,bshe->bnhe", probabilities, v).reshape(b, n, -1))
+
+
+class AuthorsMgk(nn.Module):
+    """The MGK authors' formulation (spec mgk §1.3, LRA attention): per-component squared
+    distances, π-weighted Gaussian kernels summed over components, normalized over keys."""
+
+    def __init__(self, mgk: nn.Module):
+        super().__init__()
+        width, heads, components, head = mgk.WK.shape
+        self.heads, self.components, self.head = heads, components, head
+        like = {"bias": False, "dtype": mgk.WQ.dtype}
+        self.q = nn.Linear(width, heads * head, **like)
+        self.k = nn.Linear(width, heads * components * head, **like)
+        self.v = nn.Linear(width, heads * mgk.WV.shape[2], **like)
+        self.out = nn.Linear(heads * mgk.WV.shape[2], width, **like)
+        self.pi = nn.Parameter(mgk.pi.detach().clone())
+        with torch.no_grad():
+            for linear, name in ((self.q, "WQ"), (self.k, "WK"), (self.v, "WV")):
+                linear.weight.copy_(getattr(mgk, name).reshape(width, -1).T)
+            self.out.weight.copy_(mgk.WO.reshape(-1, width).T)
+
+    def forward(self, x: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, self.heads, self.head).transpose(1, 2)  # [b h n d]
+        k = self.k(x).view(b, n, self.heads, self.components, self.head).permute(0, 2, 3, 1, 4)  # [b h r m d]
+        v = self.v(x).view(b, n, self.heads, -1).transpose(1, 2)
+        variance = self.head**0.5
+        kernel = 0.0
+        for r in range(self.components):
+            distance = (
+                (q * q).sum(-1, keepdim=True)
+                + (k[:, :, r] ** 2).sum(-1)[:, :, None, :]
+                - 2 * q @ k[:, :, r].transpose(-1, -2)
+            )
+            kernel = kernel + self.pi[:, r].clamp(0, 1)[None, :, None, None] * torch.exp(-distance / (2 * variance))
+        if causal:
+            kernel = kernel.masked_fill(torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1), 0.0)
+        attention = kernel / (kernel.sum(-1, keepdim=True) + 1e-6)
+        return self.out((attention @ v).transpose(1, 2).reshape(b, n, -1))
+
+
 REFERENCES: dict[str, list[tuple[str, Callable[[nn.Module], nn.Module]]]] = {
     "mhsa": [("torch MultiheadAttention", TorchMultiheadAttention), ("hand-written SDPA", SdpaAttention)],
     "thsa": [("authors' THSA (einsum + Linear(R,R))", AuthorsThsa)],
+    "fish": [("authors' FiSH (global scores, Linear(M,H) mix)", AuthorsFish)],
+    "hard_fish": [("authors' Hard FiSH (global scores, Linear(M,H) mix)", AuthorsFish)],
+    "mgk": [("authors' MGK (per-component Gaussian kernels)", AuthorsMgk)],
 }
 
 

@@ -131,3 +131,25 @@ def test_bench_writes_json_csv_and_plot(capsys, tmp_path):
     )  # fmt: skip
     assert code == 0 and "hand-written SDPA" in out
     assert {p.name for p in tmp_path.iterdir()} >= {"bench.json", "bench.csv"}
+
+
+@pytest.mark.parametrize(
+    ("name", "port", "sizes"),
+    [
+        ("hard_fish", "AuthorsFish", {"F": 16, "H": 4}),
+        ("mgk", "AuthorsMgk", {"F": 16, "H": 2, "D": 4}),
+        ("thsa", "AuthorsThsa", {"F": 16, "H": 2}),
+    ],
+)
+def test_benchmark_ports_of_the_authors_code_compute_the_same_function(name, port, sizes):
+    """The benchmark compares like with like: each port equals the compiled design (up to the
+    MGK code's 1e-6 in the denominator)."""
+    import torch
+
+    import tdiag
+    from tdiag import bench
+
+    module = tdiag.load(DESIGNS / f"{name}.td", **sizes).module(N=6, dtype=torch.float64).eval()
+    reference = getattr(bench, port)(module).to(torch.float64).eval()
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    assert torch.allclose(module(x), reference(x), atol=1e-5)
