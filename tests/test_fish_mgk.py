@@ -311,3 +311,32 @@ def test_bfloat16_autocast_stays_close_to_float64(name):
         low = module(x.float())
     assert torch.isfinite(low).all()
     assert (low.double() - exact(x)).abs().max() < 0.1 * exact(x).abs().max() + 0.05
+
+
+def test_t23_fish_noise_moments_follow_the_global_noise_reading(tmp_path):
+    """Spec A7a/T23: noise on the global maps gives local scores with mean P·G, variance
+    Σ_k P[k,h]² σ_k² and cross-head covariance Σ_k P[k,h] P[k,h'] σ_k² (statistical, fixed seed)."""
+    import shutil
+
+    for base in ("fish", "hard_fish"):
+        shutil.copy(DESIGNS / f"{base}.td", tmp_path / f"{base}.td")
+    (tmp_path / "fish_scores.td").write_text(
+        "# Paper: FiSH eq. 9, the local pre-softmax scores\ndesign fish_scores extends fish\n"
+        "S[h n m] = P[k h] * (Q[n k d] K[m k d] + sigma[k] eps[k n m])\noutput S\n"
+    )
+    scores = tdiag.load(tmp_path / "fish_scores.td", F=F, H=4, M=2).module(dtype=torch.float64, N=3).train()
+    with torch.no_grad():
+        scores.sigma.copy_(torch.tensor([0.5, 1.5]))
+    x = x_input(1)[:, :3].expand(20000, 3, F)
+    torch.manual_seed(0)
+    s = scores(x)  # [samples, h, n, m]
+    with torch.no_grad():
+        scores.sigma.zero_()
+        hard = scores(x[:1])[0]
+    p, sigma2 = scores.P.detach(), torch.tensor([0.25, 2.25], dtype=torch.float64)
+    assert torch.allclose(s.mean(0), hard, atol=0.05)
+    variance = (p**2 * sigma2[:, None]).sum(0)  # [h]
+    assert torch.allclose(s.var(0).mean((-1, -2)), variance, rtol=0.05)
+    centered = s - s.mean(0)
+    covariance = torch.einsum("shnm,sgnm->hg", centered, centered) / (centered.shape[0] * 9)
+    assert torch.allclose(covariance, p.T @ (sigma2[:, None] * p), atol=0.05 * variance.max())
