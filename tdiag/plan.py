@@ -385,25 +385,19 @@ class _Lowering:
     def contract(self, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None) -> Value:
         leaves = self.resolve_boxes(leaves, out)
         leaves, out, coefficient = self.fold_constants(leaves, out, coefficient)
-        operands: list[tuple[tuple[str, ...], Value | None, _Leaf]] = []
-        for leaf in leaves:
-            legs = leaf.legs
-            if leaf.value is not None and leaf.value.broadcast:
-                legs = tuple(leg for leg in legs if leg not in leaf.value.broadcast)
-            operands.append((legs, None, leaf))
-        present = {leg for legs, _, _ in operands for leg in legs}
+        if not leaves:
+            raise TdiagError(Diagnostic("a statement computes a constant only; nothing depends on an input"))
+        # a value constant along a broadcast leg does not carry it; a leg no factor carries is a
+        # broadcast leg of the result if kept, and a factor of its size if summed
+        values = [self.leaf_value(leaf) for leaf in leaves]
+        values = [Value(v.var, tuple(leg for leg in v.legs if leg not in v.broadcast), v.broadcast) for v in values]
+        present = {leg for v in values for leg in v.legs}
         broadcast = frozenset(leg for leg in out if leg not in present and leg != BATCH)
-        every = {leg for leaf in leaves for leg in leaf.legs} | set(out)
-        for leg in every:
-            if leg not in present and leg not in out:
-                coefficient *= self.size(leg)
-        if any(leg == BATCH for legs, _, _ in operands for leg in legs) and BATCH not in out:
+        for leg in {leg for leaf in leaves for leg in leaf.legs} - present - set(out):
+            coefficient *= self.size(leg)
+        if BATCH in present and BATCH not in out:
             out = (BATCH, *out)
         wanted = tuple(leg for leg in out if leg in present)
-        if not operands:
-            raise TdiagError(Diagnostic("a statement computes a constant only; nothing depends on an input"))
-        values = [self.leaf_value(leaf) for _, _, leaf in operands]
-        values = [self.drop_broadcast(v, legs) for v, (legs, _, _) in zip(values, operands, strict=True)]
         result = self.plan_contraction(values, wanted, coefficient, var)
         return Value(result.var, result.legs, broadcast)
 
@@ -453,11 +447,6 @@ class _Lowering:
         if leaf.value is not None:
             return Value(leaf.value.var, leaf.legs, leaf.value.broadcast)
         return self.stored(leaf.tensor, leaf.view)  # type: ignore[arg-type]
-
-    def drop_broadcast(self, value: Value, legs: tuple[str, ...]) -> Value:
-        if value.legs == legs:
-            return value
-        return Value(value.var, tuple(leg for leg in value.legs if leg not in value.broadcast), value.broadcast)
 
     def stored(self, tensor: Tensor, view: tuple[tuple[str, ...], ...]) -> Value:
         """A declared tensor seen with region legs, viewed into pieces where an axis is split."""
