@@ -103,9 +103,6 @@ class Plan:
     stored: list[str] = field(default_factory=list)  # declared tensors the forward reads
     segments: list[tuple[int, int]] = field(default_factory=list)  # steps recomputed in backward
 
-    def flops(self) -> sympy.Expr:
-        return sympy.expand(sum((s.flops for s in self.steps), sympy.Integer(0)))
-
 
 # ---- sizes of legs -------------------------------------------------------------------------
 
@@ -859,17 +856,18 @@ class _Lowering:
             terms = varying or terms[:1]  # terms constant along the softmax's legs drop out
         if len(terms) == 1 and terms[0][1] > 0:
             return self.lower(terms[0][0], ren, var)
-        parts = [(sign, self.expand_all(self.lower(term, ren))) for term, sign in terms]
+        parts = [(sign, self.as_missing_legs(self.lower(term, ren))) for term, sign in terms]
         out = tuple(p for leg in e.legs for p in ren[leg])
         return self.combine("sum", parts, out, var)
 
     def lower_quotient(self, e: Quotient, ren, var: str | None) -> Value:
-        numerator = self.expand_all(self.lower(e.numerator, ren))  # type: ignore[arg-type]
-        denominator = self.expand_all(self.lower(e.denominator, ren))  # type: ignore[arg-type]
+        numerator = self.as_missing_legs(self.lower(e.numerator, ren))  # type: ignore[arg-type]
+        denominator = self.as_missing_legs(self.lower(e.denominator, ren))  # type: ignore[arg-type]
         out = tuple(p for leg in e.legs for p in ren[leg])
         return self.combine("quotient", [(1, numerator), (1, denominator)], out, var, operator="/")
 
-    def expand_all(self, value: Value) -> Value:
+    def as_missing_legs(self, value: Value) -> Value:
+        """A value's broadcast legs, for combine, which broadcasts any leg an operand lacks."""
         return Value(value.var, value.legs, frozenset())
 
     def lower_distance(self, e: SquaredDistance, ren, var: str | None) -> Value:
