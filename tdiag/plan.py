@@ -15,6 +15,7 @@ Invariants the Plan keeps:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import keyword
 from collections import Counter
@@ -175,6 +176,7 @@ class _Lowering:
         # a term constant along them shifts every row equally and changes nothing (softmax(x + c))
         self.shift_invariant: frozenset[str] | None = None
         self.box_depth = 0  # > 0 while a softmax box's argument is being computed
+        self.memo: dict[tuple, tuple[Value, tuple[str, ...]]] = {}  # nonlinear values of the current target
 
     # -- helpers --
     def size(self, leg: str) -> sympy.Expr:
@@ -252,6 +254,30 @@ class _Lowering:
         return value
 
     def lower_nonlinear(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
+        """Each nonlinear sub-expression is computed once: a repeat (the same map of the same
+        tensors, whatever its legs are called in the region) reads the earlier value."""
+        return self.memoized(e, ren, lambda: self._lower_nonlinear(e, ren, var))
+
+    def memoized(self, e: Expr, ren: dict[str, tuple[str, ...]], build) -> Value:
+        legs = tuple(p for leg in sorted(e.legs) for p in ren[leg])
+        shift = None  # which of its legs a softmax around it normalizes: sums may drop terms by it
+        if self.shift_invariant is not None and isinstance(e, SumNode | SquaredDistance):
+            shift = frozenset(k for k, p in enumerate(legs) if p in self.shift_invariant)
+        pattern = tuple(legs.index(p) for p in legs)
+        key = (e, tuple(len(ren[leg]) for leg in sorted(e.legs)), pattern, shift)
+        if key in self.memo:
+            value, earlier = self.memo[key]
+            rename = dict(zip(earlier, legs, strict=True))
+            return Value(
+                value.var,
+                tuple(rename.get(leg, leg) for leg in value.legs),
+                frozenset(rename.get(leg, leg) for leg in value.broadcast),
+            )
+        value = build()
+        self.memo[key] = (value, legs)
+        return value
+
+    def _lower_nonlinear(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
         if isinstance(e, SoftmaxBox):
             return self.lower_box(e, ren, var)
         if isinstance(e, ElementwiseMap):
@@ -898,7 +924,7 @@ class _Lowering:
         plan is cheaper than the materialized box."""
 
         def materialized() -> list[_Leaf]:
-            value = self.lower_box(box, ren, None)
+            value = self.memoized(box, ren, lambda: self.lower_box(box, ren, None))
             return [*others[:k], _Leaf(value.legs, value=value), *others[k:]]
 
         normalized = tuple(p for leg in box.normalized for p in ren[leg])
@@ -989,7 +1015,8 @@ class _Lowering:
             if fused is not None and self.cheaper_fused(box, ren, leaves[k], others, out, fused):
                 leaves = self.fuse(box, ren, others, fused)
             else:
-                value = self.lower_box(box, ren, None, prefer={leg for o in others for leg in o.legs})
+                prefer = {leg for o in others for leg in o.legs}
+                value = self.memoized(box, ren, lambda b=box, r=ren, p=prefer: self.lower_box(b, r, None, p))
                 leaves = [*others[:k], _Leaf(value.legs, value=value), *others[k:]]
         return leaves
 
@@ -1005,7 +1032,9 @@ class _Lowering:
         if any(k in out for k in keys):
             return None
         content: list[_Leaf] = []
-        coefficient = self.collect(box.content, ren, content)
+        with self.scratch() as prelude:  # the content's nonlinear factors; kept only if fused
+            coefficient = self.collect(box.content, ren, content)
+            memo = self.memo
         box_legs = tuple(p for leg in box.legs for p in ren[leg])
         content, box_legs, coefficient = self.fold_constants(content, box_legs, coefficient)
         if any(c.box is not None or (c.value is not None and c.value.broadcast) for c in content):
@@ -1028,6 +1057,7 @@ class _Lowering:
             "features": features,
             "scale": coefficient * box.scale,
             "causal": bool(box.masks),
+            "prelude": (prelude, memo),
         }
 
     def split_sides(self, content: list[_Leaf], box_legs, keys, others: list[_Leaf], out: tuple[str, ...]):
@@ -1087,18 +1117,29 @@ class _Lowering:
 
     def trial(self, build) -> int:
         """The FLOPs a lowering would emit, at the planned sizes, without keeping its steps."""
-        saved, self.target = self.target, []
-        try:
+        with self.scratch() as steps:
             build()
-            total = sum((s.flops for s in self.target), sympy.Integer(0))
+            total = sum((s.flops for s in steps), sympy.Integer(0))
             return int(self.g.evaluate(total, **self.sizes).xreplace({BATCH_SIZE: self.sizes.get("B", 1)}))
+
+    @contextlib.contextmanager
+    def scratch(self):
+        """Emit into a list of its own, whose values are forgotten afterwards."""
+        saved, self.target = self.target, []
+        memo, self.memo = self.memo, dict(self.memo)
+        try:
+            yield self.target
         finally:
-            self.target = saved
+            self.target, self.memo = saved, memo
 
     def fuse(self, box: SoftmaxBox, ren, others: list[_Leaf], fused: dict) -> list[_Leaf]:
         """Emit q, k, v and the SDPA call; return the region's leaves with the attention output
         standing in for the box and its value side."""
         heads, queries, keys, latent, features = (fused[k] for k in ("heads", "queries", "keys", "latent", "features"))
+        prelude, memo = fused["prelude"]
+        for step in prelude:
+            self.emit(step)
+        self.memo.update(memo)
         self.box_depth += 1
         q = self.contract(fused["query"], tuple(heads + queries + latent), sympy.Integer(1), "q")
         k = self.contract(fused["key"], tuple(heads + keys + latent), sympy.Integer(1), "k")

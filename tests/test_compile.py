@@ -3,6 +3,7 @@ against the reference evaluation of the same graph, and against the paper's iden
 
 import importlib.util
 import math
+import re
 import shutil
 
 import pytest
@@ -95,6 +96,39 @@ def test_module_accepts_any_leading_batch_dims():
     x = x_input(2, 3)
     assert mhsa(x).shape == (2, 3, 5, 8)
     assert torch.allclose(mhsa(x)[1, 2], mhsa(x[1, 2]), atol=TOL, rtol=0)
+
+
+# ---- the plan computes each value once and reads everything it computes ----------------------
+
+
+def _reads(step_lines: list[str], var: str) -> bool:
+    return any(re.search(rf"\b{re.escape(var)}\b", line.split(" = ", 1)[-1]) for line in step_lines)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
+def test_every_planned_step_is_read_by_a_later_step_or_the_output(path, causal):
+    design = tdiag.load(path)
+    plan = (design.with_causal_mask() if causal else design).plan()
+    steps = [*plan.steps, *plan.update_steps]
+    outputs = {value.var for _, value in plan.outputs}
+    for k, step in enumerate(steps):
+        if step.out is None or step.out.var in outputs:
+            continue
+        later = [line for s in steps[k + 1 :] for line in s.lines]
+        assert _reads(later, step.out.var), f"{path.stem}: step {k} ({step.description}) is never read"
+
+
+@pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
+def test_no_two_planned_steps_compute_the_same_thing(path):
+    plan = tdiag.load(path).plan()
+    names = {step.out.var: f"v{k}" for k, step in enumerate(plan.steps) if step.out is not None}
+    seen = set()
+    for step in plan.steps:
+        body = [line.split(" = ", 1)[-1].split("  #")[0] for line in step.lines]
+        canonical = tuple(re.sub(r"\b\w+\b", lambda m: names.get(m.group(0), m.group(0)), line) for line in body)
+        assert canonical not in seen, f"{path.stem}: {step.description} is computed twice"
+        seen.add(canonical)
 
 
 # ---- the plan equals the plain evaluation of the same graph ---------------------------------
