@@ -5,7 +5,8 @@
 # - One key projection per head plus M learnable shift vectors per head: K = K0 + b, a sum node
 #   broadcasting K0 over r and b over key positions (§6.3).
 # - b init N(0, 1), the paper's (A12; the authors' code uses N(0, 0.25) with b_1 = 0).
-# - The compiler may expand sqdist(Q, K0 + b) into one N^2 contraction plus O(NMD) terms (P11).
+# - The compiler expands sqdist(Q, K0 + b) into one N^2 contraction plus O(NMD) terms (P11) when
+#   that costs fewer FLOPs (any M >= 2); `tdiag compile` reports it.
 design smgk extends mgk
 
 replace param WK[f: F, h: H, d: D] = normal(std = 1 / sqrt(F))   # one key projection per head

@@ -4,11 +4,13 @@ each property checked against a direct formula in float64."""
 import math
 
 import pytest
+import sympy
 import torch
 import torch.nn.functional as functional
 from conftest import DESIGNS
 
 import tdiag
+from tdiag.plan import BATCH_SIZE
 
 TOL = 1e-10
 F, N = 8, 5
@@ -212,6 +214,34 @@ def test_p11_smgk_with_zero_shifts_is_single_key_gaussian_attention():
         smgk.b.zero_()
         mgk.WK.copy_(smgk.WK[:, :, None, :])
     assert torch.allclose(smgk(x_input()), mgk(x_input()), atol=TOL, rtol=0)
+
+
+def test_p11_smgk_with_shifts_is_gaussian_attention_to_the_shifted_keys():
+    smgk, x = build("smgk"), x_input()
+    with torch.no_grad():
+        smgk.pi.copy_(torch.tensor([[0.3, 0.7], [0.6, 0.4]]))
+    q, k0, v = projections(smgk, x)
+    keys = k0[:, :, :, None, :] + smgk.b  # k_jr = k_j + b_r
+    logits = gaussian_logits(q, keys, 3) + smgk.pi.log()[None, :, None, None, :]
+    attention = logits.flatten(-2).softmax(-1).unflatten(-1, (N, 2)).sum(-1)
+    expected = torch.einsum("bhnm,bmhe,heg->bng", attention, v, smgk.WO)
+    assert torch.allclose(smgk(x), expected, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("components", [2, 4])
+def test_p11_smgk_pays_one_n_squared_contraction_whatever_the_number_of_shifts(components):
+    design = tdiag.load(DESIGNS / "smgk.td", M=components)
+    plan = design.plan()
+    n, d, h, m = (design.graph.sizes[s].symbol for s in ("N", "D", "H", "M"))
+    scores = [s for s in plan.steps if s.in_box and sympy.expand(s.flops).coeff(n, 2) != 0]
+    assert [sympy.expand(s.flops).coeff(n, 2) for s in scores] == [2 * d * h * BATCH_SIZE]
+    assert any("P11" in note for note in plan.lowered)
+    assert m not in sympy.expand(design.cost().flops).coeff(n, 2).coeff(d).free_symbols
+
+
+def test_p11_expansion_is_not_taken_where_it_saves_nothing():
+    plan = tdiag.load(DESIGNS / "smgk.td", M=1).plan()
+    assert not any("P11" in note for note in plan.lowered)
 
 
 def test_p12_mlk_is_linear_attention_with_mixed_key_features():
