@@ -255,6 +255,39 @@ def test_p12_mlk_is_linear_attention_with_mixed_key_features():
     assert torch.allclose(mlk(x), torch.einsum("bnhe,heg->bng", heads, mlk.WO), atol=1e-8, rtol=0)
 
 
+def causal_design(name: str, **sizes):
+    defaults = {"F": F, "H": 4, "M": 2} if "mgk" not in name and "mlk" not in name else {"F": F, "H": 2, "D": 3}
+    return tdiag.load(DESIGNS / f"{name}.td", **(defaults | sizes)).with_causal_mask()
+
+
+def test_p12_causal_mlk_by_prefix_sums_equals_the_masked_quadratic_form():
+    design = causal_design("mlk")
+    assert any("causal prefix sums" in note for note in design.plan(N=64).lowered)  # planned for N = 64
+    mlk, x = design.module(dtype=torch.float64, N=64), x_input()
+    q, k, v = projections(mlk, x)
+    mixed = torch.einsum("hr,bmhrd->bmhd", mlk.pi, functional.elu(k) + 1)
+    kernel = torch.einsum("bnhd,bmhd->bhnm", functional.elu(q) + 1, mixed).tril()  # j <= i
+    heads = torch.einsum("bhnm,bmhe->bnhe", kernel / (kernel.sum(-1, keepdim=True) + 1e-6), v)
+    assert torch.allclose(mlk(x), torch.einsum("bnhe,heg->bng", heads, mlk.WO), atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["mlk", "smlk", "lfish"])
+def test_causal_linear_designs_cost_no_n_squared_term(name):
+    design = causal_design(name)
+    n = design.graph.sizes["N"].symbol
+    assert sympy.expand(design.cost().flops).coeff(n, 2) == 0
+    assert sympy.expand(design.cost().peak_memory).coeff(n, 2) == 0
+
+
+@pytest.mark.parametrize("name", ["mlk", "lfish"])
+def test_causal_prefix_sums_pass_gradcheck(name):
+    design = causal_design(name)
+    assert any("causal prefix sums" in note for note in design.plan(N=64).lowered)
+    module = design.module(dtype=torch.float64, N=64)
+    x = x_input(1).requires_grad_()
+    assert torch.autograd.gradcheck(module, (x,), eps=1e-6, atol=1e-6)
+
+
 def test_p14_mgk_attention_is_row_stochastic_over_keys_and_components():
     reference = tdiag.load(DESIGNS / "mgk.td", F=F, H=2, D=3).module(impl="reference", dtype=torch.float64, N=N)
     _, values = reference(x_input(), return_intermediates=True)
