@@ -243,7 +243,17 @@ def measure_all(
 
 
 def run(
-    files: list[str], *, n: int, batch: int, width: int, heads: int, repeat: int, causal: bool, device: str, log=print
+    files: list[str],
+    *,
+    n: int,
+    batch: int,
+    width: int,
+    heads: int,
+    repeat: int,
+    causal: bool,
+    device: str,
+    objective: str = "flops",
+    log=print,
 ) -> list[Row]:
     rows: list[Row] = []
     torch.manual_seed(0)
@@ -251,7 +261,7 @@ def run(
         design = tdiag.load(file, **_sizes_for(file, width, heads))
         if causal:
             design = design.with_causal_mask()
-        compiled = design.module(N=n, device=device)
+        compiled = design.module(N=n, device=device, objective=objective)
         x = torch.randn(batch, n, width, device=device)
         labels = ["tdiag compiled"] + [label for label, _ in REFERENCES.get(Path(file).stem, [])]
         modules = [compiled] + [make(compiled).to(device) for _, make in REFERENCES.get(Path(file).stem, [])]

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from .design import Design, load
 from .errors import Diagnostic, TdiagError, format_diagnostic
+from .plan import OBJECTIVES
 
 RENDER_FORMATS = ("dot", "pdf", "png", "svg")
 
@@ -90,6 +91,12 @@ def _parser() -> _Parser:
     )
     p.add_argument("--checkpoint-boxes", action="store_true", help="recompute softmax boxes in the backward pass")
     p.add_argument("--causal", action="store_true", help="mask the future: causal(n, m) on every box over m")
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="flops",
+        help="flops (default): fused attention only where it costs no more FLOPs; memory: wherever it applies",
+    )
     with_sizes(p)
 
     p = commands.add_parser("cost", help="parameters, FLOPs, softmax entries and peak memory, side by side")
@@ -98,6 +105,12 @@ def _parser() -> _Parser:
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument(
         "--convention", choices=("flop", "mac", "paper"), default="flop", help="how contractions are counted"
+    )
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="flops",
+        help="flops (default): fused attention only where it costs no more FLOPs; memory: wherever it applies",
     )
 
     p = commands.add_parser("bench", help="time compiled designs against hand-written references")
@@ -108,6 +121,12 @@ def _parser() -> _Parser:
     p.add_argument("--heads", type=_positive, default=4, help="heads H (default 4)")
     p.add_argument("--repeat", type=_positive, default=10)
     p.add_argument("--causal", action="store_true", help="mask the future in every box")
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="flops",
+        help="flops (default): fused attention only where it costs no more FLOPs; memory: wherever it applies",
+    )
     p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
     p.add_argument("--out", default="out/bench", help="folder for bench.json, bench.csv, bench.png")
 
@@ -187,8 +206,8 @@ def _compile(args: argparse.Namespace) -> int:
     sizes = {"N": args.plan_n} if args.plan_n else {}
     if args.plan_n and "N" not in design.graph.sizes:
         raise _UsageError(f"tdiag compile: error: design '{design.name}' has no size N to plan for")
-    plan = design.plan(checkpoint_boxes=args.checkpoint_boxes, **sizes)
-    source = design.source(checkpoint_boxes=args.checkpoint_boxes, **sizes)
+    plan = design.plan(checkpoint_boxes=args.checkpoint_boxes, objective=args.objective, **sizes)
+    source = design.source(checkpoint_boxes=args.checkpoint_boxes, objective=args.objective, **sizes)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(source, encoding="utf-8")
     print(f"wrote {args.output}: class {source.split('class ', 1)[1].split('(', 1)[0]}, {len(plan.steps)} steps")
@@ -214,7 +233,7 @@ def _cost(args: argparse.Namespace) -> int:
         if fixed:
             design = load(design.graph.file, **fixed)
         runtime = {k: v for k, v in own.items() if design.graph.sizes[k].is_free}
-        reports.append(cost_report(design.plan(**runtime), args.convention))
+        reports.append(cost_report(design.plan(objective=args.objective, **runtime), args.convention))
     print(to_json(reports, args.at) if args.format == "json" else table(reports, args.at))
     return 0
 
@@ -228,7 +247,8 @@ def _bench(args: argparse.Namespace) -> int:
         _load(file, [])
     if args.device == "auto":
         args.device = "cuda" if _has_cuda() else "cpu"
-    settings = {k: getattr(args, k) for k in ("n", "batch", "width", "heads", "repeat", "causal", "device")}
+    names = ("n", "batch", "width", "heads", "repeat", "causal", "objective", "device")
+    settings = {k: getattr(args, k) for k in names}
     print(f"tdiag bench: forward + backward, {settings}")
     rows = bench.run(args.files, log=lambda line: print(line, flush=True), **settings)
     print()

@@ -96,14 +96,15 @@ class Design:
         return Design(with_causal_mask(self.graph, query, key), self.warnings)
 
     # -- compile and cost --
-    def plan(self, *, checkpoint_boxes: bool = False, **sizes: int):
+    def plan(self, *, checkpoint_boxes: bool = False, objective: str = "flops", **sizes: int):
         """The evaluation plan for these sizes (run-time sizes such as N default to 1024),
-        cached by size. `checkpoint_boxes` recomputes each box in the backward pass."""
+        cached by size. `checkpoint_boxes` recomputes each box in the backward pass;
+        `objective="memory"` prefers fused attention kernels even where they cost more FLOPs."""
         from .module import plan_for
 
-        key = (tuple(sorted(sizes.items())), checkpoint_boxes)
+        key = (tuple(sorted(sizes.items())), checkpoint_boxes, objective)
         if key not in self._plans:
-            self._plans[key] = plan_for(self.graph, sizes, checkpoint_boxes=checkpoint_boxes)
+            self._plans[key] = plan_for(self.graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=objective)
         return self._plans[key]
 
     def module(
@@ -114,6 +115,7 @@ class Design:
         device=None,
         impl: str = "compiled",
         checkpoint_boxes: bool = False,
+        objective: str = "flops",
         **sizes: int,
     ):
         """An ordinary torch.nn.Module: the compiled plan (`impl="compiled"`) or the plain
@@ -130,20 +132,21 @@ class Design:
             raise ValueError(f"impl must be 'compiled' or 'reference', got {impl!r}")
         from .module import build_module
 
-        plan = self.plan(checkpoint_boxes=checkpoint_boxes, **sizes)
+        plan = self.plan(checkpoint_boxes=checkpoint_boxes, objective=objective, **sizes)
         return build_module(plan, seed=seed, dtype=dtype, device=device, source_name=self.graph.file)
 
-    def source(self, *, checkpoint_boxes: bool = False, **sizes: int) -> str:
+    def source(self, *, checkpoint_boxes: bool = False, objective: str = "flops", **sizes: int) -> str:
         """The standalone Python module `tdiag compile` writes for these sizes."""
         from .codegen import generate
 
-        return generate(self.plan(checkpoint_boxes=checkpoint_boxes, **sizes), source_name=self.graph.file)
+        plan = self.plan(checkpoint_boxes=checkpoint_boxes, objective=objective, **sizes)
+        return generate(plan, source_name=self.graph.file)
 
-    def cost(self, convention: str = "flop", **sizes: int):
+    def cost(self, convention: str = "flop", objective: str = "flops", **sizes: int):
         """Parameters, FLOPs, softmax entries and peak memory as formulas (CostReport)."""
         from .cost import cost_report
 
-        return cost_report(self.plan(**sizes), convention)
+        return cost_report(self.plan(objective=objective, **sizes), convention)
 
     # -- diagram --
     def dot(self, **options: object) -> str:

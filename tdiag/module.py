@@ -54,5 +54,11 @@ def build_module(
     return module
 
 
-def plan_for(graph: DesignGraph, sizes: Mapping[str, int] | None = None, *, checkpoint_boxes: bool = False) -> Plan:
-    return build_plan(graph, planning_sizes(graph, sizes), checkpoint_boxes=checkpoint_boxes)
+def plan_for(
+    graph: DesignGraph,
+    sizes: Mapping[str, int] | None = None,
+    *,
+    checkpoint_boxes: bool = False,
+    objective: str = "flops",
+) -> Plan:
+    return build_plan(graph, planning_sizes(graph, sizes), checkpoint_boxes=checkpoint_boxes, objective=objective)

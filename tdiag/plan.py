@@ -149,8 +149,9 @@ class _Names:
 class _Lowering:
     """Walks the design graph once, emitting Steps."""
 
-    def __init__(self, graph: DesignGraph, sizes: Mapping[str, int]):
+    def __init__(self, graph: DesignGraph, sizes: Mapping[str, int], objective: str = "flops"):
         self.g = graph
+        self.objective = objective
         self.sizes = dict(sizes)
         self.steps: list[Step] = []
         self.names = _Names(list(graph.sizes))
@@ -1132,18 +1133,34 @@ class _Lowering:
 
     def fusable(self, box: SoftmaxBox, ren, leaf: _Leaf, others: list[_Leaf], out: tuple[str, ...]):
         """The query, key and value sides of an attention, or None when the pattern does not hold:
-        content = per-head dot product of a query side and a key side, one normalized leg (or
-        several, flattened), causal masks only, values joined along the normalized legs."""
-        if any(not isinstance(m, CausalMask) for m in box.masks) or not isinstance(
-            box.content, Contraction | TensorRef
-        ):
+        content = per-head dot product (or squared distance) of a query side and a key side, plus
+        bias terms that vary only along heads and keys (carried by one more latent feature, MGK
+        P17); causal masks only; values joined along the normalized legs, or tied across some."""
+        if any(not isinstance(m, CausalMask) for m in box.masks):
             return None
         keys = tuple(p for leg in box.normalized for p in ren[leg])
         if any(k in out for k in keys):
             return None
+        items = self.score_items(box.content, ren, set(keys))  # type: ignore[arg-type]
+        if items is None:
+            return None
+        (kind, coefficient, cross), biases = items
+        distance_weight = coefficient  # of Σ_d (q − k)², whose ‖k‖² becomes a bias
         content: list[_Leaf] = []
-        with self.scratch() as prelude:  # the content's nonlinear factors; kept only if fused
-            coefficient = self.collect(box.content, ren, content)
+        key_value = over = None
+        with self.scratch() as prelude:  # the content's computed factors; kept only if fused
+            if kind == "term":
+                coefficient *= self.collect(cross, ren, content)
+            else:
+                inner = dict(ren)
+                for leg in cross.over:
+                    inner[leg] = tuple(self.new_leg(p) for p in self.expand(leg))
+                sides = [self.lower(cross.left, inner), self.lower(cross.right, inner)]
+                if set(keys) & set(sides[0].legs):
+                    sides.reverse()
+                content = [_Leaf(v.legs, value=v) for v in sides]
+                coefficient *= -2  # Σ_d (q − k)² = −2 q·k + ‖k‖² (+ ‖q‖², constant along the keys)
+                key_value, over = sides[1], tuple(p for leg in cross.over for p in inner[leg])
             memo = self.memo
         box_legs = tuple(p for leg in box.legs for p in ren[leg])
         content, box_legs, coefficient = self.fold_constants(content, box_legs, coefficient)
@@ -1153,8 +1170,20 @@ class _Lowering:
         if split is None:
             return None
         query_side, key_side, values, heads, queries, latent, features = split
+        if kind == "sqdist" and (query_side, key_side) != (content[:1], content[1:]):
+            return None
+        bias_items = []
+        for bias_kind, weight, e in biases:
+            legs = {p for leg in e.legs for p in ren[leg]}
+            if not legs <= set(heads) | set(keys):
+                return None
+            bias_items.append((bias_kind, weight, e))
+        if kind == "sqdist":
+            bias_items.append(("norm", distance_weight, None))
+        if len(queries) != 1 and box.masks:
+            return None
         for mask in box.masks:
-            if (ren[mask.query], ren[mask.key]) != ((queries[0],), keys) or len(queries) != 1:  # type: ignore[union-attr]
+            if ren[mask.query] != (queries[0],) or len(ren[mask.key]) != 1 or ren[mask.key][0] not in keys:  # type: ignore[union-attr]
                 return None
         return {
             "query": query_side,
@@ -1166,9 +1195,56 @@ class _Lowering:
             "latent": latent,
             "features": features,
             "scale": coefficient * box.scale,
-            "causal": bool(box.masks),
+            "box_scale": box.scale,
+            "biases": bias_items,
+            "key_norm": (key_value, over),
+            "ren": ren,
+            "masks": [(ren[m.query][0], ren[m.key][0]) for m in box.masks],  # type: ignore[union-attr]
             "prelude": (prelude, memo),
         }
+
+    def score_items(self, e: Expr, ren, keys: set[str], weight: sympy.Expr = ONE):
+        """The box content as Σ weight·item: (cross item, bias items), the cross item the one
+        spanning every leg, terms constant along the keys dropped (softmax shift invariance);
+        None when that shape does not hold."""
+        items: list[tuple[str, sympy.Expr, Expr]] = []
+
+        def walk_terms(e: Expr, weight: sympy.Expr) -> None:
+            if isinstance(e, SumNode):
+                for term, sign in zip(e.terms, e.signs, strict=True):
+                    walk_terms(term, weight * sign)
+            elif _is_scaling(e):
+                factor = next(f for f in e.factors if not isinstance(f, Scalar))  # type: ignore[attr-defined]
+                scalars = [f.value for f in e.factors if isinstance(f, Scalar)]  # type: ignore[attr-defined]
+                walk_terms(factor, weight * e.coefficient * sympy.Mul(*scalars))  # type: ignore[attr-defined]
+            else:
+                items.append(("sqdist" if isinstance(e, SquaredDistance) else "term", weight, e))
+
+        walk_terms(e, weight)
+        kept = []
+        for item in items:
+            legs = {p for leg in item[2].legs for p in ren[leg]}
+            if legs & keys:
+                kept.append(item)
+            elif self.owns_parameter(item[2]):
+                return None
+        if not kept:
+            return None
+        widest = max(len(item[2].legs) for item in kept)
+        crosses = [item for item in kept if len(item[2].legs) == widest]
+        if len(crosses) != 1 or (crosses[0][0] == "term" and not isinstance(crosses[0][2], Contraction | TensorRef)):
+            return None
+        biases = [item for item in kept if item is not crosses[0]]
+        if any(not self.is_bias(item[2]) for item in biases):
+            return None
+        return crosses[0], biases
+
+    def is_bias(self, e: Expr) -> bool:
+        """A term the fused form computes apart (O(keys)): no box inside, nothing random."""
+        return not any(
+            isinstance(node, SoftmaxBox) or (isinstance(node, TensorRef) and self.g.tensors[node.name].kind == "random")
+            for node in walk(e)
+        )
 
     def split_sides(self, content: list[_Leaf], box_legs, keys, others: list[_Leaf], out: tuple[str, ...]):
         """Assign the content's factors to a query and a key side, and the consumer's factors to
@@ -1223,6 +1299,8 @@ class _Lowering:
         def as_sdpa() -> None:
             self.contract(self.fuse(box, ren, others, fused), out, sympy.Integer(1), None)
 
+        if self.objective == "memory":
+            return True  # the fused kernel never materializes the box's entries
         return self.trial(as_sdpa) <= self.trial(materialized)
 
     def trial(self, build) -> int:
@@ -1253,26 +1331,50 @@ class _Lowering:
         self.box_depth += 1
         q = self.contract(fused["query"], tuple(heads + queries + latent), sympy.Integer(1), "q")
         k = self.contract(fused["key"], tuple(heads + keys + latent), sympy.Integer(1), "k")
+        bias = self.key_bias(fused) if fused["biases"] else None
         self.box_depth -= 1
         v = self.contract(fused["value"], tuple(heads + keys + features), sympy.Integer(1), "v")
+        v = self.expand_broadcast(v, set(keys))  # values tied across a key leg (MGK's r, P17)
         flat = [[h] for h in heads]
         q_code = self.arrange(q, [*flat, queries, latent])
         k_code = self.arrange(k, [*flat, keys, latent])
         v_code = self.arrange(v, [*flat, keys, features])
+        lines = []
+        sliced = ""
+        if bias is not None:
+            q_code = f"torch.nn.functional.pad({q_code}, (0, 1), value=1.0)"
+            k_code = f"torch.cat([{k_code}, {self.arrange(bias, [*flat, keys])}.unsqueeze(-1)], -1)"
+            # the fused kernels want one head width for q, k and v: zero features change nothing
+            width, value_width = self.numel_number(latent) + 1, self.numel_number(features)
+            if value_width < width:
+                v_code = f"torch.nn.functional.pad({v_code}, (0, {width - value_width}))"
+                sliced = f"[..., :{value_width}]"
+            elif value_width > width:
+                q_code = f"torch.nn.functional.pad({q_code}, (0, {value_width - width}))"
+                k_code = f"torch.nn.functional.pad({k_code}, (0, {value_width - width}))"
         scale = _scalar_code(self.runtime(fused["scale"]), self.size_names)
-        causal = ", is_causal=True" if fused["causal"] else ""
+        mask = ""
+        if fused["masks"] and keys == [fused["masks"][0][1]]:
+            mask = ", is_causal=True"
+        elif fused["masks"]:
+            mask = f", attn_mask={self.causal_attention_mask(fused['masks'][0], queries[0], keys, lines)}"
         name = self.names.fresh("attended")
         legs = tuple(heads + queries + features)
-        call = f"torch.nn.functional.scaled_dot_product_attention({q_code}, {k_code}, {v_code}, scale={scale}{causal})"
+        call = f"torch.nn.functional.scaled_dot_product_attention({q_code}, {k_code}, {v_code}, scale={scale}{mask})"
+        call += sliced
         if len(queries) != 1 or len(features) != 1:
             call = f"({call}).reshape({self.sizes_code(legs)})"
+        lines.append(f"{name} = {call}")
         entries = self.numel([*heads, *queries, *keys])
-        flops = 2 * entries * (self.numel(latent) + self.numel(features))
+        latent_size = self.numel(latent) + (1 if bias is not None else 0)
+        flops = 2 * entries * (latent_size + self.numel(features))
         description = f"scaled_dot_product_attention over {' '.join(_show(keys))}, heads {' '.join(_show(heads))}"
+        if bias is not None:
+            description += ", key bias as one more feature (MGK P17)"
         value = self.emit(
             Step(
                 "sdpa",
-                [f"{name} = {call}"],
+                lines,
                 Value(name, legs),
                 description,
                 tuple(keys),
@@ -1280,16 +1382,72 @@ class _Lowering:
                 exps=entries,
                 divisions=entries,
                 entries=entries,
-                inputs=(q, k, v),
-                paper=entries * (2 * self.numel(latent) - 1) + self.numel(legs) * (2 * self.numel(keys) - 1),
-                score_flops=2 * entries * self.numel(latent),
-                score_paper=entries * (2 * self.numel(latent) - 1),
+                inputs=(q, k, v) if bias is None else (q, k, v, bias),
+                paper=entries * (2 * latent_size - 1) + self.numel(legs) * (2 * self.numel(keys) - 1),
+                score_flops=2 * entries * latent_size,
+                score_paper=entries * (2 * latent_size - 1),
             )
         )
         if self.target is self.steps:
-            self.lowered.append(f"softmax box over {' '.join(_show(keys))} lowered to scaled_dot_product_attention")
+            how = " with the key bias as a feature (MGK P17)" if bias is not None else ""
+            self.lowered.append(
+                f"softmax box over {' '.join(_show(keys))} lowered to scaled_dot_product_attention{how}"
+            )
         rest = [o for o in others if o not in fused["value"]]
         return [*rest, _Leaf(value.legs, value=value)]  # type: ignore[union-attr]
+
+    def key_bias(self, fused: dict) -> Value:
+        """Σ of the bias terms (each along heads and keys only) divided by the SDPA scale, so that
+        [q, 1]·[k, bias] = q·k + bias/scale: the augmented keys of MGK P17."""
+        heads, keys = fused["heads"], fused["keys"]
+        parts = []
+        for kind, weight, e in fused["biases"]:
+            if kind == "norm":
+                key_value, over = fused["key_norm"]
+                kept = tuple(leg for leg in key_value.legs if leg not in over)
+                start = len(self.target)
+                value = self.plan_contraction([key_value, key_value], kept, sympy.Integer(1), None)
+                for step in self.target[start:]:
+                    step.kind = "norm" if step.kind == "contraction" else step.kind
+            else:
+                value = self.lower(e, fused["ren"])
+            factor = sympy.simplify(weight * fused["box_scale"] / fused["scale"])
+            if factor != 1:
+                value = self.scale(value, factor)
+            parts.append((1, self.as_missing_legs(value)))
+        bias = self.combine("bias", parts, tuple(heads + keys), "bias") if len(parts) > 1 else parts[0][1]
+        missing = [leg for leg in (*heads, *keys) if leg not in bias.legs]
+        if not missing:
+            return bias
+        return self.materialize(bias, tuple(leg for leg in (*heads, *keys)))
+
+    def materialize(self, value: Value, legs: tuple[str, ...]) -> Value:
+        """`value` expanded to exactly `legs` (a copy), for an operand that must be dense."""
+        name = self.names.fresh(f"{value.var}_full")
+        code = self.align_code(value.var, value.legs, legs)
+        return self.emit(
+            Step(
+                "expand",
+                [f"{name} = {code}.expand({self.sizes_code(legs)}).contiguous()"],
+                Value(name, legs),
+                "broadcast " + " ".join(_show(leg for leg in legs if leg not in value.legs)),
+                inputs=(value,),
+            )
+        )  # type: ignore[return-value]
+
+    def causal_attention_mask(self, pair: tuple[str, str], query: str, keys: list[str], lines: list[str]) -> str:
+        """The boolean SDPA mask (True = attend) of a causal mask over one of several flattened
+        key legs: key (m, r) is visible from n when m ≤ n."""
+        mask_query, mask_key = pair
+        sizes = (self.size(mask_query), self.size(mask_key))
+        if sizes not in self.causal_masks:
+            self.causal_masks[sizes] = self.names.fresh("causal")
+        aligned = self.align_code(f"(~{self.causal_masks[sizes]})", (mask_query, mask_key), (query, *keys))
+        name = self.names.fresh("visible")
+        lines.append(
+            f"{name} = {aligned}.expand({self.sizes_code([query, *keys])}).reshape({self._group_size([query])}, -1)"
+        )
+        return name
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -1384,11 +1542,20 @@ def _leg_splits(graph: DesignGraph, uses: Counter[str]) -> dict[str, tuple[tuple
 # ---- the plan of a whole design ------------------------------------------------------------
 
 
-def build_plan(graph: DesignGraph, sizes: Mapping[str, int], *, checkpoint_boxes: bool = False) -> Plan:
+OBJECTIVES = ("flops", "memory")
+
+
+def build_plan(
+    graph: DesignGraph, sizes: Mapping[str, int], *, checkpoint_boxes: bool = False, objective: str = "flops"
+) -> Plan:
     """Lower every statement, then the outputs and the state updates. With `checkpoint_boxes`,
     each box, its content and its first consumer are recomputed in the backward pass instead of
-    being kept (Tuformer §4.3, spec §3.4)."""
-    lowering = _Lowering(graph, sizes)
+    being kept (Tuformer §4.3, spec §3.4). `objective="flops"` takes a fused attention only when
+    it costs no more FLOPs; `"memory"` takes it wherever the pattern holds, since it never stores
+    the box (MGK P17 multiplies the value contraction by M but keeps no N²·M scores)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    lowering = _Lowering(graph, sizes, objective)
     lowering.lower_design()
     plan = Plan(graph, dict(sizes), lowering.leg_sizes, steps=lowering.steps)
     for name in graph.outputs:

@@ -49,6 +49,7 @@ class TrainConfig:
     sizes: dict[str, int] = field(default_factory=dict)  # the design's own sizes, e.g. {"M": 2}
     device: str = "auto"  # cpu, cuda, ... (auto: cuda when available)
     compile: bool = False  # torch.compile the model
+    objective: str = "flops"  # planning objective: "memory" prefers fused attention kernels
     out: str = ""  # run folder (default runs/<design>-<seed>)
 
 
@@ -176,7 +177,10 @@ def design_for(config: TrainConfig) -> tdiag.Design:
 
 def build_model(config: TrainConfig, vocab: int, device: torch.device) -> tuple[LanguageModel, tdiag.Design]:
     design = design_for(config)
-    attentions = [design.module(seed=config.seed + k, N=config.context, device=device) for k in range(config.layers)]
+    attentions = [
+        design.module(seed=config.seed + k, N=config.context, device=device, objective=config.objective)
+        for k in range(config.layers)
+    ]
     torch.manual_seed(config.seed)
     model = LanguageModel(attentions, vocab, config.width, config.context).to(device)
     return model, design
@@ -185,7 +189,7 @@ def build_model(config: TrainConfig, vocab: int, device: torch.device) -> tuple[
 def flops_per_step(config: TrainConfig, design: tdiag.Design, vocab: int) -> int:
     """Training FLOPs of one step from tdiag's own cost of the attention, plus the MLPs, the
     output head and 2x for the backward pass."""
-    attention = design.cost(N=config.context).at(N=config.context)["flops"]
+    attention = design.cost(objective=config.objective, N=config.context).at(N=config.context)["flops"]
     mlp = 2 * config.context * 2 * config.width * 4 * config.width
     head = 2 * config.context * config.width * vocab
     forward = config.layers * (attention + mlp) + head
@@ -524,6 +528,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--device", default=defaults.device)
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument(
+        "--objective", choices=("flops", "memory"), default="flops", help="memory: prefer fused attention kernels"
+    )
     parser.add_argument("--out", default="", help="run folder (compare: the folder for the comparison)")
     parser.add_argument("--no-progress", action="store_true")
 

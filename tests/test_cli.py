@@ -95,6 +95,18 @@ def test_render_without_dot_program_explains(capsys, tmp_path, monkeypatch):
     assert code == 1 and "needs Graphviz's 'dot' program" in err
 
 
+def test_compile_with_the_memory_objective_reports_the_p17_lowering(capsys, tmp_path):
+    target = tmp_path / "mgk_module.py"
+    code, out, _ = run(capsys, "compile", str(DESIGNS / "mgk.td"), "-o", str(target), "--objective", "memory")
+    assert code == 0 and "key bias as a feature (MGK P17)" in out
+    assert "scaled_dot_product_attention" in target.read_text()
+
+
+def test_an_unknown_objective_is_a_usage_error(capsys):
+    code, _, err = run(capsys, "cost", str(DESIGNS / "mgk.td"), "--objective", "fastest")
+    assert code == 2 and "invalid choice: 'fastest'" in err and "memory" in err
+
+
 def test_compile_writes_an_importable_module_and_reports_lowering(capsys, tmp_path):
     target = tmp_path / "mhsa_module.py"
     code, out, _ = run(capsys, "compile", str(DESIGNS / "mhsa.td"), "-o", str(target), "--set", "F=64", "--set", "H=4")

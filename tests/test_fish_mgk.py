@@ -288,6 +288,36 @@ def test_causal_prefix_sums_pass_gradcheck(name):
     assert torch.autograd.gradcheck(module, (x,), eps=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("name", ["mgk", "smgk"])
+def test_p17_memory_objective_runs_mgk_as_one_sdpa_over_n_times_m_keys(name, causal):
+    design = tdiag.load(DESIGNS / f"{name}.td", F=F, H=2, D=3)
+    design = design.with_causal_mask() if causal else design
+    module = design.module(dtype=torch.float64, N=N, objective="memory").eval()
+    reference = design.module(dtype=torch.float64, N=N, impl="reference")
+    reference.load_state_dict(module.state_dict())
+    kinds = [step.kind for step in module.tdiag_plan.steps]
+    assert kinds.count("sdpa") == 1 and "softmax" not in kinds
+    x = x_input()
+    assert torch.allclose(module(x), reference(x), atol=TOL, rtol=0)
+
+
+def test_p17_is_not_taken_by_default_since_it_multiplies_the_value_contraction_by_m():
+    design = tdiag.load(DESIGNS / "mgk.td")
+    n = design.graph.sizes["N"].symbol
+    default, memory = design.cost(), design.cost(objective="memory")
+    assert "sdpa" not in [step.kind for step in design.plan().steps]
+    assert memory.at(N=1024)["flops"] > default.at(N=1024)["flops"]
+    assert sympy.expand(memory.peak_memory).coeff(n, 2) == 0 != sympy.expand(default.peak_memory).coeff(n, 2)
+
+
+def test_p17_lowering_passes_gradcheck():
+    design = tdiag.load(DESIGNS / "mgk.td", F=F, H=2, D=3).with_causal_mask()
+    module = design.module(dtype=torch.float64, N=N, objective="memory")
+    x = x_input(1).requires_grad_()
+    assert torch.autograd.gradcheck(module, (x,), eps=1e-6, atol=1e-6)
+
+
 def test_p14_mgk_attention_is_row_stochastic_over_keys_and_components():
     reference = tdiag.load(DESIGNS / "mgk.td", F=F, H=2, D=3).module(impl="reference", dtype=torch.float64, N=N)
     _, values = reference(x_input(), return_intermediates=True)
