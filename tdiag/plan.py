@@ -854,24 +854,42 @@ class _Lowering:
             present = [BATCH, *present]
         broadcast = frozenset(leg for leg in out if leg not in present)
         name = self.names.fresh(var or kind)
-        terms = []
-        for k, (sign, v) in enumerate(parts):
-            code = self.align_code(v.var, v.legs, tuple(present))
-            if operator == "+":
-                terms.append(("- " if sign < 0 else ("+ " if k else "")) + code)
-            else:
-                terms.append(code if k == 0 else f"/ {code}")
-        line = f"{name} = {' '.join(terms)}"
+        aligned = [(sign, self.align_code(v.var, v.legs, tuple(present)), v.legs) for sign, v in parts]
+        if operator == "+":
+            code, elementwise = self.sum_tree(aligned)
+        else:
+            code = " / ".join(c for _, c, _ in aligned)
+            elementwise = self.numel(present) * (len(parts) - 1)
         return self.emit(
             Step(
                 kind,
-                [line],
+                [f"{name} = {code}"],
                 Value(name, tuple(present), broadcast),
                 kind,
-                elementwise=self.numel(present) * (len(parts) - 1),
+                elementwise=elementwise,
                 inputs=tuple(v for _, v in parts),
             )
         )  # type: ignore[return-value]
+
+    def sum_tree(self, terms: list[tuple[int, str, tuple[str, ...]]]) -> tuple[str, sympy.Expr]:
+        """Σ ± terms, broadcasting, added smallest pair first: terms along few legs meet before
+        they are broadcast to the full result (sMGK's five-term distance, P11), so each full-size
+        pass is paid once. Returns the code and its elementwise operation count."""
+        nodes = [(sign, code, frozenset(legs)) for sign, code, legs in terms]
+        elementwise = sympy.Integer(0)
+        while len(nodes) > 1:
+            pairs = itertools.combinations(range(len(nodes)), 2)
+            i, j = min(pairs, key=lambda p: self.numel_number(nodes[p[0]][2] | nodes[p[1]][2]))
+            (sa, a, la), (sb, b, lb) = nodes[i], nodes[j]
+            elementwise += self.numel(la | lb)
+            if sa == sb:
+                merged = (sa, f"({a} + {b})")
+            else:
+                merged = (1, f"({a} - {b})" if sa > 0 else f"({b} - {a})")
+            nodes = [n for k, n in enumerate(nodes) if k not in (i, j)] + [(*merged, la | lb)]
+        sign, code, _ = nodes[0]
+        code = code[1:-1] if code.startswith("(") and code.endswith(")") and len(terms) > 1 else code
+        return (code if sign > 0 else f"-({code})"), elementwise
 
     def lower_sum(self, e: SumNode, ren, var: str | None) -> Value:
         terms = list(zip(e.terms, e.signs, strict=True))
@@ -1213,10 +1231,10 @@ class _Lowering:
             if isinstance(e, SumNode):
                 for term, sign in zip(e.terms, e.signs, strict=True):
                     walk_terms(term, weight * sign)
-            elif _is_scaling(e):
-                factor = next(f for f in e.factors if not isinstance(f, Scalar))  # type: ignore[attr-defined]
-                scalars = [f.value for f in e.factors if isinstance(f, Scalar)]  # type: ignore[attr-defined]
-                walk_terms(factor, weight * e.coefficient * sympy.Mul(*scalars))  # type: ignore[attr-defined]
+            elif isinstance(e, Contraction) and _is_scaling(e):
+                factor = next(f for f in e.factors if not isinstance(f, Scalar))
+                scalars = [f.value for f in e.factors if isinstance(f, Scalar)]
+                walk_terms(factor, weight * e.coefficient * sympy.Mul(*scalars))
             else:
                 items.append(("sqdist" if isinstance(e, SquaredDistance) else "term", weight, e))
 

@@ -239,6 +239,13 @@ def test_p11_smgk_pays_one_n_squared_contraction_whatever_the_number_of_shifts(c
     assert m not in sympy.expand(design.cost().flops).coeff(n, 2).coeff(d).free_symbols
 
 
+def test_p11_expanded_distance_broadcasts_to_the_full_score_tensor_only_twice():
+    design = tdiag.load(DESIGNS / "smgk.td")
+    n, h, m = (design.graph.sizes[s].symbol for s in ("N", "H", "M"))
+    (distance,) = [s for s in design.plan().steps if s.kind == "sqdist"]
+    assert sympy.expand(distance.elementwise).coeff(n, 2) == 2 * h * m * BATCH_SIZE
+
+
 def test_p11_expansion_is_not_taken_where_it_saves_nothing():
     plan = tdiag.load(DESIGNS / "smgk.td", M=1).plan()
     assert not any("P11" in note for note in plan.lowered)
