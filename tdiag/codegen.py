@@ -251,6 +251,7 @@ def _entry(plan: Plan) -> list[str]:
             f"{var} = torch.ones(B, {shape}, dtype=torch.bool, device={plan.names[graph.inputs[0].name]}.device) if {var} is None else {var}.reshape(B, {shape})"
         )
     device = f"{plan.names[graph.inputs[0].name]}" if graph.inputs else "None"
+    lines += plan.chunks
     for (n, m), var in plan.causal.items():
         lines.append(
             f"{var} = torch.ones({_size(graph, n)}, {_size(graph, m)}, dtype=torch.bool, device={device}.device).triu(1)"

@@ -19,6 +19,7 @@ import contextlib
 import functools
 import itertools
 import keyword
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -104,6 +105,7 @@ class Plan:
     causal: dict[tuple[sympy.Expr, sympy.Expr], str] = field(default_factory=dict)  # (N, M) -> mask variable
     stored: list[str] = field(default_factory=list)  # declared tensors the forward reads
     segments: list[tuple[int, int]] = field(default_factory=list)  # steps recomputed in backward
+    chunks: list[str] = field(default_factory=list)  # lines binding run-time chunk counts
 
 
 # ---- sizes of legs -------------------------------------------------------------------------
@@ -179,13 +181,17 @@ class _Lowering:
         self.shift_invariant: frozenset[str] | None = None
         self.box_depth = 0  # > 0 while a softmax box's argument is being computed
         self.memo: dict[tuple, tuple[Value, tuple[str, ...]]] = {}  # nonlinear values of the current target
+        self.chunk_counts: dict[tuple[sympy.Expr, int], sympy.Symbol] = {}  # (extent, C) -> ⌈N / C⌉
+        self.chunk_values: dict[sympy.Symbol, sympy.Integer] = {}  # ... at the planned sizes
+        self.chunk_sizes: dict[sympy.Symbol, sympy.Expr] = {}  # ... as N / C in cost formulas
+        self.chunk_pairs: dict[tuple[str, str], tuple[str, str, str, int]] = {}
 
     # -- helpers --
     def size(self, leg: str) -> sympy.Expr:
         return self.leg_sizes[leg]
 
     def number(self, leg: str) -> int:
-        value = self.g.evaluate(self.size(leg), **self.sizes)
+        value = self.g.evaluate(self.size(leg).xreplace(self.chunk_values), **self.sizes)
         value = value.xreplace({BATCH_SIZE: self.sizes.get("B", 1)})
         return int(value)
 
@@ -202,9 +208,10 @@ class _Lowering:
     def expand(self, leg: str) -> tuple[str, ...]:
         return tuple(p for p, _ in self.splits[leg]) if leg in self.splits else (leg,)
 
-    def new_leg(self, leg: str) -> str:
+    def new_leg(self, leg: str, size: sympy.Expr | None = None) -> str:
+        """A fresh region leg named after `leg`, of its size or of `size`."""
         name = f"{leg}'{next(self.fresh_legs)}"
-        self.leg_sizes[name] = self.size(leg)
+        self.leg_sizes[name] = self.size(leg) if size is None else size
         return name
 
     def emit(self, step: Step) -> Value | None:
@@ -269,12 +276,7 @@ class _Lowering:
         key = (e, tuple(len(ren[leg]) for leg in sorted(e.legs)), pattern, shift)
         if key in self.memo:
             value, earlier = self.memo[key]
-            rename = dict(zip(earlier, legs, strict=True))
-            return Value(
-                value.var,
-                tuple(rename.get(leg, leg) for leg in value.legs),
-                frozenset(rename.get(leg, leg) for leg in value.broadcast),
-            )
+            return _renamed(value, dict(zip(earlier, legs, strict=True)))
         value = build()
         self.memo[key] = (value, legs)
         return value
@@ -602,6 +604,23 @@ class _Lowering:
         return [tuple(sorted(p)) for p in path]
 
     def pairwise(self, a: Value, b: Value, needed: set[str], var: str | None) -> Value:
+        """One pairwise contraction, computed once per emit target (the chunks of a causal
+        contraction and its numerator and denominator share their key-side products)."""
+        if a.broadcast or b.broadcast:
+            return self.matmul(a, b, needed, var)
+        order = tuple(dict.fromkeys(a.legs + b.legs))
+        index = {leg: k for k, leg in enumerate(order)}
+        key = (
+            "pairwise",
+            *((v.var, tuple(index[leg] for leg in v.legs)) for v in (a, b)),
+            frozenset(index[leg] for leg in order if leg in needed),
+        )
+        if key not in self.memo:
+            self.memo[key] = (self.matmul(a, b, needed, var), order)
+        value, earlier = self.memo[key]
+        return _renamed(value, dict(zip(earlier, order, strict=True)))
+
+    def matmul(self, a: Value, b: Value, needed: set[str], var: str | None) -> Value:
         """One pairwise contraction as a matmul: (batch, a's kept legs, summed) @ (batch, summed,
         b's kept legs). Legs that one side alone has and nobody needs are summed first."""
         a = self.reduce_single(a, tuple(leg for leg in a.legs if leg in needed or leg in b.legs), None)
@@ -1011,7 +1030,7 @@ class _Lowering:
         if best is None:
             return materialized()
         if self.target is self.steps:
-            how = " with causal prefix sums" if box.masks else ""
+            how = " with causal prefix sums over chunks" if box.masks else ""
             self.lowered.append(
                 f"normalize box over {' '.join(_show(normalized))} evaluated in the linear-time order{how}"
             )
@@ -1036,45 +1055,141 @@ class _Lowering:
     def causal_contract(
         self, query: str, key: str, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None
     ) -> Value:
-        """Σ_{m ≤ n} of a product whose key-side factors lack n: contract the key side to a state
-        along m, take its prefix sum along m and read it at m = n (causal linear attention,
-        Katharopoulos et al.; MGK P12, spec mgk §6.6), O(N) instead of the masked O(N²)."""
+        """Σ_{m ≤ n} of a product, chunked (causal linear attention in O(N·C + N·D·E/C)): both
+        legs split into chunks of C; within a chunk the product is masked by a C×C triangle,
+        across chunks the key side is summed per chunk into a state whose exclusive prefix sum
+        over chunks the query side reads (MGK P12, spec mgk §6.6; Katharopoulos et al. §3.3)."""
+        leaves = self.resolve_boxes(leaves, out)
         if any(query in leaf.legs and key in leaf.legs for leaf in leaves):
-            raise AssertionError("causal prefix sum over a factor that carries the query leg")
+            raise AssertionError("a causal prefix sum needs the query and key legs on different factors")
         free = [leaf for leaf in leaves if key not in leaf.legs and query not in leaf.legs]
         best, best_cost = [], None
         choices = itertools.product((0, 1), repeat=len(free)) if len(free) <= 4 else [(0,) * len(free)]
         for choice in choices:
             joined = [leaf for leaf, c in zip(free, choice, strict=True) if c]
-            cost = self.trial(lambda j=joined: self.prefix_contract(query, key, leaves, j, out, coefficient, var))
+            cost = self.trial(lambda j=joined: self.chunked_contract(query, key, leaves, j, out, coefficient, var))
             if best_cost is None or cost < best_cost:
                 best, best_cost = joined, cost
-        return self.prefix_contract(query, key, leaves, best, out, coefficient, var)
+        return self.chunked_contract(query, key, leaves, best, out, coefficient, var)
 
-    def prefix_contract(self, query, key, leaves, joined, out, coefficient, var) -> Value:
-        """causal_contract with the factors `joined` (carrying neither leg) on the key side."""
-        key_side = [leaf for leaf in leaves if key in leaf.legs] + joined
-        rest = [leaf for leaf in leaves if leaf not in key_side]
-        needed = set(out) | {leg for leaf in rest for leg in leaf.legs}
+    def chunked_contract(self, query, key, leaves, joined, out, coefficient, var) -> Value:
+        """causal_contract with the factors `joined` (carrying neither leg) in the key side's state."""
+        chunks, within_query, within_key, size = self.chunk_legs(query, key)
+        rename = {query: (chunks, within_query), key: (chunks, within_key)}
+        chunked = [self.chunk_leaf(leaf, rename) for leaf in leaves]
+        out_chunked = tuple(p for leg in out for p in rename.get(leg, (leg,)))
+        some = self.leaf_value(chunked[0])
+        triangle = self.names.fresh("triangle")
+        self.emit(
+            Step(
+                "const",
+                [f"{triangle} = torch.ones({size}, {size}, dtype={some.var}.dtype, device={some.var}.device).tril()"],
+                Value(triangle, (within_query, within_key)),
+                "causal triangle within a chunk",
+            )
+        )
+        mask = _Leaf((within_query, within_key), value=Value(triangle, (within_query, within_key)))
+        within = self.contract([*chunked, mask], out_chunked, coefficient, None)
+        key_side = [c for c, leaf in zip(chunked, leaves, strict=True) if key in leaf.legs or leaf in joined]
+        rest = [c for c in chunked if c not in key_side]
+        needed = set(out_chunked) | {leg for leaf in rest for leg in leaf.legs}
         state_legs = tuple(
-            dict.fromkeys(leg for leaf in key_side for leg in leaf.legs if leg == key or leg in needed or leg == BATCH)
+            dict.fromkeys(leg for leaf in key_side for leg in leaf.legs if leg in needed or leg in (chunks, BATCH))
         )
         state = self.contract(key_side, state_legs, sympy.Integer(1), None)
-        name = self.names.fresh("prefix")
-        prefix = self.emit(
+        name = self.names.fresh("earlier")
+        axis = state.legs.index(chunks)
+        earlier = self.emit(
             Step(
                 "prefix",
-                [f"{name} = {state.var}.cumsum({state.legs.index(key)})"],
+                [f"{name} = {state.var}.cumsum({axis}) - {state.var}"],
                 Value(name, state.legs, state.broadcast),
-                f"prefix sum over {_show([key])[0]} (causal)",
-                (key,),
+                f"state of the earlier chunks: exclusive prefix sum over {_show([chunks])[0]} (causal)",
+                (chunks,),
                 flops=self.numel(state.legs),
                 inputs=(state,),
             )
         )
-        at_query = tuple(query if leg == key else leg for leg in prefix.legs)  # type: ignore[union-attr]
-        read = Value(prefix.var, at_query, frozenset(query if leg == key else leg for leg in prefix.broadcast))  # type: ignore[union-attr]
-        return self.contract([*rest, _Leaf(read.legs, value=read)], out, coefficient, var)
+        across = self.contract([*rest, _Leaf(earlier.legs, value=earlier)], out_chunked, coefficient, None)  # type: ignore[union-attr]
+        total = self.combine("sum", [(1, within), (1, across)], out_chunked, None)
+        position = total.legs.index(chunks)
+        legs = tuple(leg for leg in total.legs if leg != within_query)
+        legs = tuple(query if leg == chunks else leg for leg in legs)
+        name = self.names.fresh(var or "causal_sum")
+        length = size_code(self.runtime(self.size(query)), self.size_names)
+        return self.emit(
+            Step(
+                "view",
+                [f"{name} = {total.var}.flatten({position}, {position + 1}).narrow({position}, 0, {length})"],
+                Value(name, legs, total.broadcast),
+                "chunks joined",
+                inputs=(total,),
+            )
+        )  # type: ignore[return-value]
+
+    def chunk_legs(self, query: str, key: str) -> tuple[str, str, str, int]:
+        """Legs for chunks of C positions (C a power of two, at most 64 and about a quarter of
+        the planned length): the chunk count, a run-time ⌈N / C⌉ bound in forward, and the
+        query's and key's position within a chunk. The same legs for every causal contraction
+        over this pair, so that their chunked factors and products are shared."""
+        if (query, key) in self.chunk_pairs:
+            return self.chunk_pairs[(query, key)]
+        planned = self.number(query)
+        size = max(4, min(64, 2 ** max(0, int(math.log2(max(planned, 1) / 4)))))
+        extent = self.runtime(self.size(query))
+        count_key = (extent, size)
+        if count_key not in self.chunk_counts:
+            var = self.names.fresh(f"chunks_{size}")
+            symbol = sympy.Symbol(var, positive=True, integer=True)
+            self.chunk_counts[count_key] = symbol
+            self.size_names[var] = var
+            self.chunk_values[symbol] = sympy.Integer(-(-int(planned) // size))
+            self.chunk_sizes[symbol] = self.size(query) / size
+        legs = (
+            self.new_leg("chunk", self.chunk_counts[count_key]),
+            self.new_leg(query, sympy.Integer(size)),
+            self.new_leg(key, sympy.Integer(size)),
+        )
+        self.chunk_pairs[(query, key)] = (*legs, size)
+        return self.chunk_pairs[(query, key)]
+
+    def chunk_leaf(self, leaf: _Leaf, rename: dict[str, tuple[str, str]]) -> _Leaf:
+        """A factor with its query or key leg split into (chunk, position within the chunk),
+        zero-padded to whole chunks (zeros add nothing to a sum)."""
+        legs = tuple(p for leg in leaf.legs for p in rename.get(leg, (leg,)))
+        split = [leg for leg in leaf.legs if leg in rename]
+        if not split:
+            return leaf
+        (leg,) = split
+        value = self.leaf_value(leaf)
+        chunks, within = rename[leg]
+        key = ("chunk", value.var, value.legs.index(leg), len(value.legs), chunks, within)
+        if key not in self.memo:
+            self.memo[key] = (self.chunk_value(value, leg, chunks, within), value.legs)
+        chunked, earlier = self.memo[key]
+        return _Leaf(legs, value=_renamed(chunked, dict(zip(earlier, value.legs, strict=True))))
+
+    def chunk_value(self, value: Value, leg: str, chunks: str, within: str) -> Value:
+        """`value` with `leg` split into (chunks, within), zero-padded to whole chunks."""
+        legs = tuple(p for old in value.legs for p in ((chunks, within) if old == leg else (old,)))
+        if leg in value.broadcast:
+            return Value(value.var, legs, (value.broadcast - {leg}) | {chunks, within})
+        physical = [old for old in value.legs if old not in value.broadcast]
+        axis = physical.index(leg)
+        count = self.size_names[str(self.leg_sizes[chunks])]
+        size = self.number(within)
+        length = size_code(self.runtime(self.size(leg)), self.size_names)
+        pads = "0, 0, " * (len(physical) - 1 - axis) + f"0, {count} * {size} - {length}"
+        name = self.names.fresh(f"{value.var}_chunks")
+        return self.emit(
+            Step(
+                "view",
+                [f"{name} = torch.nn.functional.pad({value.var}, ({pads})).unflatten({axis}, ({count}, {size}))"],
+                Value(name, legs, value.broadcast),
+                f"{_show([leg])[0]} in chunks of {size}",
+                inputs=(value,),
+            )
+        )  # type: ignore[return-value]
 
     def is_multilinear(self, e: Expr) -> bool:
         if isinstance(e, ElementwiseMap) and e.name == "pow":
@@ -1325,7 +1440,7 @@ class _Lowering:
         """The FLOPs a lowering would emit, at the planned sizes, without keeping its steps."""
         with self.scratch() as steps:
             build()
-            total = sum((s.flops for s in steps), sympy.Integer(0))
+            total = sum((s.flops for s in steps), sympy.Integer(0)).xreplace(self.chunk_values)
             return int(self.g.evaluate(total, **self.sizes).xreplace({BATCH_SIZE: self.sizes.get("B", 1)}))
 
     @contextlib.contextmanager
@@ -1333,10 +1448,11 @@ class _Lowering:
         """Emit into a list of its own, whose values are forgotten afterwards."""
         saved, self.target = self.target, []
         memo, self.memo = self.memo, dict(self.memo)
+        masks, self.causal_masks = self.causal_masks, dict(self.causal_masks)
         try:
             yield self.target
         finally:
-            self.target, self.memo = saved, memo
+            self.target, self.memo, self.causal_masks = saved, memo, masks
 
     def fuse(self, box: SoftmaxBox, ren, others: list[_Leaf], fused: dict) -> list[_Leaf]:
         """Emit q, k, v and the SDPA call; return the region's leaves with the attention output
@@ -1471,6 +1587,15 @@ class _Lowering:
 # ---- helpers -------------------------------------------------------------------------------
 
 
+def _renamed(value: Value, rename: Mapping[str, str]) -> Value:
+    """The same variable with its legs called by other names."""
+    return Value(
+        value.var,
+        tuple(rename.get(leg, leg) for leg in value.legs),
+        frozenset(rename.get(leg, leg) for leg in value.broadcast),
+    )
+
+
 def _is_scaling(e: Expr) -> bool:
     """A contraction that only multiplies one factor by a number."""
     if not isinstance(e, Contraction) or e.summed:
@@ -1600,8 +1725,23 @@ def build_plan(
     if checkpoint_boxes:
         plan.segments = _checkpoint_segments(lowering.steps, lowering.box_segments)
     plan.causal = lowering.causal_masks
+    for (extent, size), symbol in lowering.chunk_counts.items():
+        plan.chunks.append(f"{symbol} = -(-{size_code(extent, lowering.size_names)} // {size})")
+    _express_chunks(plan, lowering.chunk_sizes)
     plan.stored = sorted(lowering.stored_used)
     return plan
+
+
+def _express_chunks(plan: Plan, sizes: Mapping[sympy.Symbol, sympy.Expr]) -> None:
+    """Cost formulas in the design's sizes: a chunk count ⌈N / C⌉ is written N / C (exact
+    when C divides N)."""
+    if not sizes:
+        return
+    fields = ("flops", "exps", "divisions", "entries", "elementwise", "paper", "score_flops", "score_paper")
+    for step in [*plan.steps, *plan.update_steps]:
+        for name in fields:
+            setattr(step, name, sympy.sympify(getattr(step, name)).xreplace(sizes))
+    plan.leg_sizes = {leg: size.xreplace(sizes) for leg, size in plan.leg_sizes.items()}
 
 
 def _reorder(lowering: _Lowering, value: Value, order: list[str]) -> Value:

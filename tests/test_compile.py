@@ -153,6 +153,17 @@ def test_causal_compiled_plan_equals_reference_and_ignores_the_future(path):
     assert torch.allclose(module(later)[:, :3], module(x)[:, :3], atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["thsa_elu", "mlk", "smlk", "lfish"])
+def test_causal_linear_attention_in_chunks_equals_the_masked_quadratic_form(name):
+    design = tdiag.load(DESIGNS / f"{name}.td", **small_sizes(name)).with_causal_mask()
+    module = design.module(dtype=torch.float64, N=64)  # planned for 64: chunks of 16
+    assert any(step.kind == "prefix" for step in module.tdiag_plan.steps)
+    reference = design.module(impl="reference", dtype=torch.float64, N=37)  # 3 chunks, the last one padded
+    reference.load_state_dict(module.state_dict())
+    x = x_input(2, n=37)
+    assert torch.allclose(module(x), reference(x), atol=TOL, rtol=0)
+
+
 def test_standalone_file_equals_in_process_module(tmp_path):
     design = tdiag.load(DESIGNS / "thsa.td", **SMALL)
     path = tmp_path / "thsa_module.py"
