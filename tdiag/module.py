@@ -4,7 +4,10 @@ with linecache so a failure inside it shows the generated lines."""
 
 from __future__ import annotations
 
+import hashlib
 import linecache
+import sys
+import types
 from collections.abc import Mapping
 
 import torch
@@ -36,11 +39,17 @@ def planning_sizes(graph: DesignGraph, sizes: Mapping[str, int] | None = None) -
 
 
 def compile_source(source: str, name: str) -> type[torch.nn.Module]:
-    filename = f"<tdiag {name}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace: dict[str, object] = {"__name__": f"tdiag_generated_{name}"}
-    exec(compile(source, filename, "exec"), namespace)  # our own generated code, never .td text
-    return namespace[class_name(name)]  # type: ignore[return-value]
+    """Run generated source as a module of its own, registered in sys.modules (torch.compile and
+    pickle look classes up by module name); one module per distinct source."""
+    module_name = f"tdiag_generated_{name}_{hashlib.sha256(source.encode()).hexdigest()[:12]}"
+    if module_name not in sys.modules:
+        filename = f"<tdiag {name}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        module = types.ModuleType(module_name)
+        module.__file__ = filename
+        exec(compile(source, filename, "exec"), module.__dict__)  # our own generated code, never .td text
+        sys.modules[module_name] = module
+    return getattr(sys.modules[module_name], class_name(name))
 
 
 def build_module(

@@ -49,6 +49,7 @@ class TrainConfig:
     sizes: dict[str, int] = field(default_factory=dict)  # the design's own sizes, e.g. {"M": 2}
     device: str = "auto"  # cpu, cuda, ... (auto: cuda when available)
     compile: bool = False  # torch.compile the model
+    peak_tflops: float = 0.0  # the device's peak for MFU (0: from the device name where known)
     objective: str = "flops"  # planning objective: "memory" prefers fused attention kernels
     out: str = ""  # run folder (default runs/<design>-<seed>)
 
@@ -314,36 +315,44 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(dataclasses.asdict(config) | {"summary": summary}, indent=2))
     bar = _progress(config, state["step"], enabled=progress and dist.is_main)
-    tokens, started, rate = 0, time.perf_counter(), 0.0
+    peak = peak_flops(device, config.peak_tflops) * dist.world
+    tokens, seconds, rate, achieved = 0, 0.0, 0.0, 0.0
     previous_handler = _stop_on_sigterm()
     step = state["step"]
     try:
         while step < config.steps:
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, config)
+            started = time.perf_counter()
             x, y = global_batch(generator, corpus.train, config, dist.rank, dist.world)
             loss = loss_of(network, x, y, device)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
-            loss = loss.detach()
+            loss = float(loss.detach())  # waits for the device: the step's time is complete
+            seconds += time.perf_counter() - started
             step += 1
             tokens += config.batch * config.context
-            rate = tokens / (time.perf_counter() - started)
+            rate = tokens / seconds
+            achieved = per_step * tokens / (config.batch * config.context) / seconds
             bar.update(1)
-            bar.set_postfix(train=f"{float(loss):.3f}", tok_s=f"{rate:,.0f}")
+            bar.set_postfix(train=f"{loss:.3f}", tok_s=f"{rate:,.0f}", **_mfu_postfix(achieved, peak))
             if step % config.eval_every == 0 or step == config.steps:
                 val = evaluate(model, corpus, config, device)
                 entry = {
                     "step": step,
-                    "train_loss": float(loss),
+                    "train_loss": loss,
                     "val_loss": val,
                     "tokens_per_s": rate,
+                    "model_flops_per_s": achieved,
+                    "mfu": achieved / peak if peak else None,
                     "flops": per_step * step,
                 }
                 state["log"].append(entry)
-                bar.set_postfix(train=f"{float(loss):.3f}", val=f"{val:.3f}", tok_s=f"{rate:,.0f}")
+                bar.set_postfix(
+                    train=f"{loss:.3f}", val=f"{val:.3f}", tok_s=f"{rate:,.0f}", **_mfu_postfix(achieved, peak)
+                )
                 if dist.is_main:
                     _save_checkpoint(folder, model, optimizer, step, state["log"], generator, config)
                     _write_log(folder, state["log"])
@@ -355,7 +364,13 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -
     finally:
         bar.close()
         _restore_sigterm(previous_handler)
-    summary |= {"final_val_loss": state["log"][-1]["val_loss"] if state["log"] else None, "tokens_per_s": rate}
+    summary |= {
+        "final_val_loss": state["log"][-1]["val_loss"] if state["log"] else None,
+        "tokens_per_s": rate,
+        "model_flops_per_s": achieved,
+        "peak_flops_per_s": peak or None,
+        "mfu": achieved / peak if peak else None,
+    }
     if dist.is_main:
         (folder / "sample.txt").write_text(sample(model, corpus, config, device))
         (folder / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -448,6 +463,28 @@ def _plot(folder: Path, log: list[dict], name: str) -> None:
 # ---- comparing designs --------------------------------------------------------------------------
 
 
+# Dense bf16 tensor-core peaks from the vendors' data sheets, matched against the CUDA device
+# name (the first match wins, so the PCIe H100 comes before the SXM one).
+PEAK_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.4), ("H200", 989.4), ("A100", 312.0), ("L4", 121.0))
+
+
+def peak_flops(device: torch.device, override_tflops: float = 0.0) -> float:
+    """The device's peak FLOP/s for model-FLOPs utilisation: `--peak-tflops` if given, else the
+    data-sheet bf16 figure for known GPUs; 0 (MFU not reported) on a CPU or an unknown device."""
+    if override_tflops:
+        return override_tflops * 1e12
+    if device.type != "cuda":
+        return 0.0
+    name = torch.cuda.get_device_name(device)
+    return next((tflops * 1e12 for key, tflops in PEAK_BF16_TFLOPS if key in name), 0.0)
+
+
+def _mfu_postfix(achieved: float, peak: float) -> dict[str, str]:
+    if not peak:
+        return {"TFLOP_s": f"{achieved / 1e12:.3g}"}
+    return {"TFLOP_s": f"{achieved / 1e12:.3g}", "mfu": f"{achieved / peak:.1%}"}
+
+
 def compare(configs: list[TrainConfig], out: Path, progress: bool = True) -> list[dict]:
     """Train each design with the same seed and data; one plot against step and FLOPs, one table."""
     results = [train(c, progress=progress) for c in configs]
@@ -462,6 +499,8 @@ def compare(configs: list[TrainConfig], out: Path, progress: bool = True) -> lis
                 "flops_per_step",
                 "final_val_loss",
                 "tokens_per_s",
+                "model_flops_per_s",
+                "mfu",
             )
         }
         for r in results
@@ -478,13 +517,16 @@ def compare(configs: list[TrainConfig], out: Path, progress: bool = True) -> lis
 
 def compare_table(rows: list[dict], unigram: float) -> str:
     lines = [
-        "| design | attention params | model params | train FLOPs/step | final val loss | tokens/s |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| design | attention params | model params | train FLOPs/step | final val loss | tokens/s "
+        "| model TFLOP/s | MFU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a"
+        tflops = r.get("model_flops_per_s", 0) / 1e12
         lines.append(
             f"| {r['design']} | {r['attention_parameters']:,} | {r['parameters']:,} | {r['flops_per_step']:.3g} | "
-            f"{r['final_val_loss']:.4f} | {r['tokens_per_s']:,.0f} |"
+            f"{r['final_val_loss']:.4f} | {r['tokens_per_s']:,.0f} | {tflops:.3g} | {mfu} |"
         )
     lines.append(f"\nUnigram baseline (validation cross-entropy of character frequencies): {unigram:.4f} nats/char.")
     return "\n".join(lines) + "\n"
@@ -528,6 +570,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--device", default=defaults.device)
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument(
+        "--peak-tflops", type=float, default=0.0, help="device peak for MFU (default: known GPUs' bf16 data sheet)"
+    )
     parser.add_argument(
         "--objective", choices=("flops", "memory"), default="flops", help="memory: prefer fused attention kernels"
     )

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import math
 import os
 import socket
 import subprocess
@@ -14,7 +15,7 @@ from conftest import DESIGNS, ROOT
 
 from tdiag import TdiagError
 from tdiag.cli import main
-from tdiag.train import TrainConfig, build_model, global_batch, loss_of, read_corpus, train
+from tdiag.train import TrainConfig, build_model, global_batch, loss_of, peak_flops, read_corpus, train
 
 TEXT = ("To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 40).strip()
 
@@ -82,6 +83,32 @@ def test_any_design_trains_and_lowers_the_loss(design, corpus_file, tmp_path):
     )
     result = train(config, progress=False)
     assert result["final_val_loss"] < result["unigram_val_loss"]
+
+
+def test_each_evaluation_logs_model_flops_per_second_and_mfu_against_a_given_peak(corpus_file, tmp_path):
+    result = train(tiny("mhsa.td", corpus_file, tmp_path, peak_tflops=1.0), progress=False)
+    for entry in result["log"]:
+        assert entry["model_flops_per_s"] > 0
+        assert entry["mfu"] == pytest.approx(entry["model_flops_per_s"] / 1e12)
+
+
+def test_mfu_is_not_reported_on_a_cpu_without_a_given_peak(corpus_file, tmp_path):
+    result = train(tiny("mhsa.td", corpus_file, tmp_path), progress=False)
+    assert result["mfu"] is None and result["peak_flops_per_s"] is None and result["model_flops_per_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("name", "tflops"),
+    [("NVIDIA H100 80GB HBM3", 989.4), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA A100-SXM4-40GB", 312.0), ("Tesla T4", 0)],
+)
+def test_peak_flops_of_a_gpu_come_from_its_name(monkeypatch, name, tflops):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert peak_flops(torch.device("cuda", 0)) == pytest.approx(tflops * 1e12)
+
+
+def test_a_run_with_torch_compile_trains(corpus_file, tmp_path):
+    result = train(tiny("mhsa.td", corpus_file, tmp_path, compile=True, steps=2, eval_every=2), progress=False)
+    assert math.isfinite(result["final_val_loss"])
 
 
 def test_missing_and_empty_data_files_are_clear_errors(tmp_path):
