@@ -25,10 +25,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _size_setting(text: str) -> tuple[str, int]:
-    """`--set F=256` -> ("F", 256)."""
+    """`--set F=256` -> ("F", 256); `--set mgk:D=16` -> ("mgk:D", 16), a size of one design
+    (by file name) among several given to `tdiag train --compare`."""
     name, sep, value = text.partition("=")
-    if not sep or not name.strip().isidentifier():
-        raise argparse.ArgumentTypeError(f"expected NAME=NUMBER, got '{text}'")
+    design, colon, size = name.strip().rpartition(":")
+    if not sep or not size.isidentifier() or (colon and not design):
+        raise argparse.ArgumentTypeError(f"expected NAME=NUMBER or DESIGN:NAME=NUMBER, got '{text}'")
     try:
         number = int(value)
     except ValueError:
@@ -71,7 +73,7 @@ def _parser() -> _Parser:
             type=_size_setting,
             default=[],
             metavar="NAME=N",
-            help="override a size of the design (repeatable), e.g. --set F=256",
+            help="override a size of the design (repeatable), e.g. --set F=256; train: mgk:D=16 for one design",
         )
 
     p = commands.add_parser("check", help="parse and check designs; print a summary or every mistake")
@@ -150,6 +152,9 @@ def _print_diagnostics(diagnostics: Sequence[Diagnostic]) -> None:
 
 
 def _load(file: str, sizes: list[tuple[str, int]]) -> Design:
+    per_design = [f"{name}={value}" for name, value in sizes if ":" in name]
+    if per_design:
+        raise _UsageError(f"tdiag: error: --set {per_design[0]}: sizes of one design are for tdiag train --compare")
     design = load(file, **dict(sizes))
     _print_diagnostics(design.warnings)
     return design
@@ -273,7 +278,6 @@ def _train(args: argparse.Namespace) -> int:
             argv = sys.argv[2:index] + sys.argv[index + 2 :]
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}"]
         return subprocess.call([*command, "-m", "tdiag.train", *argv])
-    sizes = dict(args.sizes)
     if args.resume:
         folder = Path(args.resume)
         if not (folder / "config.json").is_file():
@@ -288,12 +292,11 @@ def _train(args: argparse.Namespace) -> int:
         return _report_training(result)
     if not args.designs:
         raise _UsageError("tdiag train: error: give a design file, e.g. tdiag train designs/mhsa.td")
-    for file in args.designs:
-        _load(file, [])
+    designs = {file: _load(file, []) for file in args.designs}
     if args.compare:
         if len(args.designs) < 2:
             raise _UsageError("tdiag train: error: --compare needs two or more designs")
-        configs = [training.config_from(args, d, sizes) for d in args.designs]
+        configs = [training.config_from(args, d, _design_sizes(d, designs, args.sizes)) for d in args.designs]
         for config in configs:
             config.out = str(Path(args.out or "runs/compare") / Path(config.design).stem)
         out = Path(args.out or "runs/compare")
@@ -303,8 +306,32 @@ def _train(args: argparse.Namespace) -> int:
         return 0 if results else 1
     if len(args.designs) != 1:
         raise _UsageError("tdiag train: error: train one design, or several with --compare")
-    result = training.train(training.config_from(args, args.designs[0], sizes), progress=not args.no_progress)
+    own = _design_sizes(args.designs[0], designs, args.sizes)
+    result = training.train(training.config_from(args, args.designs[0], own), progress=not args.no_progress)
     return _report_training(result)
+
+
+def _design_sizes(file: str, designs: dict[str, Design], settings: list[tuple[str, int]]) -> dict[str, int]:
+    """The `--set` sizes for one design: NAME=N for every design that has the size (an error if
+    none has it), DESIGN:NAME=N for the design whose file is DESIGN.td only."""
+    from pathlib import Path
+
+    stems = {Path(f).stem for f in designs}
+    sizes: dict[str, int] = {}
+    for name, value in settings:
+        stem, _, size = name.rpartition(":")
+        if stem and stem not in stems:
+            raise _UsageError(
+                f"tdiag train: error: --set {name}={value}: no design '{stem}' among {', '.join(sorted(stems))}"
+            )
+        if not stem and not any(size in d.graph.sizes for d in designs.values()):
+            known = sorted(set().union(*(d.graph.sizes for d in designs.values())))
+            raise _UsageError(
+                f"tdiag train: error: --set {name}={value}: no design has a size {size}; sizes: {', '.join(known)}"
+            )
+        if stem == Path(file).stem or (not stem and (size in designs[file].graph.sizes or len(designs) == 1)):
+            sizes[size] = value
+    return sizes
 
 
 def _report_training(result: dict) -> int:

@@ -76,6 +76,25 @@ def test_compare_writes_one_table_and_plot(corpus_file, tmp_path, capsys):
     assert "| mhsa |" in table and "| skip_right |" in table and "Unigram baseline" in table
 
 
+def test_compare_applies_a_size_to_the_designs_that_have_it_and_a_design_size_to_that_design(corpus_file, tmp_path):
+    args = ["train", "--compare", str(DESIGNS / "mhsa.td"), str(DESIGNS / "mgk.td"), "--data", str(corpus_file)]
+    args += ["--layers", "1", "--width", "16", "--heads", "2", "--context", "16", "--batch", "4", "--steps", "1"]
+    args += ["--eval-every", "1", "--eval-batches", "1", "--out", str(tmp_path / "cmp"), "--no-progress"]
+    assert main([*args, "--set", "M=1", "--set", "mgk:D=4"]) == 0
+    sizes = {d: json.loads((tmp_path / "cmp" / d / "config.json").read_text())["sizes"] for d in ("mhsa", "mgk")}
+    assert sizes == {"mhsa": {}, "mgk": {"M": 1, "D": 4}}
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [("Q=3", "no design has a size Q"), ("gpt:D=3", "no design 'gpt' among mgk, mhsa")],
+)
+def test_compare_rejects_a_size_no_design_has(setting, message, capsys):
+    designs = [str(DESIGNS / "mhsa.td"), str(DESIGNS / "mgk.td")]
+    assert main(["train", "--compare", *designs, "--set", setting]) == 2
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("design", ["fish.td", "mgk.td", "mlk.td", "thsa.td"])
 def test_any_design_trains_and_lowers_the_loss(design, corpus_file, tmp_path):
     config = tiny(
