@@ -152,6 +152,24 @@ def test_hard_lfish_with_identity_mixing_is_linear_attention():
     assert torch.allclose(lfish(x), torch.einsum("bnhe,heg->bng", heads, lfish.WO), atol=1e-8, rtol=0)
 
 
+def test_t14_folded_hard_fish_costs_h_d_m_per_score_and_is_taken_only_for_memory():
+    design = tdiag.load(DESIGNS / "hard_fish.td")
+    n, d, h, m = (design.graph.sizes[s].symbol for s in ("N", "D", "H", "M"))
+    default, folded = design.cost(), design.cost(objective="memory")
+    assert "sdpa" not in [s.kind for s in design.plan().steps]
+    assert sympy.expand(default.score_flops).coeff(n, 2) == sympy.expand(2 * m * (d + h))  # spec §8.2
+    assert sympy.expand(folded.score_flops).coeff(n, 2) == 2 * h * m * d  # the MQA form, T14
+
+
+def test_t14_folded_hard_fish_computes_the_same_function():
+    design = tdiag.load(DESIGNS / "hard_fish.td", F=F, H=4, M=2)
+    plain = design.module(dtype=torch.float64, N=N)
+    folded = design.module(dtype=torch.float64, N=N, objective="memory")
+    folded.load_state_dict(plain.state_dict())
+    assert "sdpa" in [s.kind for s in folded.tdiag_plan.steps]
+    assert torch.allclose(plain(x_input()), folded(x_input()), atol=TOL, rtol=0)
+
+
 # ---- MGK (spec mgk.md §5) --------------------------------------------------------------------
 
 
