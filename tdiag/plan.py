@@ -871,6 +871,9 @@ class _Lowering:
         present = [leg for leg in out if any(leg in v.legs for _, v in parts)]
         if any(v.is_batched for _, v in parts) and BATCH not in present:
             present = [BATCH, *present]
+        largest = max((v for _, v in parts), key=lambda v: self.numel_number(v.legs))
+        if set(largest.legs) == set(present):
+            present = list(largest.legs)  # the largest operand is read in its own layout, not permuted
         broadcast = frozenset(leg for leg in out if leg not in present)
         name = self.names.fresh(var or kind)
         aligned = [(sign, self.align_code(v.var, v.legs, tuple(present)), v.legs) for sign, v in parts]
@@ -1112,15 +1115,19 @@ class _Lowering:
         )
         across = self.contract([*rest, _Leaf(earlier.legs, value=earlier)], out_chunked, coefficient, None)  # type: ignore[union-attr]
         total = self.combine("sum", [(1, within), (1, across)], out_chunked, None)
-        position = total.legs.index(chunks)
-        legs = tuple(leg for leg in total.legs if leg != within_query)
-        legs = tuple(query if leg == chunks else leg for leg in legs)
+        order = [leg for leg in total.legs if leg != within_query]
+        position = order.index(chunks)
+        order.insert(position + 1, within_query)
+        code = total.var
+        if list(total.legs) != order:
+            code = f"{code}.permute({', '.join(str(total.legs.index(leg)) for leg in order)})"
+        legs = tuple(query if leg == chunks else leg for leg in order if leg != within_query)
         name = self.names.fresh(var or "causal_sum")
         length = size_code(self.runtime(self.size(query)), self.size_names)
         return self.emit(
             Step(
                 "view",
-                [f"{name} = {total.var}.flatten({position}, {position + 1}).narrow({position}, 0, {length})"],
+                [f"{name} = {code}.flatten({position}, {position + 1}).narrow({position}, 0, {length})"],
                 Value(name, legs, total.broadcast),
                 "chunks joined",
                 inputs=(total,),
