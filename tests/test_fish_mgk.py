@@ -403,6 +403,19 @@ def test_p20_large_logits_in_float32_stay_finite(name):
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("name", ["mgk", "smgk"])
+def test_p20_large_logits_stay_finite_and_agree_with_float64_under_the_p17_lowering(name):
+    design = tdiag.load(DESIGNS / f"{name}.td", F=F, H=2, D=3).with_causal_mask()
+    module = design.module(N=N, objective="memory").eval()
+    exact = design.module(N=N, dtype=torch.float64).eval()
+    exact.load_state_dict({k: v.double() for k, v in module.state_dict().items()})
+    x = x_input(scale=100.0)
+    with torch.no_grad():
+        out, expected = module(x.float()), exact(x)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out.double(), expected, rtol=1e-3, atol=1e-3 * expected.abs().max().item())
+
+
 @pytest.mark.parametrize(
     "name", ["fish", "hard_fish", "mish", "gfish", "hard_gfish", "lfish", "mgk", "mgk_harde", "smgk", "mlk", "smlk"]
 )
