@@ -177,6 +177,26 @@ def test_standalone_file_equals_in_process_module(tmp_path):
     assert torch.equal(standalone(x), in_process(x))
 
 
+@pytest.mark.parametrize(
+    ("name", "objective", "planned"),
+    [("mgk", "memory", 5), ("mlk", "flops", 64)],
+    ids=["mgk-p17-sdpa", "mlk-chunked-prefix"],
+)
+def test_standalone_file_equals_in_process_module_for_fused_and_chunked_plans(tmp_path, name, objective, planned):
+    design = tdiag.load(DESIGNS / f"{name}.td", **small_sizes(name)).with_causal_mask()
+    path = tmp_path / f"{name}_module.py"
+    path.write_text(design.source(N=planned, objective=objective))
+    spec = importlib.util.spec_from_file_location(f"{name}_module", path)
+    generated = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generated)
+    standalone = getattr(generated, name.capitalize())(seed=7, dtype=torch.float64)
+    in_process = design.module(seed=7, dtype=torch.float64, N=planned, objective=objective)
+    kinds = {step.kind for step in in_process.tdiag_plan.steps}
+    assert kinds & {"sdpa", "prefix"}
+    x = x_input(2, n=37)
+    assert torch.equal(standalone(x), in_process(x))
+
+
 def test_standalone_file_imports_only_torch_and_the_standard_library():
     source = tdiag.load(DESIGNS / "fish.td").source()
     imports = {line.split()[1] for line in source.splitlines() if line.startswith(("import ", "from "))}
