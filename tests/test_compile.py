@@ -484,10 +484,17 @@ def test_autocast_bfloat16_runs_close_to_float32():
     assert torch.allclose(low.float(), module(x), atol=5e-2, rtol=5e-2)
 
 
-def test_torch_compile_fullgraph():
-    module = tdiag.load(DESIGNS / "mhsa.td", **SMALL).module(N=5)
+@pytest.mark.parametrize(
+    ("name", "causal", "objective", "planned"),
+    [("mhsa", False, "flops", 5), ("mgk", True, "memory", 5), ("mlk", True, "flops", 64)],
+    ids=["mhsa", "mgk-p17-sdpa", "mlk-chunked-prefix"],
+)
+def test_torch_compile_fullgraph(name, causal, objective, planned):
+    design = tdiag.load(DESIGNS / f"{name}.td", **small_sizes(name))
+    design = design.with_causal_mask() if causal else design
+    module = design.module(N=planned, objective=objective)
     compiled = torch.compile(module, fullgraph=True, backend="eager")
-    x = torch.randn(2, 5, 8)
+    x = torch.randn(2, 37, 8)
     assert torch.allclose(compiled(x), module(x), atol=1e-6)
 
 
