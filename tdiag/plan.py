@@ -313,15 +313,11 @@ class _Lowering:
         if expand_powers and isinstance(e, ElementwiseMap) and e.name == "pow" and e.params[0].is_Integer:
             coefficient = sympy.Integer(1)
             for _ in range(int(e.params[0])):
-                inner = dict(ren)
-                for leg in _all_legs(e.operand) - set(e.operand.legs):  # type: ignore[arg-type]
-                    inner[leg] = tuple(self.new_leg(p) for p in self.expand(leg))
+                inner = self.with_fresh_legs(ren, _all_legs(e.operand) - set(e.operand.legs))  # type: ignore[arg-type]
                 coefficient *= self.collect(e.operand, inner, leaves, expand_powers=True)  # type: ignore[arg-type]
             return coefficient
         if isinstance(e, Contraction):
-            inner = dict(ren)
-            for leg in e.summed:
-                inner[leg] = tuple(self.new_leg(p) for p in self.expand(leg))
+            inner = self.with_fresh_legs(ren, e.summed)
             coefficient = e.coefficient
             for factor in e.factors:
                 coefficient *= self.collect(factor, inner, leaves, expand_powers=expand_powers)
@@ -344,16 +340,29 @@ class _Lowering:
             batch = (BATCH,) if tensor.is_batched else ()
             leaves.append(_Leaf(batch + tuple(p for a in axes for p in a), tensor=tensor, view=axes))
             return sympy.Integer(1)
-        mapping = self.align_definition(statement, axes)
-        if mapping is not None and self.is_inlined(e.name):
-            inner = dict(mapping)
-            for leg in _all_legs(statement.expr):
-                if leg not in inner:
-                    inner[leg] = tuple(self.new_leg(p) for p in self.expand(leg))
+        inner = self.definition_renaming(statement, axes) if self.is_inlined(e.name) else None
+        if inner is not None:
             return self.collect(statement.expr, inner, leaves)
         value = self.values[e.name]
         leaves.append(_Leaf(self.rename_value_legs(value, statement, axes), value=value))
         return sympy.Integer(1)
+
+    def with_fresh_legs(self, ren: dict[str, tuple[str, ...]], legs: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """`ren` with a fresh region leg for each of `legs`, summed inside a sub-expression."""
+        inner = dict(ren)
+        for leg in legs:
+            inner[leg] = tuple(self.new_leg(p) for p in self.expand(leg))
+        return inner
+
+    def definition_renaming(
+        self, statement: Statement, axes: tuple[tuple[str, ...], ...]
+    ) -> dict[str, tuple[str, ...]] | None:
+        """The legs of a statement's definition as seen from a use with region legs `axes`: its
+        result legs mapped onto them, its summed legs fresh; None where the shapes do not align."""
+        mapping = self.align_definition(statement, axes)
+        if mapping is None:
+            return None
+        return self.with_fresh_legs(mapping, [leg for leg in _all_legs(statement.expr) if leg not in mapping])
 
     def align_definition(
         self, statement: Statement, axes: tuple[tuple[str, ...], ...]
@@ -761,14 +770,19 @@ class _Lowering:
             )
         return self.emit(step)  # type: ignore[return-value]
 
+    def causal_mask(self, query: str, key: str) -> str:
+        """The forward's boolean [query, key] triangle (True above the diagonal: the future), one per
+        pair of sizes, built at entry."""
+        sizes = (self.size(query), self.size(key))
+        if sizes not in self.causal_masks:
+            self.causal_masks[sizes] = self.names.fresh("causal")
+        return self.causal_masks[sizes]
+
     def apply_mask(self, code: str, content: Value, mask, ren, is_exp: bool, lines: list[str]) -> str:
         fill = f"torch.finfo({content.var}.dtype).min" if is_exp else "0.0"
         if isinstance(mask, CausalMask):
             (query,), (key,) = ren[mask.query], ren[mask.key]
-            sizes = (self.size(query), self.size(key))
-            if sizes not in self.causal_masks:
-                self.causal_masks[sizes] = self.names.fresh("causal")
-            mask_code = self.align_code(self.causal_masks[sizes], (query, key), content.legs)
+            mask_code = self.align_code(self.causal_mask(query, key), (query, key), content.legs)
         else:
             ref = mask.tensor
             legs = tuple(p for leg in ref.legs for p in ren[leg])
@@ -962,11 +976,8 @@ class _Lowering:
         if isinstance(e, TensorRef) and self.g.tensors[e.name].statement is not None:
             statement = self.g.tensors[e.name].statement
             axes = tuple(tuple(p for leg in group for p in ren[leg]) for group in e.groups)
-            mapping = self.align_definition(statement, axes) if isinstance(statement.expr, SumNode) else None
-            if mapping is not None:
-                inner = dict(mapping)
-                for leg in _all_legs(statement.expr):
-                    inner.setdefault(leg, tuple(self.new_leg(p) for p in self.expand(leg)))
+            inner = self.definition_renaming(statement, axes) if isinstance(statement.expr, SumNode) else None
+            if inner is not None:
                 e, ren = statement.expr, inner
         if not isinstance(e, SumNode):
             return [(1, e, ren)]
@@ -994,12 +1005,22 @@ class _Lowering:
                 kept = tuple(leg for leg in (BATCH, *out) if leg in value_a.legs + value_b.legs and leg not in over)
                 if self.shift_invariant is not None and not set(kept) & self.shift_invariant:
                     continue  # the same for every key: it cancels in the softmax (MGK P2)
-                coefficient = sympy.Integer(a[0] * b[0] * (1 if k == j else 2))
-                start = len(self.target)
-                parts.append((1, self.plan_contraction([value_a, value_b], kept, coefficient, None)))
-                for step in self.target[start:]:
-                    step.kind = "norm" if k == j and step.kind == "contraction" else step.kind
+                if k == j:
+                    parts.append((1, self.squared_norm(value_a, kept, sympy.Integer(a[0] * b[0]))))
+                else:
+                    parts.append(
+                        (1, self.plan_contraction([value_a, value_b], kept, sympy.Integer(2 * a[0] * b[0]), None))
+                    )
         return self.combine("sqdist", [(sign, self.as_missing_legs(v)) for sign, v in parts], out, var)
+
+    def squared_norm(self, value: Value, kept: tuple[str, ...], coefficient: sympy.Expr = ONE) -> Value:
+        """coefficient · Σ value² over the legs not kept; its steps are "norm" steps, which the
+        papers' counting leaves out (MGK App. B)."""
+        start = len(self.target)
+        result = self.plan_contraction([value, value], kept, coefficient, None)
+        for step in self.target[start:]:
+            step.kind = "norm" if step.kind == "contraction" else step.kind
+        return result
 
     # -- normalize boxes in the linear-time order --
     def resolve_normalize(self, box: SoftmaxBox, ren, k: int, others: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
@@ -1292,9 +1313,7 @@ class _Lowering:
             if kind == "term":
                 coefficient *= self.collect(cross, ren, content)
             else:
-                inner = dict(ren)
-                for leg in cross.over:
-                    inner[leg] = tuple(self.new_leg(p) for p in self.expand(leg))
+                inner = self.with_fresh_legs(ren, cross.over)
                 sides = [self.lower(cross.left, inner), self.lower(cross.right, inner)]
                 if set(keys) & set(sides[0].legs):
                     sides.reverse()
@@ -1546,10 +1565,7 @@ class _Lowering:
             if kind == "norm":
                 key_value, over = fused["key_norm"]
                 kept = tuple(leg for leg in key_value.legs if leg not in over)
-                start = len(self.target)
-                value = self.plan_contraction([key_value, key_value], kept, sympy.Integer(1), None)
-                for step in self.target[start:]:
-                    step.kind = "norm" if step.kind == "contraction" else step.kind
+                value = self.squared_norm(key_value, kept)
             else:
                 value = self.lower(e, fused["ren"])
             factor = sympy.simplify(weight * fused["box_scale"] / fused["scale"])
@@ -1580,10 +1596,9 @@ class _Lowering:
         """The boolean SDPA mask (True = attend) of a causal mask over one of several flattened
         key legs: key (m, r) is visible from n when m ≤ n."""
         mask_query, mask_key = pair
-        sizes = (self.size(mask_query), self.size(mask_key))
-        if sizes not in self.causal_masks:
-            self.causal_masks[sizes] = self.names.fresh("causal")
-        aligned = self.align_code(f"(~{self.causal_masks[sizes]})", (mask_query, mask_key), (query, *keys))
+        aligned = self.align_code(
+            f"(~{self.causal_mask(mask_query, mask_key)})", (mask_query, mask_key), (query, *keys)
+        )
         name = self.names.fresh("visible")
         lines.append(
             f"{name} = {aligned}.expand({self.sizes_code([query, *keys])}).reshape({self._group_size([query])}, -1)"

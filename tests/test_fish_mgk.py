@@ -16,11 +16,14 @@ TOL = 1e-10
 F, N = 8, 5
 
 
+def small_sizes(name: str) -> dict[str, int]:
+    if "mgk" in name or "mlk" in name:
+        return {"F": F, "H": 2, "D": 3}
+    return {"F": F, "H": 4} if name == "mhsa" else {"F": F, "H": 4, "M": 2}
+
+
 def build(name: str, *, seed: int = 0, **sizes):
-    defaults = {"F": F, "H": 4, "M": 2} if "mgk" not in name and "mlk" not in name else {"F": F, "H": 2, "D": 3}
-    if name == "mhsa":
-        defaults.pop("M")
-    design = tdiag.load(DESIGNS / f"{name}.td", **(defaults | sizes))
+    design = tdiag.load(DESIGNS / f"{name}.td", **(small_sizes(name) | sizes))
     return design.module(dtype=torch.float64, seed=seed, N=N)
 
 
@@ -281,8 +284,7 @@ def test_p12_mlk_is_linear_attention_with_mixed_key_features():
 
 
 def causal_design(name: str, **sizes):
-    defaults = {"F": F, "H": 4, "M": 2} if "mgk" not in name and "mlk" not in name else {"F": F, "H": 2, "D": 3}
-    return tdiag.load(DESIGNS / f"{name}.td", **(defaults | sizes)).with_causal_mask()
+    return tdiag.load(DESIGNS / f"{name}.td", **(small_sizes(name) | sizes)).with_causal_mask()
 
 
 def test_p12_causal_mlk_by_prefix_sums_equals_the_masked_quadratic_form():
@@ -396,8 +398,7 @@ def test_p17_mgk_is_one_softmax_attention_over_n_times_m_augmented_keys():
 @pytest.mark.parametrize("name", ["mgk", "smgk", "mgk_harde", "mgk_softe", "fish", "gfish", "mlk"])
 def test_p20_large_logits_in_float32_stay_finite(name):
     sizes = {"N": N} if name == "mgk_softe" else {}
-    defaults = {"F": F, "H": 4, "M": 2} if "mgk" not in name and "mlk" not in name else {"F": F, "H": 2, "D": 3}
-    module = tdiag.load(DESIGNS / f"{name}.td", **(defaults | sizes)).module(N=N).eval()
+    module = tdiag.load(DESIGNS / f"{name}.td", **(small_sizes(name) | sizes)).module(N=N).eval()
     with torch.no_grad():
         out = module(x_input(scale=100.0).float())  # ‖q − k‖² of order 1e4 and beyond
     assert torch.isfinite(out).all()
