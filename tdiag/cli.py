@@ -8,9 +8,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .design import Design, load
+from .design import OBJECTIVES, Design, load
 from .errors import Diagnostic, TdiagError, format_diagnostic
-from .plan import OBJECTIVES
 
 RENDER_FORMATS = ("dot", "pdf", "png", "svg")
 

@@ -27,6 +27,10 @@ from .ir import (
     walk,
 )
 
+# How the planner chooses between equivalent plans (plan.build_plan): fewest FLOPs, or fused
+# kernels wherever they apply because they never store a softmax box's entries.
+OBJECTIVES = ("flops", "memory")
+
 
 class Design:
     """A checked design. `graph` is the design graph every later stage reads."""

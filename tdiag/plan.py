@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import opt_einsum
 import sympy
 
+from .design import OBJECTIVES
 from .errors import Diagnostic, TdiagError
 from .graph import DesignGraph
 from .ir import (
@@ -1705,9 +1706,6 @@ def _leg_splits(graph: DesignGraph, uses: Counter[str]) -> dict[str, tuple[tuple
 
 
 # ---- the plan of a whole design ------------------------------------------------------------
-
-
-OBJECTIVES = ("flops", "memory")
 
 
 def build_plan(

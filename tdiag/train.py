@@ -27,6 +27,7 @@ from torch import nn
 
 import tdiag
 
+from .design import OBJECTIVES
 from .errors import Diagnostic, TdiagError
 
 DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "shakespeare_gut.txt.gz"
@@ -335,7 +336,7 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -
             step += 1
             tokens += config.batch * config.context
             rate = tokens / seconds
-            achieved = per_step * tokens / (config.batch * config.context) / seconds
+            achieved = per_step * rate / (config.batch * config.context)  # model FLOP/s
             bar.update(1)
             bar.set_postfix(train=f"{loss:.3f}", tok_s=f"{rate:,.0f}", **_mfu_postfix(achieved, peak))
             if step % config.eval_every == 0 or step == config.steps:
@@ -574,7 +575,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peak-tflops", type=float, default=0.0, help="device peak for MFU (default: known GPUs' bf16 data sheet)"
     )
     parser.add_argument(
-        "--objective", choices=("flops", "memory"), default="flops", help="memory: prefer fused attention kernels"
+        "--objective", choices=OBJECTIVES, default="flops", help="memory: prefer fused attention kernels"
     )
     parser.add_argument("--out", default="", help="run folder (compare: the folder for the comparison)")
     parser.add_argument("--no-progress", action="store_true")
