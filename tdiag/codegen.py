@@ -5,12 +5,42 @@ line per step with its legs and cost as a comment. The in-process module runs th
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from functools import singledispatch
 
 import sympy
 
 from .graph import DesignGraph
 from .ir import Tensor
-from .plan import BATCH_SIZE, Plan, Step, _show, size_code
+from .plan import BATCH_SIZE, Plan, Step, reads
+from .plan.program import (
+    Attention,
+    Binary,
+    BufferUpdate,
+    Einsum,
+    Elementwise,
+    Expand,
+    JoinChunks,
+    Map,
+    MaskFill,
+    Materialize,
+    Matmul,
+    Normalize,
+    Operand,
+    Permute,
+    PrefixSum,
+    Ratio,
+    Reduce,
+    Reshape,
+    Scale,
+    Softmax,
+    SplitChunks,
+    SumAxes,
+    Triangle,
+    Value,
+    VisibleMask,
+    show_legs,
+)
 
 HELPERS = '''
 
@@ -188,11 +218,7 @@ def _body(plan: Plan) -> list[str]:
             continue
         end = starts[k]
         inner = [line for step in plan.steps[k : end + 1] for line in _step_lines(step, plan)]
-        later = [line for step in plan.steps[end + 1 :] for line in _step_lines(step, plan)]
-        later += [v.var for _, v in plan.outputs] + [
-            line for step in plan.update_steps for line in _step_lines(step, plan)
-        ]
-        results = _escaping(inner, later)
+        results = _escaping(plan, k, end)
         name = f"_box_{k}"
         lines.append(f"        def {name}():  # recomputed in the backward pass instead of kept")
         lines += ["    " + line for line in inner]
@@ -202,15 +228,12 @@ def _body(plan: Plan) -> list[str]:
     return lines
 
 
-def _escaping(inner: list[str], later: list[str]) -> list[str]:
-    """Names assigned in `inner` that code in `later` reads."""
-    assigned = []
-    for line in inner:
-        target = line.strip().split(" = ", 1)[0]
-        if target.isidentifier():
-            assigned.append(target)
-    text = "\n".join(later)
-    return [name for name in assigned if re.search(rf"\b{re.escape(name)}\b", text)]
+def _escaping(plan: Plan, start: int, end: int) -> list[str]:
+    """Variables that steps start..end define and later steps, the outputs or updates read."""
+    later = [*plan.steps[end + 1 :], *plan.update_steps]
+    read = {v.var for step in later for v in reads(step.op)} | {v.var for _, v in plan.outputs}
+    defined = [step.out.var for step in plan.steps[start : end + 1] if step.out is not None]
+    return [var for var in dict.fromkeys(defined) if var in read]
 
 
 def _entry(plan: Plan) -> list[str]:
@@ -251,7 +274,7 @@ def _entry(plan: Plan) -> list[str]:
             f"{var} = torch.ones(B, {shape}, dtype=torch.bool, device={plan.names[graph.inputs[0].name]}.device) if {var} is None else {var}.reshape(B, {shape})"
         )
     device = f"{plan.names[graph.inputs[0].name]}" if graph.inputs else "None"
-    lines += plan.chunks
+    lines += [f"{c.name} = -(-{_expr(c.extent)} // {c.size})" for c in plan.chunks]
     for (n, m), var in plan.causal.items():
         lines.append(
             f"{var} = torch.ones({_size(graph, n)}, {_size(graph, m)}, dtype=torch.bool, device={device}.device).triu(1)"
@@ -273,7 +296,7 @@ def _entry(plan: Plan) -> list[str]:
 
 def _size(graph: DesignGraph, expr: sympy.Expr) -> str:
     """A size as Python in forward: known sizes are numbers, run-time ones locals."""
-    return size_code(graph.expand(expr).xreplace(_known(graph)), {})
+    return _expr(graph.expand(expr).xreplace(_known(graph)))
 
 
 def _known(graph: DesignGraph) -> dict:
@@ -281,12 +304,225 @@ def _known(graph: DesignGraph) -> dict:
 
 
 def _step_lines(step: Step, plan: Plan) -> list[str]:
-    legs = " ".join(_show(step.out.legs)) if step.out else ""
+    legs = " ".join(show_legs(step.out.legs)) if step.out else ""
     cost = ""
     if step.flops != 0:
         cost = f"; {sympy.sstr(sympy.factor(step.flops.subs(BATCH_SIZE, 1)))} flops"
     comment = f"  # {step.description} [{legs}]{cost}" if step.description else ""
-    lines = [f"        {line}" for line in step.lines]
-    if lines:
-        lines[-1] += comment
-    return lines
+    code = _op(step.op, plan.attributes)
+    if step.out is not None:
+        code = f"{step.out.var} = {code}"
+    return [f"        {code}{comment}"]
+
+
+# ---- ops as Python -----------------------------------------------------------------------------
+
+
+def _expr(expr: sympy.Expr) -> str:
+    """A size as Python: numbers stay numbers, run-time sizes are locals of forward."""
+    if expr.is_Integer:
+        return str(int(expr))
+    return str(expr)
+
+
+def _scalar(value: sympy.Expr) -> str:
+    """A coefficient as Python: an int, a float, or a parenthesized formula in run-time sizes."""
+    if value.is_Integer:
+        return str(int(value))
+    if value.is_number:
+        return repr(float(value))
+    return "(" + sympy.pycode(value) + ")"
+
+
+def _sizes(sizes: Sequence[sympy.Expr]) -> str:
+    return ", ".join(_expr(s) for s in sizes)
+
+
+def _dims(dims: Sequence[int]) -> str:
+    return str(dims[0]) if len(dims) == 1 else "(" + ", ".join(map(str, dims)) + ")"
+
+
+def _var(value: Value, attributes: frozenset[str]) -> str:
+    return f"self.{value.var}" if value.var in attributes else value.var
+
+
+def _read(operand: Operand, attributes: frozenset[str]) -> str:
+    code = _var(operand.value, attributes)
+    if operand.invert:
+        code = f"(~{code})"
+    if operand.permutation is not None:
+        code = f"{code}.permute({', '.join(map(str, operand.permutation))})"
+    if operand.shape is not None:
+        code = f"{code}.reshape({', '.join(_expr(s) for s in operand.shape)})"
+    if operand.index is not None:
+        code = f"{code}[{', '.join(':' if kept else 'None' for kept in operand.index)}]"
+    return code
+
+
+def _tree(tree: Binary | Operand, attributes: frozenset[str]) -> str:
+    if isinstance(tree, Operand):
+        return _read(tree, attributes)
+    return f"({_tree(tree.left, attributes)} {tree.op} {_tree(tree.right, attributes)})"
+
+
+@singledispatch
+def _op(op: object, attributes: frozenset[str]) -> str:
+    raise TypeError(f"no Python for {type(op).__name__}")
+
+
+@_op.register
+def _(op: Reshape, attributes: frozenset[str]) -> str:
+    return f"{_var(op.x, attributes)}.reshape({_sizes(op.shape)})"
+
+
+@_op.register
+def _(op: Scale, attributes: frozenset[str]) -> str:
+    return f"{_var(op.x, attributes)} * {_scalar(op.factor)}"
+
+
+@_op.register
+def _(op: SumAxes, attributes: frozenset[str]) -> str:
+    return f"{_var(op.x, attributes)}.sum({_dims(op.dims)})"
+
+
+@_op.register
+def _(op: Matmul, attributes: frozenset[str]) -> str:
+    product = f"{_read(op.a, attributes)} @ {_read(op.b, attributes)}"
+    if op.shape is None:
+        return product
+    return f"({product}).reshape({_sizes(op.shape) or '()'})"
+
+
+@_op.register
+def _(op: Einsum, attributes: frozenset[str]) -> str:
+    return f'torch.einsum("{op.equation}", {", ".join(_var(v, attributes) for v in op.operands)})'
+
+
+@_op.register
+def _(op: MaskFill, attributes: frozenset[str]) -> str:
+    fill = f"torch.finfo({_var(op.x, attributes)}.dtype).min" if op.fill == "lowest" else "0.0"
+    return f"{_var(op.x, attributes)}.masked_fill({_read(op.mask, attributes)}, {fill})"
+
+
+@_op.register
+def _(op: Softmax, attributes: frozenset[str]) -> str:
+    code = _read(op.x, attributes)
+    if op.count == 1:
+        return f"{code}.softmax(-1)"
+    return f"{code}.flatten(-{op.count}).softmax(-1).unflatten(-1, ({_sizes(op.normalized)}))"
+
+
+@_op.register
+def _(op: Normalize, attributes: frozenset[str]) -> str:
+    code = _read(op.x, attributes)
+    dims = ", ".join(str(-1 - k) for k in range(op.count))
+    return f"{code} / ({code}.sum(dim=({dims},), keepdim=True) + {_scalar(op.eps)})"
+
+
+@_op.register
+def _(op: Expand, attributes: frozenset[str]) -> str:
+    kept = len(op.x.legs)
+    index = ", ".join([":"] * kept + ["None"] * len(op.sizes))
+    shape = ", ".join(["-1"] * kept) + ", " + _sizes(op.sizes)
+    return f"{_var(op.x, attributes)}[{index}].expand({shape})"
+
+
+@_op.register
+def _(op: Materialize, attributes: frozenset[str]) -> str:
+    return f"{_read(op.x, attributes)}.expand({_sizes(op.shape)}).contiguous()"
+
+
+@_op.register
+def _(op: Map, attributes: frozenset[str]) -> str:
+    x = _var(op.x, attributes)
+    params = [_scalar(p) for p in op.params]
+    return {
+        "exp": lambda: f"{x}.exp()",
+        "log": lambda: f"{x}.log()",
+        "relu": lambda: f"torch.relu({x})",
+        "elu1": lambda: f"torch.nn.functional.elu({x}) + 1",
+        "clamp": lambda: f"{x}.clamp({', '.join(params)})",
+        "pow": lambda: f"{x} ** {params[0] if params else 1}",
+    }[op.name]()
+
+
+@_op.register
+def _(op: Reduce, attributes: frozenset[str]) -> str:
+    return f"{_var(op.x, attributes)}.{op.method}(dim={_dims(op.dims)})"
+
+
+@_op.register
+def _(op: Elementwise, attributes: frozenset[str]) -> str:
+    code = _tree(op.tree, attributes)
+    if isinstance(op.tree, Binary):
+        code = code[1:-1]
+    return f"-({code})" if op.negate else code
+
+
+@_op.register
+def _(op: Ratio, attributes: frozenset[str]) -> str:
+    return f"{_var(op.numerator, attributes)} / ({_read(op.denominator, attributes)} + {_scalar(op.eps)})"
+
+
+@_op.register
+def _(op: PrefixSum, attributes: frozenset[str]) -> str:
+    x = _var(op.x, attributes)
+    return f"{x}.cumsum({op.axis}) - {x}"
+
+
+@_op.register
+def _(op: Triangle, attributes: frozenset[str]) -> str:
+    like = _var(op.like, attributes)
+    return f"torch.ones({op.size}, {op.size}, dtype={like}.dtype, device={like}.device).tril()"
+
+
+@_op.register
+def _(op: SplitChunks, attributes: frozenset[str]) -> str:
+    count = _expr(op.count)
+    pads = "0, 0, " * op.trailing + f"0, {count} * {op.size} - {_expr(op.length)}"
+    return f"torch.nn.functional.pad({_var(op.x, attributes)}, ({pads})).unflatten({op.axis}, ({count}, {op.size}))"
+
+
+@_op.register
+def _(op: JoinChunks, attributes: frozenset[str]) -> str:
+    p = op.position
+    return f"{_read(op.x, attributes)}.flatten({p}, {p + 1}).narrow({p}, 0, {_expr(op.length)})"
+
+
+@_op.register
+def _(op: VisibleMask, attributes: frozenset[str]) -> str:
+    return f"{_read(op.causal, attributes)}.expand({_sizes(op.sizes)}).reshape({_expr(op.rows)}, -1)"
+
+
+@_op.register
+def _(op: Attention, attributes: frozenset[str]) -> str:
+    q, k, v = (_read(x, attributes) for x in (op.q, op.k, op.v))
+    if op.bias is not None:
+        q = f"torch.nn.functional.pad({q}, (0, 1), value=1.0)"
+        k = f"torch.cat([{k}, {_read(op.bias, attributes)}.unsqueeze(-1)], -1)"
+    if op.pad_value:
+        v = f"torch.nn.functional.pad({v}, (0, {op.pad_value}))"
+    if op.pad_query_key:
+        q = f"torch.nn.functional.pad({q}, (0, {op.pad_query_key}))"
+        k = f"torch.nn.functional.pad({k}, (0, {op.pad_query_key}))"
+    mask = ", is_causal=True" if op.causal else ""
+    if op.mask is not None:
+        mask = f", attn_mask={_var(op.mask, attributes)}"
+    call = f"torch.nn.functional.scaled_dot_product_attention({q}, {k}, {v}, scale={_scalar(op.scale)}{mask})"
+    if op.width is not None:
+        call += f"[..., :{op.width}]"
+    if op.shape is not None:
+        call = f"({call}).reshape({_sizes(op.shape)})"
+    return call
+
+
+@_op.register
+def _(op: Permute, attributes: frozenset[str]) -> str:
+    return f"{_var(op.x, attributes)}.permute({', '.join(map(str, op.permutation))})"
+
+
+@_op.register
+def _(op: BufferUpdate, attributes: frozenset[str]) -> str:
+    x = _var(op.x, attributes)
+    mean = f"{x}.mean(0)" if op.x.is_batched else x
+    return f"self.{op.target}.copy_({mean}.reshape({_sizes(op.shape)}))"

@@ -127,7 +127,7 @@ def _memory_candidates(plan: Plan) -> list[sympy.Expr]:
     produced: dict[str, tuple[int, Value]] = {}
     last_use: dict[str, int] = {}
     for k, step in enumerate(steps):
-        if step.out is not None and step.kind not in ("view", "permute"):
+        if step.out is not None and step.kind not in ("view", "permute", "mask"):
             produced[step.out.var] = (k, step.out)
         for value in step.inputs:
             last_use[value.var] = k

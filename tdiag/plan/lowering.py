@@ -22,17 +22,16 @@ import keyword
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import opt_einsum
 import sympy
 
-from .design import OBJECTIVES
-from .errors import Diagnostic, TdiagError
-from .graph import DesignGraph
-from .ir import (
+from ..design import OBJECTIVES
+from ..errors import Diagnostic, TdiagError
+from ..graph import DesignGraph
+from ..ir import (
     ONE,
-    ZERO,
     CausalMask,
     Contraction,
     ElementwiseMap,
@@ -49,74 +48,42 @@ from .ir import (
     TensorRef,
     walk,
 )
+from .program import (
+    BATCH,
+    BATCH_SIZE,
+    Attention,
+    Binary,
+    BufferUpdate,
+    ChunkCount,
+    Einsum,
+    Elementwise,
+    Expand,
+    JoinChunks,
+    Map,
+    MaskFill,
+    Materialize,
+    Matmul,
+    Normalize,
+    Operand,
+    Permute,
+    Plan,
+    PrefixSum,
+    Ratio,
+    Reduce,
+    Reshape,
+    Scale,
+    Softmax,
+    SplitChunks,
+    Step,
+    SumAxes,
+    Triangle,
+    Value,
+    VisibleMask,
+    show_legs,
+)
 
-BATCH = "#b"
-BATCH_SIZE = sympy.Symbol("B", positive=True)
 OPTIMAL_UP_TO = 5
 RESERVED = set(keyword.kwlist) | {"self", "torch", "F", "math", "hashlib", "nn", "inputs", "masks", "batch_shape"}
-
-
-@dataclass(frozen=True)
-class Value:
-    """A tensor in the generated forward: a variable whose axes are `legs` (BATCH first when it
-    carries the batch). `broadcast` legs are logical legs the value is constant along and so
-    does not store."""
-
-    var: str
-    legs: tuple[str, ...]
-    broadcast: frozenset[str] = frozenset()
-
-    @property
-    def is_batched(self) -> bool:
-        return BATCH in self.legs
-
-
-@dataclass
-class Step:
-    """One line (or a few) of the forward pass, with what it computes and what it costs."""
-
-    kind: str
-    lines: list[str]
-    out: Value | None
-    description: str = ""
-    summed: tuple[str, ...] = ()
-    flops: sympy.Expr = ZERO
-    exps: sympy.Expr = ZERO
-    divisions: sympy.Expr = ZERO
-    entries: sympy.Expr = ZERO  # for box steps: the materialized box entries
-    elementwise: sympy.Expr = ZERO  # scalings, maps, sums: counted apart from contractions
-    paper: sympy.Expr = ZERO  # for fused steps: their contractions counted the papers' way
-    in_box: bool = False  # computes a softmax box's argument (the papers' "attention scores")
-    score_flops: sympy.Expr = ZERO  # for fused steps: the FLOPs of their score part
-    score_paper: sympy.Expr = ZERO
-    inputs: tuple[Value, ...] = ()
-
-
-@dataclass
-class Plan:
-    graph: DesignGraph
-    sizes: dict[str, int]  # the sizes planned for, run-time ones included
-    leg_sizes: dict[str, sympy.Expr]
-    steps: list[Step] = field(default_factory=list)
-    update_steps: list[Step] = field(default_factory=list)
-    outputs: list[tuple[str, Value]] = field(default_factory=list)
-    entry: list[str] = field(default_factory=list)  # lines that read inputs and bind run-time sizes
-    lowered: list[str] = field(default_factory=list)  # notes, e.g. boxes lowered to SDPA
-    names: dict[str, str] = field(default_factory=dict)  # .td input/mask/noise name -> python variable
-    causal: dict[tuple[sympy.Expr, sympy.Expr], str] = field(default_factory=dict)  # (N, M) -> mask variable
-    stored: list[str] = field(default_factory=list)  # declared tensors the forward reads
-    segments: list[tuple[int, int]] = field(default_factory=list)  # steps recomputed in backward
-    chunks: list[str] = field(default_factory=list)  # lines binding run-time chunk counts
-
-
-# ---- sizes of legs -------------------------------------------------------------------------
-
-
-def size_code(expr: sympy.Expr, names: Mapping[str, str]) -> str:
-    """A size as Python: numbers stay numbers, run-time sizes are locals of forward."""
-    if expr.is_Integer:
-        return str(int(expr))
-    return str(expr.xreplace({s: sympy.Symbol(names.get(str(s), str(s))) for s in expr.free_symbols}))
 
 
 # ---- leaves of a multilinear region ----------------------------------------------------------
@@ -157,7 +124,8 @@ class _Lowering:
         self.objective = objective
         self.sizes = dict(sizes)
         self.steps: list[Step] = []
-        self.names = _Names(list(graph.sizes))
+        self.attributes = {t.name for t in graph.tensors.values() if t.kind in ("param", "const", "buffer")}
+        self.names = _Names([*graph.sizes, *self.attributes])
         self.values: dict[str, Value] = {}
         self.uses = _count_uses(graph)
         self.splits = _leg_splits(graph, self.uses)
@@ -167,7 +135,6 @@ class _Lowering:
             for piece, size in self.splits.get(name, ()):
                 self.leg_sizes[piece] = size
         self.fresh_legs = itertools.count()
-        self.size_names = {s: s for s in graph.sizes} | {"B": "B"}
         self.known = {graph.sizes[k].symbol: v for k, v in graph.size_values().items()}
         self.target: list[Step] = self.steps
         self.input_vars = {
@@ -203,8 +170,9 @@ class _Lowering:
         """A size or scalar with every size known at build time replaced by its number."""
         return self.g.expand(expr).xreplace(self.known)
 
-    def sizes_code(self, legs: Iterable[str]) -> str:
-        return ", ".join(size_code(self.runtime(self.size(leg)), self.size_names) for leg in legs)
+    def shape(self, legs: Iterable[str]) -> tuple[sympy.Expr, ...]:
+        """The run-time sizes of `legs`, as the forward computes them."""
+        return tuple(self.runtime(self.size(leg)) for leg in legs)
 
     def expand(self, leg: str) -> tuple[str, ...]:
         return tuple(p for p, _ in self.splits[leg]) if leg in self.splits else (leg,)
@@ -219,6 +187,10 @@ class _Lowering:
         step.in_box = step.in_box or self.box_depth > 0
         self.target.append(step)
         return step.out
+
+    def show_value(self, value: Value) -> str:
+        var = f"self.{value.var}" if value.var in self.attributes else value.var
+        return f"{var}[{' '.join(show_legs(value.legs))}]"
 
     def identity_renaming(self, legs: Iterable[str]) -> dict[str, tuple[str, ...]]:
         return {leg: self.expand(leg) for leg in legs}
@@ -492,12 +464,12 @@ class _Lowering:
         batched = tensor.is_batched
         if all(len(axis) == 1 for axis in view):
             return Value(base, ((BATCH,) if batched else ()) + legs)
-        shape = ("B, " if batched else "") + self.sizes_code(legs)
+        shape = ((BATCH_SIZE,) if batched else ()) + self.shape(legs)
         var = self.names.fresh(f"{tensor.name}_view")
         self.emit(
             Step(
                 "view",
-                [f"{var} = {base}.reshape({shape})"],
+                Reshape(Value(base, ()), shape),
                 Value(var, ((BATCH,) if batched else ()) + legs),
                 f"view {tensor.name} with legs {' '.join(legs)}",
             )
@@ -507,7 +479,7 @@ class _Lowering:
     def tensor_var(self, tensor: Tensor) -> str:
         self.stored_used.add(tensor.name)
         if tensor.kind in ("param", "const", "buffer"):
-            return f"self.{tensor.name}"
+            return tensor.name
         return self.input_vars[tensor.name]
 
     # -- the contraction order --
@@ -542,11 +514,10 @@ class _Lowering:
 
     def scale(self, value: Value, coefficient: sympy.Expr, var: str | None = None) -> Value:
         name = self.names.fresh(var or "scaled")
-        code = _scalar_code(self.runtime(coefficient), self.size_names)
         return self.emit(
             Step(
                 "scale",
-                [f"{name} = {value.var} * {code}"],
+                Scale(value, self.runtime(coefficient)),
                 Value(name, value.legs, value.broadcast),
                 f"× {coefficient}",
                 elementwise=self.numel(value.legs),
@@ -564,9 +535,9 @@ class _Lowering:
         return self.emit(
             Step(
                 "sum",
-                [f"{name} = {value.var}.sum({_dims(dims)})"],
+                SumAxes(value, dims),
                 Value(name, legs),
-                f"Σ over {' '.join(_show(summed))}",
+                f"Σ over {' '.join(show_legs(summed))}",
                 summed,
                 flops=self.numel(value.legs),
                 inputs=(value,),
@@ -646,38 +617,42 @@ class _Lowering:
         right = [leg for leg in b.legs if leg not in a.legs]
         legs = tuple(batch + left + right)
         if batch:
-            a_code = self.arrange(a, [batch, left, summed])
-            b_code = self.arrange(b, [batch, summed, right])
+            a_operand = self.arrange(a, [batch, left, summed])
+            b_operand = self.arrange(b, [batch, summed, right])
             natural = [batch, left, right]
         else:
-            a_code = self.arrange(a, [*[[leg] for leg in left], summed])
-            b_code = self.arrange(b, [summed, right])
+            a_operand = self.arrange(a, [*[[leg] for leg in left], summed])
+            b_operand = self.arrange(b, [summed, right])
             natural = [*[[leg] for leg in left], right]
-        product = f"{a_code} @ {b_code}"
+        shape = None
         if [g for g in natural if g] != [[leg] for leg in legs] or any(not g for g in natural[-1:]):
-            product = f"({product}).reshape({self.sizes_code(legs) or '()'})"
+            shape = self.shape(legs)
         name = self.names.fresh(var or "t")
         flops = 2 * self.numel(batch + left + summed + right)
-        description = f"{_show_value(a)} · {_show_value(b)} -> [{' '.join(_show(legs))}]"
+        description = f"{self.show_value(a)} · {self.show_value(b)} -> [{' '.join(show_legs(legs))}]"
         step = Step(
-            "contraction", [f"{name} = {product}"], Value(name, legs), description, tuple(summed), flops, inputs=(a, b)
+            "contraction",
+            Matmul(a_operand, b_operand, shape),
+            Value(name, legs),
+            description,
+            tuple(summed),
+            flops,
+            inputs=(a, b),
         )
         return self.emit(step)  # type: ignore[return-value]
 
-    def arrange(self, value: Value, groups: list[list[str]]) -> str:
+    def arrange(self, value: Value, groups: list[list[str]]) -> Operand:
         """`value` permuted to the legs of `groups` in order, one axis per group."""
         order = [leg for g in groups for leg in g]
-        code = value.var
+        permutation = None
         if list(value.legs) != order:
-            code = f"{code}.permute({', '.join(str(value.legs.index(leg)) for leg in order)})"
+            permutation = tuple(value.legs.index(leg) for leg in order)
         if all(len(g) == 1 for g in groups):
-            return code
-        return f"{code}.reshape({', '.join(self._group_size(g) for g in groups)})"
+            return Operand(value, permutation)
+        return Operand(value, permutation, tuple(self.group_size(g) for g in groups))
 
-    def _group_size(self, group: list[str]) -> str:
-        if not group:
-            return "1"
-        return size_code(self.runtime(sympy.Mul(*(self.size(leg) for leg in group))), self.size_names)
+    def group_size(self, group: Iterable[str]) -> sympy.Expr:
+        return self.runtime(sympy.Mul(*(self.size(leg) for leg in group)))
 
     def einsum_step(self, values: list[Value], out: tuple[str, ...], var: str | None) -> Value:
         """The fallback for what a matmul cannot say (a leg repeated within one operand)."""
@@ -689,14 +664,13 @@ class _Lowering:
             + "".join(symbol[leg] for leg in out)
         )
         name = self.names.fresh(var or "t")
-        args = ", ".join(v.var for v in values)
         flops = 2 * self.numel(legs)
         return self.emit(
             Step(
                 "contraction",
-                [f'{name} = torch.einsum("{spec}", {args})'],
+                Einsum(spec, tuple(values)),
                 Value(name, out),
-                " · ".join(_show_value(v) for v in values),
+                " · ".join(self.show_value(v) for v in values),
                 flops=flops,
                 inputs=tuple(values),
             )
@@ -726,29 +700,24 @@ class _Lowering:
             self.box_depth -= 1
         content = self.expand_broadcast(content, set(normalized))
         name = self.names.fresh(var or ("attention" if e.is_exp else "normalized"))
-        lines: list[str] = []
-        code = content.var
+        masked = content
         for mask in e.masks:
-            code = self.apply_mask(code, content, mask, ren, e.is_exp, lines)
+            masked = self.apply_mask(masked, mask, ren, e.is_exp)
         kept = [leg for leg in content.legs if leg not in normalized]
         kept.sort(key=lambda leg: (leg != BATCH, leg not in prefer))
         moved = kept + list(normalized)
+        permutation = None
         if list(content.legs) != moved:
-            code = f"{code}.permute({', '.join(str(content.legs.index(leg)) for leg in moved)})"
+            permutation = tuple(content.legs.index(leg) for leg in moved)
+        read = Operand(masked, permutation)
         count = len(normalized)
         entries = self.numel(content.legs)
         if e.is_exp:
-            if count == 1:
-                lines.append(f"{name} = {code}.softmax(-1)")
-            else:
-                lines.append(
-                    f"{name} = {code}.flatten(-{count}).softmax(-1).unflatten(-1, ({self.sizes_code(normalized)}))"
-                )
             step = Step(
                 "softmax",
-                lines,
+                Softmax(read, count, self.shape(normalized)),
                 Value(name, tuple(moved), content.broadcast),
-                f"softmax over {' '.join(_show(normalized))}",
+                f"softmax over {' '.join(show_legs(normalized))}",
                 exps=entries,
                 divisions=entries,
                 entries=entries,
@@ -756,14 +725,11 @@ class _Lowering:
                 inputs=(content,),
             )
         else:
-            eps = _scalar_code(self.runtime(e.eps), self.size_names)
-            dims = ", ".join(str(-1 - k) for k in range(count))
-            lines.append(f"{name} = {code} / ({code}.sum(dim=({dims},), keepdim=True) + {eps})")
             step = Step(
                 "normalize",
-                lines,
+                Normalize(read, count, self.runtime(e.eps)),
                 Value(name, tuple(moved), content.broadcast),
-                f"normalize over {' '.join(_show(normalized))}",
+                f"normalize over {' '.join(show_legs(normalized))}",
                 divisions=entries,
                 entries=entries,
                 elementwise=entries,
@@ -779,28 +745,31 @@ class _Lowering:
             self.causal_masks[sizes] = self.names.fresh("causal")
         return self.causal_masks[sizes]
 
-    def apply_mask(self, code: str, content: Value, mask, ren, is_exp: bool, lines: list[str]) -> str:
-        fill = f"torch.finfo({content.var}.dtype).min" if is_exp else "0.0"
+    def apply_mask(self, content: Value, mask, ren, is_exp: bool) -> Value:
+        """The box content with the entries a mask hides filled before normalizing."""
         if isinstance(mask, CausalMask):
             (query,), (key,) = ren[mask.query], ren[mask.key]
-            mask_code = self.align_code(self.causal_mask(query, key), (query, key), content.legs)
+            hidden = self.align(Value(self.causal_mask(query, key), (query, key)), content.legs)
         else:
             ref = mask.tensor
             legs = tuple(p for leg in ref.legs for p in ren[leg])
-            mask_code = self.align_code(f"(~{self.input_vars[ref.name]})", (BATCH, *legs), content.legs)
-        masked = self.names.fresh("masked")
-        lines.append(f"{masked} = {code}.masked_fill({mask_code}, {fill})")
+            hidden = self.align(Value(self.input_vars[ref.name], (BATCH, *legs)), content.legs, invert=True)
+        masked = Value(self.names.fresh("masked"), content.legs, content.broadcast)
+        fill = "lowest" if is_exp else "zero"
+        self.emit(Step("mask", MaskFill(content, hidden, fill), masked, inputs=(content,)))
         return masked
 
-    def align_code(self, code: str, legs: tuple[str, ...], target: tuple[str, ...]) -> str:
-        """Index `code` (axes `legs`) so it broadcasts against axes `target`."""
+    def align(self, value: Value, target: tuple[str, ...], invert: bool = False) -> Operand:
+        """Read `value` so it broadcasts against axes `target`."""
+        legs = value.legs
         present = [leg for leg in target if leg in legs]
+        permutation = None
         if list(legs) != present:
-            code = f"{code}.permute({', '.join(str(legs.index(leg)) for leg in present)})"
+            permutation = tuple(legs.index(leg) for leg in present)
         if present == list(target):
-            return code
-        index = ", ".join(":" if leg in legs else "None" for leg in target)
-        return f"{code}[{index}]"
+            return Operand(value, permutation, invert=invert)
+        index = tuple(leg in legs for leg in target)
+        return Operand(value, permutation, index=index, invert=invert)
 
     def expand_broadcast(self, value: Value, legs: set[str]) -> Value:
         """Materialize broadcast legs that an operation needs as real axes."""
@@ -809,12 +778,10 @@ class _Lowering:
             return value
         name = self.names.fresh("expanded")
         target = (*value.legs, *needed)
-        index = ", ".join([":"] * len(value.legs) + ["None"] * len(needed))
-        shape = ", ".join(["-1"] * len(value.legs)) + ", " + self.sizes_code(needed)
         return self.emit(
             Step(
                 "expand",
-                [f"{name} = {value.var}[{index}].expand({shape})"],
+                Expand(value, self.shape(needed)),
                 Value(name, target, value.broadcast - set(needed)),
                 "broadcast " + " ".join(needed),
                 inputs=(value,),
@@ -834,19 +801,10 @@ class _Lowering:
     def lower_map(self, e: ElementwiseMap, ren, var: str | None) -> Value:
         operand = self.lower(e.operand, ren)  # type: ignore[arg-type]
         name = self.names.fresh(var or e.name)
-        params = [_scalar_code(self.runtime(p), self.size_names) for p in e.params]
-        code = {
-            "exp": f"{operand.var}.exp()",
-            "log": f"{operand.var}.log()",
-            "relu": f"torch.relu({operand.var})",
-            "elu1": f"torch.nn.functional.elu({operand.var}) + 1",
-            "clamp": f"{operand.var}.clamp({', '.join(params)})",
-            "pow": f"{operand.var} ** {params[0] if params else 1}",
-        }[e.name]
         return self.emit(
             Step(
                 "map",
-                [f"{name} = {code}"],
+                Map(operand, e.name, tuple(self.runtime(p) for p in e.params)),
                 Value(name, operand.legs, operand.broadcast),
                 e.name,
                 elementwise=self.numel(operand.legs),
@@ -862,17 +820,12 @@ class _Lowering:
         name = self.names.fresh(var or e.name)
         method = {"max": "amax", "logsumexp": "logsumexp", "mean": "mean"}[e.name]
         legs = tuple(leg for leg in operand.legs if leg not in over)
-        code = (
-            f"{operand.var}.{method}(dim={_dims(dims)})"
-            if method != "logsumexp"
-            else f"{operand.var}.logsumexp(dim={_dims(dims)})"
-        )
         return self.emit(
             Step(
                 "reduction",
-                [f"{name} = {code}"],
+                Reduce(operand, method, dims),
                 Value(name, legs, operand.broadcast),
-                f"{e.name} over {' '.join(_show(over))}",
+                f"{e.name} over {' '.join(show_legs(over))}",
                 over,
                 elementwise=self.numel(operand.legs),
                 inputs=(operand,),
@@ -891,16 +844,18 @@ class _Lowering:
             present = list(largest.legs)  # the largest operand is read in its own layout, not permuted
         broadcast = frozenset(leg for leg in out if leg not in present)
         name = self.names.fresh(var or kind)
-        aligned = [(sign, self.align_code(v.var, v.legs, tuple(present)), v.legs) for sign, v in parts]
+        aligned = [(sign, self.align(v, tuple(present)), v.legs) for sign, v in parts]
         if operator == "+":
-            code, elementwise = self.sum_tree(aligned)
+            op, elementwise = self.sum_tree(aligned)
         else:
-            code = " / ".join(c for _, c, _ in aligned)
-            elementwise = self.numel(present) * (len(parts) - 1)
+            tree = aligned[0][1]
+            for _, operand, _ in aligned[1:]:
+                tree = Binary("/", tree, operand)
+            op, elementwise = Elementwise(tree), self.numel(present) * (len(parts) - 1)
         return self.emit(
             Step(
                 kind,
-                [f"{name} = {code}"],
+                op,
                 Value(name, tuple(present), broadcast),
                 kind,
                 elementwise=elementwise,
@@ -908,11 +863,13 @@ class _Lowering:
             )
         )  # type: ignore[return-value]
 
-    def sum_tree(self, terms: list[tuple[int, str, tuple[str, ...]]]) -> tuple[str, sympy.Expr]:
+    def sum_tree(self, terms: list[tuple[int, Operand, tuple[str, ...]]]) -> tuple[Elementwise, sympy.Expr]:
         """Σ ± terms, broadcasting, added smallest pair first: terms along few legs meet before
         they are broadcast to the full result (sMGK's five-term distance, P11), so each full-size
-        pass is paid once. Returns the code and its elementwise operation count."""
-        nodes = [(sign, code, frozenset(legs)) for sign, code, legs in terms]
+        pass is paid once. Returns the op and its elementwise operation count."""
+        nodes: list[tuple[int, Binary | Operand, frozenset[str]]] = [
+            (sign, operand, frozenset(legs)) for sign, operand, legs in terms
+        ]
         elementwise = sympy.Integer(0)
         while len(nodes) > 1:
             pairs = itertools.combinations(range(len(nodes)), 2)
@@ -920,13 +877,12 @@ class _Lowering:
             (sa, a, la), (sb, b, lb) = nodes[i], nodes[j]
             elementwise += self.numel(la | lb)
             if sa == sb:
-                merged = (sa, f"({a} + {b})")
+                merged = (sa, Binary("+", a, b))
             else:
-                merged = (1, f"({a} - {b})" if sa > 0 else f"({b} - {a})")
+                merged = (1, Binary("-", a, b) if sa > 0 else Binary("-", b, a))
             nodes = [n for k, n in enumerate(nodes) if k not in (i, j)] + [(*merged, la | lb)]
-        sign, code, _ = nodes[0]
-        code = code[1:-1] if code.startswith("(") and code.endswith(")") and len(terms) > 1 else code
-        return (code if sign > 0 else f"-({code})"), elementwise
+        sign, tree, _ = nodes[0]
+        return Elementwise(tree, negate=sign < 0), elementwise
 
     def lower_sum(self, e: SumNode, ren, var: str | None) -> Value:
         terms = list(zip(e.terms, e.signs, strict=True))
@@ -1057,7 +1013,7 @@ class _Lowering:
         if self.target is self.steps:
             how = " with causal prefix sums over chunks" if box.masks else ""
             self.lowered.append(
-                f"normalize box over {' '.join(_show(normalized))} evaluated in the linear-time order{how}"
+                f"normalize box over {' '.join(show_legs(normalized))} evaluated in the linear-time order{how}"
             )
         return self.hoist(box, ren, *best, out)
 
@@ -1108,7 +1064,7 @@ class _Lowering:
         self.emit(
             Step(
                 "const",
-                [f"{triangle} = torch.ones({size}, {size}, dtype={some.var}.dtype, device={some.var}.device).tril()"],
+                Triangle(size, some),
                 Value(triangle, (within_query, within_key)),
                 "causal triangle within a chunk",
             )
@@ -1127,9 +1083,9 @@ class _Lowering:
         earlier = self.emit(
             Step(
                 "prefix",
-                [f"{name} = {state.var}.cumsum({axis}) - {state.var}"],
+                PrefixSum(state, axis),
                 Value(name, state.legs, state.broadcast),
-                f"state of the earlier chunks: exclusive prefix sum over {_show([chunks])[0]} (causal)",
+                f"state of the earlier chunks: exclusive prefix sum over {show_legs([chunks])[0]} (causal)",
                 (chunks,),
                 flops=self.numel(state.legs),
                 inputs=(state,),
@@ -1140,16 +1096,15 @@ class _Lowering:
         order = [leg for leg in total.legs if leg != within_query]
         position = order.index(chunks)
         order.insert(position + 1, within_query)
-        code = total.var
+        permutation = None
         if list(total.legs) != order:
-            code = f"{code}.permute({', '.join(str(total.legs.index(leg)) for leg in order)})"
+            permutation = tuple(total.legs.index(leg) for leg in order)
         legs = tuple(query if leg == chunks else leg for leg in order if leg != within_query)
         name = self.names.fresh(var or "causal_sum")
-        length = size_code(self.runtime(self.size(query)), self.size_names)
         return self.emit(
             Step(
                 "view",
-                [f"{name} = {code}.flatten({position}, {position + 1}).narrow({position}, 0, {length})"],
+                JoinChunks(Operand(total, permutation), position, self.runtime(self.size(query))),
                 Value(name, legs, total.broadcast),
                 "chunks joined",
                 inputs=(total,),
@@ -1171,7 +1126,6 @@ class _Lowering:
             var = self.names.fresh(f"chunks_{size}")
             symbol = sympy.Symbol(var, positive=True, integer=True)
             self.chunk_counts[count_key] = symbol
-            self.size_names[var] = var
             self.chunk_values[symbol] = sympy.Integer(-(-int(planned) // size))
             self.chunk_sizes[symbol] = self.size(query) / size
         legs = (
@@ -1205,17 +1159,17 @@ class _Lowering:
             return Value(value.var, legs, (value.broadcast - {leg}) | {chunks, within})
         physical = [old for old in value.legs if old not in value.broadcast]
         axis = physical.index(leg)
-        count = self.size_names[str(self.leg_sizes[chunks])]
         size = self.number(within)
-        length = size_code(self.runtime(self.size(leg)), self.size_names)
-        pads = "0, 0, " * (len(physical) - 1 - axis) + f"0, {count} * {size} - {length}"
+        split = SplitChunks(
+            value, axis, len(physical) - 1 - axis, self.leg_sizes[chunks], size, self.runtime(self.size(leg))
+        )
         name = self.names.fresh(f"{value.var}_chunks")
         return self.emit(
             Step(
                 "view",
-                [f"{name} = torch.nn.functional.pad({value.var}, ({pads})).unflatten({axis}, ({count}, {size}))"],
+                split,
                 Value(name, legs, value.broadcast),
-                f"{_show([leg])[0]} in chunks of {size}",
+                f"{show_legs([leg])[0]} in chunks of {size}",
                 inputs=(value,),
             )
         )  # type: ignore[return-value]
@@ -1257,13 +1211,11 @@ class _Lowering:
             den_coefficient,
             "denominator",
         )
-        eps = _scalar_code(self.runtime(box.eps), self.size_names)
         present = tuple(leg for leg in numerator.legs)
         name = self.names.fresh("normalized")
-        den_code = self.align_code(denominator.var, denominator.legs, present)
         step = Step(
             "quotient",
-            [f"{name} = {numerator.var} / ({den_code} + {eps})"],
+            Ratio(numerator, self.align(denominator, present), self.runtime(box.eps)),
             Value(name, present),
             "numerator / (denominator + eps)",
             elementwise=self.numel(present),
@@ -1497,45 +1449,47 @@ class _Lowering:
         v = self.contract(fused["value"], tuple(heads + keys + features), sympy.Integer(1), "v")
         v = self.expand_broadcast(v, set(keys))  # values tied across a key leg (MGK's r, P17)
         flat = [[h] for h in heads]
-        q_code = self.arrange(q, [*flat, queries, latent])
-        k_code = self.arrange(k, [*flat, keys, latent])
-        v_code = self.arrange(v, [*flat, keys, features])
-        lines = []
-        sliced = ""
+        bias_operand, pad_value, pad_query_key, width = None, 0, 0, None
         if bias is not None:
-            q_code = f"torch.nn.functional.pad({q_code}, (0, 1), value=1.0)"
-            k_code = f"torch.cat([{k_code}, {self.arrange(bias, [*flat, keys])}.unsqueeze(-1)], -1)"
+            bias_operand = self.arrange(bias, [*flat, keys])
             # the fused kernels want one head width for q, k and v: zero features change nothing
-            width, value_width = self.numel_number(latent) + 1, self.numel_number(features)
-            if value_width < width:
-                v_code = f"torch.nn.functional.pad({v_code}, (0, {width - value_width}))"
-                sliced = f"[..., :{value_width}]"
-            elif value_width > width:
-                q_code = f"torch.nn.functional.pad({q_code}, (0, {value_width - width}))"
-                k_code = f"torch.nn.functional.pad({k_code}, (0, {value_width - width}))"
-        scale = _scalar_code(self.runtime(fused["scale"]), self.size_names)
-        mask = ""
+            query_width, value_width = self.numel_number(latent) + 1, self.numel_number(features)
+            if value_width < query_width:
+                pad_value, width = query_width - value_width, value_width
+            elif value_width > query_width:
+                pad_query_key = value_width - query_width
+        causal, visible = False, None
         if fused["masks"] and keys == [fused["masks"][0][1]]:
-            mask = ", is_causal=True"
+            causal = True
         elif fused["masks"]:
-            mask = f", attn_mask={self.causal_attention_mask(fused['masks'][0], queries[0], keys, lines)}"
+            visible = self.causal_attention_mask(fused["masks"][0], queries[0], keys)
         name = self.names.fresh("attended")
         legs = tuple(heads + queries + features)
-        call = f"torch.nn.functional.scaled_dot_product_attention({q_code}, {k_code}, {v_code}, scale={scale}{mask})"
-        call += sliced
-        if len(queries) != 1 or len(features) != 1:
-            call = f"({call}).reshape({self.sizes_code(legs)})"
-        lines.append(f"{name} = {call}")
+        attention = Attention(
+            self.arrange(q, [*flat, queries, latent]),
+            self.arrange(k, [*flat, keys, latent]),
+            self.arrange(v, [*flat, keys, features]),
+            self.runtime(fused["scale"]),
+            causal=causal,
+            mask=visible,
+            bias=bias_operand,
+            pad_value=pad_value,
+            pad_query_key=pad_query_key,
+            width=width,
+            shape=self.shape(legs) if len(queries) != 1 or len(features) != 1 else None,
+        )
         entries = self.numel([*heads, *queries, *keys])
         latent_size = self.numel(latent) + (1 if bias is not None else 0)
         flops = 2 * entries * (latent_size + self.numel(features))
-        description = f"scaled_dot_product_attention over {' '.join(_show(keys))}, heads {' '.join(_show(heads))}"
+        description = (
+            f"scaled_dot_product_attention over {' '.join(show_legs(keys))}, heads {' '.join(show_legs(heads))}"
+        )
         if bias is not None:
             description += ", key bias as one more feature (MGK P17)"
         value = self.emit(
             Step(
                 "sdpa",
-                lines,
+                attention,
                 Value(name, legs),
                 description,
                 tuple(keys),
@@ -1552,7 +1506,7 @@ class _Lowering:
         if self.target is self.steps:
             how = " with the key bias as a feature (MGK P17)" if bias is not None else ""
             self.lowered.append(
-                f"softmax box over {' '.join(_show(keys))} lowered to scaled_dot_product_attention{how}"
+                f"softmax box over {' '.join(show_legs(keys))} lowered to scaled_dot_product_attention{how}"
             )
         rest = [o for o in others if o not in fused["value"]]
         return [*rest, _Leaf(value.legs, value=value)]  # type: ignore[union-attr]
@@ -1582,29 +1536,26 @@ class _Lowering:
     def materialize(self, value: Value, legs: tuple[str, ...]) -> Value:
         """`value` expanded to exactly `legs` (a copy), for an operand that must be dense."""
         name = self.names.fresh(f"{value.var}_full")
-        code = self.align_code(value.var, value.legs, legs)
         return self.emit(
             Step(
                 "expand",
-                [f"{name} = {code}.expand({self.sizes_code(legs)}).contiguous()"],
+                Materialize(self.align(value, legs), self.shape(legs)),
                 Value(name, legs),
-                "broadcast " + " ".join(_show(leg for leg in legs if leg not in value.legs)),
+                "broadcast " + " ".join(show_legs(leg for leg in legs if leg not in value.legs)),
                 inputs=(value,),
             )
         )  # type: ignore[return-value]
 
-    def causal_attention_mask(self, pair: tuple[str, str], query: str, keys: list[str], lines: list[str]) -> str:
+    def causal_attention_mask(self, pair: tuple[str, str], query: str, keys: list[str]) -> Value:
         """The boolean SDPA mask (True = attend) of a causal mask over one of several flattened
         key legs: key (m, r) is visible from n when m ≤ n."""
         mask_query, mask_key = pair
-        aligned = self.align_code(
-            f"(~{self.causal_mask(mask_query, mask_key)})", (mask_query, mask_key), (query, *keys)
-        )
-        name = self.names.fresh("visible")
-        lines.append(
-            f"{name} = {aligned}.expand({self.sizes_code([query, *keys])}).reshape({self._group_size([query])}, -1)"
-        )
-        return name
+        causal = Value(self.causal_mask(mask_query, mask_key), (mask_query, mask_key))
+        aligned = self.align(causal, (query, *keys), invert=True)
+        visible = Value(self.names.fresh("visible"), (query, *keys))
+        op = VisibleMask(aligned, self.shape([query, *keys]), self.group_size([query]))
+        self.emit(Step("mask", op, visible, inputs=()))
+        return visible
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -1628,27 +1579,6 @@ def _is_scaling(e: Expr) -> bool:
 
 def _dims(dims: Sequence[int]) -> str:
     return str(dims[0]) if len(dims) == 1 else "(" + ", ".join(map(str, dims)) + ")"
-
-
-def _show(legs: Iterable[str]) -> list[str]:
-    """Legs as the user wrote them: the batch is b, a renamed copy d'3 is shown as d."""
-    return ["b" if leg == BATCH else leg.split("'")[0] for leg in legs]
-
-
-def _show_value(value: Value) -> str:
-    return f"{value.var}[{' '.join(_show(value.legs))}]"
-
-
-def _scalar_code(value: sympy.Expr, names: Mapping[str, str]) -> str:
-    if value.is_Integer:
-        return str(int(value))
-    if value.is_number:
-        return repr(float(value))
-    return (
-        "("
-        + sympy.pycode(value.xreplace({s: sympy.Symbol(names.get(str(s), str(s))) for s in value.free_symbols}))
-        + ")"
-    )
 
 
 def _all_legs(e: Expr) -> set[str]:
@@ -1734,11 +1664,8 @@ def build_plan(
         order = [BATCH] if value.is_batched else []
         order += [p for group in update.groups for leg in group for p in lowering.expand(leg)]
         value = _reorder(lowering, value, order)
-        shape = lowering.sizes_code([leg for leg in order if leg != BATCH])
-        mean = f"{value.var}.mean(0)" if value.is_batched else value.var
-        lowering.emit(
-            Step("update", [f"self.{update.target}.copy_({mean}.reshape({shape}))"], None, f"update {update.target}")
-        )
+        shape = lowering.shape([leg for leg in order if leg != BATCH])
+        lowering.emit(Step("update", BufferUpdate(update.target, value, shape), None, f"update {update.target}"))
     plan.steps = lowering.steps
     plan.names = lowering.input_vars
     plan.lowered = lowering.lowered
@@ -1746,9 +1673,10 @@ def build_plan(
         plan.segments = _checkpoint_segments(lowering.steps, lowering.box_segments)
     plan.causal = lowering.causal_masks
     for (extent, size), symbol in lowering.chunk_counts.items():
-        plan.chunks.append(f"{symbol} = -(-{size_code(extent, lowering.size_names)} // {size})")
+        plan.chunks.append(ChunkCount(str(symbol), extent, size))
     _express_chunks(plan, lowering.chunk_sizes)
     plan.stored = sorted(lowering.stored_used)
+    plan.attributes = frozenset(lowering.attributes)
     return plan
 
 
@@ -1768,10 +1696,8 @@ def _reorder(lowering: _Lowering, value: Value, order: list[str]) -> Value:
     if list(value.legs) == order:
         return value
     name = lowering.names.fresh(f"{value.var}_out")
-    permutation = ", ".join(str(value.legs.index(leg)) for leg in order)
-    return lowering.emit(
-        Step("permute", [f"{name} = {value.var}.permute({permutation})"], Value(name, tuple(order)), "reorder legs")
-    )  # type: ignore[return-value]
+    permutation = tuple(value.legs.index(leg) for leg in order)
+    return lowering.emit(Step("permute", Permute(value, permutation), Value(name, tuple(order)), "reorder legs"))  # type: ignore[return-value]
 
 
 def _checkpoint_segments(steps: list[Step], boxes: list[tuple[int, int, str]]) -> list[tuple[int, int]]:

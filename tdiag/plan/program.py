@@ -1,0 +1,362 @@
+"""The lowered program: typed ops over named values with explicit physical layouts.
+
+The planner emits Steps; each Step holds one op (a dataclass below, no Python text), the value
+it defines and its costs. `codegen` is the only reader that prints Python; `cost` reads the
+costs. A Value's `legs` are its axes in memory order (BATCH first when it carries the batch);
+an Operand says how an op reads a value: permuted, regrouped and broadcast, all views."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import sympy
+
+from ..graph import DesignGraph
+from ..ir import ZERO
+
+BATCH = "#b"
+BATCH_SIZE = sympy.Symbol("B", positive=True)
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor of the forward: a variable whose axes are `legs`. `broadcast` legs are logical
+    legs the value is constant along and so does not store."""
+
+    var: str
+    legs: tuple[str, ...]
+    broadcast: frozenset[str] = frozenset()
+
+    @property
+    def is_batched(self) -> bool:
+        return BATCH in self.legs
+
+
+def show_legs(legs: Iterable[str]) -> list[str]:
+    """Legs as the user wrote them: the batch is b, a renamed copy d'3 is shown as d."""
+    return ["b" if leg == BATCH else leg.split("'")[0] for leg in legs]
+
+
+@dataclass(frozen=True)
+class Operand:
+    """How an op reads `value`: axes permuted, then regrouped to `shape`, then unit axes
+    inserted where `index` is False so that it broadcasts; `invert` negates a boolean mask."""
+
+    value: Value
+    permutation: tuple[int, ...] | None = None
+    shape: tuple[sympy.Expr, ...] | None = None
+    index: tuple[bool, ...] | None = None
+    invert: bool = False
+
+
+@dataclass(frozen=True)
+class Binary:
+    """An elementwise `left op right` of aligned operands (a node of a sum or quotient tree)."""
+
+    op: str  # "+", "-" or "/"
+    left: Binary | Operand
+    right: Binary | Operand
+
+
+# ---- ops -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reshape:
+    """A stored tensor viewed with its axes split into pieces (Kronecker-structured legs)."""
+
+    x: Value
+    shape: tuple[sympy.Expr, ...]
+
+
+@dataclass(frozen=True)
+class Scale:
+    """x · factor, a number or a formula in run-time sizes."""
+
+    x: Value
+    factor: sympy.Expr
+
+
+@dataclass(frozen=True)
+class SumAxes:
+    """Σ of x over the axes `dims`."""
+
+    x: Value
+    dims: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Matmul:
+    """a @ b (batched), the result regrouped to `shape` when given."""
+
+    a: Operand
+    b: Operand
+    shape: tuple[sympy.Expr, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Einsum:
+    """The fallback contraction for what a matmul cannot say (a leg repeated in one operand)."""
+
+    equation: str
+    operands: tuple[Value, ...]
+
+
+@dataclass(frozen=True)
+class MaskFill:
+    """x with the entries where `mask` holds set to `fill`: the dtype's lowest number before a
+    softmax ("lowest"), zero before a normalize."""
+
+    x: Value
+    mask: Operand
+    fill: str  # "lowest" or "zero"
+
+
+@dataclass(frozen=True)
+class Softmax:
+    """Softmax over the last `count` axes of x (flattened together when more than one)."""
+
+    x: Operand
+    count: int
+    normalized: tuple[sympy.Expr, ...]
+
+
+@dataclass(frozen=True)
+class Normalize:
+    """x / (Σ x + eps) over the last `count` axes (a normalize box, MGK's E-step)."""
+
+    x: Operand
+    count: int
+    eps: sympy.Expr
+
+
+@dataclass(frozen=True)
+class Expand:
+    """x with new trailing axes of `sizes` (a broadcast leg an op needs as a real axis)."""
+
+    x: Value
+    sizes: tuple[sympy.Expr, ...]
+
+
+@dataclass(frozen=True)
+class Materialize:
+    """x broadcast to `shape` and copied (an operand that must be dense)."""
+
+    x: Operand
+    shape: tuple[sympy.Expr, ...]
+
+
+@dataclass(frozen=True)
+class Map:
+    """An elementwise map: exp, log, relu, elu1 (elu + 1), clamp, pow."""
+
+    x: Value
+    name: str
+    params: tuple[sympy.Expr, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """A nonlinear reduction of x over `dims`: max, logsumexp, mean."""
+
+    x: Value
+    method: str  # "amax", "logsumexp", "mean"
+    dims: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """A sum or quotient tree of aligned operands, negated as a whole when `negate`."""
+
+    tree: Binary | Operand
+    negate: bool = False
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """numerator / (denominator + eps): the linear-time order of a normalize box."""
+
+    numerator: Value
+    denominator: Operand
+    eps: sympy.Expr
+
+
+@dataclass(frozen=True)
+class PrefixSum:
+    """The exclusive prefix sum of x along `axis` (the state of earlier chunks)."""
+
+    x: Value
+    axis: int
+
+
+@dataclass(frozen=True)
+class Triangle:
+    """The C×C lower triangle of ones (causal mask within a chunk), in x's dtype and device."""
+
+    size: int
+    like: Value
+
+
+@dataclass(frozen=True)
+class SplitChunks:
+    """x with axis `axis` zero-padded to `count`·`size` and split into (count, size)."""
+
+    x: Value
+    axis: int
+    trailing: int  # axes after `axis`
+    count: sympy.Expr
+    size: int
+    length: sympy.Expr
+
+
+@dataclass(frozen=True)
+class JoinChunks:
+    """(chunks, within) axes at `position` joined into one and cut to `length`."""
+
+    x: Operand
+    position: int
+    length: sympy.Expr
+
+
+@dataclass(frozen=True)
+class VisibleMask:
+    """SDPA's boolean attn_mask (True = attend) from a causal triangle over flattened keys."""
+
+    causal: Operand
+    sizes: tuple[sympy.Expr, ...]
+    rows: sympy.Expr
+
+
+@dataclass(frozen=True)
+class Attention:
+    """scaled_dot_product_attention(q, k, v). With `bias`, q gains a feature of ones and k the
+    bias, so that [q, 1]·[k, bias] = q·k + bias/scale (MGK P17); `pad_value`/`pad_query_key`
+    zero-pad to one head width and `width` slices the output back."""
+
+    q: Operand
+    k: Operand
+    v: Operand
+    scale: sympy.Expr
+    causal: bool = False
+    mask: Value | None = None
+    bias: Operand | None = None
+    pad_value: int = 0
+    pad_query_key: int = 0
+    width: int | None = None
+    shape: tuple[sympy.Expr, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Permute:
+    """x with its axes reordered (an output laid out in its declared order)."""
+
+    x: Value
+    permutation: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BufferUpdate:
+    """A state update: buffer `target` ← x (averaged over the batch when batched), no gradient."""
+
+    target: str
+    x: Value
+    shape: tuple[sympy.Expr, ...]
+
+
+Op = (
+    Reshape
+    | Scale
+    | SumAxes
+    | Matmul
+    | Einsum
+    | MaskFill
+    | Softmax
+    | Normalize
+    | Expand
+    | Materialize
+    | Map
+    | Reduce
+    | Elementwise
+    | Ratio
+    | PrefixSum
+    | Triangle
+    | SplitChunks
+    | JoinChunks
+    | VisibleMask
+    | Attention
+    | Permute
+    | BufferUpdate
+)
+
+
+def operands(tree: Binary | Operand) -> Iterator[Operand]:
+    """The leaves of a sum or quotient tree, left to right."""
+    if isinstance(tree, Operand):
+        yield tree
+    else:
+        yield from operands(tree.left)
+        yield from operands(tree.right)
+
+
+def reads(op: Op) -> list[Value]:
+    """The values an op reads, in order."""
+    found: list[Value] = []
+    for name in op.__dataclass_fields__:
+        item = getattr(op, name)
+        if isinstance(item, Value):
+            found.append(item)
+        elif isinstance(item, Operand):
+            found.append(item.value)
+        elif isinstance(item, Binary):
+            found += [o.value for o in operands(item)]
+        elif isinstance(item, tuple) and item and isinstance(item[0], Value):
+            found += list(item)
+    return found
+
+
+@dataclass
+class Step:
+    """One op of the forward pass, the value it defines and what it costs."""
+
+    kind: str
+    op: Op
+    out: Value | None
+    description: str = ""
+    summed: tuple[str, ...] = ()
+    flops: sympy.Expr = ZERO
+    exps: sympy.Expr = ZERO
+    divisions: sympy.Expr = ZERO
+    entries: sympy.Expr = ZERO  # for box steps: the materialized box entries
+    elementwise: sympy.Expr = ZERO  # scalings, maps, sums: counted apart from contractions
+    paper: sympy.Expr = ZERO  # for fused steps: their contractions counted the papers' way
+    in_box: bool = False  # computes a softmax box's argument (the papers' "attention scores")
+    score_flops: sympy.Expr = ZERO  # for fused steps: the FLOPs of their score part
+    score_paper: sympy.Expr = ZERO
+    inputs: tuple[Value, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChunkCount:
+    """A run-time chunk count ⌈extent / size⌉, bound at entry as `name`."""
+
+    name: str
+    extent: sympy.Expr
+    size: int
+
+
+@dataclass
+class Plan:
+    graph: DesignGraph
+    sizes: dict[str, int]  # the sizes planned for, run-time ones included
+    leg_sizes: dict[str, sympy.Expr]
+    steps: list[Step] = field(default_factory=list)
+    update_steps: list[Step] = field(default_factory=list)
+    outputs: list[tuple[str, Value]] = field(default_factory=list)
+    lowered: list[str] = field(default_factory=list)  # notes, e.g. boxes lowered to SDPA
+    names: dict[str, str] = field(default_factory=dict)  # .td input/mask/noise name -> variable
+    attributes: frozenset[str] = frozenset()  # variables that are the module's stored tensors
+    causal: dict[tuple[sympy.Expr, sympy.Expr], str] = field(default_factory=dict)  # (N, M) -> mask
+    stored: list[str] = field(default_factory=list)  # declared tensors the forward reads
+    segments: list[tuple[int, int]] = field(default_factory=list)  # steps recomputed in backward
+    chunks: list[ChunkCount] = field(default_factory=list)  # run-time chunk counts
