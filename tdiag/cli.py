@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from .design import OBJECTIVES, Design, load
 from .errors import Diagnostic, TdiagError, format_diagnostic
+from .train_config import TrainConfig, add_arguments, config_from
 
 RENDER_FORMATS = ("dot", "pdf", "png", "svg")
 
@@ -132,8 +133,6 @@ def _parser() -> _Parser:
     p.add_argument("--out", default="out/bench", help="folder for bench.json, bench.csv, bench.png")
 
     p = commands.add_parser("train", help="train a character language model whose attention is the design")
-    from .train import add_arguments
-
     add_arguments(p)
     with_sizes(p)
 
@@ -283,9 +282,9 @@ def _train(args: argparse.Namespace) -> int:
             raise TdiagError(Diagnostic(f"'{folder}' is not a run folder (no config.json)"))
         saved = json.loads((folder / "config.json").read_text())
         saved.pop("summary", None)
-        config = training.TrainConfig(**saved)
+        config = TrainConfig(**saved)
         config.out = str(folder)
-        if args.steps != training.TrainConfig.steps:  # given explicitly: the new total
+        if args.steps != TrainConfig.steps:  # given explicitly: the new total
             config.steps = args.steps
         result = training.train(config, resume=True, progress=not args.no_progress)
         return _report_training(result)
@@ -295,7 +294,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.compare:
         if len(args.designs) < 2:
             raise _UsageError("tdiag train: error: --compare needs two or more designs")
-        configs = [training.config_from(args, d, _design_sizes(d, designs, args.sizes)) for d in args.designs]
+        configs = [config_from(args, d, _design_sizes(d, designs, args.sizes)) for d in args.designs]
         for config in configs:
             config.out = str(Path(args.out or "runs/compare") / Path(config.design).stem)
         out = Path(args.out or "runs/compare")
@@ -306,7 +305,7 @@ def _train(args: argparse.Namespace) -> int:
     if len(args.designs) != 1:
         raise _UsageError("tdiag train: error: train one design, or several with --compare")
     own = _design_sizes(args.designs[0], designs, args.sizes)
-    result = training.train(training.config_from(args, args.designs[0], own), progress=not args.no_progress)
+    result = training.train(config_from(args, args.designs[0], own), progress=not args.no_progress)
     return _report_training(result)
 
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import sympy
-import torch
 
 from .errors import Diagnostic, TdiagError
 from .graph import DesignGraph
 from .ir import Init, Tensor
+
+if TYPE_CHECKING:
+    import torch
 
 
 def numeric_shape(tensor: Tensor, sizes: Mapping[str, int], graph: DesignGraph) -> tuple[int, ...]:
@@ -50,10 +53,12 @@ def initial_value(
     graph: DesignGraph,
     sizes: Mapping[str, int],
     seed: int = 0,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """The tensor's initial value. A param without an initializer gets normal(std=1/sqrt(fan_in)),
-    fan_in being the size of its first axis (docs/language.md)."""
+    """The tensor's initial value (float32 unless `dtype` is given). A param without an initializer
+    gets normal(std=1/sqrt(fan_in)), fan_in being the size of its first axis (docs/language.md)."""
+    import torch
+
     init = tensor.init or Init("normal", (("std", sympy.Integer(shape[0]) ** sympy.Rational(-1, 2)),))
     generator = torch.Generator().manual_seed(tensor_seed(seed, tensor.name))
     value = torch.empty(shape, dtype=torch.float64)
@@ -75,12 +80,14 @@ def initial_value(
         value = identity(shape, dtype=torch.float64) * _number(init.param("scale"), graph, sizes, 1.0)
     else:
         raise AssertionError(f"initializer {init.name} was not checked")
-    return value.to(dtype)
+    return value.to(dtype or torch.float32)
 
 
-def identity(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """δ over all axes (which have one size): 1 where every index is equal."""
-    value = torch.zeros(shape, dtype=dtype)
+def identity(shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """δ over all axes (which have one size): 1 where every index is equal (float32 by default)."""
+    import torch
+
+    value = torch.zeros(shape, dtype=dtype or torch.float32)
     index = torch.arange(shape[0])
     value[(index,) * len(shape)] = 1
     return value

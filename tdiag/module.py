@@ -9,12 +9,14 @@ import linecache
 import sys
 import types
 from collections.abc import Mapping
-
-import torch
+from typing import TYPE_CHECKING
 
 from .codegen import class_name, generate
 from .graph import DesignGraph
 from .plan import Plan, build_plan
+
+if TYPE_CHECKING:
+    import torch
 
 PLANNING_DEFAULTS = {"N": 1024, "B": 8}  # run-time sizes assumed when planning, unless given
 
@@ -53,8 +55,13 @@ def compile_source(source: str, name: str) -> type[torch.nn.Module]:
 
 
 def build_module(
-    plan: Plan, *, seed: int = 0, dtype: torch.dtype = torch.float32, device=None, source_name: str = ""
+    plan: Plan, *, seed: int = 0, dtype: torch.dtype | None = None, device=None, source_name: str = ""
 ) -> torch.nn.Module:
+    """The plan as a live module (float32 unless `dtype` is given); torch is imported here, not
+    with this file, so that planning (`Design.plan`, `tdiag cost`) never loads it."""
+    import torch
+
+    dtype = dtype or torch.float32
     source = generate(plan, source_name=source_name)
     cls = compile_source(source, plan.graph.name)
     module = cls(seed=seed, dtype=dtype, device=device)

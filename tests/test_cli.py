@@ -1,7 +1,11 @@
 """The command line: exit codes, summaries, and no tracebacks for user mistakes."""
 
+import os
+import subprocess
+import sys
+
 import pytest
-from conftest import DESIGN_FILES, DESIGNS
+from conftest import DESIGN_FILES, DESIGNS, ROOT
 
 from tdiag.cli import main
 from tdiag.render import has_dot
@@ -165,3 +169,51 @@ def test_benchmark_ports_of_the_authors_code_compute_the_same_function(name, por
     reference = getattr(bench, port)(module).to(torch.float64).eval()
     x = torch.randn(2, 6, 16, dtype=torch.float64)
     assert torch.allclose(module(x), reference(x), atol=1e-5)
+
+
+def modules_after(argv: list[str]) -> set[str]:
+    """The top-level modules a fresh interpreter holds after `tdiag.cli.main(argv)`: the pytest
+    process has torch loaded already, so only a new process can tell what a command imports."""
+    script = (
+        "import sys\n"
+        "from tdiag.cli import main\n"
+        "try:\n"
+        f"    code = main({argv!r})\n"
+        "except SystemExit as stop:\n"
+        "    code = stop.code\n"
+        "assert code == 0, code\n"
+        "print(' '.join(sorted({name.split('.')[0] for name in sys.modules})))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return set(result.stdout.splitlines()[-1].split())
+
+
+COMMANDS_WITHOUT_A_MODEL = {
+    "check": lambda tmp: ["check", *map(str, DESIGN_FILES)],
+    "show": lambda tmp: ["show", str(DESIGNS / "thsa.td")],
+    "render": lambda tmp: ["render", str(DESIGNS / "thsa.td"), "-o", str(tmp / "thsa.dot")],
+    "cost": lambda tmp: ["cost", str(DESIGNS / "mhsa.td"), str(DESIGNS / "thsa.td"), "--at", "N=1024"],
+    "compile": lambda tmp: ["compile", str(DESIGNS / "mhsa.td"), "-o", str(tmp / "mhsa_module.py")],
+    "help": lambda tmp: ["--help"],
+    "train help": lambda tmp: ["train", "--help"],
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS_WITHOUT_A_MODEL)
+def test_commands_that_run_no_model_do_not_import_torch_or_matplotlib(command, tmp_path):
+    loaded = modules_after(COMMANDS_WITHOUT_A_MODEL[command](tmp_path))
+    assert loaded & {"torch", "matplotlib"} == set()
+
+
+@pytest.mark.parametrize("command", ["check", "show", "render", "help"])
+def test_commands_that_plan_nothing_do_not_import_numpy(command, tmp_path):
+    loaded = modules_after(COMMANDS_WITHOUT_A_MODEL[command](tmp_path))
+    assert loaded & {"numpy", "opt_einsum"} == set()
