@@ -1,7 +1,8 @@
 """Planning: DesignGraph + sizes -> Plan, the lowered program (program.py) that codegen prints
 and cost reads. The passes that build it live one per module in this package."""
 
-from .lowering import OPTIMAL_UP_TO, RESERVED, build_plan
+from .base import OPTIMAL_UP_TO, RESERVED
+from .build import build_plan
 from .program import BATCH, BATCH_SIZE, Operand, Plan, Step, Value, reads
 
 __all__ = [

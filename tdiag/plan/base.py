@@ -1,0 +1,317 @@
+"""The lowering's shared state: names, leg sizes, the emit target, memoization of nonlinear
+values and trial plans; each pass (a base class of build._Lowering) builds on it.
+
+Invariants the Plan keeps:
+- Every maximal multilinear region (single-use products inlined into their consumer, up to the
+  softmax boxes, maps and sum nodes around them) is one contraction, ordered by opt_einsum for
+  the sizes the module is built with ('optimal' up to 5 operands, 'dp' beyond).
+- Identity and all-ones constants never reach a Step: identities merge the legs they join,
+  all-ones drop out (a leg they alone carried becomes a broadcast leg or a factor of its size),
+  so THSA with C = I_H ⊗ J_D costs what MHSA costs (Tuformer Prop. 1), and a box whose content
+  is constant along a leg is computed without it (skip-right and single-head, spec §3.4).
+- A leg that a Kronecker-structured definition views as (h d) is split into those pieces in the
+  whole design, head-major, so the structure is visible to the contraction.
+- The leading batch dims are flattened into one leg, BATCH, on entry and restored on exit."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import keyword
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import sympy
+
+from ..graph import DesignGraph
+from ..ir import (
+    ONE,
+    CausalMask,
+    Contraction,
+    ElementwiseMap,
+    Expr,
+    PaddingMask,
+    Quotient,
+    Reduction,
+    Scalar,
+    SoftmaxBox,
+    SquaredDistance,
+    SumNode,
+    Tensor,
+    TensorRef,
+    walk,
+)
+from .program import (
+    BATCH,
+    BATCH_SIZE,
+    Step,
+    Value,
+    show_legs,
+)
+
+OPTIMAL_UP_TO = 5
+RESERVED = set(keyword.kwlist) | {"self", "torch", "F", "math", "hashlib", "nn", "inputs", "masks", "batch_shape"}
+
+
+# ---- leaves of a multilinear region ----------------------------------------------------------
+
+
+@dataclass
+class _Leaf:
+    """A factor of a region: a stored tensor (viewed into region legs) or a computed Value."""
+
+    legs: tuple[str, ...]
+    tensor: Tensor | None = None
+    value: Value | None = None
+    view: tuple[tuple[str, ...], ...] = ()  # for stored tensors: region legs of each axis
+    box: tuple[SoftmaxBox, dict[str, tuple[str, ...]]] | None = None  # a box its consumer may fuse
+
+
+class _Names:
+    """Python variable names for the generated code: .td names where possible, fresh otherwise."""
+
+    def __init__(self, taken: Iterable[str]):
+        self.used = set(RESERVED) | set(taken)
+        self.counter = itertools.count()
+
+    def fresh(self, stem: str) -> str:
+        stem = stem if stem.isidentifier() else "t"
+        name = stem
+        while name in self.used:
+            name = f"{stem}_{next(self.counter)}"
+        self.used.add(name)
+        return name
+
+
+class LoweringBase:
+    """Walks the design graph once, emitting Steps."""
+
+    def __init__(self, graph: DesignGraph, sizes: Mapping[str, int], objective: str = "flops"):
+        self.g = graph
+        self.objective = objective
+        self.sizes = dict(sizes)
+        self.steps: list[Step] = []
+        self.attributes = {t.name for t in graph.tensors.values() if t.kind in ("param", "const", "buffer")}
+        self.names = _Names([*graph.sizes, *self.attributes])
+        self.values: dict[str, Value] = {}
+        self.uses = _count_uses(graph)
+        self.splits = _leg_splits(graph, self.uses)
+        self.leg_sizes: dict[str, sympy.Expr] = {BATCH: BATCH_SIZE}
+        for name, leg in graph.legs.items():
+            self.leg_sizes[name] = leg.size
+            for piece, size in self.splits.get(name, ()):
+                self.leg_sizes[piece] = size
+        self.fresh_legs = itertools.count()
+        self.known = {graph.sizes[k].symbol: v for k, v in graph.size_values().items()}
+        self.target: list[Step] = self.steps
+        self.input_vars = {
+            t.name: self.names.fresh(t.name) for t in graph.tensors.values() if t.kind in ("input", "mask", "random")
+        }
+        self.causal_masks: dict[tuple[sympy.Expr, sympy.Expr], str] = {}
+        self.stored_used: set[str] = set()
+        self.lowered: list[str] = []
+        self.box_segments: list[tuple[int, int, str]] = []  # (first step, box step, box value)
+        # the normalized legs of the softmax whose argument the current expression is added into:
+        # a term constant along them shifts every row equally and changes nothing (softmax(x + c))
+        self.shift_invariant: frozenset[str] | None = None
+        self.box_depth = 0  # > 0 while a softmax box's argument is being computed
+        self.memo: dict[tuple, tuple[Value, tuple[str, ...]]] = {}  # nonlinear values of the current target
+        self.chunk_counts: dict[tuple[sympy.Expr, int], sympy.Symbol] = {}  # (extent, C) -> ⌈N / C⌉
+        self.chunk_values: dict[sympy.Symbol, sympy.Integer] = {}  # ... at the planned sizes
+        self.chunk_sizes: dict[sympy.Symbol, sympy.Expr] = {}  # ... as N / C in cost formulas
+        self.chunk_pairs: dict[tuple[str, str], tuple[str, str, str, int]] = {}
+
+    def size(self, leg: str) -> sympy.Expr:
+        return self.leg_sizes[leg]
+
+    def number(self, leg: str) -> int:
+        value = self.g.evaluate(self.size(leg).xreplace(self.chunk_values), **self.sizes)
+        value = value.xreplace({BATCH_SIZE: self.sizes.get("B", 1)})
+        return int(value)
+
+    def numel(self, legs: Iterable[str]) -> sympy.Expr:
+        return sympy.Mul(*(self.size(leg) for leg in legs))
+
+    def runtime(self, expr: sympy.Expr) -> sympy.Expr:
+        """A size or scalar with every size known at build time replaced by its number."""
+        return self.g.expand(expr).xreplace(self.known)
+
+    def shape(self, legs: Iterable[str]) -> tuple[sympy.Expr, ...]:
+        """The run-time sizes of `legs`, as the forward computes them."""
+        return tuple(self.runtime(self.size(leg)) for leg in legs)
+
+    def expand(self, leg: str) -> tuple[str, ...]:
+        return tuple(p for p, _ in self.splits[leg]) if leg in self.splits else (leg,)
+
+    def new_leg(self, leg: str, size: sympy.Expr | None = None) -> str:
+        """A fresh region leg named after `leg`, of its size or of `size`."""
+        name = f"{leg}'{next(self.fresh_legs)}"
+        self.leg_sizes[name] = self.size(leg) if size is None else size
+        return name
+
+    def emit(self, step: Step) -> Value | None:
+        step.in_box = step.in_box or self.box_depth > 0
+        self.target.append(step)
+        return step.out
+
+    def show_value(self, value: Value) -> str:
+        var = f"self.{value.var}" if value.var in self.attributes else value.var
+        return f"{var}[{' '.join(show_legs(value.legs))}]"
+
+    def identity_renaming(self, legs: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        return {leg: self.expand(leg) for leg in legs}
+
+    def lower_design(self) -> None:
+        for statement in self.g.statements:
+            if self.is_inlined(statement.target):
+                continue
+            ren = self.identity_renaming(_all_legs(statement.expr))
+            value = self.lower(statement.expr, ren, var=statement.target)
+            self.values[statement.target] = value
+
+    def lower(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None = None, scale: sympy.Expr = ONE) -> Value:
+        """Lower expression `e` whose legs are renamed by `ren` into region legs."""
+        context = self.shift_invariant
+        if not (isinstance(e, SumNode | SquaredDistance) or _is_scaling(e)):
+            self.shift_invariant = None
+        try:
+            return self._lower(e, ren, var, scale)
+        finally:
+            self.shift_invariant = context
+
+    def _lower(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr) -> Value:
+        if isinstance(e, Contraction | TensorRef | Scalar):
+            return self.lower_region(e, ren, var, scale)
+        value = self.lower_nonlinear(e, ren, var)
+        if scale != 1:
+            value = self.scale(value, scale)
+        return value
+
+    def lower_nonlinear(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
+        """Each nonlinear sub-expression is computed once: a repeat (the same map of the same
+        tensors, whatever its legs are called in the region) reads the earlier value."""
+        return self.memoized(e, ren, lambda: self._lower_nonlinear(e, ren, var))
+
+    def memoized(self, e: Expr, ren: dict[str, tuple[str, ...]], build) -> Value:
+        legs = tuple(p for leg in sorted(e.legs) for p in ren[leg])
+        shift = None  # which of its legs a softmax around it normalizes: sums may drop terms by it
+        if self.shift_invariant is not None and isinstance(e, SumNode | SquaredDistance):
+            shift = frozenset(k for k, p in enumerate(legs) if p in self.shift_invariant)
+        pattern = tuple(legs.index(p) for p in legs)
+        key = (e, tuple(len(ren[leg]) for leg in sorted(e.legs)), pattern, shift)
+        if key in self.memo:
+            value, earlier = self.memo[key]
+            return _renamed(value, dict(zip(earlier, legs, strict=True)))
+        value = build()
+        self.memo[key] = (value, legs)
+        return value
+
+    def _lower_nonlinear(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
+        if isinstance(e, SoftmaxBox):
+            return self.lower_box(e, ren, var)
+        if isinstance(e, ElementwiseMap):
+            return self.lower_map(e, ren, var)
+        if isinstance(e, Reduction):
+            return self.lower_reduction(e, ren, var)
+        if isinstance(e, SumNode):
+            return self.lower_sum(e, ren, var)
+        if isinstance(e, Quotient):
+            return self.lower_quotient(e, ren, var)
+        if isinstance(e, SquaredDistance):
+            return self.lower_distance(e, ren, var)
+        raise AssertionError(f"cannot lower {type(e).__name__}")
+
+    def numel_number(self, legs: Iterable[str]) -> int:
+        total = 1
+        for leg in legs:
+            total *= self.number(leg)
+        return total
+
+    def trial(self, build) -> int:
+        """The FLOPs a lowering would emit, at the planned sizes, without keeping its steps."""
+        with self.scratch() as steps:
+            build()
+            total = sum((s.flops for s in steps), sympy.Integer(0)).xreplace(self.chunk_values)
+            return int(self.g.evaluate(total, **self.sizes).xreplace({BATCH_SIZE: self.sizes.get("B", 1)}))
+
+    @contextlib.contextmanager
+    def scratch(self):
+        """Emit into a list of its own, whose values are forgotten afterwards."""
+        saved, self.target = self.target, []
+        memo, self.memo = self.memo, dict(self.memo)
+        masks, self.causal_masks = self.causal_masks, dict(self.causal_masks)
+        try:
+            yield self.target
+        finally:
+            self.target, self.memo, self.causal_masks = saved, memo, masks
+
+
+def _renamed(value: Value, rename: Mapping[str, str]) -> Value:
+    """The same variable with its legs called by other names."""
+    return Value(
+        value.var,
+        tuple(rename.get(leg, leg) for leg in value.legs),
+        frozenset(rename.get(leg, leg) for leg in value.broadcast),
+    )
+
+
+def _is_scaling(e: Expr) -> bool:
+    """A contraction that only multiplies one factor by a number."""
+    if not isinstance(e, Contraction) or e.summed:
+        return False
+    return len([f for f in e.factors if not isinstance(f, Scalar)]) == 1
+
+
+def _all_legs(e: Expr) -> set[str]:
+    legs: set[str] = set()
+    for node in walk(e):
+        legs |= set(node.legs)
+        if isinstance(node, Contraction):
+            legs |= set(node.summed)
+        if isinstance(node, Reduction | SquaredDistance):
+            legs |= set(node.over)
+        if isinstance(node, TensorRef):
+            legs |= {leg for g in node.groups for leg in g}
+    return legs
+
+
+def _count_uses(graph: DesignGraph) -> Counter[str]:
+    uses: Counter[str] = Counter()
+    for statement in [*graph.statements, *graph.updates]:
+        for node in walk(statement.expr):
+            if isinstance(node, TensorRef):
+                uses[node.name] += 1
+            if isinstance(node, SoftmaxBox):
+                for mask in node.masks:
+                    if isinstance(mask, PaddingMask):
+                        uses[mask.tensor.name] += 1
+    for name in graph.outputs:
+        uses[name] += 1
+    return uses
+
+
+def _leg_splits(graph: DesignGraph, uses: Counter[str]) -> dict[str, tuple[tuple[str, sympy.Expr], ...]]:
+    """Legs that a definition with grouped axes (`C[(h d) (g e)] = ...`) is used with as one
+    leg (`C[r s]`) are split into head-major pieces everywhere, so that the structure of the
+    definition reaches the contraction. A leg asked to split two different ways stays whole."""
+    wanted: dict[str, set[tuple[sympy.Expr, ...]]] = {}
+    for statement in [*graph.statements, *graph.updates]:
+        for node in walk(statement.expr):
+            if not isinstance(node, TensorRef):
+                continue
+            definition = graph.tensors[node.name].statement
+            if definition is None:
+                continue
+            for use, group in zip(node.groups, definition.groups, strict=True):
+                if len(use) == 1 and len(group) > 1:
+                    wanted.setdefault(use[0], set()).add(tuple(graph.legs[leg].size for leg in group))
+    masked = {
+        leg for _, box in graph.boxes() for m in box.masks if isinstance(m, CausalMask) for leg in (m.query, m.key)
+    }
+    splits = {}
+    for leg, options in wanted.items():
+        if len(options) == 1 and leg not in masked:
+            (sizes,) = options
+            splits[leg] = tuple((f"{leg}.{k}", size) for k, size in enumerate(sizes))
+    return splits

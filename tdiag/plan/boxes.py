@@ -1,0 +1,172 @@
+"""Softmax and normalize boxes computed as such: content, masks, then the normalization over the
+last axes of a layout whose leading legs are the consumer's batch legs.
+Guarantees: the box's entries are materialized once, masked entries filled before normalizing."""
+
+from __future__ import annotations
+
+import sympy
+
+from ..ir import (
+    CausalMask,
+    SoftmaxBox,
+)
+from .base import _Leaf
+from .program import (
+    BATCH,
+    Expand,
+    MaskFill,
+    Materialize,
+    Normalize,
+    Operand,
+    Softmax,
+    Step,
+    Value,
+    show_legs,
+)
+
+
+class BoxLowering:
+    """Computes softmax and normalize boxes as materialized tensors."""
+
+    def resolve_boxes(self, leaves: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
+        """Each box leaf of a region becomes SDPA with its value side when that costs no more
+        than the materialized box and its consumer; otherwise the box is computed as such."""
+        while any(leaf.box is not None for leaf in leaves):
+            k = next(i for i, leaf in enumerate(leaves) if leaf.box is not None)
+            box, ren = leaves[k].box  # type: ignore[misc]
+            others = leaves[:k] + leaves[k + 1 :]
+            if not box.is_exp:
+                leaves = self.resolve_normalize(box, ren, k, others, out)
+                continue
+            fused = self.fusable(box, ren, leaves[k], others, out)
+            if fused is not None and self.cheaper_fused(box, ren, leaves[k], others, out, fused):
+                leaves = self.fuse(box, ren, others, fused)
+            else:
+                prefer = {leg for o in others for leg in o.legs}
+                value = self.memoized(box, ren, lambda b=box, r=ren, p=prefer: self.lower_box(b, r, None, p))
+                leaves = [*others[:k], _Leaf(value.legs, value=value), *others[k:]]
+        return leaves
+
+    def lower_box(
+        self, e: SoftmaxBox, ren: dict[str, tuple[str, ...]], var: str | None, prefer: set[str] = frozenset()
+    ) -> Value:  # type: ignore[assignment]
+        """`prefer`: legs the consumer shares with other factors (its batch legs), laid out first so
+        that the consumer's matmul reads the box without a copy."""
+        start = len(self.target)
+        value = self._lower_box(e, ren, var, prefer)
+        if self.target is self.steps:
+            self.box_segments.append((start, len(self.steps) - 1, value.var))
+        return value
+
+    def _lower_box(self, e: SoftmaxBox, ren: dict[str, tuple[str, ...]], var: str | None, prefer: set[str]) -> Value:
+        scale = e.scale if e.is_exp else sympy.Integer(1)
+        normalized = tuple(p for leg in e.normalized for p in ren[leg])
+        context, self.shift_invariant = self.shift_invariant, frozenset(normalized) if e.is_exp else None
+        self.box_depth += 1
+        try:
+            content = self.lower(e.content, ren, None, scale)  # type: ignore[arg-type]
+        finally:
+            self.shift_invariant = context
+            self.box_depth -= 1
+        content = self.expand_broadcast(content, set(normalized))
+        name = self.names.fresh(var or ("attention" if e.is_exp else "normalized"))
+        masked = content
+        for mask in e.masks:
+            masked = self.apply_mask(masked, mask, ren, e.is_exp)
+        kept = [leg for leg in content.legs if leg not in normalized]
+        kept.sort(key=lambda leg: (leg != BATCH, leg not in prefer))
+        moved = kept + list(normalized)
+        permutation = None
+        if list(content.legs) != moved:
+            permutation = tuple(content.legs.index(leg) for leg in moved)
+        read = Operand(masked, permutation)
+        count = len(normalized)
+        entries = self.numel(content.legs)
+        if e.is_exp:
+            step = Step(
+                "softmax",
+                Softmax(read, count, self.shape(normalized)),
+                Value(name, tuple(moved), content.broadcast),
+                f"softmax over {' '.join(show_legs(normalized))}",
+                exps=entries,
+                divisions=entries,
+                entries=entries,
+                flops=sympy.Integer(0),
+                inputs=(content,),
+            )
+        else:
+            step = Step(
+                "normalize",
+                Normalize(read, count, self.runtime(e.eps)),
+                Value(name, tuple(moved), content.broadcast),
+                f"normalize over {' '.join(show_legs(normalized))}",
+                divisions=entries,
+                entries=entries,
+                elementwise=entries,
+                inputs=(content,),
+            )
+        return self.emit(step)  # type: ignore[return-value]
+
+    def causal_mask(self, query: str, key: str) -> str:
+        """The forward's boolean [query, key] triangle (True above the diagonal: the future), one per
+        pair of sizes, built at entry."""
+        sizes = (self.size(query), self.size(key))
+        if sizes not in self.causal_masks:
+            self.causal_masks[sizes] = self.names.fresh("causal")
+        return self.causal_masks[sizes]
+
+    def apply_mask(self, content: Value, mask, ren, is_exp: bool) -> Value:
+        """The box content with the entries a mask hides filled before normalizing."""
+        if isinstance(mask, CausalMask):
+            (query,), (key,) = ren[mask.query], ren[mask.key]
+            hidden = self.align(Value(self.causal_mask(query, key), (query, key)), content.legs)
+        else:
+            ref = mask.tensor
+            legs = tuple(p for leg in ref.legs for p in ren[leg])
+            hidden = self.align(Value(self.input_vars[ref.name], (BATCH, *legs)), content.legs, invert=True)
+        masked = Value(self.names.fresh("masked"), content.legs, content.broadcast)
+        fill = "lowest" if is_exp else "zero"
+        self.emit(Step("mask", MaskFill(content, hidden, fill), masked, inputs=(content,)))
+        return masked
+
+    def align(self, value: Value, target: tuple[str, ...], invert: bool = False) -> Operand:
+        """Read `value` so it broadcasts against axes `target`."""
+        legs = value.legs
+        present = [leg for leg in target if leg in legs]
+        permutation = None
+        if list(legs) != present:
+            permutation = tuple(legs.index(leg) for leg in present)
+        if present == list(target):
+            return Operand(value, permutation, invert=invert)
+        index = tuple(leg in legs for leg in target)
+        return Operand(value, permutation, index=index, invert=invert)
+
+    def expand_broadcast(self, value: Value, legs: set[str]) -> Value:
+        """Materialize broadcast legs that an operation needs as real axes."""
+        needed = [leg for leg in value.broadcast if leg in legs]
+        if not needed:
+            return value
+        name = self.names.fresh("expanded")
+        target = (*value.legs, *needed)
+        return self.emit(
+            Step(
+                "expand",
+                Expand(value, self.shape(needed)),
+                Value(name, target, value.broadcast - set(needed)),
+                "broadcast " + " ".join(needed),
+                inputs=(value,),
+            )
+        )  # type: ignore[return-value]
+
+    def materialize(self, value: Value, legs: tuple[str, ...]) -> Value:
+        """`value` expanded to exactly `legs` (a copy), for an operand that must be dense."""
+        name = self.names.fresh(f"{value.var}_full")
+        return self.emit(
+            Step(
+                "expand",
+                Materialize(self.align(value, legs), self.shape(legs)),
+                Value(name, legs),
+                "broadcast " + " ".join(show_legs(leg for leg in legs if leg not in value.legs)),
+                inputs=(value,),
+            )
+        )  # type: ignore[return-value]

@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import sympy
+
+from ..design import OBJECTIVES
+from ..graph import DesignGraph
+from .base import LoweringBase, _all_legs
+from .boxes import BoxLowering
+from .chunked import ChunkedCausal
+from .constants import ConstantFolding
+from .contraction import ContractionOrder
+from .distance import DistanceExpansion
+from .elementwise import ElementwiseLowering
+from .linear import LinearOrder
+from .program import (
+    BATCH,
+    BufferUpdate,
+    ChunkCount,
+    Permute,
+    Plan,
+    Step,
+    Value,
+)
+from .regions import RegionLowering
+from .sdpa import FusedAttention
+from .sdpa_match import AttentionMatch
+
+
+class _Lowering(
+    RegionLowering,
+    ConstantFolding,
+    ContractionOrder,
+    BoxLowering,
+    ElementwiseLowering,
+    DistanceExpansion,
+    LinearOrder,
+    ChunkedCausal,
+    AttentionMatch,
+    FusedAttention,
+    LoweringBase,
+):
+    """Walks the design graph once, emitting Steps; each base class is one pass."""
+
+
+def build_plan(
+    graph: DesignGraph, sizes: Mapping[str, int], *, checkpoint_boxes: bool = False, objective: str = "flops"
+) -> Plan:
+    """Lower every statement, then the outputs and the state updates. With `checkpoint_boxes`,
+    each box, its content and its first consumer are recomputed in the backward pass instead of
+    being kept (Tuformer §4.3, spec §3.4). `objective="flops"` takes a fused attention only when
+    it costs no more FLOPs; `"memory"` takes it wherever the pattern holds, since it never stores
+    the box (MGK P17 multiplies the value contraction by M but keeps no N²·M scores)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    lowering = _Lowering(graph, sizes, objective)
+    lowering.lower_design()
+    plan = Plan(graph, dict(sizes), lowering.leg_sizes, steps=lowering.steps)
+    for name in graph.outputs:
+        value = lowering.expand_broadcast(lowering.values[name], set(lowering.values[name].broadcast))
+        statement = graph.tensors[name].statement
+        order = [BATCH] if value.is_batched else []
+        order += [p for group in statement.groups for leg in group for p in lowering.expand(leg)]  # type: ignore[union-attr]
+        plan.outputs.append((name, _reorder(lowering, value, order)))
+    lowering.target = plan.update_steps
+    for update in graph.updates:
+        value = lowering.lower(update.expr, lowering.identity_renaming(_all_legs(update.expr)))
+        value = lowering.expand_broadcast(value, set(value.broadcast))
+        order = [BATCH] if value.is_batched else []
+        order += [p for group in update.groups for leg in group for p in lowering.expand(leg)]
+        value = _reorder(lowering, value, order)
+        shape = lowering.shape([leg for leg in order if leg != BATCH])
+        lowering.emit(Step("update", BufferUpdate(update.target, value, shape), None, f"update {update.target}"))
+    plan.steps = lowering.steps
+    plan.names = lowering.input_vars
+    plan.lowered = lowering.lowered
+    if checkpoint_boxes:
+        plan.segments = _checkpoint_segments(lowering.steps, lowering.box_segments)
+    plan.causal = lowering.causal_masks
+    for (extent, size), symbol in lowering.chunk_counts.items():
+        plan.chunks.append(ChunkCount(str(symbol), extent, size))
+    _express_chunks(plan, lowering.chunk_sizes)
+    plan.stored = sorted(lowering.stored_used)
+    plan.attributes = frozenset(lowering.attributes)
+    return plan
+
+
+def _express_chunks(plan: Plan, sizes: Mapping[sympy.Symbol, sympy.Expr]) -> None:
+    """Cost formulas in the design's sizes: a chunk count ⌈N / C⌉ is written N / C (exact
+    when C divides N)."""
+    if not sizes:
+        return
+    fields = ("flops", "exps", "divisions", "entries", "elementwise", "paper", "score_flops", "score_paper")
+    for step in [*plan.steps, *plan.update_steps]:
+        for name in fields:
+            setattr(step, name, sympy.sympify(getattr(step, name)).xreplace(sizes))
+    plan.leg_sizes = {leg: size.xreplace(sizes) for leg, size in plan.leg_sizes.items()}
+
+
+def _reorder(lowering: _Lowering, value: Value, order: list[str]) -> Value:
+    if list(value.legs) == order:
+        return value
+    name = lowering.names.fresh(f"{value.var}_out")
+    permutation = tuple(value.legs.index(leg) for leg in order)
+    return lowering.emit(Step("permute", Permute(value, permutation), Value(name, tuple(order)), "reorder legs"))  # type: ignore[return-value]
+
+
+def _checkpoint_segments(steps: list[Step], boxes: list[tuple[int, int, str]]) -> list[tuple[int, int]]:
+    """Each box's steps extended to the first step that reads the box, merged where they meet."""
+    segments = []
+    for start, end, var in boxes:
+        consumer = next((k for k in range(end + 1, len(steps)) if any(v.var == var for v in steps[k].inputs)), end)
+        segments.append((start, consumer))
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(segments):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged

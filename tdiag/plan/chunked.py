@@ -1,0 +1,167 @@
+"""Causal Σ_{m ≤ n} of a product in chunks: a masked C×C product within a chunk and an
+exclusive prefix sum of per-chunk states across them (MGK P12, spec mgk §6.6)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import sympy
+
+from .base import _Leaf, _renamed
+from .program import (
+    BATCH,
+    JoinChunks,
+    Operand,
+    PrefixSum,
+    SplitChunks,
+    Step,
+    Triangle,
+    Value,
+    show_legs,
+)
+
+
+class ChunkedCausal:
+    """Evaluates causal prefix sums of products in chunks (MGK P12, spec mgk §6.6)."""
+
+    def causal_contract(
+        self, query: str, key: str, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None
+    ) -> Value:
+        """Σ_{m ≤ n} of a product, chunked (causal linear attention in O(N·C + N·D·E/C)): both
+        legs split into chunks of C; within a chunk the product is masked by a C×C triangle,
+        across chunks the key side is summed per chunk into a state whose exclusive prefix sum
+        over chunks the query side reads (MGK P12, spec mgk §6.6; Katharopoulos et al. §3.3)."""
+        leaves = self.resolve_boxes(leaves, out)
+        if any(query in leaf.legs and key in leaf.legs for leaf in leaves):
+            raise AssertionError("a causal prefix sum needs the query and key legs on different factors")
+        free = [leaf for leaf in leaves if key not in leaf.legs and query not in leaf.legs]
+        best, best_cost = [], None
+        choices = itertools.product((0, 1), repeat=len(free)) if len(free) <= 4 else [(0,) * len(free)]
+        for choice in choices:
+            joined = [leaf for leaf, c in zip(free, choice, strict=True) if c]
+            cost = self.trial(lambda j=joined: self.chunked_contract(query, key, leaves, j, out, coefficient, var))
+            if best_cost is None or cost < best_cost:
+                best, best_cost = joined, cost
+        return self.chunked_contract(query, key, leaves, best, out, coefficient, var)
+
+    def chunked_contract(self, query, key, leaves, joined, out, coefficient, var) -> Value:
+        """causal_contract with the factors `joined` (carrying neither leg) in the key side's state."""
+        chunks, within_query, within_key, size = self.chunk_legs(query, key)
+        rename = {query: (chunks, within_query), key: (chunks, within_key)}
+        chunked = [self.chunk_leaf(leaf, rename) for leaf in leaves]
+        out_chunked = tuple(p for leg in out for p in rename.get(leg, (leg,)))
+        some = self.leaf_value(chunked[0])
+        triangle = self.names.fresh("triangle")
+        self.emit(
+            Step(
+                "const",
+                Triangle(size, some),
+                Value(triangle, (within_query, within_key)),
+                "causal triangle within a chunk",
+            )
+        )
+        mask = _Leaf((within_query, within_key), value=Value(triangle, (within_query, within_key)))
+        within = self.contract([*chunked, mask], out_chunked, coefficient, None)
+        key_side = [c for c, leaf in zip(chunked, leaves, strict=True) if key in leaf.legs or leaf in joined]
+        rest = [c for c in chunked if c not in key_side]
+        needed = set(out_chunked) | {leg for leaf in rest for leg in leaf.legs}
+        state_legs = tuple(
+            dict.fromkeys(leg for leaf in key_side for leg in leaf.legs if leg in needed or leg in (chunks, BATCH))
+        )
+        state = self.contract(key_side, state_legs, sympy.Integer(1), None)
+        name = self.names.fresh("earlier")
+        axis = state.legs.index(chunks)
+        earlier = self.emit(
+            Step(
+                "prefix",
+                PrefixSum(state, axis),
+                Value(name, state.legs, state.broadcast),
+                f"state of the earlier chunks: exclusive prefix sum over {show_legs([chunks])[0]} (causal)",
+                (chunks,),
+                flops=self.numel(state.legs),
+                inputs=(state,),
+            )
+        )
+        across = self.contract([*rest, _Leaf(earlier.legs, value=earlier)], out_chunked, coefficient, None)  # type: ignore[union-attr]
+        total = self.combine("sum", [(1, within), (1, across)], out_chunked, None)
+        order = [leg for leg in total.legs if leg != within_query]
+        position = order.index(chunks)
+        order.insert(position + 1, within_query)
+        permutation = None
+        if list(total.legs) != order:
+            permutation = tuple(total.legs.index(leg) for leg in order)
+        legs = tuple(query if leg == chunks else leg for leg in order if leg != within_query)
+        name = self.names.fresh(var or "causal_sum")
+        return self.emit(
+            Step(
+                "view",
+                JoinChunks(Operand(total, permutation), position, self.runtime(self.size(query))),
+                Value(name, legs, total.broadcast),
+                "chunks joined",
+                inputs=(total,),
+            )
+        )  # type: ignore[return-value]
+
+    def chunk_legs(self, query: str, key: str) -> tuple[str, str, str, int]:
+        """Legs for chunks of C positions (C a power of two, at most 64 and about a quarter of
+        the planned length): the chunk count, a run-time ⌈N / C⌉ bound in forward, and the
+        query's and key's position within a chunk. The same legs for every causal contraction
+        over this pair, so that their chunked factors and products are shared."""
+        if (query, key) in self.chunk_pairs:
+            return self.chunk_pairs[(query, key)]
+        planned = self.number(query)
+        size = max(4, min(64, 2 ** max(0, int(math.log2(max(planned, 1) / 4)))))
+        extent = self.runtime(self.size(query))
+        count_key = (extent, size)
+        if count_key not in self.chunk_counts:
+            var = self.names.fresh(f"chunks_{size}")
+            symbol = sympy.Symbol(var, positive=True, integer=True)
+            self.chunk_counts[count_key] = symbol
+            self.chunk_values[symbol] = sympy.Integer(-(-int(planned) // size))
+            self.chunk_sizes[symbol] = self.size(query) / size
+        legs = (
+            self.new_leg("chunk", self.chunk_counts[count_key]),
+            self.new_leg(query, sympy.Integer(size)),
+            self.new_leg(key, sympy.Integer(size)),
+        )
+        self.chunk_pairs[(query, key)] = (*legs, size)
+        return self.chunk_pairs[(query, key)]
+
+    def chunk_leaf(self, leaf: _Leaf, rename: dict[str, tuple[str, str]]) -> _Leaf:
+        """A factor with its query or key leg split into (chunk, position within the chunk),
+        zero-padded to whole chunks (zeros add nothing to a sum)."""
+        legs = tuple(p for leg in leaf.legs for p in rename.get(leg, (leg,)))
+        split = [leg for leg in leaf.legs if leg in rename]
+        if not split:
+            return leaf
+        (leg,) = split
+        value = self.leaf_value(leaf)
+        chunks, within = rename[leg]
+        key = ("chunk", value.var, value.legs.index(leg), len(value.legs), chunks, within)
+        if key not in self.memo:
+            self.memo[key] = (self.chunk_value(value, leg, chunks, within), value.legs)
+        chunked, earlier = self.memo[key]
+        return _Leaf(legs, value=_renamed(chunked, dict(zip(earlier, value.legs, strict=True))))
+
+    def chunk_value(self, value: Value, leg: str, chunks: str, within: str) -> Value:
+        """`value` with `leg` split into (chunks, within), zero-padded to whole chunks."""
+        legs = tuple(p for old in value.legs for p in ((chunks, within) if old == leg else (old,)))
+        if leg in value.broadcast:
+            return Value(value.var, legs, (value.broadcast - {leg}) | {chunks, within})
+        physical = [old for old in value.legs if old not in value.broadcast]
+        axis = physical.index(leg)
+        size = self.number(within)
+        split = SplitChunks(
+            value, axis, len(physical) - 1 - axis, self.leg_sizes[chunks], size, self.runtime(self.size(leg))
+        )
+        name = self.names.fresh(f"{value.var}_chunks")
+        return self.emit(
+            Step(
+                "view",
+                split,
+                Value(name, legs, value.broadcast),
+                f"{show_legs([leg])[0]} in chunks of {size}",
+                inputs=(value,),
+            )
+        )  # type: ignore[return-value]

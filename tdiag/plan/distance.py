@@ -1,0 +1,92 @@
+"""Squared distances as contractions, Σ_d (a − b)² = ‖a‖² + ‖b‖² − 2 a·b, with a sum side
+expanded one level when cheaper (sMGK's shifted keys, MGK P11; spec mgk §6.3)."""
+
+from __future__ import annotations
+
+import sympy
+
+from ..ir import (
+    ONE,
+    Expr,
+    SquaredDistance,
+    SumNode,
+    TensorRef,
+)
+from .program import (
+    BATCH,
+    Value,
+)
+
+
+class DistanceExpansion:
+    """Lowers squared distances as contractions (MGK P11)."""
+
+    def lower_distance(self, e: SquaredDistance, ren, var: str | None) -> Value:
+        """Σ_d (a − b)² = Σ_d a² + Σ_d b² − 2 Σ_d a·b: contractions, no (a − b) tensor. A side that
+        is a sum (sMGK's k_jr = k_j + b_r) may be expanded one level further, so that the N²
+        contraction is paid once rather than once per shift (MGK P11, spec §6.3); the expansion
+        is taken when it costs fewer FLOPs at the planned sizes."""
+        plain = [[(1, e.left, ren)], [(1, e.right, ren)]]
+        expanded = [self.summands(e.left, ren, e.over), self.summands(e.right, ren, e.over)]
+        if expanded == plain or any(s is None for s in expanded):
+            return self.distance_terms(e, plain, ren, var)
+        naive = self.trial(lambda: self.distance_terms(e, plain, ren, var))
+        if self.trial(lambda: self.distance_terms(e, expanded, ren, var)) < naive:
+            if self.target is self.steps:
+                self.lowered.append("squared distance to shifted keys expanded (MGK P11): one N² contraction")
+            return self.distance_terms(e, expanded, ren, var)
+        return self.distance_terms(e, plain, ren, var)
+
+    def summands(self, e: Expr, ren, over: tuple[str, ...]) -> list[tuple[int, Expr, dict]] | None:
+        """The terms of a sum side (directly or through the statement defining it) with their leg
+        renamings, or the side itself; None where a term lacks a distance leg (Σ_d of a constant
+        is not a contraction)."""
+        distance = {p for leg in over for p in ren[leg]}
+        if isinstance(e, TensorRef) and self.g.tensors[e.name].statement is not None:
+            statement = self.g.tensors[e.name].statement
+            axes = tuple(tuple(p for leg in group for p in ren[leg]) for group in e.groups)
+            inner = self.definition_renaming(statement, axes) if isinstance(statement.expr, SumNode) else None
+            if inner is not None:
+                e, ren = statement.expr, inner
+        if not isinstance(e, SumNode):
+            return [(1, e, ren)]
+        terms = [(sign, term, ren) for term, sign in zip(e.terms, e.signs, strict=True)]
+        if any(not distance <= {p for leg in term.legs for p in ren[leg]} for _, term, _ in terms):
+            return None
+        return terms
+
+    def distance_terms(self, e: SquaredDistance, sides, ren, var: str | None) -> Value:
+        """Σ_d (Σ_k c_k z_k)² = Σ_k ‖z_k‖² + 2 Σ_{k<l} c_k c_l z_k·z_l over the summands z of
+        both sides (right ones negated); a term constant along a surrounding softmax's legs is
+        dropped (the query norm, MGK P2)."""
+        over = tuple(p for leg in e.over for p in ren[leg])
+        out = tuple(p for leg in e.legs for p in ren[leg])
+        vectors = [
+            (sign * side_sign, term, r)
+            for side_sign, side in zip((1, -1), sides, strict=True)
+            for sign, term, r in side
+        ]
+        values = [self.lower(term, r) for _, term, r in vectors]
+        parts = []
+        for k, (a, value_a) in enumerate(zip(vectors, values, strict=True)):
+            for j in range(k, len(vectors)):
+                b, value_b = vectors[j], values[j]
+                kept = tuple(leg for leg in (BATCH, *out) if leg in value_a.legs + value_b.legs and leg not in over)
+                if self.shift_invariant is not None and not set(kept) & self.shift_invariant:
+                    continue  # the same for every key: it cancels in the softmax (MGK P2)
+                if k == j:
+                    parts.append((1, self.squared_norm(value_a, kept, sympy.Integer(a[0] * b[0]))))
+                else:
+                    parts.append(
+                        (1, self.plan_contraction([value_a, value_b], kept, sympy.Integer(2 * a[0] * b[0]), None))
+                    )
+        return self.combine("sqdist", [(sign, self.as_missing_legs(v)) for sign, v in parts], out, var)
+
+    def squared_norm(self, value: Value, kept: tuple[str, ...], coefficient: sympy.Expr = ONE) -> Value:
+        """coefficient · Σ value² over the legs not kept; its steps are "norm" steps, which the
+        papers' counting leaves out (MGK App. B)."""
+        start = len(self.target)
+        result = self.plan_contraction([value, value], kept, coefficient, None)
+        for step in self.target[start:]:
+            step.kind = "norm" if step.kind == "contraction" else step.kind
+        return result

@@ -1,0 +1,153 @@
+"""Maps, reductions, sum nodes and quotients: elementwise ops over aligned operands; a sum's
+terms meet smallest pair first, and terms constant along a surrounding softmax's legs drop out."""
+
+from __future__ import annotations
+
+import itertools
+
+import sympy
+
+from ..ir import (
+    ElementwiseMap,
+    Expr,
+    Quotient,
+    Reduction,
+    SumNode,
+    TensorRef,
+    walk,
+)
+from .program import (
+    BATCH,
+    Binary,
+    Elementwise,
+    Map,
+    Operand,
+    Reduce,
+    Step,
+    Value,
+    show_legs,
+)
+
+
+class ElementwiseLowering:
+    """Lowers maps, reductions, sum nodes and quotients."""
+
+    def owns_parameter(self, e: Expr) -> bool:
+        """Does `e` hold a parameter nothing else uses? Such a term is kept even where it cannot
+        matter (GFiSH's b2, T11), so every parameter gets a gradient and DDP needs no
+        find_unused_parameters."""
+        for node in walk(e):
+            if isinstance(node, TensorRef) and self.g.tensors[node.name].kind == "param" and self.uses[node.name] == 1:
+                return True
+        return False
+
+    def lower_map(self, e: ElementwiseMap, ren, var: str | None) -> Value:
+        operand = self.lower(e.operand, ren)  # type: ignore[arg-type]
+        name = self.names.fresh(var or e.name)
+        return self.emit(
+            Step(
+                "map",
+                Map(operand, e.name, tuple(self.runtime(p) for p in e.params)),
+                Value(name, operand.legs, operand.broadcast),
+                e.name,
+                elementwise=self.numel(operand.legs),
+                inputs=(operand,),
+            )
+        )  # type: ignore[return-value]
+
+    def lower_reduction(self, e: Reduction, ren, var: str | None) -> Value:
+        operand = self.lower(e.operand, ren)  # type: ignore[arg-type]
+        over = tuple(p for leg in e.over for p in ren[leg])
+        operand = self.expand_broadcast(operand, set(over))
+        dims = tuple(operand.legs.index(leg) for leg in over)
+        name = self.names.fresh(var or e.name)
+        method = {"max": "amax", "logsumexp": "logsumexp", "mean": "mean"}[e.name]
+        legs = tuple(leg for leg in operand.legs if leg not in over)
+        return self.emit(
+            Step(
+                "reduction",
+                Reduce(operand, method, dims),
+                Value(name, legs, operand.broadcast),
+                f"{e.name} over {' '.join(show_legs(over))}",
+                over,
+                elementwise=self.numel(operand.legs),
+                inputs=(operand,),
+            )
+        )  # type: ignore[return-value]
+
+    def combine(
+        self, kind: str, parts: list[tuple[int, Value]], out: tuple[str, ...], var: str | None, operator: str = "+"
+    ) -> Value:
+        """Elementwise sum (or quotient) of values aligned to `out` with broadcasting."""
+        present = [leg for leg in out if any(leg in v.legs for _, v in parts)]
+        if any(v.is_batched for _, v in parts) and BATCH not in present:
+            present = [BATCH, *present]
+        largest = max((v for _, v in parts), key=lambda v: self.numel_number(v.legs))
+        if set(largest.legs) == set(present):
+            present = list(largest.legs)  # the largest operand is read in its own layout, not permuted
+        broadcast = frozenset(leg for leg in out if leg not in present)
+        name = self.names.fresh(var or kind)
+        aligned = [(sign, self.align(v, tuple(present)), v.legs) for sign, v in parts]
+        if operator == "+":
+            op, elementwise = self.sum_tree(aligned)
+        else:
+            tree = aligned[0][1]
+            for _, operand, _ in aligned[1:]:
+                tree = Binary("/", tree, operand)
+            op, elementwise = Elementwise(tree), self.numel(present) * (len(parts) - 1)
+        return self.emit(
+            Step(
+                kind,
+                op,
+                Value(name, tuple(present), broadcast),
+                kind,
+                elementwise=elementwise,
+                inputs=tuple(v for _, v in parts),
+            )
+        )  # type: ignore[return-value]
+
+    def sum_tree(self, terms: list[tuple[int, Operand, tuple[str, ...]]]) -> tuple[Elementwise, sympy.Expr]:
+        """Σ ± terms, broadcasting, added smallest pair first: terms along few legs meet before
+        they are broadcast to the full result (sMGK's five-term distance, P11), so each full-size
+        pass is paid once. Returns the op and its elementwise operation count."""
+        nodes: list[tuple[int, Binary | Operand, frozenset[str]]] = [
+            (sign, operand, frozenset(legs)) for sign, operand, legs in terms
+        ]
+        elementwise = sympy.Integer(0)
+        while len(nodes) > 1:
+            pairs = itertools.combinations(range(len(nodes)), 2)
+            i, j = min(pairs, key=lambda p: self.numel_number(nodes[p[0]][2] | nodes[p[1]][2]))
+            (sa, a, la), (sb, b, lb) = nodes[i], nodes[j]
+            elementwise += self.numel(la | lb)
+            if sa == sb:
+                merged = (sa, Binary("+", a, b))
+            else:
+                merged = (1, Binary("-", a, b) if sa > 0 else Binary("-", b, a))
+            nodes = [n for k, n in enumerate(nodes) if k not in (i, j)] + [(*merged, la | lb)]
+        sign, tree, _ = nodes[0]
+        return Elementwise(tree, negate=sign < 0), elementwise
+
+    def lower_sum(self, e: SumNode, ren, var: str | None) -> Value:
+        terms = list(zip(e.terms, e.signs, strict=True))
+        if self.shift_invariant is not None:
+            varying = [
+                (t, s)
+                for t, s in terms
+                if {p for leg in t.legs for p in ren[leg]} & self.shift_invariant or self.owns_parameter(t)
+            ]
+            terms = varying or terms[:1]  # terms constant along the softmax's legs drop out
+        if len(terms) == 1 and terms[0][1] > 0:
+            return self.lower(terms[0][0], ren, var)
+        parts = [(sign, self.as_missing_legs(self.lower(term, ren))) for term, sign in terms]
+        out = tuple(p for leg in e.legs for p in ren[leg])
+        return self.combine("sum", parts, out, var)
+
+    def lower_quotient(self, e: Quotient, ren, var: str | None) -> Value:
+        numerator = self.as_missing_legs(self.lower(e.numerator, ren))  # type: ignore[arg-type]
+        denominator = self.as_missing_legs(self.lower(e.denominator, ren))  # type: ignore[arg-type]
+        out = tuple(p for leg in e.legs for p in ren[leg])
+        return self.combine("quotient", [(1, numerator), (1, denominator)], out, var, operator="/")
+
+    def as_missing_legs(self, value: Value) -> Value:
+        """A value's broadcast legs, for combine, which broadcasts any leg an operand lacks."""
+        return Value(value.var, value.legs, frozenset())

@@ -1,0 +1,136 @@
+"""Normalize boxes in the linear-time order: Σ_m (x / Σ_m x) v = (Σ_m x v) / (Σ_m x) when the
+content is multilinear (Tuformer §3.3, MGK P12). Applies when a trial plan costs fewer FLOPs than
+the materialized box; causal boxes take chunked prefix sums (chunked.py)."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import sympy
+
+from ..ir import (
+    CausalMask,
+    Contraction,
+    ElementwiseMap,
+    Expr,
+    Scalar,
+    SoftmaxBox,
+    TensorRef,
+)
+from .base import _Leaf
+from .program import (
+    BATCH,
+    Ratio,
+    Step,
+    Value,
+    show_legs,
+)
+
+
+class LinearOrder:
+    """Evaluates normalize boxes in the linear-time order (MGK P12)."""
+
+    def resolve_normalize(self, box: SoftmaxBox, ren, k: int, others: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
+        """Σ_m (x / Σ_m x) v = (Σ_m x v) / (Σ_m x): with the content multilinear (powers of a
+        contraction expanded into copies), both sides are contractions that opt_einsum can order
+        so that N·M never appears (linear attention, Tuformer §3.3, MGK P12). Taken when a trial
+        plan is cheaper than the materialized box."""
+
+        def materialized() -> list[_Leaf]:
+            value = self.memoized(box, ren, lambda: self.lower_box(box, ren, None))
+            return [*others[:k], _Leaf(value.legs, value=value), *others[k:]]
+
+        normalized = tuple(p for leg in box.normalized for p in ren[leg])
+        if any(leg in out for leg in normalized) or not self.is_multilinear(box.content):
+            return materialized()
+        if box.masks and self.prefix_legs(box, ren) is None:
+            return materialized()
+        fixed = [o for o in others if set(normalized) & set(o.legs)]
+        optional = [o for o in others if o not in fixed]
+        if not fixed or len(optional) > 6:
+            return materialized()
+        best, best_cost = None, self.trial(lambda: self.contract(materialized(), out, sympy.Integer(1), None))
+        for choice in itertools.product((0, 1), repeat=len(optional)):
+            values = fixed + [o for o, c in zip(optional, choice, strict=True) if c]
+            rest = [o for o in others if o not in values]
+            cost = self.trial(
+                lambda v=values, r=rest: self.contract(self.hoist(box, ren, v, r, out), out, sympy.Integer(1), None)
+            )
+            if cost < best_cost:
+                best, best_cost = (values, rest), cost
+        if best is None:
+            return materialized()
+        if self.target is self.steps:
+            how = " with causal prefix sums over chunks" if box.masks else ""
+            self.lowered.append(
+                f"normalize box over {' '.join(show_legs(normalized))} evaluated in the linear-time order{how}"
+            )
+        return self.hoist(box, ren, *best, out)
+
+    def prefix_legs(self, box: SoftmaxBox, ren) -> tuple[str, str] | None:
+        """(query, key) region legs when the box's only masks are causal ones over its single
+        normalized leg, between legs of one size: then Σ_{m ≤ n} is a prefix sum."""
+        normalized = tuple(p for leg in box.normalized for p in ren[leg])
+        pairs = set()
+        for mask in box.masks:
+            if not isinstance(mask, CausalMask) or len(ren[mask.query]) != 1 or ren[mask.key] != normalized:
+                return None
+            pairs.add((ren[mask.query][0], normalized[0]))
+        if len(pairs) != 1:
+            return None
+        query, key = pairs.pop()
+        if sympy.simplify(self.g.expand(self.size(query) - self.size(key))) != 0:
+            return None
+        return query, key
+
+    def is_multilinear(self, e: Expr) -> bool:
+        if isinstance(e, ElementwiseMap) and e.name == "pow":
+            exponent = e.params[0]
+            return exponent.is_Integer and 1 <= int(exponent) <= 4 and self.is_multilinear(e.operand)  # type: ignore[arg-type]
+        if isinstance(e, Contraction):
+            return all(self.is_multilinear(f) or not isinstance(f, ElementwiseMap) for f in e.factors)
+        return isinstance(e, TensorRef | Scalar | ElementwiseMap)
+
+    def collect_expanded(self, e: Expr, ren, leaves: list[_Leaf]) -> sympy.Expr:
+        """Like collect, with x ^ p of a contraction written as p copies of it."""
+        return self.collect(e, ren, leaves, expand_powers=True)
+
+    def hoist(self, box: SoftmaxBox, ren, values: list[_Leaf], rest: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
+        """Emit numerator and denominator contractions and their quotient; return the region's
+        leaves with the quotient standing in for the box and its value side."""
+        normalized = {p for leg in box.normalized for p in ren[leg]}
+        content: list[_Leaf] = []
+        coefficient = self.collect_expanded(box.content, ren, content)  # type: ignore[arg-type]
+        kept = tuple(p for leg in box.legs for p in ren[leg] if p not in normalized)
+        batch = (BATCH,) if any(BATCH in c.legs for c in [*content, *values]) else ()
+        needed = set(out) | {leg for r in rest for leg in r.legs}
+        extra = tuple(
+            leg
+            for leg in dict.fromkeys(leg for v in values for leg in v.legs)
+            if leg in needed and leg not in kept and leg != BATCH
+        )
+        causal = self.prefix_legs(box, ren) if box.masks else None
+        contract = self.contract if causal is None else functools.partial(self.causal_contract, *causal)
+        numerator = contract([*content, *values], (*batch, *kept, *extra), coefficient, "numerator")
+        den_content: list[_Leaf] = []
+        den_coefficient = self.collect_expanded(box.content, ren, den_content)  # type: ignore[arg-type]
+        denominator = contract(
+            den_content,
+            tuple(leg for leg in (BATCH, *kept) if any(leg in c.legs for c in den_content)),
+            den_coefficient,
+            "denominator",
+        )
+        present = tuple(leg for leg in numerator.legs)
+        name = self.names.fresh("normalized")
+        step = Step(
+            "quotient",
+            Ratio(numerator, self.align(denominator, present), self.runtime(box.eps)),
+            Value(name, present),
+            "numerator / (denominator + eps)",
+            elementwise=self.numel(present),
+            divisions=self.numel(present),
+            inputs=(numerator, denominator),
+        )
+        value = self.emit(step)
+        return [*rest, _Leaf(value.legs, value=value)]  # type: ignore[union-attr]

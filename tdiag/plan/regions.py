@@ -1,0 +1,216 @@
+"""Multilinear regions: single-use products are inlined into their consumer and their
+factors collected as leaves, each a stored tensor viewed with region legs or a computed value.
+Guarantees: one contraction per maximal multilinear region, legs renamed consistently."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import sympy
+
+from ..errors import Diagnostic, TdiagError
+from ..ir import (
+    Contraction,
+    ElementwiseMap,
+    Expr,
+    Scalar,
+    SoftmaxBox,
+    Statement,
+    SumNode,
+    Tensor,
+    TensorRef,
+    walk,
+)
+from .base import _all_legs, _Leaf
+from .program import (
+    BATCH,
+    BATCH_SIZE,
+    Reshape,
+    Step,
+    Value,
+)
+
+
+class RegionLowering:
+    """Collects a multilinear region's factors and contracts them."""
+
+    def is_inlined(self, name: str) -> bool:
+        """Single-use multilinear statements (and constant ones) are folded into their consumer."""
+        tensor = self.g.tensors[name]
+        statement = tensor.statement
+        if statement is None or name in self.g.outputs:
+            return False
+        if isinstance(statement.expr, SoftmaxBox | SumNode):
+            return self.uses[name] == 1  # its consumer may fuse it (SDPA, linear-time order, P11)
+        if not isinstance(statement.expr, Contraction | TensorRef):
+            return False
+        return tensor.is_constant or self.uses[name] == 1
+
+    def lower_region(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr) -> Value:
+        leaves: list[_Leaf] = []
+        coefficient = self.collect(e, ren, leaves) * scale
+        out = tuple(p for leg in e.legs for p in ren[leg])
+        return self.contract(leaves, out, coefficient, var)
+
+    def collect(
+        self, e: Expr, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf], *, expand_powers: bool = False
+    ) -> sympy.Expr:
+        """Gather the factors of a multilinear region into `leaves`; returns the coefficient.
+        With `expand_powers`, an integer power of a contraction becomes that many copies of it."""
+        if isinstance(e, Scalar):
+            return e.value
+        if expand_powers and isinstance(e, ElementwiseMap) and e.name == "pow" and e.params[0].is_Integer:
+            coefficient = sympy.Integer(1)
+            for _ in range(int(e.params[0])):
+                inner = self.with_fresh_legs(ren, _all_legs(e.operand) - set(e.operand.legs))  # type: ignore[arg-type]
+                coefficient *= self.collect(e.operand, inner, leaves, expand_powers=True)  # type: ignore[arg-type]
+            return coefficient
+        if isinstance(e, Contraction):
+            inner = self.with_fresh_legs(ren, e.summed)
+            coefficient = e.coefficient
+            for factor in e.factors:
+                coefficient *= self.collect(factor, inner, leaves, expand_powers=expand_powers)
+            return coefficient
+        if isinstance(e, TensorRef):
+            return self.collect_tensor(e, ren, leaves)
+        if isinstance(e, SoftmaxBox):
+            batch = (BATCH,) if self.is_batched(e) else ()
+            leaves.append(_Leaf(batch + tuple(p for leg in e.legs for p in ren[leg]), box=(e, ren)))
+            return sympy.Integer(1)
+        value = self.lower_nonlinear(e, ren, None)
+        leaves.append(_Leaf(value.legs, value=value))
+        return sympy.Integer(1)
+
+    def collect_tensor(self, e: TensorRef, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf]) -> sympy.Expr:
+        tensor = self.g.tensors[e.name]
+        axes = tuple(tuple(p for leg in group for p in ren[leg]) for group in e.groups)
+        statement = tensor.statement
+        if statement is None:
+            batch = (BATCH,) if tensor.is_batched else ()
+            leaves.append(_Leaf(batch + tuple(p for a in axes for p in a), tensor=tensor, view=axes))
+            return sympy.Integer(1)
+        inner = self.definition_renaming(statement, axes) if self.is_inlined(e.name) else None
+        if inner is not None:
+            return self.collect(statement.expr, inner, leaves)
+        value = self.values[e.name]
+        leaves.append(_Leaf(self.rename_value_legs(value, statement, axes), value=value))
+        return sympy.Integer(1)
+
+    def with_fresh_legs(self, ren: dict[str, tuple[str, ...]], legs: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """`ren` with a fresh region leg for each of `legs`, summed inside a sub-expression."""
+        inner = dict(ren)
+        for leg in legs:
+            inner[leg] = tuple(self.new_leg(p) for p in self.expand(leg))
+        return inner
+
+    def definition_renaming(
+        self, statement: Statement, axes: tuple[tuple[str, ...], ...]
+    ) -> dict[str, tuple[str, ...]] | None:
+        """The legs of a statement's definition as seen from a use with region legs `axes`: its
+        result legs mapped onto them, its summed legs fresh; None where the shapes do not align."""
+        mapping = self.align_definition(statement, axes)
+        if mapping is None:
+            return None
+        return self.with_fresh_legs(mapping, [leg for leg in _all_legs(statement.expr) if leg not in mapping])
+
+    def align_definition(
+        self, statement: Statement, axes: tuple[tuple[str, ...], ...]
+    ) -> dict[str, tuple[str, ...]] | None:
+        """Map the definition's result legs onto the use's region legs, piece by piece."""
+        mapping: dict[str, tuple[str, ...]] = {}
+        for group, use in zip(statement.groups, axes, strict=True):
+            pieces = [(leg, p) for leg in group for p in self.expand(leg)]
+            if len(pieces) != len(use):
+                return None
+            for (leg, piece), target in zip(pieces, use, strict=True):
+                if sympy.simplify(self.g.expand(self.size(piece) - self.size(target))) != 0:
+                    return None
+                mapping.setdefault(leg, ())
+                mapping[leg] = (*mapping[leg], target)
+        return mapping
+
+    def rename_value_legs(
+        self, value: Value, statement: Statement, axes: tuple[tuple[str, ...], ...]
+    ) -> tuple[str, ...]:
+        mapping = self.align_definition(statement, axes)
+        if mapping is None:
+            raise TdiagError(
+                Diagnostic(
+                    f"cannot use {statement.target} with these legs: its axes are split differently",
+                    (statement.target_span,),
+                )
+            )
+        rename = {}
+        for leg, targets in mapping.items():
+            for piece, target in zip(self.expand(leg), targets, strict=True):
+                rename[piece] = target
+        return tuple(rename.get(leg, leg) for leg in value.legs)
+
+    def is_product(self, e: Expr) -> bool:
+        """Is `e` a product of stored or already computed tensors (nothing left to lower)?"""
+        if isinstance(e, Scalar):
+            return True
+        if isinstance(e, Contraction):
+            return all(self.is_product(f) for f in e.factors)
+        if isinstance(e, TensorRef):
+            statement = self.g.tensors[e.name].statement
+            return statement is None or not self.is_inlined(e.name) or self.is_product(statement.expr)
+        return False
+
+    def is_batched(self, e: Expr) -> bool:
+        """Does `e` depend on an input, mask or noise (and so carry the batch)?"""
+        for node in walk(e):
+            if isinstance(node, TensorRef):
+                tensor = self.g.tensors[node.name]
+                if tensor.is_batched or (tensor.statement is not None and self.is_batched(tensor.statement.expr)):
+                    return True
+        return False
+
+    def contract(self, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None) -> Value:
+        leaves = self.resolve_boxes(leaves, out)
+        leaves, out, coefficient = self.fold_constants(leaves, out, coefficient)
+        if not leaves:
+            raise TdiagError(Diagnostic("a statement computes a constant only; nothing depends on an input"))
+        # a value constant along a broadcast leg does not carry it; a leg no factor carries is a
+        # broadcast leg of the result if kept, and a factor of its size if summed
+        values = [self.leaf_value(leaf) for leaf in leaves]
+        values = [Value(v.var, tuple(leg for leg in v.legs if leg not in v.broadcast), v.broadcast) for v in values]
+        present = {leg for v in values for leg in v.legs}
+        broadcast = frozenset(leg for leg in out if leg not in present and leg != BATCH)
+        for leg in {leg for leaf in leaves for leg in leaf.legs} - present - set(out):
+            coefficient *= self.size(leg)
+        if BATCH in present and BATCH not in out:
+            out = (BATCH, *out)
+        wanted = tuple(leg for leg in out if leg in present)
+        result = self.plan_contraction(values, wanted, coefficient, var)
+        return Value(result.var, result.legs, broadcast)
+
+    def leaf_value(self, leaf: _Leaf) -> Value:
+        if leaf.value is not None:
+            return Value(leaf.value.var, leaf.legs, leaf.value.broadcast)
+        return self.stored(leaf.tensor, leaf.view)  # type: ignore[arg-type]
+
+    def stored(self, tensor: Tensor, view: tuple[tuple[str, ...], ...]) -> Value:
+        """A declared tensor seen with region legs, viewed into pieces where an axis is split."""
+        base = self.tensor_var(tensor)
+        legs = tuple(p for axis in view for p in axis)
+        batched = tensor.is_batched
+        if all(len(axis) == 1 for axis in view):
+            return Value(base, ((BATCH,) if batched else ()) + legs)
+        shape = ((BATCH_SIZE,) if batched else ()) + self.shape(legs)
+        var = self.names.fresh(f"{tensor.name}_view")
+        self.emit(
+            Step(
+                "view",
+                Reshape(Value(base, ()), shape),
+                Value(var, ((BATCH,) if batched else ()) + legs),
+                f"view {tensor.name} with legs {' '.join(legs)}",
+            )
+        )
+        return Value(var, ((BATCH,) if batched else ()) + legs)
+
+    def tensor_var(self, tensor: Tensor) -> str:
+        self.stored_used.add(tensor.name)
+        if tensor.kind in ("param", "const", "buffer"):
+            return tensor.name
+        return self.input_vars[tensor.name]

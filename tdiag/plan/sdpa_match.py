@@ -1,0 +1,188 @@
+"""Recognizing a fusable attention: a softmax box whose content is a per-head dot product (or
+squared distance) of a query side and a key side plus key biases, consumed by a value side.
+Refuses (returns None) wherever the pattern does not hold."""
+
+from __future__ import annotations
+
+import itertools
+
+import sympy
+
+from ..ir import (
+    ONE,
+    CausalMask,
+    Contraction,
+    Expr,
+    Scalar,
+    SoftmaxBox,
+    SquaredDistance,
+    SumNode,
+    TensorRef,
+    walk,
+)
+from .base import _is_scaling, _Leaf
+from .program import (
+    BATCH,
+)
+
+
+class AttentionMatch:
+    """Finds the query, key and value sides of a fusable softmax box."""
+
+    def fusable(self, box: SoftmaxBox, ren, leaf: _Leaf, others: list[_Leaf], out: tuple[str, ...]):
+        """The query, key and value sides of an attention, or None when the pattern does not hold:
+        content = per-head dot product (or squared distance) of a query side and a key side, plus
+        bias terms that vary only along heads and keys (carried by one more latent feature, MGK
+        P17); causal masks only; values joined along the normalized legs, or tied across some."""
+        if any(not isinstance(m, CausalMask) for m in box.masks):
+            return None
+        keys = tuple(p for leg in box.normalized for p in ren[leg])
+        if any(k in out for k in keys):
+            return None
+        items = self.score_items(box.content, ren, set(keys))  # type: ignore[arg-type]
+        if items is None:
+            return None
+        (kind, coefficient, cross), biases = items
+        distance_weight = coefficient  # of Σ_d (q − k)², whose ‖k‖² becomes a bias
+        content: list[_Leaf] = []
+        key_value = over = None
+        with self.scratch() as prelude:  # the content's computed factors; kept only if fused
+            if kind == "term":
+                coefficient *= self.collect(cross, ren, content)
+            else:
+                inner = self.with_fresh_legs(ren, cross.over)
+                sides = [self.lower(cross.left, inner), self.lower(cross.right, inner)]
+                if set(keys) & set(sides[0].legs):
+                    sides.reverse()
+                content = [_Leaf(v.legs, value=v) for v in sides]
+                coefficient *= -2  # Σ_d (q − k)² = −2 q·k + ‖k‖² (+ ‖q‖², constant along the keys)
+                key_value, over = sides[1], tuple(p for leg in cross.over for p in inner[leg])
+            memo = self.memo
+        box_legs = tuple(p for leg in box.legs for p in ren[leg])
+        content, box_legs, coefficient = self.fold_constants(content, box_legs, coefficient)
+        if any(c.box is not None or (c.value is not None and c.value.broadcast) for c in content):
+            return None
+        split = self.split_sides(content, box_legs, keys, others, out)
+        if split is None:
+            return None
+        query_side, key_side, values, heads, queries, latent, features = split
+        if kind == "sqdist" and (query_side, key_side) != (content[:1], content[1:]):
+            return None
+        bias_items = []
+        for bias_kind, weight, e in biases:
+            legs = {p for leg in e.legs for p in ren[leg]}
+            if not legs <= set(heads) | set(keys):
+                return None
+            bias_items.append((bias_kind, weight, e))
+        if kind == "sqdist":
+            bias_items.append(("norm", distance_weight, None))
+        if len(queries) != 1 and box.masks:
+            return None
+        for mask in box.masks:
+            if ren[mask.query] != (queries[0],) or len(ren[mask.key]) != 1 or ren[mask.key][0] not in keys:  # type: ignore[union-attr]
+                return None
+        return {
+            "query": query_side,
+            "key": key_side,
+            "value": values,
+            "heads": heads,
+            "queries": queries,
+            "keys": list(keys),
+            "latent": latent,
+            "features": features,
+            "scale": coefficient * box.scale,
+            "box_scale": box.scale,
+            "biases": bias_items,
+            "key_norm": (key_value, over),
+            "ren": ren,
+            "masks": [(ren[m.query][0], ren[m.key][0]) for m in box.masks],  # type: ignore[union-attr]
+            "prelude": (prelude, memo),
+        }
+
+    def score_items(self, e: Expr, ren, keys: set[str], weight: sympy.Expr = ONE):
+        """The box content as Σ weight·item: (cross item, bias items), the cross item the one
+        spanning every leg, terms constant along the keys dropped (softmax shift invariance);
+        None when that shape does not hold."""
+        items: list[tuple[str, sympy.Expr, Expr]] = []
+
+        def walk_terms(e: Expr, weight: sympy.Expr) -> None:
+            if isinstance(e, SumNode):
+                for term, sign in zip(e.terms, e.signs, strict=True):
+                    walk_terms(term, weight * sign)
+            elif isinstance(e, Contraction) and _is_scaling(e):
+                factor = next(f for f in e.factors if not isinstance(f, Scalar))
+                scalars = [f.value for f in e.factors if isinstance(f, Scalar)]
+                walk_terms(factor, weight * e.coefficient * sympy.Mul(*scalars))
+            else:
+                items.append(("sqdist" if isinstance(e, SquaredDistance) else "term", weight, e))
+
+        walk_terms(e, weight)
+        kept = []
+        for item in items:
+            legs = {p for leg in item[2].legs for p in ren[leg]}
+            if legs & keys:
+                kept.append(item)
+            elif self.owns_parameter(item[2]):
+                return None
+        if not kept:
+            return None
+        widest = max(len(item[2].legs) for item in kept)
+        crosses = [item for item in kept if len(item[2].legs) == widest]
+        if len(crosses) != 1 or (crosses[0][0] == "term" and not isinstance(crosses[0][2], Contraction | TensorRef)):
+            return None
+        biases = [item for item in kept if item is not crosses[0]]
+        if any(not self.is_bias(item[2]) for item in biases):
+            return None
+        return crosses[0], biases
+
+    def is_bias(self, e: Expr) -> bool:
+        """A term the fused form computes apart (O(keys)): no box inside, nothing random."""
+        return not any(
+            isinstance(node, SoftmaxBox) or (isinstance(node, TensorRef) and self.g.tensors[node.name].kind == "random")
+            for node in walk(e)
+        )
+
+    def split_sides(self, content: list[_Leaf], box_legs, keys, others: list[_Leaf], out: tuple[str, ...]):
+        """Assign the content's factors to a query and a key side, and the consumer's factors to
+        the value side or the rest, so that the sides meet only in head legs (kept) and latent
+        legs (contracted) and the values carry every head; the cheapest valid split wins."""
+        fixed_key = [c for c in content if set(keys) & set(c.legs)]
+        fixed_value = [o for o in others if set(keys) & set(o.legs)]
+        undecided = [c for c in content if c not in fixed_key]
+        optional = [o for o in others if o not in fixed_value]
+        if len(undecided) + len(optional) > 12:
+            return None
+        present = {leg for c in content for leg in c.legs}
+        queries_all = [leg for leg in box_legs if leg not in keys and leg in present]
+        best, best_cost = None, None
+        for choice in itertools.product((0, 1), repeat=len(undecided) + len(optional)):
+            query_side = [c for c, side in zip(undecided, choice, strict=False) if side == 0]
+            key_side = fixed_key + [c for c, side in zip(undecided, choice, strict=False) if side == 1]
+            values = fixed_value + [o for o, side in zip(optional, choice[len(undecided) :], strict=True) if side == 1]
+            rest = [o for o in others if o not in values]
+            q_legs = {leg for c in query_side for leg in c.legs}
+            k_legs = {leg for c in key_side for leg in c.legs}
+            v_legs = {leg for c in values for leg in c.legs}
+            heads = [leg for leg in (BATCH, *box_legs) if leg in q_legs and leg in k_legs]
+            queries = [leg for leg in queries_all if leg in q_legs and leg not in k_legs]
+            latent = sorted((q_legs & k_legs) - set(box_legs) - {BATCH})
+            needed = set(out) | {leg for o in rest for leg in o.legs}
+            features = [
+                leg
+                for leg in dict.fromkeys(leg for c in values for leg in c.legs)
+                if leg not in heads and leg not in keys and leg in needed
+            ]
+            if not query_side or not queries or set(queries_all) != (set(heads) - {BATCH}) | set(queries):
+                continue
+            if (
+                any(h not in v_legs for h in heads)
+                or v_legs & set(queries)
+                or (v_legs - set(heads) - set(keys)) & (q_legs | k_legs)
+            ):
+                continue
+            cost = self.numel_number([*heads, *queries, *keys]) * (
+                self.numel_number(latent) + self.numel_number(features)
+            )
+            if best_cost is None or cost < best_cost:
+                best, best_cost = (query_side, key_side, values, heads, queries, latent, features), cost
+        return best
