@@ -1,7 +1,8 @@
 """Benchmark: forward + backward time and activation memory of compiled designs against
 hand-written references, in one run, as ratios side by side. A script, not a test: numbers
-depend on the machine. Memory is the bytes autograd saves for the backward pass (the same on
-every device); on CUDA the peak allocated memory is reported too."""
+depend on the machine. Memory is the bytes autograd saves for the backward pass beyond the
+parameters and the input (tdiag.measure; the same on every device); on CUDA the peak allocated
+memory is reported too."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import json
 import math
 import platform
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +20,8 @@ import torch.nn.functional as functional
 from torch import nn
 
 import tdiag
+
+from .measure import saved_for_backward, time_step
 
 # ---- hand-written references ----------------------------------------------------------------
 
@@ -191,32 +193,8 @@ class Row:
     memory_ratio: float = 1.0
 
 
-def _saved_bytes(run: Callable[[], torch.Tensor]) -> int:
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor):
-        storage = t.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        run()
-    return sum(seen.values())
-
-
-def _step(module: nn.Module, x: torch.Tensor, causal: bool) -> None:
-    out = module(x) if hasattr(module, "tdiag_plan") else module(x, causal=causal)
-    out.float().square().mean().backward()
-
-
-def _timed(module: nn.Module, x: torch.Tensor, causal: bool) -> float:
-    if x.is_cuda:
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    _step(module, x, causal)
-    if x.is_cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+def _kwargs(module: nn.Module, causal: bool) -> dict[str, bool]:
+    return {} if hasattr(module, "tdiag_plan") else {"causal": causal}
 
 
 def measure_all(
@@ -224,20 +202,19 @@ def measure_all(
 ) -> list[tuple[float, int, int | None]]:
     """Round-robin over the implementations, so warm-up and machine noise fall on all alike."""
     for module in modules:
-        for _ in range(2):
-            _step(module, x, causal)
+        time_step(module, x, kwargs=_kwargs(module, causal), repeats=0, warmup=2)
     times: list[list[float]] = [[] for _ in modules]
     for _ in range(repeat):
         for k, module in enumerate(modules):
-            times[k].append(_timed(module, x, causal))
+            times[k] += time_step(module, x, kwargs=_kwargs(module, causal), repeats=1, warmup=0)
     results = []
     for k, module in enumerate(modules):
         peak = None
         if x.is_cuda:
             torch.cuda.reset_peak_memory_stats()
-            _step(module, x, causal)
+            time_step(module, x, kwargs=_kwargs(module, causal), repeats=1, warmup=0)
             peak = torch.cuda.max_memory_allocated()
-        saved = _saved_bytes(lambda m=module: m(x) if hasattr(m, "tdiag_plan") else m(x, causal=causal))
+        saved = saved_for_backward(module, x, **_kwargs(module, causal)).total_bytes
         results.append((statistics.median(times[k]), saved, peak))
     return results
 

@@ -26,6 +26,7 @@ from torch import nn
 
 import tdiag
 
+from .device import data_sheet
 from .errors import Diagnostic, TdiagError
 from .train_config import TrainConfig
 
@@ -438,11 +439,6 @@ def _plot(folder: Path, log: list[dict], name: str) -> None:
 # ---- comparing designs --------------------------------------------------------------------------
 
 
-# Dense bf16 tensor-core peaks from the vendors' data sheets, matched against the CUDA device
-# name (the first match wins, so the PCIe H100 comes before the SXM one).
-PEAK_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.4), ("H200", 989.4), ("A100", 312.0), ("L4", 121.0))
-
-
 def peak_flops(device: torch.device, override_tflops: float = 0.0) -> float:
     """The device's peak FLOP/s for model-FLOPs utilisation: `--peak-tflops` if given, else the
     data-sheet bf16 figure for known GPUs; 0 (MFU not reported) on a CPU or an unknown device."""
@@ -450,8 +446,8 @@ def peak_flops(device: torch.device, override_tflops: float = 0.0) -> float:
         return override_tflops * 1e12
     if device.type != "cuda":
         return 0.0
-    name = torch.cuda.get_device_name(device)
-    return next((tflops * 1e12 for key, tflops in PEAK_BF16_TFLOPS if key in name), 0.0)
+    sheet = data_sheet(torch.cuda.get_device_name(device))
+    return sheet.peak_flops if sheet else 0.0
 
 
 def _mfu_postfix(achieved: float, peak: float) -> dict[str, str]:

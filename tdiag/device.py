@@ -1,0 +1,179 @@
+"""Roofline device models for planning by time: an op takes the longer of its arithmetic at the
+device's peak and its memory traffic at the device's bandwidth, plus a fixed per-op overhead
+(launch and dispatch, which dominates small ops on a CPU). GPUs come from their data sheets; the
+local CPU is measured once and cached. torch is imported only to measure."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PEAK_FLOPS_ENV = "TDIAG_DEVICE_PEAK_FLOPS"
+BANDWIDTH_ENV = "TDIAG_DEVICE_BANDWIDTH"
+OVERHEAD_ENV = "TDIAG_DEVICE_OVERHEAD"
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """A roofline: peak arithmetic (FLOP/s), memory bandwidth (bytes/s) and a per-op overhead (s)."""
+
+    name: str
+    peak_flops: float
+    bandwidth: float
+    overhead: float = 0.0
+
+    def estimate(self, flops: float, bytes: float) -> float:
+        """Seconds for an op of `flops` arithmetic that moves `bytes` to and from memory."""
+        return max(flops / self.peak_flops, bytes / self.bandwidth) + self.overhead
+
+    @property
+    def ridge(self) -> float:
+        """FLOPs per byte above which an op is compute bound."""
+        return self.peak_flops / self.bandwidth
+
+
+# Dense (no sparsity) bf16 tensor-core FLOP/s and memory bandwidth from the vendors' data sheets.
+# A CUDA device name is matched against the names case-insensitively and the first name it
+# contains wins, so variants come before their family (H100 PCIe before H100, A100 before A10,
+# L40S before L4). AWS publishes no A10G data sheet: its figure is the one AWS and NVIDIA quote.
+DATA_SHEETS: tuple[DeviceModel, ...] = (
+    DeviceModel("H100 PCIe", 756e12, 2.0e12),
+    DeviceModel("H100 NVL", 835e12, 3.9e12),
+    DeviceModel("H100", 989.4e12, 3.35e12),  # SXM5: "NVIDIA H100 80GB HBM3"
+    DeviceModel("H200 NVL", 835e12, 4.8e12),
+    DeviceModel("H200", 989.4e12, 4.8e12),
+    DeviceModel("A100 80GB PCIe", 312e12, 1.935e12),
+    DeviceModel("A100-SXM4-80GB", 312e12, 2.039e12),
+    DeviceModel("A100", 312e12, 1.555e12),  # 40 GB, SXM4 and PCIe
+    DeviceModel("A10G", 70e12, 600e9),
+    DeviceModel("A10", 125e12, 600e9),
+    DeviceModel("L40S", 362.05e12, 864e9),
+    DeviceModel("L40", 181.05e12, 864e9),
+    DeviceModel("L4", 121e12, 300e9),
+    DeviceModel("RTX 4090", 165.2e12, 1008e9),  # bf16 with fp32 accumulation
+)
+
+
+def data_sheet(device_name: str) -> DeviceModel | None:
+    """The data-sheet model whose name the CUDA device name contains (`NVIDIA H100 PCIe`), if any."""
+    lowered = device_name.lower()
+    return next((d for d in DATA_SHEETS if d.name.lower() in lowered), None)
+
+
+def for_device(
+    name: str, *, peak_flops: float | None = None, bandwidth: float | None = None, overhead: float | None = None
+) -> DeviceModel:
+    """The model of `cpu` (measured, `local_cpu`), of `cuda`/`cuda:K` (the local GPU's data sheet)
+    or of a CUDA device name. Explicit figures, then the TDIAG_DEVICE_* environment variables,
+    replace the measured or data-sheet ones; an unknown GPU needs both peak and bandwidth."""
+    if name == "cpu":
+        return local_cpu(peak_flops=peak_flops, bandwidth=bandwidth, overhead=overhead)
+    if re.fullmatch(r"cuda(:\d+)?", name):
+        import torch
+
+        name = torch.cuda.get_device_name(name)
+    given = _overrides(peak_flops, bandwidth, overhead)
+    sheet = data_sheet(name)
+    if sheet is None:
+        if "peak_flops" in given and "bandwidth" in given:
+            return DeviceModel(name, **given)
+        known = ", ".join(d.name for d in DATA_SHEETS)
+        raise ValueError(
+            f"no data sheet for device '{name}' (known: cpu, {known}); "
+            f"give its peak and bandwidth ({PEAK_FLOPS_ENV}, {BANDWIDTH_ENV})"
+        )
+    return dataclasses.replace(sheet, **given)
+
+
+def _overrides(peak_flops: float | None, bandwidth: float | None, overhead: float | None) -> dict[str, Any]:
+    """The figures given as arguments, else in the environment."""
+    given = {"peak_flops": peak_flops, "bandwidth": bandwidth, "overhead": overhead}
+    for key, variable in (("peak_flops", PEAK_FLOPS_ENV), ("bandwidth", BANDWIDTH_ENV), ("overhead", OVERHEAD_ENV)):
+        if given[key] is None and os.environ.get(variable):
+            try:
+                given[key] = float(os.environ[variable])
+            except ValueError:
+                raise ValueError(f"{variable}={os.environ[variable]!r} is not a number") from None
+    return {k: v for k, v in given.items() if v is not None}
+
+
+# ---- the local CPU -----------------------------------------------------------------------------
+
+
+def cache_path() -> Path:
+    """Where the local CPU's measurement is kept: one file per machine and thread count, as the
+    peak depends on both."""
+    import torch
+
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    machine = platform.node() or platform.processor() or platform.machine() or "cpu"
+    signature = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{machine}-{torch.get_num_threads()}threads")
+    return base / "tdiag" / f"device-{signature}.json"
+
+
+def local_cpu(
+    *,
+    peak_flops: float | None = None,
+    bandwidth: float | None = None,
+    overhead: float | None = None,
+    refresh: bool = False,
+) -> DeviceModel:
+    """This machine's CPU as torch runs it: measured on first use (about a second) and cached as
+    JSON under $XDG_CACHE_HOME/tdiag (default ~/.cache); `refresh` measures again. Explicit
+    figures, then the TDIAG_DEVICE_* environment variables, replace the measured ones."""
+    given = _overrides(peak_flops, bandwidth, overhead)
+    if len(given) == 3:
+        return DeviceModel("cpu", **given)
+    path = cache_path()
+    measured = None if refresh else _read(path)
+    if measured is None:
+        measured = measure_cpu()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(dataclasses.asdict(measured), indent=2))
+        temporary.replace(path)
+    return dataclasses.replace(measured, **given)
+
+
+def _read(path: Path) -> DeviceModel | None:
+    try:
+        model = DeviceModel(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    figures = (model.peak_flops, model.bandwidth, model.overhead)
+    return model if all(isinstance(f, int | float) and f >= 0 for f in figures) and model.peak_flops else None
+
+
+def measure_cpu(*, matmul: int = 2048, copy_bytes: int = 64 * 2**20, repeats: int = 3) -> DeviceModel:
+    """Measure the CPU: float32 `matmul`-square products for peak FLOP/s, copying and adding
+    `copy_bytes` arrays (well beyond the caches) for bandwidth, a one-element add for the per-op
+    overhead. Each figure is the best of `repeats`, the machine's capability rather than its noise."""
+    import torch
+
+    a, b = torch.randn(matmul, matmul), torch.randn(matmul, matmul)
+    product = torch.empty(matmul, matmul)
+    flops = 2 * matmul**3 / _best(lambda: torch.mm(a, b, out=product), repeats)
+    n = copy_bytes // 4
+    x, y, z = torch.ones(n), torch.ones(n), torch.empty(n)
+    copy = 2 * copy_bytes / _best(lambda: z.copy_(x), repeats)
+    add = 3 * copy_bytes / _best(lambda: torch.add(x, y, out=z), repeats)
+    one = torch.ones(1)
+    overhead = _best(lambda: torch.add(one, one, out=one), 200)
+    return DeviceModel("cpu", flops, max(copy, add), overhead)
+
+
+def _best(run, repeats: int) -> float:
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return max(best, 1e-9)

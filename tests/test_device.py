@@ -1,0 +1,106 @@
+"""tdiag.device: the roofline estimate, GPUs' data sheets by CUDA device name, and the local CPU
+measured once, cached, and overridden by arguments or the environment."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from tdiag import device
+from tdiag.device import DeviceModel, data_sheet, for_device, local_cpu
+
+FAKE = DeviceModel("cpu", peak_flops=1e11, bandwidth=1e10, overhead=1e-6)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty cache folder, no overrides in the environment, and a measurement that counts its calls."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for variable in (device.PEAK_FLOPS_ENV, device.BANDWIDTH_ENV, device.OVERHEAD_ENV):
+        monkeypatch.delenv(variable, raising=False)
+    calls = []
+    monkeypatch.setattr(device, "measure_cpu", lambda: calls.append(1) or FAKE)
+    return calls
+
+
+def test_estimate_is_the_slower_of_arithmetic_and_memory_plus_the_overhead():
+    model = DeviceModel("toy", peak_flops=100.0, bandwidth=10.0, overhead=0.5)
+    assert model.estimate(flops=1000, bytes=10) == pytest.approx(10.5)  # compute bound
+    assert model.estimate(flops=10, bytes=1000) == pytest.approx(100.5)  # memory bound
+    assert model.ridge == 10.0
+
+
+@pytest.mark.parametrize(
+    ("name", "sheet"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"),
+        ("NVIDIA A100-PCIE-40GB", "A100"),
+        ("NVIDIA A10G", "A10G"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+    ],
+)
+def test_a_cuda_device_name_finds_its_own_data_sheet_not_a_relatives(name, sheet):
+    assert data_sheet(name).name == sheet
+
+
+def test_data_sheet_figures_are_dense_bf16_and_bandwidth_in_bytes_per_second():
+    h100 = data_sheet("NVIDIA H100 80GB HBM3")
+    assert (h100.peak_flops, h100.bandwidth) == (989.4e12, 3.35e12)
+
+
+def test_an_unknown_gpu_has_no_data_sheet_and_for_device_says_how_to_give_one(monkeypatch):
+    monkeypatch.delenv(device.PEAK_FLOPS_ENV, raising=False)
+    assert data_sheet("Tesla T4") is None
+    with pytest.raises(ValueError, match=device.PEAK_FLOPS_ENV):
+        for_device("Tesla T4")
+    assert for_device("Tesla T4", peak_flops=65e12, bandwidth=320e9).peak_flops == 65e12
+
+
+def test_local_cpu_is_measured_once_then_read_from_the_cache_file(cache, tmp_path):
+    first = local_cpu()
+    files = list((tmp_path / "tdiag").glob("device-*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["peak_flops"] == FAKE.peak_flops
+    assert local_cpu() == first == FAKE
+    assert len(cache) == 1
+
+
+def test_a_corrupt_cache_file_is_measured_again(cache):
+    device.cache_path().parent.mkdir(parents=True)
+    device.cache_path().write_text("{not json")
+    assert local_cpu() == FAKE and len(cache) == 1
+
+
+def test_environment_variables_override_the_measured_figures(cache, monkeypatch):
+    monkeypatch.setenv(device.PEAK_FLOPS_ENV, "2e12")
+    model = for_device("cpu")
+    assert (model.peak_flops, model.bandwidth) == (2e12, FAKE.bandwidth)
+
+
+def test_explicit_figures_override_the_environment_and_need_no_measurement(cache, monkeypatch):
+    monkeypatch.setenv(device.BANDWIDTH_ENV, "5e9")
+    model = local_cpu(peak_flops=1e9, bandwidth=2e9, overhead=0.0)
+    assert (model.peak_flops, model.bandwidth, model.overhead) == (1e9, 2e9, 0.0)
+    assert cache == []
+
+
+def test_a_gpu_data_sheet_takes_overrides_too(monkeypatch):
+    monkeypatch.setenv(device.BANDWIDTH_ENV, "1e12")
+    assert for_device("NVIDIA H200").bandwidth == 1e12
+
+
+def test_a_real_measurement_gives_positive_finite_figures():
+    model = device.measure_cpu(matmul=128, copy_bytes=2**20, repeats=1)
+    assert all(0 < f < math.inf for f in (model.peak_flops, model.bandwidth, model.overhead))
+
+
+def test_importing_the_device_model_does_not_import_torch():
+    code = "import sys, tdiag.device; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
