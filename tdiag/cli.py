@@ -115,6 +115,20 @@ def _parser() -> _Parser:
         help="flops (default): fused attention only where it costs no more FLOPs; memory: wherever it applies",
     )
 
+    p = commands.add_parser(
+        "plan", help="the lowered program: each op with its FLOPs, bytes moved and kept, the rewrites taken"
+    )
+    p.add_argument("file", metavar="FILE.td")
+    p.add_argument("--at", type=_size_list, default={}, metavar="N=1024,F=512", help="sizes to plan for")
+    p.add_argument("--causal", action="store_true", help="mask the future: causal(n, m) on every box over m")
+    p.add_argument("--checkpoint-boxes", action="store_true", help="recompute softmax boxes in the backward pass")
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="flops",
+        help="flops (default): fused attention only where it costs no more FLOPs; memory: wherever it applies",
+    )
+
     p = commands.add_parser("bench", help="time compiled designs against hand-written references")
     p.add_argument("files", nargs="+", metavar="FILE.td")
     p.add_argument("--n", type=_positive, default=256, help="sequence length (default 256)")
@@ -241,6 +255,25 @@ def _cost(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from .plan.report import plan_table
+
+    design = _load(args.file, [])
+    unknown = [k for k in args.at if k not in design.graph.sizes and k != "B"]
+    if unknown:
+        known = ", ".join(sorted(design.graph.sizes))
+        raise _UsageError(f"tdiag plan: error: {design.name} has no size {', '.join(unknown)}; its sizes are: {known}")
+    fixed = {k: v for k, v in args.at.items() if k in design.graph.sizes and not design.graph.sizes[k].is_free}
+    if fixed:
+        design = load(design.graph.file, **fixed)
+    if args.causal:
+        design = design.with_causal_mask()
+    runtime = {k: v for k, v in args.at.items() if k == "B" or design.graph.sizes[k].is_free}
+    plan = design.plan(checkpoint_boxes=args.checkpoint_boxes, objective=args.objective, **runtime)
+    print(plan_table(plan, {k: v for k, v in args.at.items() if k == "B"}))
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -350,6 +383,7 @@ COMMANDS = {
     "render": _render,
     "compile": _compile,
     "cost": _cost,
+    "plan": _plan,
     "bench": _bench,
 }
 

@@ -111,6 +111,7 @@ class LoweringBase:
         self.causal_masks: dict[tuple[sympy.Expr, sympy.Expr], str] = {}
         self.stored_used: set[str] = set()
         self.lowered: list[str] = []
+        self.refused: list[str] = []
         self.box_segments: list[tuple[int, int, str]] = []  # (first step, box step, box value)
         # the normalized legs of the softmax whose argument the current expression is added into:
         # a term constant along them shifts every row equally and changes nothing (softmax(x + c))
@@ -154,6 +155,11 @@ class LoweringBase:
         step.in_box = step.in_box or self.box_depth > 0
         self.target.append(step)
         return step.out
+
+    def refuse(self, note: str) -> None:
+        """Say why a rewrite was not taken (once, and not for trial plans)."""
+        if self.target is self.steps and note not in self.refused:
+            self.refused.append(note)
 
     def show_value(self, value: Value) -> str:
         var = f"self.{value.var}" if value.var in self.attributes else value.var

@@ -75,6 +75,7 @@ def build_plan(
     plan.steps = lowering.steps
     plan.names = lowering.input_vars
     plan.lowered = lowering.lowered
+    plan.refused = lowering.refused
     if checkpoint_boxes:
         plan.segments = _checkpoint_segments(lowering.steps, lowering.box_segments)
     plan.causal = lowering.causal_masks

@@ -50,6 +50,7 @@ from .program import (
     Triangle,
     Value,
     VisibleMask,
+    reads,
 )
 
 FLOAT, BOOL = 4, 1  # bytes per entry, with float32 activations
@@ -91,6 +92,7 @@ class StepFootprint:
     copies: sympy.Expr = ZERO
     saved: list[int] = field(default_factory=list)
     kernel: str = ""  # for SDPA: "flash" or "math"
+    moved: sympy.Expr = ZERO  # bytes read and written, copies included
 
 
 @dataclass
@@ -98,6 +100,14 @@ class Footprint:
     storages: list[Storage]
     steps: list[StepFootprint]
     saved: list[int]  # storages kept for backward, each once
+
+    def saved_at(self, step: int) -> sympy.Expr:
+        """Bytes of the storages first saved by `step`."""
+        first = {}
+        for k, record in enumerate(self.steps):
+            for s in record.saved:
+                first.setdefault(s, k)
+        return sympy.Add(*(self.storages[s].bytes for s in self.saved if first.get(s) == step))
 
     @property
     def saved_bytes(self) -> sympy.Expr:
@@ -204,6 +214,7 @@ class _Interpreter:
         return sympy.Mul(*(self.plan.leg_sizes[leg] for leg in legs))
 
     def allocate(self, numel: sympy.Expr, what: str, itemsize: int = FLOAT) -> int:
+        self.record.moved += numel * itemsize
         self.storages.append(Storage(numel, itemsize, self.step, what))
         self.record.allocated.append(len(self.storages) - 1)
         return len(self.storages) - 1
@@ -251,6 +262,7 @@ class _Interpreter:
         if strides is not None:
             return Meta(shape, strides, m.storage, m.grad, m.numel)
         self.record.copies += m.numel
+        self.record.moved += m.numel * FLOAT
         return self.fresh(shape, m.numel, m.grad, f"copy of {what}")
 
     def read(self, operand: Operand) -> Meta:
@@ -293,6 +305,7 @@ class _Interpreter:
         records = []
         for k, step in enumerate(steps):
             self.step, self.record = k, StepFootprint()
+            self.record.moved = sympy.Add(*(self.value(v).numel * FLOAT for v in dict.fromkeys(reads(step.op))))
             result = self.op(step.op, step)
             if step.out is not None and result is not None:
                 self.env[step.out.var] = result
@@ -376,6 +389,7 @@ class _Interpreter:
         x = self.read(op.x)
         if x.strides != contiguous(x.shape):
             self.record.copies += x.numel
+            self.record.moved += 2 * x.numel * FLOAT
         out = self.fresh(x.shape, x.numel, x.grad, step.out.var)  # type: ignore[union-attr]
         if x.grad:
             self.save(out)
@@ -519,7 +533,7 @@ class _Interpreter:
             and q.shape[-1] == k.shape[-1] == v.shape[-1]
             and all(m.strides[-1] == 1 for m in (q, k, v))
         )
-        self.record.kernel = "flash" if flash else "math"
+        self.record.kernel = "flash" if flash else "math: " + _math_reason(q, k, v)
         if flash:
             physical = (0, 2, 1, 3)
             out = self.fresh(tuple(shape[d] for d in physical), rows * features, grad, step.out.var)  # type: ignore[union-attr]
@@ -560,6 +574,15 @@ class _Interpreter:
     @op.register
     def _(self, op: BufferUpdate, step: Step) -> None:
         return None
+
+
+def _math_reason(*qkv: Meta) -> str:
+    """Why torch's SDPA on CPU falls back to its math kernel, which keeps the whole attention."""
+    if any(len(m.shape) != 4 for m in qkv):
+        return "q, k and v are not 4-D (batch, heads, positions, features)"
+    if len({m.shape[-1] for m in qkv}) > 1:
+        return "the value head size differs from the query and key head size"
+    return "a last axis whose stride is not 1"
 
 
 def _padded(shape: tuple[int, ...], full: tuple[int, ...]) -> tuple[int, ...]:

@@ -353,7 +353,8 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     update_steps: list[Step] = field(default_factory=list)
     outputs: list[tuple[str, Value]] = field(default_factory=list)
-    lowered: list[str] = field(default_factory=list)  # notes, e.g. boxes lowered to SDPA
+    lowered: list[str] = field(default_factory=list)  # rewrites taken, e.g. boxes lowered to SDPA
+    refused: list[str] = field(default_factory=list)  # rewrites not taken, and why
     names: dict[str, str] = field(default_factory=dict)  # .td input/mask/noise name -> variable
     attributes: frozenset[str] = frozenset()  # variables that are the module's stored tensors
     causal: dict[tuple[sympy.Expr, sympy.Expr], str] = field(default_factory=dict)  # (N, M) -> mask
