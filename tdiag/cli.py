@@ -13,6 +13,11 @@ from .errors import Diagnostic, TdiagError, format_diagnostic
 from .train_config import TrainConfig, add_arguments, config_from
 
 RENDER_FORMATS = ("dot", "pdf", "png", "svg")
+OBJECTIVE_HELP = (
+    "how the planner chooses: flops (default) fused attention only where it costs no more FLOPs; "
+    "memory: fused attention wherever it applies; time: the least estimated training-step time "
+    "on the planning device (TDIAG_DEVICE, else this CPU)"
+)
 
 
 class _UsageError(Exception):
@@ -76,6 +81,9 @@ def _parser() -> _Parser:
             help="override a size of the design (repeatable), e.g. --set F=256; train: mgk:D=16 for one design",
         )
 
+    def with_objective(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--objective", choices=OBJECTIVES, default="flops", help=OBJECTIVE_HELP)
+
     p = commands.add_parser("check", help="parse and check designs; print a summary or every mistake")
     p.add_argument("files", nargs="+", metavar="FILE.td")
     p.add_argument("--time", action="store_true", help="print how long checking took")
@@ -93,12 +101,7 @@ def _parser() -> _Parser:
     )
     p.add_argument("--checkpoint-boxes", action="store_true", help="recompute softmax boxes in the backward pass")
     p.add_argument("--causal", action="store_true", help="mask the future: causal(n, m) on every box over m")
-    p.add_argument(
-        "--objective",
-        choices=OBJECTIVES,
-        default="flops",
-        help="flops (default): fused attention only where it costs no more FLOPs; memory: wherever it applies",
-    )
+    with_objective(p)
     with_sizes(p)
 
     p = commands.add_parser("cost", help="parameters, FLOPs, softmax entries and peak memory, side by side")
@@ -108,12 +111,7 @@ def _parser() -> _Parser:
     p.add_argument(
         "--convention", choices=("flop", "mac", "paper"), default="flop", help="how contractions are counted"
     )
-    p.add_argument(
-        "--objective",
-        choices=OBJECTIVES,
-        default="flops",
-        help="flops (default): fused attention only where it costs no more FLOPs; memory: wherever it applies",
-    )
+    with_objective(p)
 
     p = commands.add_parser(
         "plan", help="the lowered program: each op with its FLOPs, bytes moved and kept, the rewrites taken"
@@ -122,12 +120,7 @@ def _parser() -> _Parser:
     p.add_argument("--at", type=_size_list, default={}, metavar="N=1024,F=512", help="sizes to plan for")
     p.add_argument("--causal", action="store_true", help="mask the future: causal(n, m) on every box over m")
     p.add_argument("--checkpoint-boxes", action="store_true", help="recompute softmax boxes in the backward pass")
-    p.add_argument(
-        "--objective",
-        choices=OBJECTIVES,
-        default="flops",
-        help="flops (default): fused attention only where it costs no more FLOPs; memory: wherever it applies",
-    )
+    with_objective(p)
 
     p = commands.add_parser("bench", help="time compiled designs against hand-written references")
     p.add_argument("files", nargs="+", metavar="FILE.td")
@@ -137,12 +130,7 @@ def _parser() -> _Parser:
     p.add_argument("--heads", type=_positive, default=4, help="heads H (default 4)")
     p.add_argument("--repeat", type=_positive, default=10)
     p.add_argument("--causal", action="store_true", help="mask the future in every box")
-    p.add_argument(
-        "--objective",
-        choices=OBJECTIVES,
-        default="flops",
-        help="flops (default): fused attention only where it costs no more FLOPs; memory: wherever it applies",
-    )
+    with_objective(p)
     p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
     p.add_argument("--out", default="out/bench", help="folder for bench.json, bench.csv, bench.png")
 

@@ -10,7 +10,8 @@ from conftest import DESIGN_FILES
 
 import tdiag
 from tdiag.measure import saved_for_backward
-from tdiag.plan.footprint import Meta, contiguous, elementwise_strides, footprint, view_strides
+from tdiag.plan.footprint import Meta, footprint
+from tdiag.plan.strides import contiguous, elementwise_strides, view_strides
 
 B = 2
 SIZES = {"F": 32, "H": 2}

@@ -156,6 +156,11 @@ class LoweringBase:
         self.target.append(step)
         return step.out
 
+    @property
+    def dearer(self) -> str:
+        """How a refused rewrite compares under the objective, for its note."""
+        return "is estimated slower than" if self.objective == "time" else "costs more FLOPs than"
+
     def refuse(self, note: str) -> None:
         """Say why a rewrite was not taken (once, and not for trial plans)."""
         if self.target is self.steps and note not in self.refused:
@@ -234,10 +239,13 @@ class LoweringBase:
             total *= self.number(leg)
         return total
 
-    def trial(self, build) -> int:
-        """The FLOPs a lowering would emit, at the planned sizes, without keeping its steps."""
+    def trial(self, build) -> float:
+        """What a lowering would cost under the objective, at the planned sizes, without keeping
+        its steps: its FLOPs, or under `time` the estimated seconds of a training step."""
         with self.scratch() as steps:
             build()
+            if self.objective == "time":
+                return self.estimated_time(steps)
             total = sum((s.flops for s in steps), sympy.Integer(0)).xreplace(self.chunk_values)
             return int(self.g.evaluate(total, **self.sizes).xreplace({BATCH_SIZE: self.sizes.get("B", 1)}))
 

@@ -41,7 +41,7 @@ class BoxLowering:
             fused = self.fusable(box, ren, leaves[k], others, out)
             if fused is not None and not self.cheaper_fused(box, ren, leaves[k], others, out, fused):
                 keys = " ".join(show_legs(fused["keys"]))
-                self.refuse(f"softmax box over {keys}: SDPA refused: costs more FLOPs than the materialized box")
+                self.refuse(f"softmax box over {keys}: SDPA refused: {self.dearer} the materialized box")
                 fused = None
             if fused is not None:
                 leaves = self.fuse(box, ren, others, fused)

@@ -26,6 +26,7 @@ from .program import (
 from .regions import RegionLowering
 from .sdpa import FusedAttention
 from .sdpa_match import AttentionMatch
+from .timing import TimeModel
 
 
 class _Lowering(
@@ -39,6 +40,7 @@ class _Lowering(
     ChunkedCausal,
     AttentionMatch,
     FusedAttention,
+    TimeModel,
     LoweringBase,
 ):
     """Walks the design graph once, emitting Steps; each base class is one pass."""

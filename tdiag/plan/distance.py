@@ -35,7 +35,7 @@ class DistanceExpansion:
             if self.target is self.steps:
                 self.lowered.append("squared distance to shifted keys expanded (MGK P11): one N² contraction")
             return self.distance_terms(e, expanded, ren, var)
-        self.refuse("squared distance to shifted keys: expansion (MGK P11) refused: costs more FLOPs")
+        self.refuse(f"squared distance to shifted keys: expansion (MGK P11) refused: {self.dearer} the plain form")
         return self.distance_terms(e, plain, ren, var)
 
     def summands(self, e: Expr, ren, over: tuple[str, ...]) -> list[tuple[int, Expr, dict]] | None:

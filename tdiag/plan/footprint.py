@@ -52,6 +52,7 @@ from .program import (
     VisibleMask,
     reads,
 )
+from .strides import contiguous, elementwise_strides, padded, view_strides
 
 FLOAT, BOOL = 4, 1  # bytes per entry, with float32 activations
 SAVES_INPUT = {"log", "clamp", "pow", "elu1"}
@@ -115,77 +116,6 @@ class Footprint:
         return sympy.Add(*(self.storages[s].bytes for s in self.saved))
 
 
-def contiguous(shape: Sequence[int]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
-
-
-def view_strides(shape: Sequence[int], strides: Sequence[int], new: Sequence[int]) -> tuple[int, ...] | None:
-    """The strides of `reshape(new)` when it is a view, else None (torch's computeStride)."""
-    if math.prod(shape) == 0 or not shape:
-        return contiguous(new)
-    result = [0] * len(new)
-    view_d = len(new) - 1
-    chunk = strides[-1]
-    tensor_numel = view_numel = 1
-    for d in range(len(shape) - 1, -1, -1):
-        tensor_numel *= shape[d]
-        if d == 0 or (shape[d - 1] != 1 and strides[d - 1] != tensor_numel * chunk):
-            while view_d >= 0 and (view_numel < tensor_numel or new[view_d] == 1):
-                result[view_d] = view_numel * chunk
-                view_numel *= new[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return None
-            if d > 0:
-                chunk, tensor_numel, view_numel = strides[d - 1], 1, 1
-    return tuple(result) if view_d == -1 else None
-
-
-def elementwise_strides(shape: Sequence[int], operands: Sequence[Meta]) -> tuple[int, ...]:
-    """The output strides torch's TensorIterator gives an elementwise op: dims ordered by the
-    operands' strides, the first operand deciding (reorder_dimensions), broadcast dims skipped."""
-    ndim = len(shape)
-    aligned = []
-    for m in operands:
-        pad = ndim - len(m.shape)
-        aligned.append(
-            tuple(0 if k < pad or m.shape[k - pad] == 1 != shape[k] else m.strides[k - pad] for k in range(ndim))
-        )
-
-    def should_swap(d0: int, d1: int) -> int:
-        for strides in aligned:
-            s0, s1 = strides[d0], strides[d1]
-            if s0 == 0 or s1 == 0:
-                continue
-            if s0 < s1:
-                return -1
-            if s0 > s1:
-                return 1
-            if shape[d0] > shape[d1]:
-                return 1
-        return 0
-
-    perm = list(range(ndim - 1, -1, -1))  # innermost first
-    for i in range(1, ndim):
-        d1 = i
-        for d0 in range(i - 1, -1, -1):
-            comparison = should_swap(perm[d0], perm[d1])
-            if comparison > 0:
-                perm[d0], perm[d1] = perm[d1], perm[d0]
-                d1 = d0
-            elif comparison < 0:
-                break
-    strides, step = [0] * ndim, 1
-    for d in perm:
-        strides[d] = step
-        step *= max(shape[d], 1)
-    return tuple(strides)
-
-
 class _Interpreter:
     """Runs a plan on Metas, recording storages, copies and saved tensors per step."""
 
@@ -204,10 +134,7 @@ class _Interpreter:
     # -- sizes --
     def number(self, leg: str) -> int:
         if leg not in self.numbers:
-            size = self.plan.leg_sizes[leg]
-            sizes = {k: v for k, v in self.plan.sizes.items() if k in self.g.sizes}
-            value = self.g.evaluate(size, **sizes).xreplace({BATCH_SIZE: self.plan.sizes.get("B", 1)})
-            self.numbers[leg] = int(sympy.ceiling(value))
+            self.numbers[leg] = self.integer(self.plan.leg_sizes[leg])
         return self.numbers[leg]
 
     def numel(self, legs: Iterable[str]) -> sympy.Expr:
@@ -453,7 +380,7 @@ class _Interpreter:
         if isinstance(tree, Operand):
             return self.read(tree)
         left, right = self.tree(tree.left, shape, numel, what), self.tree(tree.right, shape, numel, what)
-        here = tuple(max(a, b) for a, b in zip(_padded(left.shape, shape), _padded(right.shape, shape), strict=True))
+        here = tuple(max(a, b) for a, b in zip(padded(left.shape, shape), padded(right.shape, shape), strict=True))
         size = numel if here == shape else sympy.Integer(math.prod(here))
         out = self.like(here, [left, right], size, left.grad or right.grad, what)
         if tree.op == "/":
@@ -583,10 +510,6 @@ def _math_reason(*qkv: Meta) -> str:
     if len({m.shape[-1] for m in qkv}) > 1:
         return "the value head size differs from the query and key head size"
     return "a last axis whose stride is not 1"
-
-
-def _padded(shape: tuple[int, ...], full: tuple[int, ...]) -> tuple[int, ...]:
-    return (1,) * (len(full) - len(shape)) + shape
 
 
 def footprint(plan: Plan) -> Footprint:

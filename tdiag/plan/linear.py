@@ -69,7 +69,7 @@ class LinearOrder:
             if cost < best_cost:
                 best, best_cost = (values, rest), cost
         if best is None:
-            return refuse("costs more FLOPs than the materialized box")
+            return refuse(f"{self.dearer} the materialized box")
         if self.target is self.steps:
             how = " with causal prefix sums over chunks" if box.masks else ""
             self.lowered.append(
