@@ -61,6 +61,15 @@ def _positive(text: str) -> int:
     return value
 
 
+def _objective_list(text: str) -> str:
+    """`flops,time` -> the same text, each name checked."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in OBJECTIVES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected objectives among {', '.join(OBJECTIVES)}, got '{text}'")
+    return ",".join(names)
+
+
 def _size_list(text: str) -> dict[str, int]:
     """`N=1024,F=512` -> {"N": 1024, "F": 512}."""
     return dict(_size_setting(part.strip()) for part in text.split(",") if part.strip())
@@ -130,7 +139,14 @@ def _parser() -> _Parser:
     p.add_argument("--heads", type=_positive, default=4, help="heads H (default 4)")
     p.add_argument("--repeat", type=_positive, default=10)
     p.add_argument("--causal", action="store_true", help="mask the future in every box")
-    with_objective(p)
+    p.add_argument(
+        "--objective",
+        type=_objective_list,
+        default="flops",
+        metavar="OBJECTIVE[,OBJECTIVE...]",
+        help="planning objectives to compile each design with, side by side (e.g. flops,time; default flops); "
+        "ratios are to the first",
+    )
     p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
     p.add_argument("--out", default="out/bench", help="folder for bench.json, bench.csv, bench.png")
 

@@ -15,6 +15,29 @@ FORWARD_AND_BACKWARD = 3  # a backward pass costs about twice the forward's arit
 KERNELS_PER_OP = 2  # one kernel forward, about one backward
 
 
+def step_time(device: DeviceModel, flops: float, moved: float) -> float:
+    """Seconds of one op in a training step: its forward and backward on the roofline."""
+    seconds = device.estimate(FORWARD_AND_BACKWARD * flops, FORWARD_AND_BACKWARD * moved)
+    return seconds + (KERNELS_PER_OP - 1) * device.overhead
+
+
+def plan_time(plan: Plan, device: DeviceModel, **sizes: int) -> float:
+    """The estimated seconds of a training step (forward and backward) of the whole plan at its
+    planned sizes, or at `sizes` (B included)."""
+    at = plan.sizes | sizes
+    graph = plan.graph
+
+    def number(expr: sympy.Expr) -> float:
+        value = graph.evaluate(sympy.sympify(expr), **{k: v for k, v in at.items() if k in graph.sizes})
+        return float(value.xreplace({BATCH_SIZE: at.get("B", 1)}))
+
+    records = footprint(plan).steps
+    return sum(
+        step_time(device, number(step.flops), number(record.moved))
+        for step, record in zip([*plan.steps, *plan.update_steps], records, strict=True)
+    )
+
+
 class TimeModel:
     """Estimates a lowering's training-step time on the planning device."""
 
@@ -43,12 +66,10 @@ class TimeModel:
     def estimated_time(self, steps: list[Step]) -> float:
         """Seconds a training step spends in `steps`, appended to the program so far."""
         records = footprint(self.context(steps)).steps[len(self.steps) :]
-        total = 0.0
-        for step, record in zip(steps, records, strict=True):
-            flops, moved = self.at_planned_sizes(step.flops), self.at_planned_sizes(record.moved)
-            seconds = self.device.estimate(FORWARD_AND_BACKWARD * flops, FORWARD_AND_BACKWARD * moved)
-            total += seconds + (KERNELS_PER_OP - 1) * self.device.overhead
-        return total
+        return sum(
+            step_time(self.device, self.at_planned_sizes(step.flops), self.at_planned_sizes(record.moved))
+            for step, record in zip(steps, records, strict=True)
+        )
 
     def at_planned_sizes(self, expr: sympy.Expr) -> float:
         value = self.g.evaluate(sympy.sympify(expr).xreplace(self.chunk_values), **self.sizes)
