@@ -4,8 +4,10 @@ errors or a valid design, never with another exception."""
 
 import re
 import shutil
+import sys
 
 import pytest
+import torch
 from conftest import DESIGN_FILES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -137,3 +139,41 @@ def test_random_token_replacement_gives_only_tdiag_errors(library, name, data):
 def test_the_unmutated_library_loads(library):
     for name in TEXTS:
         assert tdiag.load(library / name).name == name.removesuffix(".td")
+
+
+# ---- generated code: nothing from a design or its path runs as code ---------------------------
+
+TINY = "design tiny\nsize N = 3, F = 2\ninput X[n: N, f: F]\nparam W[f: F, g: F]\nY[n g] = X[n f] W[f g]\noutput Y\n"
+
+
+@pytest.mark.parametrize(
+    "file_name",
+    [
+        'x"""; open("PWNED", "w").write("1"); """.td',
+        "x'''; open('PWNED', 'w').write('1'); '''.td",
+        "C:\\Users\\me\\a.td",
+        "line\nbreak.td",
+        "ünïcödé \u2028 \x7f.td",
+        "trailing\\.td",
+    ],
+)
+def test_a_design_path_reaches_generated_code_only_as_text(tmp_path, monkeypatch, file_name):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / file_name
+    path.write_text(TINY, encoding="utf-8")
+    module = tdiag.load(path).module()
+    assert not (tmp_path / "PWNED").exists()
+    assert str(path) in sys.modules[type(module).__module__].__doc__  # the docstring reads back the path
+
+
+def test_a_scale_in_a_run_time_size_compiles_to_plain_python():
+    text = (
+        "design scaled\nsize N, F = 2\ninput X[n: N, f: F]\n"
+        "A[n m] = softmax[m, scale = 1 / sqrt(N)](X[n f] X[m f])\nY[n f] = A[n m] X[m f]\noutput Y\n"
+    )
+    design = tdiag.loads(text)
+    x = torch.randn(2, 5, 2, dtype=torch.float64)
+    compiled = design.module(dtype=torch.float64)(x)
+    reference = design.module(impl="reference", dtype=torch.float64, N=5)(x)
+    assert "math." not in design.source()
+    torch.testing.assert_close(compiled, reference)
