@@ -21,10 +21,10 @@ def check(design: DesignGraph) -> list[Diagnostic]:
 
 
 def _outputs_depend_on_an_input(design: DesignGraph) -> list[Diagnostic]:
+    reached = _downstream(design, [t.name for t in design.inputs])
     problems = []
     for name in design.outputs:
-        sources = design.depends_on(name) | {name}
-        if not any(design.tensors[s].kind == "input" for s in sources):
+        if name not in reached:
             tensor = design.tensors[name]
             problems.append(
                 Diagnostic(
@@ -36,17 +36,26 @@ def _outputs_depend_on_an_input(design: DesignGraph) -> list[Diagnostic]:
     return problems
 
 
+def _downstream(design: DesignGraph, sources: list[str]) -> set[str]:
+    """Tensors computed (in the forward pass) from any of `sources`, and the sources: one walk."""
+    forward = design.forward_graph()
+    seen = set(sources)
+    stack = list(sources)
+    while stack:
+        for user in forward.successors(stack.pop()):
+            if user not in seen:
+                seen.add(user)
+                stack.append(user)
+    return {n for n in seen if n in design.tensors}
+
+
 def _used_tensors(design: DesignGraph) -> set[str]:
-    used: set[str] = set()
-    for name in design.outputs:
-        used |= design.depends_on(name) | {name}
+    """Outputs, tensors an update rule reads, and everything they or the updated buffers are
+    computed from (one walk for all of them)."""
+    read = set(design.outputs)
     for update in design.updates:
-        used |= design.depends_on(update.target)
-        for node in walk(update.expr):
-            name = getattr(node, "name", None)
-            if name in design.tensors:
-                used |= design.depends_on(name) | {name}
-    return used
+        read |= {n.name for n in walk(update.expr) if getattr(n, "name", None) in design.tensors}
+    return read | design.depends_on(*read, *(u.target for u in design.updates))
 
 
 def _unused_tensors(design: DesignGraph) -> list[Diagnostic]:

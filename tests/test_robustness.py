@@ -177,3 +177,75 @@ def test_a_scale_in_a_run_time_size_compiles_to_plain_python():
     reference = design.module(impl="reference", dtype=torch.float64, N=5)(x)
     assert "math." not in design.source()
     torch.testing.assert_close(compiled, reference)
+
+
+# ---- the front end: no input size reaches a Python limit; checking is near-linear -------------
+
+HEAD = "design big\nsize N = 4, F = 3\ninput X[n: N, f: F]\n"
+
+
+def positioned_error(text: str) -> str:
+    with pytest.raises(TdiagError) as error:
+        tdiag.loads(text)
+    message = format_diagnostics(error.value.diagnostics)
+    assert re.match(r"<string>:\d+:\d+: error: ", message), message
+    return message
+
+
+@pytest.mark.parametrize("digits", [400, 5000])
+def test_a_huge_integer_literal_is_out_of_range(digits):
+    message = positioned_error(HEAD.replace("F = 3", "F = " + "9" * digits) + "Y[n f] = X[n f]\noutput Y\n")
+    assert "number out of range" in message
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        " + ".join(["X[n f]"] * 600),
+        "-" * 1000 + "X[n f]",
+        "X[n f]" + " ^ 1" * 1000,
+        "exp(" * 500 + "X[n f]" + ")" * 500,
+        "(X[n f] + " * 500 + "X[n f]" + ")" * 500,
+    ],
+    ids=["sum", "negations", "powers", "maps", "parentheses"],
+)
+def test_an_expression_nested_too_deeply_is_a_positioned_error(expression):
+    message = positioned_error(HEAD + f"Y[n f] = {expression}\noutput Y\n")
+    assert "nested too deeply" in message and "split it" in message
+
+
+def test_a_long_extends_chain_loads(tmp_path):
+    (tmp_path / "d0.td").write_text(HEAD + "Y[n f] = X[n f]\noutput Y\n")
+    for k in range(1, 1500):
+        (tmp_path / f"d{k}.td").write_text(f"design d{k} extends d{k - 1}\nsize S{k} = 2\n")
+    assert tdiag.load(tmp_path / "d1499.td").size_values["S1499"] == 2
+
+
+def test_an_extends_cycle_is_a_positioned_error(tmp_path):
+    (tmp_path / "a.td").write_text("design a extends b\n")
+    (tmp_path / "b.td").write_text("design b extends a\n")
+    with pytest.raises(TdiagError, match="extends itself"):
+        tdiag.load(tmp_path / "a.td")
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        lambda k: f"size S{k} = {k + 1}\n",
+        lambda k: f"size S{k} = S{k - 1} + 1\n" if k else "size S0 = 1\n",
+        lambda k: f"T{k}[n f] = T{k - 1}[n f] + X[n f]\n" if k else "T0[n f] = X[n f]\n",
+        lambda k: f"param W{k}[f: F, g: F]\nY{k}[n g] = X[n f] W{k}[f g]\n",
+    ],
+    ids=["sizes", "derived sizes", "statements", "parameters"],
+)
+def test_checking_a_10000_line_file_takes_seconds(lines):
+    import time
+
+    body = "".join(lines(k) for k in range(10_000 if "param" not in lines(0) else 5_000))
+    outputs = sorted(set(re.findall(r"^(Y\d+|T\d+)\[", body, re.M)), key=lambda n: int(n[1:]))
+    text = HEAD + body + (f"output {', '.join(outputs)}\n" if outputs else "Y[n f] = X[n f]\noutput Y\n")
+    if outputs and outputs[0].startswith("T"):
+        text = HEAD + body + f"output {outputs[-1]}\n"
+    started = time.perf_counter()
+    tdiag.loads(text)
+    assert time.perf_counter() - started < 15  # quadratic took minutes; linear takes 1 to 5 s on 2 cores
