@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import operator
+import os
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +65,28 @@ INIT_PARAMS = {
     "zeros": (),
 }
 RANDOM_MODES = ("always", "never", "train")
+
+
+@dataclass
+class Limits:
+    """What check refuses before anything is built. Change them on `tdiag.LIMITS`, or with the
+    environment variables TDIAG_MAX_SIZE and TDIAG_MAX_BYTES."""
+
+    max_size: int = int(os.environ.get("TDIAG_MAX_SIZE", 2**31 - 1))  # one size (a tensor dimension)
+    max_bytes: int = int(os.environ.get("TDIAG_MAX_BYTES", 0)) or None  # type: ignore[assignment]  # stored tensors
+    max_literal: float = 1e15  # a number written in a .td file, and every scale, eps or coefficient
+
+    def bytes_limit(self) -> int:
+        """max_bytes, or this machine's physical memory."""
+        if self.max_bytes:
+            return self.max_bytes
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return 2**40
+
+
+LIMITS = Limits()
 POISON_NAME = ""  # the name of a stand-in for an expression that had an error
 POISON_SIZE = sympy.Symbol("_invalid_", positive=True)  # the size of a leg bound by a mistake
 
@@ -477,6 +501,13 @@ class _Builder:
         values = size_values(self.sizes)
         for name, value in values.items():
             size = self.sizes[name]
+            if value.is_integer and value > LIMITS.max_size:  # type: ignore[operator]
+                self.error(
+                    f"size {name} = {_number(value)} is over the limit of {LIMITS.max_size:,}",
+                    size.span,
+                    hint="sizes are tensor dimensions; the limit is tdiag.LIMITS.max_size (TDIAG_MAX_SIZE)",
+                )
+                continue
             if value.is_integer and value > 0:  # type: ignore[attr-defined]
                 continue
             shown = ", ".join(
@@ -710,8 +741,8 @@ class _Builder:
         """A size or scale expression -> sympy, in size symbols. A mistake gives POISON_SIZE, which
         matches any size, so it is reported once."""
         if isinstance(e, syn.Number):
-            if not math.isfinite(e.value):
-                self.error("number out of range", e.span)
+            if not math.isfinite(e.value) or abs(e.value) > LIMITS.max_literal:
+                self.error(f"number out of range (at most {LIMITS.max_literal:.0e})", e.span)
                 return POISON_SIZE
             return sympy.Rational(str(e.value)) if isinstance(e.value, float) else sympy.Integer(e.value)
         if isinstance(e, syn.Name):
@@ -730,7 +761,8 @@ class _Builder:
             if e.op == "^" and b.is_number and abs(b) > 64:
                 self.error("exponent out of range (at most 64)", e.right.span)
                 return POISON_SIZE
-            return {"+": a + b, "-": a - b, "*": a * b, "/": a / b, "^": a**b}[e.op]
+            operation = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+            return a**b if e.op == "^" else operation[e.op](a, b)  # only this one: 1e10 ^ 1e10 never runs
         if isinstance(e, syn.Call) and e.name == "sqrt" and e.legs is None and len(e.args) == 1:
             if sizes_only:
                 self.error("a size is a whole number; sqrt is for scales", e.name_span)
@@ -965,7 +997,11 @@ class _ExprBuilder:
             return c1 * c2, f1 + f2
         if isinstance(e, syn.BinOp) and e.op == "/" and _is_scalar_syntax(e.right, self.b.tensors):
             c, fs = self._flatten_product(e.left)
-            return c / self.b._scalar(e.right), fs
+            divisor = self.b._scalar(e.right)
+            if divisor == 0:
+                self.b.error("division by zero", e.right.span)
+                return c, fs
+            return c / divisor, fs
         return sympy.Integer(1), [e]
 
     def _elementwise(self, operands: list[syn.Expr], keep: set[str]) -> list[Expr]:
@@ -1036,13 +1072,18 @@ class _ExprBuilder:
         return e.args[0]
 
     def _legs_of(self, e: syn.Call) -> tuple[str, ...]:
-        legs = []
+        legs: list[str] = []
         for item in e.legs or ():
             if isinstance(item, syn.LegGroup):
                 self.b.error(f"{e.name} takes leg names, not a reshape", item.span)
-                legs += [leg.name for leg in item.legs]
+                names = [leg.name for leg in item.legs]
             else:
-                legs.append(item.name)
+                names = [item.name]
+            for name in names:
+                if name in legs:
+                    self.b.error(f"leg '{name}' is named twice in {e.name}[...]", item.span, hint="name each leg once")
+                else:
+                    legs.append(name)
         return tuple(legs)
 
     def box(self, e: syn.Call, keep: set[str]) -> Expr:

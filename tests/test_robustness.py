@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import DESIGN_FILES
+from conftest import DESIGN_FILES, DESIGNS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -249,3 +249,58 @@ def test_checking_a_10000_line_file_takes_seconds(lines):
     started = time.perf_counter()
     tdiag.loads(text)
     assert time.perf_counter() - started < 15  # quadratic took minutes; linear takes 1 to 5 s on 2 cores
+
+
+# ---- check refuses, with a position, what compile or run would refuse ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("Y[n f] = softmax[f f](X[n f])", "leg 'f' is named twice in softmax"),
+        ("Y[n] = max[f f](X[n f])", "leg 'f' is named twice in max"),
+        ("Y[n f] = exp(X[n f] / 0)", "division by zero"),
+        ("Y[n f] = exp(X[n f] / (F - 3))", "division by zero"),
+        ("Y[n f] = normalize[f, eps = 1e30](X[n f])", "number out of range"),
+        ("Y[n f] = normalize[f, eps = 1000](X[n f])", "eps 1000 must be between 0 and 1"),
+        ("Y[n f] = normalize[f, eps = -1](X[n f])", "eps -1 must be between 0 and 1"),
+        ("Y[n f] = softmax[f, scale = 1e10 * 1e10](X[n f])", "scale 100000000000000000000 is out of range"),
+        ("Y[n f] = 1e10 * 1e10 * X[n f]", "coefficient 100000000000000000000 is out of range"),
+        ("Y[n f] = X[n f] ^ 100", "exponent 100 is out of range"),
+        ("Y[n f] = clamp(X[n f], 1, 0)", "lo is greater than hi"),
+        ("param W[f: F, g: F] = normal(std = -1)\nY[n g] = X[n f] W[f g]", "normal's std = -1 must be >= 0"),
+        ("param W[f: F, g: F] = uniform(low = 1, high = 0)\nY[n g] = X[n f] W[f g]", "low is greater than high"),
+        ("param W[f: F, g: F] = fill(1e300)\nY[n g] = X[n f] W[f g]", "number out of range"),
+        ("Y[n f] = X[n f] / (1 / 0)", "division by zero"),
+    ],
+)
+def test_check_refuses_what_compile_or_run_would_refuse(line, message):
+    assert message in positioned_error(HEAD + line + "\noutput Y\n")
+
+
+@pytest.mark.parametrize("value", ["1e30", "10000000000000", "9" * 400])
+def test_a_size_over_the_limit_is_refused_by_check(value):
+    message = positioned_error(HEAD.replace("F = 3", f"F = {value}") + "Y[n f] = X[n f]\noutput Y\n")
+    assert "out of range" in message or "over the limit" in message
+
+
+def test_a_module_too_big_for_memory_is_refused_before_allocation_naming_the_tensor(monkeypatch):
+    monkeypatch.setattr(tdiag.LIMITS, "max_bytes", 10**6)
+    design = tdiag.load(DESIGNS / "mhsa.td", F=64, H=4)  # 4 params of 64·64 floats: 64 kB
+    with pytest.raises(TdiagError, match=r"param WQ would take 2.1 MB \(2,097,152 bytes\)") as error:
+        design.module({"F": 512}, dtype=torch.float64)
+    assert error.value.diagnostics[0].spans[0].line == 15
+
+
+def test_load_refuses_sizes_whose_parameters_would_not_fit(monkeypatch):
+    monkeypatch.setattr(tdiag.LIMITS, "max_bytes", 10**6)
+    with pytest.raises(TdiagError, match="param WQ would take"):
+        tdiag.load(DESIGNS / "mhsa.td", F=1024)
+
+
+@pytest.mark.parametrize("call", ["module", "plan", "source", "cost"])
+@pytest.mark.parametrize(("sizes", "message"), [({"N": -1}, "positive whole number"), ({"Q": 3}, "no size 'Q'")])
+def test_sizes_given_to_a_design_are_checked_like_load(call, sizes, message):
+    design = tdiag.load(DESIGNS / "mhsa.td", F=16, H=2)
+    with pytest.raises(TdiagError, match=message):
+        getattr(design, call)(**sizes)
