@@ -6,7 +6,7 @@ design.show()   design.render("thsa.svg")   design.graph   # the design graph
 
 from .design import Design, load, loads
 from .errors import Diagnostic, Span, TdiagError
-from .graph import DesignGraph
+from .graph import LIMITS, DesignGraph, Limits
 
-__all__ = ["Design", "DesignGraph", "Diagnostic", "Span", "TdiagError", "load", "loads"]
+__all__ = ["LIMITS", "Design", "DesignGraph", "Diagnostic", "Limits", "Span", "TdiagError", "load", "loads"]
 __version__ = "0.1.0"

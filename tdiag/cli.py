@@ -4,13 +4,15 @@ exits 1 with positioned messages; a usage mistake exits 2; neither shows a trace
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from .design import OBJECTIVES, Design, load
 from .errors import Diagnostic, TdiagError, format_diagnostic
-from .train_config import TrainConfig, add_arguments, config_from
+from .train_config import TrainConfig, add_arguments, config_from, config_problems, device_name
 
 RENDER_FORMATS = ("dot", "pdf", "png", "svg")
 OBJECTIVE_HELP = (
@@ -147,7 +149,7 @@ def _parser() -> _Parser:
         help="planning objectives to compile each design with, side by side (e.g. flops,time; default flops); "
         "ratios are to the first",
     )
-    p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
+    p.add_argument("--device", type=device_name, default="auto", help="cpu, cuda, ... (default: cuda when available)")
     p.add_argument("--out", default="out/bench", help="folder for bench.json, bench.csv, bench.png")
 
     p = commands.add_parser("train", help="train a character language model whose attention is the design")
@@ -160,6 +162,34 @@ def _parser() -> _Parser:
     p.add_argument("--statements", action="store_true", help="draw one node per statement instead of inlining them")
     with_sizes(p)
     return parser
+
+
+def _writable(path: Path, flag: str, *, folder: bool = False) -> None:
+    """Refuse, before any work, an output the command could not write: a file path that is a
+    folder (or a folder path that is a file), or a place under a file or a read-only folder."""
+    command = f"tdiag: error: {flag} {path}"
+    if path.is_dir() and not folder:
+        raise _UsageError(f"{command}: is a folder; give a file name")
+    if path.exists() and not path.is_dir() and folder:
+        raise _UsageError(f"{command}: is a file; give a folder")
+    existing = path if path.exists() else path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise _UsageError(f"{command}: '{existing}' is a file, not a folder")
+    target = path if path.exists() else existing
+    if not os.access(target, os.W_OK) or (target.is_dir() and not os.access(target, os.X_OK)):
+        raise _UsageError(f"{command}: '{target}' is not writable")
+
+
+def _available_device(command: str, name: str) -> None:
+    """`--device cuda` on a machine without one is a usage error, found before any work."""
+    from .train import resolve_device
+
+    try:
+        resolve_device(name)
+    except TdiagError as error:
+        raise _UsageError(f"tdiag {command}: error: argument --device: {error.diagnostics[0].message}") from None
 
 
 def _print_diagnostics(diagnostics: Sequence[Diagnostic]) -> None:
@@ -208,19 +238,21 @@ def _render(args: argparse.Namespace) -> int:
             f"tdiag render: error: cannot tell the format of '{args.output}'; "
             f"use a file ending in one of: .{', .'.join(RENDER_FORMATS)}"
         )
+    _writable(Path(args.output), "-o")
     design = _load(args.file, args.sizes)
     try:
         path = design.render(args.output, inline=not args.statements)
     except RenderError as error:
         print(f"tdiag render: error: {error}", file=sys.stderr)
         return 1
+    except OSError as error:
+        raise TdiagError(Diagnostic(f"cannot write '{args.output}': {error.strerror or error}")) from None
     print(f"wrote {path}")
     return 0
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    _writable(Path(args.output), "-o")
     design = _load(args.file, args.sizes)
     if args.causal:
         design = design.with_causal_mask()
@@ -229,8 +261,11 @@ def _compile(args: argparse.Namespace) -> int:
         raise _UsageError(f"tdiag compile: error: design '{design.name}' has no size N to plan for")
     plan = design.plan(checkpoint_boxes=args.checkpoint_boxes, objective=args.objective, **sizes)
     source = design.source(checkpoint_boxes=args.checkpoint_boxes, objective=args.objective, **sizes)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(source, encoding="utf-8")
+    try:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(source, encoding="utf-8")
+    except OSError as error:
+        raise TdiagError(Diagnostic(f"cannot write '{args.output}': {error.strerror or error}")) from None
     print(f"wrote {args.output}: class {source.split('class ', 1)[1].split('(', 1)[0]}, {len(plan.steps)} steps")
     for note in plan.lowered or ["every box is computed as written (no lowering was cheaper)"]:
         print(f"  {note}")
@@ -279,32 +314,35 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from . import bench
 
+    _writable(Path(args.out), "--out", folder=True)
     for file in args.files:
         _load(file, [])
     if args.device == "auto":
         args.device = "cuda" if _has_cuda() else "cpu"
+    _available_device("bench", args.device)
     names = ("n", "batch", "width", "heads", "repeat", "causal", "objective", "device")
     settings = {k: getattr(args, k) for k in names}
     print(f"tdiag bench: forward + backward, {settings}")
     rows = bench.run(args.files, log=lambda line: print(line, flush=True), **settings)
     print()
     print(bench.table(rows))
-    for path in bench.write(rows, Path(args.out), settings):
+    try:
+        written = bench.write(rows, Path(args.out), settings)
+    except OSError as error:
+        raise TdiagError(Diagnostic(f"cannot write to '{args.out}': {error.strerror or error}")) from None
+    for path in written:
         print(f"wrote {path}")
     return 0
 
 
 def _train(args: argparse.Namespace) -> int:
-    import json
-    import os
     import subprocess
-    from pathlib import Path
 
     from . import train as training
+
+    _available_device("train", args.device)
 
     if args.nproc > 1 and "RANK" not in os.environ:
         argv = [a for a in sys.argv[2:] if a != "--nproc" and not a.startswith("--nproc=")]
@@ -314,13 +352,9 @@ def _train(args: argparse.Namespace) -> int:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}"]
         return subprocess.call([*command, "-m", "tdiag.train", *argv])
     if args.resume:
-        folder = Path(args.resume)
-        if not (folder / "config.json").is_file():
-            raise TdiagError(Diagnostic(f"'{folder}' is not a run folder (no config.json)"))
-        saved = json.loads((folder / "config.json").read_text())
-        saved.pop("summary", None)
-        config = TrainConfig(**saved)
-        config.out = str(folder)
+        if args.overwrite:
+            raise _UsageError("tdiag train: error: --resume continues a run and --overwrite replaces it; give one")
+        config = _saved_config(Path(args.resume))
         if args.steps != TrainConfig.steps:  # given explicitly: the new total
             config.steps = args.steps
         result = training.train(config, resume=True, progress=not args.no_progress)
@@ -335,21 +369,46 @@ def _train(args: argparse.Namespace) -> int:
         for config in configs:
             config.out = str(Path(args.out or "runs/compare") / Path(config.design).stem)
         out = Path(args.out or "runs/compare")
-        results = training.compare(configs, out, progress=not args.no_progress)
+        results = training.compare(configs, out, progress=not args.no_progress, overwrite=args.overwrite)
         print((out / "compare.md").read_text())
         print(f"wrote {out}/compare.md, compare.csv, compare.json, compare.png")
         return 0 if results else 1
     if len(args.designs) != 1:
         raise _UsageError("tdiag train: error: train one design, or several with --compare")
     own = _design_sizes(args.designs[0], designs, args.sizes)
-    result = training.train(config_from(args, args.designs[0], own), progress=not args.no_progress)
+    config = config_from(args, args.designs[0], own)
+    result = training.train(config, overwrite=args.overwrite, progress=not args.no_progress)
     return _report_training(result)
+
+
+def _saved_config(folder: Path) -> TrainConfig:
+    """The TrainConfig in a run folder's config.json, held to the rules of the flags; a missing,
+    broken or edited-into-nonsense file is a clear error (and is left as it was)."""
+    import json
+
+    path = folder / "config.json"
+    if not path.is_file():
+        raise TdiagError(Diagnostic(f"'{folder}' is not a run folder (no config.json)"))
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise TdiagError(
+            Diagnostic(f"cannot read '{path}': {error}", hint="the run cannot be resumed from this config")
+        ) from None
+    if not isinstance(saved, dict):
+        raise TdiagError(Diagnostic(f"'{path}' is not a run config (expected a JSON object)"))
+    saved.pop("summary", None)
+    problems = config_problems(saved)
+    if problems:
+        raise TdiagError(Diagnostic(f"'{path}' is not a valid run config: {'; '.join(problems)}"))
+    config = TrainConfig(**saved)
+    config.out = str(folder)
+    return config
 
 
 def _design_sizes(file: str, designs: dict[str, Design], settings: list[tuple[str, int]]) -> dict[str, int]:
     """The `--set` sizes for one design: NAME=N for every design that has the size (an error if
     none has it), DESIGN:NAME=N for the design whose file is DESIGN.td only."""
-    from pathlib import Path
 
     stems = {Path(f).stem for f in designs}
     sizes: dict[str, int] = {}
@@ -370,7 +429,6 @@ def _design_sizes(file: str, designs: dict[str, Design], settings: list[tuple[st
 
 
 def _report_training(result: dict) -> int:
-    import os
 
     if result.get("final_val_loss") is not None and os.environ.get("RANK", "0") == "0":
         print(
@@ -395,7 +453,14 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
+        return code
+    except BrokenPipeError:
+        # the reader went away (`tdiag cost ... | head`): stop quietly, like a command killed by SIGPIPE
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except _UsageError as error:
         print(error, file=sys.stderr)
         print("run 'tdiag --help' for usage", file=sys.stderr)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from functools import singledispatch
 
 import sympy
+from sympy.printing.pycode import PythonCodePrinter
 
 from .graph import DesignGraph
 from .ir import Tensor
@@ -104,14 +105,30 @@ def _init_line(tensor: Tensor, graph: DesignGraph, sizes: dict[str, int]) -> str
     return f"_fill({shape}, {value})"
 
 
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "'": "\\'", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def python_text(text: object) -> str:
+    """`text` made safe for the inside of a string literal or docstring of generated code: quotes,
+    backslashes, line breaks and every non-ASCII or unprintable character become escapes, so the
+    literal reads back as `text` and nothing in it (a design file's path, say) can end the literal
+    and run as code. Every name, path or number the header quotes goes through here."""
+    return "".join(
+        _ESCAPES.get(c) or (c if c.isascii() and c.isprintable() else c.encode("unicode_escape").decode("ascii"))
+        for c in str(text)
+    )
+
+
 def generate(plan: Plan, *, source_name: str = "") -> str:
     """The module source for `plan`."""
     graph = plan.graph
     name = class_name(graph.name)
+    origin = f" from {python_text(source_name)}" if source_name else ""
+    sizes = ", ".join(f"{python_text(k)}={python_text(v)}" for k, v in plan.sizes.items() if k != "B")
     lines = [
-        f'"""{name}: the `{graph.name}` design compiled by tdiag{f" from {source_name}" if source_name else ""}.',
+        f'"""{name}: the `{python_text(graph.name)}` design compiled by tdiag{origin}.',
         "",
-        "Sizes: " + ", ".join(f"{k}={v}" for k, v in plan.sizes.items() if k != "B") + ".",
+        f"Sizes: {sizes}.",
         'Generated code: edit the .td file and recompile rather than editing this file."""',
         "",
         "import hashlib",
@@ -325,13 +342,21 @@ def _expr(expr: sympy.Expr) -> str:
     return str(expr)
 
 
+class _ScalarPrinter(PythonCodePrinter):
+    """Formulas in run-time sizes with Python operators only (`N**(-1/2)`, not `math.sqrt`), so the
+    generated module needs no import for them."""
+
+    def _print_Pow(self, expr, rational=False):
+        return self._hprint_Pow(expr, rational=True)
+
+
 def _scalar(value: sympy.Expr) -> str:
     """A coefficient as Python: an int, a float, or a parenthesized formula in run-time sizes."""
     if value.is_Integer:
         return str(int(value))
     if value.is_number:
         return repr(float(value))
-    return "(" + sympy.pycode(value) + ")"
+    return "(" + _ScalarPrinter().doprint(value) + ")"
 
 
 def _sizes(sizes: Sequence[sympy.Expr]) -> str:

@@ -10,7 +10,7 @@ import sympy
 
 from .check import check
 from .errors import Diagnostic, TdiagError
-from .graph import DesignGraph, build_graph, load_items
+from .graph import LIMITS, DesignGraph, build_graph, load_items
 from .ir import (
     Contraction,
     ElementwiseMap,
@@ -101,12 +101,24 @@ class Design:
         return Design(with_causal_mask(self.graph, query, key), self.warnings)
 
     # -- compile and cost --
-    def plan(self, *, checkpoint_boxes: bool = False, objective: str = "flops", **sizes: int):
+    def plan(
+        self,
+        sizes: Mapping[str, int] | None = None,
+        /,
+        *,
+        checkpoint_boxes: bool = False,
+        objective: str = "flops",
+        **more: int,
+    ):
         """The evaluation plan for these sizes (run-time sizes such as N default to 1024),
         cached by size. `checkpoint_boxes` recomputes each box in the backward pass;
-        `objective="memory"` prefers fused attention kernels even where they cost more FLOPs."""
+        `objective="memory"` prefers fused attention kernels even where they cost more FLOPs.
+        Sizes are keywords (`N=512`) or a mapping, for a size named like a keyword here."""
         from .module import plan_for
 
+        sizes = checked_sizes(self.graph, {**(sizes or {}), **more})
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
         key = (tuple(sorted(sizes.items())), checkpoint_boxes, objective)
         if key not in self._plans:
             self._plans[key] = plan_for(self.graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=objective)
@@ -114,6 +126,8 @@ class Design:
 
     def module(
         self,
+        sizes: Mapping[str, int] | None = None,
+        /,
         *,
         seed: int = 0,
         dtype=None,
@@ -121,14 +135,21 @@ class Design:
         impl: str = "compiled",
         checkpoint_boxes: bool = False,
         objective: str = "flops",
-        **sizes: int,
+        **more: int,
     ):
         """An ordinary torch.nn.Module: the compiled plan (`impl="compiled"`) or the plain
         materialized evaluation of the same graph (`impl="reference"`, the test oracle).
-        `checkpoint_boxes=True` recomputes softmax boxes in the backward pass (spec §3.4)."""
+        `checkpoint_boxes=True` recomputes softmax boxes in the backward pass (spec §3.4).
+        Stored tensors that would not fit in memory are refused before anything is allocated."""
         import torch
 
+        from .check import too_big
+
         dtype = dtype or torch.float32
+        sizes = checked_sizes(self.graph, {**(sizes or {}), **more})
+        problems = too_big(self.graph, sizes, element=torch.empty((), dtype=dtype).element_size())
+        if problems:
+            raise TdiagError(problems)
         if impl == "reference":
             from .reference import ReferenceModule
 
@@ -137,21 +158,33 @@ class Design:
             raise ValueError(f"impl must be 'compiled' or 'reference', got {impl!r}")
         from .module import build_module
 
-        plan = self.plan(checkpoint_boxes=checkpoint_boxes, objective=objective, **sizes)
+        plan = self.plan(sizes, checkpoint_boxes=checkpoint_boxes, objective=objective)
         return build_module(plan, seed=seed, dtype=dtype, device=device, source_name=self.graph.file)
 
-    def source(self, *, checkpoint_boxes: bool = False, objective: str = "flops", **sizes: int) -> str:
+    def source(
+        self,
+        sizes: Mapping[str, int] | None = None,
+        /,
+        *,
+        checkpoint_boxes: bool = False,
+        objective: str = "flops",
+        **more: int,
+    ) -> str:
         """The standalone Python module `tdiag compile` writes for these sizes."""
         from .codegen import generate
 
-        plan = self.plan(checkpoint_boxes=checkpoint_boxes, objective=objective, **sizes)
+        plan = self.plan({**(sizes or {}), **more}, checkpoint_boxes=checkpoint_boxes, objective=objective)
         return generate(plan, source_name=self.graph.file)
 
-    def cost(self, convention: str = "flop", objective: str = "flops", **sizes: int):
+    def cost(
+        self, sizes: Mapping[str, int] | None = None, /, convention: str = "flop", objective: str = "flops", **more: int
+    ):
         """Parameters, FLOPs, softmax entries and peak memory as formulas (CostReport)."""
         from .cost import cost_report
 
-        return cost_report(self.plan(objective=objective, **sizes), convention)
+        if isinstance(sizes, str):  # cost("mac"): the convention, given positionally as before
+            sizes, convention = None, sizes
+        return cost_report(self.plan({**(sizes or {}), **more}, objective=objective), convention)
 
     # -- diagram --
     def dot(self, **options: object) -> str:
@@ -170,12 +203,28 @@ class Design:
         return to_svg(self.graph)
 
 
-def load(path: str | Path, **sizes: int) -> Design:
-    """Parse, build and check a `.td` file; `sizes` override the file's size defaults.
-    Raises TdiagError listing every mistake."""
+def checked_sizes(graph: DesignGraph | None, sizes: Mapping[str, object]) -> dict[str, int]:
+    """Sizes given through the Python API: positive whole numbers within LIMITS.max_size, each a
+    size of the design (or B, the batch size a plan assumes); anything else is a TdiagError."""
     for key, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise TdiagError(Diagnostic(f"size {key} must be a positive whole number, got {value!r}"))
+        if value > LIMITS.max_size:
+            raise TdiagError(Diagnostic(f"size {key} = {value:,} is over the limit of {LIMITS.max_size:,}"))
+        if graph is not None and key not in graph.sizes and key != "B":
+            raise TdiagError(
+                Diagnostic(
+                    f"design '{graph.name}' has no size '{key}'",
+                    hint=f"its sizes are: {', '.join(sorted(graph.sizes)) or 'none'}",
+                )
+            )
+    return dict(sizes)  # type: ignore[arg-type]
+
+
+def load(path: str | Path, sizes: Mapping[str, int] | None = None, /, **more: int) -> Design:
+    """Parse, build and check a `.td` file; `sizes` (a mapping, or keywords) override the file's
+    size defaults. Raises TdiagError listing every mistake."""
+    sizes = checked_sizes(None, {**(sizes or {}), **more})
     head, items = load_items(str(path))
     graph = build_graph(head, items, sizes)
     found = graph.warnings + check(graph)
@@ -185,10 +234,11 @@ def load(path: str | Path, **sizes: int) -> Design:
     return Design(graph, [d for d in found if not d.is_error])
 
 
-def loads(text: str, name: str = "<string>", **sizes: int) -> Design:
+def loads(text: str, name: str = "<string>", sizes: Mapping[str, int] | None = None, /, **more: int) -> Design:
     """Like `load`, from text (no `extends`)."""
     from .parse import DesignDecl, parse_text
 
+    sizes = checked_sizes(None, {**(sizes or {}), **more})
     source = parse_text(text, name)
     items = list(source.items)
     if not items or not isinstance(items[0], DesignDecl) or items[0].base:

@@ -58,13 +58,13 @@ class SourceRegistry:
     texts: dict[str, list[str]] = field(default_factory=dict)
 
     def add(self, file: str, text: str) -> None:
-        self.texts[file] = text.splitlines()
+        self.texts[file] = split_lines(text)
 
     def line(self, file: str, number: int) -> str | None:
         lines = self.texts.get(file)
         if lines is None:
             try:
-                lines = Path(file).read_text(encoding="utf-8", errors="replace").splitlines()
+                lines = split_lines(Path(file).read_text(encoding="utf-8", errors="replace").removeprefix("\ufeff"))
             except OSError:
                 return None
             self.texts[file] = lines
@@ -74,6 +74,13 @@ class SourceRegistry:
 
 
 SOURCES = SourceRegistry()
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines as the parser counts them: only \\n (or \\r\\n) ends a line. str.splitlines would also
+    break at a form feed or U+2028, and an error would then quote the wrong line."""
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 _LOOKALIKE = str.maketrans({"0": "O", "1": "l", "O": "0"})
@@ -86,7 +93,12 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
     for guess in (name.lower(), name.translate(_LOOKALIKE).lower()):
         if guess in folded:
             return f"did you mean '{folded[guess]}'?"
-    matches = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    # difflib's ratio is at most 2·min(len)/(sum of lens): drop candidates that cannot reach 0.6 first;
+    # in a huge file, also those with another first letter, so each hint stays cheap
+    close = [c for c in candidates if 2 * min(len(c), len(name)) >= 0.6 * (len(c) + len(name))]
+    if len(close) > 200:
+        close = [c for c in close if c[:1].lower() == name[:1].lower()][:200]
+    matches = difflib.get_close_matches(name, close, n=1, cutoff=0.6)
     if not matches:
         matches = [c for c in candidates if len(c) == len(name) > 1 and _differ_by_one(c, name)]
     return f"did you mean '{matches[0]}'?" if matches else None

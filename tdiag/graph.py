@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Mapping
+import operator
+import os
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +65,28 @@ INIT_PARAMS = {
     "zeros": (),
 }
 RANDOM_MODES = ("always", "never", "train")
+
+
+@dataclass
+class Limits:
+    """What check refuses before anything is built. Change them on `tdiag.LIMITS`, or with the
+    environment variables TDIAG_MAX_SIZE and TDIAG_MAX_BYTES."""
+
+    max_size: int = int(os.environ.get("TDIAG_MAX_SIZE", 2**31 - 1))  # one size (a tensor dimension)
+    max_bytes: int = int(os.environ.get("TDIAG_MAX_BYTES", 0)) or None  # type: ignore[assignment]  # stored tensors
+    max_literal: float = 1e15  # a number written in a .td file, and every scale, eps or coefficient
+
+    def bytes_limit(self) -> int:
+        """max_bytes, or this machine's physical memory."""
+        if self.max_bytes:
+            return self.max_bytes
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return 2**40
+
+
+LIMITS = Limits()
 POISON_NAME = ""  # the name of a stand-in for an expression that had an error
 POISON_SIZE = sympy.Symbol("_invalid_", positive=True)  # the size of a leg bound by a mistake
 
@@ -86,6 +110,8 @@ class DesignGraph:
     outputs: list[str]
     graph: nx.MultiDiGraph
     warnings: list[Diagnostic] = field(default_factory=list)
+    _size_values: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
+    _forward: nx.MultiDiGraph | None = field(default=None, init=False, repr=False, compare=False)
 
     # sizes
     def expand(self, expr: sympy.Expr) -> sympy.Expr:
@@ -93,13 +119,20 @@ class DesignGraph:
         return expand_sizes(expr, self.sizes)
 
     def size_values(self) -> dict[str, int]:
-        """Numbers for every size that does not depend on a run-time size."""
-        return size_values(self.sizes)
+        """Numbers for every size that does not depend on a run-time size (computed once)."""
+        if self._size_values is None:
+            self._size_values = size_values(self.sizes)
+        return dict(self._size_values)
 
-    def evaluate(self, expr: sympy.Expr, **at: int) -> sympy.Expr:
-        values = self.size_values() | at
-        subs = {self.sizes[k].symbol: v for k, v in values.items() if k in self.sizes}
-        return sympy.nsimplify(self.expand(expr).subs(subs))
+    def evaluate(self, expr: sympy.Expr, /, **at: int) -> sympy.Expr:
+        """`expr` at the design's sizes and `at` (any size name, even `self` or `expr`)."""
+        return self.evaluate_at(expr, at)
+
+    def evaluate_at(self, expr: sympy.Expr, at: Mapping[str, int]) -> sympy.Expr:
+        values = self.size_values() | dict(at)
+        subs = {self.sizes[k].symbol: sympy.sympify(v) for k, v in values.items() if k in self.sizes}
+        value = self.expand(sympy.sympify(expr)).xreplace(subs)
+        return sympy.nsimplify(value) if value.has(sympy.Float) else value
 
     # tensors
     def tensors_of_kind(self, *kinds: str) -> list[Tensor]:
@@ -128,16 +161,26 @@ class DesignGraph:
             found += [(statement, n) for n in walk(statement.expr) if isinstance(n, SoftmaxBox)]
         return found
 
-    def depends_on(self, tensor: str) -> set[str]:
-        """Names of all tensors that `tensor` is computed from."""
-        return {n for n in nx.ancestors(self.forward_graph(), tensor) if n in self.tensors}
+    def depends_on(self, *tensors: str) -> set[str]:
+        """Names of all tensors that any of `tensors` is computed from (one walk for all of them)."""
+        forward = self.forward_graph()
+        seen: set[str] = set()
+        stack = [t for t in tensors if t in forward]
+        while stack:
+            for source in forward.predecessors(stack.pop()):
+                if source not in seen:
+                    seen.add(source)
+                    stack.append(source)
+        return {n for n in seen if n in self.tensors}
 
     def forward_graph(self) -> nx.MultiDiGraph:
-        """The graph without update edges: the forward pass's dataflow (acyclic)."""
-        edges = [(u, v, k) for u, v, k, d in self.graph.edges(keys=True, data=True) if d.get("update")]
-        view = self.graph.copy()
-        view.remove_edges_from(edges)
-        return view
+        """The graph without update edges: the forward pass's dataflow (acyclic); built once."""
+        if self._forward is None:
+            edges = [(u, v, k) for u, v, k, d in self.graph.edges(keys=True, data=True) if d.get("update")]
+            view = self.graph.copy()
+            view.remove_edges_from(edges)
+            self._forward = view
+        return self._forward
 
 
 # ---- sizes ---------------------------------------------------------------------------------
@@ -147,25 +190,82 @@ def size_symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, positive=True)
 
 
+class SizeTable(dict[str, Size]):
+    """Sizes by name that remember, until one is set again, the order in which they depend on
+    each other and each derived size in base sizes only: expanding or evaluating a size is then
+    one substitution, and a file of 10,000 sizes checks in linear time."""
+
+    _order: list[str] | None = None
+    _expansion: dict[sympy.Symbol, sympy.Expr] | None = None
+
+    def __setitem__(self, name: str, size: Size) -> None:
+        self._order = self._expansion = None
+        super().__setitem__(name, size)
+
+    def order(self) -> list[str]:
+        """Names, each after the sizes its definition uses (Kahn's algorithm; sizes in a cycle,
+        which graph.py reports, are left out)."""
+        if self._order is None:
+            users: dict[str, list[str]] = {name: [] for name in self}
+            waiting = {}
+            for name, size in self.items():
+                used = (
+                    {str(s) for s in size.definition.free_symbols} & self.keys()
+                    if size.definition is not None
+                    else set()
+                )
+                waiting[name] = len(used)
+                for other in used:
+                    users[other].append(name)
+            ready = [name for name, count in waiting.items() if count == 0]
+            order = []
+            while ready:
+                name = ready.pop()
+                order.append(name)
+                for user in users[name]:
+                    waiting[user] -= 1
+                    if waiting[user] == 0:
+                        ready.append(user)
+            self._order = order
+        return self._order
+
+    def expansion(self) -> dict[sympy.Symbol, sympy.Expr]:
+        """Each size defined by other sizes -> its definition in sizes with no such definition."""
+        if self._expansion is None:
+            expansion: dict[sympy.Symbol, sympy.Expr] = {}
+            for name in self.order():
+                definition = self[name].definition
+                if definition is not None and definition.free_symbols:
+                    expansion[self[name].symbol] = definition.xreplace(expansion)
+            self._expansion = expansion
+        return self._expansion
+
+
+def _table(sizes: Mapping[str, Size]) -> SizeTable:
+    return sizes if isinstance(sizes, SizeTable) else SizeTable(sizes)
+
+
 def expand_sizes(expr: sympy.Expr, sizes: Mapping[str, Size]) -> sympy.Expr:
-    derived = {s.symbol: s.definition for s in sizes.values() if s.definition is not None and s.definition.free_symbols}
-    for _ in range(len(derived) + 1):
-        new = expr.xreplace(derived)
-        if new == expr:
-            return expr
-        expr = new
-    return expr
+    """Substitute derived sizes (D = F / H) until only base sizes remain."""
+    return sympy.sympify(expr).xreplace(_table(sizes).expansion())
 
 
 def size_values(sizes: Mapping[str, Size]) -> dict[str, int]:
+    """Numbers for every size that does not depend on a run-time size, in one pass in dependency order."""
+    table = _table(sizes)
+    numbers: dict[sympy.Symbol, sympy.Expr] = {}
     values: dict[str, int] = {}
-    for name, size in sizes.items():
-        value = expand_sizes(size.symbol, sizes)
-        value = value.xreplace({s.symbol: s.definition for s in sizes.values() if s.definition is not None})
-        value = sympy.nsimplify(value)
+    for name in table.order():
+        definition = table[name].definition
+        if definition is None:
+            continue
+        value = definition.xreplace(numbers)
+        if value.has(sympy.Float):
+            value = sympy.nsimplify(value)
         if value.is_number:
+            numbers[table[name].symbol] = value
             values[name] = value  # type: ignore[assignment]
-    return values
+    return {name: values[name] for name in table if name in values}
 
 
 # ---- merging a derived design into its base ------------------------------------------------
@@ -197,8 +297,41 @@ def _item_name_span(item: syn.Item) -> Span:
     return item.span
 
 
-def load_items(path: str, chain: tuple[str, ...] = ()) -> tuple[syn.DesignDecl, list[syn.Item]]:
-    """Parse `path` and, when it `extends` a base design, merge it into the base's items."""
+def load_items(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
+    """Parse `path` and, when it `extends` a base design, merge it into the base's items. The
+    chain of bases is followed in a loop, not by recursion, so its length has no limit."""
+    chain: list[tuple[syn.DesignDecl, list[syn.Item]]] = []
+    seen = {Path(path).resolve()}
+    current = path
+    while True:
+        head, body = _design_file(current)
+        chain.append((head, body))
+        if head.base is None:
+            break
+        base_path = str(Path(current).parent / f"{head.base}.td")
+        if Path(base_path).resolve() in seen:
+            raise TdiagError(
+                Diagnostic(f"design '{head.name}' extends itself through '{head.base}'", (head.base_span,))
+            )
+        if not Path(base_path).exists():
+            siblings = [p.stem for p in Path(current).parent.glob("*.td")]
+            raise TdiagError(
+                Diagnostic(
+                    f"no base design '{head.base}' (looked for {base_path})",
+                    (head.base_span,),
+                    did_you_mean(head.base, siblings),
+                )
+            )
+        seen.add(Path(base_path).resolve())
+        current = base_path
+    items = chain[-1][1]
+    for _, body in reversed(chain[:-1]):
+        items = _merge(items, body)
+    return chain[0][0], items
+
+
+def _design_file(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
+    """One file's `design` line and its other items."""
     source = syn.parse_file(path)
     items = list(source.items)
     if not items or not isinstance(items[0], syn.DesignDecl):
@@ -225,21 +358,7 @@ def load_items(path: str, chain: tuple[str, ...] = ()) -> tuple[syn.DesignDecl, 
                     for i in stray
                 ]
             )
-        return head, body
-    base_path = str(Path(path).parent / f"{head.base}.td")
-    if base_path in chain or Path(base_path).resolve() == Path(path).resolve():
-        raise TdiagError(Diagnostic(f"design '{head.name}' extends itself through '{head.base}'", (head.base_span,)))
-    if not Path(base_path).exists():
-        siblings = [p.stem for p in Path(path).parent.glob("*.td")]
-        raise TdiagError(
-            Diagnostic(
-                f"no base design '{head.base}' (looked for {base_path})",
-                (head.base_span,),
-                did_you_mean(head.base, siblings),
-            )
-        )
-    _, base_items = load_items(base_path, (*chain, path))
-    return head, _merge(base_items, body)
+    return head, body
 
 
 def _merge(base: list[syn.Item], derived: list[syn.Item]) -> list[syn.Item]:
@@ -281,7 +400,7 @@ class _Builder:
         self.items = items
         self.overrides = dict(overrides)
         self.diagnostics: list[Diagnostic] = []
-        self.sizes: dict[str, Size] = {}
+        self.sizes: SizeTable = SizeTable()
         self.legs: dict[str, Leg] = {}
         self.tensors: dict[str, Tensor] = {}
         self.statements: list[Statement] = []
@@ -382,6 +501,13 @@ class _Builder:
         values = size_values(self.sizes)
         for name, value in values.items():
             size = self.sizes[name]
+            if value.is_integer and value > LIMITS.max_size:  # type: ignore[operator]
+                self.error(
+                    f"size {name} = {_number(value)} is over the limit of {LIMITS.max_size:,}",
+                    size.span,
+                    hint="sizes are tensor dimensions; the limit is tdiag.LIMITS.max_size (TDIAG_MAX_SIZE)",
+                )
+                continue
             if value.is_integer and value > 0:  # type: ignore[attr-defined]
                 continue
             shown = ", ".join(
@@ -611,19 +737,18 @@ class _Builder:
             )
 
     # -- scalars --
-    def _scalar(self, e: syn.Expr, *, sizes_only: bool = False, known: Iterable[str] = ()) -> sympy.Expr:
+    def _scalar(self, e: syn.Expr, *, sizes_only: bool = False, known: Collection[str] = ()) -> sympy.Expr:
         """A size or scale expression -> sympy, in size symbols. A mistake gives POISON_SIZE, which
         matches any size, so it is reported once."""
-        known = set(known) | set(self.sizes)
         if isinstance(e, syn.Number):
-            if not math.isfinite(e.value):
-                self.error("number out of range", e.span)
+            if not math.isfinite(e.value) or abs(e.value) > LIMITS.max_literal:
+                self.error(f"number out of range (at most {LIMITS.max_literal:.0e})", e.span)
                 return POISON_SIZE
             return sympy.Rational(str(e.value)) if isinstance(e.value, float) else sympy.Integer(e.value)
         if isinstance(e, syn.Name):
-            if e.name in known:
+            if e.name in known or e.name in self.sizes:
                 return size_symbol(e.name)
-            self._unknown_size(e, known)
+            self._unknown_size(e, {*known, *self.sizes})
             return POISON_SIZE
         if isinstance(e, syn.Neg):
             return -self._scalar(e.operand, sizes_only=sizes_only, known=known)
@@ -636,7 +761,8 @@ class _Builder:
             if e.op == "^" and b.is_number and abs(b) > 64:
                 self.error("exponent out of range (at most 64)", e.right.span)
                 return POISON_SIZE
-            return {"+": a + b, "-": a - b, "*": a * b, "/": a / b, "^": a**b}[e.op]
+            operation = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+            return a**b if e.op == "^" else operation[e.op](a, b)  # only this one: 1e10 ^ 1e10 never runs
         if isinstance(e, syn.Call) and e.name == "sqrt" and e.legs is None and len(e.args) == 1:
             if sizes_only:
                 self.error("a size is a whole number; sqrt is for scales", e.name_span)
@@ -871,7 +997,11 @@ class _ExprBuilder:
             return c1 * c2, f1 + f2
         if isinstance(e, syn.BinOp) and e.op == "/" and _is_scalar_syntax(e.right, self.b.tensors):
             c, fs = self._flatten_product(e.left)
-            return c / self.b._scalar(e.right), fs
+            divisor = self.b._scalar(e.right)
+            if divisor == 0:
+                self.b.error("division by zero", e.right.span)
+                return c, fs
+            return c / divisor, fs
         return sympy.Integer(1), [e]
 
     def _elementwise(self, operands: list[syn.Expr], keep: set[str]) -> list[Expr]:
@@ -942,13 +1072,18 @@ class _ExprBuilder:
         return e.args[0]
 
     def _legs_of(self, e: syn.Call) -> tuple[str, ...]:
-        legs = []
+        legs: list[str] = []
         for item in e.legs or ():
             if isinstance(item, syn.LegGroup):
                 self.b.error(f"{e.name} takes leg names, not a reshape", item.span)
-                legs += [leg.name for leg in item.legs]
+                names = [leg.name for leg in item.legs]
             else:
-                legs.append(item.name)
+                names = [item.name]
+            for name in names:
+                if name in legs:
+                    self.b.error(f"leg '{name}' is named twice in {e.name}[...]", item.span, hint="name each leg once")
+                else:
+                    legs.append(name)
         return tuple(legs)
 
     def box(self, e: syn.Call, keep: set[str]) -> Expr:

@@ -15,6 +15,8 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from .errors import SOURCES, Diagnostic, Span, TdiagError
 
 GRAMMAR = Path(__file__).resolve().parent.parent / "grammar" / "tdiag.lark"
+MAX_DIGITS = 300  # a longer whole number is read as a float: inf, which graph.py reports as out of range
+MAX_DEPTH = 64  # expression nesting (each operator, call or term of a sum is a level); deeper is an error
 
 
 # ---- syntax dataclasses --------------------------------------------------------------------
@@ -216,6 +218,7 @@ class _ToSyntax(Transformer):
         return list(children)
 
     def design(self, meta, children):
+        children = [c for c in children if not (isinstance(c, Token) and c.type == "EXTENDS")]
         base = children[1] if len(children) > 1 else None
         return DesignDecl(self._s(meta), str(children[0]), str(base) if base else None, self._s(base) if base else None)
 
@@ -291,7 +294,8 @@ class _ToSyntax(Transformer):
 
     def number(self, meta, children):
         text = str(children[0])
-        value: float | int = int(text) if text.isdigit() else float(text)
+        # float() of a 5,000-digit literal is inf (reported as out of range), where int() would raise
+        value: float | int = int(text) if text.isdigit() and len(text) <= MAX_DIGITS else float(text)
         return Number(self._s(meta), value)
 
     def name(self, meta, children):
@@ -398,7 +402,8 @@ def _continuation_hint(token: Token, error: UnexpectedToken, text: str) -> str |
     """An indented line that was meant to continue the previous one."""
     if token.type != "_NL" or "EQUAL" not in error.expected:
         return None
-    line = text.splitlines()[token.line - 1] if token.line <= len(text.splitlines()) else ""
+    lines = text.split("\n")
+    line = lines[token.line - 1] if token.line <= len(lines) else ""
     if line[:1].isspace():
         return "an item continues on the next line only inside ( ) or [ ]; wrap the expression in parentheses"
     return None
@@ -446,7 +451,7 @@ def _syntax_error(file: str, text: str, error: UnexpectedInput) -> Diagnostic:
     if isinstance(error, UnexpectedToken):
         token = error.token
         if token.type == "$END":
-            lines = text.splitlines() or [""]
+            lines = text.rstrip("\n").split("\n")
             line = len(lines)
             column = len(lines[-1]) + 1
             span = Span(file, line, column, line, column + 1)
@@ -466,6 +471,7 @@ def _syntax_error(file: str, text: str, error: UnexpectedInput) -> Diagnostic:
 
 def parse_text(text: str, file: str = "<string>") -> SourceFile:
     """Parse one `.td` text into syntax items, or raise TdiagError with a positioned message."""
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark, as some editors save
     SOURCES.add(file, text)
     if not text.endswith("\n"):
         text += "\n"
@@ -473,8 +479,28 @@ def parse_text(text: str, file: str = "<string>") -> SourceFile:
         tree = _parser().parse(text)
     except (UnexpectedCharacters, UnexpectedToken, UnexpectedEOF) as error:
         raise TdiagError(_syntax_error(file, text, error)) from None
+    _check_depth(tree, file)
     items = _ToSyntax(file).transform(tree)
     return SourceFile(file, tuple(_flatten(items)))
+
+
+def _check_depth(tree: Tree, file: str) -> None:
+    """Refuse an expression nested deeper than MAX_DEPTH before anything recurses into it, so no
+    input reaches Python's recursion limit; the walk itself is iterative."""
+    stack: list[tuple[Tree, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH + 2:  # start and the item take two levels
+            meta = node.meta
+            span = Span(file, meta.line, meta.column, meta.end_line, meta.end_column)
+            raise TdiagError(
+                Diagnostic(
+                    f"expression nested too deeply (more than {MAX_DEPTH} levels of operators, calls and terms)",
+                    (span,),
+                    "split it into several statements, e.g. a partial sum T[...] = ... then Y[...] = T[...] + ...",
+                )
+            )
+        stack += [(child, depth + 1) for child in node.children if isinstance(child, Tree)]
 
 
 def _flatten(items: object) -> Iterator[Item]:

@@ -196,11 +196,23 @@ def setup_distributed(device: torch.device) -> Distributed:
 
 
 def resolve_device(name: str) -> torch.device:
+    """`auto` -> cuda when available, else cpu; a device this machine lacks is a clear error."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and "LOCAL_RANK" in os.environ:
         name = f"cuda:{os.environ['LOCAL_RANK']}"
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise TdiagError(Diagnostic(f"unknown device '{name}'", hint="use --device cpu, cuda or cuda:N")) from None
+    if device.type != "cpu":
+        try:
+            torch.empty(0, device=device)
+        except (RuntimeError, AssertionError, AttributeError):  # torch's "not compiled with" / "no device"
+            raise TdiagError(
+                Diagnostic(f"device '{name}' is not available on this machine", hint="use --device cpu (or auto)")
+            ) from None
+    return device
 
 
 def global_batch(generator: torch.Generator, data: torch.Tensor, config: TrainConfig, rank: int, world: int):
@@ -257,9 +269,36 @@ def run_folder(config: TrainConfig) -> Path:
     return Path(config.out or f"runs/{Path(config.design).stem}-seed{config.seed}")
 
 
-def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -> dict:
-    """Train, evaluate every `eval_every` steps, checkpoint, and return the final summary."""
+RUN_FILES = ("config.json", "checkpoint.pt", "log.csv", "log.jsonl", "loss.png", "sample.txt", "summary.json")
+
+
+def claim_folder(folder: Path, *, resume: bool, overwrite: bool) -> None:
+    """A run folder that holds a run is continued (`resume`) or replaced (`overwrite`), never
+    silently overwritten; replacing it first removes the old run's files, so a run killed before
+    its first checkpoint cannot leave one design's config beside another's checkpoint."""
+    if folder.exists() and not folder.is_dir():
+        raise TdiagError(Diagnostic(f"run folder '{folder}' is a file", hint="choose another --out"))
+    held = [name for name in RUN_FILES if (folder / name).exists()]
+    if resume or not held:
+        return
+    if not overwrite:
+        raise TdiagError(
+            Diagnostic(
+                f"run folder '{folder}' already holds a run ({', '.join(held)})",
+                hint=f"continue it with: tdiag train --resume {folder}; or choose another --out, "
+                "or pass --overwrite to replace it",
+            )
+        )
+    for name in held:
+        (folder / name).unlink()
+
+
+def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
+    """Train, evaluate every `eval_every` steps, checkpoint, and return the final summary. A
+    folder holding another run is refused unless `resume` (continue it) or `overwrite`."""
     device = resolve_device(config.device)
+    if os.environ.get("RANK", "0") == "0":
+        claim_folder(run_folder(config), resume=resume, overwrite=overwrite)
     dist = setup_distributed(device)
     if config.batch % dist.world:
         raise TdiagError(Diagnostic(f"--batch {config.batch} does not split over {dist.world} processes"))
@@ -269,7 +308,7 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
     state = {"step": 0, "log": [], "generator": torch.Generator().manual_seed(config.seed).get_state()}
     if resume:
-        state = _load_checkpoint(folder, model, optimizer)
+        state = _load_checkpoint(folder, model, optimizer, config)
     network = model
     if dist.world > 1:
         network = nn.parallel.DistributedDataParallel(
@@ -289,7 +328,8 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -
     }
     if dist.is_main:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(dataclasses.asdict(config) | {"summary": summary}, indent=2))
+        config_text = json.dumps(dataclasses.asdict(config) | {"summary": summary}, indent=2)
+        write_atomically(folder / "config.json", config_text.encode())
     bar = _progress(config, state["step"], enabled=progress and dist.is_main)
     peak = peak_flops(device, config.peak_tflops) * dist.world
     tokens, seconds, rate, achieved = 0, 0.0, 0.0, 0.0
@@ -387,23 +427,76 @@ def _progress(config: TrainConfig, start: int, enabled: bool):
     )
 
 
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path`, flush it to disk, then rename it over
+    `path`: a killed process or a full disk leaves the old file or the new one, never half."""
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
 def _save_checkpoint(folder, model, optimizer, step, log, generator, config) -> None:
+    """Tensors and plain data only (dicts, lists, numbers, text), so resuming loads it with
+    `weights_only=True` and a checkpoint can never run code."""
+    import io
+
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "log": log}
     state |= {"generator": generator.get_state(), "config": dataclasses.asdict(config)}
-    temporary = folder / "checkpoint.pt.tmp"
-    torch.save(state, temporary)
-    temporary.replace(folder / "checkpoint.pt")  # a killed process never leaves half a checkpoint
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_atomically(folder / "checkpoint.pt", buffer.getvalue())
 
 
-def _load_checkpoint(folder: Path, model, optimizer) -> dict:
+CHECKPOINT_KEYS = {
+    "model": dict,
+    "optimizer": dict,
+    "step": int,
+    "log": list,
+    "generator": torch.Tensor,
+    "config": dict,
+}
+
+
+def _load_checkpoint(folder: Path, model, optimizer, config: TrainConfig) -> dict:
+    """The saved state, loaded as tensors and plain data only (never unpickled code); a truncated,
+    foreign or mismatched checkpoint is a clear error and the file is left as it was."""
     path = folder / "checkpoint.pt"
     if not path.is_file():
         raise TdiagError(
             Diagnostic(f"no checkpoint to resume in '{folder}'", hint="train first, or check the run folder")
         )
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    hint = "the run cannot be resumed from it; start again with --overwrite (the file is left as it was)"
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many kinds for a damaged or foreign file
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise TdiagError(Diagnostic(f"cannot read checkpoint '{path}': {reason[:200]}", hint=hint)) from None
+    wrong = [
+        k for k, kind in CHECKPOINT_KEYS.items() if not isinstance(state, dict) or not isinstance(state.get(k), kind)
+    ]
+    if wrong:
+        raise TdiagError(Diagnostic(f"'{path}' is not a tdiag checkpoint (no {', '.join(wrong)})", hint=hint))
+    saved = {k: state["config"].get(k) for k in ("design", "sizes", "layers", "width", "heads", "context")}
+    current = {k: getattr(config, k) for k in saved}
+    if saved != current:
+        changed = ", ".join(f"{k}: {saved[k]!r} in the checkpoint, {current[k]!r} in config.json" for k in saved
+                            if saved[k] != current[k])  # fmt: skip
+        raise TdiagError(
+            Diagnostic(f"checkpoint and config.json in '{folder}' are of different runs ({changed})", hint=hint)
+        )
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as error:
+        reason = str(error).strip().splitlines()[0]
+        raise TdiagError(Diagnostic(f"checkpoint '{path}' does not fit the model: {reason[:200]}", hint=hint)) from None
     return state
 
 
@@ -456,9 +549,11 @@ def _mfu_postfix(achieved: float, peak: float) -> dict[str, str]:
     return {"TFLOP_s": f"{achieved / 1e12:.3g}", "mfu": f"{achieved / peak:.1%}"}
 
 
-def compare(configs: list[TrainConfig], out: Path, progress: bool = True) -> list[dict]:
+def compare(configs: list[TrainConfig], out: Path, progress: bool = True, overwrite: bool = False) -> list[dict]:
     """Train each design with the same seed and data; one plot against step and FLOPs, one table."""
-    results = [train(c, progress=progress) for c in configs]
+    for config in configs:  # refuse before the first design trains, not after it
+        claim_folder(run_folder(config), resume=overwrite, overwrite=False)
+    results = [train(c, progress=progress, overwrite=overwrite) for c in configs]
     out.mkdir(parents=True, exist_ok=True)
     rows = [
         {

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,21 +38,136 @@ class TrainConfig:
     out: str = ""  # run folder (default runs/<design>-<seed>)
 
 
+# ---- values a flag (or a saved config.json) may take -----------------------------------------
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1 (argparse type: a bad value is a usage error naming the flag)."""
+    value = _int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value}")
+    return value
+
+
+def natural_int(text: str) -> int:
+    """A whole number >= 0."""
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (`nan` and `inf` are refused: a learning rate of nan trains nothing)."""
+    value = _float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def natural_float(text: str) -> float:
+    """A finite number >= 0."""
+    value = _float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+DEVICE = re.compile(r"auto|cpu|mps|(cuda|xpu|hpu|npu|privateuseone)(:[0-9]+)?")
+
+
+def device_name(text: str) -> str:
+    """`auto`, `cpu`, `cuda`, `cuda:1`, ... (whether it exists is checked when the run starts)."""
+    if not DEVICE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"unknown device '{text}'; expected one of: auto, cpu, cuda, cuda:N, mps")
+    return text
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text}")
+    return value
+
+
+# The rule for each TrainConfig field a flag sets; config.json is held to the same rules on --resume.
+RULES: dict[str, Callable[[str], object]] = {
+    "layers": positive_int,
+    "width": positive_int,
+    "heads": positive_int,
+    "context": positive_int,
+    "batch": positive_int,
+    "steps": positive_int,
+    "eval_every": positive_int,
+    "eval_batches": positive_int,
+    "seed": natural_int,
+    "lr": positive_float,
+    "peak_tflops": natural_float,
+    "device": device_name,
+}
+
+
+def config_problems(saved: Mapping[str, object]) -> list[str]:
+    """What is wrong with a saved run config (config.json), one line per field; [] when it is good."""
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    problems = [f"unknown setting '{k}'" for k in saved if k not in fields]
+    problems += [f"missing setting '{k}'" for k in ("design",) if k not in saved]
+    for name, value in saved.items():
+        if name not in fields:
+            continue
+        expected = {"int": int, "float": (int, float), "str": str, "bool": bool}.get(str(fields[name].type))
+        if expected is not None and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
+            problems.append(f"{name} is {value!r}, not {a_type(str(fields[name].type))}")
+            continue
+        rule = RULES.get(name)
+        try:
+            if rule is not None:
+                rule(str(value))
+        except argparse.ArgumentTypeError as error:
+            problems.append(f"{name}: {error}")
+    sizes = saved.get("sizes", {})
+    if not isinstance(sizes, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0 for k, v in sizes.items()
+    ):
+        problems.append(f"sizes is {sizes!r}, not a mapping of size names to positive whole numbers")
+    return problems
+
+
+def a_type(name: str) -> str:
+    return {"int": "a whole number", "float": "a number", "str": "text", "bool": "true or false"}.get(name, name)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `tdiag train` (and `python -m tdiag.train`), defaulting to TrainConfig's values."""
     defaults = TrainConfig(design="")
     parser.add_argument("designs", nargs="*", metavar="FILE.td")
     parser.add_argument("--compare", action="store_true", help="train every design given and compare them")
     parser.add_argument("--resume", metavar="RUN", help="continue the run in this folder from its checkpoint")
-    parser.add_argument("--nproc", type=int, default=1, help="data-parallel processes (runs torchrun)")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace the run already in the run folder (default: refuse)"
+    )
+    parser.add_argument("--nproc", type=positive_int, default=1, help="data-parallel processes (runs torchrun)")
     parser.add_argument("--data", default=defaults.data)
     for name in ("layers", "width", "heads", "context", "batch", "steps", "eval_every", "eval_batches", "seed"):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
-    parser.add_argument("--lr", type=float, default=defaults.lr)
-    parser.add_argument("--device", default=defaults.device)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=RULES[name], default=getattr(defaults, name))
+    parser.add_argument("--lr", type=positive_float, default=defaults.lr)
+    parser.add_argument("--device", type=device_name, default=defaults.device)
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument(
-        "--peak-tflops", type=float, default=0.0, help="device peak for MFU (default: known GPUs' bf16 data sheet)"
+        "--peak-tflops",
+        type=natural_float,
+        default=0.0,
+        help="device peak for MFU (default: known GPUs' bf16 data sheet)",
     )
     parser.add_argument(
         "--objective",

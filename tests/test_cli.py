@@ -246,3 +246,78 @@ def test_plan_says_why_a_rewrite_was_refused(capsys):
 def test_plan_of_an_unknown_size_is_a_usage_error(capsys):
     code, _, err = run(capsys, "plan", str(DESIGNS / "mhsa.td"), "--at", "Q=3")
     assert code == 2 and "no size Q" in err
+
+
+# ---- every flag is checked before any work, with a usage error that names it ------------------
+
+MHSA = str(DESIGNS / "mhsa.td")
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--device", "bogus"], "--device"),
+        (["--batch", "0"], "--batch"),
+        (["--eval-every", "0"], "--eval-every"),
+        (["--eval-batches", "0"], "--eval-batches"),
+        (["--lr", "nan"], "--lr"),
+        (["--lr", "-1"], "--lr"),
+        (["--context", "-1"], "--context"),
+        (["--steps", "0"], "--steps"),
+        (["--steps", "-1"], "--steps"),
+        (["--layers", "0"], "--layers"),
+        (["--width", "0"], "--width"),
+        (["--heads", "0"], "--heads"),
+        (["--nproc", "0"], "--nproc"),
+        (["--seed", "-1"], "--seed"),
+        (["--peak-tflops", "inf"], "--peak-tflops"),
+        (["--device", "cuda:99"], "--device"),
+    ],
+)
+def test_a_bad_train_flag_is_a_usage_error_naming_the_flag(capsys, tmp_path, flags, named):
+    code, _, err = run(capsys, "train", MHSA, "--out", str(tmp_path / "run"), *flags)
+    assert code == 2 and f"argument {named}" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("flags", "named"), [(["--device", "bogus"], "--device"), (["--batch", "0"], "--batch")])
+def test_a_bad_bench_flag_is_a_usage_error_naming_the_flag(capsys, tmp_path, flags, named):
+    code, _, err = run(capsys, "bench", MHSA, "--out", str(tmp_path / "bench"), *flags)
+    assert code == 2 and named in err
+
+
+@pytest.mark.parametrize("command", ["compile", "render"])
+@pytest.mark.parametrize("case", ["a folder", "under a file"])
+def test_an_output_that_cannot_be_written_is_a_usage_error(capsys, tmp_path, command, case):
+    suffix = ".py" if command == "compile" else ".dot"
+    (tmp_path / "a_file").write_text("")
+    (tmp_path / f"folder{suffix}").mkdir()
+    output = tmp_path / f"folder{suffix}" if case == "a folder" else tmp_path / "a_file" / f"out{suffix}"
+    code, _, err = run(capsys, command, MHSA, "-o", str(output))
+    assert code == 2 and f"-o {output}" in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_an_output_in_a_read_only_folder_is_a_usage_error(capsys, tmp_path):
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    folder.chmod(0o500)
+    code, _, err = run(capsys, "compile", MHSA, "-o", str(folder / "out.py"))
+    folder.chmod(0o700)
+    assert code == 2 and "not writable" in err
+
+
+def test_bench_refuses_an_out_it_cannot_write_before_benchmarking(capsys, tmp_path, monkeypatch):
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setattr("tdiag.bench.run", lambda *a, **k: pytest.fail("the benchmark ran"))
+    code, _, err = run(capsys, "bench", MHSA, "--out", str(tmp_path / "a_file"))
+    assert code == 2 and "--out" in err
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+    command = [sys.executable, "-m", "tdiag", "check", *map(str, DESIGN_FILES * 20)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, text=True)
+    process.stdout.close()  # the reader is gone before the first line (`| head -0`)
+    err = process.stderr.read()
+    process.wait(timeout=120)
+    assert err == "" and process.returncode == 141

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
+import tdiag
+from tdiag import TdiagError
 from tdiag.cli import main
+from tdiag.errors import format_diagnostics
 
 REPO = Path(__file__).resolve().parent.parent
 ERRORS = REPO / "tests" / "errors"
@@ -60,3 +63,33 @@ def test_corpus_is_large_enough() -> None:
 def test_several_errors_are_reported_at_once() -> None:
     several = [c for c in CASES if (ERRORS / f"{c}.err").read_text(encoding="utf-8").count(": error: ") >= 3]
     assert len(several) >= 2, several
+
+
+# ---- lines are quoted as the parser counts them ------------------------------------------------
+
+GOOD = "design t\nsize N = 4, F = 3\ninput X[n: N, f: F]\n"
+
+
+def _error_text(text: str) -> str:
+    with pytest.raises(TdiagError) as error:
+        tdiag.loads(text)
+    return format_diagnostics(error.value.diagnostics)
+
+
+@pytest.mark.parametrize("separator", ["\f", "\u2028", "\v", "\x85", "\u2029", "\x1c"])
+def test_an_error_quotes_its_own_line_whatever_characters_precede_it(separator):
+    text = GOOD.replace("input", f"# comment{separator}continues\ninput") + "Y[n f] = X[n f] Z[n]\noutput Y\n"
+    message = _error_text(text)
+    assert "<string>:5:17: error: unknown tensor 'Z'" in message
+    assert "    5 | Y[n f] = X[n f] Z[n]\n      |                 ^" in message
+
+
+def test_a_utf8_byte_order_mark_is_ignored(write_td):
+    path = write_td("")
+    path.write_bytes(("\ufeff" + GOOD + "Y[n f] = X[n f]\noutput Y\n").encode("utf-8"))
+    assert tdiag.load(path).name == "t"
+
+
+def test_extends_is_a_whole_word():
+    message = _error_text("design b extendsa\n" + GOOD.split("\n", 1)[1] + "Y[n f] = X[n f]\noutput Y\n")
+    assert "<string>:1:10: error: unexpected" in message

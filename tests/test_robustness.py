@@ -4,9 +4,11 @@ errors or a valid design, never with another exception."""
 
 import re
 import shutil
+import sys
 
 import pytest
-from conftest import DESIGN_FILES
+import torch
+from conftest import DESIGN_FILES, DESIGNS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -137,3 +139,168 @@ def test_random_token_replacement_gives_only_tdiag_errors(library, name, data):
 def test_the_unmutated_library_loads(library):
     for name in TEXTS:
         assert tdiag.load(library / name).name == name.removesuffix(".td")
+
+
+# ---- generated code: nothing from a design or its path runs as code ---------------------------
+
+TINY = "design tiny\nsize N = 3, F = 2\ninput X[n: N, f: F]\nparam W[f: F, g: F]\nY[n g] = X[n f] W[f g]\noutput Y\n"
+
+
+@pytest.mark.parametrize(
+    "file_name",
+    [
+        'x"""; open("PWNED", "w").write("1"); """.td',
+        "x'''; open('PWNED', 'w').write('1'); '''.td",
+        "C:\\Users\\me\\a.td",
+        "line\nbreak.td",
+        "ünïcödé \u2028 \x7f.td",
+        "trailing\\.td",
+    ],
+)
+def test_a_design_path_reaches_generated_code_only_as_text(tmp_path, monkeypatch, file_name):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / file_name
+    path.write_text(TINY, encoding="utf-8")
+    module = tdiag.load(path).module()
+    assert not (tmp_path / "PWNED").exists()
+    assert str(path) in sys.modules[type(module).__module__].__doc__  # the docstring reads back the path
+
+
+def test_a_scale_in_a_run_time_size_compiles_to_plain_python():
+    text = (
+        "design scaled\nsize N, F = 2\ninput X[n: N, f: F]\n"
+        "A[n m] = softmax[m, scale = 1 / sqrt(N)](X[n f] X[m f])\nY[n f] = A[n m] X[m f]\noutput Y\n"
+    )
+    design = tdiag.loads(text)
+    x = torch.randn(2, 5, 2, dtype=torch.float64)
+    compiled = design.module(dtype=torch.float64)(x)
+    reference = design.module(impl="reference", dtype=torch.float64, N=5)(x)
+    assert "math." not in design.source()
+    torch.testing.assert_close(compiled, reference)
+
+
+# ---- the front end: no input size reaches a Python limit; checking is near-linear -------------
+
+HEAD = "design big\nsize N = 4, F = 3\ninput X[n: N, f: F]\n"
+
+
+def positioned_error(text: str) -> str:
+    with pytest.raises(TdiagError) as error:
+        tdiag.loads(text)
+    message = format_diagnostics(error.value.diagnostics)
+    assert re.match(r"<string>:\d+:\d+: error: ", message), message
+    return message
+
+
+@pytest.mark.parametrize("digits", [400, 5000])
+def test_a_huge_integer_literal_is_out_of_range(digits):
+    message = positioned_error(HEAD.replace("F = 3", "F = " + "9" * digits) + "Y[n f] = X[n f]\noutput Y\n")
+    assert "number out of range" in message
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        " + ".join(["X[n f]"] * 600),
+        "-" * 1000 + "X[n f]",
+        "X[n f]" + " ^ 1" * 1000,
+        "exp(" * 500 + "X[n f]" + ")" * 500,
+        "(X[n f] + " * 500 + "X[n f]" + ")" * 500,
+    ],
+    ids=["sum", "negations", "powers", "maps", "parentheses"],
+)
+def test_an_expression_nested_too_deeply_is_a_positioned_error(expression):
+    message = positioned_error(HEAD + f"Y[n f] = {expression}\noutput Y\n")
+    assert "nested too deeply" in message and "split it" in message
+
+
+def test_a_long_extends_chain_loads(tmp_path):
+    (tmp_path / "d0.td").write_text(HEAD + "Y[n f] = X[n f]\noutput Y\n")
+    for k in range(1, 1500):
+        (tmp_path / f"d{k}.td").write_text(f"design d{k} extends d{k - 1}\nsize S{k} = 2\n")
+    assert tdiag.load(tmp_path / "d1499.td").size_values["S1499"] == 2
+
+
+def test_an_extends_cycle_is_a_positioned_error(tmp_path):
+    (tmp_path / "a.td").write_text("design a extends b\n")
+    (tmp_path / "b.td").write_text("design b extends a\n")
+    with pytest.raises(TdiagError, match="extends itself"):
+        tdiag.load(tmp_path / "a.td")
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        lambda k: f"size S{k} = {k + 1}\n",
+        lambda k: f"size S{k} = S{k - 1} + 1\n" if k else "size S0 = 1\n",
+        lambda k: f"T{k}[n f] = T{k - 1}[n f] + X[n f]\n" if k else "T0[n f] = X[n f]\n",
+        lambda k: f"param W{k}[f: F, g: F]\nY{k}[n g] = X[n f] W{k}[f g]\n",
+    ],
+    ids=["sizes", "derived sizes", "statements", "parameters"],
+)
+def test_checking_a_10000_line_file_takes_seconds(lines):
+    import time
+
+    body = "".join(lines(k) for k in range(10_000 if "param" not in lines(0) else 5_000))
+    outputs = sorted(set(re.findall(r"^(Y\d+|T\d+)\[", body, re.M)), key=lambda n: int(n[1:]))
+    text = HEAD + body + (f"output {', '.join(outputs)}\n" if outputs else "Y[n f] = X[n f]\noutput Y\n")
+    if outputs and outputs[0].startswith("T"):
+        text = HEAD + body + f"output {outputs[-1]}\n"
+    started = time.perf_counter()
+    tdiag.loads(text)
+    assert time.perf_counter() - started < 15  # quadratic took minutes; linear takes 1 to 5 s on 2 cores
+
+
+# ---- check refuses, with a position, what compile or run would refuse ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("Y[n f] = softmax[f f](X[n f])", "leg 'f' is named twice in softmax"),
+        ("Y[n] = max[f f](X[n f])", "leg 'f' is named twice in max"),
+        ("Y[n f] = exp(X[n f] / 0)", "division by zero"),
+        ("Y[n f] = exp(X[n f] / (F - 3))", "division by zero"),
+        ("Y[n f] = normalize[f, eps = 1e30](X[n f])", "number out of range"),
+        ("Y[n f] = normalize[f, eps = 1000](X[n f])", "eps 1000 must be between 0 and 1"),
+        ("Y[n f] = normalize[f, eps = -1](X[n f])", "eps -1 must be between 0 and 1"),
+        ("Y[n f] = softmax[f, scale = 1e10 * 1e10](X[n f])", "scale 100000000000000000000 is out of range"),
+        ("Y[n f] = 1e10 * 1e10 * X[n f]", "coefficient 100000000000000000000 is out of range"),
+        ("Y[n f] = X[n f] ^ 100", "exponent 100 is out of range"),
+        ("Y[n f] = clamp(X[n f], 1, 0)", "lo is greater than hi"),
+        ("param W[f: F, g: F] = normal(std = -1)\nY[n g] = X[n f] W[f g]", "normal's std = -1 must be >= 0"),
+        ("param W[f: F, g: F] = uniform(low = 1, high = 0)\nY[n g] = X[n f] W[f g]", "low is greater than high"),
+        ("param W[f: F, g: F] = fill(1e300)\nY[n g] = X[n f] W[f g]", "number out of range"),
+        ("Y[n f] = X[n f] / (1 / 0)", "division by zero"),
+    ],
+)
+def test_check_refuses_what_compile_or_run_would_refuse(line, message):
+    assert message in positioned_error(HEAD + line + "\noutput Y\n")
+
+
+@pytest.mark.parametrize("value", ["1e30", "10000000000000", "9" * 400])
+def test_a_size_over_the_limit_is_refused_by_check(value):
+    message = positioned_error(HEAD.replace("F = 3", f"F = {value}") + "Y[n f] = X[n f]\noutput Y\n")
+    assert "out of range" in message or "over the limit" in message
+
+
+def test_a_module_too_big_for_memory_is_refused_before_allocation_naming_the_tensor(monkeypatch):
+    monkeypatch.setattr(tdiag.LIMITS, "max_bytes", 10**6)
+    design = tdiag.load(DESIGNS / "mhsa.td", F=64, H=4)  # 4 params of 64·64 floats: 64 kB
+    with pytest.raises(TdiagError, match=r"param WQ would take 2.1 MB \(2,097,152 bytes\)") as error:
+        design.module({"F": 512}, dtype=torch.float64)
+    assert error.value.diagnostics[0].spans[0].line == 15
+
+
+def test_load_refuses_sizes_whose_parameters_would_not_fit(monkeypatch):
+    monkeypatch.setattr(tdiag.LIMITS, "max_bytes", 10**6)
+    with pytest.raises(TdiagError, match="param WQ would take"):
+        tdiag.load(DESIGNS / "mhsa.td", F=1024)
+
+
+@pytest.mark.parametrize("call", ["module", "plan", "source", "cost"])
+@pytest.mark.parametrize(("sizes", "message"), [({"N": -1}, "positive whole number"), ({"Q": 3}, "no size 'Q'")])
+def test_sizes_given_to_a_design_are_checked_like_load(call, sizes, message):
+    design = tdiag.load(DESIGNS / "mhsa.td", F=16, H=2)
+    with pytest.raises(TdiagError, match=message):
+        getattr(design, call)(**sizes)

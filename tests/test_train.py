@@ -258,6 +258,111 @@ def test_a_terminated_run_keeps_every_completed_step_and_resumes(corpus_file, tm
     process.terminate()
     _, err = process.communicate(timeout=60)
     assert process.returncode == 1 and "training interrupted at step" in err and "Traceback" not in err
-    saved = torch.load(folder / "checkpoint.pt", weights_only=False)["step"]
+    saved = torch.load(folder / "checkpoint.pt", weights_only=True)["step"]
     assert saved > 0
     assert main(["train", "--resume", str(folder), "--steps", str(saved + 2), "--no-progress"]) == 0
+
+
+# ---- run folders: never overwritten by accident, never unpickled into code ---------------------
+
+
+def test_a_folder_holding_a_run_is_refused_without_resume_or_overwrite(corpus_file, tmp_path):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    before = (tmp_path / "run" / "checkpoint.pt").read_bytes()
+    with pytest.raises(TdiagError, match="already holds a run") as error:
+        train(tiny("thsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    assert "--overwrite" in str(error.value) and "--resume" in str(error.value)
+    assert (tmp_path / "run" / "checkpoint.pt").read_bytes() == before
+
+
+def test_overwrite_removes_the_old_run_before_the_new_one_starts(corpus_file, tmp_path, monkeypatch):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    monkeypatch.setattr("tdiag.train.build_model", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):  # killed before its first evaluation
+        train(tiny("thsa.td", corpus_file, tmp_path, steps=2), overwrite=True, progress=False)
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()  # no checkpoint of another design stays behind
+
+
+def test_the_cli_refuses_a_run_folder_in_use_and_names_overwrite(corpus_file, tmp_path, capsys):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    argv = ["train", str(DESIGNS / "thsa.td"), "--data", str(corpus_file), "--out", str(tmp_path / "run")]
+    assert main([*argv, "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "--overwrite" in err and "Traceback" not in err
+
+
+class _RunsCodeWhenUnpickled:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_resume_never_unpickles_code_from_a_checkpoint(corpus_file, tmp_path):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    checkpoint = tmp_path / "run" / "checkpoint.pt"
+    state = torch.load(checkpoint, weights_only=True)
+    torch.save(state | {"log": [_RunsCodeWhenUnpickled(str(tmp_path / "PWNED"))]}, checkpoint)
+    with pytest.raises(TdiagError, match="cannot read checkpoint"):
+        train(tiny("mhsa.td", corpus_file, tmp_path, steps=4), resume=True, progress=False)
+    assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [lambda b: b[: len(b) // 2], lambda b: b"", lambda b: b"not a checkpoint", lambda b: b[:100] + b"\0" * 64],
+    ids=["truncated", "empty", "text", "zeroed"],
+)
+def test_a_damaged_checkpoint_is_a_clear_error_and_is_left_as_it_was(corpus_file, tmp_path, damage, capsys):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    checkpoint = tmp_path / "run" / "checkpoint.pt"
+    checkpoint.write_bytes(damage(checkpoint.read_bytes()))
+    damaged = checkpoint.read_bytes()
+    assert main(["train", "--resume", str(tmp_path / "run"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "checkpoint" in err and "Traceback" not in err
+    assert checkpoint.read_bytes() == damaged
+
+
+def test_a_checkpoint_of_another_design_is_a_clear_error(corpus_file, tmp_path):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    train(tiny("thsa.td", corpus_file, tmp_path / "other", out=str(tmp_path / "other"), steps=2), progress=False)
+    (tmp_path / "other" / "checkpoint.pt").replace(tmp_path / "run" / "checkpoint.pt")
+    with pytest.raises(TdiagError, match="are of different runs"):
+        train(tiny("mhsa.td", corpus_file, tmp_path, steps=4), resume=True, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "cannot read"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"design": "x.td", "colour": 3}', "unknown setting 'colour'"),
+        ('{"design": "x.td", "batch": 0}', "batch: expected a positive whole number"),
+        ('{"design": "x.td", "lr": "fast"}', "lr is 'fast', not a number"),
+        ('{"batch": 4}', "missing setting 'design'"),
+    ],
+)
+def test_a_broken_config_json_is_a_clear_error_on_resume(tmp_path, capsys, text, message):
+    (tmp_path / "config.json").write_text(text)
+    assert main(["train", "--resume", str(tmp_path), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert (tmp_path / "config.json").read_text() == text
+
+
+def test_a_failed_checkpoint_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    from tdiag.train import write_atomically
+
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(b"previous")
+
+    def disk_full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError):
+        write_atomically(path, b"next")
+    assert path.read_bytes() == b"previous"
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
