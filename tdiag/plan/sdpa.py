@@ -49,10 +49,10 @@ class FusedAttention:
         self.box_depth -= 1
         v = self.contract(fused["value"], tuple(heads + keys + features), sympy.Integer(1), "v")
         v = self.expand_broadcast(v, set(keys))  # values tied across a key leg (MGK's r, P17)
-        # the fused CPU kernels take 4-D (batch, heads, positions, features) only: a lone batch
-        # leg gets a unit head axis, or SDPA falls back to the math kernel and stores the box
+        # a lone batch leg stays 3-D: SDPA then runs its math kernel (bmm, softmax), which at one
+        # wide head (single-head, F features) is faster on CPU than the fused kernel of a unit
+        # head axis (1.07-2.3x slower measured at N = F = 256, batch 8)
         flat = [[h] for h in heads]
-        flat = flat[:1] + [[] for _ in range(2 - len(flat))] + flat[1:]
         bias_operand, pad_value, pad_query_key, width = None, 0, 0, None
         if bias is not None:
             bias_operand = self.arrange(bias, [*flat, keys])
@@ -80,7 +80,7 @@ class FusedAttention:
             pad_value=pad_value,
             pad_query_key=pad_query_key,
             width=width,
-            shape=self.shape(legs) if len(queries) != 1 or len(features) != 1 or len(heads) < 2 else None,
+            shape=self.shape(legs) if len(queries) != 1 or len(features) != 1 else None,
         )
         entries = self.numel([*heads, *queries, *keys])
         latent_size = self.numel(latent) + (1 if bias is not None else 0)
