@@ -220,8 +220,8 @@ class _Realization:
     def x_groups(self) -> list[list[str]]:
         if self.folds:
             return [*([leg] for leg in self.lead + self.m), self.k] if self.lead or self.m else [[], self.k]
-        if not any(leg in self.x.legs for leg in self.lead):
-            return [self.m, self.k]
+        # a matrix x against a batched y gets unit lead axes: torch then runs one batched matmul
+        # over an expanded copy of the small x, where a 2-D x makes it transpose and copy the result
         return [*([leg] if leg in self.x.legs else [] for leg in self.lead), self.m, self.k]
 
     def raw(self) -> list[list[str]]:
@@ -251,7 +251,7 @@ class _Realization:
                 groups = [lead + mk[0], mk[1]] if fold and value is self.x else [lead, *mk]
                 if not _is_view(value.legs, groups, sizes):
                     total += sizes.numel(value.legs)
-            if lead and other and set(other) - set(lead):
+            if other and set(other) - set(lead) and (lead or value is self.x):
                 total += sizes.numel(value.legs) * sizes.numel(set(other) - set(lead))
         return total
 
