@@ -241,6 +241,8 @@ class _Realization:
         operand broadcast along lead legs only the other has (torch expands and copies it).
         Operands in `free` are assumed laid out as asked."""
         total = 0
+        if not self.m and not self.n:  # 1×K by K×1 per lead element: far below matmul speed
+            total += 4 * (sizes.numel(self.x.legs) + sizes.numel(self.y.legs))
         x_lead = [leg for leg in self.lead if leg in self.x.legs]
         y_lead = [leg for leg in self.lead if leg in self.y.legs]
         for value, lead, fold, mk, other in (
