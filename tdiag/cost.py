@@ -108,7 +108,7 @@ def step_cost(step: Step, plan: Plan, convention: str) -> sympy.Expr:
 
 
 def _paper_cost(step: Step, plan: Plan) -> sympy.Expr:
-    if step.kind == "sdpa":
+    if step.kind == "sdpa" or step.paper != 0:  # fused steps, and sums with nested sums flattened in
         return step.paper
     if step.kind == "sum" and step.description == "sum":  # a sum node: one add per extra term
         return step.elementwise

@@ -162,12 +162,7 @@ class AbstractMachine:
             shape = tuple(self.integer(s) for s in operand.shape)
             m = self.reshape(m, shape, operand.value.var)
         if operand.index is not None:
-            shape, strides, it = [], [], iter(zip(m.shape, m.strides, strict=True))
-            for kept in operand.index:
-                size, stride = next(it) if kept else (1, 0)
-                shape.append(size)
-                strides.append(stride)
-            m = Meta(tuple(shape), tuple(strides), m.storage, m.grad, m.numel)
+            m = unsqueezed(m, operand.index)
         return m
 
     def integer(self, expr: sympy.Expr) -> int:
@@ -198,3 +193,15 @@ class AbstractMachine:
             records.append(self.record)
         saved = list(dict.fromkeys([s for r in records for s in r.saved] + self.kept))
         return Footprint(self.storages, records, saved)
+
+
+def unsqueezed(m: Meta, index: tuple[bool, ...]) -> Meta:
+    """`m[..., None, ...]`: a unit axis where `index` is False, with torch's stride for it (the
+    next axis's extent, 1 at the end), the kept axes as they were."""
+    shape, strides = list(m.shape), list(m.strides)
+    for position, kept in enumerate(index):
+        if not kept:
+            stride = shape[position] * strides[position] if position < len(shape) else 1
+            shape.insert(position, 1)
+            strides.insert(position, stride)
+    return Meta(tuple(shape), tuple(strides), m.storage, m.grad, m.numel)

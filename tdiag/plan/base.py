@@ -45,6 +45,7 @@ from ..ir import (
 from .program import (
     BATCH,
     BATCH_SIZE,
+    Multiply,
     Step,
     Value,
     show_legs,
@@ -246,7 +247,7 @@ class LoweringBase:
             build()
             if self.objective == "time":
                 return self.estimated_time(steps)
-            total = sum((s.flops for s in steps), sympy.Integer(0)).xreplace(self.chunk_values)
+            total = sum((_planned_flops(s) for s in steps), sympy.Integer(0)).xreplace(self.chunk_values)
             return int(self.g.evaluate(total, **self.sizes).xreplace({BATCH_SIZE: self.sizes.get("B", 1)}))
 
     @contextlib.contextmanager
@@ -259,6 +260,15 @@ class LoweringBase:
             yield self.target
         finally:
             self.target, self.memo, self.causal_masks = saved, memo, masks
+
+
+def _planned_flops(step: Step) -> sympy.Expr:
+    """A step's FLOPs as the rewrites compare them: a product that sums nothing (one multiply per
+    element) is weighed as the matmul with inner size 1 it replaced, 2 per element, as SDPA's
+    count weighs a head of width 1; so choosing the product op moves no rewrite decision."""
+    if isinstance(step.op, Multiply) and not step.op.summed:
+        return 2 * step.flops
+    return step.flops
 
 
 def _renamed(value: Value, rename: Mapping[str, str]) -> Value:

@@ -13,6 +13,7 @@ from .constants import ConstantFolding
 from .contraction import ContractionOrder
 from .distance import DistanceExpansion
 from .elementwise import ElementwiseLowering
+from .layout import Sizes, assign_layouts
 from .linear import LinearOrder
 from .program import (
     BATCH,
@@ -22,6 +23,7 @@ from .program import (
     Plan,
     Step,
     Value,
+    reads,
 )
 from .regions import RegionLowering
 from .sdpa import FusedAttention
@@ -75,6 +77,8 @@ def build_plan(
         shape = lowering.shape([leg for leg in order if leg != BATCH])
         lowering.emit(Step("update", BufferUpdate(update.target, value, shape), None, f"update {update.target}"))
     plan.steps = lowering.steps
+    keep = {value.var for _, value in plan.outputs} | {v.var for s in plan.update_steps for v in reads(s.op)}
+    assign_layouts(plan.steps, keep, Sizes(lowering.number, lambda leg: lowering.shape([leg])[0]))
     plan.names = lowering.input_vars
     plan.lowered = lowering.lowered
     plan.refused = lowering.refused

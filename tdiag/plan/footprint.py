@@ -31,6 +31,7 @@ from .program import (
     MaskFill,
     Materialize,
     Matmul,
+    Multiply,
     Normalize,
     Operand,
     Permute,
@@ -86,6 +87,7 @@ class _Interpreter(AbstractMachine):
         """torch.matmul: a batched operand beside a matrix is folded into a matrix (copied when
         the matrix needs a gradient and the fold is no view), else both go to bmm as 3-D (copied
         where the batch legs do not merge); each operand is saved when the other needs a gradient."""
+        a, b = _matrix_if_unit_batch(a), _matrix_if_unit_batch(b)
         da, db = len(a.shape), len(b.shape)
         if da >= 3 and db <= 2:
             folded = (math.prod(a.shape[:-1]), a.shape[-1])
@@ -109,6 +111,26 @@ class _Interpreter(AbstractMachine):
             self.save(a)
         if a.grad:
             self.save(b)
+
+    @op.register
+    def _(self, op: Multiply, step: Step) -> Meta:
+        a, b = self.read(op.a), self.read(op.b)
+        full = tuple(max(x, y) for x, y in zip(padded(a.shape, b.shape), padded(b.shape, a.shape), strict=True))
+        shape, out_numel = self.output(step)
+        numel = out_numel if not op.summed else sympy.Integer(math.prod(full))
+        if op.a == op.b:
+            product = self.like(full, [a], numel, a.grad, "square")
+            if a.grad:
+                self.save(a)
+        else:
+            product = self.like(full, [a, b], numel, a.grad or b.grad, step.out.var)  # type: ignore[union-attr]
+            if b.grad:
+                self.save(a)
+            if a.grad:
+                self.save(b)
+        if not op.summed:
+            return Meta(shape, product.strides, product.storage, product.grad, out_numel)
+        return self.fresh(shape, out_numel, product.grad, step.out.var)  # type: ignore[union-attr]
 
     @op.register
     def _(self, op: Einsum, step: Step) -> Meta:
@@ -325,6 +347,13 @@ def _math_reason(*qkv: Meta) -> str:
     if len({m.shape[-1] for m in qkv}) > 1:
         return "the value head size differs from the query and key head size"
     return "a last axis whose stride is not 1"
+
+
+def _matrix_if_unit_batch(m: Meta) -> Meta:
+    """torch.matmul treats an operand whose batch axes are all 1 as a matrix."""
+    if len(m.shape) >= 3 and all(size == 1 for size in m.shape[:-2]):
+        return Meta(m.shape[-2:], m.strides[-2:], m.storage, m.grad, m.numel)
+    return m
 
 
 def footprint(plan: Plan) -> Footprint:
