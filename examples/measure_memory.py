@@ -1,6 +1,7 @@
 """How far the cost model's peak memory is from what autograd really keeps: for every design,
 plain and causal, at a few sequence lengths, the bytes saved for backward (tdiag.measure, without
-parameters and input) against the cost report's saved bytes for the batch (plan/footprint.py). The goal of the cost model is a ratio within 10% of 1 everywhere.
+parameters and input) against the cost report's saved bytes for the batch (plan/footprint.py).
+The goal of the cost model is a ratio within 10% of 1 everywhere.
 
     python examples/measure_memory.py --out out/measure_memory.csv
     python examples/measure_memory.py designs/fish.td --n 128 --breakdown   # which op saves what
