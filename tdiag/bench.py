@@ -28,7 +28,14 @@ from .plan.timing import plan_time
 # ---- hand-written references ----------------------------------------------------------------
 
 
-class SdpaAttention(nn.Module):
+class Reference(nn.Module):
+    """A hand-written implementation: takes `causal` at call time (compiled modules have the
+    mask compiled in)."""
+
+    takes_causal = True
+
+
+class SdpaAttention(Reference):
     """Multi-head self-attention as one writes it by hand with scaled_dot_product_attention."""
 
     def __init__(self, mhsa: nn.Module):
@@ -48,7 +55,7 @@ class SdpaAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, n, -1))
 
 
-class TorchMultiheadAttention(nn.Module):
+class TorchMultiheadAttention(Reference):
     def __init__(self, mhsa: nn.Module):
         super().__init__()
         width, heads, _ = mhsa.WQ.shape
@@ -64,7 +71,7 @@ class TorchMultiheadAttention(nn.Module):
         return self.attention(x, x, x, attn_mask=mask, need_weights=False)[0]
 
 
-class AuthorsThsa(nn.Module):
+class AuthorsThsa(Reference):
     """The Tuformer authors' THSA formulation (fairseq tuckerhead_attention, bias-free): the
     score tensor einsum('bsr,blr->bslr') then Linear(R, R) on its last axis (spec §2.3)."""
 
@@ -93,7 +100,7 @@ class AuthorsThsa(nn.Module):
         return self.out(torch.einsum("bslr,blr->bsr", probabilities, v))
 
 
-class AuthorsFish(nn.Module):
+class AuthorsFish(Reference):
     """The FiSH authors' formulation (HDPAttn, spec fishformer §3.2-3.3): M global score maps,
     Gaussian noise on them in training, Linear(M -> H) mixing on the head axis, then a softmax per
     local head and the H value heads."""
@@ -133,7 +140,7 @@ class AuthorsFish(nn.Module):
         return self.out(torch.einsum("bnsh,bshe->bnhe", probabilities, v).reshape(b, n, -1))
 
 
-class AuthorsMgk(nn.Module):
+class AuthorsMgk(Reference):
     """The MGK authors' formulation (spec mgk §1.3, LRA attention): per-component squared
     distances, π-weighted Gaussian kernels summed over components, normalized over keys."""
 
@@ -191,19 +198,29 @@ class Row:
     seconds: float  # median forward + backward
     saved_bytes: int  # activations autograd keeps for backward
     cuda_peak_bytes: int | None
-    time_ratio: float = 1.0  # this row / the compiled design's row
+    time_ratio: float = 1.0  # the compiled design's time / this row's (median)
+    time_ratio_min: float = 1.0  # the same ratio taken round by round: its spread is the noise
+    time_ratio_max: float = 1.0
     memory_ratio: float = 1.0
     predicted_seconds: float | None = None  # the time objective's estimate (compiled rows)
 
 
 def _kwargs(module: nn.Module, causal: bool) -> dict[str, bool]:
-    return {} if hasattr(module, "tdiag_plan") else {"causal": causal}
+    """Hand-written references take `causal`; compiled modules (in-process or a standalone
+    file) were compiled with or without the causal mask."""
+    return {"causal": causal} if getattr(module, "takes_causal", False) else {}
 
 
-def measure_all(
-    modules: list[nn.Module], x: torch.Tensor, causal: bool, repeat: int
-) -> list[tuple[float, int, int | None]]:
-    """Round-robin over the implementations, so warm-up and machine noise fall on all alike."""
+@dataclass
+class Timing:
+    seconds: list[float]  # one forward + backward per round
+    saved_bytes: int
+    cuda_peak_bytes: int | None
+
+
+def measure_all(modules: list[nn.Module], x: torch.Tensor, causal: bool, repeat: int) -> list[Timing]:
+    """Round-robin over the implementations, so warm-up and machine noise fall on all alike;
+    round r of one implementation is compared with round r of another."""
     for module in modules:
         time_step(module, x, kwargs=_kwargs(module, causal), repeats=0, warmup=2)
     times: list[list[float]] = [[] for _ in modules]
@@ -218,8 +235,31 @@ def measure_all(
             time_step(module, x, kwargs=_kwargs(module, causal), repeats=1, warmup=0)
             peak = torch.cuda.max_memory_allocated()
         saved = saved_for_backward(module, x, **_kwargs(module, causal)).total_bytes
-        results.append((statistics.median(times[k]), saved, peak))
+        results.append(Timing(times[k], saved, peak))
     return results
+
+
+def load_baseline(folder: Path, stem: str, causal: bool) -> nn.Module | None:
+    """A standalone compiled file `FOLDER/STEM.py` (`STEM.causal.py` under --causal), e.g. made
+    by `tdiag compile` at an older commit, so an old plan and the new one are timed side by
+    side in one run. The file is the user's own Python; it is imported like any module."""
+    path = folder / f"{stem}{'.causal' if causal else ''}.py"
+    if not path.is_file():
+        return None
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"tdiag_baseline_{stem}", path)
+    assert spec is not None and spec.loader is not None
+    namespace = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(namespace)
+    classes = [
+        c
+        for c in vars(namespace).values()
+        if isinstance(c, type) and issubclass(c, nn.Module) and c.__module__ == namespace.__name__
+    ]
+    if len(classes) != 1:
+        raise ValueError(f"{path}: expected one nn.Module class, found {len(classes)}")
+    return classes[0]()
 
 
 def run(
@@ -233,10 +273,12 @@ def run(
     causal: bool,
     device: str,
     objective: str = "flops",
+    baseline: str | None = None,
     log=print,
 ) -> list[Row]:
-    """Each design compiled under each objective (comma-separated: `flops,time`) and its
-    hand-written references, timed round-robin; ratios are to the first objective's module."""
+    """Each design compiled under each objective (comma-separated: `flops,time`), its
+    hand-written references and, with `baseline`, a standalone file compiled earlier, timed
+    round-robin; ratios are to the first objective's module, with their min–max over rounds."""
     objectives = [o.strip() for o in objective.split(",") if o.strip()]
     rows: list[Row] = []
     torch.manual_seed(0)
@@ -248,18 +290,26 @@ def run(
         compiled = [design.module(N=n, device=device, objective=o) for o in objectives]
         x = torch.randn(batch, n, width, device=device)
         labels = ["tdiag compiled"] + [f"tdiag compiled ({o})" for o in objectives[1:]]
-        labels += [label for label, _ in REFERENCES.get(Path(file).stem, [])]
-        modules = compiled + [make(compiled[0]).to(device) for _, make in REFERENCES.get(Path(file).stem, [])]
-        for k, (label, timing) in enumerate(zip(labels, measure_all(modules, x, causal, repeat), strict=True)):
-            row = Row(design.name, label, *timing)
+        modules: list[nn.Module] = list(compiled)
+        old = load_baseline(Path(baseline), Path(file).stem, causal) if baseline else None
+        if old is not None:
+            old.load_state_dict(compiled[0].state_dict())
+            labels.append(f"baseline ({Path(baseline).name})")
+            modules.append(old.to(device))
+        for label, make in REFERENCES.get(Path(file).stem, []):
+            labels.append(label)
+            modules.append(make(compiled[0]).to(device))
+        timings = measure_all(modules, x, causal, repeat)
+        for k, (label, timing) in enumerate(zip(labels, timings, strict=True)):
+            row = Row(design.name, label, statistics.median(timing.seconds), timing.saved_bytes, timing.cuda_peak_bytes)
+            row.time_ratio = statistics.median(timings[0].seconds) / row.seconds
+            per_round = [a / b for a, b in zip(timings[0].seconds, timing.seconds, strict=True)]
+            row.time_ratio_min, row.time_ratio_max = min(per_round), max(per_round)
+            row.memory_ratio = timings[0].saved_bytes / row.saved_bytes if row.saved_bytes else math.nan
             if k < len(compiled):
                 row.predicted_seconds = plan_time(compiled[k].tdiag_plan, model, B=batch)
             rows.append(row)
-            log(f"  {design.name:<22} {label:<38} {timing[0] * 1e3:9.2f} ms")
-    for row in rows:
-        base = next(r for r in rows if r.design == row.design and r.implementation == "tdiag compiled")
-        row.time_ratio = base.seconds / row.seconds
-        row.memory_ratio = base.saved_bytes / row.saved_bytes if row.saved_bytes else math.nan
+            log(f"  {design.name:<22} {label:<38} {row.seconds * 1e3:9.2f} ms")
     return rows
 
 
@@ -271,12 +321,13 @@ def _sizes_for(file: str, width: int, heads: int) -> dict[str, int]:
 
 def table(rows: list[Row]) -> str:
     header = f"{'design':<22} {'implementation':<38} {'fwd+bwd ms':>11} {'predicted ms':>13} {'saved MiB':>10}"
-    lines = [header + f" {'compiled/this time':>19} {'compiled/this mem':>18}"]
+    lines = [header + f" {'compiled/this time':>19} {'(min–max)':>13} {'compiled/this mem':>18}"]
     for r in rows:
         predicted = f"{r.predicted_seconds * 1e3:13.2f}" if r.predicted_seconds is not None else f"{'':>13}"
+        spread = f"{r.time_ratio_min:.2f}–{r.time_ratio_max:.2f}"
         lines.append(
             f"{r.design:<22} {r.implementation:<38} {r.seconds * 1e3:11.2f} {predicted} {r.saved_bytes / 2**20:10.1f} "
-            f"{r.time_ratio:19.3f} {r.memory_ratio:18.3f}"
+            f"{r.time_ratio:19.3f} {spread:>13} {r.memory_ratio:18.3f}"
         )
     return "\n".join(lines)
 

@@ -150,6 +150,12 @@ def _parser() -> _Parser:
         "ratios are to the first",
     )
     p.add_argument("--device", type=device_name, default="auto", help="cpu, cuda, ... (default: cuda when available)")
+    p.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="also time DIR/NAME.py (NAME.causal.py with --causal): a standalone file from `tdiag compile`, "
+        "e.g. at an older commit, with the compiled module's weights (default: none)",
+    )
     p.add_argument("--out", default="out/bench", help="folder for bench.json, bench.csv, bench.png")
 
     p = commands.add_parser("train", help="train a character language model whose attention is the design")
@@ -322,7 +328,9 @@ def _bench(args: argparse.Namespace) -> int:
     if args.device == "auto":
         args.device = "cuda" if _has_cuda() else "cpu"
     _available_device("bench", args.device)
-    names = ("n", "batch", "width", "heads", "repeat", "causal", "objective", "device")
+    if args.baseline is not None and not Path(args.baseline).is_dir():
+        raise _UsageError(f"tdiag bench: error: argument --baseline: '{args.baseline}' is not a folder")
+    names = ("n", "batch", "width", "heads", "repeat", "causal", "objective", "device", "baseline")
     settings = {k: getattr(args, k) for k in names}
     print(f"tdiag bench: forward + backward, {settings}")
     rows = bench.run(args.files, log=lambda line: print(line, flush=True), **settings)

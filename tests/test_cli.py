@@ -1,5 +1,6 @@
 """The command line: exit codes, summaries, and no tracebacks for user mistakes."""
 
+import json
 import os
 import subprocess
 import sys
@@ -127,8 +128,6 @@ def test_cost_prints_ratios_to_the_first_design(capsys):
 
 
 def test_cost_json_has_numbers_and_formulas(capsys):
-    import json
-
     code, out, _ = run(capsys, "cost", str(DESIGNS / "skip_right.td"), "--at", "N=1024", "--format", "json")
     (report,) = json.loads(out)
     assert code == 0 and report["params"] == 1_048_640 and report["params_formula"] == "4*F*R + H**2"
@@ -147,6 +146,28 @@ def test_bench_writes_json_csv_and_plot(capsys, tmp_path):
     )  # fmt: skip
     assert code == 0 and "hand-written SDPA" in out
     assert {p.name for p in tmp_path.iterdir()} >= {"bench.json", "bench.csv"}
+
+
+def test_bench_times_a_standalone_baseline_file_with_the_compiled_weights(capsys, tmp_path):
+    baseline = tmp_path / "old"
+    baseline.mkdir()
+    code, _, _ = run(
+        capsys, "compile", str(DESIGNS / "mhsa.td"), "--set", "F=16", "--set", "H=2", "-o", str(baseline / "mhsa.py")
+    )
+    assert code == 0
+    code, out, _ = run(
+        capsys, "bench", str(DESIGNS / "mhsa.td"), "--n", "8", "--batch", "2", "--width", "16", "--heads", "2",
+        "--repeat", "3", "--baseline", str(baseline), "--out", str(tmp_path / "bench"),
+    )  # fmt: skip
+    assert code == 0 and "baseline (old)" in out
+    rows = json.loads((tmp_path / "bench" / "bench.json").read_text())["rows"]
+    old = next(r for r in rows if r["implementation"] == "baseline (old)")
+    assert old["time_ratio_min"] <= old["time_ratio"] <= old["time_ratio_max"]
+
+
+def test_bench_refuses_a_baseline_that_is_not_a_folder(capsys, tmp_path):
+    code, _, err = run(capsys, "bench", MHSA, "--baseline", str(tmp_path / "missing"), "--out", str(tmp_path / "b"))
+    assert code == 2 and "--baseline" in err
 
 
 @pytest.mark.parametrize(
