@@ -178,7 +178,7 @@ def _writable(path: Path, flag: str, *, folder: bool = False) -> None:
         raise _UsageError(f"{command}: is a folder; give a file name")
     if path.exists() and not path.is_dir() and folder:
         raise _UsageError(f"{command}: is a file; give a folder")
-    existing = path if path.exists() else path.parent
+    existing = path if path.is_dir() else path.parent  # an existing file is overwritten
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():

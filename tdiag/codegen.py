@@ -145,6 +145,8 @@ def generate(plan: Plan, *, source_name: str = "") -> str:
         "",
         *_reset(plan),
         "",
+        *_extra_repr(plan),
+        "",
         *_forward(plan),
     ]
     return "\n".join(lines).rstrip() + "\n"
@@ -195,6 +197,31 @@ def _reset(plan: Plan) -> list[str]:
     if len(lines) == 3:
         lines.append("        pass")
     return lines
+
+
+def _extra_repr(plan: Plan) -> list[str]:
+    """`repr(module)` shows the sizes built for, then each stored tensor with its legs and shape."""
+    graph = plan.graph
+    fixed = ", ".join(
+        f"{python_text(k)}={v}" for k, v in plan.sizes.items() if k in graph.sizes and not graph.sizes[k].is_free
+    )
+    runtime = [
+        f"{python_text(k)} (planned at {v})"
+        for k, v in plan.sizes.items()
+        if k in graph.sizes and graph.sizes[k].is_free
+    ]
+    sizes = f"sizes: {fixed or 'none'}" + (f"; bound at run time: {', '.join(runtime)}" if runtime else "")
+    legs = ", ".join(f'"{python_text(t.name)}": "{python_text(" ".join(t.legs))}"' for t in _stored(plan))
+    return [
+        "    def extra_repr(self) -> str:",
+        '        """The sizes built for, then each parameter and buffer with its legs and shape."""',
+        f"        legs = {{{legs}}}",
+        f'        lines = ["{sizes}"]',
+        "        for name, tensor in [*self.named_parameters(recurse=False), *self.named_buffers(recurse=False)]:",
+        '            kind = "param" if isinstance(tensor, nn.Parameter) else "buffer"',
+        '            lines.append(f"{kind} {name}[{legs[name]}]: {tuple(tensor.shape)}")',
+        '        return "\\n".join(lines)',
+    ]
 
 
 def _forward(plan: Plan) -> list[str]:

@@ -27,9 +27,22 @@ CONVENTIONS = ("flop", "mac", "paper")
 METRICS = ("params", "flops", "softmax_entries", "peak_memory")
 
 
-@dataclass
+METRIC_TEXT = {
+    "params": "parameters",
+    "flops": "FLOPs",
+    "score_flops": "FLOPs of the box arguments",
+    "exps": "exponentials",
+    "divisions": "divisions",
+    "elementwise": "other elementwise ops",
+    "softmax_entries": "softmax-box entries",
+    "peak_memory": "activation entries kept for backward",
+}
+
+
+@dataclass(repr=False)
 class CostReport:
-    """Formulas for one design's plan. `at(...)` gives numbers; `formulas()` sympy strings."""
+    """Formulas for one design's plan. `at(...)` gives numbers; `formulas()` sympy strings.
+    In Jupyter it shows as a table of each metric's formula and its number at the planned sizes."""
 
     design: str
     graph: DesignGraph
@@ -77,6 +90,33 @@ class CostReport:
             value = self._number(expr, sizes)
             numbers[key] = int(value) if value.is_Integer else float(value)
         return numbers
+
+    def __repr__(self) -> str:
+        numbers = self.at()
+        shown = ", ".join(f"{key} {_show_number(numbers[key])}" for key in METRICS)
+        return f"<tdiag.CostReport {self.design} ({self.convention}) at {_sizes_text(self.sizes)}: {shown}>"
+
+    def _rows(self, show) -> list[list[str]]:
+        numbers = self.at()
+        return [[METRIC_TEXT[key], show(expr), _show_number(numbers[key])] for key, expr in self.formulas().items()]
+
+    def _title(self) -> str:
+        return (
+            f"cost of {self.design} per sequence at {_sizes_text(self.sizes)} "
+            f"({self.convention} convention; memory in float32 entries)"
+        )
+
+    def _repr_html_(self) -> str:
+        from .notebook import formula_text, heading_html, html_table
+
+        header = ["metric", "formula", "at these sizes"]
+        return heading_html(self._title()) + html_table(header, self._rows(formula_text), right=[2])
+
+    def _repr_markdown_(self) -> str:
+        from .notebook import formula_latex, markdown_table, markdown_text
+
+        header = ["metric", "formula", "at these sizes"]
+        return f"**{markdown_text(self._title())}**\n\n" + markdown_table(header, self._rows(formula_latex), right=[2])
 
     def as_dict(self, **sizes: int) -> dict[str, object]:
         numbers = self.at(**sizes)
@@ -152,6 +192,10 @@ def cost_report(plan: Plan, convention: str = "flop") -> CostReport:
 
 
 # ---- the side-by-side table ----------------------------------------------------------------
+
+
+def _sizes_text(sizes: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sizes.items()) or "no sizes"
 
 
 def _show_number(value: float | int) -> str:

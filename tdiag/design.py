@@ -202,6 +202,27 @@ class Design:
 
         return to_svg(self.graph)
 
+    def _repr_html_(self) -> str:
+        """The diagram (when Graphviz's `dot` exists: Jupyter shows HTML before SVG, so it is
+        embedded here), then the sizes, tensors and statements as tables."""
+        from .notebook import formula_text, heading_html, html_table
+
+        parts = [heading_html(self.summary())]
+        svg = self._repr_svg_()
+        if svg:
+            parts.append(svg[svg.index("<svg") :])
+        for title, header, rows, right in _tables(self, formula_text):
+            parts.append(heading_html(title) + html_table(header, rows, right=right))
+        return "".join(parts)
+
+    def _repr_markdown_(self) -> str:
+        from .notebook import formula_latex, markdown_table, markdown_text
+
+        parts = [f"**{markdown_text(self.summary())}**"]
+        for title, header, rows, right in _tables(self, formula_latex):
+            parts.append(f"{title}\n\n" + markdown_table(header, rows, right=right))
+        return "\n\n".join(parts)
+
 
 def checked_sizes(graph: DesignGraph | None, sizes: Mapping[str, object]) -> dict[str, int]:
     """Sizes given through the Python API: positive whole numbers within LIMITS.max_size, each a
@@ -249,6 +270,45 @@ def loads(text: str, name: str = "<string>", sizes: Mapping[str, int] | None = N
     if errors:
         raise TdiagError(errors)
     return Design(graph, [d for d in found if not d.is_error])
+
+
+# ---- the notebook tables ---------------------------------------------------------------------
+
+
+def _tables(design: Design, show) -> list[tuple[str, list[str], list[list[str]], list[int]]]:
+    """Sizes, stored tensors and statements, formulas shown by `show` and numbers at the built sizes."""
+    from .notebook import number_text
+
+    g = design.graph
+    values = design.size_values
+
+    def value(expr: sympy.Expr) -> str:
+        number = g.evaluate(expr)
+        return number_text(int(number)) if number.is_Integer else "-"
+
+    sizes = [
+        [n, "bound at run time" if s.definition is None else show(s.definition), number_text(values.get(n, "-"))]
+        for n, s in g.sizes.items()
+    ]
+    tensors = []
+    for t in g.tensors.values():
+        if t.kind == "derived":
+            continue
+        legs = ", ".join(f"{a.leg}: {a.size}" for a in t.axes)
+        count = [show(t.numel), value(t.numel)] if t.kind == "param" else ["", ""]
+        tensors.append([t.kind, f"{t.name}[{legs}]", str(t.init or ""), *count])
+    count = g.parameter_count()
+    tensors.append(["", "all parameters", "", show(count), value(count)])
+    statements = [
+        [f"{'update ' if s.is_update else ''}{s.target}[{_groups(s.groups)}] = {format_expr(s.expr)}"]
+        for s in [*g.statements, *g.updates]
+    ]
+    statements += [["output " + ", ".join(f"{o}[{' '.join(g.tensors[o].legs)}]" for o in g.outputs)]]
+    return [
+        ("sizes", ["size", "definition", "value"], sizes, [2]),
+        ("tensors", ["kind", "tensor [leg: size]", "initializer", "parameters", "at these sizes"], tensors, [4]),
+        ("statements", ["statement"], statements, []),
+    ]
 
 
 # ---- the show text -------------------------------------------------------------------------

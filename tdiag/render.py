@@ -1,13 +1,20 @@
 """DesignGraph -> DOT text in the papers' notation (Tuformer Sec. 2.1, App. A; design notes §5):
 tensors are circles (inputs shaded blue, parameters blank, constants double-ringed, noise
-dashed, buffers yellow), legs are edges labelled with their size symbol, a leg shared by three or
-more nodes meets at a junction dot, an output leg dangles, and a softmax box is a dotted cluster
-with a filled ball on its normalized leg, labelled with the scale α. Intermediate statements are
-inlined, so the drawing is the tensor network of the leaf tensors, as in the papers' figures.
+dashed, buffers yellow), legs are edges labelled with their name and size (`n: N`), a leg shared
+by three or more nodes meets at a junction dot carrying that label, only an output leg dangles
+(Sec. 2.1: "the output shape by the dangling edges"), a leg summed where it has a single end is
+closed by an all-ones vector node `1` (Fig. 4a/5's 1_D: summing a branch away), and a softmax box
+is a dotted cluster with a filled ball on its normalized leg, labelled with the scale α (Fig. 2).
+A sum or quotient node marks the edges of a subtracted term with − and of a denominator with ÷.
+By default intermediate statements are inlined, so the drawing is the tensor network of the leaf
+tensors, as in the papers' figures; with `inline=False` each statement is its own labelled
+cluster, the tensors that earlier statements define are one node each (green), and a dashed
+arrow leads from a statement to each use of its result.
 DOT text needs nothing installed; SVG, PNG and PDF need Graphviz's `dot` program."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import shutil
@@ -28,6 +35,7 @@ from .ir import (
     Scalar,
     SoftmaxBox,
     SquaredDistance,
+    Statement,
     SumNode,
     TensorRef,
 )
@@ -40,6 +48,37 @@ NODE_STYLE = {
     "random": "shape=circle style=dashed",
     "buffer": 'shape=circle style=filled fillcolor="#fff2cc"',
     "derived": 'shape=circle style=filled fillcolor="#d9ead3"',
+}
+ONES_STYLE = 'shape=circle width=0.22 fixedsize=true fontsize=9 style=filled fillcolor="#eeeeee" label="1"'
+SCALED = "dashed color=gray60"  # the cluster of a scaled, subtracted or dividing term
+OPEN_END_STYLE = 'shape=point style=invis width=0.01 label=""'
+
+GREEK = {  # a tensor named after a Greek letter is drawn with the letter, as the papers write it
+    name: chr(code)
+    for name, code in {
+        "alpha": 0x3B1,
+        "beta": 0x3B2,
+        "gamma": 0x3B3,
+        "delta": 0x3B4,
+        "eps": 0x3B5,
+        "epsilon": 0x3B5,
+        "eta": 0x3B7,
+        "theta": 0x3B8,
+        "kappa": 0x3BA,
+        "lambda_": 0x3BB,
+        "lam": 0x3BB,
+        "mu": 0x3BC,
+        "nu": 0x3BD,
+        "xi": 0x3BE,
+        "pi": 0x3C0,
+        "rho": 0x3C1,
+        "sigma": 0x3C3,
+        "tau": 0x3C4,
+        "phi": 0x3C6,
+        "chi": 0x3C7,
+        "psi": 0x3C8,
+        "omega": 0x3C9,
+    }.items()
 }
 MAP_LABEL = {"exp": "exp", "log": "log", "relu": "ReLU", "elu1": "elu + 1", "clamp": "clamp"}
 
@@ -66,8 +105,11 @@ class _Drawing:
     clusters: dict[str, _Cluster] = field(default_factory=dict)
     ends: dict[str, list[str]] = field(default_factory=dict)  # leg instance -> node ids
     leg_of: dict[str, str] = field(default_factory=dict)  # leg instance -> leg name
+    home: dict[str, str | None] = field(default_factory=dict)  # leg instance -> cluster it is summed in
     balls: dict[str, tuple[str, str]] = field(default_factory=dict)  # instance -> (cluster, label)
     dangling: set[str] = field(default_factory=set)
+    uses: list[tuple[str, str]] = field(default_factory=list)  # (derived tensor, node drawing one use)
+    defined_in: dict[str, str] = field(default_factory=dict)  # derived tensor -> its statement's cluster
     counter: itertools.count = field(default_factory=itertools.count)
 
     def new_id(self, prefix: str) -> str:
@@ -83,18 +125,26 @@ class _Drawing:
         self.clusters[cluster_id] = _Cluster(cluster_id, label, style, parent)
         return cluster_id
 
-    def leg(self, name: str) -> str:
+    def leg(self, name: str, cluster: str | None) -> str:
+        """A new leg instance, summed (or kept, for an output) in `cluster`."""
         instance = self.new_id("leg")
         self.ends[instance] = []
         self.leg_of[instance] = name
+        self.home[instance] = cluster
         return instance
 
     def attach(self, node_id: str, instance: str) -> None:
         self.ends[instance].append(node_id)
 
     def size_label(self, instance: str) -> str:
-        leg = self.design.legs.get(self.leg_of[instance])
-        return _text(leg.size) if leg else self.leg_of[instance]
+        """The leg's size symbol; a fused leg `(h d)` has the product of its pieces' sizes."""
+        names = self.leg_of[instance].strip("()").split()
+        sizes = [self.design.legs[n].size for n in names if n in self.design.legs]
+        return _text(sympy.Mul(*sizes)) if len(sizes) == len(names) else self.leg_of[instance]
+
+    def edge_label(self, instance: str) -> str:
+        """`n: N`: the leg's name next to its size, so legs of equal size are told apart."""
+        return f"{self.leg_of[instance]}: {self.size_label(instance)}"
 
 
 # ---- walking the design --------------------------------------------------------------------
@@ -105,9 +155,9 @@ def _draw(d: _Drawing, e: Expr, env: dict[str, str], cluster: str | None) -> Non
     if isinstance(e, TensorRef):
         _draw_tensor(d, e, env, cluster)
     elif isinstance(e, Contraction):
-        inner = env | {leg: d.leg(leg) for leg in e.summed}
+        inner = env | {leg: d.leg(leg, cluster) for leg in e.summed}
         if e.coefficient != 1:
-            d.node("c", f'shape=plaintext label="×{_text(e.coefficient)}"', cluster)
+            cluster = d.cluster(f"×{_text(e.coefficient)}", SCALED, cluster)
         for factor in e.factors:
             _draw(d, factor, {leg: inner[leg] for leg in factor.legs}, cluster)
     elif isinstance(e, SoftmaxBox):
@@ -118,16 +168,16 @@ def _draw(d: _Drawing, e: Expr, env: dict[str, str], cluster: str | None) -> Non
         _draw(d, e.operand, env, inner_cluster)  # type: ignore[arg-type]
     elif isinstance(e, Reduction):
         box = d.cluster(f"{e.name} over {' '.join(e.over)}", "dotted", cluster)
-        inner = env | {leg: d.leg(leg) for leg in e.over}
+        inner = env | {leg: d.leg(leg, box) for leg in e.over}
         end = d.node("r", f'shape=diamond width=0.25 height=0.25 label="" xlabel="{e.name}"', box)
         for leg in e.over:
             d.attach(end, inner[leg])
         _draw(d, e.operand, {leg: inner[leg] for leg in e.operand.legs}, box)  # type: ignore[union-attr]
     elif isinstance(e, SumNode):
-        signs = " ".join("+" if s > 0 else "−" for s in e.signs)
-        _draw_joined(d, e, env, cluster, f"⊕\\n{signs}", list(e.terms))
+        marks = ["" if s > 0 else "−" for s in e.signs]
+        _draw_joined(d, e, env, cluster, "+", list(e.terms), marks)
     elif isinstance(e, Quotient):
-        _draw_joined(d, e, env, cluster, "÷", [e.numerator, e.denominator])  # type: ignore[list-item]
+        _draw_joined(d, e, env, cluster, "÷", [e.numerator, e.denominator], ["", "÷ by"])  # type: ignore[list-item]
     elif isinstance(e, SquaredDistance):
         _draw_distance(d, e, env, cluster)
     elif isinstance(e, Scalar) and e.value != 1:
@@ -149,13 +199,15 @@ def _draw_tensor(d: _Drawing, e: TensorRef, env: dict[str, str], cluster: str | 
         _draw(d, statement.expr, {leg: inner[leg] for leg in statement.expr.legs}, cluster)
         return
     kind = tensor.kind if statement is None else "derived"
-    label = "ε" if kind == "random" and e.name.lower().startswith("eps") else e.name
+    label = GREEK.get(e.name, "ε" if kind == "random" and e.name.lower().startswith("eps") else e.name)
     node = d.node("t", f'{NODE_STYLE[kind]} label="{label}" tooltip="{kind} {e.name}"', cluster)
+    if statement is not None:
+        d.uses.append((e.name, node))
     for group in e.groups:
         if len(group) == 1:
             d.attach(node, env[group[0]])
         else:
-            fused = d.leg("(" + " ".join(group) + ")")
+            fused = d.leg("(" + " ".join(group) + ")", cluster)
             d.attach(node, fused)
             join = d.node("j", 'shape=point width=0.06 label=""', cluster)
             d.attach(join, fused)
@@ -171,7 +223,7 @@ def _reshape(
     for instance in outer:
         d.attach(join, instance)
     for leg in definition:
-        inner[leg] = d.leg(leg)
+        inner[leg] = d.leg(leg, cluster)
         d.attach(join, inner[leg])
 
 
@@ -188,16 +240,26 @@ def _draw_box(d: _Drawing, e: SoftmaxBox, env: dict[str, str], cluster: str | No
     _draw(d, e.content, env, box)  # type: ignore[arg-type]
 
 
-def _draw_joined(d: _Drawing, e: Expr, env: dict[str, str], cluster: str | None, label: str, parts: list[Expr]) -> None:
-    """A sum node or quotient: each part is its own sub-network whose open legs meet at the node."""
-    join = d.node("s", f'shape=circle width=0.3 fixedsize=true fontsize=10 label="{label}"', cluster)
+def _draw_joined(
+    d: _Drawing, e: Expr, env: dict[str, str], cluster: str | None, label: str, parts: list[Expr], marks: list[str]
+) -> None:
+    """A sum node or quotient: each part is its own sub-network whose open legs meet at the node.
+    A subtracted term or a denominator is drawn in a dashed cluster labelled − or ÷ (with its
+    coefficient, when it has one), so the sign sits on the term it belongs to."""
+    join = d.node("s", f'shape=circle width=0.3 fixedsize=true fontsize=12 label="{label}"', cluster)
     for leg in e.legs:
         d.attach(join, env[leg])
-    for part in parts:
-        part_env = {leg: d.leg(leg) for leg in part.legs}
+    for part, mark in zip(parts, marks, strict=True):
+        part_env = {leg: d.leg(leg, cluster) for leg in part.legs}
         for instance in part_env.values():
             d.attach(join, instance)
-        _draw(d, part, part_env, cluster)
+        where = cluster
+        if mark and isinstance(part, Contraction) and part.coefficient != 1:
+            where = d.cluster(f"{mark} {_text(part.coefficient)} ×", SCALED, cluster)
+            part = dataclasses.replace(part, coefficient=sympy.Integer(1))
+        elif mark:
+            where = d.cluster(mark, SCALED, cluster)
+        _draw(d, part, part_env, where)
 
 
 def _draw_distance(d: _Drawing, e: SquaredDistance, env: dict[str, str], cluster: str | None) -> None:
@@ -206,7 +268,7 @@ def _draw_distance(d: _Drawing, e: SquaredDistance, env: dict[str, str], cluster
     for side in (e.left, e.right):
         side_env = {leg: env[leg] for leg in side.legs if leg in env}  # type: ignore[union-attr]
         for leg in e.over:
-            side_env[leg] = d.leg(leg)
+            side_env[leg] = d.leg(leg, box)
             d.attach(pair, side_env[leg])
         _draw(d, side, side_env, box)  # type: ignore[arg-type]
 
@@ -245,9 +307,6 @@ def _is_inside(d: _Drawing, node: str, cluster: str) -> bool:
 def _edges(d: _Drawing) -> list[str]:
     lines = []
     for instance, ends in d.ends.items():
-        label = d.size_label(instance)
-        tip = d.leg_of[instance]
-        attrs = f'label="{label}" tooltip="leg {tip}"'
         if instance in d.balls:
             box, alpha = d.balls[instance]
             ball = d.node(
@@ -257,24 +316,48 @@ def _edges(d: _Drawing) -> list[str]:
             )
             inside = [n for n in ends if _is_inside(d, n, box)]
             outside = [n for n in ends if not _is_inside(d, n, box)]
-            lines += _hyperedge(d, [*inside, ball], attrs, d.nodes[ball][1], dangle=False)
-            lines += _hyperedge(d, [ball, *outside], attrs, None, dangle=instance in d.dangling or not outside)
+            lines += _hyperedge(d, instance, [*inside, ball], d.nodes[ball][1], closed=True)
+            lines += _hyperedge(d, instance, [ball, *outside], None)
         else:
-            lines += _hyperedge(d, ends, attrs, None, dangle=instance in d.dangling)
+            lines += _hyperedge(d, instance, ends, None)
+    lines += _use_arrows(d)
     return lines
 
 
-def _hyperedge(d: _Drawing, ends: list[str], attrs: str, cluster: str | None, *, dangle: bool) -> list[str]:
-    """Two ends: one edge. One end: a dangling leg. Three or more: a junction dot (hyperedge)."""
+def _hyperedge(d: _Drawing, instance: str, ends: list[str], cluster: str | None, *, closed: bool = False) -> list[str]:
+    """Two ends: one edge. Three or more: a junction dot (hyperedge), labelled on one spoke. An output
+    leg gets an open end; a summed leg with a single end is closed by an all-ones vector `1`,
+    so that it never dangles like an output leg. `closed`: the part of a leg inside a box."""
     ends = list(ends)
-    if dangle or len(ends) == 1:
-        ends.append(d.node("o", 'shape=point style=invis width=0.01 label=""', None))
-    if len(ends) == 2:
-        return [f"  {ends[0]} -- {ends[1]} [{attrs}];"]
+    label = d.edge_label(instance)
+    tip = f"leg {d.leg_of[instance]}: {d.size_label(instance)}"
+    if not closed and instance in d.dangling:
+        ends.append(d.node("o", f'{OPEN_END_STYLE} tooltip="output leg {d.leg_of[instance]}"', d.home[instance]))
+    elif not closed and len(ends) == 1:
+        ends.append(d.node("u", f'{ONES_STYLE} tooltip="sum over {d.leg_of[instance]}"', d.home[instance]))
     if len(ends) < 2:
         return []
-    hub = d.node("h", 'shape=point width=0.08 label=""', _common_cluster(d, ends) if cluster is None else cluster)
-    return [f"  {hub} -- {end} [{attrs}];" for end in ends]
+    if len(ends) == 2:
+        return [f'  {ends[0]} -- {ends[1]} [label="{label}" tooltip="{tip}"];']
+    where = _common_cluster(d, ends) if cluster is None else cluster
+    hub = d.node("h", 'shape=point width=0.08 label=""', where)
+    return [f'  {hub} -- {end} [label="{label if k == 0 else ""}" tooltip="{tip}"];' for k, end in enumerate(ends)]
+
+
+def _use_arrows(d: _Drawing) -> list[str]:
+    """With statements drawn apart: a dashed arrow from each statement to every use of its result."""
+    lines = []
+    for name, node in d.uses:
+        cluster = d.defined_in.get(name)
+        if cluster is None:
+            continue
+        # from an open end of the defining statement, so that the arrows order the statements
+        anchor = next(n for n, (attrs, c) in d.nodes.items() if c == cluster and attrs.startswith(OPEN_END_STYLE))
+        lines.append(
+            f"  {anchor} -- {node} [style=dashed color=gray50 dir=forward arrowsize=0.6 ltail={cluster} "
+            f'tooltip="{name} is used here"];'
+        )
+    return lines
 
 
 @dataclass(frozen=True)
@@ -311,6 +394,10 @@ def _node_name(attrs: str) -> str:
 
 def _trace(design: DesignGraph, inline: bool) -> _Drawing:
     d = _Drawing(design, inline)
+    if not inline:
+        for statement in [*design.statements, *design.updates]:
+            _draw_statement(d, statement)
+        return d
     for name in design.outputs:
         tensor = design.tensors[name]
         ref = TensorRef(
@@ -319,10 +406,33 @@ def _trace(design: DesignGraph, inline: bool) -> _Drawing:
             name,
             tensor.statement.groups if tensor.statement else tuple((leg,) for leg in tensor.legs),
         )
-        env = {leg: d.leg(leg) for group in ref.groups for leg in group}
+        env = {leg: d.leg(leg, None) for group in ref.groups for leg in group}
         d.dangling |= set(env.values())
         _draw_tensor(d, ref, env, None)
     return d
+
+
+def _draw_statement(d: _Drawing, statement: Statement) -> None:
+    """One statement as its own cluster, labelled with its text: its right-hand side's network,
+    whose dangling legs are the target's legs; tensors of earlier statements are single nodes."""
+    from .design import format_expr
+
+    target = f"{statement.target}[{' '.join(_group_text(g) for g in statement.groups)}]"
+    text = f"{'update ' if statement.is_update else ''}{target} = {format_expr(statement.expr)}"
+    box = d.cluster(_escape(text), "rounded", None)
+    if not statement.is_update:
+        d.defined_in[statement.target] = box
+    env = {leg: d.leg(leg, box) for leg in statement.expr.legs}
+    d.dangling |= set(env.values())
+    _draw(d, statement.expr, env, box)
+
+
+def _group_text(group: tuple[str, ...]) -> str:
+    return group[0] if len(group) == 1 else "(" + " ".join(group) + ")"
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def to_dot(design: DesignGraph, *, inline: bool = True) -> str:

@@ -361,8 +361,11 @@ class ChunkCount:
     size: int
 
 
-@dataclass
+@dataclass(repr=False)
 class Plan:
+    """The lowered program of a design at some sizes. In Jupyter it shows as the plan table
+    (plan/report.py): one row per op with its FLOPs as a formula and a number."""
+
     graph: DesignGraph
     sizes: dict[str, int]  # the sizes planned for, run-time ones included
     leg_sizes: dict[str, sympy.Expr]
@@ -377,3 +380,24 @@ class Plan:
     stored: list[str] = field(default_factory=list)  # declared tensors the forward reads
     segments: list[tuple[int, int]] = field(default_factory=list)  # steps recomputed in backward
     chunks: list[ChunkCount] = field(default_factory=list)  # run-time chunk counts
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
+        kinds = [step.kind for step in self.steps]
+        ops = ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
+        return f"<tdiag.Plan {self.graph.name} at {sizes}: {len(self.steps)} ops ({ops})>"
+
+    def __str__(self) -> str:
+        from .report import plan_table
+
+        return plan_table(self)
+
+    def _repr_html_(self) -> str:
+        from .report import plan_html
+
+        return plan_html(self)
+
+    def _repr_markdown_(self) -> str:
+        from .report import plan_markdown
+
+        return plan_markdown(self)
