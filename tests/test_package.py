@@ -163,3 +163,17 @@ def test_a_corpus_is_read_whether_or_not_it_is_gzipped_whatever_its_name(tmp_pat
     path.write_bytes(gzip.compress(text.encode()) if "packed" in name else text.encode())
     corpus = read_corpus(str(path), context=8)
     assert "".join(corpus.chars[i] for i in corpus.train[:10]) == text[:10]
+
+
+def test_the_example_script_defaults_to_the_bundled_corpus():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_shakespeare", ROOT / "examples" / "train_shakespeare.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.default_data() == default_corpus()
+
+
+def test_no_code_reads_data_from_outside_the_repository():
+    files = [*(ROOT / "tdiag").rglob("*.py"), *(ROOT / "examples").glob("*.py")]
+    assert [f.name for f in files if '"shared"' in f.read_text(encoding="utf-8")] == []
