@@ -64,6 +64,7 @@ test-fast: venv
 wheel: venv
 	rm -rf dist build
 	$(BIN)/pip wheel . --no-deps --no-build-isolation -w dist
+	rm -rf build *.egg-info
 
 # A user's install: the wheel (with its dependencies) into a fresh venv in a temporary folder,
 # then the CLI and a short training run from another temporary folder, far from the repository.
