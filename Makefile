@@ -1,6 +1,8 @@
 # tdiag: set up and run everything from a fresh clone.
-#   make demo   venv + graphviz, then check/show/render the bundled designs
-#   make test   venv + graphviz, then the test suite
+#   make demo         venv + graphviz, then check/show/render the bundled designs
+#   make test         venv + graphviz, then the whole test suite
+#   make test-fast    the suite without the tests marked slow (training, gradcheck, sweeps): the inner loop
+#   make wheel-check  build the wheel, install it into a fresh venv outside the repo, run the CLI there
 
 PYTHON        ?= python3
 VENV          := .venv
@@ -8,20 +10,24 @@ BIN           := $(VENV)/bin
 STAMP         := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: venv graphviz demo test lint format clean
+.PHONY: venv cpu-only-check graphviz demo test test-fast wheel wheel-check lint format clean
 
 venv: $(STAMP)
 
-# torch is installed first, by itself and pinned: pip then takes the local CPU wheel.
-# Anything that lets pip resolve torch on its own would pull the CUDA build (GBs of nvidia-*).
+# torch is installed first, by itself and pinned: pip then takes the local CPU wheel, and the
+# package's own range (torch>=2.4) is already met. Anything that lets pip resolve torch on its own
+# would pull the CUDA build (GBs of nvidia-*). The same holds for the venv of wheel-check.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install torch==$(TORCH_VERSION)
 	$(BIN)/pip install -e '.[dev]'
-	@if $(BIN)/pip list 2>/dev/null | grep -qi '^nvidia-'; then \
-	  echo "error: nvidia-* packages got installed into $(VENV) (CUDA torch); expected CPU only" >&2; exit 1; fi
+	@$(MAKE) --no-print-directory cpu-only-check CHECK_VENV=$(VENV)
 	touch $@
+
+cpu-only-check:
+	@if $(CHECK_VENV)/bin/pip list 2>/dev/null | grep -qi '^nvidia-'; then \
+	  echo "error: nvidia-* packages got installed into $(CHECK_VENV) (CUDA torch); expected CPU only" >&2; exit 1; fi
 
 # DOT output works without the Graphviz programs; SVG/PNG/PDF need `dot`.
 graphviz:
@@ -51,6 +57,34 @@ demo: venv graphviz
 test: venv graphviz
 	$(BIN)/python -m pytest
 
+test-fast: venv
+	$(BIN)/python -m pytest -m "not slow"
+
+# The wheel into dist/; --no-build-isolation builds with the venv's setuptools (no download).
+wheel: venv
+	rm -rf dist build
+	$(BIN)/pip wheel . --no-deps --no-build-isolation -w dist
+	rm -rf build *.egg-info
+
+# A user's install: the wheel (with its dependencies) into a fresh venv in a temporary folder,
+# then the CLI and a short training run from another temporary folder, far from the repository.
+wheel-check: wheel
+	@set -eu; \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/pip" install -q torch==$(TORCH_VERSION); \
+	"$$tmp/venv/bin/pip" install -q dist/tdiag-*.whl; \
+	$(MAKE) --no-print-directory cpu-only-check CHECK_VENV="$$tmp/venv"; \
+	mkdir "$$tmp/work"; cd "$$tmp/work"; \
+	set -x; \
+	"$$tmp/venv/bin/tdiag" --version; \
+	"$$tmp/venv/bin/tdiag" check fish; \
+	"$$tmp/venv/bin/tdiag" cost mgk --at N=1024; \
+	"$$tmp/venv/bin/tdiag" compile mhsa -o mhsa_module.py; \
+	"$$tmp/venv/bin/tdiag" train mgk --steps 4 --eval-every 2 --eval-batches 1 --layers 1 --width 32 \
+	  --heads 2 --context 32 --batch 4 --device cpu --no-progress --out run; \
+	test -f run/checkpoint.pt; \
+	"$$tmp/venv/bin/python" -c "import tdiag, sys; sys.exit(not tdiag.__file__.startswith('$$tmp/venv/'))"
 lint: venv
 	$(BIN)/ruff format --check . && $(BIN)/ruff check .
 

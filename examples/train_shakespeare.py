@@ -16,7 +16,17 @@ import torch
 import torch.nn.functional as functional
 from torch import nn
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "shakespeare_gut.txt.gz"
+CORPUS = Path("data") / "shakespeare_gut.txt.gz"
+
+
+def default_data() -> Path:
+    """The Shakespeare corpus tdiag ships: in this repository's tdiag/ package, else in an
+    installed tdiag, found without importing it (this script imports only torch)."""
+    beside = Path(__file__).resolve().parent.parent / "tdiag" / CORPUS
+    spec = importlib.util.find_spec("tdiag") if not beside.is_file() else None
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations))) / CORPUS
+    return beside
 
 
 def load_attention_class(path: str) -> type[nn.Module]:
@@ -61,17 +71,23 @@ class CharModel(nn.Module):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("module", help="a file written by tdiag compile (use --causal)")
-    parser.add_argument("--data", default=str(DATA))
-    parser.add_argument("--width", type=int, default=128, help="must be the compiled module's F")
-    parser.add_argument("--context", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument(
+        "--data", default=str(default_data()), help="UTF-8 text, plain or gzipped (default: tdiag's Shakespeare corpus)"
+    )
+    parser.add_argument("--width", type=int, default=128, help="must be the compiled module's F (default 128)")
+    parser.add_argument("--context", type=int, default=128, help="characters per sequence (default 128)")
+    parser.add_argument("--layers", type=int, default=2, help="transformer blocks (default 2)")
+    parser.add_argument("--batch", type=int, default=16, help="sequences per step (default 16)")
+    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps (default 1000)")
+    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW peak learning rate (default 3e-3)")
     args = parser.parse_args()
 
+    if not Path(args.module).is_file():
+        parser.error(f"no compiled module '{args.module}'; write one with tdiag compile --causal (see above)")
+    if not Path(args.data).is_file():
+        parser.error(f"argument --data: no file '{args.data}'")
     raw = Path(args.data).read_bytes()
-    text = (gzip.decompress(raw) if args.data.endswith(".gz") else raw).decode("utf-8")
+    text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode("utf-8")
     chars = sorted(set(text))
     lookup = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([lookup[c] for c in text])

@@ -10,13 +10,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import __version__
 from .design import OBJECTIVES, Design, load
 from .errors import Diagnostic, TdiagError, format_diagnostic
+from .resources import bundled_designs
 from .train_config import TrainConfig, add_arguments, config_from, config_problems, device_name
 
 RENDER_FORMATS = ("dot", "pdf", "png", "svg")
+DESIGN_HELP = "a .td file, or a bundled design's name (e.g. fish)"
 OBJECTIVE_HELP = (
-    "how the planner chooses: flops (default) fused attention only where it costs no more FLOPs; "
+    "how the planner chooses: flops: fused attention only where it costs no more FLOPs; "
     "memory: fused attention wherever it applies; time: the least estimated training-step time "
     "on the planning device (TDIAG_DEVICE, else this CPU)"
 )
@@ -26,7 +29,23 @@ class _UsageError(Exception):
     pass
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every flag's help ends with its default; a flag whose absence means something other than
+    a value (None, "") says so in its own words; positional arguments have no default to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if not action.option_strings or action.default in (None, "", argparse.SUPPRESS):
+            return action.help or ""  # the help says what happens when the flag is not given
+        if action.default in ([], {}):
+            return f"{action.help} (default: none)"
+        return super()._get_help_string(action) or ""
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
     def error(self, message: str) -> None:  # type: ignore[override]
         raise _UsageError(f"{self.prog}: error: {message}")
 
@@ -45,6 +64,16 @@ def _size_setting(text: str) -> tuple[str, int]:
     if number <= 0:
         raise argparse.ArgumentTypeError(f"size {name} must be positive, got {number}")
     return name.strip(), number
+
+
+def _design_size(text: str) -> tuple[str, int]:
+    """`--set F=256` of check, show, render and compile: one design, so no DESIGN: prefix."""
+    name, value = _size_setting(text)
+    if ":" in name:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=NUMBER, e.g. F=256, got '{text}' (DESIGN:NAME=NUMBER is for tdiag train --compare)"
+        )
+    return name, value
 
 
 def _has_cuda() -> bool:
@@ -74,41 +103,51 @@ def _objective_list(text: str) -> str:
 
 def _size_list(text: str) -> dict[str, int]:
     """`N=1024,F=512` -> {"N": 1024, "F": 512}."""
-    return dict(_size_setting(part.strip()) for part in text.split(",") if part.strip())
+    return dict(_design_size(part.strip()) for part in text.split(",") if part.strip())
 
 
 def _parser() -> _Parser:
-    parser = _Parser(prog="tdiag", description="A tensor-diagram compiler for attention designs.")
+    parser = _Parser(
+        prog="tdiag",
+        description="A tensor-diagram compiler for attention designs. A design is a .td file, "
+        f"or the name of a bundled design ({', '.join(bundled_designs())}).",
+    )
+    parser.add_argument("--version", action="version", version=f"tdiag {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def with_sizes(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--set",
-            dest="sizes",
-            action="append",
-            type=_size_setting,
-            default=[],
-            metavar="NAME=N",
-            help="override a size of the design (repeatable), e.g. --set F=256; train: mgk:D=16 for one design",
-        )
+    def with_sizes(p: argparse.ArgumentParser, *, several: bool = False) -> None:
+        if several:
+            form, rule = "[DESIGN:]NAME=N", _size_setting
+            text = (
+                "override a size (repeatable): NAME=N for every design that has it, e.g. --set M=2; "
+                "DESIGN:NAME=N for one design of --compare, e.g. --set mgk:D=16"
+            )
+        else:
+            form, rule = "NAME=N", _design_size
+            text = "override a size of the design (repeatable), e.g. --set F=256 --set H=4"
+        p.add_argument("--set", dest="sizes", action="append", type=rule, default=[], metavar=form, help=text)
 
     def with_objective(p: argparse.ArgumentParser) -> None:
         p.add_argument("--objective", choices=OBJECTIVES, default="flops", help=OBJECTIVE_HELP)
 
     p = commands.add_parser("check", help="parse and check designs; print a summary or every mistake")
-    p.add_argument("files", nargs="+", metavar="FILE.td")
+    p.add_argument("files", nargs="+", metavar="FILE.td", help=DESIGN_HELP)
     p.add_argument("--time", action="store_true", help="print how long checking took")
     with_sizes(p)
 
     p = commands.add_parser("show", help="print the design graph as a readable summary")
-    p.add_argument("file", metavar="FILE.td")
+    p.add_argument("file", metavar="FILE.td", help=DESIGN_HELP)
     with_sizes(p)
 
     p = commands.add_parser("compile", help="write a standalone PyTorch module for a design")
-    p.add_argument("file", metavar="FILE.td")
-    p.add_argument("-o", "--output", required=True, metavar="OUT.py")
+    p.add_argument("file", metavar="FILE.td", help=DESIGN_HELP)
+    p.add_argument("-o", "--output", required=True, metavar="OUT.py", help="the Python file to write")
     p.add_argument(
-        "--plan-n", type=_positive, default=None, metavar="N", help="sequence length to plan for (default 1024)"
+        "--plan-n",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="sequence length to plan for (default: 1024 where the design has a size N)",
     )
     p.add_argument("--checkpoint-boxes", action="store_true", help="recompute softmax boxes in the backward pass")
     p.add_argument("--causal", action="store_true", help="mask the future: causal(n, m) on every box over m")
@@ -116,54 +155,60 @@ def _parser() -> _Parser:
     with_sizes(p)
 
     p = commands.add_parser("cost", help="parameters, FLOPs, softmax entries and peak memory, side by side")
-    p.add_argument("files", nargs="+", metavar="FILE.td")
-    p.add_argument("--at", type=_size_list, default={}, metavar="N=1024,F=512", help="sizes to evaluate at")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("files", nargs="+", metavar="FILE.td", help=DESIGN_HELP)
     p.add_argument(
-        "--convention", choices=("flop", "mac", "paper"), default="flop", help="how contractions are counted"
+        "--at", type=_size_list, default={}, metavar="N=1024,F=512", help="sizes to evaluate at (others stay symbols)"
+    )
+    p.add_argument("--format", choices=("table", "json"), default="table", help="a text table or JSON")
+    p.add_argument(
+        "--convention",
+        choices=("flop", "mac", "paper"),
+        default="flop",
+        help="how contractions are counted: flop 2 per multiply-add, mac 1, paper FiSH App. D / MGK App. B",
     )
     with_objective(p)
 
     p = commands.add_parser(
         "plan", help="the lowered program: each op with its FLOPs, bytes moved and kept, the rewrites taken"
     )
-    p.add_argument("file", metavar="FILE.td")
+    p.add_argument("file", metavar="FILE.td", help=DESIGN_HELP)
     p.add_argument("--at", type=_size_list, default={}, metavar="N=1024,F=512", help="sizes to plan for")
     p.add_argument("--causal", action="store_true", help="mask the future: causal(n, m) on every box over m")
     p.add_argument("--checkpoint-boxes", action="store_true", help="recompute softmax boxes in the backward pass")
     with_objective(p)
 
     p = commands.add_parser("bench", help="time compiled designs against hand-written references")
-    p.add_argument("files", nargs="+", metavar="FILE.td")
-    p.add_argument("--n", type=_positive, default=256, help="sequence length (default 256)")
-    p.add_argument("--batch", type=_positive, default=8)
-    p.add_argument("--width", type=_positive, default=256, help="model width F (default 256)")
-    p.add_argument("--heads", type=_positive, default=4, help="heads H (default 4)")
-    p.add_argument("--repeat", type=_positive, default=10)
+    p.add_argument("files", nargs="+", metavar="FILE.td", help=DESIGN_HELP)
+    p.add_argument("--n", type=_positive, default=256, help="sequence length N")
+    p.add_argument("--batch", type=_positive, default=8, help="sequences per step")
+    p.add_argument("--width", type=_positive, default=256, help="model width F")
+    p.add_argument("--heads", type=_positive, default=4, help="heads H")
+    p.add_argument("--repeat", type=_positive, default=10, help="timed forward + backward passes per design")
     p.add_argument("--causal", action="store_true", help="mask the future in every box")
     p.add_argument(
         "--objective",
         type=_objective_list,
         default="flops",
         metavar="OBJECTIVE[,OBJECTIVE...]",
-        help="planning objectives to compile each design with, side by side (e.g. flops,time; default flops); "
-        "ratios are to the first",
+        help="planning objectives to compile each design with, side by side (e.g. flops,time); ratios are to the first",
     )
-    p.add_argument("--device", type=device_name, default="auto", help="cpu, cuda, ... (default: cuda when available)")
+    p.add_argument(
+        "--device", type=device_name, default="auto", help="cpu, cuda, cuda:N, mps; auto: cuda when available"
+    )
     p.add_argument(
         "--baseline",
         metavar="DIR",
         help="also time DIR/NAME.py (NAME.causal.py with --causal): a standalone file from `tdiag compile`, "
-        "e.g. at an older commit, with the compiled module's weights (default: none)",
+        "e.g. at an older commit, given the compiled module's weights",
     )
-    p.add_argument("--out", default="out/bench", help="folder for bench.json, bench.csv, bench.png")
+    p.add_argument("--out", default="out/bench", help="folder for bench.json, bench.csv and bench.png")
 
     p = commands.add_parser("train", help="train a character language model whose attention is the design")
     add_arguments(p)
-    with_sizes(p)
+    with_sizes(p, several=True)
 
     p = commands.add_parser("render", help="draw the diagram in the papers' notation")
-    p.add_argument("file", metavar="FILE.td")
+    p.add_argument("file", metavar="FILE.td", help=DESIGN_HELP)
     p.add_argument("-o", "--output", required=True, metavar="OUT", help=f"output file: .{', .'.join(RENDER_FORMATS)}")
     p.add_argument("--statements", action="store_true", help="draw one node per statement instead of inlining them")
     with_sizes(p)

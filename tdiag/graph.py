@@ -42,6 +42,7 @@ from .ir import (
     TensorRef,
     walk,
 )
+from .resources import design_file
 
 BOXES = ("softmax", "normalize")
 MAPS = {"exp": 0, "log": 0, "relu": 0, "elu1": 0, "clamp": 2}
@@ -299,7 +300,9 @@ def _item_name_span(item: syn.Item) -> Span:
 
 def load_items(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
     """Parse `path` and, when it `extends` a base design, merge it into the base's items. The
-    chain of bases is followed in a loop, not by recursion, so its length has no limit."""
+    chain of bases is followed in a loop, not by recursion, so its length has no limit. A bundled
+    design may be named instead of a path (`fish`)."""
+    path = str(design_file(path))
     chain: list[tuple[syn.DesignDecl, list[syn.Item]]] = []
     seen = {Path(path).resolve()}
     current = path

@@ -13,8 +13,8 @@ from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from .errors import SOURCES, Diagnostic, Span, TdiagError
+from .resources import grammar_text, missing_design
 
-GRAMMAR = Path(__file__).resolve().parent.parent / "grammar" / "tdiag.lark"
 MAX_DIGITS = 300  # a longer whole number is read as a float: inf, which graph.py reports as out of range
 MAX_DEPTH = 64  # expression nesting (each operator, call or term of a sum is a level); deeper is an error
 
@@ -189,7 +189,7 @@ class _JoinLines:
 @cache
 def _parser() -> Lark:
     return Lark(
-        GRAMMAR.read_text(encoding="utf-8"),
+        grammar_text(),
         parser="lalr",
         postlex=_JoinLines(),
         propagate_positions=True,
@@ -519,7 +519,7 @@ def parse_file(path: str | Path) -> SourceFile:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise TdiagError(Diagnostic(f"no such design file '{file}'")) from None
+        raise missing_design(file) from None
     except UnicodeDecodeError as error:
         raw = Path(path).read_bytes()
         line = raw[: error.start].count(b"\n") + 1

@@ -57,13 +57,17 @@ class Corpus:
 
 
 def read_corpus(path: str, context: int) -> Corpus:
+    """A UTF-8 text file as character ids, split 90/10; gzipped files (by their magic bytes,
+    whatever their name) are decompressed."""
     file = Path(path)
     if not file.is_file():
         raise TdiagError(
             Diagnostic(f"no data file '{path}'", hint="pass --data PATH to a UTF-8 text file (.txt or .gz)")
         )
     try:
-        raw = gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_bytes()
+        raw = file.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
         text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError, EOFError) as error:
         raise TdiagError(Diagnostic(f"cannot read '{path}' as UTF-8 text: {error}")) from None

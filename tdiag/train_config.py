@@ -9,17 +9,17 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .design import OBJECTIVES
+from .resources import default_corpus
 
-DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "shakespeare_gut.txt.gz"
+DEFAULT_DATA = default_corpus()
 
 
 @dataclass
 class TrainConfig:
     design: str  # the .td file whose attention the model uses
-    data: str = str(DEFAULT_DATA)  # UTF-8 text, plain or gzipped
+    data: str = str(DEFAULT_DATA)  # UTF-8 text, plain or gzipped (default: the bundled Shakespeare)
     layers: int = 2  # transformer blocks
     width: int = 128  # model width: the design's F
     heads: int = 4  # the design's H, where it has one
@@ -150,33 +150,61 @@ def a_type(name: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `tdiag train` (and `python -m tdiag.train`), defaulting to TrainConfig's values."""
     defaults = TrainConfig(design="")
-    parser.add_argument("designs", nargs="*", metavar="FILE.td")
-    parser.add_argument("--compare", action="store_true", help="train every design given and compare them")
-    parser.add_argument("--resume", metavar="RUN", help="continue the run in this folder from its checkpoint")
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace the run already in the run folder (default: refuse)"
+        "designs", nargs="*", metavar="FILE.td", help="a .td file, or a bundled design's name (e.g. fish)"
     )
+    parser.add_argument(
+        "--compare", action="store_true", help="train every design given with the same data and seed, and compare"
+    )
+    parser.add_argument(
+        "--resume", metavar="RUN", help="continue the run in this folder from its checkpoint (default: a new run)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace a run already in the run folder")
     parser.add_argument("--nproc", type=positive_int, default=1, help="data-parallel processes (runs torchrun)")
-    parser.add_argument("--data", default=defaults.data)
-    for name in ("layers", "width", "heads", "context", "batch", "steps", "eval_every", "eval_batches", "seed"):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=RULES[name], default=getattr(defaults, name))
-    parser.add_argument("--lr", type=positive_float, default=defaults.lr)
-    parser.add_argument("--device", type=device_name, default=defaults.device)
+    parser.add_argument(
+        "--data",
+        default=defaults.data,
+        metavar="TEXT",
+        help="UTF-8 text to model, plain or gzipped (default: the bundled Shakespeare corpus, %(default)s)",
+    )
+    helps = {
+        "layers": "transformer blocks",
+        "width": "model width: the design's F",
+        "heads": "the design's H, where it has one",
+        "context": "context length in characters: the size of the n and m legs",
+        "batch": "sequences per step (the global batch under --nproc)",
+        "steps": "optimizer steps (with --resume: the new total)",
+        "eval_every": "steps between evaluations and checkpoints",
+        "eval_batches": "validation batches per evaluation",
+        "seed": "seed of parameters, batches and sampling",
+    }
+    for name, text in helps.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=RULES[name], default=getattr(defaults, name), help=text)
+    parser.add_argument(
+        "--lr", type=positive_float, default=defaults.lr, help="AdamW peak learning rate (cosine decay, 50 warm-up)"
+    )
+    parser.add_argument(
+        "--device", type=device_name, default=defaults.device, help="cpu, cuda, cuda:N, mps; auto: cuda when available"
+    )
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument(
         "--peak-tflops",
         type=natural_float,
         default=0.0,
-        help="device peak for MFU (default: known GPUs' bf16 data sheet)",
+        help="device peak for MFU; 0: a known GPU's bf16 data-sheet figure",
     )
     parser.add_argument(
         "--objective",
         choices=OBJECTIVES,
         default="flops",
-        help="planning objective: flops (default), memory (fused attention kernels) or time (estimated step time)",
+        help="planning objective: flops, memory (fused attention kernels) or time (estimated step time)",
     )
-    parser.add_argument("--out", default="", help="run folder (compare: the folder for the comparison)")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--out",
+        default="",
+        help="run folder (default: runs/DESIGN-seedSEED; with --compare the comparison's folder, runs/compare)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def config_from(args: argparse.Namespace, design: str, sizes: dict[str, int]) -> TrainConfig:

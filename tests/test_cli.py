@@ -1,5 +1,6 @@
 """The command line: exit codes, summaries, and no tracebacks for user mistakes."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -8,7 +9,8 @@ import sys
 import pytest
 from conftest import DESIGN_FILES, DESIGNS, ROOT
 
-from tdiag.cli import main
+import tdiag
+from tdiag.cli import _parser, main
 from tdiag.render import has_dot
 
 
@@ -226,6 +228,8 @@ COMMANDS_WITHOUT_A_MODEL = {
     "plan": lambda tmp: ["plan", str(DESIGNS / "mgk.td"), "--at", "N=512", "--causal"],
     "help": lambda tmp: ["--help"],
     "train help": lambda tmp: ["train", "--help"],
+    "version": lambda tmp: ["--version"],
+    "bundled by name": lambda tmp: ["check", "fish", "mgk_softe"],
 }
 
 
@@ -235,7 +239,7 @@ def test_commands_that_run_no_model_do_not_import_torch_or_matplotlib(command, t
     assert loaded & {"torch", "matplotlib"} == set()
 
 
-@pytest.mark.parametrize("command", ["check", "show", "render", "help"])
+@pytest.mark.parametrize("command", ["check", "show", "render", "help", "version"])
 def test_commands_that_plan_nothing_do_not_import_numpy(command, tmp_path):
     loaded = modules_after(COMMANDS_WITHOUT_A_MODEL[command](tmp_path))
     assert loaded & {"numpy", "opt_einsum"} == set()
@@ -342,3 +346,62 @@ def test_output_into_a_closed_pipe_ends_quietly():
     err = process.stderr.read()
     process.wait(timeout=120)
     assert err == "" and process.returncode == 141
+
+
+# ---- --version and help ----------------------------------------------------------------------
+
+
+def test_version_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"tdiag {tdiag.__version__}"
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    (choices,) = [a.choices for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(choices)
+
+
+def flags_of(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+
+
+@pytest.mark.parametrize("command", sorted(subcommands()))
+def test_every_optional_flag_has_help_text_that_states_its_default(command):
+    parser = subcommands()[command]
+    formatter = parser._get_formatter()
+    optional = [a for a in flags_of(parser) if not a.required]
+    assert [a.option_strings[-1] for a in optional if "default" not in formatter._get_help_string(a)] == []
+
+
+@pytest.mark.parametrize("command", sorted(subcommands()))
+def test_every_flag_and_argument_has_help_text(command):
+    actions = [a for a in subcommands()[command]._actions if not isinstance(a, argparse._HelpAction)]
+    assert [a.dest for a in actions if not a.help] == []
+
+
+@pytest.mark.parametrize("command", sorted(subcommands()))
+def test_the_help_of_every_subcommand_shows_defaults(command):
+    text = subcommands()[command].format_help()
+    assert "(default: " in text
+
+
+@pytest.mark.parametrize("command", ["check", "show", "render", "compile"])
+def test_set_help_of_one_design_commands_shows_only_the_name_form(command):
+    text = subcommands()[command].format_help()
+    assert "--set NAME=N" in text and "mgk:D" not in text and "DESIGN:" not in text
+
+
+def test_set_help_of_train_shows_the_per_design_form():
+    text = subcommands()["train"].format_help()
+    assert "--set [DESIGN:]NAME=N" in text and "mgk:D=16" in text
+
+
+def test_a_per_design_size_on_check_is_a_usage_error_naming_the_flag(capsys):
+    code, _, err = run(capsys, "check", "fish", "--set", "fish:D=16")
+    assert code == 2 and "argument --set: expected NAME=NUMBER" in err
+
+
+def test_a_bad_value_is_a_usage_error_naming_the_flag(capsys):
+    code, _, err = run(capsys, "bench", "mhsa", "--repeat", "zero")
+    assert code == 2 and "argument --repeat:" in err

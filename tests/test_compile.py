@@ -213,6 +213,7 @@ def test_initialization_is_deterministic_for_a_seed():
     assert a.WQ.std().item() == pytest.approx(1 / math.sqrt(8), rel=0.3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TUFORMER)
 def test_gradcheck(name):
     module = build(name).eval()
@@ -481,6 +482,7 @@ def test_autocast_bfloat16_runs_close_to_float32():
     assert torch.allclose(low.float(), module(x), atol=5e-2, rtol=5e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "causal", "objective", "planned"),
     [("mhsa", False, "flops", 5), ("mgk", True, "memory", 5), ("mlk", True, "flops", 64)],

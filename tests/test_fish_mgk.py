@@ -306,6 +306,7 @@ def test_causal_linear_designs_cost_no_n_squared_term(name):
     assert sympy.expand(design.cost().peak_memory).coeff(n, 2) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mlk", "lfish"])
 def test_causal_prefix_sums_pass_gradcheck(name):
     design = causal_design(name)
@@ -417,6 +418,7 @@ def test_p20_large_logits_stay_finite_and_agree_with_float64_under_the_p17_lower
     assert torch.allclose(out.double(), expected, rtol=1e-3, atol=1e-3 * expected.abs().max().item())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name", ["fish", "hard_fish", "mish", "gfish", "hard_gfish", "lfish", "mgk", "mgk_harde", "smgk", "mlk", "smlk"]
 )

@@ -36,6 +36,7 @@ def measured_and_modelled(design: tdiag.Design, n: int, objective: str) -> tuple
 # ---- every bundled design, plain and causal, at two sizes ------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [32, 64])
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
 @pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)

@@ -238,6 +238,7 @@ def test_an_extends_cycle_is_a_positioned_error(tmp_path):
     ],
     ids=["sizes", "derived sizes", "statements", "parameters"],
 )
+@pytest.mark.slow
 def test_checking_a_10000_line_file_takes_seconds(lines):
     import time
 

@@ -17,6 +17,8 @@ from tdiag import TdiagError
 from tdiag.cli import main
 from tdiag.train import TrainConfig, build_model, global_batch, loss_of, peak_flops, read_corpus, train
 
+pytestmark = pytest.mark.slow  # every test here trains or builds a model; `make test-fast` leaves them out
+
 TEXT = ("To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 40).strip()
 
 

@@ -1,0 +1,66 @@
+"""Where the grammar, the bundled designs and the default corpus live, installed or not.
+
+An installed package (wheel, sdist) carries them as package data: `tdiag/grammar/tdiag.lark`,
+`tdiag/designs/*.td` and `tdiag/data/shakespeare_gut.txt.gz`. In the repository the grammar and
+designs are kept once, at the root (`grammar/`, `designs/`), where the README, the tests and users
+name them; pyproject.toml maps those two folders into the package when a wheel is built. A
+source checkout or an editable install therefore finds them beside the package instead.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+
+from .errors import Diagnostic, TdiagError, did_you_mean
+
+CORPUS = "shakespeare_gut.txt.gz"
+
+
+def _folder(name: str) -> Path:
+    """The package-data folder `name`: inside the installed package, else at the repository root."""
+    packaged = Path(str(importlib.resources.files("tdiag") / name))
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / name
+
+
+def grammar_text() -> str:
+    """The text of the `.td` grammar (tdiag.lark)."""
+    return (_folder("grammar") / "tdiag.lark").read_text(encoding="utf-8")
+
+
+def designs_folder() -> Path:
+    """The folder of the bundled designs; `extends` in them finds its base as a sibling file."""
+    return _folder("designs")
+
+
+def bundled_designs() -> list[str]:
+    """The names of the bundled designs (`fish`, `mgk`, ...), sorted."""
+    return sorted(path.stem for path in designs_folder().glob("*.td"))
+
+
+def design_file(path: str | Path) -> Path:
+    """The file a design argument names: an existing path as given, else a bundled design by
+    name (`fish` or `fish.td`). Anything else is an error that lists the bundled names."""
+    given = Path(path)
+    if given.is_file() or given.parent != Path("."):
+        return given
+    name = given.name.removesuffix(".td")
+    if name in bundled_designs():
+        return designs_folder() / f"{name}.td"
+    return given
+
+
+def missing_design(path: str | Path) -> TdiagError:
+    """The error for a design argument that is neither a file nor a bundled design."""
+    names = bundled_designs()
+    name = Path(path).name.removesuffix(".td")
+    guess = did_you_mean(name, names) if Path(path).parent == Path(".") else None
+    listing = f"bundled designs: {', '.join(names)}"
+    return TdiagError(Diagnostic(f"no such design file '{path}'", hint=f"{guess} {listing}" if guess else listing))
+
+
+def default_corpus() -> Path:
+    """The character corpus `tdiag train` uses without `--data` (gzipped UTF-8 text, ~2 MB)."""
+    return Path(str(importlib.resources.files("tdiag") / "data" / CORPUS))
