@@ -1,7 +1,7 @@
 """How far the cost model's peak memory is from what autograd really keeps: for every design,
 plain and causal, at a few sequence lengths, the bytes saved for backward (tdiag.measure, without
-parameters and input) against the cost report's `peak_memory` (elements per sequence) times the
-batch. The goal of the cost model is a ratio within 10% of 1 everywhere.
+parameters and input) against the cost report's saved bytes for the batch (plan/footprint.py).
+The goal of the cost model is a ratio within 10% of 1 everywhere.
 
     python examples/measure_memory.py --out out/measure_memory.csv
     python examples/measure_memory.py designs/fish.td --n 128 --breakdown   # which op saves what
@@ -32,7 +32,7 @@ class Row:
     batch: int
     saved_bytes: int  # measured: autograd's saved storages
     saved_elements: float  # saved_bytes / 4 (float32; a bool mask counts a quarter per entry)
-    model_elements: int  # cost report peak_memory x batch
+    model_elements: int  # the cost report's saved bytes for the batch / 4
     ratio: float  # model / measured
 
 
@@ -53,8 +53,8 @@ def measure(design: tdiag.Design, n: int, batch: int, objective: str) -> tuple[i
         torch.randn(batch, *(int(design.graph.evaluate(a.size, N=n)) for a in x.axes)) for x in design.graph.inputs
     ]
     saved = saved_for_backward(module, *inputs)
-    model = design.cost(objective=objective, N=n).at(N=n)["peak_memory"]
-    return saved.total_bytes, int(model) * batch, saved.table()
+    model = design.cost(objective=objective, N=n).saved_bytes_at(N=n, B=batch) // 4
+    return saved.total_bytes, model, saved.table()
 
 
 def main(argv: list[str] | None = None) -> int:

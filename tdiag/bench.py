@@ -21,7 +21,9 @@ from torch import nn
 
 import tdiag
 
+from .device import for_device
 from .measure import saved_for_backward, time_step
+from .plan.timing import plan_time
 
 # ---- hand-written references ----------------------------------------------------------------
 
@@ -191,6 +193,7 @@ class Row:
     cuda_peak_bytes: int | None
     time_ratio: float = 1.0  # this row / the compiled design's row
     memory_ratio: float = 1.0
+    predicted_seconds: float | None = None  # the time objective's estimate (compiled rows)
 
 
 def _kwargs(module: nn.Module, causal: bool) -> dict[str, bool]:
@@ -232,18 +235,26 @@ def run(
     objective: str = "flops",
     log=print,
 ) -> list[Row]:
+    """Each design compiled under each objective (comma-separated: `flops,time`) and its
+    hand-written references, timed round-robin; ratios are to the first objective's module."""
+    objectives = [o.strip() for o in objective.split(",") if o.strip()]
     rows: list[Row] = []
     torch.manual_seed(0)
+    model = for_device(device)
     for file in files:
         design = tdiag.load(file, **_sizes_for(file, width, heads))
         if causal:
             design = design.with_causal_mask()
-        compiled = design.module(N=n, device=device, objective=objective)
+        compiled = [design.module(N=n, device=device, objective=o) for o in objectives]
         x = torch.randn(batch, n, width, device=device)
-        labels = ["tdiag compiled"] + [label for label, _ in REFERENCES.get(Path(file).stem, [])]
-        modules = [compiled] + [make(compiled).to(device) for _, make in REFERENCES.get(Path(file).stem, [])]
-        for label, timing in zip(labels, measure_all(modules, x, causal, repeat), strict=True):
-            rows.append(Row(design.name, label, *timing))
+        labels = ["tdiag compiled"] + [f"tdiag compiled ({o})" for o in objectives[1:]]
+        labels += [label for label, _ in REFERENCES.get(Path(file).stem, [])]
+        modules = compiled + [make(compiled[0]).to(device) for _, make in REFERENCES.get(Path(file).stem, [])]
+        for k, (label, timing) in enumerate(zip(labels, measure_all(modules, x, causal, repeat), strict=True)):
+            row = Row(design.name, label, *timing)
+            if k < len(compiled):
+                row.predicted_seconds = plan_time(compiled[k].tdiag_plan, model, B=batch)
+            rows.append(row)
             log(f"  {design.name:<22} {label:<38} {timing[0] * 1e3:9.2f} ms")
     for row in rows:
         base = next(r for r in rows if r.design == row.design and r.implementation == "tdiag compiled")
@@ -259,11 +270,12 @@ def _sizes_for(file: str, width: int, heads: int) -> dict[str, int]:
 
 
 def table(rows: list[Row]) -> str:
-    header = f"{'design':<22} {'implementation':<38} {'fwd+bwd ms':>11} {'saved MiB':>10}"
+    header = f"{'design':<22} {'implementation':<38} {'fwd+bwd ms':>11} {'predicted ms':>13} {'saved MiB':>10}"
     lines = [header + f" {'compiled/this time':>19} {'compiled/this mem':>18}"]
     for r in rows:
+        predicted = f"{r.predicted_seconds * 1e3:13.2f}" if r.predicted_seconds is not None else f"{'':>13}"
         lines.append(
-            f"{r.design:<22} {r.implementation:<38} {r.seconds * 1e3:11.2f} {r.saved_bytes / 2**20:10.1f} "
+            f"{r.design:<22} {r.implementation:<38} {r.seconds * 1e3:11.2f} {predicted} {r.saved_bytes / 2**20:10.1f} "
             f"{r.time_ratio:19.3f} {r.memory_ratio:18.3f}"
         )
     return "\n".join(lines)

@@ -15,6 +15,11 @@ from .errors import Diagnostic, TdiagError, format_diagnostic
 from .train_config import TrainConfig, add_arguments, config_from, config_problems, device_name
 
 RENDER_FORMATS = ("dot", "pdf", "png", "svg")
+OBJECTIVE_HELP = (
+    "how the planner chooses: flops (default) fused attention only where it costs no more FLOPs; "
+    "memory: fused attention wherever it applies; time: the least estimated training-step time "
+    "on the planning device (TDIAG_DEVICE, else this CPU)"
+)
 
 
 class _UsageError(Exception):
@@ -58,6 +63,15 @@ def _positive(text: str) -> int:
     return value
 
 
+def _objective_list(text: str) -> str:
+    """`flops,time` -> the same text, each name checked."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in OBJECTIVES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected objectives among {', '.join(OBJECTIVES)}, got '{text}'")
+    return ",".join(names)
+
+
 def _size_list(text: str) -> dict[str, int]:
     """`N=1024,F=512` -> {"N": 1024, "F": 512}."""
     return dict(_size_setting(part.strip()) for part in text.split(",") if part.strip())
@@ -78,6 +92,9 @@ def _parser() -> _Parser:
             help="override a size of the design (repeatable), e.g. --set F=256; train: mgk:D=16 for one design",
         )
 
+    def with_objective(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--objective", choices=OBJECTIVES, default="flops", help=OBJECTIVE_HELP)
+
     p = commands.add_parser("check", help="parse and check designs; print a summary or every mistake")
     p.add_argument("files", nargs="+", metavar="FILE.td")
     p.add_argument("--time", action="store_true", help="print how long checking took")
@@ -95,12 +112,7 @@ def _parser() -> _Parser:
     )
     p.add_argument("--checkpoint-boxes", action="store_true", help="recompute softmax boxes in the backward pass")
     p.add_argument("--causal", action="store_true", help="mask the future: causal(n, m) on every box over m")
-    p.add_argument(
-        "--objective",
-        choices=OBJECTIVES,
-        default="flops",
-        help="flops (default): fused attention only where it costs no more FLOPs; memory: wherever it applies",
-    )
+    with_objective(p)
     with_sizes(p)
 
     p = commands.add_parser("cost", help="parameters, FLOPs, softmax entries and peak memory, side by side")
@@ -110,12 +122,16 @@ def _parser() -> _Parser:
     p.add_argument(
         "--convention", choices=("flop", "mac", "paper"), default="flop", help="how contractions are counted"
     )
-    p.add_argument(
-        "--objective",
-        choices=OBJECTIVES,
-        default="flops",
-        help="flops (default): fused attention only where it costs no more FLOPs; memory: wherever it applies",
+    with_objective(p)
+
+    p = commands.add_parser(
+        "plan", help="the lowered program: each op with its FLOPs, bytes moved and kept, the rewrites taken"
     )
+    p.add_argument("file", metavar="FILE.td")
+    p.add_argument("--at", type=_size_list, default={}, metavar="N=1024,F=512", help="sizes to plan for")
+    p.add_argument("--causal", action="store_true", help="mask the future: causal(n, m) on every box over m")
+    p.add_argument("--checkpoint-boxes", action="store_true", help="recompute softmax boxes in the backward pass")
+    with_objective(p)
 
     p = commands.add_parser("bench", help="time compiled designs against hand-written references")
     p.add_argument("files", nargs="+", metavar="FILE.td")
@@ -127,9 +143,11 @@ def _parser() -> _Parser:
     p.add_argument("--causal", action="store_true", help="mask the future in every box")
     p.add_argument(
         "--objective",
-        choices=OBJECTIVES,
+        type=_objective_list,
         default="flops",
-        help="flops (default): fused attention only where it costs no more FLOPs; memory: wherever it applies",
+        metavar="OBJECTIVE[,OBJECTIVE...]",
+        help="planning objectives to compile each design with, side by side (e.g. flops,time; default flops); "
+        "ratios are to the first",
     )
     p.add_argument("--device", type=device_name, default="auto", help="cpu, cuda, ... (default: cuda when available)")
     p.add_argument("--out", default="out/bench", help="folder for bench.json, bench.csv, bench.png")
@@ -276,6 +294,25 @@ def _cost(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from .plan.report import plan_table
+
+    design = _load(args.file, [])
+    unknown = [k for k in args.at if k not in design.graph.sizes and k != "B"]
+    if unknown:
+        known = ", ".join(sorted(design.graph.sizes))
+        raise _UsageError(f"tdiag plan: error: {design.name} has no size {', '.join(unknown)}; its sizes are: {known}")
+    fixed = {k: v for k, v in args.at.items() if k in design.graph.sizes and not design.graph.sizes[k].is_free}
+    if fixed:
+        design = load(design.graph.file, **fixed)
+    if args.causal:
+        design = design.with_causal_mask()
+    runtime = {k: v for k, v in args.at.items() if k == "B" or design.graph.sizes[k].is_free}
+    plan = design.plan(checkpoint_boxes=args.checkpoint_boxes, objective=args.objective, **runtime)
+    print(plan_table(plan, {k: v for k, v in args.at.items() if k == "B"}))
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from . import bench
 
@@ -408,6 +445,7 @@ COMMANDS = {
     "render": _render,
     "compile": _compile,
     "cost": _cost,
+    "plan": _plan,
     "bench": _bench,
 }
 

@@ -26,6 +26,7 @@ from .plan.program import (
     MaskFill,
     Materialize,
     Matmul,
+    Multiply,
     Normalize,
     Operand,
     Permute,
@@ -416,6 +417,17 @@ def _(op: Matmul, attributes: frozenset[str]) -> str:
     if op.shape is None:
         return product
     return f"({product}).reshape({_sizes(op.shape) or '()'})"
+
+
+@_op.register
+def _(op: Multiply, attributes: frozenset[str]) -> str:
+    a = _read(op.a, attributes)
+    product = f"{a}.square()" if op.a == op.b else f"{a} * {_read(op.b, attributes)}"
+    if not op.summed:
+        return product
+    if op.a != op.b:
+        product = f"({product})"
+    return f"{product}.sum({_dims(op.summed)})"
 
 
 @_op.register

@@ -1,6 +1,9 @@
-"""Plan -> CostReport: parameters, FLOPs of the chosen plan, softmax-box entries and peak
-activation memory, each a sympy formula in the size symbols (per sequence, B = 1) and a number
-at given sizes. Costs are read off the same Steps that codegen emits, so they describe the code.
+"""Plan -> CostReport: parameters, FLOPs of the chosen plan, softmax-box entries and the
+activation memory a training step holds, each a sympy formula in the size symbols (per sequence,
+B = 1) and a number at given sizes. Costs are read off the same ops that codegen prints, so they
+describe the code: `peak_memory` is what autograd keeps for the backward pass after the forward
+(plan/footprint.py: copies included, parameters and inputs excluded), in float32 entries (a
+boolean mask entry counts a quarter), the peak of a training step's activations.
 
 Conventions for contractions (FiSH App. D, MGK App. B count differently from opt_einsum):
 - flop: 2 per multiply-add (the default);
@@ -17,7 +20,8 @@ from dataclasses import dataclass
 import sympy
 
 from .graph import DesignGraph
-from .plan import BATCH_SIZE, Plan, Step, Value
+from .plan import BATCH_SIZE, Plan, Step
+from .plan.footprint import FLOAT, footprint
 
 CONVENTIONS = ("flop", "mac", "paper")
 METRICS = ("params", "flops", "softmax_entries", "peak_memory")
@@ -37,17 +41,21 @@ class CostReport:
     divisions: sympy.Expr
     elementwise: sympy.Expr
     softmax_entries: sympy.Expr
-    memory_candidates: list[sympy.Expr]
+    saved_bytes: sympy.Expr  # kept for backward with float32 activations, for a batch of B
     sizes: dict[str, int]
 
     @property
     def peak_memory(self) -> sympy.Expr:
-        """The live activations (elements) at the step where they peak, at the planned sizes."""
-        return max(self.memory_candidates, key=lambda e: self._number(e, self.sizes), default=sympy.Integer(0))
+        """Activation entries a training step keeps for backward, per sequence (float32 entries)."""
+        return _per_sequence(self.saved_bytes / FLOAT)
 
     def _number(self, expr: sympy.Expr, sizes: Mapping[str, int]) -> sympy.Expr:
         value = self.graph.evaluate(expr, **{k: v for k, v in sizes.items() if k in self.graph.sizes})
-        return sympy.nsimplify(value.xreplace({BATCH_SIZE: 1}))
+        return sympy.nsimplify(value.xreplace({BATCH_SIZE: sizes.get("B", 1)}))
+
+    def saved_bytes_at(self, **sizes: int) -> int:
+        """Bytes kept for backward at `sizes`, the batch B included (default 1)."""
+        return int(self._number(self.saved_bytes, self.sizes | sizes))
 
     def formulas(self) -> dict[str, sympy.Expr]:
         return {
@@ -63,13 +71,10 @@ class CostReport:
 
     def at(self, **sizes: int) -> dict[str, int | float]:
         """Every metric as a number at `sizes` (default: the sizes planned for)."""
-        sizes = self.sizes | sizes
+        sizes = {k: v for k, v in (self.sizes | sizes).items() if k != "B"}
         numbers: dict[str, int | float] = {}
         for key, expr in self.formulas().items():
-            if key == "peak_memory":
-                value = max((self._number(e, sizes) for e in self.memory_candidates), default=sympy.Integer(0))
-            else:
-                value = self._number(expr, sizes)
+            value = self._number(expr, sizes)
             numbers[key] = int(value) if value.is_Integer else float(value)
         return numbers
 
@@ -103,7 +108,7 @@ def step_cost(step: Step, plan: Plan, convention: str) -> sympy.Expr:
 
 
 def _paper_cost(step: Step, plan: Plan) -> sympy.Expr:
-    if step.kind == "sdpa":
+    if step.kind == "sdpa" or step.paper != 0:  # fused steps, and sums with nested sums flattened in
         return step.paper
     if step.kind == "sum" and step.description == "sum":  # a sum node: one add per extra term
         return step.elementwise
@@ -119,29 +124,6 @@ def score_cost(step: Step, plan: Plan, convention: str) -> sympy.Expr:
     if step.kind == "sdpa":
         return {"paper": step.score_paper, "mac": step.score_flops / 2}.get(convention, step.score_flops)
     return step_cost(step, plan, convention) if step.in_box else sympy.Integer(0)
-
-
-def _memory_candidates(plan: Plan) -> list[sympy.Expr]:
-    """Σ of live intermediate sizes after each step (inputs and parameters excluded)."""
-    steps = plan.steps
-    produced: dict[str, tuple[int, Value]] = {}
-    last_use: dict[str, int] = {}
-    for k, step in enumerate(steps):
-        if step.out is not None and step.kind not in ("view", "permute", "mask"):
-            produced[step.out.var] = (k, step.out)
-        for value in step.inputs:
-            last_use[value.var] = k
-    for _, value in plan.outputs:
-        last_use[value.var] = len(steps)
-    candidates = []
-    for k in range(len(steps)):
-        live = [
-            sympy.Mul(*(plan.leg_sizes[leg] for leg in v.legs))
-            for var, (start, v) in produced.items()
-            if start <= k <= last_use.get(var, start)
-        ]
-        candidates.append(_per_sequence(sympy.Add(*live)))
-    return candidates
 
 
 def cost_report(plan: Plan, convention: str = "flop") -> CostReport:
@@ -164,7 +146,7 @@ def cost_report(plan: Plan, convention: str = "flop") -> CostReport:
         divisions=total([s.divisions for s in steps]),
         elementwise=total([s.elementwise for s in steps]),
         softmax_entries=total([s.entries for s in steps if s.kind in ("softmax", "sdpa")]),
-        memory_candidates=_memory_candidates(plan),
+        saved_bytes=sympy.factor(sympy.expand(footprint(plan).saved_bytes)),
         sizes={k: v for k, v in plan.sizes.items() if k != "B"},
     )
 

@@ -27,9 +27,10 @@ from .ir import (
     walk,
 )
 
-# How the planner chooses between equivalent plans (plan.build_plan): fewest FLOPs, or fused
-# kernels wherever they apply because they never store a softmax box's entries.
-OBJECTIVES = ("flops", "memory")
+# How the planner chooses between equivalent plans (plan.build_plan): fewest FLOPs; fused
+# kernels wherever they apply because they never store a softmax box's entries; or the least
+# estimated time of a training step on the planning device (a roofline per op, device.py).
+OBJECTIVES = ("flops", "memory", "time")
 
 
 class Design:

@@ -104,6 +104,41 @@ def _overrides(peak_flops: float | None, bandwidth: float | None, overhead: floa
     return {k: v for k, v in given.items() if v is not None}
 
 
+# ---- the device a plan is made for ----------------------------------------------------------
+
+DEVICE_ENV = "TDIAG_DEVICE"
+
+# A 2-core CPU as torch runs it, for planning before the local CPU has been measured.
+NOMINAL_CPU = DeviceModel("cpu (nominal)", 100e9, 10e9, 5e-6)
+
+
+def planning_device() -> DeviceModel:
+    """The device the `time` objective plans for, without importing torch: a CUDA device name
+    in TDIAG_DEVICE (its data sheet), else the local CPU's cached measurement (`local_cpu`, made
+    by `tdiag bench` or the first module built for `time`), else a nominal CPU; the
+    TDIAG_DEVICE_* figures override."""
+    name = os.environ.get(DEVICE_ENV, "cpu")
+    given = _overrides(None, None, None)
+    if name != "cpu":
+        sheet = data_sheet(name)
+        if sheet is None:
+            known = ", ".join(d.name for d in DATA_SHEETS)
+            raise ValueError(f"{DEVICE_ENV}={name!r}: no data sheet (known: cpu, {known})")
+        return dataclasses.replace(sheet, **given)
+    cached = sorted(_cache_dir().glob(f"device-{_machine()}-*.json"), key=lambda p: p.stat().st_mtime)
+    measured = _read(cached[-1]) if cached else None
+    return dataclasses.replace(measured or NOMINAL_CPU, **given)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tdiag"
+
+
+def _machine() -> str:
+    machine = platform.node() or platform.processor() or platform.machine() or "cpu"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", machine)
+
+
 # ---- the local CPU -----------------------------------------------------------------------------
 
 
@@ -112,10 +147,7 @@ def cache_path() -> Path:
     peak depends on both."""
     import torch
 
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    machine = platform.node() or platform.processor() or platform.machine() or "cpu"
-    signature = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{machine}-{torch.get_num_threads()}threads")
-    return base / "tdiag" / f"device-{signature}.json"
+    return _cache_dir() / f"device-{_machine()}-{torch.get_num_threads()}threads.json"
 
 
 def local_cpu(

@@ -170,7 +170,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="device peak for MFU (default: known GPUs' bf16 data sheet)",
     )
     parser.add_argument(
-        "--objective", choices=OBJECTIVES, default="flops", help="memory: prefer fused attention kernels"
+        "--objective",
+        choices=OBJECTIVES,
+        default="flops",
+        help="planning objective: flops (default), memory (fused attention kernels) or time (estimated step time)",
     )
     parser.add_argument("--out", default="", help="run folder (compare: the folder for the comparison)")
     parser.add_argument("--no-progress", action="store_true")

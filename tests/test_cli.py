@@ -202,6 +202,7 @@ COMMANDS_WITHOUT_A_MODEL = {
     "render": lambda tmp: ["render", str(DESIGNS / "thsa.td"), "-o", str(tmp / "thsa.dot")],
     "cost": lambda tmp: ["cost", str(DESIGNS / "mhsa.td"), str(DESIGNS / "thsa.td"), "--at", "N=1024"],
     "compile": lambda tmp: ["compile", str(DESIGNS / "mhsa.td"), "-o", str(tmp / "mhsa_module.py")],
+    "plan": lambda tmp: ["plan", str(DESIGNS / "mgk.td"), "--at", "N=512", "--causal"],
     "help": lambda tmp: ["--help"],
     "train help": lambda tmp: ["train", "--help"],
 }
@@ -217,6 +218,34 @@ def test_commands_that_run_no_model_do_not_import_torch_or_matplotlib(command, t
 def test_commands_that_plan_nothing_do_not_import_numpy(command, tmp_path):
     loaded = modules_after(COMMANDS_WITHOUT_A_MODEL[command](tmp_path))
     assert loaded & {"numpy", "opt_einsum"} == set()
+
+
+# ---- tdiag plan ------------------------------------------------------------------------------
+
+
+def test_plan_prints_one_row_per_op_with_its_costs_and_the_totals(capsys):
+    code, out, _ = run(capsys, "plan", str(DESIGNS / "mhsa.td"), "--at", "N=256")
+    rows = [line for line in out.splitlines() if line[:3].strip().isdigit()]
+    assert code == 0 and len(rows) == 5
+    assert "sdpa" in out and "SDPA kernel: flash" in out
+    assert "total:" in out and "FLOPs" in out and "bytes kept for backward" in out
+
+
+def test_plan_lists_the_rewrites_taken(capsys):
+    _, out, _ = run(capsys, "plan", str(DESIGNS / "thsa_elu.td"), "--at", "N=256")
+    taken = out.split("rewrites taken:")[1].split("rewrites refused:")[0]
+    assert "linear-time order" in taken
+
+
+def test_plan_says_why_a_rewrite_was_refused(capsys):
+    _, out, _ = run(capsys, "plan", str(DESIGNS / "fish.td"), "--at", "N=256")
+    refused = out.split("rewrites refused:")[1]
+    assert "SDPA refused: no split into query, key and value sides" in refused
+
+
+def test_plan_of_an_unknown_size_is_a_usage_error(capsys):
+    code, _, err = run(capsys, "plan", str(DESIGNS / "mhsa.td"), "--at", "Q=3")
+    assert code == 2 and "no size Q" in err
 
 
 # ---- every flag is checked before any work, with a usage error that names it ------------------

@@ -45,6 +45,7 @@ from ..ir import (
 from .program import (
     BATCH,
     BATCH_SIZE,
+    Multiply,
     Step,
     Value,
     show_legs,
@@ -111,6 +112,7 @@ class LoweringBase:
         self.causal_masks: dict[tuple[sympy.Expr, sympy.Expr], str] = {}
         self.stored_used: set[str] = set()
         self.lowered: list[str] = []
+        self.refused: list[str] = []
         self.box_segments: list[tuple[int, int, str]] = []  # (first step, box step, box value)
         # the normalized legs of the softmax whose argument the current expression is added into:
         # a term constant along them shifts every row equally and changes nothing (softmax(x + c))
@@ -154,6 +156,16 @@ class LoweringBase:
         step.in_box = step.in_box or self.box_depth > 0
         self.target.append(step)
         return step.out
+
+    @property
+    def dearer(self) -> str:
+        """How a refused rewrite compares under the objective, for its note."""
+        return "is estimated slower than" if self.objective == "time" else "costs more FLOPs than"
+
+    def refuse(self, note: str) -> None:
+        """Say why a rewrite was not taken (once, and not for trial plans)."""
+        if self.target is self.steps and note not in self.refused:
+            self.refused.append(note)
 
     def show_value(self, value: Value) -> str:
         var = f"self.{value.var}" if value.var in self.attributes else value.var
@@ -228,11 +240,14 @@ class LoweringBase:
             total *= self.number(leg)
         return total
 
-    def trial(self, build) -> int:
-        """The FLOPs a lowering would emit, at the planned sizes, without keeping its steps."""
+    def trial(self, build) -> float:
+        """What a lowering would cost under the objective, at the planned sizes, without keeping
+        its steps: its FLOPs, or under `time` the estimated seconds of a training step."""
         with self.scratch() as steps:
             build()
-            total = sum((s.flops for s in steps), sympy.Integer(0)).xreplace(self.chunk_values)
+            if self.objective == "time":
+                return self.estimated_time(steps)
+            total = sum((_planned_flops(s) for s in steps), sympy.Integer(0)).xreplace(self.chunk_values)
             return int(self.g.evaluate(total, **self.sizes).xreplace({BATCH_SIZE: self.sizes.get("B", 1)}))
 
     @contextlib.contextmanager
@@ -245,6 +260,15 @@ class LoweringBase:
             yield self.target
         finally:
             self.target, self.memo, self.causal_masks = saved, memo, masks
+
+
+def _planned_flops(step: Step) -> sympy.Expr:
+    """A step's FLOPs as the rewrites compare them: a product that sums nothing (one multiply per
+    element) is weighed as the matmul with inner size 1 it replaced, 2 per element, as SDPA's
+    count weighs a head of width 1; so choosing the product op moves no rewrite decision."""
+    if isinstance(step.op, Multiply) and not step.op.summed:
+        return 2 * step.flops
+    return step.flops
 
 
 def _renamed(value: Value, rename: Mapping[str, str]) -> Value:

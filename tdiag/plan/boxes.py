@@ -39,7 +39,11 @@ class BoxLowering:
                 leaves = self.resolve_normalize(box, ren, k, others, out)
                 continue
             fused = self.fusable(box, ren, leaves[k], others, out)
-            if fused is not None and self.cheaper_fused(box, ren, leaves[k], others, out, fused):
+            if fused is not None and not self.cheaper_fused(box, ren, leaves[k], others, out, fused):
+                keys = " ".join(show_legs(fused["keys"]))
+                self.refuse(f"softmax box over {keys}: SDPA refused: {self.dearer} the materialized box")
+                fused = None
+            if fused is not None:
                 leaves = self.fuse(box, ren, others, fused)
             else:
                 prefer = {leg for o in others for leg in o.legs}
@@ -153,7 +157,7 @@ class BoxLowering:
                 "expand",
                 Expand(value, self.shape(needed)),
                 Value(name, target, value.broadcast - set(needed)),
-                "broadcast " + " ".join(needed),
+                "broadcast " + " ".join(show_legs(needed)),
                 inputs=(value,),
             )
         )  # type: ignore[return-value]

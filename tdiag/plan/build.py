@@ -13,6 +13,7 @@ from .constants import ConstantFolding
 from .contraction import ContractionOrder
 from .distance import DistanceExpansion
 from .elementwise import ElementwiseLowering
+from .layout import Sizes, assign_layouts
 from .linear import LinearOrder
 from .program import (
     BATCH,
@@ -22,10 +23,12 @@ from .program import (
     Plan,
     Step,
     Value,
+    reads,
 )
 from .regions import RegionLowering
 from .sdpa import FusedAttention
 from .sdpa_match import AttentionMatch
+from .timing import TimeModel
 
 
 class _Lowering(
@@ -39,6 +42,7 @@ class _Lowering(
     ChunkedCausal,
     AttentionMatch,
     FusedAttention,
+    TimeModel,
     LoweringBase,
 ):
     """Walks the design graph once, emitting Steps; each base class is one pass."""
@@ -73,8 +77,11 @@ def build_plan(
         shape = lowering.shape([leg for leg in order if leg != BATCH])
         lowering.emit(Step("update", BufferUpdate(update.target, value, shape), None, f"update {update.target}"))
     plan.steps = lowering.steps
+    keep = {value.var for _, value in plan.outputs} | {v.var for s in plan.update_steps for v in reads(s.op)}
+    assign_layouts(plan.steps, keep, Sizes(lowering.number, lambda leg: lowering.shape([leg])[0]))
     plan.names = lowering.input_vars
     plan.lowered = lowering.lowered
+    plan.refused = lowering.refused
     if checkpoint_boxes:
         plan.segments = _checkpoint_segments(lowering.steps, lowering.box_segments)
     plan.causal = lowering.causal_masks

@@ -14,6 +14,7 @@ from .program import (
     BATCH,
     Einsum,
     Matmul,
+    Multiply,
     Operand,
     Scale,
     Step,
@@ -152,6 +153,8 @@ class ContractionOrder:
         summed = [leg for leg in a.legs if leg in b.legs and leg not in needed]
         left = [leg for leg in a.legs if leg not in b.legs]
         right = [leg for leg in b.legs if leg not in a.legs]
+        if not summed or not (left or right):
+            return self.product(a, b, summed, var)
         legs = tuple(batch + left + right)
         if batch:
             a_operand = self.arrange(a, [batch, left, summed])
@@ -178,15 +181,42 @@ class ContractionOrder:
         )
         return self.emit(step)  # type: ignore[return-value]
 
+    def product(self, a: Value, b: Value, summed: list[str], var: str | None) -> Value:
+        """A pairwise contraction that sums nothing (an outer or batch product), or that leaves no
+        free leg on either side (a batched dot product), as a broadcast multiply: one multiply
+        per element of the product (FLOPs as opt_einsum counts them), then the sum if any (2 per
+        multiply-add, as a matmul's). The result's legs follow a's, then b's own; the layout
+        pass may reorder them for its consumer."""
+        order = a.legs + tuple(leg for leg in b.legs if leg not in a.legs)
+        legs = tuple(leg for leg in order if leg not in summed)
+        dims = tuple(order.index(leg) for leg in summed)
+        flops = 2 * self.numel(order) if summed else self.numel(order)
+        name = self.names.fresh(var or "t")
+        description = f"{self.show_value(a)} · {self.show_value(b)} -> [{' '.join(show_legs(legs))}]"
+        step = Step(
+            "contraction",
+            Multiply(self.align(a, order), self.align(b, order), dims),
+            Value(name, legs),
+            description,
+            tuple(summed),
+            flops,
+            inputs=(a, b),
+        )
+        return self.emit(step)  # type: ignore[return-value]
+
     def arrange(self, value: Value, groups: list[list[str]]) -> Operand:
-        """`value` permuted to the legs of `groups` in order, one axis per group."""
+        """`value` permuted to the legs of `groups` in order, one axis per group; an empty group
+        is a unit axis inserted by indexing (a view whose last axis keeps stride 1, which the fused
+        attention kernels need, where a reshape of a permuted tensor may not)."""
         order = [leg for g in groups for leg in g]
         permutation = None
         if list(value.legs) != order:
             permutation = tuple(value.legs.index(leg) for leg in order)
-        if all(len(g) == 1 for g in groups):
-            return Operand(value, permutation)
-        return Operand(value, permutation, tuple(self.group_size(g) for g in groups))
+        kept = [g for g in groups if g]
+        index = tuple(bool(g) for g in groups) if len(kept) < len(groups) else None
+        if all(len(g) == 1 for g in kept):
+            return Operand(value, permutation, index=index)
+        return Operand(value, permutation, tuple(self.group_size(g) for g in kept), index)
 
     def group_size(self, group: Iterable[str]) -> sympy.Expr:
         return self.runtime(sympy.Mul(*(self.size(leg) for leg in group)))

@@ -22,20 +22,28 @@ class DistanceExpansion:
     """Lowers squared distances as contractions (MGK P11)."""
 
     def lower_distance(self, e: SquaredDistance, ren, var: str | None) -> Value:
-        """Σ_d (a − b)² = Σ_d a² + Σ_d b² − 2 Σ_d a·b: contractions, no (a − b) tensor. A side that
-        is a sum (sMGK's k_jr = k_j + b_r) may be expanded one level further, so that the N²
-        contraction is paid once rather than once per shift (MGK P11, spec §6.3); the expansion
-        is taken when it costs fewer FLOPs at the planned sizes."""
+        """Σ_d (a − b)² = Σ_d a² + Σ_d b² − 2 Σ_d a·b: contractions, no (a − b) tensor, added in
+        one elementwise step."""
+        out = tuple(p for leg in e.legs for p in ren[leg])
+        return self.combine("sqdist", self.distance_parts(e, ren), out, var)
+
+    def distance_parts(self, e: SquaredDistance, ren, coefficient: sympy.Expr = ONE) -> list[tuple[int, Value]]:
+        """The terms of coefficient · Σ_d (a − b)², the coefficient folded into each (onto the
+        smallest operand of a contraction). A side that is a sum (sMGK's k_jr = k_j + b_r) may be
+        expanded one level further, so that the N² contraction is paid once rather than once per
+        shift (MGK P11, spec §6.3); the expansion is taken when it costs fewer FLOPs at the
+        planned sizes."""
         plain = [[(1, e.left, ren)], [(1, e.right, ren)]]
         expanded = [self.summands(e.left, ren, e.over), self.summands(e.right, ren, e.over)]
         if expanded == plain or any(s is None for s in expanded):
-            return self.distance_terms(e, plain, ren, var)
-        naive = self.trial(lambda: self.distance_terms(e, plain, ren, var))
-        if self.trial(lambda: self.distance_terms(e, expanded, ren, var)) < naive:
+            return self.distance_terms(e, plain, coefficient)
+        naive = self.trial(lambda: self.distance_terms(e, plain, coefficient))
+        if self.trial(lambda: self.distance_terms(e, expanded, coefficient)) < naive:
             if self.target is self.steps:
                 self.lowered.append("squared distance to shifted keys expanded (MGK P11): one N² contraction")
-            return self.distance_terms(e, expanded, ren, var)
-        return self.distance_terms(e, plain, ren, var)
+            return self.distance_terms(e, expanded, coefficient)
+        self.refuse(f"squared distance to shifted keys: expansion (MGK P11) refused: {self.dearer} the plain form")
+        return self.distance_terms(e, plain, coefficient)
 
     def summands(self, e: Expr, ren, over: tuple[str, ...]) -> list[tuple[int, Expr, dict]] | None:
         """The terms of a sum side (directly or through the statement defining it) with their leg
@@ -55,10 +63,11 @@ class DistanceExpansion:
             return None
         return terms
 
-    def distance_terms(self, e: SquaredDistance, sides, ren, var: str | None) -> Value:
+    def distance_terms(self, e: SquaredDistance, sides, coefficient: sympy.Expr) -> list[tuple[int, Value]]:
         """Σ_d (Σ_k c_k z_k)² = Σ_k ‖z_k‖² + 2 Σ_{k<l} c_k c_l z_k·z_l over the summands z of
-        both sides (right ones negated); a term constant along a surrounding softmax's legs is
-        dropped (the query norm, MGK P2)."""
+        both sides (right ones negated), each times `coefficient`; a term constant along a
+        surrounding softmax's legs is dropped (the query norm, MGK P2)."""
+        (_, _, ren), *_ = sides[0]
         over = tuple(p for leg in e.over for p in ren[leg])
         out = tuple(p for leg in e.legs for p in ren[leg])
         vectors = [
@@ -74,13 +83,12 @@ class DistanceExpansion:
                 kept = tuple(leg for leg in (BATCH, *out) if leg in value_a.legs + value_b.legs and leg not in over)
                 if self.shift_invariant is not None and not set(kept) & self.shift_invariant:
                     continue  # the same for every key: it cancels in the softmax (MGK P2)
+                weight = sympy.Integer(a[0] * b[0]) * coefficient
                 if k == j:
-                    parts.append((1, self.squared_norm(value_a, kept, sympy.Integer(a[0] * b[0]))))
+                    parts.append((1, self.squared_norm(value_a, kept, weight)))
                 else:
-                    parts.append(
-                        (1, self.plan_contraction([value_a, value_b], kept, sympy.Integer(2 * a[0] * b[0]), None))
-                    )
-        return self.combine("sqdist", [(sign, self.as_missing_legs(v)) for sign, v in parts], out, var)
+                    parts.append((1, self.plan_contraction([value_a, value_b], kept, 2 * weight, None)))
+        return [(sign, self.as_missing_legs(v)) for sign, v in parts]
 
     def squared_norm(self, value: Value, kept: tuple[str, ...], coefficient: sympy.Expr = ONE) -> Value:
         """coefficient · Σ value² over the legs not kept; its steps are "norm" steps, which the

@@ -8,10 +8,13 @@ import itertools
 import sympy
 
 from ..ir import (
+    Contraction,
     ElementwiseMap,
     Expr,
     Quotient,
     Reduction,
+    Scalar,
+    SquaredDistance,
     SumNode,
     TensorRef,
     walk,
@@ -128,19 +131,55 @@ class ElementwiseLowering:
         return Elementwise(tree, negate=sign < 0), elementwise
 
     def lower_sum(self, e: SumNode, ren, var: str | None) -> Value:
-        terms = list(zip(e.terms, e.signs, strict=True))
-        if self.shift_invariant is not None:
-            varying = [
-                (t, s)
-                for t, s in terms
-                if {p for leg in t.legs for p in ren[leg]} & self.shift_invariant or self.owns_parameter(t)
-            ]
-            terms = varying or terms[:1]  # terms constant along the softmax's legs drop out
+        """Σ ± terms in one elementwise step. A term that is itself a sum node or a squared
+        distance, scaled or not, is flattened in with the scaling folded into its own terms (onto
+        the smallest operand of each contraction), so that MGK's log π − ‖q − k‖²/(2√D) is one
+        pass over the logits, log π and the key norm meeting first, not three."""
+        terms = self.varying(e.terms, e.signs, ren)
         if len(terms) == 1 and terms[0][1] > 0:
             return self.lower(terms[0][0], ren, var)
-        parts = [(sign, self.as_missing_legs(self.lower(term, ren))) for term, sign in terms]
+        parts: list[tuple[int, Value]] = []
+        flattened: list[Expr] = []
+        for term, sign in terms:
+            inner, factor = _scaled(term)
+            if isinstance(inner, SumNode | SquaredDistance):
+                parts += self.sum_parts(inner, ren, sign * factor)
+                flattened.append(inner)
+            else:
+                parts.append((sign, self.as_missing_legs(self.lower(term, ren))))
         out = tuple(p for leg in e.legs for p in ren[leg])
-        return self.combine("sum", parts, out, var)
+        kind = "sqdist" if any(isinstance(f, SquaredDistance) for f in flattened) else "sum"
+        value = self.combine(kind, parts, out, var)
+        if flattened:  # the papers count a sum node's additions at its result's size (App. B)
+            self.target[-1].paper = self.numel(value.legs) * (len(terms) - 1)
+        return value
+
+    def varying(self, terms, signs, ren) -> list[tuple[Expr, int]]:
+        """A sum's terms less those constant along a surrounding softmax's legs (they drop out)."""
+        pairs = list(zip(terms, signs, strict=True))
+        if self.shift_invariant is None:
+            return pairs
+        kept = [
+            (t, s)
+            for t, s in pairs
+            if {p for leg in t.legs for p in ren[leg]} & self.shift_invariant or self.owns_parameter(t)
+        ]
+        return kept or pairs[:1]
+
+    def sum_parts(self, e: SumNode | SquaredDistance, ren, coefficient: sympy.Expr) -> list[tuple[int, Value]]:
+        """The signed terms of coefficient · e for a flattened sum."""
+        if isinstance(e, SquaredDistance):
+            return self.distance_parts(e, ren, coefficient)
+        parts = []
+        for term, sign in self.varying(e.terms, e.signs, ren):
+            inner, factor = _scaled(term)
+            if isinstance(inner, SumNode | SquaredDistance):
+                parts += self.sum_parts(inner, ren, coefficient * sign * factor)
+            elif abs(coefficient) == 1:
+                parts.append((int(sign * coefficient), self.as_missing_legs(self.lower(term, ren))))
+            else:
+                parts.append((1, self.as_missing_legs(self.lower(term, ren, scale=sign * coefficient))))
+        return parts
 
     def lower_quotient(self, e: Quotient, ren, var: str | None) -> Value:
         numerator = self.as_missing_legs(self.lower(e.numerator, ren))  # type: ignore[arg-type]
@@ -151,3 +190,14 @@ class ElementwiseLowering:
     def as_missing_legs(self, value: Value) -> Value:
         """A value's broadcast legs, for combine, which broadcasts any leg an operand lacks."""
         return Value(value.var, value.legs, frozenset())
+
+
+def _scaled(e: Expr) -> tuple[Expr, sympy.Expr]:
+    """(x, c) for a term c · x that only scales one factor by numbers; (e, 1) otherwise."""
+    if not isinstance(e, Contraction) or e.summed:
+        return e, sympy.Integer(1)
+    factors = [f for f in e.factors if not isinstance(f, Scalar)]
+    if len(factors) != 1 or set(factors[0].legs) != set(e.legs):
+        return e, sympy.Integer(1)
+    coefficient = e.coefficient * sympy.Mul(*(f.value for f in e.factors if isinstance(f, Scalar)))
+    return factors[0], coefficient

@@ -42,14 +42,23 @@ class LinearOrder:
             return [*others[:k], _Leaf(value.legs, value=value), *others[k:]]
 
         normalized = tuple(p for leg in box.normalized for p in ren[leg])
-        if any(leg in out for leg in normalized) or not self.is_multilinear(box.content):
+
+        def refuse(why: str) -> list[_Leaf]:
+            self.refuse(f"normalize box over {' '.join(show_legs(normalized))}: linear-time order refused: {why}")
             return materialized()
+
+        if any(leg in out for leg in normalized):
+            return refuse("the normalized legs are kept in the result")
+        if not self.is_multilinear(box.content):
+            return refuse("the box's content is not multilinear (a map other than an integer power)")
         if box.masks and self.prefix_legs(box, ren) is None:
-            return materialized()
+            return refuse("a mask other than one causal mask over the normalized leg")
         fixed = [o for o in others if set(normalized) & set(o.legs)]
         optional = [o for o in others if o not in fixed]
-        if not fixed or len(optional) > 6:
-            return materialized()
+        if not fixed:
+            return refuse("no value side is contracted over the normalized legs")
+        if len(optional) > 6:
+            return refuse("more than six factors to place on the value side")
         best, best_cost = None, self.trial(lambda: self.contract(materialized(), out, sympy.Integer(1), None))
         for choice in itertools.product((0, 1), repeat=len(optional)):
             values = fixed + [o for o, c in zip(optional, choice, strict=True) if c]
@@ -60,7 +69,7 @@ class LinearOrder:
             if cost < best_cost:
                 best, best_cost = (values, rest), cost
         if best is None:
-            return materialized()
+            return refuse(f"{self.dearer} the materialized box")
         if self.target is self.steps:
             how = " with causal prefix sums over chunks" if box.masks else ""
             self.lowered.append(

@@ -96,6 +96,21 @@ class Matmul:
 
 
 @dataclass(frozen=True)
+class Multiply:
+    """a * b of operands aligned by broadcasting (each read through a permutation and unit axes,
+    views both): a pairwise contraction that sums nothing, such as Tuformer's C·Q or FiSH's σ·ε,
+    done as one multiply per output element instead of a matmul with inner size 1. With
+    `summed`, the product is then summed over those axes: a batched dot product with no free
+    leg on either side, such as the key norm ‖k‖² (printed `x.square().sum(...)` when both
+    operands read the same tensor alike). Autograd saves the operands (one, for a square); the
+    result has the aligned axes less the summed ones and is never larger than the product."""
+
+    a: Operand
+    b: Operand
+    summed: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Einsum:
     """The fallback contraction for what a matmul cannot say (a leg repeated in one operand)."""
 
@@ -269,6 +284,7 @@ Op = (
     | Scale
     | SumAxes
     | Matmul
+    | Multiply
     | Einsum
     | MaskFill
     | Softmax
@@ -353,7 +369,8 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     update_steps: list[Step] = field(default_factory=list)
     outputs: list[tuple[str, Value]] = field(default_factory=list)
-    lowered: list[str] = field(default_factory=list)  # notes, e.g. boxes lowered to SDPA
+    lowered: list[str] = field(default_factory=list)  # rewrites taken, e.g. boxes lowered to SDPA
+    refused: list[str] = field(default_factory=list)  # rewrites not taken, and why
     names: dict[str, str] = field(default_factory=dict)  # .td input/mask/noise name -> variable
     attributes: frozenset[str] = frozenset()  # variables that are the module's stored tensors
     causal: dict[tuple[sympy.Expr, sympy.Expr], str] = field(default_factory=dict)  # (N, M) -> mask

@@ -23,6 +23,7 @@ from ..ir import (
 from .base import _is_scaling, _Leaf
 from .program import (
     BATCH,
+    show_legs,
 )
 
 
@@ -34,14 +35,18 @@ class AttentionMatch:
         content = per-head dot product (or squared distance) of a query side and a key side, plus
         bias terms that vary only along heads and keys (carried by one more latent feature, MGK
         P17); causal masks only; values joined along the normalized legs, or tied across some."""
-        if any(not isinstance(m, CausalMask) for m in box.masks):
-            return None
         keys = tuple(p for leg in box.normalized for p in ren[leg])
+
+        def refuse(why: str) -> None:
+            self.refuse(f"softmax box over {' '.join(show_legs(keys))}: SDPA refused: {why}")
+
+        if any(not isinstance(m, CausalMask) for m in box.masks):
+            return refuse("a padding mask (only causal masks are fused)")
         if any(k in out for k in keys):
-            return None
+            return refuse("the normalized legs are kept in the result")
         items = self.score_items(box.content, ren, set(keys))  # type: ignore[arg-type]
         if items is None:
-            return None
+            return refuse("the scores are not one query·key product plus terms along heads and keys")
         (kind, coefficient, cross), biases = items
         distance_weight = coefficient  # of Σ_d (q − k)², whose ‖k‖² becomes a bias
         content: list[_Leaf] = []
@@ -61,26 +66,26 @@ class AttentionMatch:
         box_legs = tuple(p for leg in box.legs for p in ren[leg])
         content, box_legs, coefficient = self.fold_constants(content, box_legs, coefficient)
         if any(c.box is not None or (c.value is not None and c.value.broadcast) for c in content):
-            return None
+            return refuse("the scores hold a box or a factor constant along some of their legs")
         split = self.split_sides(content, box_legs, keys, others, out)
         if split is None:
-            return None
+            return refuse("no split into query, key and value sides that meet only in heads")
         query_side, key_side, values, heads, queries, latent, features = split
         if kind == "sqdist" and (query_side, key_side) != (content[:1], content[1:]):
-            return None
+            return refuse("the squared distance's sides are not a query side and a key side")
         bias_items = []
         for bias_kind, weight, e in biases:
             legs = {p for leg in e.legs for p in ren[leg]}
             if not legs <= set(heads) | set(keys):
-                return None
+                return refuse("a term of the scores varies along the queries")
             bias_items.append((bias_kind, weight, e))
         if kind == "sqdist":
             bias_items.append(("norm", distance_weight, None))
         if len(queries) != 1 and box.masks:
-            return None
+            return refuse("a causal mask with several query legs")
         for mask in box.masks:
             if ren[mask.query] != (queries[0],) or len(ren[mask.key]) != 1 or ren[mask.key][0] not in keys:  # type: ignore[union-attr]
-                return None
+                return refuse("a causal mask that is not between the query leg and a key leg")
         return {
             "query": query_side,
             "key": key_side,

@@ -1,0 +1,361 @@
+"""Memory footprint of a lowered program: which storages each op allocates, copies and saves for
+the backward pass, found by running the program abstractly on shapes and strides (at the planned
+sizes) with PyTorch's own rules: elementwise results keep their operands' memory order, reductions,
+softmax and matmul results are contiguous, a reshape is a view exactly when torch's stride rule
+allows it (else a copy), torch.matmul folds batch legs and saves the operands it multiplies, and
+each autograd node saves what its backward reads (softmax and exp their result; log, pow, clamp,
+elu their input; division both operands; masked_fill its mask; SDPA q, k, v, its output and the
+log-sum-exp, or on the math fallback the whole attention).
+
+Guarantees: `Footprint.saved` lists every activation storage autograd keeps after the forward
+pass (parameters, buffers and inputs excluded), each once, with its size as a formula in the
+design's sizes and B; `copies` the elements each step copies that the program does not show."""
+
+from __future__ import annotations
+
+import math
+from functools import singledispatchmethod
+
+import sympy
+
+from .abstract import BOOL, FLOAT, AbstractMachine, Footprint, Meta
+from .program import (
+    Attention,
+    Binary,
+    BufferUpdate,
+    Einsum,
+    Elementwise,
+    Expand,
+    JoinChunks,
+    Map,
+    MaskFill,
+    Materialize,
+    Matmul,
+    Multiply,
+    Normalize,
+    Operand,
+    Permute,
+    Plan,
+    PrefixSum,
+    Ratio,
+    Reduce,
+    Reshape,
+    Scale,
+    Softmax,
+    SplitChunks,
+    Step,
+    SumAxes,
+    Triangle,
+    VisibleMask,
+)
+from .strides import contiguous, padded, view_strides
+
+SAVES_INPUT = {"log", "clamp", "pow", "elu1"}  # autograd keeps the map's input
+SAVES_RESULT = {"exp", "relu"}  # ... or its result
+
+
+class _Interpreter(AbstractMachine):
+    """The op rules: what each op allocates, copies and saves."""
+
+    @singledispatchmethod
+    def op(self, op: object, step: Step) -> Meta | None:
+        raise TypeError(f"no footprint rule for {type(op).__name__}")
+
+    @op.register
+    def _(self, op: Reshape, step: Step) -> Meta:
+        return self.reshape(self.value(op.x), self.output(step)[0], op.x.var)
+
+    @op.register
+    def _(self, op: Scale, step: Step) -> Meta:
+        x = self.value(op.x)
+        return self.like(x.shape, [x], x.numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: SumAxes, step: Step) -> Meta:
+        x = self.value(op.x)
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: Matmul, step: Step) -> Meta:
+        a, b = self.read(op.a), self.read(op.b)
+        self.matmul(a, b)
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, a.grad or b.grad, step.out.var)  # type: ignore[union-attr]
+
+    def matmul(self, a: Meta, b: Meta) -> None:
+        """torch.matmul: a batched operand beside a matrix is folded into a matrix (copied when
+        the matrix needs a gradient and the fold is no view), else both go to bmm as 3-D (copied
+        where the batch legs do not merge); each operand is saved when the other needs a gradient."""
+        a, b = _matrix_if_unit_batch(a), _matrix_if_unit_batch(b)
+        da, db = len(a.shape), len(b.shape)
+        if da >= 3 and db <= 2:
+            folded = (math.prod(a.shape[:-1]), a.shape[-1])
+            if b.grad or view_strides(a.shape, a.strides, folded) is not None:
+                a = self.reshape(a, folded, "matmul operand")
+        elif db >= 3 and da <= 2:
+            t = Meta(
+                (*b.shape[:-2], b.shape[-1], b.shape[-2]),
+                (*b.strides[:-2], b.strides[-1], b.strides[-2]),
+                b.storage,
+                b.grad,
+                b.numel,
+            )
+            folded = (math.prod(t.shape[:-1]), t.shape[-1])
+            if a.grad or view_strides(t.shape, t.strides, folded) is not None:
+                b = self.reshape(t, folded, "matmul operand")
+        elif da >= 3 and db >= 3:
+            a = self.reshape(a, (math.prod(a.shape[:-2]), *a.shape[-2:]), "matmul operand")
+            b = self.reshape(b, (math.prod(b.shape[:-2]), *b.shape[-2:]), "matmul operand")
+        if b.grad:
+            self.save(a)
+        if a.grad:
+            self.save(b)
+
+    @op.register
+    def _(self, op: Multiply, step: Step) -> Meta:
+        a, b = self.read(op.a), self.read(op.b)
+        full = tuple(max(x, y) for x, y in zip(padded(a.shape, b.shape), padded(b.shape, a.shape), strict=True))
+        shape, out_numel = self.output(step)
+        numel = out_numel if not op.summed else sympy.Integer(math.prod(full))
+        if op.a == op.b:
+            product = self.like(full, [a], numel, a.grad, "square")
+            if a.grad:
+                self.save(a)
+        else:
+            product = self.like(full, [a, b], numel, a.grad or b.grad, step.out.var)  # type: ignore[union-attr]
+            if b.grad:
+                self.save(a)
+            if a.grad:
+                self.save(b)
+        if not op.summed:
+            return Meta(shape, product.strides, product.storage, product.grad, out_numel)
+        return self.fresh(shape, out_numel, product.grad, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: Einsum, step: Step) -> Meta:
+        operands = [self.value(v) for v in op.operands]
+        for k, m in enumerate(operands):
+            if any(o.grad for j, o in enumerate(operands) if j != k):
+                self.save(m)
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, any(m.grad for m in operands), step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: MaskFill, step: Step) -> Meta:
+        x, mask = self.value(op.x), self.read(op.mask)
+        if x.grad:
+            self.save(mask)
+        return self.fresh(x.shape, x.numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: Softmax, step: Step) -> Meta:
+        x = self.read(op.x)
+        if x.strides != contiguous(x.shape):
+            self.record.copies += x.numel
+            self.record.moved += 2 * x.numel * FLOAT
+        out = self.fresh(x.shape, x.numel, x.grad, step.out.var)  # type: ignore[union-attr]
+        if x.grad:
+            self.save(out)
+        return out
+
+    @op.register
+    def _(self, op: Normalize, step: Step) -> Meta:
+        x = self.read(op.x)
+        kept = x.shape[: len(x.shape) - op.count]
+        rows = x.numel / sympy.Mul(*self.trailing(step, op.count))
+        total = self.fresh((*kept, *[1] * op.count), rows, x.grad, "normalizer")
+        if x.grad:
+            self.save(x, total)
+        return self.like(x.shape, [x, total], x.numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    def trailing(self, step: Step, count: int) -> list[sympy.Expr]:
+        return [self.plan.leg_sizes[leg] for leg in step.out.legs[len(step.out.legs) - count :]]  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: Expand, step: Step) -> Meta:
+        x = self.value(op.x)
+        shape, numel = self.output(step)
+        return Meta(shape, (*x.strides, *[0] * len(op.sizes)), x.storage, x.grad, numel)
+
+    @op.register
+    def _(self, op: Materialize, step: Step) -> Meta:
+        x = self.read(op.x)
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: Map, step: Step) -> Meta:
+        x = self.value(op.x)
+        out = self.like(x.shape, [x], x.numel, x.grad, step.out.var)  # type: ignore[union-attr]
+        if op.name == "elu1":
+            self.allocate(x.numel, "elu before + 1")
+        if x.grad and op.name in SAVES_INPUT:
+            self.save(x)
+        if x.grad and op.name in SAVES_RESULT:
+            self.save(out)
+        return out
+
+    @op.register
+    def _(self, op: Reduce, step: Step) -> Meta:
+        x = self.value(op.x)
+        shape, numel = self.output(step)
+        out = self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
+        if x.grad and op.method in ("amax", "logsumexp"):
+            self.save(x, out)
+        return out
+
+    @op.register
+    def _(self, op: Elementwise, step: Step) -> Meta:
+        shape, numel = self.output(step)
+        out = self.tree(op.tree, shape, numel, step.out.var)  # type: ignore[union-attr]
+        if op.negate:
+            out = self.like(shape, [out], numel, out.grad, step.out.var)  # type: ignore[union-attr]
+        return out
+
+    def tree(self, tree: Binary | Operand, shape: tuple[int, ...], numel: sympy.Expr, what: str) -> Meta:
+        if isinstance(tree, Operand):
+            return self.read(tree)
+        left, right = self.tree(tree.left, shape, numel, what), self.tree(tree.right, shape, numel, what)
+        here = tuple(max(a, b) for a, b in zip(padded(left.shape, shape), padded(right.shape, shape), strict=True))
+        size = numel if here == shape else sympy.Integer(math.prod(here))
+        out = self.like(here, [left, right], size, left.grad or right.grad, what)
+        if tree.op == "/":
+            if right.grad:
+                self.save(left)
+            if left.grad or right.grad:
+                self.save(right)
+        return out
+
+    @op.register
+    def _(self, op: Ratio, step: Step) -> Meta:
+        numerator, denominator = self.value(op.numerator), self.read(op.denominator)
+        plus = self.like(denominator.shape, [denominator], self.value(op.denominator.value).numel, denominator.grad, "")
+        if plus.grad:
+            self.save(numerator)
+        if numerator.grad or plus.grad:
+            self.save(plus)
+        return self.like(numerator.shape, [numerator, plus], numerator.numel, numerator.grad or plus.grad, "ratio")
+
+    @op.register
+    def _(self, op: PrefixSum, step: Step) -> Meta:
+        x = self.value(op.x)
+        self.allocate(x.numel, "cumsum")
+        return self.fresh(x.shape, x.numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: Triangle, step: Step) -> Meta:
+        return self.fresh((op.size, op.size), sympy.Integer(op.size**2), False, "triangle")
+
+    @op.register
+    def _(self, op: SplitChunks, step: Step) -> Meta:
+        x = self.value(op.x)
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: JoinChunks, step: Step) -> Meta:
+        x = self.read(op.x)
+        p = op.position
+        flat = (*x.shape[:p], x.shape[p] * x.shape[p + 1], *x.shape[p + 2 :])
+        joined = self.reshape(x, flat, op.x.value.var)
+        shape, _ = self.output(step)
+        return Meta(shape, joined.strides, joined.storage, joined.grad, joined.numel)
+
+    @op.register
+    def _(self, op: VisibleMask, step: Step) -> Meta:
+        causal = self.read(op.causal)
+        shape = tuple(self.integer(s) for s in op.sizes)
+        numel = sympy.Mul(*op.sizes)
+        self.record.copies += numel
+        rows = self.integer(op.rows)
+        return self.fresh((rows, math.prod(shape) // rows), numel, causal.grad, step.out.var, BOOL)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: Attention, step: Step) -> Meta:
+        q, k, v = self.read(op.q), self.read(op.k), self.read(op.v)
+        q_legs, k_legs, out_legs = op.q.value.legs, op.k.value.legs, step.out.legs  # type: ignore[union-attr]
+        rows = self.numel(leg for leg in out_legs if leg in q_legs)  # heads and queries
+        keys = self.numel(leg for leg in k_legs if leg in out_legs or leg not in q_legs)  # heads and keys
+        latent = self.numel(leg for leg in q_legs if leg not in out_legs)
+        features = self.numel(leg for leg in out_legs if leg not in q_legs)
+        if op.bias is not None:
+            latent += 1
+            q = self.widened(q, 1, rows * latent, "q with a feature of ones")
+            k = self.widened(k, 1, keys * latent, "k with the key bias")
+        if op.pad_value:
+            v = self.widened(v, op.pad_value, keys * (features + op.pad_value), "v padded")
+            features += op.pad_value
+        if op.pad_query_key:
+            latent += op.pad_query_key
+            q = self.widened(q, op.pad_query_key, rows * latent, "q padded")
+            k = self.widened(k, op.pad_query_key, keys * latent, "k padded")
+        grad = q.grad or k.grad or v.grad
+        shape = (*q.shape[:-1], v.shape[-1])
+        flash = (
+            len(q.shape) == len(k.shape) == len(v.shape) == 4
+            and q.shape[-1] == k.shape[-1] == v.shape[-1]
+            and all(m.strides[-1] == 1 for m in (q, k, v))
+        )
+        self.record.kernel = "flash" if flash else "math: " + _math_reason(q, k, v)
+        if flash:
+            physical = (0, 2, 1, 3)
+            out = self.fresh(tuple(shape[d] for d in physical), rows * features, grad, step.out.var)  # type: ignore[union-attr]
+            out = Meta(shape, tuple(out.strides[physical.index(d)] for d in range(4)), out.storage, grad, out.numel)
+            lse = self.fresh(shape[:-1], rows, False, "log-sum-exp")
+            if grad:
+                self.save(q, k, v, out, lse, *([self.value(op.mask)] if op.mask is not None else []))
+        else:
+            entries = rows * self.numel(leg for leg in k_legs if leg not in q_legs)
+            scaled_q = self.fresh(q.shape, q.numel, q.grad, "q scaled (math SDPA)")
+            scaled_k = self.fresh(k.shape, k.numel, k.grad, "k scaled (math SDPA)")
+            scores = q.grad or k.grad
+            attention = self.fresh((*q.shape[:-1], k.shape[-2]), entries, scores, "attention (math SDPA)")
+            out = self.fresh(shape, rows * features, grad, step.out.var)  # type: ignore[union-attr]
+            if q.grad:
+                self.save(scaled_k)
+            if k.grad:
+                self.save(scaled_q)
+            if scores or v.grad:
+                self.save(attention)
+            if scores:
+                self.save(v)
+        if op.width is not None:
+            out = Meta((*out.shape[:-1], op.width), out.strides, out.storage, out.grad, out.numel)
+        if op.shape is not None:
+            out = self.reshape(out, self.output(step)[0], step.out.var)  # type: ignore[union-attr]
+        return out
+
+    def widened(self, m: Meta, extra: int, numel: sympy.Expr, what: str) -> Meta:
+        return self.fresh((*m.shape[:-1], m.shape[-1] + extra), numel, m.grad, what)
+
+    @op.register
+    def _(self, op: Permute, step: Step) -> Meta:
+        x = self.value(op.x)
+        p = op.permutation
+        return Meta(tuple(x.shape[d] for d in p), tuple(x.strides[d] for d in p), x.storage, x.grad, x.numel)
+
+    @op.register
+    def _(self, op: BufferUpdate, step: Step) -> None:
+        return None
+
+
+def _math_reason(*qkv: Meta) -> str:
+    """Why torch's SDPA on CPU falls back to its math kernel, which keeps the whole attention."""
+    if any(len(m.shape) != 4 for m in qkv):
+        return "q, k and v are not 4-D (batch, heads, positions, features)"
+    if len({m.shape[-1] for m in qkv}) > 1:
+        return "the value head size differs from the query and key head size"
+    return "a last axis whose stride is not 1"
+
+
+def _matrix_if_unit_batch(m: Meta) -> Meta:
+    """torch.matmul treats an operand whose batch axes are all 1 as a matrix."""
+    if len(m.shape) >= 3 and all(size == 1 for size in m.shape[:-2]):
+        return Meta(m.shape[-2:], m.strides[-2:], m.storage, m.grad, m.numel)
+    return m
+
+
+def footprint(plan: Plan) -> Footprint:
+    """The storages the plan's forward allocates and keeps for backward (see the module doc)."""
+    return _Interpreter(plan).run()

@@ -1,0 +1,141 @@
+"""Each planner pass on a small design, read off the lowered program (no code is generated or
+run): what it guarantees, when a rewrite applies, and why it is refused when it does not."""
+
+import sympy
+
+import tdiag
+from tdiag.plan import reads
+from tdiag.plan.program import Attention, Matmul, PrefixSum, Scale, Softmax
+
+HEADER = """
+size F = 64, H = 4, D = F / H
+size N
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D] = normal(std = 1)
+param WK[f: F, h: H, d: D] = normal(std = 1)
+param WV[f: F, h: H, e: D] = normal(std = 1)
+param WO[h: H, e: D, g: F] = normal(std = 1)
+"""
+
+
+def plan(body: str, *, causal: bool = False, objective: str = "flops", N: int = 256):
+    design = tdiag.loads("design small\n" + HEADER + body)
+    return (design.with_causal_mask() if causal else design).plan(N=N, objective=objective)
+
+
+def ops(plan_, kind):
+    return [step.op for step in plan_.steps if isinstance(step.op, kind)]
+
+
+ATTENTION = """
+Q[n h d] = X[n f] WQ[f h d]
+K[m h d] = X[m f] WK[f h d]
+V[m h e] = X[m f] WV[f h e]
+A[h n m] = softmax[m, scale = 1 / sqrt(D)](Q[n h d] K[m h d])
+Y[n g] = A[h n m] V[m h e] WO[h e g]
+output Y
+"""
+
+
+# ---- regions and inlining --------------------------------------------------------------------
+
+
+def test_a_single_use_product_is_inlined_into_its_consumer():
+    steps = plan("P[n h d] = X[n f] WQ[f h d]\nY[n g] = P[n h d] WO[h d g]\noutput Y").steps
+    assert "P" not in {step.out.var for step in steps}
+
+
+def test_a_product_used_twice_is_computed_once():
+    body = "P[n h d] = X[n f] WQ[f h d]\nS[n m h] = P[n h d] P[m h d]\nY[n g] = S[n m h] WO[h d g] P[m h d]\noutput Y"
+    steps = plan(body).steps
+    assert [step.out.var for step in steps].count("P") == 1
+
+
+# ---- constant folding ------------------------------------------------------------------------
+
+
+def test_an_identity_constant_merges_the_legs_it_joins_and_never_reaches_an_op():
+    body = ATTENTION.replace(
+        "Y[n g] = A[h n m] V[m h e] WO[h e g]",
+        "const I[h: H, k: H] = identity()\nY[n g] = A[h n m] V[m h e] I[h k] WO[k e g]",
+    )
+    folded = plan(body)
+    assert "I" not in {value.var for step in folded.steps for value in reads(step.op)}
+    assert folded.lowered == plan(ATTENTION).lowered
+
+
+def test_a_fill_constant_becomes_a_scale_of_the_smallest_operand():
+    body = "const C[h: H] = fill(value = 3)\nY[n g] = X[n f] WQ[f h d] C[h] WO[h d g]\noutput Y"
+    (scale,) = ops(plan(body), Scale)
+    assert scale.factor == 3 and scale.x.var in ("WQ", "WO")
+
+
+# ---- contraction order -----------------------------------------------------------------------
+
+
+def test_the_contraction_order_contracts_the_narrow_leg_first():
+    body = "size R = 2\nparam A[f: F, r: R] = normal(std = 1)\nparam Bm[r: R, g: F] = normal(std = 1)\n"
+    body += "Y[n g] = X[n f] A[f r] Bm[r g]\noutput Y"
+    first = ops(plan(body, N=1024), Matmul)[0]
+    assert {first.a.value.var, first.b.value.var} == {"X", "A"}
+
+
+# ---- SDPA: applicability and refusals ---------------------------------------------------------
+
+
+def test_per_head_softmax_attention_becomes_one_sdpa():
+    lowered = plan(ATTENTION)
+    assert len(ops(lowered, Attention)) == 1 and not ops(lowered, Softmax)
+
+
+def test_a_causal_mask_is_passed_to_sdpa_as_is_causal():
+    (attention,) = ops(plan(ATTENTION, causal=True), Attention)
+    assert attention.causal and attention.mask is None
+
+
+def test_sdpa_is_refused_for_a_padding_mask_with_the_reason():
+    body = "mask pad[m: N]\n" + ATTENTION.replace("scale = 1 / sqrt(D)]", "scale = 1 / sqrt(D), mask = pad[m]]")
+    lowered = plan(body)
+    assert not ops(lowered, Attention)
+    assert any("SDPA refused: a padding mask" in note for note in lowered.refused)
+
+
+def test_sdpa_is_refused_when_a_score_term_varies_along_the_queries():
+    body = "param T[h: H, n: N] = normal(std = 1)\n" + ATTENTION.replace(
+        "(Q[n h d] K[m h d])", "(Q[n h d] K[m h d] + T[h n])"
+    )
+    lowered = plan(body)
+    assert not ops(lowered, Attention)
+    assert lowered.refused
+
+
+# ---- the linear-time order of normalize boxes -------------------------------------------------
+
+
+LINEAR = ATTENTION.replace(
+    "softmax[m, scale = 1 / sqrt(D)](Q[n h d] K[m h d])", "normalize[m](elu1(Q[n h d]) elu1(K[m h d]))"
+)
+
+
+def test_a_multilinear_normalize_box_is_evaluated_in_the_linear_time_order():
+    lowered = plan(LINEAR, N=1024)
+    n = sympy.Symbol("N", positive=True, integer=True)
+    assert any("linear-time order" in note for note in lowered.lowered)
+    assert all(sympy.expand(step.flops).coeff(n, 2) == 0 for step in lowered.steps)
+
+
+def test_a_normalize_box_of_an_exponential_keeps_its_box_and_says_why():
+    body = LINEAR.replace("elu1(Q[n h d]) elu1(K[m h d])", "exp(Q[n h d] K[m h d])")
+    lowered = plan(body)
+    assert "linear-time order refused: costs more FLOPs than the materialized box" in " ".join(lowered.refused)
+
+
+def test_a_normalize_box_of_a_sum_is_refused_the_linear_time_order_as_not_multilinear():
+    body = LINEAR.replace("elu1(Q[n h d]) elu1(K[m h d])", "relu(Q[n h d] K[m h d]) + relu(K[n h d] K[m h d])")
+    lowered = plan(body)
+    assert "the box's content is not multilinear" in " ".join(lowered.refused)
+
+
+def test_a_causal_linear_box_takes_chunked_prefix_sums_at_length():
+    lowered = plan(LINEAR, causal=True, N=4096)
+    assert ops(lowered, PrefixSum) and any("causal prefix sums" in note for note in lowered.lowered)

@@ -1,0 +1,85 @@
+"""The `time` objective: plans chosen by a roofline estimate of a training step on the planning
+device (tdiag/plan/timing.py, tdiag/device.py). Devices are fixed through the TDIAG_DEVICE_*
+figures so that the choices do not depend on the machine the tests run on."""
+
+import pytest
+import torch
+from conftest import DESIGNS
+
+import tdiag
+from tdiag import device
+from tdiag.cli import main
+
+TOL = 1e-10
+
+
+@pytest.fixture
+def cpu(monkeypatch, tmp_path):
+    """Plan for a CPU of given peak FLOP/s, bandwidth (bytes/s) and per-op overhead (s)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(device.DEVICE_ENV, raising=False)
+
+    def set_figures(peak: float, bandwidth: float, overhead: float) -> None:
+        monkeypatch.setenv(device.PEAK_FLOPS_ENV, str(peak))
+        monkeypatch.setenv(device.BANDWIDTH_ENV, str(bandwidth))
+        monkeypatch.setenv(device.OVERHEAD_ENV, str(overhead))
+
+    return set_figures
+
+
+def causal_mlk() -> tdiag.Design:
+    return tdiag.load(DESIGNS / "mlk.td", F=64, H=2, D=16).with_causal_mask()
+
+
+def chunked(plan) -> bool:
+    return any(step.kind == "prefix" for step in plan.steps)
+
+
+def test_a_device_where_each_op_costs_a_lot_takes_the_materialized_causal_box(cpu):
+    cpu(1e11, 1e10, 1.0)
+    assert not chunked(causal_mlk().plan(N=1024, objective="time"))
+
+
+def test_a_device_where_arithmetic_dominates_takes_the_chunked_causal_order(cpu):
+    cpu(1e9, 1e12, 0.0)
+    assert chunked(causal_mlk().plan(N=1024, objective="time"))
+
+
+def test_the_flops_objective_does_not_depend_on_the_device(cpu):
+    cpu(1e11, 1e10, 1.0)
+    assert chunked(causal_mlk().plan(N=1024, objective="flops"))
+
+
+@pytest.mark.parametrize(("name", "causal"), [("mgk", False), ("smgk", True), ("mlk", True), ("fish", False)])
+def test_a_plan_for_time_computes_the_same_function(cpu, name, causal):
+    cpu(1e11, 1e10, 2e-5)
+    sizes = {"mgk": {"F": 8, "H": 2, "D": 3}, "smgk": {"F": 8, "H": 2, "D": 3}, "mlk": {"F": 8, "H": 2, "D": 3}}
+    design = tdiag.load(DESIGNS / f"{name}.td", **sizes.get(name, {"F": 8, "H": 4, "M": 2}))
+    design = design.with_causal_mask() if causal else design
+    module = design.module(dtype=torch.float64, N=16, objective="time").eval()
+    reference = design.module(dtype=torch.float64, N=16, impl="reference").eval()
+    reference.load_state_dict(module.state_dict())
+    x = torch.randn(2, 16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(module(x), reference(x), atol=TOL, rtol=0)
+
+
+def test_the_planning_device_is_a_gpu_s_data_sheet_when_named(monkeypatch):
+    monkeypatch.setenv(device.DEVICE_ENV, "NVIDIA H100 80GB HBM3")
+    for variable in (device.PEAK_FLOPS_ENV, device.BANDWIDTH_ENV, device.OVERHEAD_ENV):
+        monkeypatch.delenv(variable, raising=False)
+    assert device.planning_device().name == "H100"
+
+
+def test_the_planning_device_without_a_measurement_is_the_nominal_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(device.DEVICE_ENV, raising=False)
+    for variable in (device.PEAK_FLOPS_ENV, device.BANDWIDTH_ENV, device.OVERHEAD_ENV):
+        monkeypatch.delenv(variable, raising=False)
+    assert device.planning_device() == device.NOMINAL_CPU
+
+
+def test_a_refusal_under_time_says_the_rewrite_is_estimated_slower(cpu, capsys):
+    cpu(1e11, 1e10, 1.0)
+    main(["plan", str(DESIGNS / "mlk.td"), "--causal", "--at", "N=1024", "--objective", "time"])
+    out = capsys.readouterr().out
+    assert "linear-time order refused: is estimated slower than the materialized box" in out
