@@ -1,6 +1,7 @@
 # tdiag: set up and run everything from a fresh clone.
 #   make demo   venv + graphviz, then check/show/render the bundled designs
 #   make test   venv + graphviz, then the test suite
+#   make fuzz   a longer offline fuzz (FUZZ_SECONDS, default 1200) with a JSON report
 
 PYTHON        ?= python3
 VENV          := .venv
@@ -8,7 +9,7 @@ BIN           := $(VENV)/bin
 STAMP         := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: venv graphviz demo test lint format clean
+.PHONY: venv graphviz demo test lint format clean fuzz
 
 venv: $(STAMP)
 
@@ -61,3 +62,9 @@ format: venv
 clean:
 	rm -rf out build dist .pytest_cache .ruff_cache .mypy_cache .hypothesis *.egg-info
 	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +
+
+# Offline fuzzing: grammar-generated designs and mutations of designs/*.td for FUZZ_SECONDS;
+# inputs tried, crashes, unpositioned errors and hangs go to docs/results/fuzz/fuzz.json.
+FUZZ_SECONDS ?= 1200
+fuzz: venv
+	$(BIN)/python scripts/fuzz.py --seconds $(FUZZ_SECONDS) --out docs/results/fuzz/fuzz.json

@@ -1,8 +1,9 @@
-"""Names a `.td` file may not use because the generated PyTorch module already uses them: Python
-keywords, the modules and helpers it imports or defines, the locals of `forward`, the builtins
-it calls, and the attributes of torch.nn.Module (parameters, constants and buffers become
-attributes). `reserved_because` says why a name is refused in a role, or None; graph.py reports
-it at the name, so a design that checks also compiles. Kept free of torch, so `tdiag check`
+"""Names the generated PyTorch module uses for itself: Python keywords, the modules and helpers it
+imports or defines, the locals of `forward`, the builtins it calls, and the attributes of
+torch.nn.Module (parameters, constants and buffers become attributes). `reserved_because` says,
+per role, why a name is refused, or None; graph.py reports it at the name, so a design that
+checks also compiles. The plan renames forward's locals away from these (plan/base.py RESERVED)
+and codegen.source is the one door into the generated text. Kept free of torch, so `tdiag check`
 never imports it; tests/test_robustness.py compares MODULE_METHODS with torch's own list."""
 
 from __future__ import annotations
@@ -49,10 +50,18 @@ MODULE_METHODS = frozenset(
     _tdiag_given _tdiag_noise _tdiag_update_buffers""".split()
 )
 ATTRIBUTE_KINDS = ("param", "const", "buffer")  # stored on the module as self.NAME
+LOCAL_KINDS = ("input", "mask", "random", "result")  # forward's locals, renamed by the plan where taken
 
 
 def reserved_because(name: str, role: str) -> str | None:
-    """Why `name` cannot name a size, a tensor of kind `role` or a statement's result, or None."""
+    """Why `name` cannot name a size, a tensor of kind `role` or a statement's result, or None.
+
+    Per role, what a user expects: a param, const or buffer keeps its name as the module's
+    attribute (its state_dict key), so one that would shadow torch.nn.Module is refused; a size
+    keeps its name as forward's local and as the keyword of `module(N=...)`, so one the generated
+    code uses is refused; an input, mask, noise or result is only a local of forward, so the plan
+    gives it a fresh name where the generated code uses its own (`B`, `torch`, `batch_shape`) and
+    it compiles. Keywords and double-underscore names are refused everywhere."""
     if keyword.iskeyword(name):
         return f"'{name}' is a Python keyword"
     if name.startswith("__"):
@@ -62,6 +71,8 @@ def reserved_because(name: str, role: str) -> str | None:
             return f"'{name}' is a method of torch.nn.Module, and a {role} becomes an attribute of the module"
         if name in MODULE_ATTRIBUTES:
             return f"'{name}' is an attribute of torch.nn.Module, and a {role} becomes one too"
+        return None
+    if role in LOCAL_KINDS:
         return None
     if name in GENERATED:
         return f"'{name}' is reserved for {GENERATED[name]} in generated code"

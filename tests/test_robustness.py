@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tdiag
-from tdiag import TdiagError
+from tdiag import TdiagError, codegen
 from tdiag import names as reserved
 from tdiag.errors import format_diagnostics
 
@@ -322,6 +322,12 @@ ROLES = {
     "update {x}[f] = mean[n](X[n f])",
     "statement target": "size N = 3, F = 2\ninput X[n: N, f: F]\n{x}[n f] = exp(X[n f])\nY[n f] = {x}[n f] X[n f]",
     "leg": "size N = 3, F = 2\ninput X[n: N, {x}: F]\nY[n {x}] = softmax[{x}](X[n {x}])",
+    "mask": "size N = 3, F = 2\ninput X[n: N, f: F]\nmask {x}[m: N]\n"
+    "A[n m] = softmax[m, mask = {x}[m]](X[n f] X[m f])\nY[n f] = A[n m] X[m f]",
+    "noise": "size N = 3, F = 2\ninput X[n: N, f: F]\nrandom {x}[n: N, f: F] = normal(mode = never)\n"
+    "Y[n f] = X[n f] + {x}[n f]",
+    "output": "size N = 3, F = 2\ninput X[n: N, f: F]\nY[n f] = exp(X[n f])\n{x}[n f] = Y[n f] X[n f]",
+    "design name": "size N = 3, F = 2\ninput X[n: N, f: F]\nY[n f] = exp(X[n f])",
 }
 NAMES = sorted(
     {*keyword.kwlist, *reserved.GENERATED, *reserved.BUILTINS, *reserved.MODULE_ATTRIBUTES, *reserved.MODULE_METHODS}
@@ -339,7 +345,9 @@ def test_the_reserved_module_names_cover_torch_nn_module():
 def test_every_python_or_torch_name_is_refused_with_a_position_or_compiles_and_runs(role):
     refused = []
     for name in NAMES:
-        text = "design named\n" + ROLES[role].format(x=name) + "\noutput Y\n"
+        design_name = name if role == "design name" else "named"
+        output = name if role == "output" else "Y"
+        text = f"design {design_name}\n" + ROLES[role].format(x=name) + f"\noutput {output}\n"
         try:
             design = tdiag.loads(text)
         except TdiagError as error:
@@ -351,7 +359,7 @@ def test_every_python_or_torch_name_is_refused_with_a_position_or_compiles_and_r
         compiled = design.module(sizes, dtype=torch.float64)(x)
         compiled.sum().backward()
         torch.testing.assert_close(compiled, design.module(sizes, impl="reference", dtype=torch.float64)(x))
-    assert set(keyword.kwlist) - {"True", "False", "None"} <= set(refused) or role == "leg"
+    assert set(keyword.kwlist) - {"True", "False", "None"} <= set(refused) or role in ("leg", "design name")
 
 
 @pytest.mark.parametrize(
@@ -360,7 +368,7 @@ def test_every_python_or_torch_name_is_refused_with_a_position_or_compiles_and_r
         ("param class[f: F, g: F]", "'class' is a Python keyword"),
         ("param forward[f: F, g: F]", "'forward' is a method of torch.nn.Module"),
         ("param training[f: F, g: F]", "'training' is an attribute of torch.nn.Module"),
-        ("input B[n: N, f: F]", "'B' is reserved for the batch size in generated code"),
+        ("size B", "'B' is reserved for the batch size in generated code"),
         ("size torch", "'torch' is reserved for the torch module in generated code"),
     ],
 )
@@ -375,3 +383,34 @@ def test_a_size_named_like_a_python_parameter_can_be_set_through_the_api(size):
     assert design.size_values[size] == 5
     assert design.graph.evaluate(design.graph.sizes[size].symbol * 2, **{size: 7}) == 14
     assert design.module({size: 5})(torch.randn(3, 5)).shape == (3, 5)
+
+
+@pytest.mark.parametrize("name", ["B", "batch_shape", "torch", "self", "len", "_box_0"])
+def test_an_input_named_like_a_generated_local_gets_a_fresh_variable_and_runs(name):
+    text = f"design named\nsize N = 3, F = 2\ninput {name}[n: N, f: F]\nY[n f] = exp({name}[n f])\noutput Y\n"
+    x = torch.randn(2, 3, 2)
+    torch.testing.assert_close(tdiag.loads(text).module()(x), x.exp())
+
+
+@pytest.mark.parametrize("design", ["none", "true", "_3", "class_", "nn"])
+def test_any_design_name_gives_a_python_class(design):
+    text = f"design {design}\nsize N = 3, F = 2\ninput X[n: N, f: F]\nY[n f] = exp(X[n f])\noutput Y\n"
+    module = tdiag.loads(text).module()
+    assert type(module).__name__.isidentifier()
+    assert module(torch.zeros(3, 2)).shape == (3, 2)
+
+
+@pytest.mark.parametrize(
+    ("value", "context"),
+    [("a b", "name"), ("class", "name"), ("x;import os", "name"), (float("nan"), "number"), (float("inf"), "number")],
+)
+def test_generated_source_refuses_what_is_not_a_name_or_a_finite_number(value, context):
+    with pytest.raises(ValueError, match="reached generated code"):
+        codegen.source(value, context)
+
+
+@pytest.mark.parametrize("text", ['a"""b', "x\ny", "C:\\Users\\me", "{braces}", "caf\u00e9\u2028"])
+def test_text_in_generated_source_reads_back_as_itself(text):
+    assert eval('"' + codegen.source(text, "text") + '"') == text
+    assert eval('f"' + codegen.source(text, "fstring") + '"') == text
+    assert "\n" not in codegen.source(text, "comment")
