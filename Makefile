@@ -3,6 +3,7 @@
 #   make test         venv + graphviz, then the whole test suite
 #   make test-fast    the suite without the tests marked slow (training, gradcheck, sweeps): the inner loop
 #   make wheel-check  build the wheel, install it into a fresh venv outside the repo, run the CLI there
+#   make fuzz         a longer offline fuzz (FUZZ_SECONDS, default 1200) with a JSON report
 
 PYTHON        ?= python3
 VENV          := .venv
@@ -10,7 +11,7 @@ BIN           := $(VENV)/bin
 STAMP         := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: venv cpu-only-check graphviz demo test test-fast wheel wheel-check lint format clean
+.PHONY: venv cpu-only-check graphviz demo test test-fast wheel wheel-check lint format clean fuzz
 
 venv: $(STAMP)
 
@@ -95,3 +96,9 @@ format: venv
 clean:
 	rm -rf out build dist .pytest_cache .ruff_cache .mypy_cache .hypothesis *.egg-info
 	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +
+
+# Offline fuzzing: grammar-generated designs and mutations of designs/*.td for FUZZ_SECONDS;
+# inputs tried, crashes, unpositioned errors and hangs go to docs/results/fuzz/fuzz.json.
+FUZZ_SECONDS ?= 1200
+fuzz: venv
+	$(BIN)/python scripts/fuzz.py --seconds $(FUZZ_SECONDS) --out docs/results/fuzz/fuzz.json

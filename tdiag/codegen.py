@@ -4,6 +4,8 @@ line per step with its legs and cost as a comment. The in-process module runs th
 
 from __future__ import annotations
 
+import keyword
+import math
 import re
 from collections.abc import Sequence
 from functools import singledispatch
@@ -76,12 +78,70 @@ def _identity(shape, scale=1.0):
 '''
 
 
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "'": "\\'", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def python_text(text: object) -> str:
+    """`text` made safe for the inside of a string literal or docstring of generated code: quotes,
+    backslashes, line breaks and every non-ASCII or unprintable character become escapes, so the
+    literal reads back as `text` and nothing in it (a design file's path, say) can end the literal
+    and run as code."""
+    return "".join(
+        _ESCAPES.get(c) or (c if c.isascii() and c.isprintable() else c.encode("unicode_escape").decode("ascii"))
+        for c in str(text)
+    )
+
+
+def source(value: object, context: str) -> str:
+    """The one door from a design into generated source: every name, number and piece of text
+    that a `.td` file, its path or its sizes put into the module's source passes here, written for
+    the place it goes.
+
+    - "name": a Python identifier (a `.td` name that check accepted, or a variable the plan made
+      fresh); anything else is refused, so no name can become code. Names are not rewritten here:
+      check refuses, per role, those the generated module uses for itself (tdiag/names.py) and the
+      plan gives locals fresh names outside the generated ones, so a valid design never gets here
+      with a bad name; an error here is a tdiag bug, not a user mistake.
+    - "number": a finite int, float or sympy number, as a Python literal.
+    - "text": the inside of a string literal or docstring (python_text).
+    - "fstring": the literal part of an f-string: text with braces doubled.
+    - "comment": the rest of a `#` line: line breaks and NUL escaped, nothing else touched."""
+    if context == "name":
+        if not (isinstance(value, str) and value.isascii() and value.isidentifier()) or keyword.iskeyword(value):
+            raise ValueError(f"tdiag bug: {value!r} reached generated code as a name")
+        return value
+    if context == "number":
+        if isinstance(value, sympy.Basic):
+            if not value.is_number:
+                raise ValueError(f"tdiag bug: {value} reached generated code as a number")
+            value = int(value) if value.is_Integer else float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"tdiag bug: {value!r} reached generated code as a number")
+        return repr(value)
+    if context == "text":
+        return python_text(value)
+    if context == "fstring":
+        return python_text(value).replace("{", "{{").replace("}", "}}")
+    if context == "comment":
+        return str(value).replace("\r", "\\r").replace("\n", "\\n").replace("\0", "\\0")
+    raise ValueError(f"unknown source context {context!r}")
+
+
 def class_name(design: str) -> str:
-    return "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", design) if part) or "Design"
+    """The generated class: the design's name in CamelCase, prefixed where that is not a Python
+    identifier (`design _3`, `design none`)."""
+    name = "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", design) if part)
+    if not name.isidentifier() or keyword.iskeyword(name):
+        name = "Design" + name
+    return source(name, "name")
 
 
 def _number(graph: DesignGraph, value: object, sizes: dict[str, int]) -> str:
-    return repr(float(graph.evaluate(sympy.sympify(value), **sizes)))
+    return source(float(graph.evaluate(sympy.sympify(value), **sizes)), "number")
+
+
+def _quoted(text: str) -> str:
+    return '"' + source(text, "text") + '"'
 
 
 def _shape(tensor: Tensor, graph: DesignGraph, sizes: dict[str, int]) -> tuple[int, ...]:
@@ -94,40 +154,26 @@ def _init_line(tensor: Tensor, graph: DesignGraph, sizes: dict[str, int]) -> str
     shape = _shape(tensor, graph, sizes)
     init = tensor.init
     if init is None:
-        return f"_normal({shape}, 0.0, {1 / shape[0] ** 0.5!r}, seed, {tensor.name!r})"
+        return f"_normal({shape}, 0.0, {source(1 / shape[0] ** 0.5, 'number')}, seed, {_quoted(tensor.name)})"
     p = {k: _number(graph, v, sizes) for k, v in init.params}
     if init.name == "normal":
-        return f"_normal({shape}, {p.get('mean', '0.0')}, {p.get('std', '1.0')}, seed, {tensor.name!r})"
+        return f"_normal({shape}, {p.get('mean', '0.0')}, {p.get('std', '1.0')}, seed, {_quoted(tensor.name)})"
     if init.name == "uniform":
-        return f"_uniform({shape}, {p['low']}, {p['high']}, seed, {tensor.name!r})"
+        return f"_uniform({shape}, {p['low']}, {p['high']}, seed, {_quoted(tensor.name)})"
     if init.name == "identity":
         return f"_identity({shape}, {p.get('scale', '1.0')})"
     value = {"zeros": "0.0", "ones": "1.0"}.get(init.name) or p["value"]
     return f"_fill({shape}, {value})"
 
 
-_ESCAPES = {"\\": "\\\\", '"': '\\"', "'": "\\'", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def python_text(text: object) -> str:
-    """`text` made safe for the inside of a string literal or docstring of generated code: quotes,
-    backslashes, line breaks and every non-ASCII or unprintable character become escapes, so the
-    literal reads back as `text` and nothing in it (a design file's path, say) can end the literal
-    and run as code. Every name, path or number the header quotes goes through here."""
-    return "".join(
-        _ESCAPES.get(c) or (c if c.isascii() and c.isprintable() else c.encode("unicode_escape").decode("ascii"))
-        for c in str(text)
-    )
-
-
 def generate(plan: Plan, *, source_name: str = "") -> str:
     """The module source for `plan`."""
     graph = plan.graph
     name = class_name(graph.name)
-    origin = f" from {python_text(source_name)}" if source_name else ""
-    sizes = ", ".join(f"{python_text(k)}={python_text(v)}" for k, v in plan.sizes.items() if k != "B")
+    origin = f" from {source(source_name, 'text')}" if source_name else ""
+    sizes = ", ".join(f"{source(k, 'text')}={source(v, 'text')}" for k, v in plan.sizes.items() if k != "B")
     lines = [
-        f'"""{name}: the `{python_text(graph.name)}` design compiled by tdiag{origin}.',
+        f'"""{name}: the `{source(graph.name, "text")}` design compiled by tdiag{origin}.',
         "",
         f"Sizes: {sizes}.",
         'Generated code: edit the .td file and recompile rather than editing this file."""',
@@ -155,7 +201,7 @@ def generate(plan: Plan, *, source_name: str = "") -> str:
 def _docstring(graph: DesignGraph) -> str:
     inputs = ", ".join(f"{t.name}[..., {', '.join(t.legs)}]" for t in graph.inputs)
     outputs = ", ".join(f"{o}[..., {', '.join(graph.tensors[o].legs)}]" for o in graph.outputs)
-    return f"{inputs} -> {outputs}."
+    return source(f"{inputs} -> {outputs}.", "text")
 
 
 def _stored(plan: Plan) -> list[Tensor]:
@@ -175,12 +221,13 @@ def _init(plan: Plan) -> list[str]:
     for t in _stored(plan):
         shape = _shape(t, plan.graph, plan.sizes)
         empty = f"torch.empty({shape}, dtype=dtype, device=device)"
+        legs = source(" ".join(t.legs), "comment")
         if t.kind == "param":
-            lines.append(f"        self.{t.name} = nn.Parameter({empty})  # legs {' '.join(t.legs)}")
+            lines.append(f"        self.{source(t.name, 'name')} = nn.Parameter({empty})  # legs {legs}")
         else:
             persistent = "True" if t.kind == "buffer" else "False"
             lines.append(
-                f"        self.register_buffer({t.name!r}, {empty}, persistent={persistent})  # legs {' '.join(t.legs)}"
+                f"        self.register_buffer({_quoted(source(t.name, 'name'))}, {empty}, persistent={persistent})  # legs {legs}"
             )
     lines.append("        self.reset_parameters(seed)")
     return lines
@@ -193,7 +240,7 @@ def _reset(plan: Plan) -> list[str]:
         '        """Initialize every stored tensor from its .td initializer; deterministic for a seed."""',
     ]
     for t in _stored(plan):
-        lines.append(f"        self.{t.name}.copy_({_init_line(t, plan.graph, plan.sizes)})")
+        lines.append(f"        self.{source(t.name, 'name')}.copy_({_init_line(t, plan.graph, plan.sizes)})")
     if len(lines) == 3:
         lines.append("        pass")
     return lines
@@ -226,8 +273,8 @@ def _extra_repr(plan: Plan) -> list[str]:
 
 def _forward(plan: Plan) -> list[str]:
     graph = plan.graph
-    inputs = [plan.names[t.name] for t in graph.inputs]
-    masks = [plan.names[t.name] for t in graph.tensors_of_kind("mask")]
+    inputs = [source(plan.names[t.name], "name") for t in graph.inputs]
+    masks = [source(plan.names[t.name], "name") for t in graph.tensors_of_kind("mask")]
     signature = ", ".join(
         ["self", *(f"{v}: torch.Tensor" for v in inputs)]
         + (["*", *(f"{m}: torch.Tensor | None = None" for m in masks)] if masks else [])
@@ -246,7 +293,7 @@ def _forward(plan: Plan) -> list[str]:
         tensor = graph.tensors[name]
         shape = ", ".join(_size(graph, a.size) for a in tensor.axes)
         batch = "*batch_shape, " if value.is_batched else ""
-        outs.append(f"{value.var}.reshape({batch}{shape})")
+        outs.append(f"{source(value.var, 'name')}.reshape({batch}{shape})")
     lines.append(f"        return {', '.join(outs)}")
     return lines
 
@@ -264,13 +311,23 @@ def _body(plan: Plan) -> list[str]:
         end = starts[k]
         inner = [line for step in plan.steps[k : end + 1] for line in _step_lines(step, plan)]
         results = _escaping(plan, k, end)
-        name = f"_box_{k}"
+        name = _fresh(f"_box_{k}", plan)
         lines.append(f"        def {name}():  # recomputed in the backward pass instead of kept")
         lines += ["    " + line for line in inner]
         lines.append(f"            return {', '.join(results)}{',' if len(results) == 1 else ''}")
         lines.append(f"        {', '.join(results)}, = torch.utils.checkpoint.checkpoint({name}, use_reentrant=False)")
         k = end + 1
     return lines
+
+
+def _fresh(stem: str, plan: Plan) -> str:
+    """A name for a generated helper that no variable of the plan and no size uses."""
+    taken = {*plan.graph.sizes, *plan.names.values(), *plan.attributes, *(c.name for c in plan.chunks)}
+    taken |= {step.out.var for step in [*plan.steps, *plan.update_steps] if step.out is not None}
+    name = stem
+    while name in taken:
+        name += "_"
+    return source(name, "name")
 
 
 def _escaping(plan: Plan, start: int, end: int) -> list[str]:
@@ -288,12 +345,11 @@ def _entry(plan: Plan) -> list[str]:
     first = True
     bound: set[str] = set()
     for t in graph.inputs:
-        var = plan.names[t.name]
+        var = source(plan.names[t.name], "name")
         rank = len(t.axes)
         lines.append(f"if {var}.dim() < {rank}:")
-        lines.append(
-            f'    raise ValueError(f"input {t.name} needs {rank} trailing axes ({" ".join(t.legs)}), got shape {{tuple({var}.shape)}}")'
-        )
+        needs = source(f"input {t.name} needs {rank} trailing axes ({' '.join(t.legs)}), got shape ", "fstring")
+        lines.append(f'    raise ValueError(f"{needs}{{tuple({var}.shape)}}")')
         if first:
             lines.append(f"batch_shape = {var}.shape[:-{rank}]")
             first = False
@@ -301,31 +357,31 @@ def _entry(plan: Plan) -> list[str]:
             position = k - rank
             size = axis.size
             if size.is_Symbol and graph.sizes[str(size)].is_free and str(size) not in bound:
-                lines.append(f"{size} = {var}.shape[{position}]")
+                lines.append(f"{source(str(size), 'name')} = {var}.shape[{position}]")
                 bound.add(str(size))
                 continue
             expected = _size(graph, size)
             lines.append(f"if {var}.shape[{position}] != {expected}:")
-            lines.append(
-                f'    raise ValueError(f"input {t.name}: leg {axis.leg} has size {axis.size} = {{{expected}}}, got {{{var}.shape[{position}]}}")'
-            )
+            leg = source(f"input {t.name}: leg {axis.leg} has size {axis.size} = ", "fstring")
+            lines.append(f'    raise ValueError(f"{leg}{{{expected}}}, got {{{var}.shape[{position}]}}")')
         shape = ", ".join(_size(graph, a.size) for a in t.axes)
         lines.append(f"{var} = {var}.reshape(-1, {shape})")
-    lines.append(f"B = {plan.names[graph.inputs[0].name]}.shape[0]" if graph.inputs else "B = 1")
+    first_input = source(plan.names[graph.inputs[0].name], "name") if graph.inputs else None
+    lines.append(f"B = {first_input}.shape[0]" if first_input else "B = 1")
     for t in graph.tensors_of_kind("mask"):
-        var = plan.names[t.name]
+        var = source(plan.names[t.name], "name")
         shape = ", ".join(_size(graph, a.size) for a in t.axes)
         lines.append(
-            f"{var} = torch.ones(B, {shape}, dtype=torch.bool, device={plan.names[graph.inputs[0].name]}.device) if {var} is None else {var}.reshape(B, {shape})"
+            f"{var} = torch.ones(B, {shape}, dtype=torch.bool, device={first_input}.device) if {var} is None else {var}.reshape(B, {shape})"
         )
-    device = f"{plan.names[graph.inputs[0].name]}" if graph.inputs else "None"
-    lines += [f"{c.name} = -(-{_expr(c.extent)} // {c.size})" for c in plan.chunks]
+    device = first_input or "None"
+    lines += [f"{source(c.name, 'name')} = -(-{_expr(c.extent)} // {source(c.size, 'number')})" for c in plan.chunks]
     for (n, m), var in plan.causal.items():
         lines.append(
-            f"{var} = torch.ones({_size(graph, n)}, {_size(graph, m)}, dtype=torch.bool, device={device}.device).triu(1)"
+            f"{source(var, 'name')} = torch.ones({_size(graph, n)}, {_size(graph, m)}, dtype=torch.bool, device={device}.device).triu(1)"
         )
     for t in graph.tensors_of_kind("random"):
-        var = plan.names[t.name]
+        var = source(plan.names[t.name], "name")
         shape = ", ".join(_size(graph, a.size) for a in t.axes)
         mode = t.init.param("mode", "train") if t.init else "train"
         like = f"dtype={device}.dtype, device={device}.device"
@@ -334,7 +390,7 @@ def _entry(plan: Plan) -> list[str]:
         lines.append(
             f"{var} = "
             + {"always": noise, "never": zeros}.get(str(mode), f"{noise} if self.training else {zeros}")
-            + f"  # noise, mode {mode}"
+            + f"  # noise, mode {source(mode, 'comment')}"
         )
     return lines
 
@@ -353,10 +409,10 @@ def _step_lines(step: Step, plan: Plan) -> list[str]:
     cost = ""
     if step.flops != 0:
         cost = f"; {sympy.sstr(sympy.factor(step.flops.subs(BATCH_SIZE, 1)))} flops"
-    comment = f"  # {step.description} [{legs}]{cost}" if step.description else ""
+    comment = "  # " + source(f"{step.description} [{legs}]{cost}", "comment") if step.description else ""
     code = _op(step.op, plan.attributes)
     if step.out is not None:
-        code = f"{step.out.var} = {code}"
+        code = f"{source(step.out.var, 'name')} = {code}"
     return [f"        {code}{comment}"]
 
 
@@ -366,7 +422,9 @@ def _step_lines(step: Step, plan: Plan) -> list[str]:
 def _expr(expr: sympy.Expr) -> str:
     """A size as Python: numbers stay numbers, run-time sizes are locals of forward."""
     if expr.is_Integer:
-        return str(int(expr))
+        return source(expr, "number")
+    for symbol in expr.free_symbols:
+        source(symbol.name, "name")
     return str(expr)
 
 
@@ -380,10 +438,10 @@ class _ScalarPrinter(PythonCodePrinter):
 
 def _scalar(value: sympy.Expr) -> str:
     """A coefficient as Python: an int, a float, or a parenthesized formula in run-time sizes."""
-    if value.is_Integer:
-        return str(int(value))
-    if value.is_number:
-        return repr(float(value))
+    if value.is_Integer or value.is_number:
+        return source(value, "number")
+    for symbol in value.free_symbols:
+        source(symbol.name, "name")
     return "(" + _ScalarPrinter().doprint(value) + ")"
 
 
@@ -396,7 +454,8 @@ def _dims(dims: Sequence[int]) -> str:
 
 
 def _var(value: Value, attributes: frozenset[str]) -> str:
-    return f"self.{value.var}" if value.var in attributes else value.var
+    name = source(value.var, "name")
+    return f"self.{name}" if name in attributes else name
 
 
 def _read(operand: Operand, attributes: frozenset[str]) -> str:
@@ -589,4 +648,4 @@ def _(op: Permute, attributes: frozenset[str]) -> str:
 def _(op: BufferUpdate, attributes: frozenset[str]) -> str:
     x = _var(op.x, attributes)
     mean = f"{x}.mean(0)" if op.x.is_batched else x
-    return f"self.{op.target}.copy_({mean}.reshape({_sizes(op.shape)}))"
+    return f"self.{source(op.target, 'name')}.copy_({mean}.reshape({_sizes(op.shape)}))"

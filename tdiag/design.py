@@ -9,7 +9,7 @@ from pathlib import Path
 import sympy
 
 from .check import check
-from .errors import Diagnostic, TdiagError
+from .errors import Diagnostic, Span, TdiagError
 from .graph import LIMITS, DesignGraph, build_graph, load_items
 from .ir import (
     Contraction,
@@ -263,7 +263,20 @@ def loads(text: str, name: str = "<string>", sizes: Mapping[str, int] | None = N
     source = parse_text(text, name)
     items = list(source.items)
     if not items or not isinstance(items[0], DesignDecl) or items[0].base:
-        raise TdiagError(Diagnostic("a design text starts with 'design NAME' (no 'extends')"))
+        first = items[0] if items else None
+        span = first.base_span if isinstance(first, DesignDecl) else getattr(first, "span", None)
+        message = "a design given as text cannot extend another (no file to find it next to)"
+        if not isinstance(first, DesignDecl):
+            message = "a design text starts with 'design NAME'"
+        raise TdiagError(
+            Diagnostic(
+                message,
+                (span or Span(name, 1, 1, 1, 2),),
+                hint="use tdiag.load(path) for a design that extends another"
+                if isinstance(first, DesignDecl)
+                else None,
+            )
+        )
     graph = build_graph(items[0], items[1:], sizes)  # type: ignore[arg-type]
     found = graph.warnings + check(graph)
     errors = [d for d in found if d.is_error]

@@ -42,6 +42,7 @@ from .ir import (
     TensorRef,
     walk,
 )
+from .names import reserved_because
 from .resources import design_file
 
 BOXES = ("softmax", "normalize")
@@ -464,6 +465,20 @@ class _Builder:
                 seen[name] = item
             if name in FUNCTIONS:
                 self.error(f"'{name}' is a built-in map and cannot name a size or tensor", _item_name_span(item))
+            role = (
+                item.kind
+                if isinstance(item, syn.Declaration)
+                else "size"
+                if isinstance(item, syn.SizeDef)
+                else "result"
+            )
+            reason = reserved_because(name, role)
+            if reason:
+                self.error(
+                    f"{reason}; it cannot name {'a size' if role == 'size' else a_or_an(role)}",
+                    _item_name_span(item),
+                    hint=f"the generated PyTorch module uses this name; rename it, e.g. '{name.strip('_')}_{role[0]}'",
+                )
 
     # -- sizes --
     def _declare_sizes(self) -> None:

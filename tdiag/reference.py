@@ -56,14 +56,14 @@ class ReferenceModule(nn.Module):
         dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
-        self.graph = graph
-        self.dtype = dtype
-        self.sizes = known_sizes(graph, dict(sizes or {}))
+        self.tdiag_graph = graph
+        self.tdiag_dtype = dtype
+        self.tdiag_sizes = known_sizes(graph, dict(sizes or {}))
         for tensor in graph.tensors.values():
             if tensor.kind not in ("param", "const", "buffer"):
                 continue
-            shape = numeric_shape(tensor, self.sizes, graph)
-            value = initial_value(tensor, shape, graph, self.sizes, seed, dtype)
+            shape = numeric_shape(tensor, self.tdiag_sizes, graph)
+            value = initial_value(tensor, shape, graph, self.tdiag_sizes, seed, dtype)
             if tensor.kind == "param":
                 self.register_parameter(tensor.name, nn.Parameter(value))
             else:
@@ -72,57 +72,59 @@ class ReferenceModule(nn.Module):
     def forward(
         self, *inputs: torch.Tensor, return_intermediates: bool = False, **masks: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, ...] | tuple[object, dict[str, torch.Tensor]]:
-        given = self._given(inputs, masks)
-        sizes = bind_sizes(self.graph, self.sizes, given)
-        batch_shape = torch.broadcast_shapes(*(batch_dims(x, self.graph.tensors[n]) for n, x in given.items()))
+        given = self._tdiag_given(inputs, masks)
+        sizes = bind_sizes(self.tdiag_graph, self.tdiag_sizes, given)
+        batch_shape = torch.broadcast_shapes(*(batch_dims(x, self.tdiag_graph.tensors[n]) for n, x in given.items()))
         device = next(iter(given.values())).device if given else torch.device("cpu")
-        frame = Frame(self.graph, sizes, dict(given), self.dtype, device)
-        for tensor in self.graph.tensors.values():
+        frame = Frame(self.tdiag_graph, sizes, dict(given), self.tdiag_dtype, device)
+        for tensor in self.tdiag_graph.tensors.values():
             if tensor.kind == "param" or tensor.kind == "const":
                 frame.values[tensor.name] = getattr(self, tensor.name)
             elif tensor.kind == "buffer":  # a copy: the update below must not touch saved tensors
                 frame.values[tensor.name] = getattr(self, tensor.name).clone()
             elif tensor.kind == "random":
-                frame.values[tensor.name] = self._noise(tensor, batch_shape, frame)
+                frame.values[tensor.name] = self._tdiag_noise(tensor, batch_shape, frame)
         intermediates = {}
-        for statement in self.graph.statements:
+        for statement in self.tdiag_graph.statements:
             frame.values[statement.target] = intermediates[statement.target] = statement_value(statement, frame)
-        outputs = tuple(frame.values[name] for name in self.graph.outputs)
+        outputs = tuple(frame.values[name] for name in self.tdiag_graph.outputs)
         if self.training:
-            self._update_buffers(frame)
+            self._tdiag_update_buffers(frame)
         output = outputs[0] if len(outputs) == 1 else outputs
         return (output, intermediates) if return_intermediates else output
 
-    def _given(self, inputs: Sequence[torch.Tensor], masks: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _tdiag_given(
+        self, inputs: Sequence[torch.Tensor], masks: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         """The inputs and masks by name, checked for count, names and mask dtype."""
-        declared = [t.name for t in self.graph.inputs]
+        declared = [t.name for t in self.tdiag_graph.inputs]
         if len(inputs) != len(declared):
             raise ValueError(
-                f"{self.graph.name} takes {len(declared)} input(s) ({', '.join(declared)}), got {len(inputs)}"
+                f"{self.tdiag_graph.name} takes {len(declared)} input(s) ({', '.join(declared)}), got {len(inputs)}"
             )
-        mask_names = [t.name for t in self.graph.tensors_of_kind("mask")]
+        mask_names = [t.name for t in self.tdiag_graph.tensors_of_kind("mask")]
         for name, mask in masks.items():
             if name not in mask_names:
                 known = ", ".join(mask_names) or "none"
-                raise ValueError(f"{self.graph.name} has no mask input '{name}' (its masks: {known})")
+                raise ValueError(f"{self.tdiag_graph.name} has no mask input '{name}' (its masks: {known})")
             if mask is not None and mask.dtype != torch.bool:
                 raise ValueError(f"mask {name} must be a bool tensor (True = attend), got {mask.dtype}")
         return dict(zip(declared, inputs, strict=True)) | {k: v for k, v in masks.items() if v is not None}
 
-    def _noise(self, tensor: Tensor, batch_shape: torch.Size, frame: Frame) -> torch.Tensor:
+    def _tdiag_noise(self, tensor: Tensor, batch_shape: torch.Size, frame: Frame) -> torch.Tensor:
         """Fresh N(0, 1) noise (global RNG) when the mode says so, zeros otherwise."""
-        shape = (*batch_shape, *numeric_shape(tensor, frame.sizes, self.graph))
+        shape = (*batch_shape, *numeric_shape(tensor, frame.sizes, self.tdiag_graph))
         mode = tensor.init.param("mode", "train") if tensor.init else "train"
         if mode == "always" or (mode == "train" and self.training):
-            return torch.randn(shape, dtype=self.dtype, device=frame.device)
-        return torch.zeros(shape, dtype=self.dtype, device=frame.device)
+            return torch.randn(shape, dtype=self.tdiag_dtype, device=frame.device)
+        return torch.zeros(shape, dtype=self.tdiag_dtype, device=frame.device)
 
-    def _update_buffers(self, frame: Frame) -> None:
+    def _tdiag_update_buffers(self, frame: Frame) -> None:
         """Evaluate every update rule (no gradient, averaged over the batch dims) from this forward
         pass's values, then copy the results into the buffers."""
         new = {}
         with torch.no_grad():
-            for update in self.graph.updates:
+            for update in self.tdiag_graph.updates:
                 x = align(evaluate(update.expr, frame), update.expr.legs, update.legs)
                 batch = x.dim() - len(update.legs)
                 new[update.target] = x.mean(dim=tuple(range(batch))) if batch else x

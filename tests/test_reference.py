@@ -289,7 +289,7 @@ def test_mask_is_checked_against_the_bound_size_and_dtype(write_td):
 
 def test_module_sizes_bind_free_sizes_and_reject_unknown_ones():
     graph = tdiag.load(DESIGNS / "mhsa.td", F=F, H=H).graph
-    assert ReferenceModule(graph, {"N": 6}).sizes == {"F": F, "H": H, "D": D, "N": 6}
+    assert ReferenceModule(graph, {"N": 6}).tdiag_sizes == {"F": F, "H": H, "D": D, "N": 6}
     with pytest.raises(ValueError, match="no size Q"):
         ReferenceModule(graph, {"Q": 3})
 

@@ -2,6 +2,7 @@
 swapped tokens, truncation, stray unicode, renamed legs), tdiag answers with its own positioned
 errors or a valid design, never with another exception."""
 
+import keyword
 import re
 import shutil
 import sys
@@ -13,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tdiag
-from tdiag import TdiagError
+from tdiag import TdiagError, codegen
+from tdiag import names as reserved
 from tdiag.errors import format_diagnostics
 
 TEXTS = {p.name: p.read_text() for p in DESIGN_FILES}
@@ -305,3 +307,111 @@ def test_sizes_given_to_a_design_are_checked_like_load(call, sizes, message):
     design = tdiag.load(DESIGNS / "mhsa.td", F=16, H=2)
     with pytest.raises(TdiagError, match=message):
         getattr(design, call)(**sizes)
+
+
+# ---- names the generated module uses: refused by check with a position, or they compile and run -
+
+
+ROLES = {
+    "size": "size N = 3, {x} = 2\ninput X[n: N, f: {x}]\nY[n f] = exp(X[n f])",
+    "run-time size": "size {x}, F = 2\ninput X[n: {x}, f: F]\n"
+    "A[n m] = softmax[m, scale = 1 / sqrt({x})](X[n f] X[m f])\nY[n f] = A[n m] X[m f]",
+    "input": "size N = 3, F = 2\ninput {x}[n: N, f: F]\nY[n f] = exp({x}[n f])",
+    "param": "size N = 3, F = 2\ninput X[n: N, f: F]\nparam {x}[f: F, g: F]\nY[n g] = X[n f] {x}[f g]",
+    "const": "size N = 3, F = 2\ninput X[n: N, f: F]\nconst {x}[f: F] = fill(2)\nY[n f] = X[n f] {x}[f]",
+    "buffer": "size N = 3, F = 2\ninput X[n: N, f: F]\nbuffer {x}[f: F] = ones\nY[n f] = X[n f] + {x}[f]\n"
+    "update {x}[f] = mean[n](X[n f])",
+    "statement target": "size N = 3, F = 2\ninput X[n: N, f: F]\n{x}[n f] = exp(X[n f])\nY[n f] = {x}[n f] X[n f]",
+    "leg": "size N = 3, F = 2\ninput X[n: N, {x}: F]\nY[n {x}] = softmax[{x}](X[n {x}])",
+    "mask": "size N = 3, F = 2\ninput X[n: N, f: F]\nmask {x}[m: N]\n"
+    "A[n m] = softmax[m, mask = {x}[m]](X[n f] X[m f])\nY[n f] = A[n m] X[m f]",
+    "noise": "size N = 3, F = 2\ninput X[n: N, f: F]\nrandom {x}[n: N, f: F] = normal(mode = never)\n"
+    "Y[n f] = X[n f] + {x}[n f]",
+    "output": "size N = 3, F = 2\ninput X[n: N, f: F]\nY[n f] = exp(X[n f])\n{x}[n f] = Y[n f] X[n f]",
+    "design name": "size N = 3, F = 2\ninput X[n: N, f: F]\nY[n f] = exp(X[n f])",
+}
+NAMES = sorted(
+    {*keyword.kwlist, *reserved.GENERATED, *reserved.BUILTINS, *reserved.MODULE_ATTRIBUTES, *reserved.MODULE_METHODS}
+    | {"x", "F", "seed", "dtype", "device", "impl", "objective", "expr", "path", "sizes", "self", "name"}
+)
+
+
+def test_the_reserved_module_names_cover_torch_nn_module():
+    module = torch.nn.Module()
+    for name in {*dir(torch.nn.Module), *vars(module)}:
+        assert reserved.reserved_because(name, "param"), name
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_python_or_torch_name_is_refused_with_a_position_or_compiles_and_runs(role):
+    refused = []
+    for name in NAMES:
+        design_name = name if role == "design name" else "named"
+        output = name if role == "output" else "Y"
+        text = f"design {design_name}\n" + ROLES[role].format(x=name) + f"\noutput {output}\n"
+        try:
+            design = tdiag.loads(text)
+        except TdiagError as error:
+            assert all(d.spans and d.spans[0].line > 1 for d in error.diagnostics), (name, str(error))
+            refused.append(name)
+            continue
+        sizes = {name: 4} if role == "run-time size" else {}  # a mapping: any name, even `dtype` or `self`
+        x = torch.randn(2, 4 if sizes else 3, 2, dtype=torch.float64, requires_grad=True)
+        compiled = design.module(sizes, dtype=torch.float64)(x)
+        compiled.sum().backward()
+        torch.testing.assert_close(compiled, design.module(sizes, impl="reference", dtype=torch.float64)(x))
+    assert set(keyword.kwlist) - {"True", "False", "None"} <= set(refused) or role in ("leg", "design name")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("param class[f: F, g: F]", "'class' is a Python keyword"),
+        ("param forward[f: F, g: F]", "'forward' is a method of torch.nn.Module"),
+        ("param training[f: F, g: F]", "'training' is an attribute of torch.nn.Module"),
+        ("size B", "'B' is reserved for the batch size in generated code"),
+        ("size torch", "'torch' is reserved for the torch module in generated code"),
+    ],
+)
+def test_a_reserved_name_is_refused_saying_why(line, message):
+    assert message in positioned_error(f"design named\nsize N = 3, F = 2\n{line}\n")
+
+
+@pytest.mark.parametrize("size", ["expr", "path", "sizes", "dtype", "seed"])
+def test_a_size_named_like_a_python_parameter_can_be_set_through_the_api(size):
+    text = f"design named\nsize N = 3, {size} = 2\ninput X[n: N, f: {size}]\nY[n f] = exp(X[n f])\noutput Y\n"
+    design = tdiag.loads(text, "<string>", {size: 5})
+    assert design.size_values[size] == 5
+    assert design.graph.evaluate(design.graph.sizes[size].symbol * 2, **{size: 7}) == 14
+    assert design.module({size: 5})(torch.randn(3, 5)).shape == (3, 5)
+
+
+@pytest.mark.parametrize("name", ["B", "batch_shape", "torch", "self", "len", "_box_0"])
+def test_an_input_named_like_a_generated_local_gets_a_fresh_variable_and_runs(name):
+    text = f"design named\nsize N = 3, F = 2\ninput {name}[n: N, f: F]\nY[n f] = exp({name}[n f])\noutput Y\n"
+    x = torch.randn(2, 3, 2)
+    torch.testing.assert_close(tdiag.loads(text).module()(x), x.exp())
+
+
+@pytest.mark.parametrize("design", ["none", "true", "_3", "class_", "nn"])
+def test_any_design_name_gives_a_python_class(design):
+    text = f"design {design}\nsize N = 3, F = 2\ninput X[n: N, f: F]\nY[n f] = exp(X[n f])\noutput Y\n"
+    module = tdiag.loads(text).module()
+    assert type(module).__name__.isidentifier()
+    assert module(torch.zeros(3, 2)).shape == (3, 2)
+
+
+@pytest.mark.parametrize(
+    ("value", "context"),
+    [("a b", "name"), ("class", "name"), ("x;import os", "name"), (float("nan"), "number"), (float("inf"), "number")],
+)
+def test_generated_source_refuses_what_is_not_a_name_or_a_finite_number(value, context):
+    with pytest.raises(ValueError, match="reached generated code"):
+        codegen.source(value, context)
+
+
+@pytest.mark.parametrize("text", ['a"""b', "x\ny", "C:\\Users\\me", "{braces}", "caf\u00e9\u2028"])
+def test_text_in_generated_source_reads_back_as_itself(text):
+    assert eval('"' + codegen.source(text, "text") + '"') == text
+    assert eval('f"' + codegen.source(text, "fstring") + '"') == text
+    assert "\n" not in codegen.source(text, "comment")

@@ -42,6 +42,7 @@ from ..ir import (
     TensorRef,
     walk,
 )
+from ..names import BUILTINS, GENERATED
 from .program import (
     BATCH,
     BATCH_SIZE,
@@ -52,7 +53,9 @@ from .program import (
 )
 
 OPTIMAL_UP_TO = 5
-RESERVED = set(keyword.kwlist) | {"self", "torch", "F", "math", "hashlib", "nn", "inputs", "masks", "batch_shape"}
+# names the generated module uses for itself: a forward local of the design (an input, a mask,
+# noise, a statement's result, a temporary) named like one of them gets a fresh name instead
+RESERVED = set(keyword.kwlist) | set(GENERATED) | set(BUILTINS) | {"F", "inputs", "masks"}
 
 
 # ---- leaves of a multilinear region ----------------------------------------------------------

@@ -168,9 +168,9 @@ class RegionLowering:
 
     def contract(self, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None) -> Value:
         leaves = self.resolve_boxes(leaves, out)
-        leaves, out, coefficient = self.fold_constants(leaves, out, coefficient)
-        if not leaves:
-            raise TdiagError(Diagnostic("a statement computes a constant only; nothing depends on an input"))
+        folded, folded_out, folded_coefficient = self.fold_constants(leaves, out, coefficient)
+        if folded:  # a product of constants only (a term of a sum, say) keeps its stored constants
+            leaves, out, coefficient = folded, folded_out, folded_coefficient
         # a value constant along a broadcast leg does not carry it; a leg no factor carries is a
         # broadcast leg of the result if kept, and a factor of its size if summed
         values = [self.leaf_value(leaf) for leaf in leaves]

@@ -1,0 +1,264 @@
+"""Grammar-aware fuzzing: hypothesis writes valid-ish designs (random sizes, legs, boxes, maps,
+reductions, sums, masks, parameters) and tdiag must either refuse one with positioned errors or
+compile it into a module whose forward and backward run and equal the reference evaluation in
+float64. A few dozen examples run with the suite; `make fuzz` runs many more (TDIAG_FUZZ_EXAMPLES)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tdiag
+from tdiag import TdiagError, cli
+
+EXAMPLES = int(os.environ.get("TDIAG_FUZZ_EXAMPLES", "25"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+SIZES = {"n": "N", "m": "N", "f": "F", "g": "G", "h": "H"}
+LEGS = list(SIZES)
+
+
+@st.composite
+def legs(draw, min_size=1, max_size=3):
+    return draw(st.lists(st.sampled_from(LEGS), min_size=min_size, max_size=max_size, unique=True))
+
+
+@st.composite
+def tensor(draw, tensors):
+    name = draw(st.sampled_from(sorted(tensors)))
+    axes = tensors[name]
+    if draw(st.integers(0, 9)) == 0:  # now and then the wrong legs, or a leg repeated
+        return f"{name}[{' '.join(draw(st.lists(st.sampled_from(LEGS), max_size=4)))}]"
+    renamed = draw(st.permutations(LEGS)) if draw(st.booleans()) and draw(st.integers(0, 3)) == 0 else LEGS
+    mapping = dict(zip(LEGS, renamed, strict=True))
+    return f"{name}[{' '.join(mapping[leg] for leg in axes)}]"
+
+
+def number():
+    return st.sampled_from(["2", "0.5", "3", "1 / 2", "sqrt(2)", "1 / sqrt(F)", "F", "0.25", "2 ^ 2"])
+
+
+@st.composite
+def expression(draw, tensors, masks=(), depth=0):
+    atom = tensor(tensors)
+    if depth >= 3:
+        return draw(atom)
+    kind = draw(
+        st.sampled_from(
+            [
+                "tensor",
+                "tensor",
+                "product",
+                "sum",
+                "scaled",
+                "softmax",
+                "normalize",
+                "map",
+                "reduce",
+                "power",
+                "quotient",
+            ]
+        )
+    )
+    inner = lambda: draw(expression(tensors, masks, depth + 1))  # noqa: E731
+    if kind == "tensor":
+        return draw(atom)
+    if kind == "product":
+        return f"{inner()} {inner()}"
+    if kind == "sum":
+        return f"({inner()} {draw(st.sampled_from(['+', '-']))} {inner()})"
+    if kind == "scaled":
+        return f"{draw(number())} * {inner()}"
+    if kind in ("softmax", "normalize"):
+        over = " ".join(draw(legs(max_size=2)))
+        options = ""
+        if kind == "softmax" and draw(st.booleans()):
+            options += f", scale = {draw(number())}"
+        if draw(st.integers(0, 3)) == 0:
+            options += ", " + draw(st.sampled_from(["mask = causal(n, m)", *masks]))
+        content = inner() if kind == "softmax" else f"exp({inner()})"
+        return f"{kind}[{over}{options}]({content})"
+    if kind == "map":
+        name = draw(st.sampled_from(["exp", "relu", "elu1", "clamp", "log"]))
+        if name == "log":
+            return f"log(1 + exp(clamp({inner()}, -3, 3)))"
+        if name == "clamp":
+            return f"clamp({inner()}, -1, 1)"
+        if name == "exp":
+            return f"exp(clamp({inner()}, -3, 3))"
+        return f"{name}({inner()})"
+    if kind == "reduce":
+        name = draw(st.sampled_from(["max", "logsumexp", "mean"]))
+        return f"{name}[{' '.join(draw(legs(max_size=2)))}]({inner()})"
+    if kind == "power":
+        return f"relu({inner()}) ^ {draw(st.sampled_from(['2', '3', '1']))}"
+    return f"{inner()} / (1 + exp(clamp({inner()}, -3, 3)))"
+
+
+@st.composite
+def design_text(draw):
+    """A design over sizes N (sometimes given only at run time), F, G (sometimes derived from F)
+    and H: an input, parameters and constants with random initializers, a padding mask and noise
+    now and then, a buffer with its update, and one to three statements of random expressions."""
+    sizes = {s: str(draw(st.integers(1, 3))) for s in ("N", "F", "G", "H")}
+    if draw(st.booleans()):
+        sizes["G"] = draw(st.sampled_from(["2 * F", "F + 1", "F"]))
+    runtime = {"N": draw(st.integers(1, 4))} if draw(st.integers(0, 3)) == 0 else {}
+    lines = ["design fuzzed", "size " + ", ".join(k if k in runtime else f"{k} = {v}" for k, v in sizes.items())]
+    tensors = {"X": draw(st.sampled_from([["n", "f"], ["m", "f"], ["n", "g"], ["f"], ["n", "f", "g"]]))}
+    lines.append(f"input X[{', '.join(f'{leg}: {SIZES[leg]}' for leg in tensors['X'])}]")
+    masks = []
+    if draw(st.integers(0, 4)) == 0:
+        lines.append("mask P[m: N]")
+        masks.append("mask = P[m]")
+    if draw(st.integers(0, 4)) == 0:
+        axes = draw(legs(max_size=2))
+        lines.append(f"random E[{', '.join(f'{leg}: {SIZES[leg]}' for leg in axes)}] = normal(mode = never)")
+        tensors["E"] = axes
+    for k in range(draw(st.integers(0, 2))):
+        axes = draw(legs(max_size=3))
+        init = draw(st.sampled_from(["", " = normal(std = 0.5)", " = uniform(low = -1, high = 1)", " = ones"]))
+        kind = draw(st.sampled_from(["param", "param", "const"]))
+        if kind == "const":
+            init = draw(st.sampled_from([" = fill(0.5)", " = ones", " = zeros"]))
+        lines.append(f"{kind} W{k}[{', '.join(f'{leg}: {SIZES[leg]}' for leg in axes)}]{init}")
+        tensors[f"W{k}"] = axes
+    if draw(st.integers(0, 5)) == 0:
+        lines.append("buffer S[f: F] = ones")
+        lines.append("update S[f] = mean[n](X[n f] X[n f])" if "n" in tensors["X"] else "update S[f] = X[f]")
+        tensors["S"] = ["f"]
+    for k in range(draw(st.integers(1, 3))):
+        result = draw(legs(min_size=1, max_size=3))
+        expr = draw(expression(tensors, masks))
+        lines.append(f"T{k}[{' '.join(result)}] = {expr}")
+        tensors[f"T{k}"] = result
+    lines.append(f"output T{k}")
+    return "\n".join(lines) + "\n", runtime
+
+
+def run_design(text: str, sizes: dict[str, int] | None = None) -> str:
+    """'refused' or 'ran'; raises (failing the test) on anything else."""
+    try:
+        design = tdiag.loads(text)
+        compiled = design.module(sizes or {}, dtype=torch.float64)
+    except TdiagError as error:
+        assert error.diagnostics and all(d.spans for d in error.diagnostics), str(error)
+        return "refused"
+    values = {**design.size_values, **(sizes or {})}
+    shape = [int(design.graph.evaluate(a.size, **values)) for a in design.graph.inputs[0].axes]
+    x = torch.randn(2, *shape, dtype=torch.float64, requires_grad=True)
+    reference = design.module(sizes or {}, impl="reference", dtype=torch.float64)
+    y = compiled(x)
+    y.sum().backward()
+    expected = reference(x)
+    if torch.isfinite(expected).all():
+        torch.testing.assert_close(y, expected, rtol=1e-7, atol=1e-9)
+    return "ran"
+
+
+@FUZZ
+@given(case=design_text())
+def test_a_generated_design_is_refused_with_positions_or_runs_like_the_reference(case):
+    run_design(*case)
+
+
+# ---- designs the fuzzer found, kept as specifications ---------------------------------------
+
+
+def test_a_term_that_is_a_product_of_constants_only_is_computed_from_the_stored_constants():
+    text = (
+        "design constant_term\nsize N = 3, F = 2\ninput X[n: N, f: F]\nconst W[n: N] = fill(0.5)\n"
+        "T[n] = 2 * W[n] (W[n] + X[n f])\noutput T\n"
+    )
+    assert run_design(text) == "ran"
+    x = torch.randn(3, 2, dtype=torch.float64)
+    y = tdiag.loads(text).module(dtype=torch.float64)(x)
+    torch.testing.assert_close(y, 2 * 0.5 * (0.5 + x.sum(-1)))  # f is summed inside the sum, where it occurs
+
+
+# ---- the command line, fuzzed the same way ------------------------------------------------------
+
+DESIGN = Path(__file__).resolve().parent.parent / "designs" / "mhsa.td"
+VALUES = ["0", "-1", "1", "3", "nan", "inf", "1e400", "abc", "", "N=4", "N=-1", "F=0", "x=1", "N=1e30", "N=4,F=x"]
+VALUES += ["cpu", "bogus", "cuda:99", "json", "table", "svg", "dot", "flops", "time", "flops,bogus", "-", "--"]
+FLAGS = {
+    "check": ["--time"],
+    "show": ["--set"],
+    "render": ["-o", "--output", "--statements", "--set"],
+    "cost": ["--at", "--format", "--objective", "--set"],
+    "compile": ["-o", "--output", "--objective", "--checkpoint-boxes", "--causal", "--set"],
+    "plan": ["--at", "--causal", "--checkpoint-boxes", "--objective", "--set"],
+    "train": ["--steps", "--batch", "--context", "--lr", "--device", "--nproc", "--layers", "--eval-every"],
+    "bench": ["--n", "--batch", "--width", "--heads", "--repeat", "--device", "--out", "--objective"],
+}
+for _flags in FLAGS.values():
+    _flags += ["-h", "--help", "--version", "--bogus"]
+
+
+@st.composite
+def command_line(draw, folder: Path):
+    """tdiag COMMAND with random files (a design, a broken one, a missing one, a folder, an output
+    path that cannot be written) and random flags with random values."""
+    files = {
+        "design": str(DESIGN),
+        "broken": str(folder / "broken.td"),
+        "missing": str(folder / "missing.td"),
+        "folder": str(folder),
+        "output": str(folder / "out.py"),
+        "unwritable": str(folder / "no" / "such" / "out.svg"),
+        "dot": str(folder / "out.dot"),
+    }
+    command = draw(st.sampled_from(sorted(FLAGS)))
+    argv = [command] if draw(st.integers(0, 9)) else []
+    argv += [files[draw(st.sampled_from(sorted(files)))] for _ in range(draw(st.integers(0, 2)))]
+    for _ in range(draw(st.integers(0, 4))):
+        argv.append(draw(st.sampled_from(FLAGS[command])))
+        if draw(st.booleans()):
+            argv.append(draw(st.sampled_from([*VALUES, *files.values()])))
+    if command in ("train", "bench") and all(v not in argv for v in ("0", "-1", "nan", "bogus", "abc", "--bogus")):
+        argv.append(files["broken"])  # never a real training or benchmark run in the suite
+    return argv
+
+
+def run_cli(argv: list[str]) -> int:
+    """tdiag's exit status for argv, in process; fails on an exception or a traceback printed."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else 1
+    assert "Traceback" not in err.getvalue(), (argv, err.getvalue())
+    return code
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_random_command_line_ends_with_an_exit_status_never_a_traceback(data, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli")
+    (folder / "broken.td").write_text("design broken\nsize N = 3\ninput X[n: N]\nY[n] = softmax[m](X[n])\n")
+    argv = data.draw(command_line(folder))
+    assert run_cli(argv) in (0, 1, 2), argv
+
+
+def test_a_number_alone_as_a_term_of_a_sum_is_refused_at_the_term():
+    text = "design plus_one\nsize N = 3\ninput X[n: N]\nT[n] = X[n] + 1\noutput T\n"
+    with pytest.raises(TdiagError) as error:
+        tdiag.loads(text)
+    (diagnostic,) = error.value.diagnostics
+    assert (diagnostic.spans[0].line, diagnostic.spans[0].column) == (4, 15)
+    assert "number only" in diagnostic.message
+
+
+@pytest.mark.parametrize("text", ["", "size N = 3\n", "design b extends a\nsize N\n"])
+def test_text_that_does_not_start_a_design_is_refused_with_a_position(text):
+    with pytest.raises(TdiagError) as error:
+        tdiag.loads(text)
+    assert error.value.diagnostics[0].spans[0].line == 1
