@@ -1151,7 +1151,7 @@ class _ExprBuilder:
                     hint=join_hint(did_you_mean(option.name, allowed), one_of(allowed)),
                 )
             elif option.name == "mask":
-                mask = self._mask(option.value, content, e.name)
+                mask = self._mask(option.value, content, f"{e.name} box")
                 if mask is not None:
                     options["masks"].append(mask)
             elif option.name in options or (option.name == "scale" and "scale_factor" in options):
@@ -1188,9 +1188,10 @@ class _ExprBuilder:
             for leg, arg in zip(legs, value.args, strict=True):
                 if leg not in content.legs:
                     self.b.error(
-                        f"causal mask leg '{leg}' is not a leg of the {box} box",
+                        f"causal mask leg '{leg}' is not a leg of the {box}",
                         arg.span,
-                        hint=did_you_mean(leg, content.legs) or f"the box's legs are: {', '.join(content.legs)}",
+                        hint=did_you_mean(leg, content.legs)
+                        or f"the {box.split()[-1]}'s legs are: {', '.join(content.legs)}",
                     )
             if legs[0] == legs[1]:
                 self.b.error("a causal mask relates two different legs", value.span)
@@ -1210,9 +1211,10 @@ class _ExprBuilder:
             for leg in ref.legs:
                 if leg not in content.legs:
                     self.b.error(
-                        f"mask leg '{leg}' is not a leg of the {box} box",
+                        f"mask leg '{leg}' is not a leg of the {box}",
                         value.span,
-                        hint=did_you_mean(leg, content.legs) or f"the box's legs are: {', '.join(content.legs)}",
+                        hint=did_you_mean(leg, content.legs)
+                        or f"the {box.split()[-1]}'s legs are: {', '.join(content.legs)}",
                     )
             return PaddingMask(ref, value.span) if isinstance(ref, TensorRef) else None
         self.b.error("a mask is causal(query_leg, key_leg) or a mask input like pad[m]", value.span)
