@@ -23,9 +23,11 @@ from .plan.program import (
     Einsum,
     Elementwise,
     Expand,
+    Fill,
     JoinChunks,
     Map,
     MaskFill,
+    MaskNumbers,
     Materialize,
     Matmul,
     Multiply,
@@ -179,6 +181,7 @@ def generate(plan: Plan, *, source_name: str = "") -> str:
         'Generated code: edit the .td file and recompile rather than editing this file."""',
         "",
         "import hashlib",
+        "import math",
         "",
         "import torch",
         "from torch import nn",
@@ -339,11 +342,14 @@ def _escaping(plan: Plan, start: int, end: int) -> list[str]:
 
 
 def _entry(plan: Plan) -> list[str]:
-    """Read the inputs: bind run-time sizes from their shapes, check them, flatten the batch."""
+    """Read the inputs: bind run-time sizes from their shapes, check them, flatten the batch. With
+    several inputs their leading batch dims broadcast (an input over (n, m) without batch dims
+    serves every sequence), as do a mask's."""
     graph = plan.graph
     lines: list[str] = []
     first = True
     bound: set[str] = set()
+    several = len(graph.inputs) > 1
     for t in graph.inputs:
         var = source(plan.names[t.name], "name")
         rank = len(t.axes)
@@ -353,6 +359,8 @@ def _entry(plan: Plan) -> list[str]:
         if first:
             lines.append(f"batch_shape = {var}.shape[:-{rank}]")
             first = False
+        elif several:
+            lines.append(f"batch_shape = torch.broadcast_shapes(batch_shape, {var}.shape[:-{rank}])")
         for k, axis in enumerate(t.axes):
             position = k - rank
             size = axis.size
@@ -364,15 +372,20 @@ def _entry(plan: Plan) -> list[str]:
             lines.append(f"if {var}.shape[{position}] != {expected}:")
             leg = source(f"input {t.name}: leg {axis.leg} has size {axis.size} = ", "fstring")
             lines.append(f'    raise ValueError(f"{leg}{{{expected}}}, got {{{var}.shape[{position}]}}")')
+    for t in graph.inputs:
+        var = source(plan.names[t.name], "name")
         shape = ", ".join(_size(graph, a.size) for a in t.axes)
-        lines.append(f"{var} = {var}.reshape(-1, {shape})")
+        if several:
+            lines.append(f"{var} = {var}.expand(*batch_shape, {shape}).reshape(-1, {shape})")
+        else:
+            lines.append(f"{var} = {var}.reshape(-1, {shape})")
     first_input = source(plan.names[graph.inputs[0].name], "name") if graph.inputs else None
     lines.append(f"B = {first_input}.shape[0]" if first_input else "B = 1")
     for t in graph.tensors_of_kind("mask"):
         var = source(plan.names[t.name], "name")
         shape = ", ".join(_size(graph, a.size) for a in t.axes)
         lines.append(
-            f"{var} = torch.ones(B, {shape}, dtype=torch.bool, device={first_input}.device) if {var} is None else {var}.reshape(B, {shape})"
+            f"{var} = torch.ones(B, {shape}, dtype=torch.bool, device={first_input}.device) if {var} is None else {var}.expand(*batch_shape, {shape}).reshape(B, {shape})"
         )
     device = first_input or "None"
     lines += [f"{source(c.name, 'name')} = -(-{_expr(c.extent)} // {source(c.size, 'number')})" for c in plan.chunks]
@@ -564,6 +577,15 @@ def _(op: Map, attributes: frozenset[str]) -> str:
         "log": lambda: f"{x}.log()",
         "relu": lambda: f"torch.relu({x})",
         "elu1": lambda: f"torch.nn.functional.elu({x}) + 1",
+        "sigmoid": lambda: f"torch.sigmoid({x})",
+        "tanh": lambda: f"torch.tanh({x})",
+        "softplus": lambda: f"torch.nn.functional.softplus({x})",
+        "silu": lambda: f"torch.nn.functional.silu({x})",
+        "gelu": lambda: f"torch.nn.functional.gelu({x})",
+        "sin": lambda: f"torch.sin({x})",
+        "cos": lambda: f"torch.cos({x})",
+        "sqrt": lambda: f"torch.sqrt({x})",
+        "abs": lambda: f"torch.abs({x})",
         "clamp": lambda: f"{x}.clamp({', '.join(params)})",
         "pow": lambda: f"{x} ** {params[0] if params else 1}",
     }[op.name]()
@@ -637,6 +659,18 @@ def _(op: Attention, attributes: frozenset[str]) -> str:
     if op.shape is not None:
         call = f"({call}).reshape({_sizes(op.shape)})"
     return call
+
+
+@_op.register
+def _(op: Fill, attributes: frozenset[str]) -> str:
+    like = f", dtype={op.like}.dtype, device={op.like}.device" if op.like else ""
+    return f"torch.full((), {_scalar(op.value)}{like})"
+
+
+@_op.register
+def _(op: MaskNumbers, attributes: frozenset[str]) -> str:
+    like = f"{op.like}.dtype" if op.like else "torch.get_default_dtype()"
+    return f"{_read(op.mask, attributes)}.to({like})"
 
 
 @_op.register

@@ -9,7 +9,10 @@ Conventions for contractions (FiSH App. D, MGK App. B count differently from opt
 - flop: 2 per multiply-add (the default);
 - mac: 1 per multiply-add (fvcore's count);
 - paper: a k-term sum costs 2k − 1 per output element (a multiply and an add each).
-Softmax exponentials and divisions, and other elementwise work, are reported apart."""
+Softmax exponentials and divisions, and other elementwise work, are reported apart: every
+elementwise map (exp log relu elu1 sigmoid tanh softplus silu gelu sin cos sqrt abs clamp pow)
+counts one elementwise operation per element it produces, whatever its inner arithmetic, in
+`elementwise`, never in `flops`; so does each addition of a sum node and each scaling."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from .check import check
 from .errors import Diagnostic, Span, TdiagError
 from .graph import LIMITS, DesignGraph, build_graph, load_items
 from .ir import (
+    CausalFactor,
     Contraction,
     ElementwiseMap,
     Expr,
@@ -428,6 +429,8 @@ def format_expr(e: Expr) -> str:
         return f"{e.name}({format_expr(e.operand)}{params})"  # type: ignore[arg-type]
     if isinstance(e, Reduction):
         return f"{e.name}[{' '.join(e.over)}]({format_expr(e.operand)})"  # type: ignore[arg-type]
+    if isinstance(e, CausalFactor):
+        return f"causal({e.query}, {e.key})"
     if isinstance(e, SquaredDistance):
         return f"sqdist[{' '.join(e.over)}]({format_expr(e.left)}, {format_expr(e.right)})"  # type: ignore[arg-type]
     return type(e).__name__

@@ -22,6 +22,7 @@ from .errors import Diagnostic, Span, TdiagError, a_or_an, did_you_mean, one_of
 from .errors import hint as join_hint
 from .ir import (
     Axis,
+    CausalFactor,
     CausalMask,
     Contraction,
     ElementwiseMap,
@@ -46,11 +47,18 @@ from .names import reserved_because
 from .resources import design_file
 
 BOXES = ("softmax", "normalize")
-MAPS = {"exp": 0, "log": 0, "relu": 0, "elu1": 0, "clamp": 2}
+# elementwise maps: name -> number of arguments after the tensor
+MAPS = {
+    **dict.fromkeys(
+        ("exp", "log", "relu", "elu1", "sigmoid", "tanh", "softplus", "silu", "gelu", "sin", "cos", "sqrt", "abs"), 0
+    ),
+    "clamp": 2,
+}
 REDUCTIONS = ("max", "logsumexp", "mean")
 PAIRINGS = ("sqdist",)
-SCALAR_FUNCTIONS = ("sqrt",)
-FUNCTIONS = (*BOXES, *MAPS, *REDUCTIONS, *PAIRINGS, *SCALAR_FUNCTIONS)
+SCALAR_FUNCTIONS = ("sqrt", "exp", "log")  # of numbers and sizes: a scalar, not a map
+MASK_FACTORS = ("causal",)
+FUNCTIONS = tuple(dict.fromkeys((*BOXES, *MAPS, *REDUCTIONS, *PAIRINGS, *SCALAR_FUNCTIONS, *MASK_FACTORS)))
 BOX_OPTIONS = {"softmax": ("mask", "scale"), "normalize": ("eps", "mask")}
 INITIALIZERS = {
     "param": ("fill", "identity", "normal", "ones", "uniform", "zeros"),
@@ -781,11 +789,12 @@ class _Builder:
                 return POISON_SIZE
             operation = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
             return a**b if e.op == "^" else operation[e.op](a, b)  # only this one: 1e10 ^ 1e10 never runs
-        if isinstance(e, syn.Call) and e.name == "sqrt" and e.legs is None and len(e.args) == 1:
+        if isinstance(e, syn.Call) and e.name in SCALAR_FUNCTIONS and e.legs is None and len(e.args) == 1:
             if sizes_only:
-                self.error("a size is a whole number; sqrt is for scales", e.name_span)
+                self.error(f"a size is a whole number; {e.name} is for scales", e.name_span)
                 return POISON_SIZE
-            return sympy.sqrt(self._scalar(e.args[0], known=known))
+            function = {"sqrt": sympy.sqrt, "exp": sympy.exp, "log": sympy.log}[e.name]
+            return function(self._scalar(e.args[0], known=known))
         what = "a size expression (numbers, sizes, + - * / ^)" if sizes_only else "a number or size expression"
         self.error(f"expected {what}", e.span)
         return POISON_SIZE
@@ -1062,6 +1071,8 @@ class _ExprBuilder:
             return self.reduction(e, keep)
         if e.name in PAIRINGS:
             return self.squared_distance(e, keep)
+        if e.name in MASK_FACTORS:
+            return self.causal_factor(e)
         if e.name in self.b.tensors:
             legs = " ".join(self.b.tensors[e.name].legs)
             self.b.error(
@@ -1076,7 +1087,8 @@ class _ExprBuilder:
                 f"unknown map '{e.name}'",
                 e.name_span,
                 hint=join_hint(
-                    did_you_mean(e.name, FUNCTIONS), one_of(f for f in FUNCTIONS if f not in SCALAR_FUNCTIONS)
+                    did_you_mean(e.name, FUNCTIONS),
+                    one_of(f for f in FUNCTIONS if f in MAPS or f not in SCALAR_FUNCTIONS),
                 ),
             )
         return self.poison(e)
@@ -1131,6 +1143,10 @@ class _ExprBuilder:
                 )
         content = self.inside(argument, keep | (set(normalized) & available))
         options = self._box_options(e, content)
+        factor = options.pop("scale_factor", None)
+        if factor is not None:  # softmax[m, scale = t[h]](x) = softmax[m](t[h] x): a factor inside the box
+            batch = tuple(leg for leg in factor.legs if leg in content.legs)
+            content = Contraction(content.legs, factor.span, (factor, content), sympy.Integer(1), (), batch)
         return SoftmaxBox(
             content.legs,
             e.span,
@@ -1153,14 +1169,33 @@ class _ExprBuilder:
                     hint=join_hint(did_you_mean(option.name, allowed), one_of(allowed)),
                 )
             elif option.name == "mask":
-                mask = self._mask(option.value, content, e.name)
+                mask = self._mask(option.value, content, f"{e.name} box")
                 if mask is not None:
                     options["masks"].append(mask)
-            elif option.name in options:
+            elif option.name in options or (option.name == "scale" and "scale_factor" in options):
                 self.b.error(f"option '{option.name}' is given twice", option.span)
+            elif option.name == "scale" and not _is_scalar_syntax(option.value, self.b.tensors):
+                factor = self._scale_factor(option.value, content, e.name)
+                if factor is not None:
+                    options["scale_factor"] = factor
             else:
                 options[option.name] = self.b._scalar(option.value)
         return options
+
+    def _scale_factor(self, value: syn.Expr, content: Expr, box: str) -> Expr | None:
+        """A scale that is a tensor expression (a learned per-head temperature `t[h]`): its legs
+        must be legs of the box, along which it scales the logits entrywise."""
+        legs = _available(value, self.b.tensors)
+        wrong = sorted(legs - set(content.legs))
+        for leg in wrong:
+            self.b.error(
+                f"scale leg '{leg}' is not a leg of the {box} box",
+                value.span,
+                hint=did_you_mean(leg, content.legs) or f"the box's legs are: {', '.join(content.legs)}",
+            )
+        if wrong:
+            return None
+        return self.inside(value, set(content.legs))
 
     def _mask(self, value: syn.Expr, content: Expr, box: str) -> Mask | None:
         if isinstance(value, syn.Call) and value.name == "causal":
@@ -1171,9 +1206,10 @@ class _ExprBuilder:
             for leg, arg in zip(legs, value.args, strict=True):
                 if leg not in content.legs:
                     self.b.error(
-                        f"causal mask leg '{leg}' is not a leg of the {box} box",
+                        f"causal mask leg '{leg}' is not a leg of the {box}",
                         arg.span,
-                        hint=did_you_mean(leg, content.legs) or f"the box's legs are: {', '.join(content.legs)}",
+                        hint=did_you_mean(leg, content.legs)
+                        or f"the {box.split()[-1]}'s legs are: {', '.join(content.legs)}",
                     )
             if legs[0] == legs[1]:
                 self.b.error("a causal mask relates two different legs", value.span)
@@ -1193,17 +1229,75 @@ class _ExprBuilder:
             for leg in ref.legs:
                 if leg not in content.legs:
                     self.b.error(
-                        f"mask leg '{leg}' is not a leg of the {box} box",
+                        f"mask leg '{leg}' is not a leg of the {box}",
                         value.span,
-                        hint=did_you_mean(leg, content.legs) or f"the box's legs are: {', '.join(content.legs)}",
+                        hint=did_you_mean(leg, content.legs)
+                        or f"the {box.split()[-1]}'s legs are: {', '.join(content.legs)}",
                     )
             return PaddingMask(ref, value.span) if isinstance(ref, TensorRef) else None
         self.b.error("a mask is causal(query_leg, key_leg) or a mask input like pad[m]", value.span)
         return None
 
+    def causal_factor(self, e: syn.Call) -> Expr:
+        """`causal(n, m)` as a factor: 1 where m <= n, 0 elsewhere (zeroing the future)."""
+        legs = [a.name if isinstance(a, syn.Name) else None for a in e.args]
+        if len(legs) != 2 or None in legs or e.legs is not None or e.keywords:
+            self.b.error("causal takes a query leg and a key leg", e.span, hint="causal(n, m)")
+            return self.poison(e)
+        for leg, arg in zip(legs, e.args, strict=True):
+            if leg not in self.b.legs:
+                self.b.error(
+                    f"causal mask leg '{leg}' is not bound to a size",
+                    arg.span,
+                    hint=did_you_mean(leg, self.b.legs) or "use legs that a tensor of this file has",
+                )
+                return self.poison(e)
+        if legs[0] == legs[1]:
+            self.b.error("a causal mask relates two different legs", e.span)
+            return self.poison(e)
+        return CausalFactor((legs[0], legs[1]), e.span, legs[0], legs[1])  # type: ignore[arg-type]
+
+    def _map_masks(self, e: syn.Call, operand: Expr) -> list[Expr]:
+        """`relu[m, mask = causal(n, m)](x)`: the map's value is zeroed where a mask hides it;
+        the legs in brackets are the key legs it runs along, legs of its argument."""
+        factors: list[Expr] = []
+        for option in e.options:
+            if option.name != "mask":
+                self.b.error(
+                    f"unknown {e.name} option '{option.name}'",
+                    option.span,
+                    hint=f"a map takes only masks: {e.name}[m, mask = causal(n, m)](...)",
+                )
+                continue
+            mask = self._mask(option.value, operand, f"{e.name} map")
+            if isinstance(mask, CausalMask):
+                factors.append(CausalFactor((mask.query, mask.key), mask.span, mask.query, mask.key))
+            elif isinstance(mask, PaddingMask):
+                factors.append(mask.tensor)
+        for leg, item in zip(self._legs_of(e), e.legs or (), strict=False):
+            if leg not in operand.legs:
+                self.b.error(
+                    f"leg '{leg}' is not a leg of the {e.name} map's argument",
+                    item.span,
+                    hint=did_you_mean(leg, operand.legs) or f"its legs are: {', '.join(operand.legs) or 'none'}",
+                )
+        if e.legs and not e.options:
+            self.b.error(
+                f"{e.name} is elementwise and takes no legs",
+                e.name_span,
+                hint=f"write {e.name}(...), or name a mask: {e.name}[m, mask = causal(n, m)](...)",
+            )
+        return factors
+
     def elementwise_map(self, e: syn.Call, keep: set[str]) -> Expr:
-        if e.legs is not None:
-            self.b.error(f"{e.name} is elementwise and takes no legs", e.name_span, hint=f"write {e.name}(...)")
+        if e.legs is not None or e.options:
+            along = {leg for option in e.options for leg in _available(option.value, self.b.tensors)}
+            masked = self.elementwise_map(dataclasses.replace(e, legs=None, options=()), keep | along)
+            factors = self._map_masks(e, masked)
+            if not factors:
+                return masked
+            batch = tuple(leg for leg in masked.legs if any(leg in f.legs for f in factors))
+            return Contraction(masked.legs, e.span, (masked, *factors), sympy.Integer(1), (), batch)
         extra = MAPS[e.name]
         args = list(e.args)
         keywords = {k.name: k.value for k in e.keywords}
@@ -1336,7 +1430,17 @@ def _is_scalar_syntax(e: syn.Expr, tensors: Mapping[str, Tensor]) -> bool:
 
 
 def _call_as_product(e: syn.Expr, tensors: Mapping[str, Tensor]) -> syn.Expr:
-    """`P[k h] (A + B)` reads as a call; when P is a tensor it is the product P[k h] * (A + B)."""
+    """`P[k h] (A + B)` reads as a call; when P is a tensor it is the product P[k h] * (A + B),
+    and `P[k h] (A + B) ^ p` is P[k h] * (A + B) ^ p: the power binds to the parentheses, as
+    it would after `*`."""
+    if isinstance(e, syn.BinOp) and e.op == "^":
+        product = _call_as_product(e.left, tensors)
+        if product is not e.left and isinstance(product, syn.BinOp):
+            first, last = product.right.span, e.right.span
+            span = Span(first.file, first.line, first.column, last.end_line, last.end_column)
+            power = syn.BinOp(span, "^", product.right, e.right)
+            return syn.BinOp(e.span, "juxt", product.left, power)
+        return e
     if not (isinstance(e, syn.Call) and e.name in tensors and e.legs is not None):
         return e
     if e.options or e.keywords or len(e.args) != 1:
@@ -1356,12 +1460,14 @@ def _available(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
         if e.op == "^":
             return _available(e.left, tensors)
         return _available(e.left, tensors) | _available(e.right, tensors)
+    if isinstance(e, syn.Call) and e.name in MASK_FACTORS:
+        return {a.name for a in e.args if isinstance(a, syn.Name)}
     if isinstance(e, syn.Call):
         inner = set().union(*(_available(a, tensors) for a in e.args)) if e.args else set()
         over = {leg for item in e.legs or () for leg in _leg_names(item)}
         if e.name in REDUCTIONS or e.name in PAIRINGS:
             return inner - over
-        if e.name in SCALAR_FUNCTIONS:
+        if e.name in SCALAR_FUNCTIONS and _is_scalar_syntax(e, tensors):
             return set()
         return inner
     return set()
@@ -1455,43 +1561,80 @@ def build_graph(head: syn.DesignDecl, items: list[syn.Item], overrides: Mapping[
     return _Builder(head, items, overrides or {}).build()
 
 
-def _masked(expr: Expr, query: str, key: str, span: Span) -> tuple[Expr, int]:
-    """`expr` with a causal mask added to every box normalized over `key` that has `query`."""
+def _masked(
+    expr: Expr, query: str, key: str, span: Span, hidden: Mapping[str, set[tuple[int, int]]]
+) -> tuple[Expr, int]:
+    """`expr` with a causal mask added to every box normalized over `key` that has `query`, and a
+    causal factor in every contraction that sums `key` beside `query` where no factor is masked
+    already (an un-normalized attention: Σ_m f(S)[n m] V[m] with m <= n). `hidden` holds, for
+    each statement masked so far, the (query, key) pairs of its own legs it is masked on."""
     count = 0
-    if isinstance(expr, TensorRef | Scalar):
+    if isinstance(expr, TensorRef | Scalar | CausalFactor):
         return expr, 0
     changes = {}
     for field_name in ("factors", "terms"):
         children = getattr(expr, field_name, None)
         if children is not None:
-            rebuilt = [_masked(c, query, key, span) for c in children]
+            rebuilt = [_masked(c, query, key, span, hidden) for c in children]
             count += sum(n for _, n in rebuilt)
             changes[field_name] = tuple(c for c, _ in rebuilt)
     for field_name in ("content", "operand", "numerator", "denominator", "left", "right"):
         child = getattr(expr, field_name, None)
         if isinstance(child, Expr):
-            rebuilt, n = _masked(child, query, key, span)
+            rebuilt, n = _masked(child, query, key, span, hidden)
             count += n
             changes[field_name] = rebuilt
     if isinstance(expr, SoftmaxBox) and key in expr.normalized and query in expr.legs:
         if not any(isinstance(m, CausalMask) and (m.query, m.key) == (query, key) for m in expr.masks):
             changes["masks"] = (*expr.masks, CausalMask(query, key, span))
             count += 1
+    if isinstance(expr, Contraction) and key in expr.summed and query in expr.legs:
+        factors = changes.get("factors", expr.factors)
+        if not any((query, key) in _hidden_pairs(f, hidden) for f in factors if key in f.legs):
+            changes["factors"] = (*factors, CausalFactor((query, key), span, query, key))
+            changes["batch"] = tuple(dict.fromkeys((*expr.batch, query)))
+            count += 1
     return (dataclasses.replace(expr, **changes) if changes else expr), count
+
+
+def _hidden_pairs(expr: Expr, hidden: Mapping[str, set[tuple[int, int]]]) -> set[tuple[str, str]]:
+    """The (query, key) leg pairs along which `expr` is causally masked or zeroed already."""
+    if isinstance(expr, CausalFactor):
+        return {(expr.query, expr.key)}
+    if isinstance(expr, SoftmaxBox):
+        return {(m.query, m.key) for m in expr.masks if isinstance(m, CausalMask)}
+    if isinstance(expr, Contraction):
+        return set().union(*(_hidden_pairs(f, hidden) for f in expr.factors))
+    if isinstance(expr, SumNode):  # zero where every term is
+        return set.intersection(*(_hidden_pairs(t, hidden) for t in expr.terms))
+    if isinstance(expr, Quotient):
+        return _hidden_pairs(expr.numerator, hidden)  # type: ignore[arg-type]
+    if isinstance(expr, TensorRef) and not expr.is_reshaped and expr.name in hidden:
+        return {(expr.legs[q], expr.legs[k]) for q, k in hidden[expr.name]}
+    return set()
 
 
 def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> DesignGraph:
     """The same design with `mask = causal(query, key)` on every box normalized over `key` that
-    also has leg `query` (the bundled designs use n for queries and m for keys)."""
+    also has leg `query`, and the factor causal(query, key) in every contraction that sums `key`
+    beside `query` over factors not masked already (sigmoid, ReLU² and linear attention); the
+    bundled designs use n for queries and m for keys."""
     statements, total = [], 0
+    hidden: dict[str, set[tuple[int, int]]] = {}
     for statement in graph.statements:
-        expr, count = _masked(statement.expr, query, key, statement.span)
+        expr, count = _masked(statement.expr, query, key, statement.span, hidden)
         total += count
         statements.append(dataclasses.replace(statement, expr=expr))
+        if not any(len(g) != 1 for g in statement.groups):
+            position = {leg: k for k, leg in enumerate(statement.legs)}
+            hidden[statement.target] = {
+                (position[q], position[k]) for q, k in _hidden_pairs(expr, hidden) if q in position and k in position
+            }
     if not total:
         raise TdiagError(
             Diagnostic(
-                f"design '{graph.name}' has no softmax or normalize box over leg '{key}' with leg '{query}' to mask",
+                f"design '{graph.name}' has no attention over leg '{key}' with leg '{query}' to mask"
+                " (a box normalized over it, or a contraction that sums it beside the query leg)",
                 (Span(graph.file, 1, 1, 1, 2),),
                 "name the query and key legs: with_causal_mask(query=..., key=...)",
             )

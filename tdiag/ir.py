@@ -187,6 +187,16 @@ Mask = CausalMask | PaddingMask
 
 
 @dataclass(frozen=True)
+class CausalFactor(Expr):
+    """`causal(n, m)` used as a factor: 1 where key index m <= query index n, else 0. A map's
+    causal mask and `with_causal_mask` on an un-normalized attention multiply by it (zeroing)."""
+
+    query: str = ""
+    key: str = ""
+    kind: ClassVar[str] = "causal"
+
+
+@dataclass(frozen=True)
 class SoftmaxBox(Expr):
     """Tuformer's dotted box with a filled ball on the `normalized` legs, labelled `scale` (α).
     With `is_exp=False` it is the normalize box (x / Σ x) of linear attention."""
@@ -209,7 +219,8 @@ class SoftmaxBox(Expr):
 
 @dataclass(frozen=True)
 class ElementwiseMap(Expr):
-    """exp, log, relu, elu1 (elu + 1), clamp(lo, hi), pow(p): shape-preserving maps."""
+    """Shape-preserving maps: exp, log, relu, elu1 (elu + 1), sigmoid, tanh, softplus, silu, gelu
+    (exact, with erf), sin, cos, sqrt, abs, clamp(lo, hi), pow(p)."""
 
     name: str = ""
     operand: Expr | None = None

@@ -18,6 +18,7 @@ from torch import nn
 from .graph import DesignGraph
 from .init import initial_value, numeric_shape
 from .ir import (
+    CausalFactor,
     CausalMask,
     Contraction,
     ElementwiseMap,
@@ -214,7 +215,7 @@ def statement_value(statement: Statement, frame: Frame) -> torch.Tensor:
     several legs merged into one axis (head-major)."""
     x = align(evaluate(statement.expr, frame), statement.expr.legs, statement.legs)
     batch = x.shape[: x.dim() - len(statement.legs)]
-    return x.reshape(*batch, *(math.prod(frame.leg_size(leg) for leg in group) for group in statement.groups))
+    return x.reshape((*batch, *(math.prod(frame.leg_size(leg) for leg in group) for group in statement.groups)))
 
 
 def evaluate(node: Expr, frame: Frame) -> torch.Tensor:
@@ -237,6 +238,8 @@ def evaluate(node: Expr, frame: Frame) -> torch.Tensor:
         return reduction(node, frame)
     if isinstance(node, SquaredDistance):
         return squared_distance(node, frame)
+    if isinstance(node, CausalFactor):
+        return causal_mask(CausalMask(node.query, node.key, node.span), node.legs, frame).to(frame.dtype)
     raise TypeError(f"the reference cannot evaluate a {type(node).__name__}")
 
 
@@ -247,9 +250,9 @@ def align(x: torch.Tensor, legs: Sequence[str], to: Sequence[str]) -> torch.Tens
     assert set(legs) <= set(to), f"legs {legs} do not fit in {to}"
     batch = x.dim() - len(legs)
     kept = [leg for leg in to if leg in legs]
-    x = x.permute(*range(batch), *(batch + legs.index(leg) for leg in kept))
+    x = x.permute(tuple(range(batch)) + tuple(batch + legs.index(leg) for leg in kept))
     sizes = dict(zip(kept, x.shape[batch:], strict=True))
-    return x.reshape(*x.shape[:batch], *(sizes.get(leg, 1) for leg in to))
+    return x.reshape((*x.shape[:batch], *(sizes.get(leg, 1) for leg in to)))
 
 
 def leg_dims(legs: Sequence[str], of: Sequence[str]) -> list[int]:
@@ -258,12 +261,22 @@ def leg_dims(legs: Sequence[str], of: Sequence[str]) -> list[int]:
 
 
 def tensor_ref(ref: TensorRef, frame: Frame) -> torch.Tensor:
-    """A stored, input or computed tensor; an axis named by a group of legs is split into them."""
+    """A stored, input or computed tensor; an axis named by a group of legs is split into them.
+    A mask used as a factor is its 1s (attend) and 0s (hidden); a mask not given is all 1s."""
+    if frame.graph.tensors[ref.name].kind == "mask":
+        return mask_numbers(ref, frame)
     x = frame.values[ref.name]
     if not ref.is_reshaped:
         return x
     batch = x.shape[: x.dim() - len(ref.groups)]
-    return x.reshape(*batch, *(frame.leg_size(leg) for leg in ref.legs))
+    return x.reshape((*batch, *(frame.leg_size(leg) for leg in ref.legs)))
+
+
+def mask_numbers(ref: TensorRef, frame: Frame) -> torch.Tensor:
+    mask = frame.values.get(ref.name)
+    if mask is None:
+        return torch.ones([frame.leg_size(leg) for leg in ref.legs], dtype=frame.dtype, device=frame.device)
+    return mask.to(frame.dtype)
 
 
 def contraction(node: Contraction, frame: Frame) -> torch.Tensor:
@@ -332,7 +345,7 @@ def box_mask(node: SoftmaxBox, frame: Frame) -> torch.Tensor | None:
         elif isinstance(mask, PaddingMask):
             if mask.tensor.name not in frame.values:  # not given: attend everywhere
                 continue
-            part = align(tensor_ref(mask.tensor, frame), mask.tensor.legs, node.legs)
+            part = align(frame.values[mask.tensor.name], mask.tensor.legs, node.legs)
         else:
             raise TypeError(f"unknown mask {mask!r}")
         allowed = part if allowed is None else allowed & part
@@ -349,8 +362,21 @@ def causal_mask(mask: CausalMask, legs: Sequence[str], frame: Frame) -> torch.Te
     return index(mask.key) <= index(mask.query)
 
 
+TORCH_MAPS = {
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "softplus": nn.functional.softplus,
+    "silu": nn.functional.silu,
+    "gelu": nn.functional.gelu,
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "sqrt": torch.sqrt,
+    "abs": torch.abs,
+}
+
+
 def elementwise_map(node: ElementwiseMap, frame: Frame) -> torch.Tensor:
-    """exp, log, relu, elu1 = elu + 1, clamp(lo, hi), pow(p)."""
+    """exp, log, relu, elu1 = elu + 1, the common maps (sigmoid ... abs), clamp(lo, hi), pow(p)."""
     assert node.operand is not None
     x = align(evaluate(node.operand, frame), node.operand.legs, node.legs)
     params = [frame.number(p) for p in node.params]
@@ -362,6 +388,8 @@ def elementwise_map(node: ElementwiseMap, frame: Frame) -> torch.Tensor:
         return torch.relu(x)
     if node.name == "elu1":
         return nn.functional.elu(x) + 1
+    if node.name in TORCH_MAPS:
+        return TORCH_MAPS[node.name](x)
     if node.name == "clamp":
         return torch.clamp(x, params[0], params[1])
     if node.name == "pow":

@@ -25,6 +25,7 @@ import sympy
 
 from .graph import DesignGraph
 from .ir import (
+    CausalFactor,
     CausalMask,
     Contraction,
     ElementwiseMap,
@@ -80,7 +81,22 @@ GREEK = {  # a tensor named after a Greek letter is drawn with the letter, as th
         "omega": 0x3C9,
     }.items()
 }
-MAP_LABEL = {"exp": "exp", "log": "log", "relu": "ReLU", "elu1": "elu + 1", "clamp": "clamp"}
+MAP_LABEL = {
+    "exp": "exp",
+    "log": "log",
+    "relu": "ReLU",
+    "elu1": "elu + 1",
+    "clamp": "clamp",
+    "sigmoid": "σ",
+    "tanh": "tanh",
+    "softplus": "softplus",
+    "silu": "SiLU",
+    "gelu": "GELU",
+    "sin": "sin",
+    "cos": "cos",
+    "sqrt": "√",
+    "abs": "|·|",
+}
 
 
 class RenderError(Exception):
@@ -180,6 +196,10 @@ def _draw(d: _Drawing, e: Expr, env: dict[str, str], cluster: str | None) -> Non
         _draw_joined(d, e, env, cluster, "÷", [e.numerator, e.denominator], ["", "÷ by"])  # type: ignore[list-item]
     elif isinstance(e, SquaredDistance):
         _draw_distance(d, e, env, cluster)
+    elif isinstance(e, CausalFactor):
+        node = d.node("mask", f'shape=box style=dashed label="causal({e.query}, {e.key})"', cluster)
+        for leg in e.legs:
+            d.attach(node, env[leg])
     elif isinstance(e, Scalar) and e.value != 1:
         d.node("c", f'shape=plaintext label="{_text(e.value)}"', cluster)
 

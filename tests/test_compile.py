@@ -196,7 +196,7 @@ def test_standalone_file_equals_in_process_module_for_fused_and_chunked_plans(tm
 def test_standalone_file_imports_only_torch_and_the_standard_library():
     source = tdiag.load(DESIGNS / "fish.td").source()
     imports = {line.split()[1] for line in source.splitlines() if line.startswith(("import ", "from "))}
-    assert imports <= {"hashlib", "torch"}
+    assert imports <= {"hashlib", "math", "torch"}
 
 
 def test_generated_code_names_parameters_after_the_td_tensors_in_declared_axis_order():

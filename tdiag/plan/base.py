@@ -27,6 +27,7 @@ import sympy
 from ..graph import DesignGraph
 from ..ir import (
     ONE,
+    CausalFactor,
     CausalMask,
     Contraction,
     ElementwiseMap,
@@ -70,6 +71,7 @@ class _Leaf:
     value: Value | None = None
     view: tuple[tuple[str, ...], ...] = ()  # for stored tensors: region legs of each axis
     box: tuple[SoftmaxBox, dict[str, tuple[str, ...]]] | None = None  # a box its consumer may fuse
+    constant: sympy.Expr | None = None  # a sub-expression that is one number at every index
 
 
 class _Names:
@@ -198,6 +200,9 @@ class LoweringBase:
     def _lower(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr) -> Value:
         if isinstance(e, Contraction | TensorRef | Scalar):
             return self.lower_region(e, ren, var, scale)
+        constant = self.constant_value(e)
+        if constant is not None:
+            return self.fill(constant * scale, tuple(p for leg in e.legs for p in ren[leg]), var)
         value = self.lower_nonlinear(e, ren, var)
         if scale != 1:
             value = self.scale(value, scale)
@@ -335,6 +340,13 @@ def _leg_splits(graph: DesignGraph, uses: Counter[str]) -> dict[str, tuple[tuple
                     wanted.setdefault(use[0], set()).add(tuple(graph.legs[leg].size for leg in group))
     masked = {
         leg for _, box in graph.boxes() for m in box.masks if isinstance(m, CausalMask) for leg in (m.query, m.key)
+    }
+    masked |= {
+        leg
+        for statement in [*graph.statements, *graph.updates]
+        for node in walk(statement.expr)
+        if isinstance(node, CausalFactor)
+        for leg in node.legs
     }
     splits = {}
     for leg, options in wanted.items():

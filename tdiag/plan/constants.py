@@ -1,19 +1,52 @@
 """Constant folding: identity constants merge the legs they join, fills and all-ones become a
-coefficient, so THSA with C = I_H ⊗ J_D costs what MHSA costs (Tuformer Prop. 1).
-Guarantees: no identity or all-ones tensor reaches an op."""
+coefficient, so THSA with C = I_H ⊗ J_D costs what MHSA costs (Tuformer Prop. 1); a
+sub-expression of numbers, sizes and such constants (`1 + exp(-S)`'s 1, `log(N)`, `1e-5`) is a
+number, computed once as a 0-dim tensor that broadcasts wherever it is added.
+Guarantees: no identity or all-ones tensor reaches an op; a leg that only folded constants
+carry and that is summed multiplies the coefficient by its size (Σ_g J[f g] = G)."""
 
 from __future__ import annotations
 
 import sympy
 
+from ..ir import (
+    Contraction,
+    ElementwiseMap,
+    Expr,
+    Quotient,
+    Reduction,
+    Scalar,
+    SoftmaxBox,
+    SumNode,
+    TensorRef,
+)
 from .base import _Leaf
+from .program import Fill, Step, Value
+
+# Each map as a function of a sympy number (the same definitions the reference evaluates).
+SCALAR_MAPS = {
+    "exp": sympy.exp,
+    "log": sympy.log,
+    "relu": lambda x: sympy.Max(x, 0),
+    "elu1": lambda x: sympy.Piecewise((x + 1, x > 0), (sympy.exp(x), True)),
+    "sigmoid": lambda x: 1 / (1 + sympy.exp(-x)),
+    "tanh": sympy.tanh,
+    "softplus": lambda x: sympy.log(1 + sympy.exp(x)),
+    "silu": lambda x: x / (1 + sympy.exp(-x)),
+    "gelu": lambda x: x / 2 * (1 + sympy.erf(x / sympy.sqrt(2))),
+    "sin": sympy.sin,
+    "cos": sympy.cos,
+    "sqrt": sympy.sqrt,
+    "abs": sympy.Abs,
+}
 
 
 class ConstantFolding:
-    """Folds identity and all-ones constants out of a region."""
+    """Folds identity and all-ones constants out of a region, and numbers out of maps and sums."""
 
     def fold_constants(self, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr):
-        """Identity constants merge the legs they join; fills and all-ones become a coefficient."""
+        """Identity constants merge the legs they join; fills, all-ones and constant leaves
+        become a coefficient, times the size of each leg that only they carried and that is summed."""
         parent: dict[str, str] = {}
 
         def find(leg: str) -> str:
@@ -22,7 +55,12 @@ class ConstantFolding:
             return leg
 
         kept: list[_Leaf] = []
+        folded_legs: set[str] = set()
         for leaf in leaves:
+            if leaf.constant is not None:
+                coefficient *= leaf.constant
+                folded_legs |= set(leaf.legs)
+                continue
             tensor = leaf.tensor
             if tensor is None or tensor.kind != "const" or tensor.init is None:
                 kept.append(leaf)
@@ -31,6 +69,7 @@ class ConstantFolding:
             if init.name in ("ones", "zeros", "fill"):
                 value = {"ones": sympy.Integer(1), "zeros": sympy.Integer(0)}.get(init.name)
                 coefficient *= value if value is not None else sympy.sympify(init.param("value"))
+                folded_legs |= set(leaf.legs)
                 continue
             roots = {find(leg) for leg in leaf.legs}
             if init.name == "identity" and len([r for r in roots if r in out]) <= 1:
@@ -39,17 +78,88 @@ class ConstantFolding:
                 for root in roots:
                     parent[root] = anchor
                 parent.setdefault(anchor, anchor)
+                folded_legs |= set(leaf.legs)
                 continue
             kept.append(leaf)
-        if not parent:
-            return kept, out, coefficient
         renamed = [
             _Leaf(
                 tuple(find(leg) for leg in leaf.legs),
                 leaf.tensor,
                 leaf.value,
                 tuple(tuple(find(leg) for leg in a) for a in leaf.view),
+                leaf.box,
             )
             for leaf in kept
         ]
-        return renamed, tuple(find(leg) for leg in out), coefficient
+        out = tuple(find(leg) for leg in out)
+        carried = {leg for leaf in renamed for leg in leaf.legs} | set(out)
+        for leg in {find(leg) for leg in folded_legs} - carried:
+            coefficient *= self.size(leg)
+        return renamed, out, coefficient
+
+    def constant_value(self, e: Expr) -> sympy.Expr | None:
+        """The number `e` is at every index when it reads no input, parameter, buffer or noise
+        (a formula in sizes, e.g. log(N)); None when it varies or reads a stored tensor."""
+        if isinstance(e, Scalar):
+            return e.value
+        if isinstance(e, TensorRef):
+            tensor = self.g.tensors[e.name]
+            if tensor.statement is not None:
+                return self.constant_value(tensor.statement.expr) if tensor.is_constant else None
+            if tensor.kind != "const" or tensor.init is None or tensor.init.name not in ("ones", "zeros", "fill"):
+                return None
+            return {"ones": sympy.Integer(1), "zeros": sympy.Integer(0)}.get(
+                tensor.init.name, sympy.sympify(tensor.init.param("value"))
+            )
+        if isinstance(e, Contraction):
+            values = [self.constant_value(f) for f in e.factors]
+            if any(v is None for v in values):
+                return None
+            sizes = [self.g.legs[leg].size for leg in e.summed]
+            return e.coefficient * sympy.Mul(*values) * sympy.Mul(*sizes)
+        if isinstance(e, SumNode):
+            values = [self.constant_value(t) for t in e.terms]
+            if any(v is None for v in values):
+                return None
+            return sympy.Add(*(s * v for s, v in zip(e.signs, values, strict=True)))
+        if isinstance(e, Quotient):
+            a, b = self.constant_value(e.numerator), self.constant_value(e.denominator)  # type: ignore[arg-type]
+            return None if a is None or b is None else a / b
+        if isinstance(e, ElementwiseMap):
+            x = self.constant_value(e.operand)  # type: ignore[arg-type]
+            if x is None:
+                return None
+            if e.name == "pow":
+                return x ** e.params[0]
+            if e.name == "clamp":
+                return sympy.Min(sympy.Max(x, e.params[0]), e.params[1])
+            return SCALAR_MAPS[e.name](x)
+        if isinstance(e, Reduction):
+            x = self.constant_value(e.operand)  # type: ignore[arg-type]
+            if x is None:
+                return None
+            if e.name == "logsumexp":
+                return x + sympy.log(sympy.Mul(*(self.g.legs[leg].size for leg in e.over)))
+            return x
+        if isinstance(e, SoftmaxBox) and not e.masks:
+            x = self.constant_value(e.content)  # type: ignore[arg-type]
+            if x is None:
+                return None
+            count = sympy.Mul(*(self.g.legs[leg].size for leg in e.normalized))
+            return 1 / count if e.is_exp else x / (x * count + e.eps)
+        return None
+
+    def fill(self, value: sympy.Expr, legs: tuple[str, ...], var: str | None) -> Value:
+        """A constant as a 0-dim tensor (one per number per program), broadcast along `legs`."""
+        value = sympy.sympify(value)
+        key = ("fill", value)
+        if key not in self.memo:
+            inputs = [t.name for t in self.g.inputs]
+            like = self.input_vars[inputs[0]] if inputs else None
+            name = self.names.fresh(var or "constant")
+            self.memo[key] = (
+                self.emit(Step("constant", Fill(self.runtime(value), like), Value(name, ()), f"constant {value}")),
+                (),
+            )
+        stored, _ = self.memo[key]
+        return Value(stored.var, (), frozenset(legs))

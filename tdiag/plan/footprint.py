@@ -26,9 +26,11 @@ from .program import (
     Einsum,
     Elementwise,
     Expand,
+    Fill,
     JoinChunks,
     Map,
     MaskFill,
+    MaskNumbers,
     Materialize,
     Matmul,
     Multiply,
@@ -50,8 +52,19 @@ from .program import (
 )
 from .strides import contiguous, padded, view_strides
 
-SAVES_INPUT = {"log", "clamp", "pow", "elu1"}  # autograd keeps the map's input
-SAVES_RESULT = {"exp", "relu"}  # ... or its result
+SAVES_INPUT = {
+    "log",
+    "clamp",
+    "pow",
+    "elu1",
+    "softplus",
+    "silu",
+    "gelu",
+    "sin",
+    "cos",
+    "abs",
+}  # autograd keeps the input
+SAVES_RESULT = {"exp", "relu", "sigmoid", "tanh", "sqrt"}  # ... or its result
 
 
 class _Interpreter(AbstractMachine):
@@ -328,6 +341,16 @@ class _Interpreter(AbstractMachine):
 
     def widened(self, m: Meta, extra: int, numel: sympy.Expr, what: str) -> Meta:
         return self.fresh((*m.shape[:-1], m.shape[-1] + extra), numel, m.grad, what)
+
+    @op.register
+    def _(self, op: Fill, step: Step) -> Meta:
+        return self.fresh((), sympy.Integer(1), False, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: MaskNumbers, step: Step) -> Meta:
+        self.read(op.mask)
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, False, step.out.var)  # type: ignore[union-attr]
 
     @op.register
     def _(self, op: Permute, step: Step) -> Meta:

@@ -164,7 +164,8 @@ class Materialize:
 
 @dataclass(frozen=True)
 class Map:
-    """An elementwise map: exp, log, relu, elu1 (elu + 1), clamp, pow."""
+    """An elementwise map: exp, log, relu, elu1 (elu + 1), sigmoid, tanh, softplus, silu, gelu,
+    sin, cos, sqrt, abs, clamp, pow."""
 
     x: Value
     name: str
@@ -263,6 +264,24 @@ class Attention:
 
 
 @dataclass(frozen=True)
+class Fill:
+    """A constant term (a number or a formula in run-time sizes such as log N) as a 0-dim tensor
+    in the dtype and on the device of the variable `like`; it broadcasts against any operand."""
+
+    value: sympy.Expr
+    like: str | None
+
+
+@dataclass(frozen=True)
+class MaskNumbers:
+    """A boolean mask read as the numbers 1 (attend) and 0 (hidden) in the dtype of `like`: a
+    mask used as a factor zeroes the entries it hides."""
+
+    mask: Operand
+    like: str | None
+
+
+@dataclass(frozen=True)
 class Permute:
     """x with its axes reordered (an output laid out in its declared order)."""
 
@@ -301,6 +320,8 @@ Op = (
     | JoinChunks
     | VisibleMask
     | Attention
+    | Fill
+    | MaskNumbers
     | Permute
     | BufferUpdate
 )

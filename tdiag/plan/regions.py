@@ -10,6 +10,7 @@ import sympy
 
 from ..errors import Diagnostic, TdiagError
 from ..ir import (
+    CausalFactor,
     Contraction,
     ElementwiseMap,
     Expr,
@@ -21,10 +22,12 @@ from ..ir import (
     TensorRef,
     walk,
 )
-from .base import _all_legs, _Leaf
+from .base import _all_legs, _Leaf, _renamed
 from .program import (
     BATCH,
     BATCH_SIZE,
+    MaskNumbers,
+    Operand,
     Reshape,
     Step,
     Value,
@@ -73,6 +76,15 @@ class RegionLowering:
             return coefficient
         if isinstance(e, TensorRef):
             return self.collect_tensor(e, ren, leaves)
+        if not isinstance(e, TensorRef):
+            constant = self.constant_value(e)
+            if constant is not None:
+                leaves.append(_Leaf(tuple(p for leg in e.legs for p in ren[leg]), constant=constant))
+                return sympy.Integer(1)
+        if isinstance(e, CausalFactor):
+            (query,), (key,) = ren[e.query], ren[e.key]
+            leaves.append(_Leaf((query, key), value=self.causal_numbers(query, key)))
+            return sympy.Integer(1)
         if isinstance(e, SoftmaxBox):
             batch = (BATCH,) if self.is_batched(e) else ()
             leaves.append(_Leaf(batch + tuple(p for leg in e.legs for p in ren[leg]), box=(e, ren)))
@@ -168,9 +180,10 @@ class RegionLowering:
 
     def contract(self, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None) -> Value:
         leaves = self.resolve_boxes(leaves, out)
-        folded, folded_out, folded_coefficient = self.fold_constants(leaves, out, coefficient)
-        if folded:  # a product of constants only (a term of a sum, say) keeps its stored constants
-            leaves, out, coefficient = folded, folded_out, folded_coefficient
+        leaves, out, coefficient = self.fold_constants(leaves, out, coefficient)
+        if not leaves:
+            value = self.fill(coefficient, tuple(leg for leg in out if leg != BATCH), var)
+            return value
         # a value constant along a broadcast leg does not carry it; a leg no factor carries is a
         # broadcast leg of the result if kept, and a factor of its size if summed
         values = [self.leaf_value(leaf) for leaf in leaves]
@@ -188,7 +201,28 @@ class RegionLowering:
     def leaf_value(self, leaf: _Leaf) -> Value:
         if leaf.value is not None:
             return Value(leaf.value.var, leaf.legs, leaf.value.broadcast)
-        return self.stored(leaf.tensor, leaf.view)  # type: ignore[arg-type]
+        value = self.stored(leaf.tensor, leaf.view)  # type: ignore[arg-type]
+        if leaf.tensor.kind == "mask":  # type: ignore[union-attr]
+            return self.mask_numbers(value, invert=False)
+        return value
+
+    def causal_numbers(self, query: str, key: str) -> Value:
+        """causal(query, key) as numbers: 1 where key <= query, 0 above the diagonal."""
+        return self.mask_numbers(Value(self.causal_mask(query, key), (query, key)), invert=True)
+
+    def mask_numbers(self, mask: Value, invert: bool) -> Value:
+        """A boolean mask (True = attend; `invert` for the causal triangle, True = hidden) as 1s
+        and 0s in the forward's dtype, made once per mask."""
+        key = ("mask numbers", mask.var, invert)
+        if key not in self.memo:
+            inputs = [t.name for t in self.g.inputs]
+            like = self.input_vars[inputs[0]] if inputs else None
+            name = self.names.fresh(f"{mask.var}_numbers")
+            out = Value(name, mask.legs)
+            self.emit(Step("mask", MaskNumbers(Operand(mask, invert=invert), like), out, "mask as 1 and 0"))
+            self.memo[key] = (out, mask.legs)
+        value, earlier = self.memo[key]
+        return _renamed(value, dict(zip(earlier, mask.legs, strict=True)))
 
     def stored(self, tensor: Tensor, view: tuple[tuple[str, ...], ...]) -> Value:
         """A declared tensor seen with region legs, viewed into pieces where an axis is split."""

@@ -1,4 +1,4 @@
-# mistake: gelu is not one of the maps
+# mistake: swish is not one of the maps
 design thsa_elu
 
 size F = 512, H = 8, D = F / H, R = H * D   # width, heads, head width, core rank
@@ -14,7 +14,7 @@ param C[r: R, s: R] = uniform(low = 0, high = 2 / sqrt(R))
 Q[n s] = X[n f] WQ[f s]
 K[m s] = X[m f] WK[f s]
 V[m r] = X[m f] WV[f r]
-A[r n m] = normalize[m, eps = 1e-6](C[r s] gelu(Q[n s]) gelu(K[m s]))
+A[r n m] = normalize[m, eps = 1e-6](C[r s] swish(Q[n s]) swish(K[m s]))
 Y[n g] = A[r n m] V[m r] WO[r g]
 
 output Y

@@ -1,0 +1,193 @@
+"""The attention designs of issue 13 in designs/, each equal (float64, 1e-10) to its paper's
+equation written here in plain torch, plain and causal where causal makes sense; gradcheck at
+small sizes; the standalone compiled file equals the in-process module; torch.compile(fullgraph)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+from conftest import DESIGNS
+
+import tdiag
+
+F64 = torch.float64
+SIZES = {"F": 8, "H": 2}
+N = 5
+
+
+def design(name: str, causal: bool = False) -> tdiag.Design:
+    loaded = tdiag.load(DESIGNS / f"{name}.td", **SIZES)
+    return loaded.with_causal_mask() if causal else loaded
+
+
+def x_input(*batch: int, n: int = N) -> torch.Tensor:
+    return torch.randn(*batch, n, 8, dtype=F64, generator=torch.Generator().manual_seed(1))
+
+
+def visible(n: int, causal: bool) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool).tril() if causal else torch.ones(n, n, dtype=torch.bool)
+
+
+def softmax(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    return logits.masked_fill(~allowed, -math.inf).softmax(-1)
+
+
+def project(x, w, pattern="...nf,fhd->...hnd"):
+    return torch.einsum(pattern, x, w)
+
+
+# ---- each paper's equation, written independently -------------------------------------------
+
+
+def sigmoid_attention(p, x, allowed):
+    """σ(Q Kᵀ/√d − log n) V per head, W^O (Ramapuram et al. 2024, Sec. 3)."""
+    q, k, v = project(x, p["WQ"]), project(x, p["WK"]), project(x, p["WV"])
+    n, d = x.shape[-2], q.shape[-1]
+    a = torch.sigmoid(q @ k.transpose(-1, -2) / math.sqrt(d) - math.log(n)) * allowed
+    return torch.einsum("...hnm,...hme,heg->...ng", a, v, p["WO"])
+
+
+def relu2_attention(p, x, allowed):
+    """relu(Q Kᵀ/√d)² / n (Hua et al. 2022, Sec. 2)."""
+    q, k, v = project(x, p["WQ"]), project(x, p["WK"]), project(x, p["WV"])
+    n, d = x.shape[-2], q.shape[-1]
+    a = torch.relu(q @ k.transpose(-1, -2) / math.sqrt(d)) ** 2 / n * allowed
+    return torch.einsum("...hnm,...hme,heg->...ng", a, v, p["WO"])
+
+
+def differential_attention(p, x, allowed):
+    """(softmax(Q1K1ᵀ/√d) − λ softmax(Q2K2ᵀ/√d)) V, RMSNorm per head, × (1 − λ_init), W^O
+    (Ye et al. 2024, eq. 1-3), layer l = 1."""
+    lam_init = 0.8 - 0.6 * math.exp(-0.3 * 0)
+    lam = torch.exp(p["lq1"] @ p["lk1"]) - torch.exp(p["lq2"] @ p["lk2"]) + lam_init
+    q1, q2, k1, k2 = (project(x, p[w]) for w in ("WQ1", "WQ2", "WK1", "WK2"))
+    v = project(x, p["WV"])
+    d = q1.shape[-1]
+    a1 = softmax(q1 @ k1.transpose(-1, -2) / math.sqrt(d), allowed)
+    a2 = softmax(q2 @ k2.transpose(-1, -2) / math.sqrt(d), allowed)
+    heads = (a1 - lam * a2) @ v
+    normed = heads / torch.sqrt(heads.pow(2).mean(-1, keepdim=True) + 1e-5)
+    return (1 - lam_init) * torch.einsum("...hne,heg->...ng", normed, p["WO"])
+
+
+def cosine_attention(p, x, allowed):
+    """softmax(cos(q, k) / τ) V with 1/τ = exp(min(s, log 100)) per head (Swin V2, Sec. 3.2)."""
+    q, k, v = project(x, p["WQ"]), project(x, p["WK"]), project(x, p["WV"])
+    q = q / q.norm(dim=-1, keepdim=True)
+    k = k / k.norm(dim=-1, keepdim=True)
+    inverse_tau = torch.exp(torch.clamp(p["s"], -20, math.log(100)))[:, None, None]
+    a = softmax(inverse_tau * (q @ k.transpose(-1, -2)), allowed)
+    return torch.einsum("...hnm,...hme,heg->...ng", a, v, p["WO"])
+
+
+def multi_query(p, x, allowed):
+    """One key and one value head shared by all query heads (Shazeer 2019, Sec. 3)."""
+    q = project(x, p["WQ"])
+    k, v = x @ p["WK"], x @ p["WV"]
+    a = softmax(q @ k.transpose(-1, -2)[..., None, :, :] / math.sqrt(q.shape[-1]), allowed)
+    return torch.einsum("...hnm,...me,heg->...ng", a, v, p["WO"])
+
+
+def grouped_query(p, x, allowed):
+    """Query heads in G groups, each sharing one key and value head (Ainslie et al. 2023)."""
+    q = torch.einsum("...nf,fgrd->...grnd", x, p["WQ"])
+    k, v = project(x, p["WK"], "...mf,fgd->...gmd"), project(x, p["WV"], "...mf,fge->...gme")
+    a = softmax(q @ k.transpose(-1, -2)[..., None, :, :] / math.sqrt(q.shape[-1]), allowed)
+    return torch.einsum("...grnm,...gme,greo->...no", a, v, p["WO"])
+
+
+def talking_heads(p, x, allowed):
+    """J = QKᵀ, J' = J P_l, W = softmax(J'), W' = W P_w, O = W'V (Shazeer et al. 2020, Sec. 4)."""
+    q, k, v = project(x, p["WQ"]), project(x, p["WK"]), project(x, p["WV"])
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    weights = softmax(torch.einsum("...hnm,hk->...knm", logits, p["PL"]), allowed)
+    mixed = torch.einsum("...knm,kl->...lnm", weights, p["PW"])
+    return torch.einsum("...lnm,...lme,leg->...ng", mixed, v, p["WO"])
+
+
+PAPERS = {
+    "sigmoid_attention": sigmoid_attention,
+    "relu2_attention": relu2_attention,
+    "differential_attention": differential_attention,
+    "cosine_attention": cosine_attention,
+    "multi_query": multi_query,
+    "grouped_query": grouped_query,
+    "talking_heads": talking_heads,
+}
+
+
+def perturbed(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The module's parameters moved off their initial values (identities, fills), so that every
+    parameter matters in the comparison."""
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.add_(0.3 * torch.randn(parameter.shape, dtype=parameter.dtype, generator=generator))
+    return {name: value.detach() for name, value in module.named_parameters()}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_design_equals_its_papers_equation(name, causal):
+    module = design(name, causal).module(N=N, dtype=F64)
+    params = perturbed(module)
+    x = x_input(2)
+    torch.testing.assert_close(module(x), PAPERS[name](params, x, visible(N, causal)), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_design_runs_at_other_lengths_than_planned(name):
+    module = design(name, True).module(N=N, dtype=F64)
+    params = perturbed(module)
+    x = x_input(3, n=9)
+    torch.testing.assert_close(module(x), PAPERS[name](params, x, visible(9, True)), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_reference_evaluator_equals_the_compiled_module(name):
+    loaded = design(name, True)
+    module = loaded.module(N=N, dtype=F64)
+    perturbed(module)
+    reference = loaded.module(N=N, dtype=F64, impl="reference")
+    reference.load_state_dict(module.state_dict(), strict=False)
+    x = x_input(2)
+    torch.testing.assert_close(reference(x), module(x), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_gradcheck(name):
+    module = design(name, True).module(N=3, dtype=F64)
+    perturbed(module)
+    x = x_input(1, n=3).requires_grad_()
+    names = [n for n, _ in module.named_parameters()]
+
+    def run(x, *values):
+        return torch.func.functional_call(module, dict(zip(names, values, strict=True)), (x,))
+
+    assert torch.autograd.gradcheck(run, (x, *module.parameters()), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_standalone_file_equals_in_process_module(name, tmp_path):
+    loaded = design(name, True)
+    path = tmp_path / f"{name}_module.py"
+    path.write_text(loaded.source(N=N))
+    spec = importlib.util.spec_from_file_location(f"{name}_module", path)
+    generated = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generated)
+    class_name = "".join(part.capitalize() for part in name.split("_"))
+    standalone = getattr(generated, class_name)(seed=7, dtype=F64)
+    in_process = loaded.module(seed=7, dtype=F64, N=N)
+    x = x_input(2, n=7)
+    assert torch.equal(standalone(x), in_process(x))
+
+
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_torch_compile_fullgraph(name):
+    module = design(name, True).module(N=N)
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    x = torch.randn(2, 11, 8)
+    torch.testing.assert_close(compiled(x), module(x), rtol=1e-6, atol=1e-6)

@@ -1,0 +1,346 @@
+"""The language constructs of issue 13, each compiled and checked against its own definition
+written here in torch (float64, 1e-10) and against the reference evaluator: constants anywhere
+(numbers, size formulas and constant tensors in sums, products and maps), the common maps, a
+box scale that is a parameter expression, and masks for any attention."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import tdiag
+from tdiag import TdiagError
+
+F64 = torch.float64
+N = 5
+
+PREFIX = """design t
+size F = 4, H = 2, D = 3
+size N
+input X[n: N, f: F]
+"""
+
+
+def load(body: str, **sizes: int) -> tdiag.Design:
+    return tdiag.loads(PREFIX + body, "t.td", **sizes)
+
+
+def x_input(*batch: int, n: int = N, f: int = 4, seed: int = 1, positive: bool = False) -> torch.Tensor:
+    x = torch.randn(*batch, n, f, dtype=F64, generator=torch.Generator().manual_seed(seed))
+    return x.abs() + 0.1 if positive else x
+
+
+def run_both(design: tdiag.Design, *inputs: torch.Tensor, **masks: torch.Tensor):
+    """(compiled output, reference output, compiled module) for the same seed."""
+    compiled = design.module(N=N, dtype=F64)
+    reference = design.module(N=N, dtype=F64, impl="reference")
+    return compiled(*inputs, **masks), reference(*inputs, **masks), compiled
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+# ---- constants anywhere -------------------------------------------------------------------
+
+
+def test_a_number_subtracted_from_a_tensor_compiles():
+    design = load("Y[n f] = X[n f] - 2\noutput Y")
+    x = x_input(2)
+    compiled, reference, _ = run_both(design, x)
+    close(compiled, x - 2)
+    close(reference, x - 2)
+
+
+def test_one_over_one_plus_exp_is_the_logistic_function():
+    design = load("Y[n f] = 1 / (1 + exp(-X[n f]))\noutput Y")
+    x = x_input(3)
+    compiled, reference, _ = run_both(design, x)
+    close(compiled, torch.sigmoid(x))
+    close(reference, torch.sigmoid(x))
+
+
+def test_a_run_time_size_formula_in_a_sum_is_evaluated_at_the_run_time_size():
+    design = load("Y[n f] = X[n f] - log(N)\noutput Y")
+    for n in (3, 7):
+        x = x_input(2, n=n)
+        close(design.module(dtype=F64)(x), x - math.log(n))
+
+
+def test_a_leg_less_parameter_plus_a_number_scales_a_tensor():
+    design = load("param lam[] = fill(0.25)\nY[n f] = X[n f] (lam[] + 0.8)\noutput Y")
+    x = x_input(2)
+    compiled, reference, _ = run_both(design, x)
+    close(compiled, x * 1.05)
+    close(reference, x * 1.05)
+
+
+def test_an_rms_norm_with_its_epsilon_compiles():
+    design = load("Y[n c] = X[n c] (mean[c](X[n c] ^ 2) + 1e-5) ^ -0.5\noutput Y")
+    x = x_input(2)
+    expected = x * (x.pow(2).mean(-1, keepdim=True) + 1e-5).rsqrt()
+    compiled, reference, _ = run_both(design, x)
+    close(compiled, expected)
+    close(reference, expected)
+
+
+def test_an_all_ones_constant_term_is_added_not_dropped():
+    design = load("const J[n: N, f: F] = ones\nY[n f] = X[n f] + J[n f]\noutput Y")
+    x = x_input(2)
+    compiled, reference, _ = run_both(design, x)
+    close(compiled, x + 1)
+    close(reference, x + 1)
+
+
+def test_a_leg_only_an_all_ones_constant_carries_is_summed_to_its_size():
+    design = load("const J[f: F, g: D] = ones\nY[n f] = X[n f] J[f g]\noutput Y")
+    x = x_input(2)
+    compiled, reference, _ = run_both(design, x)
+    close(compiled, 3 * x)
+    close(reference, 3 * x)
+
+
+def test_a_statement_of_parameters_only_is_a_parameter_derived_scalar():
+    """Differential attention's λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init (Ye et al. 2024, eq. 2)."""
+    design = load(
+        "param a[d: D]\nparam b[d: D]\nlam[] = exp(a[d] b[d]) - exp(b[d] b[d]) + 0.8\nY[n f] = lam[] X[n f]\noutput Y"
+    )
+    x = x_input(2)
+    compiled, reference, module = run_both(design, x)
+    a, b = module.a.detach(), module.b.detach()
+    lam = torch.exp(a @ b) - torch.exp(b @ b) + 0.8
+    close(compiled, lam * x)
+    close(reference, lam * x)
+    compiled.sum().backward()
+    assert module.a.grad is not None and module.b.grad is not None
+
+
+def test_a_statement_of_numbers_and_sizes_only_compiles():
+    design = load("c[] = 2 + log(N)\nY[n f] = c[] X[n f] - c[]\noutput Y")
+    x = x_input(2)
+    c = 2 + math.log(N)
+    compiled, reference, _ = run_both(design, x)
+    close(compiled, c * x - c)
+    close(reference, c * x - c)
+
+
+def test_the_standalone_file_computes_a_size_formula_with_the_standard_library(tmp_path):
+    design = load("Y[n f] = X[n f] - log(N)\noutput Y")
+    namespace: dict = {}
+    exec(compile(design.source(N=N), "generated.py", "exec"), namespace)
+    module = namespace["T"](dtype=F64)
+    x = x_input(2, n=6)
+    close(module(x), x - math.log(6))
+
+
+# ---- the common maps ----------------------------------------------------------------------
+
+MAPS = {
+    "sigmoid": lambda x: 1 / (1 + torch.exp(-x)),
+    "tanh": lambda x: (torch.exp(x) - torch.exp(-x)) / (torch.exp(x) + torch.exp(-x)),
+    "softplus": lambda x: torch.log1p(torch.exp(x)),
+    "silu": lambda x: x / (1 + torch.exp(-x)),
+    "gelu": lambda x: x / 2 * (1 + torch.erf(x / math.sqrt(2))),
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "sqrt": lambda x: x**0.5,
+    "abs": lambda x: torch.where(x < 0, -x, x),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MAPS))
+def test_a_map_compiles_to_its_definition(name):
+    design = load(f"Y[n f] = {name}(X[n f])\noutput Y")
+    x = x_input(2, positive=name == "sqrt")
+    compiled, reference, _ = run_both(design, x)
+    close(compiled, MAPS[name](x))
+    close(reference, MAPS[name](x))
+
+
+@pytest.mark.parametrize("name", sorted(MAPS))
+def test_a_map_of_a_number_is_folded_into_a_number(name):
+    design = load(f"Y[n f] = X[n f] {name}(0.5)\noutput Y")
+    x = x_input(2)
+    compiled, _, _ = run_both(design, x)
+    close(compiled, x * MAPS[name](torch.tensor(0.5, dtype=F64)))
+
+
+@pytest.mark.parametrize("name", sorted(MAPS))
+def test_a_map_counts_one_elementwise_operation_per_element_and_no_flops(name):
+    cost = load(f"Y[n f] = {name}(X[n f])\noutput Y").cost(N=N)
+    assert cost.flops == 0
+    assert cost.at()["elementwise"] == N * 4
+
+
+def test_sqrt_of_a_tensor_equals_its_power_one_half():
+    x = x_input(2, positive=True)
+    root, _, _ = run_both(load("Y[n f] = sqrt(X[n f])\noutput Y"), x)
+    power, _, _ = run_both(load("Y[n f] = X[n f] ^ 0.5\noutput Y"), x)
+    close(root, power)
+
+
+def test_a_map_is_drawn_with_its_name():
+    assert "GELU" in load("Y[n f] = gelu(X[n f])\noutput Y").dot()
+
+
+# ---- a box scale that is a parameter expression -------------------------------------------
+
+ATTENTION = """size E = 6
+param WQ[f: F, h: H, d: D]
+param WK[f: F, h: H, d: D]
+param WV[f: F, h: H, e: D]
+param WO[h: H, e: D, g: F]
+Q[n h d] = X[n f] WQ[f h d]
+K[m h d] = X[m f] WK[f h d]
+V[m h e] = X[m f] WV[f h e]
+"""
+
+
+def heads(module, x):
+    """q, k, v per head [..., h, n, d] from the module's own projections."""
+    q = torch.einsum("...nf,fhd->...hnd", x, module.WQ)
+    k = torch.einsum("...mf,fhd->...hmd", x, module.WK)
+    v = torch.einsum("...mf,fhe->...hme", x, module.WV)
+    return q, k, v
+
+
+def out(module, a, v):
+    return torch.einsum("...hnm,...hme,heg->...ng", a, v, module.WO)
+
+
+def test_a_per_head_temperature_scales_each_heads_logits():
+    design = load(
+        ATTENTION
+        + "param t[h: H] = uniform(low = 1, high = 3)\n"
+        + "A[h n m] = softmax[m, scale = t[h]](Q[n h d] K[m h d])\nY[n g] = A[h n m] V[m h e] WO[h e g]\noutput Y"
+    )
+    x = x_input(2)
+    compiled, reference, module = run_both(design, x)
+    q, k, v = heads(module, x)
+    a = (module.t[:, None, None] * q @ k.transpose(-1, -2)).softmax(-1)
+    close(compiled, out(module, a, v))
+    close(reference, out(module, a, v))
+
+
+def test_a_scale_over_a_leg_the_box_lacks_is_an_error_at_its_position():
+    with pytest.raises(TdiagError) as error:
+        load(ATTENTION + "param t[k: H]\nA[h n m] = softmax[m, scale = t[k]](Q[n h d] K[m h d])\noutput A")
+    text = str(error.value)
+    assert "t.td:14:" in text and "scale leg 'k' is not a leg of the softmax box" in text
+
+
+# ---- masks for any attention --------------------------------------------------------------
+
+
+def causal(n: int) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool).tril()
+
+
+def test_a_causal_mask_on_a_relu_map_zeroes_the_future():
+    design = load(
+        ATTENTION
+        + "A[h n m] = relu[m, mask = causal(n, m)](Q[n h d] K[m h d])\nY[n g] = A[h n m] V[m h e] WO[h e g]\noutput Y"
+    )
+    x = x_input(2)
+    compiled, reference, module = run_both(design, x)
+    q, k, v = heads(module, x)
+    a = torch.relu(q @ k.transpose(-1, -2)) * causal(N)
+    close(compiled, out(module, a, v))
+    close(reference, out(module, a, v))
+
+
+def test_a_padding_mask_on_a_map_zeroes_the_padded_keys():
+    design = load(
+        ATTENTION
+        + "mask pad[m: N]\nA[h n m] = sigmoid[m, mask = pad[m]](Q[n h d] K[m h d])\n"
+        + "Y[n g] = A[h n m] V[m h e] WO[h e g]\noutput Y"
+    )
+    x = x_input(2)
+    pad = torch.tensor([[True, True, True, False, False], [True, True, True, True, True]])
+    compiled, reference, module = run_both(design, x, pad=pad)
+    q, k, v = heads(module, x)
+    a = torch.sigmoid(q @ k.transpose(-1, -2)) * pad[:, None, None, :]
+    close(compiled, out(module, a, v))
+    close(reference, out(module, a, v))
+
+
+def test_a_mask_input_used_as_a_factor_zeroes_what_it_hides():
+    design = load(ATTENTION + "mask P[n: N, m: N]\nY[n g] = P[n m] Q[n h d] K[m h d] V[m h e] WO[h e g]\noutput Y")
+    x = x_input(2)
+    hidden = torch.rand(2, N, N, generator=torch.Generator().manual_seed(3)) > 0.4
+    compiled, reference, module = run_both(design, x, P=hidden)
+    q, k, v = heads(module, x)
+    a = (q @ k.transpose(-1, -2)) * hidden[:, None]
+    close(compiled, out(module, a, v))
+    close(reference, out(module, a, v))
+
+
+def test_causal_as_a_factor_is_one_on_and_below_the_diagonal():
+    design = load(ATTENTION + "Y[n g] = causal(n, m) Q[n h d] K[m h d] V[m h e] WO[h e g]\noutput Y")
+    x = x_input(2)
+    compiled, reference, module = run_both(design, x)
+    q, k, v = heads(module, x)
+    a = (q @ k.transpose(-1, -2)) * causal(N)
+    close(compiled, out(module, a, v))
+    close(reference, out(module, a, v))
+
+
+UNNORMALIZED = {
+    "sigmoid": (
+        "A[h n m] = sigmoid(Q[n h d] K[m h d])\nY[n g] = A[h n m] V[m h e] WO[h e g]",
+        lambda q, k: torch.sigmoid(q @ k.transpose(-1, -2)),
+    ),
+    "linear": (
+        "Y[n g] = relu(Q[n h d]) relu(K[m h d]) V[m h e] WO[h e g]",
+        lambda q, k: torch.relu(q) @ torch.relu(k).transpose(-1, -2),
+    ),
+    "relu2": (
+        "A[h n m] = relu(Q[n h d] K[m h d]) ^ 2\nY[n g] = A[h n m] V[m h e] WO[h e g]",
+        lambda q, k: torch.relu(q @ k.transpose(-1, -2)) ** 2,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNNORMALIZED))
+def test_with_causal_mask_zeroes_the_future_of_an_unnormalized_attention(name):
+    text, scores = UNNORMALIZED[name]
+    masked = load(ATTENTION + text + "\noutput Y").with_causal_mask()
+    x = x_input(2)
+    compiled, reference, module = run_both(masked, x)
+    q, k, v = heads(module, x)
+    expected = out(module, scores(q, k) * causal(N), v)
+    close(compiled, expected)
+    close(reference, expected)
+
+
+def test_with_causal_mask_does_not_mask_twice_behind_a_masked_box():
+    design = load(
+        ATTENTION + "A[h n m] = softmax[m](Q[n h d] K[m h d])\nY[n g] = A[h n m] V[m h e] WO[h e g]\noutput Y"
+    )
+    text = design.with_causal_mask().show()
+    assert text.count("causal(n, m)") == 1
+    assert "masks causal(n, m)" in text
+
+
+def test_a_second_input_without_batch_dims_broadcasts_over_the_batch():
+    design = load(
+        "input Bias[n: N, m: N]\nA[n m] = softmax[m](X[n f] X[m f] + Bias[n m])\nY[n f] = A[n m] X[m f]\noutput Y"
+    )
+    x, bias = x_input(3), torch.randn(N, N, dtype=F64)
+    compiled, reference, _ = run_both(design, x, bias)
+    expected = ((x @ x.transpose(-1, -2)) + bias).softmax(-1) @ x
+    close(compiled, expected)
+    close(reference, expected)
+
+
+def test_a_mask_without_batch_dims_broadcasts_over_the_batch():
+    design = load(
+        "mask P[n: N, m: N]\nA[n m] = softmax[m, mask = P[n m]](X[n f] X[m f])\nY[n f] = A[n m] X[m f]\noutput Y"
+    )
+    x, hidden = x_input(3), causal(N)
+    compiled, reference, _ = run_both(design, x, P=hidden)
+    expected = (x @ x.transpose(-1, -2)).masked_fill(~hidden, -math.inf).softmax(-1) @ x
+    close(compiled, expected)
+    close(reference, expected)
