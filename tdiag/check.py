@@ -10,7 +10,7 @@ import sympy
 
 from .errors import Diagnostic
 from .graph import LIMITS, DesignGraph
-from .ir import Contraction, ElementwiseMap, Scalar, SoftmaxBox, SumNode, Tensor, TensorRef, walk
+from .ir import Contraction, ElementwiseMap, Scalar, SoftmaxBox, Tensor, walk
 
 
 def check(design: DesignGraph) -> list[Diagnostic]:
@@ -23,29 +23,8 @@ def check(design: DesignGraph) -> list[Diagnostic]:
         *_numbers_in_range(design),
         *_initializers_in_range(design),
         *_stored_tensors_fit_in_memory(design),
-        *_sum_terms_read_a_tensor(design),
     ]
     return sorted(found, key=lambda d: (d.spans[0].file, d.spans[0].line, d.spans[0].column) if d.spans else ("", 0, 0))
-
-
-def _sum_terms_read_a_tensor(design: DesignGraph) -> list[Diagnostic]:
-    """A term of a sum node that is a number only (`X[n] + 1`) has no tensor for the plan to
-    broadcast; refused here, at the term, rather than failing in compile."""
-    found = []
-    for statement in [*design.statements, *design.updates]:
-        for node in walk(statement.expr):
-            if not isinstance(node, SumNode):
-                continue
-            for term in node.terms:
-                if not any(isinstance(n, TensorRef) for n in walk(term)):
-                    found.append(
-                        Diagnostic(
-                            "a term of a sum is a number only; every term must read a tensor",
-                            (term.span,),
-                            hint="add a constant tensor instead, e.g. 'const one[n: N] = ones' and '+ one[n]'",
-                        )
-                    )
-    return found
 
 
 def _outputs_depend_on_an_input(design: DesignGraph) -> list[Diagnostic]:

@@ -199,7 +199,7 @@ def _parser() -> _Parser:
         "--baseline",
         metavar="DIR",
         help="also time DIR/NAME.py (NAME.causal.py with --causal): a standalone file from `tdiag compile`, "
-        "e.g. at an older commit, given the compiled module's weights",
+        "e.g. at an older commit, given the compiled module's weights (default: none)",
     )
     p.add_argument("--out", default="out/bench", help="folder for bench.json, bench.csv and bench.png")
 

@@ -371,8 +371,12 @@ def _use_arrows(d: _Drawing) -> list[str]:
         cluster = d.defined_in.get(name)
         if cluster is None:
             continue
-        # from an open end of the defining statement, so that the arrows order the statements
-        anchor = next(n for n, (attrs, c) in d.nodes.items() if c == cluster and attrs.startswith(OPEN_END_STYLE))
+        # from an open end of the defining statement, so that the arrows order the statements; a
+        # scalar result (no open leg) from any node of its statement
+        in_cluster = [(n, attrs) for n, (attrs, c) in d.nodes.items() if c == cluster]
+        if not in_cluster:
+            continue
+        anchor = next((n for n, attrs in in_cluster if attrs.startswith(OPEN_END_STYLE)), in_cluster[0][0])
         lines.append(
             f"  {anchor} -- {node} [style=dashed color=gray50 dir=forward arrowsize=0.6 ltail={cluster} "
             f'tooltip="{name} is used here"];'
