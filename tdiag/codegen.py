@@ -35,12 +35,12 @@ from .plan.program import (
     Reduce,
     Reshape,
     Scale,
+    ScoreMask,
     Softmax,
     SplitChunks,
     SumAxes,
     Triangle,
     Value,
-    ScoreMask,
     VisibleMask,
     show_legs,
 )

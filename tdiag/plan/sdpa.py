@@ -190,7 +190,9 @@ class FusedAttention:
         if self.target is self.steps:
             notes = ["with the key bias as a feature (MGK P17)" if "P17" in note else note for note in notes]
             how = f" ({'; '.join(notes)})" if notes else ""
-            self.lowered.append(f"softmax box over {' '.join(show_legs(keys))} lowered to scaled_dot_product_attention{how}")
+            self.lowered.append(
+                f"softmax box over {' '.join(show_legs(keys))} lowered to scaled_dot_product_attention{how}"
+            )
         rest = [o for o in others if o not in fused["value"]]
         return [*rest, _Leaf(value.legs, value=value)]  # type: ignore[union-attr]
 
@@ -210,13 +212,16 @@ class FusedAttention:
             hidden.append(self.score_operand(Value(self.causal_mask(query, key), (query, key)), groups))
         bias = [self.score_operand(b, groups) for b in biases]
         name = self.names.fresh("score_mask")
-        legs = tuple(dict.fromkeys(leg for g in groups for leg in g if any(leg in o.value.legs for o in (*hidden, *bias))))
+        legs = tuple(
+            dict.fromkeys(leg for g in groups for leg in g if any(leg in o.value.legs for o in (*hidden, *bias)))
+        )
         entries = self.numel(legs)
         step = Step(
             "mask",
             ScoreMask(tuple(hidden), tuple(bias), like),
             Value(name, legs),
-            "SDPA's float attn_mask: " + ", ".join((["lowest where masked"] if hidden else []) + (["the additive bias"] if bias else [])),
+            "SDPA's float attn_mask: "
+            + ", ".join((["lowest where masked"] if hidden else []) + (["the additive bias"] if bias else [])),
             elementwise=entries * (len(hidden) + len(bias)),
             inputs=tuple(b.value for b in bias),
         )
@@ -228,7 +233,9 @@ class FusedAttention:
         is a unit axis; a group it has in part is filled in by a copy first."""
         partial = [g for g in groups if set(g) & set(value.legs) and not set(g) <= set(value.legs)]
         if partial:
-            value = self.materialize(value, tuple(leg for g in groups for leg in g if leg in value.legs or g in partial))
+            value = self.materialize(
+                value, tuple(leg for g in groups for leg in g if leg in value.legs or g in partial)
+            )
         read = self.arrange(value, [g if set(g) <= set(value.legs) else [] for g in groups])
         return dataclasses.replace(read, invert=invert)
 

@@ -11,9 +11,9 @@ import sympy
 from ..ir import (
     ONE,
     CausalMask,
-    PaddingMask,
     Contraction,
     Expr,
+    PaddingMask,
     Scalar,
     SoftmaxBox,
     SquaredDistance,
@@ -99,7 +99,9 @@ class AttentionMatch:
                 if not set(legs) <= set(heads) | set(queries) | set(keys):
                     return refuse("a padding mask over a leg that is not a head, query or key of the scores")
                 pads.append((self.input_vars[mask.tensor.name], legs))
-        sequence = ren[causal[0].query][0] if causal else max(queries, key=lambda leg: (self.number(leg), queries.index(leg)))
+        sequence = (
+            ren[causal[0].query][0] if causal else max(queries, key=lambda leg: (self.number(leg), queries.index(leg)))
+        )
         return {
             "query": query_side,
             "key": key_side,
