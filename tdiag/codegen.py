@@ -39,6 +39,7 @@ from .plan.program import (
     Reduce,
     Reshape,
     Scale,
+    ScoreMask,
     Softmax,
     SplitChunks,
     SumAxes,
@@ -640,6 +641,17 @@ def _(op: VisibleMask, attributes: frozenset[str]) -> str:
 
 
 @_op.register
+def _(op: ScoreMask, attributes: frozenset[str]) -> str:
+    like = _var(op.like, attributes)
+    terms = [_read(b, attributes) for b in op.bias]
+    if op.hidden:
+        hidden = " | ".join(_read(h, attributes) for h in op.hidden)
+        hidden = f"({hidden})" if len(op.hidden) > 1 else hidden
+        terms.append(f"{hidden}.to({like}.dtype) * torch.finfo({like}.dtype).min")
+    return " + ".join(terms)
+
+
+@_op.register
 def _(op: Attention, attributes: frozenset[str]) -> str:
     q, k, v = (_read(x, attributes) for x in (op.q, op.k, op.v))
     if op.bias is not None:
@@ -653,6 +665,8 @@ def _(op: Attention, attributes: frozenset[str]) -> str:
     mask = ", is_causal=True" if op.causal else ""
     if op.mask is not None:
         mask = f", attn_mask={_var(op.mask, attributes)}"
+    if op.grouped:
+        mask += ", enable_gqa=True"
     call = f"torch.nn.functional.scaled_dot_product_attention({q}, {k}, {v}, scale={_scalar(op.scale)}{mask})"
     if op.width is not None:
         call += f"[..., :{op.width}]"

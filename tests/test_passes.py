@@ -93,11 +93,12 @@ def test_a_causal_mask_is_passed_to_sdpa_as_is_causal():
     assert attention.causal and attention.mask is None
 
 
-def test_sdpa_is_refused_for_a_padding_mask_with_the_reason():
+def test_a_padding_mask_is_passed_to_sdpa_as_a_float_attn_mask():
     body = "mask pad[m: N]\n" + ATTENTION.replace("scale = 1 / sqrt(D)]", "scale = 1 / sqrt(D), mask = pad[m]]")
     lowered = plan(body)
-    assert not ops(lowered, Attention)
-    assert any("SDPA refused: a padding mask" in note for note in lowered.refused)
+    (attention,) = ops(lowered, Attention)
+    assert attention.mask is not None and not attention.causal
+    assert any("padding mask as attn_mask" in note for note in lowered.lowered)
 
 
 def test_sdpa_is_refused_when_a_score_term_varies_along_the_queries():

@@ -43,6 +43,7 @@ from .program import (
     Reduce,
     Reshape,
     Scale,
+    ScoreMask,
     Softmax,
     SplitChunks,
     Step,
@@ -285,6 +286,14 @@ class _Interpreter(AbstractMachine):
         return self.fresh((rows, math.prod(shape) // rows), numel, causal.grad, step.out.var, BOOL)  # type: ignore[union-attr]
 
     @op.register
+    def _(self, op: ScoreMask, step: Step) -> Meta:
+        hidden, bias = [self.read(h) for h in op.hidden], [self.read(b) for b in op.bias]
+        metas = [*hidden, *bias]
+        rank = max(len(m.shape) for m in metas)
+        shape = tuple(max(d) for d in zip(*(padded(m.shape, (1,) * rank) for m in metas), strict=True))
+        return self.fresh(shape, self.numel(step.out.legs), any(b.grad for b in bias), step.out.var)  # type: ignore[union-attr]
+
+    @op.register
     def _(self, op: Attention, step: Step) -> Meta:
         q, k, v = self.read(op.q), self.read(op.k), self.read(op.v)
         q_legs, k_legs, out_legs = op.q.value.legs, op.k.value.legs, step.out.legs  # type: ignore[union-attr]
@@ -305,21 +314,27 @@ class _Interpreter(AbstractMachine):
             k = self.widened(k, op.pad_query_key, keys * latent, "k padded")
         grad = q.grad or k.grad or v.grad
         shape = (*q.shape[:-1], v.shape[-1])
+        mask = self.value(op.mask) if op.mask is not None else None
         flash = (
             len(q.shape) == len(k.shape) == len(v.shape) == 4
             and q.shape[-1] == k.shape[-1] == v.shape[-1]
             and all(m.strides[-1] == 1 for m in (q, k, v))
+            and (mask is None or (not mask.grad and len(mask.shape) in (2, 4)))
         )
-        self.record.kernel = "flash" if flash else "math: " + _math_reason(q, k, v)
+        self.record.kernel = "flash" if flash else "math: " + _math_reason(q, k, v, mask)
         if flash:
             physical = (0, 2, 1, 3)
             out = self.fresh(tuple(shape[d] for d in physical), rows * features, grad, step.out.var)  # type: ignore[union-attr]
             out = Meta(shape, tuple(out.strides[physical.index(d)] for d in range(4)), out.storage, grad, out.numel)
             lse = self.fresh(shape[:-1], rows, False, "log-sum-exp")
             if grad:
-                self.save(q, k, v, out, lse, *([self.value(op.mask)] if op.mask is not None else []))
+                self.save(q, k, v, out, lse, *([mask] if mask is not None else []))
         else:
             entries = rows * self.numel(leg for leg in k_legs if leg not in q_legs)
+            if op.grouped and k.shape[-3] != q.shape[-3]:  # the math kernel repeats k and v per query head
+                repeats = q.shape[-3] // k.shape[-3]
+                k = self.fresh((*k.shape[:-3], q.shape[-3], *k.shape[-2:]), k.numel * repeats, k.grad, "k repeated")
+                v = self.fresh((*v.shape[:-3], q.shape[-3], *v.shape[-2:]), v.numel * repeats, v.grad, "v repeated")
             scaled_q = self.fresh(q.shape, q.numel, q.grad, "q scaled (math SDPA)")
             scaled_k = self.fresh(k.shape, k.numel, k.grad, "k scaled (math SDPA)")
             scores = q.grad or k.grad
@@ -363,8 +378,13 @@ class _Interpreter(AbstractMachine):
         return None
 
 
-def _math_reason(*qkv: Meta) -> str:
+def _math_reason(q: Meta, k: Meta, v: Meta, mask: Meta | None = None) -> str:
     """Why torch's SDPA on CPU falls back to its math kernel, which keeps the whole attention."""
+    qkv = (q, k, v)
+    if mask is not None and mask.grad:
+        return "an attn_mask that needs a gradient (a learned bias)"
+    if mask is not None and len(mask.shape) not in (2, 4):
+        return "an attn_mask that is neither 2-D nor 4-D"
     if any(len(m.shape) != 4 for m in qkv):
         return "q, k and v are not 4-D (batch, heads, positions, features)"
     if len({m.shape[-1] for m in qkv}) > 1:

@@ -245,10 +245,26 @@ class VisibleMask:
 
 
 @dataclass(frozen=True)
+class ScoreMask:
+    """SDPA's float attn_mask, read as (batch, heads, queries, keys) by broadcasting: the sum of
+    the additive `bias` terms, plus the dtype's lowest number wherever one of the `hidden`
+    boolean operands holds (a padding mask inverted, a causal triangle). The lowest number, not
+    -inf and not a boolean attn_mask: it is the materialized box's masked_fill, so a row whose
+    keys are all hidden averages the values as the box does (a boolean mask gives zeros), and
+    lowest + a finite bias rounds back to lowest."""
+
+    hidden: tuple[Operand, ...]
+    bias: tuple[Operand, ...]
+    like: Value  # the dtype and device of the scores
+
+
+@dataclass(frozen=True)
 class Attention:
     """scaled_dot_product_attention(q, k, v). With `bias`, q gains a feature of ones and k the
     bias, so that [q, 1]·[k, bias] = q·k + bias/scale (MGK P17); `pad_value`/`pad_query_key`
-    zero-pad to one head width and `width` slices the output back."""
+    zero-pad to one head width and `width` slices the output back. `grouped`: q has more heads
+    than k and v, each key head serving a run of consecutive query heads (enable_gqa: multi-query
+    and grouped-query attention)."""
 
     q: Operand
     k: Operand
@@ -261,6 +277,7 @@ class Attention:
     pad_query_key: int = 0
     width: int | None = None
     shape: tuple[sympy.Expr, ...] | None = None
+    grouped: bool = False
 
 
 @dataclass(frozen=True)
@@ -319,6 +336,7 @@ Op = (
     | SplitChunks
     | JoinChunks
     | VisibleMask
+    | ScoreMask
     | Attention
     | Fill
     | MaskNumbers
@@ -349,6 +367,8 @@ def reads(op: Op) -> list[Value]:
             found += [o.value for o in operands(item)]
         elif isinstance(item, tuple) and item and isinstance(item[0], Value):
             found += list(item)
+        elif isinstance(item, tuple) and item and isinstance(item[0], Operand):
+            found += [o.value for o in item]
     return found
 
 

@@ -1,8 +1,12 @@
 """Softmax boxes fused with their consumer as scaled_dot_product_attention: q, k, v laid out
 (heads, positions, features), key biases as one more feature (MGK P17), causal masks as
-is_causal or a boolean attn_mask. Taken when no dearer than the materialized box."""
+is_causal or a boolean attn_mask, padding masks and biases along the queries as a float
+attn_mask, query heads that share key heads (MQA, GQA) grouped with enable_gqa or folded into
+the query rows. Taken when no dearer than the materialized box."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import sympy
 
@@ -10,8 +14,12 @@ from ..ir import (
     SoftmaxBox,
 )
 from .base import _Leaf
+from .footprint import footprint
 from .program import (
+    BATCH,
     Attention,
+    Operand,
+    ScoreMask,
     Step,
     Value,
     VisibleMask,
@@ -23,6 +31,8 @@ class FusedAttention:
     """Emits a matched softmax box and its consumer as one SDPA call."""
 
     def cheaper_fused(self, box, ren, leaf: _Leaf, others: list[_Leaf], out, fused) -> bool:
+        fused["grouped"] = self.grouped_form(box, ren, others, out, fused)
+
         def materialized() -> None:
             value = self.lower_box(box, ren, None)
             self.contract([*others, _Leaf(value.legs, value=value)], out, sympy.Integer(1), None)
@@ -33,6 +43,44 @@ class FusedAttention:
         if self.objective == "memory":
             return True  # the fused kernel never materializes the box's entries
         return self.trial(as_sdpa) <= self.trial(materialized)
+
+    def grouped_form(self, box, ren, others: list[_Leaf], out, fused) -> bool:
+        """With several query legs (query heads sharing key heads: MQA, GQA), whether the query
+        legs other than the sequence leg go to SDPA's head axis over the key heads (enable_gqa)
+        rather than being folded into its query rows. A causal mask needs the grouped form (in
+        the folded rows it is no triangle); otherwise the objective's cost decides, then the
+        bytes kept for backward (the folded rows are 3-D: SDPA's math kernel keeps the scores)."""
+        if len(fused["queries"]) == 1:
+            return False
+        if fused["masks"]:
+            return True
+
+        def form(grouped: bool):
+            def build() -> None:
+                self.contract(self.fuse(box, ren, others, fused | {"grouped": grouped}), out, sympy.Integer(1), None)
+
+            with self.scratch() as steps:
+                build()
+                saved = footprint(self.context(steps)).saved_bytes
+            cost = self.trial(build)
+            kept = self.at_planned_sizes(saved)
+            return (kept, cost) if self.objective == "memory" else (cost, kept)
+
+        grouped, folded = form(True), form(False)
+        keys = " ".join(show_legs(fused["keys"]))
+        heads = " ".join(show_legs(leg for leg in fused["queries"] if leg != fused["sequence"]))
+        if grouped <= folded:
+            self.refuse(
+                f"softmax box over {keys}: query heads {heads} folded into the query rows refused: "
+                f"{self.dearer if grouped[0] < folded[0] else 'keeps more for backward than'} grouped key heads"
+            )
+            return True
+        self.refuse(
+            f"softmax box over {keys}: grouped key heads (enable_gqa) refused: "
+            f"{self.dearer if folded[0] < grouped[0] else 'keeps more for backward than'} query heads {heads} folded "
+            "into the query rows"
+        )
+        return False
 
     def fuse(self, box: SoftmaxBox, ren, others: list[_Leaf], fused: dict) -> list[_Leaf]:
         """Emit q, k, v and the SDPA call; return the region's leaves with the attention output
@@ -46,16 +94,31 @@ class FusedAttention:
         q = self.contract(fused["query"], tuple(heads + queries + latent), sympy.Integer(1), "q")
         k = self.contract(fused["key"], tuple(heads + keys + latent), sympy.Integer(1), "k")
         bias = self.key_bias(fused) if fused["biases"] else None
+        score_bias = [self.score_bias(fused, weight, e) for _, weight, e in fused["score_biases"]]
         self.box_depth -= 1
         v = self.contract(fused["value"], tuple(heads + keys + features), sympy.Integer(1), "v")
         v = self.expand_broadcast(v, set(keys))  # values tied across a key leg (MGK's r, P17)
         # a lone batch leg stays 3-D: SDPA then runs its math kernel (bmm, softmax), which at one
         # wide head (single-head, F features) is faster on CPU than the fused kernel of a unit
         # head axis (1.07-2.3x slower measured at N = F = 256, batch 8)
-        flat = [[h] for h in heads]
+        grouped = fused.get("grouped", False)
+        if grouped:  # query heads over key heads, head-major: query head i reads key head i // G
+            sequence = fused["sequence"]
+            query_heads = [leg for leg in queries if leg != sequence]
+            lead = [[BATCH]] if BATCH in heads else []
+            rest = [leg for leg in heads if leg != BATCH]
+            q_groups = [*lead, rest + query_heads, [sequence]]
+            k_groups = [*lead, rest]
+            legs = tuple([*(g[0] for g in lead), *rest, *query_heads, sequence, *features])
+            score_groups = [*lead, rest + query_heads, [sequence], keys]
+        else:
+            flat = [[h] for h in heads]
+            q_groups, k_groups = [*flat, queries], flat
+            legs = tuple(heads + queries + features)
+            score_groups = [*flat, queries, keys]
         bias_operand, pad_value, pad_query_key, width = None, 0, 0, None
         if bias is not None:
-            bias_operand = self.arrange(bias, [*flat, keys])
+            bias_operand = self.arrange(bias, [*k_groups, keys])
             # the fused kernels want one head width for q, k and v: zero features change nothing
             query_width, value_width = self.numel_number(latent) + 1, self.numel_number(features)
             if value_width < query_width:
@@ -63,16 +126,18 @@ class FusedAttention:
             elif value_width > query_width:
                 pad_query_key = value_width - query_width
         causal, visible = False, None
-        if fused["masks"] and keys == [fused["masks"][0][1]]:
+        if fused["pads"] or score_bias:
+            visible = self.score_mask(fused, score_groups, score_bias, q)
+        elif fused["masks"] and keys == [fused["masks"][0][1]]:
             causal = True
         elif fused["masks"]:
-            visible = self.causal_attention_mask(fused["masks"][0], queries[0], keys)
+            visible = self.causal_attention_mask(fused["masks"][0], fused["masks"][0][0], keys)
         name = self.names.fresh("attended")
-        legs = tuple(heads + queries + features)
+        regrouped = grouped and (len(q_groups[len(lead)]) != 1 or len(features) != 1)
         attention = Attention(
-            self.arrange(q, [*flat, queries, latent]),
-            self.arrange(k, [*flat, keys, latent]),
-            self.arrange(v, [*flat, keys, features]),
+            self.arrange(q, [*q_groups, latent]),
+            self.arrange(k, [*k_groups, keys, latent]),
+            self.arrange(v, [*k_groups, keys, features]),
             self.runtime(fused["scale"]),
             causal=causal,
             mask=visible,
@@ -80,7 +145,8 @@ class FusedAttention:
             pad_value=pad_value,
             pad_query_key=pad_query_key,
             width=width,
-            shape=self.shape(legs) if len(queries) != 1 or len(features) != 1 else None,
+            shape=self.shape(legs) if (len(queries) != 1 and not grouped) or len(features) != 1 or regrouped else None,
+            grouped=grouped,
         )
         entries = self.numel([*heads, *queries, *keys])
         latent_size = self.numel(latent) + (1 if bias is not None else 0)
@@ -88,8 +154,22 @@ class FusedAttention:
         description = (
             f"scaled_dot_product_attention over {' '.join(show_legs(keys))}, heads {' '.join(show_legs(heads))}"
         )
+        notes = []
+        if grouped:
+            notes.append(f"query heads {' '.join(show_legs(query_heads))} grouped over the key heads (enable_gqa)")
+        elif len(queries) > 1:
+            notes.append(f"query legs {' '.join(show_legs(queries))} folded into the query rows")
         if bias is not None:
-            description += ", key bias as one more feature (MGK P17)"
+            notes.append("key bias as one more feature (MGK P17)")
+        if score_bias:
+            notes.append("additive bias as a float attn_mask")
+        if fused["pads"]:
+            notes.append("padding mask as attn_mask")
+        if causal:
+            notes.append("is_causal")
+        elif fused["masks"]:
+            notes.append("causal mask as attn_mask")
+        description += "".join(", " + note for note in notes)
         value = self.emit(
             Step(
                 "sdpa",
@@ -101,19 +181,63 @@ class FusedAttention:
                 exps=entries,
                 divisions=entries,
                 entries=entries,
-                inputs=(q, k, v) if bias is None else (q, k, v, bias),
+                inputs=tuple(x for x in (q, k, v, bias, visible) if x is not None),
                 paper=entries * (2 * latent_size - 1) + self.numel(legs) * (2 * self.numel(keys) - 1),
                 score_flops=2 * entries * latent_size,
                 score_paper=entries * (2 * latent_size - 1),
             )
         )
         if self.target is self.steps:
-            how = " with the key bias as a feature (MGK P17)" if bias is not None else ""
+            notes = ["with the key bias as a feature (MGK P17)" if "P17" in note else note for note in notes]
+            how = f" ({'; '.join(notes)})" if notes else ""
             self.lowered.append(
                 f"softmax box over {' '.join(show_legs(keys))} lowered to scaled_dot_product_attention{how}"
             )
         rest = [o for o in others if o not in fused["value"]]
         return [*rest, _Leaf(value.legs, value=value)]  # type: ignore[union-attr]
+
+    def score_bias(self, fused: dict, weight: sympy.Expr, e) -> Value:
+        """An additive term of the scores that varies along the queries (a relative or absolute
+        position bias), times its weight and the box's scale: SDPA adds attn_mask after scaling."""
+        value = self.as_missing_legs(self.lower(e, fused["ren"]))
+        factor = sympy.simplify(weight * fused["box_scale"])
+        return self.scale(value, factor) if factor != 1 else value
+
+    def score_mask(self, fused: dict, groups: list[list[str]], biases: list[Value], like: Value) -> Value:
+        """The float attn_mask of padding masks, a causal triangle that is_causal cannot say (with
+        padding or a bias, SDPA takes one or the other) and additive biases, each read over
+        SDPA's (batch, heads, queries, keys) axes as `groups`, broadcast where it lacks a group."""
+        hidden = [self.score_operand(Value(var, (BATCH, *legs)), groups, invert=True) for var, legs in fused["pads"]]
+        for query, key in fused["masks"][:1]:
+            hidden.append(self.score_operand(Value(self.causal_mask(query, key), (query, key)), groups))
+        bias = [self.score_operand(b, groups) for b in biases]
+        name = self.names.fresh("score_mask")
+        legs = tuple(
+            dict.fromkeys(leg for g in groups for leg in g if any(leg in o.value.legs for o in (*hidden, *bias)))
+        )
+        entries = self.numel(legs)
+        step = Step(
+            "mask",
+            ScoreMask(tuple(hidden), tuple(bias), like),
+            Value(name, legs),
+            "SDPA's float attn_mask: "
+            + ", ".join((["lowest where masked"] if hidden else []) + (["the additive bias"] if bias else [])),
+            elementwise=entries * (len(hidden) + len(bias)),
+            inputs=tuple(b.value for b in bias),
+        )
+        self.emit(step)
+        return step.out  # type: ignore[return-value]
+
+    def score_operand(self, value: Value, groups: list[list[str]], invert: bool = False) -> Operand:
+        """`value` read over the SDPA axes `groups`: a group it has entirely stays, one it lacks
+        is a unit axis; a group it has in part is filled in by a copy first."""
+        partial = [g for g in groups if set(g) & set(value.legs) and not set(g) <= set(value.legs)]
+        if partial:
+            value = self.materialize(
+                value, tuple(leg for g in groups for leg in g if leg in value.legs or g in partial)
+            )
+        read = self.arrange(value, [g if set(g) <= set(value.legs) else [] for g in groups])
+        return dataclasses.replace(read, invert=invert)
 
     def key_bias(self, fused: dict) -> Value:
         """Σ of the bias terms (each along heads and keys only) divided by the SDPA scale, so that

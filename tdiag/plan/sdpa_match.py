@@ -13,6 +13,7 @@ from ..ir import (
     CausalMask,
     Contraction,
     Expr,
+    PaddingMask,
     Scalar,
     SoftmaxBox,
     SquaredDistance,
@@ -34,14 +35,16 @@ class AttentionMatch:
         """The query, key and value sides of an attention, or None when the pattern does not hold:
         content = per-head dot product (or squared distance) of a query side and a key side, plus
         bias terms that vary only along heads and keys (carried by one more latent feature, MGK
-        P17); causal masks only; values joined along the normalized legs, or tied across some."""
+        P17) or that vary along the queries too (passed as SDPA's additive attn_mask); causal
+        masks and padding masks over legs of the scores; values joined along the normalized legs,
+        or tied across some. Several query legs (query heads sharing one key head: multi-query
+        and grouped-query attention) name a `sequence` leg: the causal mask's query leg, else the
+        longest; the others become query heads grouped over the key heads."""
         keys = tuple(p for leg in box.normalized for p in ren[leg])
 
         def refuse(why: str) -> None:
             self.refuse(f"softmax box over {' '.join(show_legs(keys))}: SDPA refused: {why}")
 
-        if any(not isinstance(m, CausalMask) for m in box.masks):
-            return refuse("a padding mask (only causal masks are fused)")
         if any(k in out for k in keys):
             return refuse("the normalized legs are kept in the result")
         items = self.score_items(box.content, ren, set(keys))  # type: ignore[arg-type]
@@ -73,19 +76,32 @@ class AttentionMatch:
         query_side, key_side, values, heads, queries, latent, features = split
         if kind == "sqdist" and (query_side, key_side) != (content[:1], content[1:]):
             return refuse("the squared distance's sides are not a query side and a key side")
-        bias_items = []
+        bias_items, score_biases = [], []
         for bias_kind, weight, e in biases:
             legs = {p for leg in e.legs for p in ren[leg]}
-            if not legs <= set(heads) | set(keys):
-                return refuse("a term of the scores varies along the queries")
-            bias_items.append((bias_kind, weight, e))
+            if not legs <= set(heads) | set(queries) | set(keys):
+                return refuse("a term of the scores varies along a leg that is not a head, query or key")
+            (bias_items if legs <= set(heads) | set(keys) else score_biases).append((bias_kind, weight, e))
         if kind == "sqdist":
             bias_items.append(("norm", distance_weight, None))
-        if len(queries) != 1 and box.masks:
-            return refuse("a causal mask with several query legs")
-        for mask in box.masks:
-            if ren[mask.query] != (queries[0],) or len(ren[mask.key]) != 1 or ren[mask.key][0] not in keys:  # type: ignore[union-attr]
+        causal = [m for m in box.masks if isinstance(m, CausalMask)]
+        for mask in causal:
+            if len(ren[mask.query]) != 1 or ren[mask.query][0] not in queries:
+                return refuse("a causal mask whose query leg is not a query leg of the scores")
+            if len(ren[mask.key]) != 1 or ren[mask.key][0] not in keys:
                 return refuse("a causal mask that is not between the query leg and a key leg")
+        if len({ren[m.query][0] for m in causal}) > 1:
+            return refuse("causal masks over two different query legs")
+        pads = []
+        for mask in box.masks:
+            if isinstance(mask, PaddingMask):
+                legs = tuple(p for leg in mask.tensor.legs for p in ren[leg])
+                if not set(legs) <= set(heads) | set(queries) | set(keys):
+                    return refuse("a padding mask over a leg that is not a head, query or key of the scores")
+                pads.append((self.input_vars[mask.tensor.name], legs))
+        sequence = (
+            ren[causal[0].query][0] if causal else max(queries, key=lambda leg: (self.number(leg), queries.index(leg)))
+        )
         return {
             "query": query_side,
             "key": key_side,
@@ -100,7 +116,10 @@ class AttentionMatch:
             "biases": bias_items,
             "key_norm": (key_value, over),
             "ren": ren,
-            "masks": [(ren[m.query][0], ren[m.key][0]) for m in box.masks],  # type: ignore[union-attr]
+            "masks": [(ren[m.query][0], ren[m.key][0]) for m in causal],
+            "pads": pads,
+            "score_biases": score_biases,
+            "sequence": sequence,
             "prelude": (prelude, memo),
         }
 
@@ -133,6 +152,8 @@ class AttentionMatch:
             return None
         widest = max(len(item[2].legs) for item in kept)
         crosses = [item for item in kept if len(item[2].legs) == widest]
+        if len(crosses) > 1:  # a bias as wide as the scores: the cross item is the one contracting
+            crosses = [i for i in crosses if i[0] == "sqdist" or (isinstance(i[2], Contraction) and i[2].summed)]
         if len(crosses) != 1 or (crosses[0][0] == "term" and not isinstance(crosses[0][2], Contraction | TensorRef)):
             return None
         biases = [item for item in kept if item is not crosses[0]]

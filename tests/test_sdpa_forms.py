@@ -1,0 +1,329 @@
+"""The fast path for the attention forms beyond plain MHSA (issue 13): multi-query and
+grouped-query attention with their key heads grouped (enable_gqa), plain and causal; padding masks
+and additive biases as SDPA's attn_mask. Each compiled form equals a reference written here from
+its paper with plain torch ops, and keeps no heads x N² tensor for backward when SDPA is taken."""
+
+import importlib.util
+import math
+
+import pytest
+import torch
+from conftest import DESIGNS
+
+import tdiag
+from tdiag.measure import saved_for_backward
+from tdiag.plan.footprint import footprint
+from tdiag.plan.program import Attention
+
+TOL = 1e-10
+B, N = 2, 6
+
+PADDED_MHSA = """
+design padded_mhsa
+size F = 8, H = 2, D = F / H
+size N
+input X[n: N, f: F]
+mask pad[m: N]
+param WQ[f: F, h: H, d: D]
+param WK[f: F, h: H, d: D]
+param WV[f: F, h: H, e: D]
+param WO[h: H, e: D, g: F]
+Q[n h d] = X[n f] WQ[f h d]
+K[m h d] = X[m f] WK[f h d]
+V[m h e] = X[m f] WV[f h e]
+A[h n m] = softmax[m, scale = 1 / sqrt(D), mask = pad[m]](Q[n h d] K[m h d])
+Y[n g] = A[h n m] V[m h e] WO[h e g]
+output Y
+"""
+
+BIASED_MHSA = """
+design biased_mhsa
+size F = 8, H = 2, D = F / H
+size N = 6
+input X[n: N, f: F]
+{kind} P[{legs}] = {init}
+param WQ[f: F, h: H, d: D]
+param WK[f: F, h: H, d: D]
+param WV[f: F, h: H, e: D]
+param WO[h: H, e: D, g: F]
+Q[n h d] = X[n f] WQ[f h d]
+K[m h d] = X[m f] WK[f h d]
+V[m h e] = X[m f] WV[f h e]
+A[h n m] = softmax[m, scale = 1 / sqrt(D)](Q[n h d] K[m h d] + 0.5 * P[{uses}])
+Y[n g] = A[h n m] V[m h e] WO[h e g]
+output Y
+"""
+
+BIASES = {
+    "learned-h-n-m": ("param", "h: H, n: N, m: N", "normal(std = 1)", "h n m"),
+    "fixed-n-m": ("const", "n: N, m: N", "identity(scale = 3)", "n m"),
+}
+
+
+def x_input(n: int = N, f: int = 8) -> torch.Tensor:
+    return torch.randn(B, n, f, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+
+def attend(q, k, v, scale, *, causal=False, hidden=None, bias=None):
+    """softmax(scale·q·kᵀ + bias) v over (batch, heads, queries, keys), the hidden logits set to
+    the dtype's lowest number (the box's masked_fill, docs/language.md)."""
+    scores = scale * q @ k.transpose(-1, -2)
+    if bias is not None:
+        scores = scores + bias
+    lowest = torch.finfo(scores.dtype).min
+    if causal:
+        n, m = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(n, m, dtype=torch.bool).triu(1), lowest)
+    if hidden is not None:
+        scores = scores.masked_fill(hidden, lowest)
+    return scores.softmax(-1) @ v
+
+
+def grouped_query_reference(module, x, groups: int, causal: bool) -> torch.Tensor:
+    """Ainslie et al. 2023, Sec. 2.2: query heads in `groups` groups of consecutive heads, each
+    group's key and value head copied to its queries (repeat_interleave); G = 1 is Shazeer's MQA."""
+    width = x.shape[-1]
+    wq = module.WQ.reshape(width, -1, module.WK.shape[-1])  # [f, H, D], heads group-major
+    heads, d = wq.shape[1], wq.shape[2]
+    wk, wv = (w.reshape(width, groups, d) for w in (module.WK, module.WV))
+    q = torch.einsum("bnf,fhd->bhnd", x, wq)
+    k, v = (torch.einsum("bmf,fgd->bgmd", x, w).repeat_interleave(heads // groups, dim=1) for w in (wk, wv))
+    out = attend(q, k, v, 1 / math.sqrt(d), causal=causal)
+    return torch.einsum("bhne,heo->bno", out, module.WO.reshape(heads, d, width))
+
+
+def multi_head_reference(module, x, *, causal=False, hidden=None, bias=None) -> torch.Tensor:
+    q, k, v = (torch.einsum("bnf,fhd->bhnd", x, w) for w in (module.WQ, module.WK, module.WV))
+    out = attend(q, k, v, 1 / math.sqrt(q.shape[-1]), causal=causal, hidden=hidden, bias=bias)
+    return torch.einsum("bhne,heg->bng", out, module.WO)
+
+
+def grouped_design(name: str, causal: bool) -> tdiag.Design:
+    design = tdiag.load(DESIGNS / f"{name}.td", **({"F": 16, "H": 4} | ({"G": 2} if name == "gqa" else {})))
+    return design.with_causal_mask() if causal else design
+
+
+def sdpa_ops(module) -> list[Attention]:
+    return [step.op for step in module.tdiag_plan.steps if isinstance(step.op, Attention)]
+
+
+def pad_mask() -> torch.Tensor:
+    """Keys 4.. hidden in the first sequence, every key hidden in the second."""
+    pad = torch.ones(B, N, dtype=torch.bool)
+    pad[0, 4:] = False
+    pad[1] = False
+    return pad
+
+
+def padded_design(write_td, causal: bool) -> tdiag.Design:
+    design = tdiag.load(write_td(PADDED_MHSA, "padded_mhsa.td"))
+    return design.with_causal_mask() if causal else design
+
+
+def biased_design(write_td, bias: str, causal: bool) -> tdiag.Design:
+    kind, legs, init, uses = BIASES[bias]
+    text = BIASED_MHSA.format(kind=kind, legs=legs, init=init, uses=uses)
+    design = tdiag.load(write_td(text, "biased_mhsa.td"))
+    return design.with_causal_mask() if causal else design
+
+
+def the_bias(module) -> torch.Tensor:
+    """The box's scale 1/sqrt(D) multiplies its whole argument, the bias term included."""
+    return 0.5 * module.P / math.sqrt(module.WQ.shape[-1])
+
+
+# ---- multi-query and grouped-query attention ----------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize(("name", "groups"), [("mqa", 1), ("gqa", 2)])
+def test_grouped_query_attention_equals_repeated_key_value_heads(name, groups, causal):
+    module = grouped_design(name, causal).module(dtype=torch.float64, seed=3, N=N)
+    x = x_input(f=16)
+    assert torch.allclose(module(x), grouped_query_reference(module, x, groups, causal), atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("objective", ["flops", "memory", "time"])
+@pytest.mark.parametrize("name", ["mqa", "gqa"])
+def test_causal_grouped_query_attention_takes_sdpa_with_is_causal_and_enable_gqa(name, objective):
+    module = grouped_design(name, True).module(N=64, objective=objective)
+    (op,) = sdpa_ops(module)
+    assert op.grouped and op.causal and op.mask is None
+
+
+@pytest.mark.parametrize("name", ["mqa", "gqa"])
+def test_plan_says_why_the_folded_query_rows_were_refused(name):
+    plan = grouped_design(name, False).plan(N=64)
+    assert any("enable_gqa" in note for note in plan.lowered)
+    assert any("folded into the query rows refused" in note for note in plan.refused)
+
+
+@pytest.mark.parametrize("name", ["mqa", "gqa"])
+def test_causal_grouped_query_attention_keeps_no_heads_by_n_squared_tensor(name):
+    n = 64
+    design = grouped_design(name, True)
+    module = design.module(N=n)
+    heads = design.size_values["H"]
+    saved = saved_for_backward(module, torch.randn(B, n, 16))
+    assert saved.storages and max(math.prod(s.shape) for s in saved.storages) < heads * n * n
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("name", ["mqa", "gqa"])
+def test_grouped_query_attention_gradcheck(name, causal):
+    module = grouped_design(name, causal).module(dtype=torch.float64, N=3)
+    x = torch.randn(1, 3, 16, dtype=torch.float64, requires_grad=True)
+    names = list(dict(module.named_parameters()))
+
+    def run(x, *values):
+        return torch.func.functional_call(module, dict(zip(names, values, strict=True)), (x,))
+
+    assert torch.autograd.gradcheck(run, (x, *module.parameters()), eps=1e-6, atol=1e-7)
+
+
+# ---- padding masks ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_padded_attention_takes_sdpa_with_a_float_attn_mask(write_td, causal):
+    module = padded_design(write_td, causal).module(N=64)
+    (op,) = sdpa_ops(module)
+    assert op.mask is not None and not op.causal
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_padded_attention_equals_the_masked_softmax_even_where_every_key_is_hidden(write_td, causal):
+    design = padded_design(write_td, causal)
+    module = design.module(dtype=torch.float64, seed=2, N=N)
+    x, pad = x_input(), pad_mask()
+    expected = multi_head_reference(module, x, causal=causal, hidden=~pad[:, None, None, :])
+    assert torch.allclose(module(x, pad=pad), expected, atol=TOL, rtol=0)
+    reference = design.module(impl="reference", dtype=torch.float64, N=N)
+    reference.load_state_dict(module.state_dict())
+    assert torch.allclose(module(x, pad=pad), reference(x, pad=pad), atol=TOL, rtol=0)
+
+
+def test_a_row_with_every_key_hidden_averages_the_values_as_the_materialized_box(write_td):
+    design = padded_design(write_td, False)
+    fused = design.module(dtype=torch.float64, seed=2, N=N)
+    assert sdpa_ops(fused)
+    x, pad = x_input(), pad_mask()
+    v = torch.einsum("mf,fhe->hme", x[1], fused.WV)
+    average = torch.einsum("he,heg->g", v.mean(1), fused.WO)
+    assert torch.allclose(fused(x, pad=pad)[1], average.expand(N, -1), atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_padded_attention_keeps_no_heads_by_n_squared_tensor(write_td, causal):
+    n = 64
+    module = padded_design(write_td, causal).module(N=n)
+    pad = torch.rand(B, n, generator=torch.Generator().manual_seed(0)) > 0.3
+    saved = saved_for_backward(module, torch.randn(B, n, 8), pad=pad)
+    assert max(math.prod(s.shape) for s in saved.storages) < B * 2 * n * n  # H = 2 heads
+
+
+def test_padded_attention_gradcheck(write_td):
+    module = padded_design(write_td, True).module(dtype=torch.float64, N=3)
+    pad = torch.tensor([[True, False, True]])
+    x = torch.randn(1, 3, 8, dtype=torch.float64, requires_grad=True)
+    names = list(dict(module.named_parameters()))
+
+    def run(x, *values):
+        return torch.func.functional_call(module, dict(zip(names, values, strict=True)), (x,), {"pad": pad})
+
+    assert torch.autograd.gradcheck(run, (x, *module.parameters()), eps=1e-6, atol=1e-7)
+
+
+# ---- additive biases ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("bias", list(BIASES))
+def test_an_additive_bias_along_the_queries_is_sdpa_s_float_attn_mask(write_td, bias, causal):
+    module = biased_design(write_td, bias, causal).module(dtype=torch.float64, seed=4, N=N, objective="memory")
+    (op,) = sdpa_ops(module)
+    assert op.mask is not None
+    x = x_input()
+    expected = multi_head_reference(module, x, causal=causal, bias=the_bias(module))
+    assert torch.allclose(module(x), expected, atol=TOL, rtol=0)
+
+
+def test_an_additive_bias_gradcheck(write_td):
+    module = biased_design(write_td, "learned-h-n-m", True).module(dtype=torch.float64, N=N, objective="memory")
+    x = torch.randn(1, N, 8, dtype=torch.float64, requires_grad=True)
+    names = list(dict(module.named_parameters()))
+
+    def run(x, *values):
+        return torch.func.functional_call(module, dict(zip(names, values, strict=True)), (x,))
+
+    assert torch.autograd.gradcheck(run, (x, *module.parameters()), eps=1e-6, atol=1e-7)
+
+
+def test_a_fixed_bias_runs_the_fused_kernel_and_a_learned_one_the_math_kernel(write_td):
+    def kernel(bias: str) -> str:
+        plan = biased_design(write_td, bias, False).plan(N=N, objective="memory")
+        (found,) = [fp.kernel for fp in footprint(plan).steps if fp.kernel]
+        return found
+
+    assert kernel("fixed-n-m") == "flash"
+    assert kernel("learned-h-n-m").startswith("math: an attn_mask that needs a gradient")
+
+
+@pytest.mark.parametrize("bias", list(BIASES))
+def test_saved_memory_of_a_biased_plan_is_what_the_model_predicts(write_td, bias):
+    design = biased_design(write_td, bias, True)
+    module = design.module(N=N, B=B, objective="memory")
+    measured = saved_for_backward(module, torch.randn(B, N, 8)).total_bytes
+    modelled = design.cost(objective="memory", N=N, B=B).saved_bytes_at(N=N, B=B)
+    assert measured == modelled
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_saved_memory_of_a_padded_plan_is_what_the_model_predicts(write_td, causal):
+    n = 32
+    design = padded_design(write_td, causal)
+    module = design.module(N=n, B=B)
+    measured = saved_for_backward(module, torch.randn(B, n, 8), pad=torch.rand(B, n) > 0.3).total_bytes
+    assert measured == design.cost(N=n, B=B).saved_bytes_at(N=n, B=B)
+
+
+# ---- standalone files and torch.compile ---------------------------------------------------
+
+
+def standalone(design: tdiag.Design, tmp_path, planned: int):
+    path = tmp_path / f"{design.name}_module.py"
+    path.write_text(design.source(N=planned))
+    spec = importlib.util.spec_from_file_location(f"{design.name}_module", path)
+    generated = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generated)
+    return next(v for k, v in vars(generated).items() if isinstance(v, type) and issubclass(v, torch.nn.Module))
+
+
+@pytest.mark.parametrize("name", ["mqa", "gqa"])
+def test_causal_grouped_query_standalone_file_equals_in_process_module(tmp_path, name):
+    design = grouped_design(name, True)
+    generated = standalone(design, tmp_path, 64)(seed=7, dtype=torch.float64)
+    x = x_input(n=37, f=16)
+    assert torch.equal(generated(x), design.module(seed=7, dtype=torch.float64, N=64)(x))
+
+
+def test_padded_standalone_file_equals_in_process_module(tmp_path, write_td):
+    design = padded_design(write_td, True)
+    generated = standalone(design, tmp_path, 64)(seed=7, dtype=torch.float64)
+    x, pad = x_input(), pad_mask()
+    assert torch.equal(generated(x, pad=pad), design.module(seed=7, dtype=torch.float64, N=64)(x, pad=pad))
+
+
+@pytest.mark.parametrize("form", ["mqa", "gqa", "padded", "biased"])
+def test_torch_compile_fullgraph_of_the_new_sdpa_forms(write_td, form):
+    if form in ("mqa", "gqa"):
+        design, kwargs, width = grouped_design(form, True), {}, 16
+    elif form == "padded":
+        design, kwargs, width = padded_design(write_td, True), {"pad": pad_mask()}, 8
+    else:
+        design, kwargs, width = biased_design(write_td, "learned-h-n-m", True), {}, 8
+    module = design.module(N=N, objective="memory")
+    assert sdpa_ops(module)
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    x = torch.randn(B, N, width)
+    assert torch.allclose(compiled(x, **kwargs), module(x, **kwargs), atol=1e-6)
