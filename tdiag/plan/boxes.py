@@ -21,6 +21,7 @@ from .program import (
     Softmax,
     Step,
     Value,
+    align,
     show_legs,
 )
 
@@ -123,27 +124,15 @@ class BoxLowering:
         """The box content with the entries a mask hides filled before normalizing."""
         if isinstance(mask, CausalMask):
             (query,), (key,) = ren[mask.query], ren[mask.key]
-            hidden = self.align(Value(self.causal_mask(query, key), (query, key)), content.legs)
+            hidden = align(Value(self.causal_mask(query, key), (query, key)), content.legs)
         else:
             ref = mask.tensor
             legs = tuple(p for leg in ref.legs for p in ren[leg])
-            hidden = self.align(Value(self.input_vars[ref.name], (BATCH, *legs)), content.legs, invert=True)
+            hidden = align(Value(self.input_vars[ref.name], (BATCH, *legs)), content.legs, invert=True)
         masked = Value(self.names.fresh("masked"), content.legs, content.broadcast)
         fill = "lowest" if is_exp else "zero"
         self.emit(Step("mask", MaskFill(content, hidden, fill), masked, inputs=(content,)))
         return masked
-
-    def align(self, value: Value, target: tuple[str, ...], invert: bool = False) -> Operand:
-        """Read `value` so it broadcasts against axes `target`."""
-        legs = value.legs
-        present = [leg for leg in target if leg in legs]
-        permutation = None
-        if list(legs) != present:
-            permutation = tuple(legs.index(leg) for leg in present)
-        if present == list(target):
-            return Operand(value, permutation, invert=invert)
-        index = tuple(leg in legs for leg in target)
-        return Operand(value, permutation, index=index, invert=invert)
 
     def expand_broadcast(self, value: Value, legs: set[str]) -> Value:
         """Materialize broadcast legs that an operation needs as real axes."""
@@ -168,7 +157,7 @@ class BoxLowering:
         return self.emit(
             Step(
                 "expand",
-                Materialize(self.align(value, legs), self.shape(legs)),
+                Materialize(align(value, legs), self.shape(legs)),
                 Value(name, legs),
                 "broadcast " + " ".join(show_legs(leg for leg in legs if leg not in value.legs)),
                 inputs=(value,),

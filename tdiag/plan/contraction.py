@@ -20,6 +20,8 @@ from .program import (
     Step,
     SumAxes,
     Value,
+    align,
+    read_groups,
     show_legs,
 )
 
@@ -195,7 +197,7 @@ class ContractionOrder:
         description = f"{self.show_value(a)} · {self.show_value(b)} -> [{' '.join(show_legs(legs))}]"
         step = Step(
             "contraction",
-            Multiply(self.align(a, order), self.align(b, order), dims),
+            Multiply(align(a, order), align(b, order), dims),
             Value(name, legs),
             description,
             tuple(summed),
@@ -208,15 +210,7 @@ class ContractionOrder:
         """`value` permuted to the legs of `groups` in order, one axis per group; an empty group
         is a unit axis inserted by indexing (a view whose last axis keeps stride 1, which the fused
         attention kernels need, where a reshape of a permuted tensor may not)."""
-        order = [leg for g in groups for leg in g]
-        permutation = None
-        if list(value.legs) != order:
-            permutation = tuple(value.legs.index(leg) for leg in order)
-        kept = [g for g in groups if g]
-        index = tuple(bool(g) for g in groups) if len(kept) < len(groups) else None
-        if all(len(g) == 1 for g in kept):
-            return Operand(value, permutation, index=index)
-        return Operand(value, permutation, tuple(self.group_size(g) for g in kept), index)
+        return read_groups(value, groups, self.group_size)
 
     def group_size(self, group: Iterable[str]) -> sympy.Expr:
         return self.runtime(sympy.Mul(*(self.size(leg) for leg in group)))

@@ -28,6 +28,7 @@ from .program import (
     Reduce,
     Step,
     Value,
+    align,
     show_legs,
 )
 
@@ -90,7 +91,7 @@ class ElementwiseLowering:
             present = list(largest.legs)  # the largest operand is read in its own layout, not permuted
         broadcast = frozenset(leg for leg in out if leg not in present)
         name = self.names.fresh(var or kind)
-        aligned = [(sign, self.align(v, tuple(present)), v.legs) for sign, v in parts]
+        aligned = [(sign, align(v, tuple(present)), v.legs) for sign, v in parts]
         if operator == "+":
             op, elementwise = self.sum_tree(aligned)
         else:

@@ -46,7 +46,9 @@ from .program import (
     Step,
     SumAxes,
     Value,
+    align,
     operands,
+    read_groups,
     reads,
     show_legs,
 )
@@ -436,37 +438,11 @@ def _replace_leaves(tree: Binary | Operand, mapping: dict[int, Operand]) -> Bina
 
 
 def _matmul(r: _Realization, sizes: Sizes) -> Matmul:
-    x, y = _read(r.x, r.x_groups(), sizes), _read(r.y, r.y_groups(), sizes)
+    x, y = read_groups(r.x, r.x_groups(), sizes.group), read_groups(r.y, r.y_groups(), sizes.group)
     shape = None
     if any(len(g) != 1 for g in r.raw()):
         shape = tuple(sizes.group([leg]) for leg in r.order)
     return Matmul(x, y, shape)
-
-
-def _read(value: Value, groups: list[list[str]], sizes: Sizes) -> Operand:
-    """`value` permuted to the legs of `groups` in order, one axis per group; an empty group is
-    a unit axis inserted by indexing."""
-    order = [leg for g in groups for leg in g]
-    permutation = None
-    if list(value.legs) != order:
-        permutation = tuple(value.legs.index(leg) for leg in order)
-    kept = [g for g in groups if g]
-    index = tuple(bool(g) for g in groups) if len(kept) < len(groups) else None
-    if all(len(g) == 1 for g in kept):
-        return Operand(value, permutation, index=index)
-    return Operand(value, permutation, tuple(sizes.group(g) for g in kept), index)
-
-
-def align(value: Value, target: tuple[str, ...], invert: bool = False) -> Operand:
-    """Read `value` so it broadcasts against axes `target` (permuted, unit axes inserted)."""
-    legs = value.legs
-    present = [leg for leg in target if leg in legs]
-    permutation = None
-    if list(legs) != present:
-        permutation = tuple(legs.index(leg) for leg in present)
-    if present == list(target):
-        return Operand(value, permutation, invert=invert)
-    return Operand(value, permutation, index=tuple(leg in legs for leg in target), invert=invert)
 
 
 __all__ = ["Sizes", "align", "assign_layouts"]

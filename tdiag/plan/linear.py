@@ -24,6 +24,7 @@ from .program import (
     Ratio,
     Step,
     Value,
+    align,
     show_legs,
 )
 
@@ -134,7 +135,7 @@ class LinearOrder:
         name = self.names.fresh("normalized")
         step = Step(
             "quotient",
-            Ratio(numerator, self.align(denominator, present), self.runtime(box.eps)),
+            Ratio(numerator, align(denominator, present), self.runtime(box.eps)),
             Value(name, present),
             "numerator / (denominator + eps)",
             elementwise=self.numel(present),

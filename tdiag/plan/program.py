@@ -7,7 +7,7 @@ an Operand says how an op reads a value: permuted, regrouped and broadcast, all 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import sympy
@@ -48,6 +48,32 @@ class Operand:
     shape: tuple[sympy.Expr, ...] | None = None
     index: tuple[bool, ...] | None = None
     invert: bool = False
+
+
+def align(value: Value, target: tuple[str, ...], invert: bool = False) -> Operand:
+    """Read `value` so it broadcasts against axes `target` (permuted, unit axes inserted)."""
+    legs = value.legs
+    present = [leg for leg in target if leg in legs]
+    permutation = None
+    if list(legs) != present:
+        permutation = tuple(legs.index(leg) for leg in present)
+    if present == list(target):
+        return Operand(value, permutation, invert=invert)
+    return Operand(value, permutation, index=tuple(leg in legs for leg in target), invert=invert)
+
+
+def read_groups(value: Value, groups: list[list[str]], group_size: Callable[[list[str]], sympy.Expr]) -> Operand:
+    """`value` permuted to the legs of `groups` in order, one axis per group (of size
+    `group_size(group)`); an empty group is a unit axis inserted by indexing."""
+    order = [leg for g in groups for leg in g]
+    permutation = None
+    if list(value.legs) != order:
+        permutation = tuple(value.legs.index(leg) for leg in order)
+    kept = [g for g in groups if g]
+    index = tuple(bool(g) for g in groups) if len(kept) < len(groups) else None
+    if all(len(g) == 1 for g in kept):
+        return Operand(value, permutation, index=index)
+    return Operand(value, permutation, tuple(group_size(g) for g in kept), index)
 
 
 @dataclass(frozen=True)

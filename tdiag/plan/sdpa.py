@@ -23,6 +23,7 @@ from .program import (
     Step,
     Value,
     VisibleMask,
+    align,
     show_legs,
 )
 
@@ -266,7 +267,7 @@ class FusedAttention:
         key legs: key (m, r) is visible from n when m ≤ n."""
         mask_query, mask_key = pair
         causal = Value(self.causal_mask(mask_query, mask_key), (mask_query, mask_key))
-        aligned = self.align(causal, (query, *keys), invert=True)
+        aligned = align(causal, (query, *keys), invert=True)
         visible = Value(self.names.fresh("visible"), (query, *keys))
         op = VisibleMask(aligned, self.shape([query, *keys]), self.group_size([query]))
         self.emit(Step("mask", op, visible, inputs=()))
