@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import networkx as nx
 import sympy
 
 from .errors import Diagnostic
@@ -46,13 +47,7 @@ def _outputs_depend_on_an_input(design: DesignGraph) -> list[Diagnostic]:
 def _downstream(design: DesignGraph, sources: list[str]) -> set[str]:
     """Tensors computed (in the forward pass) from any of `sources`, and the sources: one walk."""
     forward = design.forward_graph()
-    seen = set(sources)
-    stack = list(sources)
-    while stack:
-        for user in forward.successors(stack.pop()):
-            if user not in seen:
-                seen.add(user)
-                stack.append(user)
+    seen = set(sources).union(*(nx.descendants(forward, source) for source in sources))
     return {n for n in seen if n in design.tensors}
 
 

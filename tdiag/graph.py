@@ -174,13 +174,7 @@ class DesignGraph:
     def depends_on(self, *tensors: str) -> set[str]:
         """Names of all tensors that any of `tensors` is computed from (one walk for all of them)."""
         forward = self.forward_graph()
-        seen: set[str] = set()
-        stack = [t for t in tensors if t in forward]
-        while stack:
-            for source in forward.predecessors(stack.pop()):
-                if source not in seen:
-                    seen.add(source)
-                    stack.append(source)
+        seen = set().union(*(nx.ancestors(forward, t) for t in tensors if t in forward))
         return {n for n in seen if n in self.tensors}
 
     def forward_graph(self) -> nx.MultiDiGraph:
