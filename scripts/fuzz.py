@@ -61,9 +61,16 @@ def classify(run, text: str, limit: float) -> tuple[str, str]:
     except RecursionError:
         return "crash", "RecursionError"
     except Exception:  # every other exception is what the fuzzer looks for
-        return "crash", traceback.format_exc(limit=-4)[-1500:]
+        return "crash", _relative(traceback.format_exc(limit=-4))[-1500:]
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _relative(text: str) -> str:
+    """A traceback with this checkout's and the environment's paths shortened, so a committed
+    report names files as the repository does and no machine's folders."""
+    text = text.replace(f"{ROOT}/", "")
+    return re.sub(r'"[^"]*/site-packages/', '"site-packages/', text)
 
 
 # ---- mutations of the bundled designs ----------------------------------------------------------
