@@ -24,6 +24,8 @@ def check(design: DesignGraph) -> list[Diagnostic]:
         *_numbers_in_range(design),
         *_initializers_in_range(design),
         *_stored_tensors_fit_in_memory(design),
+        *_stored_tensors_have_fixed_sizes(design),
+        *_run_time_sizes_are_bound(design),
     ]
     return sorted(found, key=lambda d: (d.spans[0].file, d.spans[0].line, d.spans[0].column) if d.spans else ("", 0, 0))
 
@@ -101,6 +103,75 @@ def _scale_is_a_number(design: DesignGraph) -> list[Diagnostic]:
         )
         for statement, box in design.boxes()
         if box.scale == 0
+    ]
+
+
+# ---- run-time sizes ------------------------------------------------------------------------
+
+
+def _free_sizes(design: DesignGraph, expr: object) -> set[str]:
+    """The run-time sizes (no default, like N) that `expr` depends on, derived sizes expanded."""
+    if not isinstance(expr, sympy.Basic):
+        return set()
+    return {s.name for s in design.expand(expr).free_symbols if s.name in design.sizes and design.sizes[s.name].is_free}
+
+
+def _stored_tensors_have_fixed_sizes(design: DesignGraph) -> list[Diagnostic]:
+    """A param or buffer is allocated once, when the module is built: an axis over a run-time size
+    (N, read from the input at each call) has no size then."""
+    problems = []
+    for tensor in design.tensors_of_kind("param", "buffer"):
+        free = sorted(set().union(*(_free_sizes(design, a.size) for a in tensor.axes)))
+        if free:
+            problems.append(
+                Diagnostic(
+                    f"{tensor.kind} '{tensor.name}' has an axis of run-time size {', '.join(free)}, "
+                    f"but a {tensor.kind} is stored at one size when the module is built",
+                    (tensor.span,),
+                    f"give {free[0]} a default (size {free[0]} = 1024) or load the design with {free[0]}=..., "
+                    "or use a const or an input for a tensor that follows the sequence length",
+                )
+            )
+    return problems
+
+
+def _uses_of_sizes(design: DesignGraph):
+    """(run-time sizes, span) for every declared tensor but the inputs, every statement's result
+    and every number in the statements and initializers: what the module needs to know at a call."""
+    for tensor in design.tensors.values():
+        if tensor.kind == "input":
+            continue
+        for axis in tensor.axes:
+            yield _free_sizes(design, axis.size), (tensor.statement.target_span if tensor.statement else tensor.span)
+        for _, value in tensor.init.params if tensor.init else ():
+            yield _free_sizes(design, value), tensor.init.span or tensor.span  # type: ignore[union-attr]
+    for _, value, span, _ in _scalars(design):
+        yield _free_sizes(design, value), span
+
+
+def _run_time_sizes_are_bound(design: DesignGraph) -> list[Diagnostic]:
+    """A run-time size is read from an input's axis of exactly that size at each call (masks are
+    optional, so they do not bind one); a size no input has cannot be known, so a design that uses
+    it is refused at its first use."""
+    bound = {
+        str(a.size)
+        for t in design.inputs
+        for a in t.axes
+        if a.size.is_Symbol and str(a.size) in design.sizes and design.sizes[str(a.size)].is_free
+    }
+    first: dict[str, object] = {}
+    for free, span in _uses_of_sizes(design):
+        for name in sorted(free - bound):
+            if name not in first or (span.file, span.line, span.column) < first[name][1:]:  # type: ignore[index]
+                first[name] = (span, span.file, span.line, span.column)
+    return [
+        Diagnostic(
+            f"run-time size {name} is used here, but no input has an axis of size {name}, "
+            "so its value is not known when the module runs",
+            (first[name][0],),  # type: ignore[index]
+            f"give {name} a default (size {name} = ...), or declare an input with an axis of size {name}",
+        )
+        for name in sorted(first)
     ]
 
 

@@ -153,12 +153,18 @@ def _shape(tensor: Tensor, graph: DesignGraph, sizes: dict[str, int]) -> tuple[i
     return numeric_shape(tensor, sizes, graph)
 
 
-def _init_line(tensor: Tensor, graph: DesignGraph, sizes: dict[str, int]) -> str:
-    shape = _shape(tensor, graph, sizes)
+def _init_line(tensor: Tensor, graph: DesignGraph, sizes: dict[str, int] | None) -> str:
+    """The initializer call; with `sizes` None, a const made in forward at run-time sizes."""
     init = tensor.init
+    if sizes is None:
+        dims = [_size(graph, a.size) for a in tensor.axes]
+        shape: object = f"({', '.join(dims)}{',' if len(dims) == 1 else ''})"
+        p = {k: _scalar(graph.expand(sympy.sympify(v)).xreplace(_known(graph))) for k, v in init.params}  # type: ignore[union-attr]
+    else:
+        shape = _shape(tensor, graph, sizes)
+        p = {k: _number(graph, v, sizes) for k, v in init.params} if init else {}
     if init is None:
-        return f"_normal({shape}, 0.0, {source(1 / shape[0] ** 0.5, 'number')}, seed, {_quoted(tensor.name)})"
-    p = {k: _number(graph, v, sizes) for k, v in init.params}
+        return f"_normal({shape}, 0.0, {source(1 / shape[0] ** 0.5, 'number')}, seed, {_quoted(tensor.name)})"  # type: ignore[index]
     if init.name == "normal":
         return f"_normal({shape}, {p.get('mean', '0.0')}, {p.get('std', '1.0')}, seed, {_quoted(tensor.name)})"
     if init.name == "uniform":
@@ -213,7 +219,7 @@ def _stored(plan: Plan) -> list[Tensor]:
     return [
         t
         for t in graph.tensors.values()
-        if t.kind in ("param", "buffer") or (t.kind == "const" and t.name in plan.stored)
+        if t.kind in ("param", "buffer") or (t.kind == "const" and t.name in plan.stored and t.name in plan.attributes)
     ]
 
 
@@ -389,6 +395,10 @@ def _entry(plan: Plan) -> list[str]:
             f"{var} = torch.ones(B, {shape}, dtype=torch.bool, device={first_input}.device) if {var} is None else {var}.expand(*batch_shape, {shape}).reshape(B, {shape})"
         )
     device = first_input or "None"
+    for t in graph.tensors_of_kind("const"):  # over a run-time size: made at the size of this call
+        if t.name in plan.stored and t.name not in plan.attributes:
+            like = f"dtype={device}.dtype, device={device}.device"
+            lines.append(f"{source(plan.names[t.name], 'name')} = {_init_line(t, graph, None)}.to({like})")
     lines += [f"{source(c.name, 'name')} = -(-{_expr(c.extent)} // {source(c.size, 'number')})" for c in plan.chunks]
     for (n, m), var in plan.causal.items():
         lines.append(

@@ -61,7 +61,7 @@ class ReferenceModule(nn.Module):
         self.tdiag_dtype = dtype
         self.tdiag_sizes = known_sizes(graph, dict(sizes or {}))
         for tensor in graph.tensors.values():
-            if tensor.kind not in ("param", "const", "buffer"):
+            if tensor.kind not in ("param", "const", "buffer") or _follows_the_input(tensor, graph, self.tdiag_sizes):
                 continue
             shape = numeric_shape(tensor, self.tdiag_sizes, graph)
             value = initial_value(tensor, shape, graph, self.tdiag_sizes, seed, dtype)
@@ -79,7 +79,11 @@ class ReferenceModule(nn.Module):
         device = next(iter(given.values())).device if given else torch.device("cpu")
         frame = Frame(self.tdiag_graph, sizes, dict(given), self.tdiag_dtype, device)
         for tensor in self.tdiag_graph.tensors.values():
-            if tensor.kind == "param" or tensor.kind == "const":
+            if tensor.kind == "const" and _follows_the_input(tensor, self.tdiag_graph, self.tdiag_sizes):
+                shape = numeric_shape(tensor, sizes, self.tdiag_graph)
+                value = initial_value(tensor, shape, self.tdiag_graph, sizes, 0, self.tdiag_dtype)
+                frame.values[tensor.name] = value.to(device)
+            elif tensor.kind == "param" or tensor.kind == "const":
                 frame.values[tensor.name] = getattr(self, tensor.name)
             elif tensor.kind == "buffer":  # a copy: the update below must not touch saved tensors
                 frame.values[tensor.name] = getattr(self, tensor.name).clone()
@@ -135,6 +139,12 @@ class ReferenceModule(nn.Module):
 
 
 # ---- sizes and inputs ----------------------------------------------------------------------
+
+
+def _follows_the_input(tensor, graph: DesignGraph, sizes: Mapping[str, int]) -> bool:
+    """A const over a run-time size (N) that the module was not built for: made at each call at
+    the size read from the input, never stored (check refuses a param or buffer over one)."""
+    return tensor.kind == "const" and any(not graph.evaluate(a.size, **sizes).is_Integer for a in tensor.axes)
 
 
 def known_sizes(graph: DesignGraph, given: Mapping[str, int]) -> dict[str, int]:

@@ -528,15 +528,14 @@ def test_width_not_divisible_by_heads_is_a_tdiag_error():
         tdiag.load(DESIGNS / "mhsa.td", H=3).module()
 
 
-def test_buffer_over_a_run_time_size_needs_that_size(tmp_path):
+def test_buffer_over_a_run_time_size_needs_that_size_when_loaded(tmp_path):
     shutil.copy(DESIGNS / "mgk.td", tmp_path / "mgk.td")
     text = (DESIGNS / "mgk_softe.td").read_text()
-    (tmp_path / "mgk_softe.td").write_text(
-        text.replace("size N = 256", "size N").replace("replace size N", "replace size N")
-    )
-    design = tdiag.load(tmp_path / "mgk_softe.td")
-    with pytest.raises(tdiag.TdiagError, match="needs the size of leg m"):
-        design.module(impl="reference")
+    (tmp_path / "mgk_softe.td").write_text(text.replace("size N = 256", "size N"))
+    with pytest.raises(tdiag.TdiagError, match="buffer 'pi' has an axis of run-time size N") as error:
+        tdiag.load(tmp_path / "mgk_softe.td")
+    assert error.value.diagnostics[0].spans[0].line == 20
+    assert tdiag.load(tmp_path / "mgk_softe.td", N=16, F=8, H=2, D=4).module(impl="reference") is not None
 
 
 # ---- options ---------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import tdiag
 from tdiag import TdiagError, cli
 
+DESIGNS = Path(__file__).resolve().parent.parent / "designs"
 EXAMPLES = int(os.environ.get("TDIAG_FUZZ_EXAMPLES", "25"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
@@ -183,9 +184,75 @@ def test_a_term_that_is_a_product_of_constants_only_is_computed_from_the_stored_
     torch.testing.assert_close(y, 2 * 0.5 * (0.5 + x.sum(-1)))  # f is summed inside the sum, where it occurs
 
 
+def test_a_const_over_the_run_time_size_is_made_at_the_size_of_each_call():
+    text = (
+        "design runtime_const\nsize N, F = 2\ninput X[n: N, f: F]\nconst I[n: N, m: N] = identity\n"
+        "T[n f] = exp(I[n m]) X[m f]\noutput T\n"
+    )
+    design = tdiag.loads(text)
+    module = design.module(dtype=torch.float64)
+    reference = design.module(impl="reference", dtype=torch.float64)
+    for n in (3, 5):  # one module, two sequence lengths; never stored at the planning default
+        x = torch.randn(2, n, 2, dtype=torch.float64)
+        expected = torch.exp(torch.eye(n, dtype=torch.float64)) @ x
+        torch.testing.assert_close(module(x), expected, rtol=0, atol=1e-12)
+        torch.testing.assert_close(reference(x), expected, rtol=0, atol=1e-12)
+    assert not list(module.buffers())
+
+
+@pytest.mark.parametrize(
+    "declaration", ["mask P[m: N]", "random E[m: N] = normal(mode = never)", "const C[m: N] = ones"]
+)
+def test_a_run_time_size_that_no_input_has_is_refused_where_it_is_first_used(declaration):
+    text = f"design unbound\nsize N, F = 2\ninput X[f: F]\n{declaration}\nT[f] = X[f]\noutput T\n"
+    with pytest.raises(TdiagError) as error:
+        tdiag.loads(text)
+    assert "run-time size N" in str(error.value)
+    assert error.value.diagnostics[0].spans[0].line == 4
+
+
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+def test_a_sum_term_whose_legs_are_all_summed_is_a_scalar_added_to_every_entry(impl):
+    text = (
+        "design scalar_term\nsize N = 3, F = 2, H = 4\ninput X[n: N, f: F]\nparam W[m: N, h: H]\n"
+        "T[f] = X[n f] - W[m h]\noutput T\n"
+    )
+    module = tdiag.loads(text).module(impl=impl, dtype=torch.float64)
+    x = torch.randn(2, 3, 2, dtype=torch.float64)
+    torch.testing.assert_close(module(x), x.sum(-2) - module.W.sum(), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+def test_a_leg_less_tensor_in_a_box_scale_a_box_argument_and_a_sum_is_evaluated(impl):
+    text = (
+        "design leg_less\nsize N = 3, F = 2\ninput X[n: N, f: F]\nparam w[f: F] = normal(std = 0.5)\n"
+        "lam[] = exp(w[f] w[f]) - 0.5\n"
+        "Y[n f] = softmax[n](lam[] X[n f]) + softmax[f, scale = lam[]](X[n f]) - lam[]\noutput Y\n"
+    )
+    module = tdiag.loads(text).module(impl=impl, dtype=torch.float64)
+    x = torch.randn(2, 3, 2, dtype=torch.float64)
+    lam = torch.exp(module.w @ module.w) - 0.5
+    expected = torch.softmax(lam * x, dim=-2) + torch.softmax(lam * x, dim=-1) - lam
+    torch.testing.assert_close(module(x), expected, rtol=0, atol=1e-12)
+
+
+def test_a_normalized_leg_that_only_a_bias_carries_is_materialized_and_equals_the_reference(tmp_path):
+    # MGK with the key side summed over its component leg: r of softmax[m r] comes from log pi only,
+    # so the key side of a fused SDPA would lack a key leg (the fuzzer's mutation of designs/mgk.td)
+    text = (DESIGNS / "mgk.td").read_text().replace("K[m h r d]) /", "K[m h rr d]) /")
+    assert "K[m h rr d]" in text
+    design = tdiag.loads(text, "<mgk mutated>", F=8, H=2, D=4)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    reference = design.module(impl="reference", dtype=torch.float64)(x)
+    for objective in ("flops", "memory"):
+        module = design.module(dtype=torch.float64, objective=objective)
+        torch.testing.assert_close(module(x), reference, rtol=1e-10, atol=1e-12)
+        assert any("only a bias carries" in why for why in module.tdiag_plan.refused)
+
+
 # ---- the command line, fuzzed the same way ------------------------------------------------------
 
-DESIGN = Path(__file__).resolve().parent.parent / "designs" / "mhsa.td"
+DESIGN = DESIGNS / "mhsa.td"
 VALUES = ["0", "-1", "1", "3", "nan", "inf", "1e400", "abc", "", "N=4", "N=-1", "F=0", "x=1", "N=1e30", "N=4,F=x"]
 VALUES += ["cpu", "bogus", "cuda:99", "json", "table", "svg", "dot", "flops", "time", "flops,bogus", "-", "--"]
 FLAGS = {

@@ -74,6 +74,10 @@ class _Leaf:
     constant: sympy.Expr | None = None  # a sub-expression that is one number at every index
 
 
+def _over_run_time_size(graph: DesignGraph, tensor: Tensor) -> bool:
+    return any(graph.sizes[s.name].is_free for a in tensor.axes for s in graph.expand(a.size).free_symbols)
+
+
 class _Names:
     """Python variable names for the generated code: .td names where possible, fresh otherwise."""
 
@@ -98,7 +102,13 @@ class LoweringBase:
         self.objective = objective
         self.sizes = dict(sizes)
         self.steps: list[Step] = []
-        self.attributes = {t.name for t in graph.tensors.values() if t.kind in ("param", "const", "buffer")}
+        # a const over a run-time size (N) is made in forward at the size read from the input
+        self.runtime_consts = [t.name for t in graph.tensors_of_kind("const") if _over_run_time_size(graph, t)]
+        self.attributes = {
+            t.name
+            for t in graph.tensors.values()
+            if t.kind in ("param", "const", "buffer") and t.name not in self.runtime_consts
+        }
         self.names = _Names([*graph.sizes, *self.attributes])
         self.values: dict[str, Value] = {}
         self.uses = _count_uses(graph)
@@ -112,7 +122,9 @@ class LoweringBase:
         self.known = {graph.sizes[k].symbol: v for k, v in graph.size_values().items()}
         self.target: list[Step] = self.steps
         self.input_vars = {
-            t.name: self.names.fresh(t.name) for t in graph.tensors.values() if t.kind in ("input", "mask", "random")
+            t.name: self.names.fresh(t.name)
+            for t in graph.tensors.values()
+            if t.kind in ("input", "mask", "random") or t.name in self.runtime_consts
         }
         self.causal_masks: dict[tuple[sympy.Expr, sympy.Expr], str] = {}
         self.stored_used: set[str] = set()

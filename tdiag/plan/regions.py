@@ -245,6 +245,6 @@ class RegionLowering:
 
     def tensor_var(self, tensor: Tensor) -> str:
         self.stored_used.add(tensor.name)
-        if tensor.kind in ("param", "const", "buffer"):
+        if tensor.name in self.attributes:
             return tensor.name
         return self.input_vars[tensor.name]

@@ -74,6 +74,8 @@ class AttentionMatch:
         if split is None:
             return refuse("no split into query, key and value sides that meet only in heads")
         query_side, key_side, values, heads, queries, latent, features = split
+        if not set(keys) <= {leg for c in key_side for leg in c.legs}:
+            return refuse("a normalized leg that only a bias carries, not the key side")
         if kind == "sqdist" and (query_side, key_side) != (content[:1], content[1:]):
             return refuse("the squared distance's sides are not a query side and a key side")
         bias_items, score_biases = [], []
