@@ -75,8 +75,7 @@ def _fill(shape, value):
 
 def _identity(shape, scale=1.0):
     value = torch.zeros(shape, dtype=torch.float64)
-    index = torch.arange(shape[0])
-    value[(index,) * len(shape)] = scale
+    value[(torch.arange(shape[0]),) * len(shape) if shape else ()] = scale
     return value
 '''
 
@@ -164,7 +163,7 @@ def _init_line(tensor: Tensor, graph: DesignGraph, sizes: dict[str, int] | None)
         shape = _shape(tensor, graph, sizes)
         p = {k: _number(graph, v, sizes) for k, v in init.params} if init else {}
     if init is None:
-        return f"_normal({shape}, 0.0, {source(1 / shape[0] ** 0.5, 'number')}, seed, {_quoted(tensor.name)})"  # type: ignore[index]
+        return f"_normal({shape}, 0.0, {source(1 / (shape[0] if shape else 1) ** 0.5, 'number')}, seed, {_quoted(tensor.name)})"  # type: ignore[index]
     if init.name == "normal":
         return f"_normal({shape}, {p.get('mean', '0.0')}, {p.get('std', '1.0')}, seed, {_quoted(tensor.name)})"
     if init.name == "uniform":

@@ -56,10 +56,11 @@ def initial_value(
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The tensor's initial value (float32 unless `dtype` is given). A param without an initializer
-    gets normal(std=1/sqrt(fan_in)), fan_in being the size of its first axis (docs/language.md)."""
+    gets normal(std=1/sqrt(fan_in)), fan_in being the size of its first axis, 1 for a scalar
+    (docs/language.md)."""
     import torch
 
-    init = tensor.init or Init("normal", (("std", sympy.Integer(shape[0]) ** sympy.Rational(-1, 2)),))
+    init = tensor.init or Init("normal", (("std", sympy.Integer(shape[0] if shape else 1) ** sympy.Rational(-1, 2)),))
     generator = torch.Generator().manual_seed(tensor_seed(seed, tensor.name))
     value = torch.empty(shape, dtype=torch.float64)
     if init.name == "normal":
@@ -88,6 +89,5 @@ def identity(shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.
     import torch
 
     value = torch.zeros(shape, dtype=dtype or torch.float32)
-    index = torch.arange(shape[0])
-    value[(index,) * len(shape)] = 1
+    value[(torch.arange(shape[0]),) * len(shape) if shape else ()] = 1  # a scalar's δ is 1
     return value

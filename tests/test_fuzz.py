@@ -43,31 +43,24 @@ def tensor(draw, tensors):
 
 
 def number():
-    return st.sampled_from(["2", "0.5", "3", "1 / 2", "sqrt(2)", "1 / sqrt(F)", "F", "0.25", "2 ^ 2"])
+    return st.sampled_from(["2", "0.5", "3", "1 / 2", "sqrt(2)", "1 / sqrt(F)", "F", "0.25", "2 ^ 2", "log(N)"])
+
+
+MAPS = ["exp", "relu", "elu1", "clamp", "log", "sigmoid", "tanh", "softplus", "silu", "gelu", "sin", "cos"]
+MAPS += ["sqrt", "abs"]
 
 
 @st.composite
 def expression(draw, tensors, masks=(), depth=0):
+    """A random expression over `tensors` (name -> legs): products, sums (with numbers and size
+    formulas as terms), boxes with scales that are numbers or tensors and masks, maps (masked now
+    and then), reductions, powers, quotients, and `causal(n, m)` or a mask input as a factor."""
     atom = tensor(tensors)
     if depth >= 3:
         return draw(atom)
-    kind = draw(
-        st.sampled_from(
-            [
-                "tensor",
-                "tensor",
-                "product",
-                "sum",
-                "scaled",
-                "softmax",
-                "normalize",
-                "map",
-                "reduce",
-                "power",
-                "quotient",
-            ]
-        )
-    )
+    kinds = ["tensor", "tensor", "product", "sum", "constant", "scaled", "softmax", "normalize", "map", "reduce"]
+    kinds += ["power", "quotient", "causal"]
+    kind = draw(st.sampled_from(kinds))
     inner = lambda: draw(expression(tensors, masks, depth + 1))  # noqa: E731
     if kind == "tensor":
         return draw(atom)
@@ -75,26 +68,36 @@ def expression(draw, tensors, masks=(), depth=0):
         return f"{inner()} {inner()}"
     if kind == "sum":
         return f"({inner()} {draw(st.sampled_from(['+', '-']))} {inner()})"
+    if kind == "constant":  # a number or a size formula as a term of a sum
+        return f"({inner()} {draw(st.sampled_from(['+', '-']))} {draw(number())})"
     if kind == "scaled":
         return f"{draw(number())} * {inner()}"
+    if kind == "causal":
+        return f"causal(n, m) {inner()}"
     if kind in ("softmax", "normalize"):
         over = " ".join(draw(legs(max_size=2)))
         options = ""
         if kind == "softmax" and draw(st.booleans()):
-            options += f", scale = {draw(number())}"
+            scale = draw(st.sampled_from([draw(number()), "t[h]", "exp(clamp(t[h], -2, 2))", draw(atom)]))
+            options += f", scale = {scale}"
         if draw(st.integers(0, 3)) == 0:
             options += ", " + draw(st.sampled_from(["mask = causal(n, m)", *masks]))
         content = inner() if kind == "softmax" else f"exp({inner()})"
         return f"{kind}[{over}{options}]({content})"
     if kind == "map":
-        name = draw(st.sampled_from(["exp", "relu", "elu1", "clamp", "log"]))
+        name = draw(st.sampled_from(MAPS))
+        options = ""
+        if draw(st.integers(0, 4)) == 0:  # a masked map names its key legs
+            options = f"[m, {draw(st.sampled_from(['mask = causal(n, m)', *masks]))}]"
         if name == "log":
-            return f"log(1 + exp(clamp({inner()}, -3, 3)))"
+            return f"log{options}(1 + exp(clamp({inner()}, -3, 3)))"
+        if name == "sqrt":
+            return f"sqrt{options}(1 + {inner()} ^ 2)"
         if name == "clamp":
-            return f"clamp({inner()}, -1, 1)"
+            return f"clamp{options}({inner()}, -1, 1)"
         if name == "exp":
-            return f"exp(clamp({inner()}, -3, 3))"
-        return f"{name}({inner()})"
+            return f"exp{options}(clamp({inner()}, -3, 3))"
+        return f"{name}{options}({inner()})"
     if kind == "reduce":
         name = draw(st.sampled_from(["max", "logsumexp", "mean"]))
         return f"{name}[{' '.join(draw(legs(max_size=2)))}]({inner()})"
@@ -106,8 +109,9 @@ def expression(draw, tensors, masks=(), depth=0):
 @st.composite
 def design_text(draw):
     """A design over sizes N (sometimes given only at run time), F, G (sometimes derived from F)
-    and H: an input, parameters and constants with random initializers, a padding mask and noise
-    now and then, a buffer with its update, and one to three statements of random expressions."""
+    and H: an input, parameters and constants with random initializers, a padding mask (used in
+    boxes and maps or as a factor) and noise now and then, a per-head temperature t[h], a buffer
+    with its update, and one to three statements of random expressions."""
     sizes = {s: str(draw(st.integers(1, 3))) for s in ("N", "F", "G", "H")}
     if draw(st.booleans()):
         sizes["G"] = draw(st.sampled_from(["2 * F", "F + 1", "F"]))
@@ -115,20 +119,28 @@ def design_text(draw):
     lines = ["design fuzzed", "size " + ", ".join(k if k in runtime else f"{k} = {v}" for k, v in sizes.items())]
     tensors = {"X": draw(st.sampled_from([["n", "f"], ["m", "f"], ["n", "g"], ["f"], ["n", "f", "g"]]))}
     lines.append(f"input X[{', '.join(f'{leg}: {SIZES[leg]}' for leg in tensors['X'])}]")
+    stored = [leg for leg in LEGS if not runtime or SIZES[leg] != "N"]  # a param over N is refused
     masks = []
-    if draw(st.integers(0, 4)) == 0:
-        lines.append("mask P[m: N]")
-        masks.append("mask = P[m]")
+    if draw(st.integers(0, 3)) == 0:
+        axes = draw(st.sampled_from([["m"], ["n", "m"]]))
+        lines.append(f"mask P[{', '.join(f'{leg}: N' for leg in axes)}]")
+        masks.append(f"mask = P[{' '.join(axes)}]")
+        tensors["P"] = axes
     if draw(st.integers(0, 4)) == 0:
         axes = draw(legs(max_size=2))
         lines.append(f"random E[{', '.join(f'{leg}: {SIZES[leg]}' for leg in axes)}] = normal(mode = never)")
         tensors["E"] = axes
+    lines.append("param t[h: H] = normal(std = 0.5)")
     for k in range(draw(st.integers(0, 2))):
-        axes = draw(legs(max_size=3))
-        init = draw(st.sampled_from(["", " = normal(std = 0.5)", " = uniform(low = -1, high = 1)", " = ones"]))
         kind = draw(st.sampled_from(["param", "param", "const"]))
+        axes = (
+            draw(legs(max_size=3))
+            if kind == "const"
+            else draw(st.lists(st.sampled_from(stored), max_size=3, unique=True))
+        )
+        init = draw(st.sampled_from(["", " = normal(std = 0.5)", " = uniform(low = -1, high = 1)", " = ones"]))
         if kind == "const":
-            init = draw(st.sampled_from([" = fill(0.5)", " = ones", " = zeros"]))
+            init = draw(st.sampled_from([" = fill(0.5)", " = ones", " = zeros", " = identity"]))
         lines.append(f"{kind} W{k}[{', '.join(f'{leg}: {SIZES[leg]}' for leg in axes)}]{init}")
         tensors[f"W{k}"] = axes
     if draw(st.integers(0, 5)) == 0:
@@ -153,12 +165,18 @@ def run_design(text: str, sizes: dict[str, int] | None = None) -> str:
         assert error.diagnostics and all(d.spans for d in error.diagnostics), str(error)
         return "refused"
     values = {**design.size_values, **(sizes or {})}
-    shape = [int(design.graph.evaluate(a.size, **values)) for a in design.graph.inputs[0].axes]
-    x = torch.randn(2, *shape, dtype=torch.float64, requires_grad=True)
+    shape = lambda t: [int(design.graph.evaluate(a.size, **values)) for a in t.axes]  # noqa: E731
+    generator = torch.Generator().manual_seed(len(text))
+    x = torch.randn(2, *shape(design.graph.inputs[0]), dtype=torch.float64, requires_grad=True, generator=generator)
+    masks = {}  # each mask given with batch dims, without, or left out (attend everywhere)
+    for t in design.graph.tensors_of_kind("mask"):
+        batch = [(2,), (), None][int(torch.randint(3, (), generator=generator))]
+        if batch is not None:
+            masks[t.name] = torch.rand(*batch, *shape(t), generator=generator) < 0.7
     reference = design.module(sizes or {}, impl="reference", dtype=torch.float64)
-    y = compiled(x)
+    y = compiled(x, **masks)
     y.sum().backward()
-    expected = reference(x)
+    expected = reference(x, **masks)
     if torch.isfinite(expected).all():
         torch.testing.assert_close(y, expected, rtol=1e-7, atol=1e-9)
     return "ran"
@@ -248,6 +266,15 @@ def test_a_normalized_leg_that_only_a_bias_carries_is_materialized_and_equals_th
         module = design.module(dtype=torch.float64, objective=objective)
         torch.testing.assert_close(module(x), reference, rtol=1e-10, atol=1e-12)
         assert any("only a bias carries" in why for why in module.tdiag_plan.refused)
+
+
+def test_a_scalar_param_without_initializer_gets_the_default_normal_with_fan_in_1():
+    text = "design scalar\nsize N = 3, F = 2\ninput X[n: N, f: F]\nparam w[]\nT[n f] = w[] X[n f]\noutput T\n"
+    assert run_design(text) == "ran"
+    module = tdiag.loads(text).module(dtype=torch.float64)
+    x = torch.randn(2, 3, 2, dtype=torch.float64)
+    assert module.w.shape == ()
+    torch.testing.assert_close(module(x), module.w * x, rtol=0, atol=1e-12)
 
 
 # ---- the command line, fuzzed the same way ------------------------------------------------------
