@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ def legs(draw, min_size=1, max_size=3):
 def tensor(draw, tensors):
     name = draw(st.sampled_from(sorted(tensors)))
     axes = tensors[name]
-    if draw(st.integers(0, 9)) == 0:  # now and then the wrong legs, or a leg repeated
+    if draw(st.integers(0, 39)) == 17:  # now and then the wrong legs, or a leg repeated (hypothesis favours 0)
         return f"{name}[{' '.join(draw(st.lists(st.sampled_from(LEGS), max_size=4)))}]"
     renamed = draw(st.permutations(LEGS)) if draw(st.booleans()) and draw(st.integers(0, 3)) == 0 else LEGS
     mapping = dict(zip(LEGS, renamed, strict=True))
@@ -48,6 +49,18 @@ def number():
 
 MAPS = ["exp", "relu", "elu1", "clamp", "log", "sigmoid", "tanh", "softplus", "silu", "gelu", "sin", "cos"]
 MAPS += ["sqrt", "abs"]
+
+
+def legs_of(text: str) -> list[str]:
+    """The legs of the tensors read in `text`, in order (an approximation of its free legs)."""
+    return list(
+        dict.fromkeys(leg for group in re.findall(r"\b[A-Za-z]\w*\[([a-z ]+)\]", text) for leg in group.split())
+    )
+
+
+def _masks(present: list[str], masks) -> list[str]:
+    """Mask options that fit legs `present`: causal(n, m) when both are there, and the padding masks."""
+    return (["mask = causal(n, m)"] if {"n", "m"} <= set(present) else []) + list(masks) or ["mask = causal(n, m)"]
 
 
 @st.composite
@@ -72,35 +85,38 @@ def expression(draw, tensors, masks=(), depth=0):
         return f"({inner()} {draw(st.sampled_from(['+', '-']))} {draw(number())})"
     if kind == "scaled":
         return f"{draw(number())} * {inner()}"
-    if kind == "causal":
-        return f"causal(n, m) {inner()}"
+    if kind == "causal":  # over legs the statement has, else a leg would come from nowhere
+        argument = inner()
+        return f"causal(n, m) {argument}" if {"n", "m"} <= set(legs_of(argument)) else argument
     if kind in ("softmax", "normalize"):
-        over = " ".join(draw(legs(max_size=2)))
+        content = inner() if kind == "softmax" else f"exp({inner()})"
+        present = legs_of(content)
+        over = " ".join(draw(st.lists(st.sampled_from(present or LEGS), min_size=1, max_size=2, unique=True)))
         options = ""
         if kind == "softmax" and draw(st.booleans()):
             scale = draw(st.sampled_from([draw(number()), "t[h]", "exp(clamp(t[h], -2, 2))", draw(atom)]))
             options += f", scale = {scale}"
         if draw(st.integers(0, 3)) == 0:
-            options += ", " + draw(st.sampled_from(["mask = causal(n, m)", *masks]))
-        content = inner() if kind == "softmax" else f"exp({inner()})"
+            options += ", " + draw(st.sampled_from(_masks(present, masks)))
         return f"{kind}[{over}{options}]({content})"
     if kind == "map":
-        name = draw(st.sampled_from(MAPS))
+        name, argument = draw(st.sampled_from(MAPS)), inner()
         options = ""
-        if draw(st.integers(0, 4)) == 0:  # a masked map names its key legs
-            options = f"[m, {draw(st.sampled_from(['mask = causal(n, m)', *masks]))}]"
+        if draw(st.integers(0, 4)) == 0 and "m" in legs_of(argument):  # a masked map names its key legs
+            options = f"[m, {draw(st.sampled_from(_masks(legs_of(argument), masks)))}]"
         if name == "log":
-            return f"log{options}(1 + exp(clamp({inner()}, -3, 3)))"
+            return f"log{options}(1 + exp(clamp({argument}, -3, 3)))"
         if name == "sqrt":
-            return f"sqrt{options}(1 + {inner()} ^ 2)"
+            return f"sqrt{options}(1 + {argument} ^ 2)"
         if name == "clamp":
-            return f"clamp{options}({inner()}, -1, 1)"
+            return f"clamp{options}({argument}, -1, 1)"
         if name == "exp":
-            return f"exp{options}(clamp({inner()}, -3, 3))"
-        return f"{name}{options}({inner()})"
+            return f"exp{options}(clamp({argument}, -3, 3))"
+        return f"{name}{options}({argument})"
     if kind == "reduce":
-        name = draw(st.sampled_from(["max", "logsumexp", "mean"]))
-        return f"{name}[{' '.join(draw(legs(max_size=2)))}]({inner()})"
+        name, argument = draw(st.sampled_from(["max", "logsumexp", "mean"])), inner()
+        over = draw(st.lists(st.sampled_from(legs_of(argument) or LEGS), min_size=1, max_size=2, unique=True))
+        return f"{name}[{' '.join(over)}]({argument})"
     if kind == "power":
         return f"relu({inner()}) ^ {draw(st.sampled_from(['2', '3', '1']))}"
     return f"{inner()} / (1 + exp(clamp({inner()}, -3, 3)))"
@@ -141,15 +157,22 @@ def design_text(draw):
         init = draw(st.sampled_from(["", " = normal(std = 0.5)", " = uniform(low = -1, high = 1)", " = ones"]))
         if kind == "const":
             init = draw(st.sampled_from([" = fill(0.5)", " = ones", " = zeros", " = identity"]))
+            axes = ["n", "m"] if init == " = identity" else axes  # δ over axes of one size
         lines.append(f"{kind} W{k}[{', '.join(f'{leg}: {SIZES[leg]}' for leg in axes)}]{init}")
         tensors[f"W{k}"] = axes
     if draw(st.integers(0, 5)) == 0:
         lines.append("buffer S[f: F] = ones")
         lines.append("update S[f] = mean[n](X[n f] X[n f])" if "n" in tensors["X"] else "update S[f] = X[f]")
         tensors["S"] = ["f"]
-    for k in range(draw(st.integers(1, 3))):
-        result = draw(legs(min_size=1, max_size=3))
+    count, reads_input = draw(st.integers(1, 3)), {"X"}
+    for k in range(count):
         expr = draw(expression(tensors, masks))
+        if k == count - 1 and not reads_input & set(re.findall(r"\b[A-Z]\w*", expr)) and draw(st.integers(0, 9)):
+            expr = f"{expr} + X[{' '.join(tensors['X'])}]"  # mostly an output that depends on the input
+        if reads_input & set(re.findall(r"\b[A-Z]\w*", expr)):
+            reads_input.add(f"T{k}")
+        present = legs_of(expr) if draw(st.integers(0, 9)) else LEGS  # now and then any legs
+        result = draw(st.lists(st.sampled_from(present or LEGS), min_size=1, max_size=3, unique=True))
         lines.append(f"T{k}[{' '.join(result)}] = {expr}")
         tensors[f"T{k}"] = result
     lines.append(f"output T{k}")
