@@ -4,7 +4,6 @@ import gzip
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -156,18 +155,14 @@ def test_train_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
     assert "no data file" in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 DDP_SCRIPT = """
 import os, sys, torch, torch.distributed as dist
 from tdiag.train import TrainConfig, build_model, global_batch, loss_of, read_corpus
 config = TrainConfig(**eval(sys.argv[1]))
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
+rank = int(os.environ["RANK"])
+# a file rendezvous: no TCP port to choose, so none that another process can take first
+dist.init_process_group("gloo", init_method="file://" + sys.argv[3], rank=rank, world_size=2)
+world = dist.get_world_size()
 corpus = read_corpus(config.data, config.context)
 model, _ = build_model(config, corpus.vocab, torch.device("cpu"))
 ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -175,6 +170,7 @@ x, y = global_batch(torch.Generator().manual_seed(7), corpus.train, config, rank
 loss_of(ddp, x, y, torch.device("cpu")).backward()
 if rank == 0:
     torch.save({n: p.grad for n, p in model.named_parameters()}, sys.argv[2])
+dist.barrier()  # neither process tears the group down while the other still uses it
 dist.destroy_process_group()
 """
 
@@ -184,26 +180,25 @@ def test_two_process_ddp_gradients_equal_one_process_on_the_same_global_batch(co
     fields = {k: getattr(config, k) for k in ("design", "data", "layers", "width", "heads", "context", "batch")}
     script = tmp_path / "ddp_step.py"
     script.write_text(DDP_SCRIPT)
-    for attempt in range(2):  # a free port can be taken between choosing it and binding it: choose again
-        env = os.environ | {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port()),
-            "WORLD_SIZE": "2",
-            "PYTHONPATH": str(ROOT),
-        }
-        processes = [
-            subprocess.Popen(
-                [sys.executable, str(script), repr(fields), str(tmp_path / "grads.pt")],
-                env=env | {"RANK": str(r)},
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for r in range(2)
-        ]
-        errors = [p.communicate(timeout=240)[1] for p in processes]
-        if all(p.returncode == 0 for p in processes):
-            break
-        assert attempt == 0 and "address already in use" in "".join(errors).lower(), "\n".join(errors)[-4000:]
+    env = os.environ | {"WORLD_SIZE": "2", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-X", "faulthandler", str(script), repr(fields), str(tmp_path / "grads.pt")]
+    processes = [
+        subprocess.Popen(
+            [*command, str(tmp_path / "rendezvous")],
+            env=env | {"RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        outputs = [p.communicate(timeout=300)[0] for p in processes]
+    finally:
+        for p in processes:
+            p.kill()  # no-op once a process has ended; never leaves one waiting for its peer
+    codes = [p.returncode for p in processes]  # a negative code is the signal that ended it
+    assert codes == [0, 0], f"exit codes {codes}:\n" + "\n".join(outputs)[-4000:]
     distributed = torch.load(tmp_path / "grads.pt")
 
     corpus = read_corpus(config.data, config.context)
