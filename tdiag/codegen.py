@@ -394,6 +394,9 @@ def _entry(plan: Plan) -> list[str]:
             f"{var} = torch.ones(B, {shape}, dtype=torch.bool, device={first_input}.device) if {var} is None else {var}.expand(*batch_shape, {shape}).reshape(B, {shape})"
         )
     device = first_input or "None"
+    for t in graph.tensors_of_kind("buffer"):  # read as it was: the update below must not touch saved tensors
+        if t.name in plan.names:
+            lines.append(f"{source(plan.names[t.name], 'name')} = self.{source(t.name, 'name')}.clone()")
     for t in graph.tensors_of_kind("const"):  # over a run-time size: made at the size of this call
         if t.name in plan.stored and t.name not in plan.attributes:
             like = f"dtype={device}.dtype, device={device}.device"
@@ -486,7 +489,7 @@ def _read(operand: Operand, attributes: frozenset[str]) -> str:
     if operand.invert:
         code = f"(~{code})"
     if operand.permutation is not None:
-        code = f"{code}.permute({', '.join(map(str, operand.permutation))})"
+        code = f"{code}.permute({tuple(operand.permutation)})"
     if operand.shape is not None:
         code = f"{code}.reshape({', '.join(_expr(s) for s in operand.shape)})"
     if operand.index is not None:
@@ -569,7 +572,7 @@ def _(op: Normalize, attributes: frozenset[str]) -> str:
 def _(op: Expand, attributes: frozenset[str]) -> str:
     kept = len(op.x.legs)
     index = ", ".join([":"] * kept + ["None"] * len(op.sizes))
-    shape = ", ".join(["-1"] * kept) + ", " + _sizes(op.sizes)
+    shape = ", ".join(["-1"] * kept + [_expr(size) for size in op.sizes])
     return f"{_var(op.x, attributes)}[{index}].expand({shape})"
 
 
@@ -698,7 +701,7 @@ def _(op: MaskNumbers, attributes: frozenset[str]) -> str:
 
 @_op.register
 def _(op: Permute, attributes: frozenset[str]) -> str:
-    return f"{_var(op.x, attributes)}.permute({', '.join(map(str, op.permutation))})"
+    return f"{_var(op.x, attributes)}.permute({tuple(op.permutation)})"  # a tuple, empty for a scalar
 
 
 @_op.register

@@ -102,12 +102,15 @@ class LoweringBase:
         self.objective = objective
         self.sizes = dict(sizes)
         self.steps: list[Step] = []
-        # a const over a run-time size (N) is made in forward at the size read from the input
-        self.runtime_consts = [t.name for t in graph.tensors_of_kind("const") if _over_run_time_size(graph, t)]
+        # made in forward: a const over a run-time size (N), at the size read from the input;
+        self.made_on_entry = [t.name for t in graph.tensors_of_kind("const") if _over_run_time_size(graph, t)]
+        # a buffer with an update rule is read through a copy made on entry (codegen), so that the
+        # in-place update after the forward never changes a tensor that autograd saved
+        self.made_on_entry += sorted({u.target for u in graph.updates})
         self.attributes = {
             t.name
             for t in graph.tensors.values()
-            if t.kind in ("param", "const", "buffer") and t.name not in self.runtime_consts
+            if t.kind in ("param", "const", "buffer") and t.name not in self.made_on_entry
         }
         self.names = _Names([*graph.sizes, *self.attributes])
         self.values: dict[str, Value] = {}
@@ -124,7 +127,7 @@ class LoweringBase:
         self.input_vars = {
             t.name: self.names.fresh(t.name)
             for t in graph.tensors.values()
-            if t.kind in ("input", "mask", "random") or t.name in self.runtime_consts
+            if t.kind in ("input", "mask", "random") or t.name in self.made_on_entry
         }
         self.causal_masks: dict[tuple[sympy.Expr, sympy.Expr], str] = {}
         self.stored_used: set[str] = set()
