@@ -18,7 +18,7 @@ from functools import singledispatchmethod
 
 import sympy
 
-from .abstract import BOOL, FLOAT, AbstractMachine, Footprint, Meta
+from .abstract import BOOL, FLOAT, LONG, AbstractMachine, Footprint, Meta
 from .program import (
     Attention,
     Binary,
@@ -27,6 +27,7 @@ from .program import (
     Elementwise,
     Expand,
     Fill,
+    GatherAt,
     JoinChunks,
     Map,
     MaskFill,
@@ -38,12 +39,15 @@ from .program import (
     Operand,
     Permute,
     Plan,
+    Positions,
+    PositionTensor,
     PrefixSum,
     Ratio,
     Reduce,
     Reshape,
     Scale,
     ScoreMask,
+    Slice,
     Softmax,
     SplitChunks,
     Step,
@@ -366,6 +370,37 @@ class _Interpreter(AbstractMachine):
         self.read(op.mask)
         shape, numel = self.output(step)
         return self.fresh(shape, numel, False, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: Positions, step: Step) -> Meta:
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, False, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: PositionTensor, step: Step) -> Meta:
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, False, step.out.var, LONG)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: Slice, step: Step) -> Meta:
+        x = self.value(op.x)
+        shape, numel = self.output(step)
+        return Meta(
+            shape,
+            x.strides[: len(shape)] if len(x.strides) >= len(shape) else contiguous(shape),
+            x.storage,
+            x.grad,
+            numel,
+        )
+
+    @op.register
+    def _(self, op: GatherAt, step: Step) -> Meta:
+        x = self.read(op.x)
+        index = self.value(op.index)
+        if x.grad:
+            self.save(index)
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
 
     @op.register
     def _(self, op: Permute, step: Step) -> Meta:
