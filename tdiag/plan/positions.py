@@ -62,7 +62,7 @@ class PositionLowering:
 
     def position_tensor(self, position: Position, ren: dict[str, tuple[str, ...]]) -> Value:
         """The integer position over its region legs."""
-        renamed = _rename_position(position, {leg: ren[leg][0] for leg in position.legs()})
+        renamed = _rename_position(position, {leg: ren[leg][0] for leg in position.legs()}, self.runtime)
         legs = renamed.legs()
         name = self.names.fresh("position")
         out = Value(name, legs)
@@ -99,11 +99,11 @@ class PositionLowering:
         )  # type: ignore[return-value]
 
 
-def _rename_position(position: Position, names: dict[str, str]) -> Position:
+def _rename_position(position: Position, names: dict[str, str], runtime) -> Position:
+    """The position over region legs, its sizes known at build time replaced by numbers."""
     if position.op == "leg":
         return Position("leg", name=names[position.name])
-    if not position.operands:
-        return position
-    return Position(
-        position.op, position.name, position.value, tuple(_rename_position(o, names) for o in position.operands)
-    )
+    if position.op == "number":
+        return Position("number", value=runtime(position.value))
+    operands = tuple(_rename_position(o, names, runtime) for o in position.operands)
+    return Position(position.op, position.name, position.value, operands)
