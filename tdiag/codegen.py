@@ -442,11 +442,11 @@ def _slice_checks(step: Step) -> list[str]:
     if not isinstance(step.op, Slice):
         return []
     lines = []
-    for _, extent, size in step.op.dims:
+    for (_, extent, size), (leg, shown_extent, shown_size) in zip(step.op.dims, step.op.labels, strict=True):
         if (extent - size).is_number:
             continue  # both known when planning: graph.py refused a slice longer than its axis
-        text = source(f"{step.op.name}: reads the first {extent} = ", "fstring")
-        more = source(f" entries of an axis of {size} = ", "fstring")
+        text = source(f"{step.op.name}: reads the first {shown_extent} = ", "fstring")
+        more = source(f" entries of axis {leg} of {shown_size} = ", "fstring")
         hint = source("; declare the table over a longer maximum length", "fstring")
         lines.append(f"        if {_expr(extent)} > {_expr(size)}:")
         lines.append(f'            raise ValueError(f"{text}{{{_expr(extent)}}}{more}{{{_expr(size)}}}{hint}")')

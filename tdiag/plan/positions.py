@@ -54,8 +54,10 @@ class PositionLowering:
             )
             name = self.names.fresh(f"{tensor.name}_first")
             shown = ", ".join(f"{tensor.axes[k].leg}: {extent}" for k, extent, _ in dims)
+            labels = tuple((tensor.axes[k].leg, str(ref.slices[k]), str(tensor.axes[k].size)) for k, _, _ in dims)
             out = Value(name, legs)
-            self.emit(Step("slice", Slice(Value(base, ()), dims, tensor.name), out, f"{tensor.name}[{shown}]"))
+            op = Slice(Value(base, ()), dims, tensor.name, labels)
+            self.emit(Step("slice", op, out, f"{tensor.name}[{shown}]"))
             self.memo[key] = (out, legs)
         value, earlier = self.memo[key]
         return _renamed(value, dict(zip(earlier, legs, strict=True)))

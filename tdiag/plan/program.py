@@ -352,6 +352,7 @@ class Slice:
     x: Value
     dims: tuple[tuple[int, sympy.Expr, sympy.Expr], ...]
     name: str = ""
+    labels: tuple[tuple[str, str, str], ...] = ()  # per dim: (leg, extent, size) as the .td writes them
 
 
 @dataclass(frozen=True)
