@@ -574,16 +574,32 @@ class _Builder:
         if d.kind != "param":
             return
         free = self.runtime_sizes
-        for axis, syntax in zip(axes, d.axes, strict=True):
-            used = sorted(str(s) for s in expand_sizes(axis.size, self.sizes).free_symbols & free)
-            if used:
-                self.error(
-                    f"param {d.name} has axis {axis.leg} over the run-time size {used[0]}, "
-                    "which is not known when parameters are built",
-                    syntax.span,
-                    hint=f"declare it over a maximum length, e.g. size L = 1024 and {axis.leg}: L, "
-                    f"and read the first {used[0]} entries where it is used: {d.name}[{axis.leg}: {used[0]}, ...]",
-                )
+        runtime = [
+            (axis, syntax, sorted(str(s) for s in expand_sizes(axis.size, self.sizes).free_symbols & free))
+            for axis, syntax in zip(axes, d.axes, strict=True)
+        ]
+        runtime = [(axis, syntax, used[0]) for axis, syntax, used in runtime if used]
+        if not runtime:
+            return
+        names = iter(n for n in "ijkluvw" if n not in self.legs and n not in {a.leg for a in axes})
+        declared, used = [], []
+        for axis in axes:
+            over = next((size for a, _, size in runtime if a is axis), None)
+            if over is None:
+                declared.append(f"{axis.leg}: {axis.size}")
+                used.append(axis.leg)
+            else:
+                declared.append(f"{next(names, axis.leg + '0')}: L")
+                used.append(f"{axis.leg}: {axis.size}")
+        axis, _, size = runtime[0]
+        self.error(
+            f"param {d.name} has axis {axis.leg} over the run-time size {size}, "
+            "which is not known when parameters are built",
+            *(syntax.span for _, syntax, _ in runtime),
+            hint=f"declare it over a maximum length with legs of its own, e.g. size L = 1024 and "
+            f"param {d.name}[{', '.join(declared)}], then read its first entries where it is used: "
+            f"{d.name}[{', '.join(used)}]",
+        )
 
     def _check_axis_names(self, d: syn.Declaration) -> None:
         seen: dict[str, syn.Axis] = {}
@@ -1027,7 +1043,8 @@ class _ExprBuilder:
             if isinstance(item, syn.SlicedLeg):
                 extent = self._slice(item, axis, tensor)
                 slices.append(extent)
-                self.b._bind(item.name, axis.size if extent is None else extent, item.span, where)
+                if extent is not None:  # a refused slice binds nothing: its error explains the leg
+                    self.b._bind(item.name, extent, item.span, where)
             elif isinstance(item, syn.Leg):
                 slices.append(None)
                 self.b._bind(item.name, axis.size, item.span, where)
@@ -1183,10 +1200,10 @@ class _ExprBuilder:
         low, high = _position_bounds(position, lambda leg: number(self.b.legs[leg].size) - 1, number)
         size = number(axis.size)
         if low < 0 or high > size - 1:
-            shown = lambda v: "unbounded" if math.isinf(v) else str(int(v))  # noqa: E731
+            shown = lambda v: ("-inf" if v < 0 else "+inf") if math.isinf(v) else str(int(v))  # noqa: E731
             self.b.error(
                 f"position {item.name} = {position} of {tensor.name} ranges over {shown(low)} .. {shown(high)}, "
-                f"outside its axis {axis.leg} ({axis.size}: 0 .. {shown(size - 1)})",
+                f"outside its axis {axis.leg} ({axis.size}: 0 .. {shown(size - 1)}); a run-time size is unbounded here",
                 item.value.span,
                 hint="clamp it into the table, e.g. clamp(m - n, -K, K) + K for a table of 2K + 1 entries",
             )

@@ -275,3 +275,12 @@ def test_cross_attention_gradcheck_and_compile():
     assert torch.autograd.gradcheck(run, (x, z, *module.parameters()), eps=1e-6, atol=1e-7)
     compiled = torch.compile(module, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x, z, pad=pad), module(x, z, pad=pad), rtol=0, atol=1e-12)
+
+
+def test_train_refuses_cross_attention_with_a_positioned_error(capsys):
+    from tdiag.cli import main
+
+    code = main(["train", "cross_attention", "--steps", "1"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "Traceback" not in out + err
+    assert "cross_attention.td:16:7: error: design 'cross_attention' has 2 input(s) (X, Z)" in err
