@@ -284,3 +284,30 @@ def test_train_refuses_cross_attention_with_a_positioned_error(capsys):
     out, err = capsys.readouterr()
     assert code == 1 and "Traceback" not in out + err
     assert "cross_attention.td:16:7: error: design 'cross_attention' has 2 input(s) (X, Z)" in err
+
+
+def test_rope_diagram_draws_the_index_nodes_and_the_rotation_constant():
+    from tdiag.render import to_dot
+
+    dot = to_dot(design("rope").graph)
+    assert 'label="index"' in dot and 'label="R"' in dot
+
+
+def test_relative_bias_diagram_draws_the_gather_at_its_position():
+    from tdiag.render import to_dot
+
+    dot = to_dot(design("relative_bias").graph)
+    assert 'label="r = (clamp((m - n), -C, C) + C)"' in dot and 'label="Rel"' in dot
+
+
+def test_absolute_bias_diagram_shows_the_slice():
+    from tdiag.render import to_dot
+
+    assert 'label="Bias[n: N, m: N]"' in to_dot(design("absolute_bias").graph)
+
+
+def test_cost_counts_positions_and_gathers_as_elementwise_not_flops():
+    report = design("relative_bias").cost(N=64)
+    plain = tdiag.load(DESIGNS / "mhsa.td", **SIZES).cost(N=64)
+    assert report.at(N=64)["flops"] == plain.at(N=64)["flops"]
+    assert report.at(N=64)["elementwise"] > plain.at(N=64)["elementwise"]
