@@ -1,9 +1,10 @@
 # Partial rotary embedding: RoPE on the first Dr dims of each head, the rest passed through.
 # Paper: Black et al., "GPT-NeoX-20B: An Open-Source Autoregressive Language Model" (2022),
-# Sec. 2.1.1 (rotary_pct = 0.25), with the rotation of Su et al., RoFormer (2021), Sec. 3.4.2,
+# Sec. 2.1.1 (rotary_pct), with the rotation of Su et al., RoFormer (2021), Sec. 3.4.2,
 # eq. (34) and the logits of eq. (16).
 # Readings:
-# - A head of width D = Dr + Dp: its first Dr dims rotate, the last Dp do not (Dr = D / 4).
+# - A head of width D = Dr + Dp: its first Dr dims rotate, the last Dp do not; Dr = D / 2 here
+#   (rotary_pct = 0.5; GPT-NeoX-20B uses 0.25: set Dr = D / 4).
 # - Separate projections WQr[f h d] (the first Dr columns of each head of one W_q) and WQp[f h c]
 #   (the last Dp): q = (q_r, q_p) and q·k = q_r·k_r + q_p·k_p, so rotating the first Dr dims of
 #   one projection is exactly Σ_d Rot(Qr)[d] Rot(Kr)[d] + Σ_c Qp[c] Kp[c]; the parameters are the
@@ -12,7 +13,7 @@
 # - Values keep the full head width D; softmax scale 1/√D.
 design rope_partial
 
-size F = 512, H = 8, D = F / H, Dr = D / 4, Dp = D - Dr, P = Dr / 2
+size F = 512, H = 8, D = F / H, Dr = D / 2, Dp = D - Dr, P = Dr / 2
 size N
 
 input X[n: N, f: F]

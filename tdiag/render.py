@@ -26,13 +26,13 @@ import sympy
 from .graph import DesignGraph
 from .ir import (
     CausalFactor,
-    Gather,
-    PositionIndex,
     CausalMask,
     Contraction,
     ElementwiseMap,
     Expr,
+    Gather,
     PaddingMask,
+    PositionIndex,
     Quotient,
     Reduction,
     Scalar,

@@ -102,8 +102,8 @@ def test_a_padding_mask_is_passed_to_sdpa_as_a_float_attn_mask():
 
 
 def test_sdpa_is_refused_when_a_score_term_varies_along_the_queries():
-    body = "param T[h: H, n: N] = normal(std = 1)\n" + ATTENTION.replace(
-        "(Q[n h d] K[m h d])", "(Q[n h d] K[m h d] + T[h n])"
+    body = "size L = 2048\nparam T[h: H, i: L] = normal(std = 1)\n" + ATTENTION.replace(
+        "(Q[n h d] K[m h d])", "(Q[n h d] K[m h d] + T[h, n: N])"
     )
     lowered = plan(body)
     assert not ops(lowered, Attention)
