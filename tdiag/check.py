@@ -117,10 +117,11 @@ def _free_sizes(design: DesignGraph, expr: object) -> set[str]:
 
 
 def _stored_tensors_have_fixed_sizes(design: DesignGraph) -> list[Diagnostic]:
-    """A param or buffer is allocated once, when the module is built: an axis over a run-time size
-    (N, read from the input at each call) has no size then."""
+    """A buffer is allocated once, when the module is built: an axis over a run-time size (N, read
+    from the input at each call) has no size then. (A param over one is refused while the graph is
+    built, with the max-length form as the hint.)"""
     problems = []
-    for tensor in design.tensors_of_kind("param", "buffer"):
+    for tensor in design.tensors_of_kind("buffer"):
         free = sorted(set().union(*(_free_sizes(design, a.size) for a in tensor.axes)))
         if free:
             problems.append(

@@ -24,6 +24,7 @@ from .plan.program import (
     Elementwise,
     Expand,
     Fill,
+    GatherAt,
     JoinChunks,
     Map,
     MaskFill,
@@ -34,12 +35,15 @@ from .plan.program import (
     Normalize,
     Operand,
     Permute,
+    Positions,
+    PositionTensor,
     PrefixSum,
     Ratio,
     Reduce,
     Reshape,
     Scale,
     ScoreMask,
+    Slice,
     Softmax,
     SplitChunks,
     SumAxes,
@@ -170,6 +174,9 @@ def _init_line(tensor: Tensor, graph: DesignGraph, sizes: dict[str, int] | None)
         return f"_uniform({shape}, {p['low']}, {p['high']}, seed, {_quoted(tensor.name)})"
     if init.name == "identity":
         return f"_identity({shape}, {p.get('scale', '1.0')})"
+    if init.name == "values":
+        entries = ", ".join(_number(graph, v, sizes) for v in init.values)
+        return f"torch.tensor([{entries}], dtype=torch.float64).reshape({shape})"
     value = {"zeros": "0.0", "ones": "1.0"}.get(init.name) or p["value"]
     return f"_fill({shape}, {value})"
 
@@ -439,7 +446,23 @@ def _step_lines(step: Step, plan: Plan) -> list[str]:
     code = _op(step.op, plan.attributes)
     if step.out is not None:
         code = f"{source(step.out.var, 'name')} = {code}"
-    return [f"        {code}{comment}"]
+    return [*_slice_checks(step), f"        {code}{comment}"]
+
+
+def _slice_checks(step: Step) -> list[str]:
+    """A table read at its first N entries needs N <= its length: checked when the module runs."""
+    if not isinstance(step.op, Slice):
+        return []
+    lines = []
+    for (_, extent, size), (leg, shown_extent, shown_size) in zip(step.op.dims, step.op.labels, strict=True):
+        if (extent - size).is_number:
+            continue  # both known when planning: graph.py refused a slice longer than its axis
+        text = source(f"{step.op.name}: reads the first {shown_extent} = ", "fstring")
+        more = source(f" entries of axis {leg} of {shown_size} = ", "fstring")
+        hint = source("; declare the table over a longer maximum length", "fstring")
+        lines.append(f"        if {_expr(extent)} > {_expr(size)}:")
+        lines.append(f'            raise ValueError(f"{text}{{{_expr(extent)}}}{more}{{{_expr(size)}}}{hint}")')
+    return lines
 
 
 # ---- ops as Python -----------------------------------------------------------------------------
@@ -697,6 +720,49 @@ def _(op: Fill, attributes: frozenset[str]) -> str:
 def _(op: MaskNumbers, attributes: frozenset[str]) -> str:
     like = f"{op.like}.dtype" if op.like else "torch.get_default_dtype()"
     return f"{_read(op.mask, attributes)}.to({like})"
+
+
+@_op.register
+def _(op: Positions, attributes: frozenset[str]) -> str:
+    like = f", dtype={op.like}.dtype, device={op.like}.device" if op.like else ""
+    total = _expr(sympy.Mul(*op.shape))
+    code = f"torch.arange({total}{like})"
+    return code if len(op.shape) == 1 else f"{code}.reshape({_sizes(op.shape)})"
+
+
+def _position(position, legs: tuple[str, ...], sizes: tuple[sympy.Expr, ...], device: str) -> str:
+    """An integer position as a torch expression broadcast over axes `legs`."""
+    if position.op == "leg":
+        k = legs.index(position.name)
+        shape = ", ".join("-1" if j == k else "1" for j in range(len(legs)))
+        return f"torch.arange({_expr(sizes[k])}, device={device}).reshape({shape}{',' if len(legs) == 1 else ''})"
+    if position.op == "number":
+        return _scalar(position.value)
+    parts = [_position(o, legs, sizes, device) for o in position.operands]
+    if position.op == "neg":
+        return f"(-{parts[0]})"
+    if position.op == "clamp":
+        return f"torch.clamp({parts[0]}, {parts[1]}, {parts[2]})"
+    return f"({parts[0]} {position.op} {parts[1]})"
+
+
+@_op.register
+def _(op: PositionTensor, attributes: frozenset[str]) -> str:
+    device = f"{op.like}.device" if op.like else "None"
+    return _position(op.position, op.legs, op.sizes, device)
+
+
+@_op.register
+def _(op: Slice, attributes: frozenset[str]) -> str:
+    cuts = dict((k, extent) for k, extent, _ in op.dims)
+    last = max(cuts)
+    index = ", ".join(f":{_expr(cuts[k])}" if k in cuts else ":" for k in range(last + 1))
+    return f"{_var(op.x, attributes)}[{index}]"
+
+
+@_op.register
+def _(op: GatherAt, attributes: frozenset[str]) -> str:
+    return f"{_read(op.x, attributes)}.movedim({op.dim}, -1)[..., {_var(op.index, attributes)}]"
 
 
 @_op.register

@@ -27,10 +27,13 @@ from .ir import (
     Contraction,
     ElementwiseMap,
     Expr,
+    Gather,
     Init,
     Leg,
     Mask,
     PaddingMask,
+    Position,
+    PositionIndex,
     Quotient,
     Reduction,
     Scalar,
@@ -58,11 +61,14 @@ REDUCTIONS = ("max", "logsumexp", "mean")
 PAIRINGS = ("sqdist",)
 SCALAR_FUNCTIONS = ("sqrt", "exp", "log")  # of numbers and sizes: a scalar, not a map
 MASK_FACTORS = ("causal",)
-FUNCTIONS = tuple(dict.fromkeys((*BOXES, *MAPS, *REDUCTIONS, *PAIRINGS, *SCALAR_FUNCTIONS, *MASK_FACTORS)))
+POSITION_FUNCTIONS = ("index",)
+FUNCTIONS = tuple(
+    dict.fromkeys((*BOXES, *MAPS, *REDUCTIONS, *PAIRINGS, *SCALAR_FUNCTIONS, *MASK_FACTORS, *POSITION_FUNCTIONS))
+)
 BOX_OPTIONS = {"softmax": ("mask", "scale"), "normalize": ("eps", "mask")}
 INITIALIZERS = {
-    "param": ("fill", "identity", "normal", "ones", "uniform", "zeros"),
-    "const": ("fill", "identity", "ones", "zeros"),
+    "param": ("fill", "identity", "normal", "ones", "uniform", "values", "zeros"),
+    "const": ("fill", "identity", "ones", "values", "zeros"),
     "buffer": ("fill", "ones", "zeros"),
     "random": ("normal",),
 }
@@ -73,6 +79,7 @@ INIT_PARAMS = {
     "identity": ("scale",),
     "ones": (),
     "zeros": (),
+    "values": (),  # any number of entries, row-major
 }
 RANDOM_MODES = ("always", "never", "train")
 
@@ -413,6 +420,7 @@ class _Builder:
         self.updates: list[Statement] = []
         self.outputs: list[str] = []
         self.conflicting_legs: set[str] = set()  # each leg-size conflict is reported once
+        self.runtime_sizes: set[sympy.Symbol] = set()  # sizes bound by the inputs (`size N`)
 
     def error(self, message: str, *spans: Span, hint: str | None = None) -> None:
         self.diagnostics.append(Diagnostic(message, tuple(spans), hint))
@@ -492,6 +500,7 @@ class _Builder:
                     f"design '{self.head.name}' has no size '{key}'",
                     hint=join_hint(did_you_mean(key, names), f"its sizes are: {', '.join(sorted(names))}"),
                 )
+        self.runtime_sizes = {size_symbol(d.name) for d in defs if d.value is None and d.name not in self.overrides}
         for d in defs:
             symbol = size_symbol(d.name)
             if d.name in self.overrides:
@@ -552,10 +561,45 @@ class _Builder:
                 self._bind(axis.leg, size, axis.span, d.name)
                 axes.append(Axis(axis.leg, size))
             self._check_axis_names(d)
+            self._check_stored_size(d, tuple(axes))
             init = self._initializer(d, tuple(axes))
             tensor = Tensor(d.name, d.kind, tuple(axes), d.name_span, init=init)
             tensor.is_constant = d.kind == "const"
             self.tensors[d.name] = tensor
+
+    def _check_stored_size(self, d: syn.Declaration, axes: tuple[Axis, ...]) -> None:
+        """A parameter is built once, at sizes known before any input: an axis over a run-time
+        size (N) has no size then. A table over positions is declared over a maximum length and
+        read at the run-time length with a slice (`P[n: N, f]`)."""
+        if d.kind != "param":
+            return
+        free = self.runtime_sizes
+        runtime = [
+            (axis, syntax, sorted(str(s) for s in expand_sizes(axis.size, self.sizes).free_symbols & free))
+            for axis, syntax in zip(axes, d.axes, strict=True)
+        ]
+        runtime = [(axis, syntax, used[0]) for axis, syntax, used in runtime if used]
+        if not runtime:
+            return
+        names = iter(n for n in "ijkluvw" if n not in self.legs and n not in {a.leg for a in axes})
+        declared, used = [], []
+        for axis in axes:
+            over = next((size for a, _, size in runtime if a is axis), None)
+            if over is None:
+                declared.append(f"{axis.leg}: {axis.size}")
+                used.append(axis.leg)
+            else:
+                declared.append(f"{next(names, axis.leg + '0')}: L")
+                used.append(f"{axis.leg}: {axis.size}")
+        axis, _, size = runtime[0]
+        self.error(
+            f"param {d.name} has axis {axis.leg} over the run-time size {size}, "
+            "which is not known when parameters are built",
+            *(syntax.span for _, syntax, _ in runtime),
+            hint=f"declare it over a maximum length with legs of its own, e.g. size L = 1024 and "
+            f"param {d.name}[{', '.join(declared)}], then read its first entries where it is used: "
+            f"{d.name}[{', '.join(used)}]",
+        )
 
     def _check_axis_names(self, d: syn.Declaration) -> None:
         seen: dict[str, syn.Axis] = {}
@@ -589,6 +633,8 @@ class _Builder:
     def _init_params(self, d, axes, name, args, keywords, span) -> Init:
         if d.kind == "random":
             return self._random_mode(d, args, keywords, span)
+        if name == "values":
+            return self._literal_values(d, axes, args, keywords, span)
         known = INIT_PARAMS[name]
         params: list[tuple[str, sympy.Expr | str]] = []
         if len(args) > len(known):
@@ -619,6 +665,34 @@ class _Builder:
         if name == "uniform" and {k for k, _ in params} != {"low", "high"}:
             self.error("uniform needs low and high", span, hint="uniform(low = -0.1, high = 0.1)")
         return Init(name, tuple(params), span)
+
+    def _literal_values(self, d, axes, args, keywords, span) -> Init:
+        """`values(0, -1, 1, 0)`: the entries written out, row-major over the declared axes (RoPE's
+        2×2 rotation generator); their count must be the number of entries."""
+        for kw in keywords:
+            self.error("values takes numbers only, no keyword arguments", kw.span, hint="e.g. values(0, -1, 1, 0)")
+        entries = tuple(self._scalar(a) for a in args)
+        known = size_values(self.sizes)
+        subs = {self.sizes[k].symbol: v for k, v in known.items()}
+        count = expand_sizes(sympy.Mul(*(a.size for a in axes)), self.sizes).xreplace(subs)
+        shape = ", ".join(f"{a.leg}: {a.size}" for a in axes)
+        if not count.is_Integer:
+            self.error(
+                f"values needs every axis of {d.name} to have a size known before any input ({d.name}[{shape}])",
+                span,
+                hint="give literal entries only to a small fixed table",
+            )
+        elif len(entries) != int(count):
+            self.error(
+                f"values gives {len(entries)} number(s) but {d.name}[{shape}] has {int(count)} entries",
+                span,
+                hint="write one number per entry, row-major (the last axis varies fastest)",
+            )
+        elif any(POISON_SIZE in v.free_symbols for v in entries):
+            pass
+        elif any(v.free_symbols - {s.symbol for s in self.sizes.values()} for v in entries):
+            self.error("values takes numbers and sizes", span)
+        return Init("values", (), span, entries)
 
     def _random_mode(self, d, args, keywords, span) -> Init:
         mode = "train"
@@ -740,6 +814,24 @@ class _Builder:
                     self.outputs.append(name.name)
 
     # -- legs --
+    def find_leg(self, leg: str) -> bool:
+        """Bind `leg`, not bound yet, from a use elsewhere in the file of a tensor whose axes are
+        known (`index(m)` or a position `m - n` in a statement before the one that uses X[m f])."""
+        if leg in self.legs:
+            return True
+        for item in self.items:
+            if not isinstance(item, syn.Statement | syn.Update):
+                continue
+            for node in _syntax_nodes(item.expr):
+                tensor = self.tensors.get(node.name) if isinstance(node, syn.Indexed) else None
+                if tensor is None or node.options or len(node.legs) != len(tensor.axes):
+                    continue
+                for use, axis in zip(node.legs, tensor.axes, strict=True):
+                    if isinstance(use, syn.Leg) and not isinstance(use, syn.SlicedLeg) and use.name == leg:
+                        self._bind(leg, axis.size, use.span, tensor.name)
+                        return True
+        return False
+
     def _bind(self, leg: str, size: sympy.Expr, span: Span, where: str) -> None:
         """Bind a leg to a size; a leg has one size throughout the file."""
         known = self.legs.get(leg)
@@ -815,6 +907,7 @@ class _ExprBuilder:
 
     def __init__(self, builder: _Builder):
         self.b = builder
+        self.gathered: list[tuple[str, Span]] = []  # legs naming an axis read at a position
 
     def statement(self, e: syn.Expr, groups: tuple[tuple[str, ...], ...], target: syn.Target) -> Expr:
         result = [leg for g in groups for leg in g]
@@ -822,6 +915,7 @@ class _ExprBuilder:
         expr = self.inside(e, set(result))
         if len(self.b.diagnostics) > errors_before:
             return expr  # a mistake inside already explains any missing result leg
+        self._check_gathered_legs(expr, set(result))
         spans = {
             leg.name: leg.span
             for item in target.legs
@@ -840,6 +934,24 @@ class _ExprBuilder:
                 if len(g) > 1 and any(leg not in self.b.legs for leg in g):
                     self.b.error(f"cannot size the merged legs ({' '.join(g)})", target.span)
         return expr
+
+    def _check_gathered_legs(self, expr: Expr, result: set[str]) -> None:
+        """The leg naming an axis read at a position (`r` in Rel[h, r = m - n]) belongs to that
+        read alone: used anywhere else in the statement it would mean two things."""
+        sources = {id(n.source) for n in walk(expr) if isinstance(n, Gather)}
+        elsewhere = {
+            leg
+            for n in walk(expr)
+            if isinstance(n, TensorRef | PositionIndex | CausalFactor) and id(n) not in sources
+            for leg in n.legs
+        }
+        for leg, span in self.gathered:
+            if leg in elsewhere or leg in result:
+                self.b.error(
+                    f"leg '{leg}' names the axis read at a position, and is used elsewhere in this statement",
+                    span,
+                    hint="give the gathered axis a leg name of its own",
+                )
 
     def poison(self, e: syn.Expr) -> Expr:
         """A stand-in for a sub-expression that had an error: it has the legs the text gives it,
@@ -906,11 +1018,6 @@ class _ExprBuilder:
 
     # -- tensors --
     def tensor_ref(self, e: syn.Indexed) -> Expr:
-        if e.options:
-            self.b.error(
-                f"options like '{e.options[0].name}=' belong to boxes, not to tensor {e.name}",
-                e.options[0].span,
-            )
         if e.name in FUNCTIONS:
             if e.name not in _statement_targets(self.b.items) and e.name not in self.b.tensors:
                 self.b.error(f"'{e.name}[...]' needs its argument", e.span, hint=f"write {e.name}[...](expression)")
@@ -918,6 +1025,8 @@ class _ExprBuilder:
         tensor = self.b.tensors.get(e.name)
         if tensor is None:
             return self._unknown_tensor(e)
+        if e.options:
+            return self.gather(e, tensor)
         groups = tuple(_leg_names(item) for item in e.legs)
         if len(groups) != len(tensor.axes):
             axes = " ".join(tensor.legs)
@@ -928,14 +1037,176 @@ class _ExprBuilder:
             )
             return self.poison(e)
         self._check_repeated_legs(e)
+        slices: list[sympy.Expr | None] = []
         for item, axis in zip(e.legs, tensor.axes, strict=True):
             where = e.name
-            if isinstance(item, syn.Leg):
+            if isinstance(item, syn.SlicedLeg):
+                extent = self._slice(item, axis, tensor)
+                slices.append(extent)
+                if extent is not None:  # a refused slice binds nothing: its error explains the leg
+                    self.b._bind(item.name, extent, item.span, where)
+            elif isinstance(item, syn.Leg):
+                slices.append(None)
                 self.b._bind(item.name, axis.size, item.span, where)
             else:
+                slices.append(None)
                 self._bind_group(item, axis, e.name, where)
         legs = tuple(leg for g in groups for leg in g)
-        return TensorRef(legs, e.span, e.name, groups)
+        sliced = tuple(slices) if any(k is not None for k in slices) else ()
+        return TensorRef(legs, e.span, e.name, groups, sliced)
+
+    def _slice(self, item: syn.SlicedLeg, axis: Axis, tensor: Tensor) -> sympy.Expr | None:
+        """`P[n: N, f]`: leg n reads the first N entries of P's axis (a table over a maximum
+        length read at the run-time length); a longer slice than a known axis is an error, one
+        that depends on a run-time size is checked when the module runs."""
+        extent = self.b._scalar(item.size, sizes_only=True)
+        if POISON_SIZE in extent.free_symbols:
+            return None
+        if tensor.kind not in ("param", "const", "buffer"):
+            self.b.error(
+                f"only a stored table (param, const or buffer) is sliced; {tensor.name} is {a_or_an(tensor.kind)}",
+                item.span,
+                hint=f"use it with its legs: {tensor.name}[{' '.join(tensor.legs)}]",
+            )
+            return None
+        values = size_values(self.b.sizes)
+        subs = {self.b.sizes[k].symbol: v for k, v in values.items()}
+        have = expand_sizes(axis.size, self.b.sizes).xreplace(subs)
+        want = expand_sizes(extent, self.b.sizes).xreplace(subs)
+        if have.is_number and want.is_number and want > have:
+            self.b.error(
+                f"slice {item.name}: {extent} = {want} is longer than axis {axis.leg} of {tensor.name} "
+                f"({axis.size} = {have})",
+                item.span,
+                hint=f"a slice reads the first entries of the axis; at most {have}",
+            )
+            return None
+        return extent
+
+    def gather(self, e: syn.Indexed, tensor: Tensor) -> Expr:
+        """`Rel[h, r = clamp(m - n, -K, K) + K]`: the axis named by `r = ...` is read at an
+        integer position computed from legs; the result has the other legs and the position's."""
+        items = e.items or (*e.legs, *e.options)
+        if len(items) != len(tensor.axes):
+            axes = " ".join(tensor.legs)
+            self.b.error(
+                f"{e.name} has {len(tensor.axes)} axes ({axes}) but is used with {len(items)}",
+                e.span,
+                hint=f"e.g. {e.name}[{axes}]",
+            )
+            return self.poison(e)
+        if len(e.options) > 1:
+            self.b.error(
+                f"one axis of {e.name} may be read at a position; this use gives {len(e.options)}",
+                e.options[1].span,
+                hint="gather one axis per use",
+            )
+            return self.poison(e)
+        if tensor.kind not in ("param", "const", "buffer"):
+            self.b.error(
+                f"only a stored table (param, const or buffer) is read at a position; "
+                f"{e.name} is {a_or_an(tensor.kind)}",
+                e.options[0].span,
+                hint=f"declare the table: param {e.name}[...]",
+            )
+            return self.poison(e)
+        option = e.options[0]
+        groups: list[tuple[str, ...]] = []
+        outer: list[str] = []
+        for item, axis in zip(items, tensor.axes, strict=True):
+            if isinstance(item, syn.Option):
+                self.b._bind(item.name, axis.size, item.span, e.name)
+                groups.append((item.name,))
+                position = self.position(item.value)
+                if position is None:
+                    return self.poison(e)
+                for leg in position.legs():
+                    if leg in outer or leg == item.name:
+                        self.b.error(f"leg '{leg}' names two axes of {e.name}", item.value.span)
+                        return self.poison(e)
+                outer += [leg for leg in position.legs() if leg not in outer]
+                self._check_position_range(position, axis, item, tensor)
+            elif isinstance(item, syn.LegGroup):
+                self.b.error("a use read at a position takes leg names, not a reshape", item.span)
+                return self.poison(e)
+            else:
+                if isinstance(item, syn.SlicedLeg):
+                    self.b.error("a use read at a position is not sliced too", item.span)
+                    return self.poison(e)
+                self.b._bind(item.name, axis.size, item.span, e.name)
+                groups.append((item.name,))
+                if item.name in outer:
+                    self.b.error(f"leg '{item.name}' names two axes of {e.name}", item.span)
+                    return self.poison(e)
+                outer.append(item.name)
+        source = TensorRef(tuple(g[0] for g in groups), e.span, e.name, tuple(groups))
+        self.gathered.append((option.name, option.span))
+        return Gather(tuple(outer), e.span, source, option.name, position)
+
+    def position(self, e: syn.Expr) -> Position | None:
+        """An integer position of legs, whole numbers and sizes with + - * and clamp(x, lo, hi)."""
+        if isinstance(e, syn.Number):
+            if not isinstance(e.value, int):
+                self.b.error("a position is a whole number", e.span)
+                return None
+            return Position("number", value=sympy.Integer(e.value))
+        if isinstance(e, syn.Name):
+            if e.name in self.b.sizes:
+                return Position("number", value=self.b._scalar(e, sizes_only=True))
+            if self.b.find_leg(e.name):
+                return Position("leg", name=e.name)
+            self.b.error(
+                f"position leg '{e.name}' is not bound to a size",
+                e.span,
+                hint=did_you_mean(e.name, [*self.b.legs, *self.b.sizes]) or "use legs of this statement's tensors",
+            )
+            return None
+        if isinstance(e, syn.Neg):
+            inner = self.position(e.operand)
+            return None if inner is None else Position("neg", operands=(inner,))
+        if isinstance(e, syn.BinOp) and e.op in ("+", "-", "*"):
+            left, right = self.position(e.left), self.position(e.right)
+            if left is None or right is None:
+                return None
+            if e.op == "*" and left.legs() and right.legs():
+                self.b.error("a position multiplies a leg by a number or size only", e.span)
+                return None
+            return Position(e.op, operands=(left, right))
+        if isinstance(e, syn.Call) and e.name == "clamp" and e.legs is None and len(e.args) == 3 and not e.keywords:
+            parts = [self.position(a) for a in e.args]
+            if any(p is None for p in parts):
+                return None
+            if parts[1].legs() or parts[2].legs():  # type: ignore[union-attr]
+                self.b.error("clamp's bounds in a position are numbers or sizes", e.span)
+                return None
+            return Position("clamp", operands=tuple(parts))  # type: ignore[arg-type]
+        self.b.error(
+            "expected a position: legs, whole numbers and sizes with + - * and clamp(x, lo, hi)",
+            e.span,
+            hint="e.g. Rel[h, r = clamp(m - n, -K, K) + K]",
+        )
+        return None
+
+    def _check_position_range(self, position: Position, axis: Axis, item: syn.Option, tensor: Tensor) -> None:
+        """A position must stay in 0 .. size − 1 at every index of its legs, proved before
+        anything runs (interval arithmetic; a run-time size is unbounded), so no read wraps around."""
+        values = size_values(self.b.sizes)
+        subs = {self.b.sizes[k].symbol: v for k, v in values.items()}
+
+        def number(expr: sympy.Expr) -> float:
+            value = expand_sizes(expr, self.b.sizes).xreplace(subs)
+            return float(value) if value.is_number else math.inf
+
+        low, high = _position_bounds(position, lambda leg: number(self.b.legs[leg].size) - 1, number)
+        size = number(axis.size)
+        if low < 0 or high > size - 1:
+            shown = lambda v: ("-inf" if v < 0 else "+inf") if math.isinf(v) else str(int(v))  # noqa: E731
+            self.b.error(
+                f"position {item.name} = {position} of {tensor.name} ranges over {shown(low)} .. {shown(high)}, "
+                f"outside its axis {axis.leg} ({axis.size}: 0 .. {shown(size - 1)}); a run-time size is unbounded here",
+                item.value.span,
+                hint="clamp it into the table, e.g. clamp(m - n, -K, K) + K for a table of 2K + 1 entries",
+            )
 
     def _unknown_tensor(self, e: syn.Indexed) -> Expr:
         if e.name in self.b.sizes:
@@ -1067,6 +1338,8 @@ class _ExprBuilder:
             return self.squared_distance(e, keep)
         if e.name in MASK_FACTORS:
             return self.causal_factor(e)
+        if e.name in POSITION_FUNCTIONS:
+            return self.position_index(e)
         if e.name in self.b.tensors:
             legs = " ".join(self.b.tensors[e.name].legs)
             self.b.error(
@@ -1250,6 +1523,30 @@ class _ExprBuilder:
             self.b.error("a causal mask relates two different legs", e.span)
             return self.poison(e)
         return CausalFactor((legs[0], legs[1]), e.span, legs[0], legs[1])  # type: ignore[arg-type]
+
+    def position_index(self, e: syn.Call) -> Expr:
+        """`index(n)`: entry i is i, over leg n; `index(p, P)` also binds leg p to size P."""
+        if e.legs is not None or e.keywords or not 1 <= len(e.args) <= 2 or not isinstance(e.args[0], syn.Name):
+            self.b.error(
+                "index takes a leg, and optionally its size", e.span, hint="index(n), or index(p, P) to size leg p"
+            )
+            return self.poison(e)
+        leg = e.args[0].name
+        if leg in self.b.sizes or leg in self.b.tensors:
+            what = "a size" if leg in self.b.sizes else "a tensor"
+            self.b.error(f"index takes a leg; '{leg}' is {what}", e.args[0].span, hint="e.g. index(n)")
+            return self.poison(e)
+        if len(e.args) == 2:
+            self.b._bind(leg, self.b._scalar(e.args[1], sizes_only=True), e.args[0].span, "index")
+        elif not self.b.find_leg(leg):
+            self.b.error(
+                f"leg '{leg}' of index(...) is not bound to a size",
+                e.args[0].span,
+                hint=did_you_mean(leg, self.b.legs)
+                or f"use a leg that a declared tensor has, or give its size: index({leg}, SIZE)",
+            )
+            return self.poison(e)
+        return PositionIndex((leg,), e.span, leg)
 
     def _map_masks(self, e: syn.Call, operand: Expr) -> list[Expr]:
         """`relu[m, mask = causal(n, m)](x)`: the map's value is zeroed where a mask hides it;
@@ -1447,7 +1744,8 @@ def _available(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
     """Legs a sub-expression could expose to its surroundings (before the leg rule)."""
     e = _call_as_product(e, tensors)
     if isinstance(e, syn.Indexed):
-        return {leg for item in e.legs for leg in _leg_names(item)}
+        legs = {leg for item in e.legs for leg in _leg_names(item)}
+        return legs | {n for o in e.options for n in _position_names(o.value, tensors)}
     if isinstance(e, syn.Neg):
         return _available(e.operand, tensors)
     if isinstance(e, syn.BinOp):
@@ -1456,6 +1754,8 @@ def _available(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
         return _available(e.left, tensors) | _available(e.right, tensors)
     if isinstance(e, syn.Call) and e.name in MASK_FACTORS:
         return {a.name for a in e.args if isinstance(a, syn.Name)}
+    if isinstance(e, syn.Call) and e.name in POSITION_FUNCTIONS:
+        return {a.name for a in e.args[:1] if isinstance(a, syn.Name)}
     if isinstance(e, syn.Call):
         inner = set().union(*(_available(a, tensors) for a in e.args)) if e.args else set()
         over = {leg for item in e.legs or () for leg in _leg_names(item)}
@@ -1465,6 +1765,57 @@ def _available(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
             return set()
         return inner
     return set()
+
+
+def _position_names(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
+    """Names in a position expression that may be legs (sizes among them stand for no leg)."""
+    if isinstance(e, syn.Name):
+        return set() if e.name in tensors or e.name in FUNCTIONS else {e.name}
+    if isinstance(e, syn.Neg):
+        return _position_names(e.operand, tensors)
+    if isinstance(e, syn.BinOp):
+        return _position_names(e.left, tensors) | _position_names(e.right, tensors)
+    if isinstance(e, syn.Call):
+        return set().union(*(_position_names(a, tensors) for a in e.args)) if e.args else set()
+    return set()
+
+
+def _position_bounds(position: Position, leg_max, number) -> tuple[float, float]:
+    """The smallest and largest value of a position over its legs' ranges 0 .. leg_max(leg)."""
+    if position.op == "leg":
+        return 0.0, leg_max(position.name)
+    if position.op == "number":
+        value = number(position.value)
+        return (value, value) if not math.isinf(value) else (-math.inf, math.inf)
+    parts = [_position_bounds(o, leg_max, number) for o in position.operands]
+    if position.op == "neg":
+        return -parts[0][1], -parts[0][0]
+    if position.op == "+":
+        return parts[0][0] + parts[1][0], parts[0][1] + parts[1][1]
+    if position.op == "-":
+        return parts[0][0] - parts[1][1], parts[0][1] - parts[1][0]
+    if position.op == "*":
+        products = [a * b for a in parts[0] for b in parts[1] if not (a == 0 or b == 0)] or [0.0]
+        products += [0.0] if any(v == 0 for v in (*parts[0], *parts[1])) else []
+        return min(products), max(products)
+    (low, high), (lo, _), (_, hi) = parts
+    return min(max(low, lo), hi), min(max(high, lo), hi)
+
+
+def _syntax_nodes(e: syn.Expr) -> Iterator[syn.Expr]:
+    """Every node of a syntax expression (iteratively: nesting is bounded by the parser)."""
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, syn.Neg):
+            stack.append(node.operand)
+        elif isinstance(node, syn.BinOp):
+            stack += [node.left, node.right]
+        elif isinstance(node, syn.Call):
+            stack += [*node.args, *(k.value for k in node.keywords), *(o.value for o in node.options)]
+        elif isinstance(node, syn.Indexed):
+            stack += [o.value for o in node.options]
 
 
 def _tensor_names(e: syn.Expr) -> Iterator[str]:

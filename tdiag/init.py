@@ -79,6 +79,9 @@ def initial_value(
         value.fill_({"zeros": 0.0, "ones": 1.0}.get(init.name) or _number(init.param("value"), graph, sizes, 0.0))
     elif init.name == "identity":
         value = identity(shape, dtype=torch.float64) * _number(init.param("scale"), graph, sizes, 1.0)
+    elif init.name == "values":
+        entries = [float(graph.evaluate(v, **sizes)) for v in init.values]
+        value = torch.tensor(entries, dtype=torch.float64).reshape(shape)
     else:
         raise AssertionError(f"initializer {init.name} was not checked")
     return value.to(dtype or torch.float32)

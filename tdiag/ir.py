@@ -52,11 +52,14 @@ class Init:
     name: str
     params: tuple[tuple[str, sympy.Expr | str], ...] = ()
     span: Span | None = None
+    values: tuple[sympy.Expr, ...] = ()  # `values(0, -1, 1, 0)`: the entries, row-major
 
     def param(self, key: str, default: sympy.Expr | str | None = None) -> sympy.Expr | str | None:
         return dict(self.params).get(key, default)
 
     def __str__(self) -> str:
+        if self.values:
+            return "values(" + ", ".join(str(v) for v in self.values) + ")"
         if not self.params:
             return self.name
         return f"{self.name}(" + ", ".join(f"{k}={v}" for k, v in self.params) + ")"
@@ -119,11 +122,16 @@ class TensorRef(Expr):
 
     name: str = ""
     groups: tuple[tuple[str, ...], ...] = ()
+    slices: tuple[sympy.Expr | None, ...] = ()  # per axis: read only its first k entries (`P[n: N, f]`)
     kind: ClassVar[str] = "tensor"
 
     @property
     def is_reshaped(self) -> bool:
         return any(len(g) != 1 for g in self.groups)
+
+    @property
+    def is_sliced(self) -> bool:
+        return any(k is not None for k in self.slices)
 
 
 @dataclass(frozen=True)
@@ -194,6 +202,60 @@ class CausalFactor(Expr):
     query: str = ""
     key: str = ""
     kind: ClassVar[str] = "causal"
+
+
+@dataclass(frozen=True)
+class PositionIndex(Expr):
+    """`index(n)`: the constant rank-1 tensor over leg n whose entry i is i (a float in the
+    compute dtype), made in the forward from the run-time size of n, never stored at a maximum
+    length. RoPE's angles index(n)·θ[p] and ALiBi's slope[h]·(index(m) − index(n)) use it."""
+
+    leg: str = ""
+    kind: ClassVar[str] = "index"
+
+
+@dataclass(frozen=True)
+class Position:
+    """An integer position expression of legs, numbers and sizes (the address of a gather):
+    `op` is "leg" (name), "number" (value), "+", "-", "*" (operands), "neg" or "clamp"
+    (operand, low, high as further operands)."""
+
+    op: str
+    name: str = ""
+    value: sympy.Expr = ZERO
+    operands: tuple[Position, ...] = ()
+
+    def legs(self) -> tuple[str, ...]:
+        if self.op == "leg":
+            return (self.name,)
+        return tuple(dict.fromkeys(leg for o in self.operands for leg in o.legs()))
+
+    def __str__(self) -> str:
+        if self.op == "leg":
+            return self.name
+        if self.op == "number":
+            return str(self.value)
+        if self.op == "neg":
+            return f"-{self.operands[0]}"
+        if self.op == "clamp":
+            return "clamp(" + ", ".join(str(o) for o in self.operands) + ")"
+        return f"({self.operands[0]} {self.op} {self.operands[1]})"
+
+
+@dataclass(frozen=True)
+class Gather(Expr):
+    """`Rel[h, r = clamp(m - n, -K, K) + K]`: the tensor `source` (used with its own legs) read
+    along its leg `axis` at the integer position `position` of other legs: the result has the
+    source's other legs and the position's legs (Shaw et al. 2018 / T5 relative position bias).
+    A gather, never a one-hot N·N·R contraction."""
+
+    source: TensorRef | None = None
+    axis: str = ""
+    position: Position | None = None
+    kind: ClassVar[str] = "gather"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.source,)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

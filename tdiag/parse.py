@@ -43,6 +43,14 @@ class Leg(Node):
 
 
 @dataclass(frozen=True)
+class SlicedLeg(Leg):
+    """`n: N` in a use `P[n: N, f]`: leg n reads the first N entries of that axis (a table
+    declared over a maximum length, used at the run-time length)."""
+
+    size: Expr
+
+
+@dataclass(frozen=True)
 class LegGroup(Node):
     """`(h d)`: one axis viewed as several legs (a reshape), head-major."""
 
@@ -63,6 +71,7 @@ class Indexed(Node):
     name_span: Span
     legs: tuple[Leg | LegGroup, ...]
     options: tuple[Option, ...]
+    items: tuple[Leg | LegGroup | Option, ...] = ()  # legs and options in written order (axes)
 
 
 @dataclass(frozen=True)
@@ -272,6 +281,9 @@ class _ToSyntax(Transformer):
     def leg_group(self, meta, children):
         return LegGroup(self._s(meta), tuple(Leg(self._s(t), str(t)) for t in children))
 
+    def sliced_leg(self, meta, children):
+        return SlicedLeg(self._s(meta), str(children[0]), children[1])
+
     def option(self, meta, children):
         return Option(self._s(meta), str(children[0]), children[1])
 
@@ -305,7 +317,7 @@ class _ToSyntax(Transformer):
         name, items = children
         legs = tuple(i for i in items if not isinstance(i, Option))
         options = tuple(i for i in items if isinstance(i, Option))
-        return Indexed(self._s(meta), str(name), self._s(name), legs, options)
+        return Indexed(self._s(meta), str(name), self._s(name), legs, options, tuple(items))
 
     def call(self, meta, children):
         name, (args, keywords) = children

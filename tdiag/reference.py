@@ -23,7 +23,10 @@ from .ir import (
     Contraction,
     ElementwiseMap,
     Expr,
+    Gather,
     PaddingMask,
+    Position,
+    PositionIndex,
     Quotient,
     Reduction,
     Scalar,
@@ -250,6 +253,10 @@ def evaluate(node: Expr, frame: Frame) -> torch.Tensor:
         return squared_distance(node, frame)
     if isinstance(node, CausalFactor):
         return causal_mask(CausalMask(node.query, node.key, node.span), node.legs, frame).to(frame.dtype)
+    if isinstance(node, PositionIndex):
+        return torch.arange(frame.leg_size(node.leg), dtype=frame.dtype, device=frame.device)
+    if isinstance(node, Gather):
+        return gather(node, frame)
     raise TypeError(f"the reference cannot evaluate a {type(node).__name__}")
 
 
@@ -276,10 +283,55 @@ def tensor_ref(ref: TensorRef, frame: Frame) -> torch.Tensor:
     if frame.graph.tensors[ref.name].kind == "mask":
         return mask_numbers(ref, frame)
     x = frame.values[ref.name]
+    if ref.is_sliced:
+        x = sliced(ref, x, frame)
     if not ref.is_reshaped:
         return x
     batch = x.shape[: x.dim() - len(ref.groups)]
     return x.reshape((*batch, *(frame.leg_size(leg) for leg in ref.legs)))
+
+
+def sliced(ref: TensorRef, x: torch.Tensor, frame: Frame) -> torch.Tensor:
+    """`P[n: N, f]`: the first N entries of each sliced axis; more than the axis has is an error."""
+    tensor = frame.graph.tensors[ref.name]
+    for k, (axis, extent) in enumerate(zip(tensor.axes, ref.slices, strict=True)):
+        if extent is None:
+            continue
+        want = int(frame.number(extent))
+        if want > x.shape[k]:
+            raise ValueError(
+                f"{ref.name}[{axis.leg}: {extent}] reads {want} entries, but axis {axis.leg} has {x.shape[k]}"
+            )
+        x = x.narrow(k, 0, want)
+    return x
+
+
+def position_value(position: Position, frame: Frame) -> torch.Tensor:
+    """An integer position over its legs (trailing axes in `position.legs()` order)."""
+    legs = position.legs()
+    if position.op == "leg":
+        return torch.arange(frame.leg_size(position.name), device=frame.device)
+    if position.op == "number":
+        return torch.tensor(int(frame.number(position.value)), device=frame.device)
+    parts = [align(position_value(o, frame), o.legs(), legs) for o in position.operands]
+    if position.op == "neg":
+        return -parts[0]
+    if position.op == "clamp":
+        return torch.clamp(parts[0], int(parts[1]), int(parts[2]))
+    return {"+": torch.add, "-": torch.sub, "*": torch.mul}[position.op](parts[0], parts[1])
+
+
+def gather(node: Gather, frame: Frame) -> torch.Tensor:
+    """The source table read along its axis `node.axis` at the position, for every index of the
+    position's legs (advanced indexing)."""
+    source = node.source
+    assert source is not None and node.position is not None
+    x = frame.values[source.name]
+    k = source.legs.index(node.axis)
+    others = [leg for leg in source.legs if leg != node.axis]
+    index = position_value(node.position, frame)
+    result = x.movedim(k, -1)[..., index]
+    return align(result, [*others, *node.position.legs()], node.legs)
 
 
 def mask_numbers(ref: TensorRef, frame: Frame) -> torch.Tensor:

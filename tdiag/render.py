@@ -30,7 +30,9 @@ from .ir import (
     Contraction,
     ElementwiseMap,
     Expr,
+    Gather,
     PaddingMask,
+    PositionIndex,
     Quotient,
     Reduction,
     Scalar,
@@ -200,6 +202,17 @@ def _draw(d: _Drawing, e: Expr, env: dict[str, str], cluster: str | None) -> Non
         node = d.node("mask", f'shape=box style=dashed label="causal({e.query}, {e.key})"', cluster)
         for leg in e.legs:
             d.attach(node, env[leg])
+    elif isinstance(e, PositionIndex):  # a constant over one leg: entry i is i
+        node = d.node("index", f'shape=cds label="index" tooltip="index({e.leg}): 0 .. size − 1"', cluster)
+        d.attach(node, env[e.leg])
+    elif isinstance(e, Gather):  # the table, its gathered axis ending at the position it is read at
+        inner = env | {e.axis: d.leg(e.axis, cluster)}
+        _draw_tensor(d, e.source, {leg: inner[leg] for leg in e.source.legs}, cluster)  # type: ignore[union-attr]
+        label = _escape(f"{e.axis} = {e.position}")
+        node = d.node("at", f'shape=box style="rounded,dashed" label="{label}" tooltip="gather"', cluster)
+        d.attach(node, inner[e.axis])
+        for leg in e.position.legs():  # type: ignore[union-attr]
+            d.attach(node, env[leg])
     elif isinstance(e, Scalar) and e.value != 1:
         d.node("c", f'shape=plaintext label="{_text(e.value)}"', cluster)
 
@@ -220,6 +233,9 @@ def _draw_tensor(d: _Drawing, e: TensorRef, env: dict[str, str], cluster: str | 
         return
     kind = tensor.kind if statement is None else "derived"
     label = GREEK.get(e.name, "ε" if kind == "random" and e.name.lower().startswith("eps") else e.name)
+    if e.is_sliced:  # a table read at its first entries: P[n: N]
+        cuts = [f"{g[0]}: {_text(k)}" for g, k in zip(e.groups, e.slices, strict=True) if k is not None]
+        label += _escape("[" + ", ".join(cuts) + "]")
     node = d.node("t", f'{NODE_STYLE[kind]} label="{label}" tooltip="{kind} {e.name}"', cluster)
     if statement is not None:
         d.uses.append((e.name, node))

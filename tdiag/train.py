@@ -130,6 +130,19 @@ class LanguageModel(nn.Module):
 def design_for(config: TrainConfig) -> tdiag.Design:
     """The causal design at the model's sizes; its input and output width must be the model's."""
     base = tdiag.load(config.design)
+    graph = base.graph
+    if len(graph.inputs) != 1 or len(graph.outputs) != 1:
+        inputs = ", ".join(t.name for t in graph.inputs) or "none"
+        raise TdiagError(
+            Diagnostic(
+                f"design '{base.name}' has {len(graph.inputs)} input(s) ({inputs}) and {len(graph.outputs)} "
+                "output(s); tdiag train runs a causal language model, whose layers take one input "
+                "sequence and give one output",
+                (graph.inputs[1].span if len(graph.inputs) > 1 else graph.tensors[graph.outputs[-1]].span,),
+                "a cross-attention needs a second sequence (an encoder's output); train it in your own model, "
+                "with design.module()",
+            )
+        )
     sizes = dict(config.sizes)
     if "F" in base.graph.sizes and "F" not in sizes:
         sizes["F"] = config.width
@@ -139,10 +152,6 @@ def design_for(config: TrainConfig) -> tdiag.Design:
         sizes["N"] = config.context
     design = tdiag.load(config.design, **sizes).with_causal_mask()
     graph = design.graph
-    if len(graph.inputs) != 1 or len(graph.outputs) != 1:
-        raise TdiagError(
-            Diagnostic(f"design '{design.name}' must have one input and one output to be a self-attention layer")
-        )
     x, y = graph.inputs[0], graph.tensors[graph.outputs[0]]
     widths = {int(graph.evaluate(x.axes[-1].size)), int(graph.evaluate(y.axes[-1].size))}
     if widths != {config.width}:

@@ -48,11 +48,13 @@ def test_design_header_cites_equations(path):
 
 
 @pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
-def test_design_has_one_input_x_and_output_y_of_width_f(path):
+def test_design_has_input_x_and_output_y_of_width_f(path):
+    """The queries' sequence is X (a cross-attention's memory is a second input of the same width)."""
     design = tdiag.load(path)
-    assert [t.name for t in design.graph.inputs] == ["X"] and design.graph.outputs == ["Y"]
+    assert design.graph.inputs[0].name == "X" and design.graph.outputs == ["Y"]
     x, y = design.tensors["X"], design.tensors["Y"]
     assert x.shape[-1] == y.shape[-1] and len(y.axes) == 2
+    assert all(t.shape[-1] == x.shape[-1] for t in design.graph.inputs)
 
 
 @pytest.mark.parametrize(

@@ -26,11 +26,15 @@ def design_at(path, causal: bool, n: int) -> tdiag.Design:
 
 
 def measured_and_modelled(design: tdiag.Design, n: int, objective: str) -> tuple[int, int]:
-    module = design.module(seed=0, N=n, B=B, objective=objective)
+    # every run-time length at n (a cross-attention's memory length M too)
+    lengths = {"N": n} | {k: n for k, size in design.graph.sizes.items() if size.is_free}
+    module = design.module(seed=0, B=B, objective=objective, **lengths)
     torch.manual_seed(0)
-    inputs = [torch.randn(B, *(int(design.graph.evaluate(a.size, N=n)) for a in x.axes)) for x in design.graph.inputs]
-    report = design.cost(objective=objective, N=n, B=B)
-    return saved_for_backward(module, *inputs).total_bytes, report.saved_bytes_at(N=n, B=B)
+    inputs = [
+        torch.randn(B, *(int(design.graph.evaluate(a.size, **lengths)) for a in x.axes)) for x in design.graph.inputs
+    ]
+    report = design.cost(objective=objective, B=B, **lengths)
+    return saved_for_backward(module, *inputs).total_bytes, report.saved_bytes_at(B=B, **lengths)
 
 
 # ---- every bundled design, plain and causal, at two sizes ------------------------------------

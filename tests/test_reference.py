@@ -119,10 +119,11 @@ def test_mlk_matches_hand_written_linear_attention():
 @pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
 def test_every_design_runs_with_batch_dims(path):
     module = reference(path, N=N) if path.stem == "mgk_softe" else reference(path)
-    y = module(inputs(2, 3))
+    count = len(module.tdiag_graph.inputs)  # a cross-attention's memory: a second sequence of width F
+    y = module(*[inputs(2, 3)] * count)
     assert y.shape == (2, 3, N, F) and torch.isfinite(y).all()
     module.eval()
-    assert torch.isfinite(module(inputs(2, 3))).all()
+    assert torch.isfinite(module(*[inputs(2, 3)] * count)).all()
 
 
 def test_mgk_softe_runs_at_its_default_n():

@@ -99,7 +99,7 @@ def multi_head_reference(module, x, *, causal=False, hidden=None, bias=None) -> 
 
 
 def grouped_design(name: str, causal: bool) -> tdiag.Design:
-    design = tdiag.load(DESIGNS / f"{name}.td", **({"F": 16, "H": 4} | ({"G": 2} if name == "gqa" else {})))
+    design = tdiag.load(DESIGNS / f"{name}.td", **({"F": 16, "H": 4} | ({"G": 2} if name == "grouped_query" else {})))
     return design.with_causal_mask() if causal else design
 
 
@@ -136,7 +136,7 @@ def the_bias(module) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
-@pytest.mark.parametrize(("name", "groups"), [("mqa", 1), ("gqa", 2)])
+@pytest.mark.parametrize(("name", "groups"), [("multi_query", 1), ("grouped_query", 2)])
 def test_grouped_query_attention_equals_repeated_key_value_heads(name, groups, causal):
     module = grouped_design(name, causal).module(dtype=torch.float64, seed=3, N=N)
     x = x_input(f=16)
@@ -144,21 +144,21 @@ def test_grouped_query_attention_equals_repeated_key_value_heads(name, groups, c
 
 
 @pytest.mark.parametrize("objective", ["flops", "memory", "time"])
-@pytest.mark.parametrize("name", ["mqa", "gqa"])
+@pytest.mark.parametrize("name", ["multi_query", "grouped_query"])
 def test_causal_grouped_query_attention_takes_sdpa_with_is_causal_and_enable_gqa(name, objective):
     module = grouped_design(name, True).module(N=64, objective=objective)
     (op,) = sdpa_ops(module)
     assert op.grouped and op.causal and op.mask is None
 
 
-@pytest.mark.parametrize("name", ["mqa", "gqa"])
+@pytest.mark.parametrize("name", ["multi_query", "grouped_query"])
 def test_plan_says_why_the_folded_query_rows_were_refused(name):
     plan = grouped_design(name, False).plan(N=64)
     assert any("enable_gqa" in note for note in plan.lowered)
     assert any("folded into the query rows refused" in note for note in plan.refused)
 
 
-@pytest.mark.parametrize("name", ["mqa", "gqa"])
+@pytest.mark.parametrize("name", ["multi_query", "grouped_query"])
 def test_causal_grouped_query_attention_keeps_no_heads_by_n_squared_tensor(name):
     n = 64
     design = grouped_design(name, True)
@@ -169,7 +169,7 @@ def test_causal_grouped_query_attention_keeps_no_heads_by_n_squared_tensor(name)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
-@pytest.mark.parametrize("name", ["mqa", "gqa"])
+@pytest.mark.parametrize("name", ["multi_query", "grouped_query"])
 def test_grouped_query_attention_gradcheck(name, causal):
     module = grouped_design(name, causal).module(dtype=torch.float64, N=3)
     x = torch.randn(1, 3, 16, dtype=torch.float64, requires_grad=True)
@@ -299,7 +299,7 @@ def standalone(design: tdiag.Design, tmp_path, planned: int):
     return next(v for k, v in vars(generated).items() if isinstance(v, type) and issubclass(v, torch.nn.Module))
 
 
-@pytest.mark.parametrize("name", ["mqa", "gqa"])
+@pytest.mark.parametrize("name", ["multi_query", "grouped_query"])
 def test_causal_grouped_query_standalone_file_equals_in_process_module(tmp_path, name):
     design = grouped_design(name, True)
     generated = standalone(design, tmp_path, 64)(seed=7, dtype=torch.float64)
@@ -314,9 +314,9 @@ def test_padded_standalone_file_equals_in_process_module(tmp_path, write_td):
     assert torch.equal(generated(x, pad=pad), design.module(seed=7, dtype=torch.float64, N=64)(x, pad=pad))
 
 
-@pytest.mark.parametrize("form", ["mqa", "gqa", "padded", "biased"])
+@pytest.mark.parametrize("form", ["multi_query", "grouped_query", "padded", "biased"])
 def test_torch_compile_fullgraph_of_the_new_sdpa_forms(write_td, form):
-    if form in ("mqa", "gqa"):
+    if form in ("multi_query", "grouped_query"):
         design, kwargs, width = grouped_design(form, True), {}, 16
     elif form == "padded":
         design, kwargs, width = padded_design(write_td, True), {"pad": pad_mask()}, 8

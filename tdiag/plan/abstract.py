@@ -13,7 +13,7 @@ from ..ir import ZERO
 from .program import BATCH_SIZE, Operand, Plan, Step, Value, reads
 from .strides import contiguous, elementwise_strides, view_strides
 
-FLOAT, BOOL = 4, 1  # bytes per entry, with float32 activations
+FLOAT, BOOL, LONG = 4, 1, 8  # bytes per entry, with float32 activations; int64 positions
 
 
 @dataclass

@@ -32,7 +32,9 @@ from ..ir import (
     Contraction,
     ElementwiseMap,
     Expr,
+    Gather,
     PaddingMask,
+    PositionIndex,
     Quotient,
     Reduction,
     Scalar,
@@ -255,6 +257,10 @@ class LoweringBase:
             return self.lower_quotient(e, ren, var)
         if isinstance(e, SquaredDistance):
             return self.lower_distance(e, ren, var)
+        if isinstance(e, PositionIndex):
+            return self.positions(ren[e.leg])
+        if isinstance(e, Gather):
+            return self.lower_gather(e, ren, var)
         raise AssertionError(f"cannot lower {type(e).__name__}")
 
     def numel_number(self, legs: Iterable[str]) -> int:

@@ -15,6 +15,7 @@ from .distance import DistanceExpansion
 from .elementwise import ElementwiseLowering
 from .layout import Sizes, assign_layouts
 from .linear import LinearOrder
+from .positions import PositionLowering
 from .program import (
     BATCH,
     BufferUpdate,
@@ -42,6 +43,7 @@ class _Lowering(
     ChunkedCausal,
     AttentionMatch,
     FusedAttention,
+    PositionLowering,
     TimeModel,
     LoweringBase,
 ):

@@ -18,7 +18,7 @@ from functools import singledispatchmethod
 
 import sympy
 
-from .abstract import BOOL, FLOAT, AbstractMachine, Footprint, Meta
+from .abstract import BOOL, FLOAT, LONG, AbstractMachine, Footprint, Meta
 from .program import (
     Attention,
     Binary,
@@ -27,6 +27,7 @@ from .program import (
     Elementwise,
     Expand,
     Fill,
+    GatherAt,
     JoinChunks,
     Map,
     MaskFill,
@@ -38,12 +39,15 @@ from .program import (
     Operand,
     Permute,
     Plan,
+    Positions,
+    PositionTensor,
     PrefixSum,
     Ratio,
     Reduce,
     Reshape,
     Scale,
     ScoreMask,
+    Slice,
     Softmax,
     SplitChunks,
     Step,
@@ -119,6 +123,11 @@ class _Interpreter(AbstractMachine):
             if a.grad or view_strides(t.shape, t.strides, folded) is not None:
                 b = self.reshape(t, folded, "matmul operand")
         elif da >= 3 and db >= 3:
+            batch = tuple(
+                max(x, y)
+                for x, y in zip(padded(a.shape[:-2], b.shape[:-2]), padded(b.shape[:-2], a.shape[:-2]), strict=True)
+            )
+            a, b = _broadcast_batch(a, batch), _broadcast_batch(b, batch)  # torch.matmul expands, then folds
             a = self.reshape(a, (math.prod(a.shape[:-2]), *a.shape[-2:]), "matmul operand")
             b = self.reshape(b, (math.prod(b.shape[:-2]), *b.shape[-2:]), "matmul operand")
         if b.grad:
@@ -368,6 +377,37 @@ class _Interpreter(AbstractMachine):
         return self.fresh(shape, numel, False, step.out.var)  # type: ignore[union-attr]
 
     @op.register
+    def _(self, op: Positions, step: Step) -> Meta:
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, False, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: PositionTensor, step: Step) -> Meta:
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, False, step.out.var, LONG)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: Slice, step: Step) -> Meta:
+        x = self.value(op.x)
+        shape, numel = self.output(step)
+        return Meta(
+            shape,
+            x.strides[: len(shape)] if len(x.strides) >= len(shape) else contiguous(shape),
+            x.storage,
+            x.grad,
+            numel,
+        )
+
+    @op.register
+    def _(self, op: GatherAt, step: Step) -> Meta:
+        x = self.read(op.x)
+        index = self.value(op.index)
+        if x.grad:
+            self.save(index)
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
     def _(self, op: Permute, step: Step) -> Meta:
         x = self.value(op.x)
         p = op.permutation
@@ -390,6 +430,20 @@ def _math_reason(q: Meta, k: Meta, v: Meta, mask: Meta | None = None) -> str:
     if len({m.shape[-1] for m in qkv}) > 1:
         return "the value head size differs from the query and key head size"
     return "a last axis whose stride is not 1"
+
+
+def _broadcast_batch(m: Meta, batch: tuple[int, ...]) -> Meta:
+    """A batched matmul operand expanded to the common batch shape (stride 0 where it broadcasts);
+    folding it then copies every expanded entry."""
+    shape = (*batch, *m.shape[-2:])
+    if shape == m.shape:
+        return m
+    lead = len(batch) - (len(m.shape) - 2)
+    strides = [0] * lead + list(m.strides)
+    for k, (have, want) in enumerate(zip((1,) * lead + m.shape[:-2], batch, strict=True)):
+        if have == 1 and want != 1:
+            strides[k] = 0
+    return Meta(shape, tuple(strides), m.storage, m.grad, sympy.Integer(math.prod(shape)))
 
 
 def _matrix_if_unit_batch(m: Meta) -> Meta:

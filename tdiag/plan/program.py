@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from ..graph import DesignGraph
-from ..ir import ZERO
+from ..ir import ZERO, Position
 
 BATCH = "#b"
 BATCH_SIZE = sympy.Symbol("B", positive=True)
@@ -325,6 +325,47 @@ class MaskNumbers:
 
 
 @dataclass(frozen=True)
+class Positions:
+    """`index(n)`: 0, 1, ..., size − 1 in the dtype and on the device of the variable `like`,
+    made from the run-time size (viewed as `shape` when the leg is split into pieces)."""
+
+    shape: tuple[sympy.Expr, ...]
+    like: str | None
+
+
+@dataclass(frozen=True)
+class PositionTensor:
+    """An integer position of legs (a gather's address, e.g. clamp(m − n, −K, K) + K) over axes
+    `legs` of run-time `sizes`, on the device of `like`."""
+
+    position: Position
+    legs: tuple[str, ...]
+    sizes: tuple[sympy.Expr, ...]
+    like: str | None
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A stored table read at its first `extent` entries along axis `dim` (of `size` entries),
+    for each (dim, extent, size) in `dims`: a view; the forward checks extent <= size."""
+
+    x: Value
+    dims: tuple[tuple[int, sympy.Expr, sympy.Expr], ...]
+    name: str = ""
+    labels: tuple[tuple[str, str, str], ...] = ()  # per dim: (leg, extent, size) as the .td writes them
+
+
+@dataclass(frozen=True)
+class GatherAt:
+    """x read along its axis `dim` at the integer positions `index`: the result has x's other
+    axes, then index's axes (advanced indexing, x[..., index] with dim moved last)."""
+
+    x: Operand
+    dim: int
+    index: Value
+
+
+@dataclass(frozen=True)
 class Permute:
     """x with its axes reordered (an output laid out in its declared order)."""
 
@@ -366,6 +407,10 @@ Op = (
     | Attention
     | Fill
     | MaskNumbers
+    | Positions
+    | PositionTensor
+    | Slice
+    | GatherAt
     | Permute
     | BufferUpdate
 )

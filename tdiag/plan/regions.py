@@ -14,6 +14,7 @@ from ..ir import (
     Contraction,
     ElementwiseMap,
     Expr,
+    PositionIndex,
     Scalar,
     SoftmaxBox,
     Statement,
@@ -81,6 +82,9 @@ class RegionLowering:
             if constant is not None:
                 leaves.append(_Leaf(tuple(p for leg in e.legs for p in ren[leg]), constant=constant))
                 return sympy.Integer(1)
+        if isinstance(e, PositionIndex):
+            leaves.append(_Leaf(tuple(ren[e.leg]), value=self.positions(tuple(ren[e.leg]))))
+            return sympy.Integer(1)
         if isinstance(e, CausalFactor):
             (query,), (key,) = ren[e.query], ren[e.key]
             leaves.append(_Leaf((query, key), value=self.causal_numbers(query, key)))
@@ -97,6 +101,10 @@ class RegionLowering:
         tensor = self.g.tensors[e.name]
         axes = tuple(tuple(p for leg in group for p in ren[leg]) for group in e.groups)
         statement = tensor.statement
+        if e.is_sliced:
+            value = self.sliced(tensor, e, axes)
+            leaves.append(_Leaf(value.legs, value=value))
+            return sympy.Integer(1)
         if statement is None:
             batch = (BATCH,) if tensor.is_batched else ()
             leaves.append(_Leaf(batch + tuple(p for a in axes for p in a), tensor=tensor, view=axes))

@@ -1,0 +1,111 @@
+"""Positions in the forward: `index(n)` as 0 .. N − 1 made from the run-time size, a stored table
+read at its first N entries (a maximum-length table at the run-time length), and a table read
+along one axis at an integer position of legs (relative position bias) as a gather, never as a
+one-hot contraction.
+Guarantees: each is made once per program and size; nothing is stored at a maximum length
+unless the design declares it so; a gather's cost is one read per result entry."""
+
+from __future__ import annotations
+
+from ..ir import Gather, Position, Tensor, TensorRef
+from .base import _renamed
+from .program import GatherAt, Operand, Positions, PositionTensor, Slice, Step, Value, show_legs
+
+
+class PositionLowering:
+    """Lowers index(n), sliced tables and gathers."""
+
+    def like_input(self) -> str | None:
+        inputs = [t.name for t in self.g.inputs]
+        return self.input_vars[inputs[0]] if inputs else None
+
+    def positions(self, legs: tuple[str, ...]) -> Value:
+        """index(n) over region legs `legs` (the pieces of n, head-major, when it is split)."""
+        key = ("positions", tuple(self.size(leg) for leg in legs))
+        if key not in self.memo:
+            name = self.names.fresh("index")
+            out = Value(name, legs)
+            sizes = " ".join(str(self.size(leg)) for leg in legs)
+            self.emit(
+                Step(
+                    "positions",
+                    Positions(self.shape(legs), self.like_input()),
+                    out,
+                    f"positions 0 .. {sizes} - 1",
+                    elementwise=self.numel(legs),
+                )
+            )
+            self.memo[key] = (out, legs)
+        value, earlier = self.memo[key]
+        return _renamed(value, dict(zip(earlier, legs, strict=True)))
+
+    def sliced(self, tensor: Tensor, ref: TensorRef, axes: tuple[tuple[str, ...], ...]) -> Value:
+        """`P[n: N, f]`: the first N entries of P's axis, a view of the stored table."""
+        legs = tuple(p for axis in axes for p in axis)
+        if any(len(axis) != 1 for axis in axes):
+            raise AssertionError("a sliced use is never split into pieces")
+        key = ("slice", tensor.name, ref.slices)
+        if key not in self.memo:
+            base = self.tensor_var(tensor)
+            dims = tuple(
+                (k, self.runtime(extent), self.runtime(axis.size))
+                for k, (extent, axis) in enumerate(zip(ref.slices, tensor.axes, strict=True))
+                if extent is not None
+            )
+            name = self.names.fresh(f"{tensor.name}_first")
+            shown = ", ".join(f"{tensor.axes[k].leg}: {extent}" for k, extent, _ in dims)
+            labels = tuple((tensor.axes[k].leg, str(ref.slices[k]), str(tensor.axes[k].size)) for k, _, _ in dims)
+            out = Value(name, legs)
+            op = Slice(Value(base, ()), dims, tensor.name, labels)
+            self.emit(Step("slice", op, out, f"{tensor.name}[{shown}]"))
+            self.memo[key] = (out, legs)
+        value, earlier = self.memo[key]
+        return _renamed(value, dict(zip(earlier, legs, strict=True)))
+
+    def position_tensor(self, position: Position, ren: dict[str, tuple[str, ...]]) -> Value:
+        """The integer position over its region legs."""
+        renamed = _rename_position(position, {leg: ren[leg][0] for leg in position.legs()}, self.runtime)
+        legs = renamed.legs()
+        name = self.names.fresh("position")
+        out = Value(name, legs)
+        self.emit(
+            Step(
+                "positions",
+                PositionTensor(renamed, legs, self.shape(legs), self.like_input()),
+                out,
+                f"position {position}",
+                elementwise=self.numel(legs),
+            )
+        )
+        return out
+
+    def lower_gather(self, e: Gather, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
+        """The table read along its axis at the position: one read per result entry."""
+        for leg in (e.axis, *e.position.legs()):  # type: ignore[union-attr]
+            if len(ren[leg]) != 1:
+                raise AssertionError("a gathered axis or position leg is never split into pieces")
+        table = self.lower(e.source, ren)  # type: ignore[arg-type]
+        axis = ren[e.axis][0]
+        index = self.position_tensor(e.position, ren)  # type: ignore[arg-type]
+        others = tuple(leg for leg in table.legs if leg != axis)
+        out = Value(self.names.fresh(var or f"{e.source.name}_at"), (*others, *index.legs))  # type: ignore[union-attr]
+        return self.emit(
+            Step(
+                "gather",
+                GatherAt(Operand(table), table.legs.index(axis), index),
+                out,
+                f"{e.source.name} at {e.position} -> [{' '.join(show_legs(out.legs))}]",  # type: ignore[union-attr]
+                elementwise=self.numel(out.legs),
+                inputs=(table, index),
+            )
+        )  # type: ignore[return-value]
+
+
+def _rename_position(position: Position, names: dict[str, str], runtime) -> Position:
+    """The position over region legs, its sizes known at build time replaced by numbers."""
+    if position.op == "leg":
+        return Position("leg", name=names[position.name])
+    if position.op == "number":
+        return Position("number", value=runtime(position.value))
+    operands = tuple(_rename_position(o, names, runtime) for o in position.operands)
+    return Position(position.op, position.name, position.value, operands)

@@ -1,0 +1,20 @@
+# mistake: a learned bias declared over the run-time length N
+design bias_bad
+
+size F = 64, H = 4, D = F / H
+size N
+
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D]
+param WK[f: F, h: H, d: D]
+param WV[f: F, h: H, e: D]
+param WO[h: H, e: D, g: F]
+param Bias[h: H, n: N, m: N] = zeros
+
+Q[n h d] = X[n f] WQ[f h d]
+K[m h d] = X[m f] WK[f h d]
+V[m h e] = X[m f] WV[f h e]
+A[h n m] = softmax[m](Q[n h d] K[m h d] + Bias[h n m])
+Y[n g]   = A[h n m] V[m h e] WO[h e g]
+
+output Y
