@@ -73,11 +73,13 @@ def _fusion(sequences: list[tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
         for k, leg in enumerate(seq):
             after.setdefault(leg, set()).add(seq[k + 1] if k + 1 < len(seq) else None)
             before.setdefault(leg, set()).add(seq[k - 1] if k else None)
+
     def joined(a: str) -> str | None:
         (b,) = after[a] if len(after[a]) == 1 else (None,)
         if b is None or b == BATCH or a == BATCH or before.get(b) != {a}:
             return None
         return b
+
     runs: dict[str, tuple[str, ...]] = {}
     for leg in after:
         if leg in runs or (len(before[leg]) == 1 and (p := next(iter(before[leg]))) is not None and joined(p) == leg):
@@ -102,9 +104,13 @@ class _Namer:
     stored: int = 0
     derived: int = 0
 
+    cache: dict = dataclasses.field(default_factory=dict)
+
     def number(self, expr: object) -> object:
-        value = self.plan.graph.evaluate_at(sympy.sympify(expr), self.plan.sizes)
-        return sympy.sstr(sympy.nsimplify(value))
+        if expr not in self.cache:
+            value = self.plan.graph.evaluate_at(sympy.sympify(expr), self.plan.sizes)
+            self.cache[expr] = sympy.sstr(sympy.nsimplify(value))
+        return self.cache[expr]
 
     def fused(self, legs: tuple[str, ...]) -> tuple[str, ...]:
         """Legs with each run of fused legs named once, canonically, in order of first use."""

@@ -59,8 +59,8 @@ class Point:
         overrides = {k: v for k, v in (sizes or {}).items() if k not in self.chosen_sizes}
         head = syn.DesignDecl(self.space.span, self.name, None, None)
         try:
-            names = {n for i in self.items if (n := _item_name(i))}
-            graph = build_graph(head, self.items, {k: v for k, v in overrides.items() if k in names})
+            fixed = {i.name for i in self.items if isinstance(i, syn.SizeDef) and i.value is not None}
+            graph = build_graph(head, self.items, {k: v for k, v in overrides.items() if k in fixed})
             found = graph.warnings + check(graph)
         except TdiagError as error:
             self.problems = error.diagnostics
