@@ -12,9 +12,9 @@ from pathlib import Path
 from ..design import OBJECTIVES
 from ..errors import Diagnostic, TdiagError
 from .points import base_path, load_space
-from .report import METRICS
 
-SPACE_AXES = ("params", "flops", "time", "peak_memory", "softmax_entries")
+SPACE_AXES = ("params", "flops", "time", "peak_memory", "softmax_entries")  # report.METRICS, not imported:
+# building the parser (tdiag --help) must not import the planner
 
 
 def _axes(text: str) -> tuple[str, ...]:
@@ -36,7 +36,7 @@ def add_parser(commands, size_list, usage_error) -> None:
         help="sizes to cost at (run-time sizes such as N default to 1024)",
     )
     p.add_argument("--format", choices=("table", "json", "csv"), default="table", help="a text table, JSON or CSV")
-    p.add_argument("--sort", choices=METRICS, default="flops", help="the column the table is sorted by")
+    p.add_argument("--sort", choices=SPACE_AXES, default="flops", help="the column the table is sorted by")
     p.add_argument(
         "--pareto",
         type=_axes,

@@ -191,7 +191,8 @@ def _check_choices(
     choices: tuple[Choice, ...], known: dict[str, syn.Item], base: dict[str, syn.Item], seen: dict[str, Span]
 ) -> list[Diagnostic]:
     problems: list[Diagnostic] = []
-    for choice in choices:
+    subtrees = [_subtree(c) for c in choices]
+    for k, choice in enumerate(choices):
         if choice.name in seen:
             problems.append(
                 Diagnostic(
@@ -201,6 +202,12 @@ def _check_choices(
                 )
             )
         seen[choice.name] = choice.span
+        # a nested choice is taken together with the enclosing ones and with every choice beside
+        # them (and theirs); under another option of the same choice it never is
+        inner = dict(seen)
+        for j, other in enumerate(subtrees):
+            if j != k:
+                inner |= {n: sp for n, sp in other.items() if n not in inner}
         if choice.size and not isinstance(base.get(choice.name), syn.SizeDef):
             problems.append(
                 Diagnostic(
@@ -223,10 +230,17 @@ def _check_choices(
             where = f"choice '{choice.name}', option '{option.name}'"
             own = dict(known)
             problems += _check_items(where, list(option.items), own, base)
-            problems += _check_choices(option.choices, own, base, seen)
-    if not choices:
-        return problems
+            problems += _check_choices(option.choices, own, base, dict(inner))
     return problems
+
+
+def _subtree(choice: Choice) -> dict[str, Span]:
+    """The names of a choice and of every choice nested in its options."""
+    names = {choice.name: choice.span}
+    for option in choice.options:
+        for nested in option.choices:
+            names |= {n: sp for n, sp in _subtree(nested).items() if n not in names}
+    return names
 
 
 def _check_items(where: str, items: list[syn.Item], known: dict[str, syn.Item], base: dict) -> list[Diagnostic]:

@@ -160,7 +160,8 @@ def compare_to(rows: Sequence[Row], baseline: Row, at: Mapping[str, int], along:
             row.ratios[metric] = ratio if metric == "time" else sympy.cancel(ratio)
             if metric == "params":
                 continue
-            fixed = {size_symbol(k): v for k, v in at.items() if k != along}
+            values = row.point.design.graph.size_values() | baseline.point.design.graph.size_values()
+            fixed = {size_symbol(k): v for k, v in (values | dict(at)).items() if k != along}
             difference = (mine - theirs).xreplace(fixed)
             row.crossovers[metric] = _roots(difference, symbol)
 
@@ -183,7 +184,7 @@ def _roots(expr: sympy.Expr, symbol: sympy.Symbol) -> list[float]:
             if numerator.is_polynomial(symbol)
             else sympy.solve(numerator, symbol)
         )
-    except (NotImplementedError, TypeError, sympy.PolynomialError):
+    except (NotImplementedError, TypeError, sympy.PolynomialError, sympy.polys.polyerrors.DomainError):
         return []
     roots = [sympy.re(r) for r in roots if abs(sympy.im(r)) < 1e-9]
     return sorted(float(r) for r in roots if r.is_real and r >= 1)  # a size is at least 1
