@@ -67,7 +67,9 @@ def test_the_tuformer_space_contains_each_tuformer_design_as_a_point(tuformer_ro
 )
 def test_the_fish_and_mgk_spaces_contain_their_designs(space, names):
     sizes = {"N": 16}
-    points = evaluate(load_space(SPACES / f"{space}.tds"), sizes, known=known_programs([DESIGNS / f"{n}.td" for n in names], sizes))
+    points = evaluate(
+        load_space(SPACES / f"{space}.tds"), sizes, known=known_programs([DESIGNS / f"{n}.td" for n in names], sizes)
+    )
     found = {name for row in points for name in row.known}
     assert found == set(names)
 
@@ -86,7 +88,9 @@ def test_distinct_functions_merge_only_the_full_core_and_the_trainable_c1_at_d_1
     expected = 2 * (1 + 4 * 2 * 2) - 1
     assert sum(row.representative for row in tuformer_rows) == expected
     merged = [row for row in tuformer_rows if not row.representative]
-    assert [row.point.choices for row in merged] == [{"D": "1", "core": "kronecker", "C1": "trainable", "C2": "ones", "C3": "ones"}]
+    assert [row.point.choices for row in merged] == [
+        {"D": "1", "core": "kronecker", "C1": "trainable", "C2": "ones", "C3": "ones"}
+    ]
     assert merged[0].same == ["D=1 core=full"]
 
 
@@ -127,7 +131,21 @@ def test_a_written_point_loads_to_the_same_design_with_the_same_cost(tmp_path):
 
 def test_cost_formulas_of_each_point_equal_tdiag_cost_of_its_written_file(tmp_path, capsys):
     space = load_space(SPACES / "tuformer.tds")
-    assert main(["space", str(SPACES / "tuformer.tds"), "--at", "N=64,F=32,H=4", "--format", "json", "--write", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "space",
+                str(SPACES / "tuformer.tds"),
+                "--at",
+                "N=64,F=32,H=4",
+                "--format",
+                "json",
+                "--write",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     points = json.loads(capsys.readouterr().out)["points"]
     assert len(points) == space.count()
     for item in points[:6]:
@@ -140,7 +158,11 @@ def test_cost_formulas_of_each_point_equal_tdiag_cost_of_its_written_file(tmp_pa
 def test_vs_gives_ratio_formulas_and_the_crossover_in_n(tuformer_rows):
     baseline = next(r for r in tuformer_rows if "mhsa" in r.known)
     compare_to(tuformer_rows, baseline, SMALL)
-    single = next(r for r in tuformer_rows if r.point.choices == {"D": "1", "core": "kronecker", "C1": "ones", "C2": "ones", "C3": "ones"})
+    single = next(
+        r
+        for r in tuformer_rows
+        if r.point.choices == {"D": "1", "core": "kronecker", "C1": "ones", "C2": "ones", "C3": "ones"}
+    )
     F, H = sympy.symbols("F H", positive=True)
     assert sympy.simplify(single.ratios["params"] - H / F) == 0
     # saved memory N (4H + N) (one N x N box, H-wide projections) against MHSA's N (4F + H):

@@ -48,7 +48,8 @@ def add_parser(commands, size_list, usage_error) -> None:
     p.add_argument(
         "--vs",
         metavar="POINT",
-        help="a baseline: a point's name or choices, or a design file or bundled name; adds cost ratios and the N where the order changes (default: no baseline)",
+        help="a baseline: a point's name or choices, or a design file or bundled name; adds cost "
+        "ratios and the N where the order changes (default: no baseline)",
     )
     p.add_argument(
         "--known",

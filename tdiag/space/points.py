@@ -161,7 +161,8 @@ def base_path(space: Space) -> Path:
         return found
     raise TdiagError(
         Diagnostic(
-            f"no base design '{space.base}' (looked beside {space.file}, in the folder above it and in the bundled designs)",
+            f"no base design '{space.base}' (looked beside {space.file}, in the folder above it "
+            "and in the bundled designs)",
             (space.base_span,),
         )
     )

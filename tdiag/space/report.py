@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -173,7 +174,7 @@ def _roots(expr: sympy.Expr, symbol: sympy.Symbol) -> list[float]:
         f = sympy.lambdify(symbol, expr, "math")
         points = [2.0**k for k in range(0, 25)]  # N from 1 to 16M
         found = []
-        for lo, hi in zip(points, points[1:], strict=False):
+        for lo, hi in itertools.pairwise(points):
             if (f(lo) > 0) != (f(hi) > 0):
                 found.append(_bisect(f, lo, hi))
         return found
@@ -210,7 +211,7 @@ def sort_rows(rows: list[Row], by: str) -> list[Row]:
 def _show(value: float, metric: str) -> str:
     if metric == "time":
         return f"{value:.3g}"
-    return f"{int(round(value)):,}" if float(value).is_integer() else f"{value:.4g}"
+    return f"{round(value):,}" if float(value).is_integer() else f"{value:.4g}"
 
 
 def text_table(rows: Sequence[Row], at: Mapping[str, int], axes: Sequence[str], title: str) -> str:
