@@ -129,6 +129,7 @@ def test_a_written_point_loads_to_the_same_design_with_the_same_cost(tmp_path):
         assert all(sympy.simplify(a[k] - b[k]) == 0 for k in a), point.label
 
 
+@pytest.mark.slow
 def test_cost_formulas_of_each_point_equal_tdiag_cost_of_its_written_file(tmp_path, capsys):
     space = load_space(SPACES / "tuformer.tds")
     assert (
