@@ -7,9 +7,11 @@ and up to how a stored tensor is viewed: the planner has already folded constant
 C = sqrt(H) (I_H kron J_D) lowers to the ops MHSA lowers to. The canonical form renames every
 variable, leg and stored tensor in order of first use, evaluates every size formula at the planned
 sizes, and describes a stored tensor by its kind and shape (a parameter's initializer is not part
-of the function; a constant's and a buffer's values are). The cost formulas, expanded into base
-sizes, are part of the key too, so that a coincidence at the planned sizes does not merge two
-programs whose costs differ elsewhere.
+of the function; a constant's and a buffer's values are). Runs of legs always used together
+are one leg, legs of size 1 are dropped, a value's legs are a set (legs meet by name) and a
+product's two operands are put in an order that does not depend on names. Leg names are still
+given in order of first use, so two programs whose independent ops the planner emits in another
+order are not recognised as equal (no bundled design needs that).
 
 A reparameterization is a product, in the program, of trainable tensors alone whose result has no
 more entries than one of them: that one parameter could hold the product (skip-left's C3 multiplying
