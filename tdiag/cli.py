@@ -207,6 +207,10 @@ def _parser() -> _Parser:
     add_arguments(p)
     with_sizes(p, several=True)
 
+    from .space.command import add_parser as add_space_parser
+
+    add_space_parser(commands, _size_list, _UsageError)
+
     p = commands.add_parser("render", help="draw the diagram in the papers' notation")
     p.add_argument("file", metavar="FILE.td", help=DESIGN_HELP)
     p.add_argument("-o", "--output", required=True, metavar="OUT", help=f"output file: .{', .'.join(RENDER_FORMATS)}")
@@ -491,7 +495,14 @@ def _report_training(result: dict) -> int:
     return 0
 
 
+def _space(args: argparse.Namespace) -> int:
+    from .space.command import run
+
+    return run(args)
+
+
 COMMANDS = {
+    "space": _space,
     "train": _train,
     "check": _check,
     "show": _show,

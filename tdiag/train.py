@@ -567,6 +567,12 @@ def compare(configs: list[TrainConfig], out: Path, progress: bool = True, overwr
     for config in configs:  # refuse before the first design trains, not after it
         claim_folder(run_folder(config), resume=overwrite, overwrite=False)
     results = [train(c, progress=progress, overwrite=overwrite) for c in configs]
+    write_comparison(out, results)
+    return results
+
+
+def write_comparison(out: Path, results: list[dict]) -> None:
+    """compare.md/.csv/.json and compare.png (validation loss against step and FLOPs) of runs."""
     out.mkdir(parents=True, exist_ok=True)
     rows = [
         {
@@ -591,7 +597,6 @@ def compare(configs: list[TrainConfig], out: Path, progress: bool = True, overwr
         writer.writerows(rows)
     (out / "compare.md").write_text(compare_table(rows, results[0]["unigram_val_loss"]))
     _plot_compare(out, results)
-    return results
 
 
 def compare_table(rows: list[dict], unigram: float) -> str:

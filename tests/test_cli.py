@@ -230,6 +230,16 @@ COMMANDS_WITHOUT_A_MODEL = {
     "train help": lambda tmp: ["train", "--help"],
     "version": lambda tmp: ["--version"],
     "bundled by name": lambda tmp: ["check", "fish", "mgk_softe"],
+    "space": lambda tmp: [
+        "space",
+        str(DESIGNS / "spaces" / "mgk.tds"),
+        "--at",
+        "N=64",
+        "--vs",
+        "mgk",
+        "--write",
+        str(tmp),
+    ],
 }
 
 

@@ -60,6 +60,11 @@ def test_the_wheel_carries_every_bundled_design(wheel):
     assert {f"tdiag/designs/{path.name}" for path in DESIGN_FILES} <= wheel_names(wheel)
 
 
+def test_the_wheel_carries_the_space_grammar_and_the_bundled_spaces(wheel):
+    spaces = {f"tdiag/designs/spaces/{path.name}" for path in (ROOT / "designs" / "spaces").glob("*.tds")}
+    assert spaces and spaces | {"tdiag/grammar/space.lark"} <= wheel_names(wheel)
+
+
 def test_the_wheel_carries_the_training_corpus(wheel):
     assert "tdiag/data/shakespeare_gut.txt.gz" in wheel_names(wheel)
 

@@ -1,0 +1,122 @@
+"""`tdiag space --train`: train the Pareto points of a space (or the points named by --points)
+with `tdiag train`'s machinery, one run folder per point (resumed when it holds a checkpoint),
+the same seed and data for all; then the `--compare` table and plots, and the front in
+(training FLOPs, validation loss)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from ..errors import Diagnostic, TdiagError
+
+
+def chosen_rows(rows: list, names: str | None) -> list:
+    """The rows to train: by point name, choices or the design file a point equals; else the front."""
+    if not names:
+        return [r for r in rows if r.front]
+    picked = []
+    for name in (n.strip() for n in names.split(",") if n.strip()):
+        match = [r for r in rows if r.point.ok and name in (r.point.name, r.point.label, *r.known)]
+        if not match:
+            raise TdiagError(
+                Diagnostic(
+                    f"--points: no point '{name}' in this space (give a name, the choices, or a design it equals)"
+                )
+            )
+        row = next((r for r in match if r.representative), match[0])
+        if all(row is not other for other in picked):
+            picked.append(row)
+    return picked
+
+
+def train_points(args: argparse.Namespace, space, rows: list, at: dict) -> int:
+    from .. import train as training
+    from ..cli import _parser
+    from ..train_config import config_from
+
+    picked = chosen_rows(rows, args.points)
+    if not picked:
+        raise TdiagError(Diagnostic("no point to train (the front is empty: every point failed check)"))
+    out = Path(args.out)
+    folder = out / "points"
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for row in picked:
+        path = folder / f"{row.point.name}.td"
+        path.write_text(row.point.text(), encoding="utf-8")
+        files.append(str(path))
+    flags = ["train", *files, "--compare", "--steps", str(args.steps), *shlex.split(args.train_args)]
+    train_args = _parser().parse_args(flags)
+    results = []
+    for row, file in zip(picked, files, strict=True):
+        config = config_from(train_args, file, {})
+        config.out = str(out / row.point.name)
+        resume = (Path(config.out) / "checkpoint.pt").is_file()
+        print(f"tdiag space: training {row.point.label}" + (" (resumed)" if resume else ""), file=sys.stderr)
+        result = training.train(config, resume=resume, progress=not train_args.no_progress)
+        result["choices"] = row.point.label
+        result["equals_design"] = row.known
+        results.append(result)
+    training.write_comparison(out, results)
+    _write_front(out, results)
+    print((out / "compare.md").read_text())
+    print((out / "front.md").read_text())
+    print(f"wrote {out}/compare.md, compare.csv, compare.json, compare.png, front.md, front.png")
+    return 0
+
+
+def _write_front(out: Path, results: list[dict]) -> None:
+    """Which trained points no other beats on both training FLOPs and final validation loss."""
+    items = [(r["flops_per_step"] * r["log"][-1]["step"], r["final_val_loss"], r) for r in results]
+    lines = [
+        "| point | choices | equals | attention params | train FLOPs | final val loss | front |",
+        "|---|---|---|---:|---:|---:|:---:|",
+    ]
+    front = []
+    for flops, loss, r in items:
+        beaten = any(f <= flops and v <= loss and (f, v) != (flops, loss) for f, v, _ in items)
+        front.append(not beaten)
+        equals = ", ".join(r["equals_design"]) or "-"
+        mark = "*" if not beaten else ""
+        lines.append(
+            f"| {r['design']} | {r['choices']} | {equals} | {r['attention_parameters']:,} | {flops:.3g} "
+            f"| {r['final_val_loss']:.4f} | {mark} |"
+        )
+    (out / "front.md").write_text("\n".join(lines) + "\n")
+    (out / "front.json").write_text(
+        json.dumps(
+            [
+                {"design": r["design"], "choices": r["choices"], "train_flops": f, "final_val_loss": v, "front": k}
+                for (f, v, r), k in zip(items, front, strict=True)
+            ],
+            indent=2,
+        )
+    )
+    try:
+        import matplotlib
+    except ImportError:
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (flops, loss, r), on in zip(items, front, strict=True):
+        ax.scatter([flops], [loss], c="tab:red" if on else "tab:gray")
+        ax.annotate(
+            ", ".join(r["equals_design"]) or r["choices"],
+            (flops, loss),
+            fontsize=7,
+            xytext=(3, 3),
+            textcoords="offset points",
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("training FLOPs (tdiag cost)")
+    ax.set_ylabel("final validation loss (nats/char)")
+    ax.set_title("trained points; red: front in (FLOPs, loss)")
+    fig.tight_layout()
+    fig.savefig(out / "front.png", dpi=120)
+    plt.close(fig)

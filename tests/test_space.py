@@ -1,0 +1,234 @@
+"""Design spaces (.tds): parsing, enumeration, identification of points with the bundled designs,
+deduplication by function, costs, positioned errors, and the `tdiag space` command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import sympy
+
+import tdiag
+from tdiag.cli import main
+from tdiag.cost import cost_report
+from tdiag.errors import TdiagError, format_diagnostic
+from tdiag.space import load_space
+from tdiag.space.canonical import canonical_program
+from tdiag.space.report import compare_to, evaluate, known_programs
+
+ROOT = Path(__file__).resolve().parent.parent
+DESIGNS = ROOT / "designs"
+SPACES = DESIGNS / "spaces"
+SMALL = {"F": 32, "H": 4, "N": 16}
+
+TUFORMER_FILES = [
+    "mhsa",
+    "skip_left",
+    "skip_right",
+    "heads_only",
+    "trainable_heads_only",
+    "single_head",
+    "kronecker",
+    "thsa",
+]
+
+
+@pytest.fixture(scope="module")
+def tuformer_rows():
+    space = load_space(SPACES / "tuformer.tds")
+    known = known_programs([DESIGNS / f"{name}.td" for name in TUFORMER_FILES], SMALL)
+    return evaluate(space, SMALL, known=known)
+
+
+def _write(tmp_path: Path, text: str, name: str = "s.tds") -> Path:
+    """A space file next to copies of the bundled designs it may extend."""
+    for design in DESIGNS.glob("*.td"):
+        (tmp_path / design.name).write_text(design.read_text())
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ---- enumeration and identification ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", TUFORMER_FILES)
+def test_the_tuformer_space_contains_each_tuformer_design_as_a_point(tuformer_rows, name):
+    assert any(name in row.known for row in tuformer_rows)
+
+
+@pytest.mark.parametrize(
+    ("space", "names"),
+    [
+        ("fish", ["fish", "gfish", "lfish", "hard_fish", "hard_gfish", "mish"]),
+        ("mgk", ["mgk", "mgk_harde", "smgk", "mlk", "smlk"]),
+    ],
+)
+def test_the_fish_and_mgk_spaces_contain_their_designs(space, names):
+    sizes = {"N": 16}
+    points = evaluate(
+        load_space(SPACES / f"{space}.tds"), sizes, known=known_programs([DESIGNS / f"{n}.td" for n in names], sizes)
+    )
+    found = {name for row in points for name in row.known}
+    assert found == set(names)
+
+
+def test_point_counts_are_the_products_and_sums_the_choices_imply():
+    # tuformer: D (2) x core (full + kronecker with C1 (4) x C2 (2) x C3 (2)); fish: M (3) x
+    # mixing (global with 3 noises + gated with 2 + local); mgk: M (3) x keys (2) x E-step (3)
+    counts = {name: load_space(SPACES / f"{name}.tds").count() for name in ("tuformer", "fish", "mgk")}
+    assert counts == {"tuformer": 2 * (1 + 4 * 2 * 2), "fish": 3 * (3 + 2 + 1), "mgk": 3 * 2 * 3}
+    assert [len(list(load_space(SPACES / f"{n}.tds").points())) for n in counts] == list(counts.values())
+
+
+def test_distinct_functions_merge_only_the_full_core_and_the_trainable_c1_at_d_1(tuformer_rows):
+    # At D = 1, R = H: the full trainable R x R core is C1 (H x H, trainable) times the constant
+    # 1 x 1 factors C2 = C3 = 1; no other two points of the space compute the same function.
+    expected = 2 * (1 + 4 * 2 * 2) - 1
+    assert sum(row.representative for row in tuformer_rows) == expected
+    merged = [row for row in tuformer_rows if not row.representative]
+    assert [row.point.choices for row in merged] == [
+        {"D": "1", "core": "kronecker", "C1": "trainable", "C2": "ones", "C3": "ones"}
+    ]
+    assert merged[0].same == ["D=1 core=full"]
+
+
+def test_equal_points_compute_equal_outputs_after_copying_parameters():
+    torch = pytest.importorskip("torch")
+    space = load_space(SPACES / "tuformer.tds")
+    point = space.point("D=F / H core=kronecker C1=scaled_identity C2=ones C3=ones").build({"F": 16, "H": 4})
+    mine = point.design.module(N=6, dtype=torch.float64, seed=1)
+    mhsa = tdiag.load(DESIGNS / "mhsa.td", F=16, H=4).module(N=6, dtype=torch.float64, seed=2)
+    with torch.no_grad():
+        for name, value in mhsa.state_dict().items():
+            getattr(mine, name).copy_(value.reshape(getattr(mine, name).shape))
+    x = torch.randn(3, 6, 16, dtype=torch.float64)
+    assert torch.allclose(mine(x), mhsa(x), atol=1e-10, rtol=0)
+
+
+def test_skip_left_is_flagged_as_a_reparameterization(tuformer_rows):
+    row = next(r for r in tuformer_rows if "skip_left" in r.known)
+    assert any("C3" in note for note in row.reparameterized)
+    assert next(r for r in tuformer_rows if "skip_right" in r.known).reparameterized == []
+
+
+# ---- costs and written points ---------------------------------------------------------------
+
+
+def test_a_written_point_loads_to_the_same_design_with_the_same_cost(tmp_path):
+    space = load_space(SPACES / "fish.tds")
+    for point in space.points():
+        point.build({"N": 16})
+        path = tmp_path / f"{point.name}.td"
+        path.write_text(point.text())
+        written = tdiag.load(path)
+        assert "# Choices: " + point.label in path.read_text()
+        assert canonical_program(written.plan(N=16)) == canonical_program(point.design.plan(N=16))
+        a, b = cost_report(written.plan(N=16)).formulas(), cost_report(point.design.plan(N=16)).formulas()
+        assert all(sympy.simplify(a[k] - b[k]) == 0 for k in a), point.label
+
+
+@pytest.mark.slow
+def test_cost_formulas_of_each_point_equal_tdiag_cost_of_its_written_file(tmp_path, capsys):
+    space = load_space(SPACES / "tuformer.tds")
+    assert (
+        main(
+            [
+                "space",
+                str(SPACES / "tuformer.tds"),
+                "--at",
+                "N=64,F=32,H=4",
+                "--format",
+                "json",
+                "--write",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    points = json.loads(capsys.readouterr().out)["points"]
+    assert len(points) == space.count()
+    for item in points[:6]:
+        assert main(["cost", str(tmp_path / f"{item['point']}.td"), "--at", "N=64,F=32,H=4", "--format", "json"]) == 0
+        (cost,) = json.loads(capsys.readouterr().out)
+        for metric in ("params", "flops", "softmax_entries", "peak_memory"):
+            assert cost[metric] == item[metric], (item["point"], metric)
+
+
+def test_vs_gives_ratio_formulas_and_the_crossover_in_n(tuformer_rows):
+    baseline = next(r for r in tuformer_rows if "mhsa" in r.known)
+    compare_to(tuformer_rows, baseline, SMALL)
+    single = next(
+        r
+        for r in tuformer_rows
+        if r.point.choices == {"D": "1", "core": "kronecker", "C1": "ones", "C2": "ones", "C3": "ones"}
+    )
+    F, H = sympy.symbols("F H", positive=True)
+    assert sympy.simplify(single.ratios["params"] - H / F) == 0
+    # saved memory N (4H + N) (one N x N box, H-wide projections) against MHSA's N (4F + H):
+    # they cross where N = 4F - 3H
+    assert single.crossovers["peak_memory"] == pytest.approx([4 * SMALL["F"] - 3 * SMALL["H"]])
+
+
+# ---- mistakes ---------------------------------------------------------------------------------
+
+
+def test_a_replace_of_an_unknown_name_is_a_positioned_error_naming_the_choice(tmp_path):
+    path = _write(tmp_path, "space s extends thsa\nchoose core {\n  a:\n  b: replace param Cx[r: R, s: R] = ones\n}\n")
+    with pytest.raises(TdiagError) as caught:
+        load_space(path)
+    (diagnostic,) = caught.value.diagnostics
+    assert "choice 'core', option 'b'" in diagnostic.message and "'Cx'" in diagnostic.message
+    assert (diagnostic.spans[0].line, diagnostic.spans[0].column) == (4, 20)
+    assert "^^" in format_diagnostic(diagnostic) and "did you mean 'C'" in (diagnostic.hint or "")
+
+
+def test_a_syntax_error_inside_a_choice_names_the_choice(tmp_path):
+    path = _write(tmp_path, "space s extends thsa\nchoose C1 {\n  a: const C1[h: H k: H] = = identity\n}\n")
+    with pytest.raises(TdiagError) as caught:
+        load_space(path)
+    (diagnostic,) = caught.value.diagnostics
+    assert diagnostic.message.startswith("in choice 'C1': unexpected")
+    assert diagnostic.spans[0].line == 3
+
+
+def test_a_size_choice_for_a_size_the_base_lacks_is_an_error(tmp_path):
+    path = _write(tmp_path, "space s extends mhsa\nchoose Z in 1, 2\n")
+    with pytest.raises(TdiagError, match="choice 'Z': the base design has no size 'Z'"):
+        load_space(path)
+
+
+def test_a_point_that_fails_check_is_reported_and_the_others_are_costed(tmp_path):
+    path = _write(tmp_path, "space s extends mhsa\nchoose H in 3, 4\n")
+    rows = evaluate(load_space(path), {"N": 8, "F": 32})
+    assert [row.point.ok for row in rows] == [False, True]
+    assert rows[0].point.problems and rows[1].numbers["params"] == 4 * 32 * 32
+
+
+def test_two_nested_choices_of_one_name_may_sit_under_different_options(tmp_path):
+    text = "space s extends mhsa\nchoose a {\n  x { choose n in 1 }\n  y { choose n in 2 }\n}\n"
+    text = text.replace("choose n in 1", "choose H in 2").replace("choose n in 2", "choose H in 4")
+    space = load_space(_write(tmp_path, text))
+    assert [p.choices for p in space.points()] == [{"a": "x", "H": "2"}, {"a": "y", "H": "4"}]
+
+
+# ---- the command --------------------------------------------------------------------------------
+
+
+def test_space_command_prints_the_table_with_the_front_and_the_known_designs(capsys):
+    assert main(["space", str(SPACES / "mgk.tds"), "--at", "N=64", "--pareto", "params,time"]) == 0
+    out = capsys.readouterr().out
+    assert "18 points, 18 pass check" in out and "mgk.td" in out and "smlk.td" in out
+    assert any(line.startswith("*") for line in out.splitlines())
+
+
+def test_space_command_writes_csv_with_formulas(capsys):
+    assert main(["space", str(SPACES / "fish.tds"), "--at", "N=32", "--format", "csv"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert "flops_formula" in header and len(rows) == 18
+
+
+def test_space_command_refuses_a_size_the_base_lacks(capsys):
+    assert main(["space", str(SPACES / "fish.tds"), "--at", "Q=3"]) == 2
+    assert "no size Q" in capsys.readouterr().err
