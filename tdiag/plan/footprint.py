@@ -29,6 +29,7 @@ from .program import (
     Fill,
     GatherAt,
     JoinChunks,
+    LiteralCombination,
     Map,
     MaskFill,
     MaskNumbers,
@@ -404,6 +405,12 @@ class _Interpreter(AbstractMachine):
         index = self.value(op.index)
         if x.grad:
             self.save(index)
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: LiteralCombination, step: Step) -> Meta:
+        x = self.value(op.x)  # slices are views; negations and numbers times slices save nothing
         shape, numel = self.output(step)
         return self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
 

@@ -366,6 +366,21 @@ class GatherAt:
 
 
 @dataclass(frozen=True)
+class LiteralCombination:
+    """A small constant C of known entries applied to x, unrolled (RoPE's rotation generator
+    R = [[0, −1], [1, 0]] becomes the signed pair swap (−x₂, x₁), RoFormer eq. 34): result
+    slice i, for i running row-major over the new trailing axes of `sizes`, is the sum over
+    `rows[i]` of coefficient · x[..., index, ...], x read at the integer positions `index` along
+    its axes `dims` (views); the slices are stacked. C's zero entries have no term. No matmul, no
+    expanded copy, and autograd saves nothing."""
+
+    x: Value
+    dims: tuple[int, ...]
+    sizes: tuple[int, ...]
+    rows: tuple[tuple[tuple[sympy.Expr, tuple[int, ...]], ...], ...]
+
+
+@dataclass(frozen=True)
 class Permute:
     """x with its axes reordered (an output laid out in its declared order)."""
 
@@ -411,6 +426,7 @@ Op = (
     | PositionTensor
     | Slice
     | GatherAt
+    | LiteralCombination
     | Permute
     | BufferUpdate
 )
