@@ -20,6 +20,7 @@ from .plan.program import (
     Attention,
     Binary,
     BufferUpdate,
+    Concat,
     Einsum,
     Elementwise,
     Expand,
@@ -709,6 +710,11 @@ def _(op: Attention, attributes: frozenset[str]) -> str:
     if op.shape is not None:
         call = f"({call}).reshape({_sizes(op.shape)})"
     return call
+
+
+@_op.register
+def _(op: Concat, attributes: frozenset[str]) -> str:
+    return f"torch.cat([{', '.join(_read(part, attributes) for part in op.parts)}], -1)"
 
 
 @_op.register

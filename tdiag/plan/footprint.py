@@ -23,6 +23,7 @@ from .program import (
     Attention,
     Binary,
     BufferUpdate,
+    Concat,
     Einsum,
     Elementwise,
     Expand,
@@ -366,6 +367,12 @@ class _Interpreter(AbstractMachine):
 
     def widened(self, m: Meta, extra: int, numel: sympy.Expr, what: str) -> Meta:
         return self.fresh((*m.shape[:-1], m.shape[-1] + extra), numel, m.grad, what)
+
+    @op.register
+    def _(self, op: Concat, step: Step) -> Meta:
+        parts = [self.read(part) for part in op.parts]  # torch.cat saves no operand
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, any(p.grad for p in parts), step.out.var)  # type: ignore[union-attr]
 
     @op.register
     def _(self, op: Fill, step: Step) -> Meta:

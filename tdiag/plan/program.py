@@ -307,6 +307,14 @@ class Attention:
 
 
 @dataclass(frozen=True)
+class Concat:
+    """The operands joined along their last axis (the query or key sides of several query·key
+    products made one product for SDPA); the other axes agree."""
+
+    parts: tuple[Operand, ...]
+
+
+@dataclass(frozen=True)
 class Fill:
     """A constant term (a number or a formula in run-time sizes such as log N) as a 0-dim tensor
     in the dtype and on the device of the variable `like`; it broadcasts against any operand."""
@@ -420,6 +428,7 @@ Op = (
     | VisibleMask
     | ScoreMask
     | Attention
+    | Concat
     | Fill
     | MaskNumbers
     | Positions
