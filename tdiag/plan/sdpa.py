@@ -219,13 +219,16 @@ class FusedAttention:
         feature = self.new_leg("joined", width)
         result = []
         for position, stem in ((queries, "q"), (keys, "k")):
+            # laid out (batch, positions, heads, features) as a projection is: SDPA's CPU kernel
+            # lays its output out like q, and the output projection then reads it as a view
+            order = [leg for leg in heads if leg == BATCH] + position + [leg for leg in heads if leg != BATCH]
             parts = []
             for query_side, key_side, latent, ratio in sides:
                 side, weight = (query_side, ratio) if stem == "q" else (key_side, sympy.Integer(1))
                 value = self.contract(side, tuple(heads + position + latent), weight, stem)
-                parts.append(self.arrange(value, [*([h] for h in heads), *([p] for p in position), latent]))
+                parts.append(self.arrange(value, [*([leg] for leg in order), latent]))
             name = self.names.fresh(f"{stem}_joined")
-            legs = tuple(heads + position + [feature])
+            legs = tuple([*order, feature])
             shown = " | ".join(" ".join(show_legs(s[2])) for s in sides)
             step = Step("concat", Concat(tuple(parts)), Value(name, legs), f"{stem} sides over {shown} concatenated")
             result.append(self.emit(step))
