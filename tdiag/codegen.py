@@ -20,12 +20,14 @@ from .plan.program import (
     Attention,
     Binary,
     BufferUpdate,
+    Concat,
     Einsum,
     Elementwise,
     Expand,
     Fill,
     GatherAt,
     JoinChunks,
+    LiteralCombination,
     Map,
     MaskFill,
     MaskNumbers,
@@ -711,6 +713,11 @@ def _(op: Attention, attributes: frozenset[str]) -> str:
 
 
 @_op.register
+def _(op: Concat, attributes: frozenset[str]) -> str:
+    return f"torch.cat([{', '.join(_read(part, attributes) for part in op.parts)}], -1)"
+
+
+@_op.register
 def _(op: Fill, attributes: frozenset[str]) -> str:
     like = f", dtype={op.like}.dtype, device={op.like}.device" if op.like else ""
     return f"torch.full((), {_scalar(op.value)}{like})"
@@ -763,6 +770,27 @@ def _(op: Slice, attributes: frozenset[str]) -> str:
 @_op.register
 def _(op: GatherAt, attributes: frozenset[str]) -> str:
     return f"{_read(op.x, attributes)}.movedim({op.dim}, -1)[..., {_var(op.index, attributes)}]"
+
+
+@_op.register
+def _(op: LiteralCombination, attributes: frozenset[str]) -> str:
+    x = _var(op.x, attributes)
+    last = max(op.dims)
+
+    def at(index: tuple[int, ...]) -> str:
+        where = dict(zip(op.dims, index, strict=True))
+        return f"{x}[{', '.join(str(where[k]) if k in where else ':' for k in range(last + 1))}]"
+
+    slices = []
+    for row in op.rows:
+        code = ""
+        for coefficient, index in row:
+            sign, size = ("-", -coefficient) if coefficient < 0 else ("+", coefficient)
+            term = at(index) if size == 1 else f"{_scalar(size)} * {at(index)}"
+            code = f"{sign}{term}" if not code and sign == "-" else term if not code else f"{code} {sign} {term}"
+        slices.append(code or f"torch.zeros_like({at(tuple(0 for _ in op.dims))})")
+    stacked = f"torch.stack([{', '.join(slices)}], -1)"
+    return stacked if len(op.sizes) == 1 else f"{stacked}.unflatten(-1, {tuple(op.sizes)})"
 
 
 @_op.register

@@ -203,9 +203,9 @@ def test_absolute_bias_longer_than_its_table_is_a_clear_error():
 
 
 def test_rope_stores_no_table_of_positions():
+    """Positions are made in the forward; the rotation constant R is unrolled into the code."""
     module = design("rope").module(N=N, dtype=F64)
-    assert {name for name, _ in module.named_buffers()} == {"R"}
-    assert tuple(module.R.shape) == (2, 2)
+    assert {name for name, _ in module.named_buffers()} == set()
 
 
 def test_rope_rotation_is_a_two_by_two_block_not_a_head_width_matrix():

@@ -15,6 +15,7 @@ from .distance import DistanceExpansion
 from .elementwise import ElementwiseLowering
 from .layout import Sizes, assign_layouts
 from .linear import LinearOrder
+from .literals import LiteralUnrolling
 from .positions import PositionLowering
 from .program import (
     BATCH,
@@ -35,6 +36,7 @@ from .timing import TimeModel
 class _Lowering(
     RegionLowering,
     ConstantFolding,
+    LiteralUnrolling,
     ContractionOrder,
     BoxLowering,
     ElementwiseLowering,

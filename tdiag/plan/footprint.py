@@ -23,12 +23,14 @@ from .program import (
     Attention,
     Binary,
     BufferUpdate,
+    Concat,
     Einsum,
     Elementwise,
     Expand,
     Fill,
     GatherAt,
     JoinChunks,
+    LiteralCombination,
     Map,
     MaskFill,
     MaskNumbers,
@@ -367,6 +369,12 @@ class _Interpreter(AbstractMachine):
         return self.fresh((*m.shape[:-1], m.shape[-1] + extra), numel, m.grad, what)
 
     @op.register
+    def _(self, op: Concat, step: Step) -> Meta:
+        parts = [self.read(part) for part in op.parts]  # torch.cat saves no operand
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, any(p.grad for p in parts), step.out.var)  # type: ignore[union-attr]
+
+    @op.register
     def _(self, op: Fill, step: Step) -> Meta:
         return self.fresh((), sympy.Integer(1), False, step.out.var)  # type: ignore[union-attr]
 
@@ -404,6 +412,12 @@ class _Interpreter(AbstractMachine):
         index = self.value(op.index)
         if x.grad:
             self.save(index)
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: LiteralCombination, step: Step) -> Meta:
+        x = self.value(op.x)  # slices are views; negations and numbers times slices save nothing
         shape, numel = self.output(step)
         return self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
 

@@ -307,6 +307,14 @@ class Attention:
 
 
 @dataclass(frozen=True)
+class Concat:
+    """The operands joined along their last axis (the query or key sides of several query·key
+    products made one product for SDPA); the other axes agree."""
+
+    parts: tuple[Operand, ...]
+
+
+@dataclass(frozen=True)
 class Fill:
     """A constant term (a number or a formula in run-time sizes such as log N) as a 0-dim tensor
     in the dtype and on the device of the variable `like`; it broadcasts against any operand."""
@@ -366,6 +374,21 @@ class GatherAt:
 
 
 @dataclass(frozen=True)
+class LiteralCombination:
+    """A small constant C of known entries applied to x, unrolled (RoPE's rotation generator
+    R = [[0, −1], [1, 0]] becomes the signed pair swap (−x₂, x₁), RoFormer eq. 34): result
+    slice i, for i running row-major over the new trailing axes of `sizes`, is the sum over
+    `rows[i]` of coefficient · x[..., index, ...], x read at the integer positions `index` along
+    its axes `dims` (views); the slices are stacked. C's zero entries have no term. No matmul, no
+    expanded copy, and autograd saves nothing."""
+
+    x: Value
+    dims: tuple[int, ...]
+    sizes: tuple[int, ...]
+    rows: tuple[tuple[tuple[sympy.Expr, tuple[int, ...]], ...], ...]
+
+
+@dataclass(frozen=True)
 class Permute:
     """x with its axes reordered (an output laid out in its declared order)."""
 
@@ -405,12 +428,14 @@ Op = (
     | VisibleMask
     | ScoreMask
     | Attention
+    | Concat
     | Fill
     | MaskNumbers
     | Positions
     | PositionTensor
     | Slice
     | GatherAt
+    | LiteralCombination
     | Permute
     | BufferUpdate
 )

@@ -189,6 +189,7 @@ class RegionLowering:
     def contract(self, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None) -> Value:
         leaves = self.resolve_boxes(leaves, out)
         leaves, out, coefficient = self.fold_constants(leaves, out, coefficient)
+        leaves = self.unroll_literals(leaves, out)
         if not leaves:
             value = self.fill(coefficient, tuple(leg for leg in out if leg != BATCH), var)
             return value

@@ -18,6 +18,7 @@ from .footprint import footprint
 from .program import (
     BATCH,
     Attention,
+    Concat,
     Operand,
     ScoreMask,
     Step,
@@ -92,8 +93,11 @@ class FusedAttention:
             self.emit(step)
         self.memo.update(memo)
         self.box_depth += 1
-        q = self.contract(fused["query"], tuple(heads + queries + latent), sympy.Integer(1), "q")
-        k = self.contract(fused["key"], tuple(heads + keys + latent), sympy.Integer(1), "k")
+        if len(fused["sides"]) > 1:
+            q, k, latent = self.concatenated_sides(fused)
+        else:
+            q = self.contract(fused["query"], tuple(heads + queries + latent), sympy.Integer(1), "q")
+            k = self.contract(fused["key"], tuple(heads + keys + latent), sympy.Integer(1), "k")
         bias = self.key_bias(fused) if fused["biases"] else None
         score_bias = [self.score_bias(fused, weight, e) for _, weight, e in fused["score_biases"]]
         self.box_depth -= 1
@@ -120,8 +124,10 @@ class FusedAttention:
         bias_operand, pad_value, pad_query_key, width = None, 0, 0, None
         if bias is not None:
             bias_operand = self.arrange(bias, [*k_groups, keys])
+        if bias is not None or len(fused["sides"]) > 1:
             # the fused kernels want one head width for q, k and v: zero features change nothing
-            query_width, value_width = self.numel_number(latent) + 1, self.numel_number(features)
+            query_width = self.numel_number(latent) + (1 if bias is not None else 0)
+            value_width = self.numel_number(features)
             if value_width < query_width:
                 pad_value, width = query_width - value_width, value_width
             elif value_width > query_width:
@@ -156,6 +162,11 @@ class FusedAttention:
             f"scaled_dot_product_attention over {' '.join(show_legs(keys))}, heads {' '.join(show_legs(heads))}"
         )
         notes = []
+        if len(fused["sides"]) > 1:
+            parts = " | ".join(" ".join(show_legs(s[2])) for s in fused["sides"])
+            notes.append(
+                f"{len(fused['sides'])} query·key products over {parts} as one: q and k concatenated along the features"
+            )
         if grouped:
             notes.append(f"query heads {' '.join(show_legs(query_heads))} grouped over the key heads (enable_gqa)")
         elif len(queries) > 1:
@@ -196,6 +207,32 @@ class FusedAttention:
             )
         rest = [o for o in others if o not in fused["value"]]
         return [*rest, _Leaf(value.legs, value=value)]  # type: ignore[union-attr]
+
+    def concatenated_sides(self, fused: dict) -> tuple[Value, Value, list[str]]:
+        """Σ_i w_i q_i·k_i over contracted legs c_i (one product per term of the scores) as one
+        product [w_1 q_1, w_2 q_2, ...]·[k_1, k_2, ...]: each side laid out (heads, positions,
+        c_i) and concatenated along a feature leg of size Σ_i |c_i|, the first weight being the
+        SDPA scale. Returns q, k and the one latent leg."""
+        heads, queries, keys = fused["heads"], fused["queries"], fused["keys"]
+        sides = fused["sides"]
+        width = sympy.Add(*(self.numel(latent) for _, _, latent, _ in sides))
+        feature = self.new_leg("joined", width)
+        result = []
+        for position, stem in ((queries, "q"), (keys, "k")):
+            # laid out (batch, positions, heads, features) as a projection is: SDPA's CPU kernel
+            # lays its output out like q, and the output projection then reads it as a view
+            order = [leg for leg in heads if leg == BATCH] + position + [leg for leg in heads if leg != BATCH]
+            parts = []
+            for query_side, key_side, latent, ratio in sides:
+                side, weight = (query_side, ratio) if stem == "q" else (key_side, sympy.Integer(1))
+                value = self.contract(side, tuple(heads + position + latent), weight, stem)
+                parts.append(self.arrange(value, [*([leg] for leg in order), latent]))
+            name = self.names.fresh(f"{stem}_joined")
+            legs = tuple([*order, feature])
+            shown = " | ".join(" ".join(show_legs(s[2])) for s in sides)
+            step = Step("concat", Concat(tuple(parts)), Value(name, legs), f"{stem} sides over {shown} concatenated")
+            result.append(self.emit(step))
+        return result[0], result[1], [feature]  # type: ignore[return-value]
 
     def score_bias(self, fused: dict, weight: sympy.Expr, e) -> Value:
         """An additive term of the scores that varies along the queries (a relative or absolute

@@ -33,11 +33,13 @@ class AttentionMatch:
 
     def fusable(self, box: SoftmaxBox, ren, leaf: _Leaf, others: list[_Leaf], out: tuple[str, ...]):
         """The query, key and value sides of an attention, or None when the pattern does not hold:
-        content = per-head dot product (or squared distance) of a query side and a key side, plus
-        bias terms that vary only along heads and keys (carried by one more latent feature, MGK
-        P17) or that vary along the queries too (passed as SDPA's additive attn_mask); causal
-        masks and padding masks over legs of the scores; values joined along the normalized legs,
-        or tied across some. Several query legs (query heads sharing one key head: multi-query
+        content = per-head dot product (or squared distance) of a query side and a key side, or a
+        sum of such products over different contracted legs (Σ_i q_i·k_i = [q_1, q_2]·[k_1, k_2]:
+        partial RoPE's rotated and passed-through dims, GPT-NeoX §2.1.1), plus bias terms that
+        vary only along heads and keys (carried by one more latent feature, MGK P17) or that vary
+        along the queries too (passed as SDPA's additive attn_mask); causal masks and padding
+        masks over legs of the scores; values joined along the normalized legs, or tied across
+        some. Several query legs (query heads sharing one key head: multi-query
         and grouped-query attention) name a `sequence` leg: the causal mask's query leg, else the
         longest; the others become query heads grouped over the key heads."""
         keys = tuple(p for leg in box.normalized for p in ren[leg])
@@ -49,35 +51,52 @@ class AttentionMatch:
             return refuse("the normalized legs are kept in the result")
         items = self.score_items(box.content, ren, set(keys))  # type: ignore[arg-type]
         if items is None:
-            return refuse("the scores are not one query·key product plus terms along heads and keys")
-        (kind, coefficient, cross), biases = items
+            return refuse("the scores are not query·key products plus terms along heads and keys")
+        crosses, biases = items
+        if len(crosses) > 1 and any(kind != "term" for kind, _, _ in crosses):
+            return refuse("the scores add a squared distance to another query·key product")
+        (kind, coefficient, cross) = crosses[0]
         distance_weight = coefficient  # of Σ_d (q − k)², whose ‖k‖² becomes a bias
-        content: list[_Leaf] = []
+        contents: list[tuple[list[_Leaf], sympy.Expr]] = []
         key_value = over = None
         with self.scratch() as prelude:  # the content's computed factors; kept only if fused
             if kind == "term":
-                coefficient *= self.collect(cross, ren, content)
+                for _, weight, term in crosses:
+                    content: list[_Leaf] = []
+                    weight *= self.collect(term, ren, content)
+                    contents.append((content, weight))
             else:
                 inner = self.with_fresh_legs(ren, cross.over)
                 sides = [self.lower(cross.left, inner), self.lower(cross.right, inner)]
                 if set(keys) & set(sides[0].legs):
                     sides.reverse()
-                content = [_Leaf(v.legs, value=v) for v in sides]
-                coefficient *= -2  # Σ_d (q − k)² = −2 q·k + ‖k‖² (+ ‖q‖², constant along the keys)
+                # Σ_d (q − k)² = −2 q·k + ‖k‖² (+ ‖q‖², constant along the keys)
+                contents.append(([_Leaf(v.legs, value=v) for v in sides], coefficient * -2))
                 key_value, over = sides[1], tuple(p for leg in cross.over for p in inner[leg])
             memo = self.memo
         box_legs = tuple(p for leg in box.legs for p in ren[leg])
-        content, box_legs, coefficient = self.fold_constants(content, box_legs, coefficient)
-        if any(c.box is not None or (c.value is not None and c.value.broadcast) for c in content):
-            return refuse("the scores hold a box or a factor constant along some of their legs")
-        split = self.split_sides(content, box_legs, keys, others, out)
-        if split is None:
-            return refuse("no split into query, key and value sides that meet only in heads")
+        terms = []
+        for content, weight in contents:
+            content, folded_legs, weight = self.fold_constants(content, box_legs, weight)
+            if folded_legs != box_legs:
+                return refuse("a constant of the scores joins two of their legs")
+            if any(c.box is not None or (c.value is not None and c.value.broadcast) for c in content):
+                return refuse("the scores hold a box or a factor constant along some of their legs")
+            split = self.split_sides(content, box_legs, keys, others, out)
+            if split is None:
+                return refuse("no split into query, key and value sides that meet only in heads")
+            if not set(keys) <= {leg for c in split[1] for leg in c.legs}:
+                return refuse("a normalized leg that only a bias carries, not the key side")
+            if terms and (split[2], split[3], split[4], split[6]) != tuple(terms[0][1][k] for k in (2, 3, 4, 6)):
+                return refuse("its query·key products split into different heads, queries or values")
+            terms.append((content, split, weight))
+        content, split, coefficient = terms[0]
         query_side, key_side, values, heads, queries, latent, features = split
-        if not set(keys) <= {leg for c in key_side for leg in c.legs}:
-            return refuse("a normalized leg that only a bias carries, not the key side")
         if kind == "sqdist" and (query_side, key_side) != (content[:1], content[1:]):
             return refuse("the squared distance's sides are not a query side and a key side")
+        # several products Σ_i q_i·k_i (partial RoPE: rotated and passed-through dims) are one
+        # product of the concatenated sides; each q_i carries its weight relative to the first
+        sides = [(s[0], s[1], s[5], w / coefficient) for _, s, w in terms]
         bias_items, score_biases = [], []
         for bias_kind, weight, e in biases:
             legs = {p for leg in e.legs for p in ren[leg]}
@@ -112,6 +131,7 @@ class AttentionMatch:
             "queries": queries,
             "keys": list(keys),
             "latent": latent,
+            "sides": sides,
             "features": features,
             "scale": coefficient * box.scale,
             "box_scale": box.scale,
@@ -126,9 +146,10 @@ class AttentionMatch:
         }
 
     def score_items(self, e: Expr, ren, keys: set[str], weight: sympy.Expr = ONE):
-        """The box content as Σ weight·item: (cross item, bias items), the cross item the one
-        spanning every leg, terms constant along the keys dropped (softmax shift invariance);
-        None when that shape does not hold."""
+        """The box content as Σ weight·item: (cross items, bias items), the cross items those
+        spanning every leg (several when the scores are a sum of query·key products over different
+        contracted legs), terms constant along the keys dropped (softmax shift invariance); None
+        when that shape does not hold."""
         items: list[tuple[str, sympy.Expr, Expr]] = []
 
         def walk_terms(e: Expr, weight: sympy.Expr) -> None:
@@ -154,14 +175,14 @@ class AttentionMatch:
             return None
         widest = max(len(item[2].legs) for item in kept)
         crosses = [item for item in kept if len(item[2].legs) == widest]
-        if len(crosses) > 1:  # a bias as wide as the scores: the cross item is the one contracting
+        if len(crosses) > 1:  # a bias as wide as the scores: the cross items are those contracting
             crosses = [i for i in crosses if i[0] == "sqdist" or (isinstance(i[2], Contraction) and i[2].summed)]
-        if len(crosses) != 1 or (crosses[0][0] == "term" and not isinstance(crosses[0][2], Contraction | TensorRef)):
+        if not crosses or any(c[0] == "term" and not isinstance(c[2], Contraction | TensorRef) for c in crosses):
             return None
-        biases = [item for item in kept if item is not crosses[0]]
+        biases = [item for item in kept if not any(item is c for c in crosses)]
         if any(not self.is_bias(item[2]) for item in biases):
             return None
-        return crosses[0], biases
+        return crosses, biases
 
     def is_bias(self, e: Expr) -> bool:
         """A term the fused form computes apart (O(keys)): no box inside, nothing random."""
