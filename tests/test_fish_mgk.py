@@ -79,6 +79,15 @@ def test_noise_is_on_in_training_off_in_eval_and_reproducible_with_a_seed():
     assert torch.equal(fish.eval()(x), fish(x))
 
 
+@pytest.mark.parametrize("name", ["fish", "gfish", "mish"])
+def test_eval_mode_draws_no_noise_and_computes_no_noise_term(name, monkeypatch):
+    module, x = build(name).eval(), x_input()
+    expected = module(x)
+    for draw in ("randn", "zeros", "randn_like", "zeros_like"):
+        monkeypatch.setattr(torch, draw, lambda *a, **k: pytest.fail("eval mode allocated noise"))
+    assert torch.equal(module(x), expected)
+
+
 def test_t4_and_t5_hard_mish_is_hard_fish_with_shared_weights_and_one_attention_map():
     mish, hard = build("mish").eval(), build("hard_fish")
     copy_shared(mish, hard)

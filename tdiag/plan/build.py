@@ -29,6 +29,7 @@ from .regions import RegionLowering
 from .sdpa import FusedAttention
 from .sdpa_match import AttentionMatch
 from .timing import TimeModel
+from .training import mark_training_only
 
 
 class _Lowering(
@@ -90,6 +91,7 @@ def build_plan(
     _express_chunks(plan, lowering.chunk_sizes)
     plan.stored = sorted(lowering.stored_used)
     plan.attributes = frozenset(lowering.attributes)
+    mark_training_only(plan)
     return plan
 
 
