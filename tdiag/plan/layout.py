@@ -212,7 +212,15 @@ class _Realization:
 
     @property
     def y_order(self) -> list[str]:
-        return [leg for leg in self.lead if leg in self.y.legs] + self.k + self.n
+        """The order y is asked for: (lead, K, N), or (lead, N, K) for a transposed fold, whose
+        yᵀ is then a view of (lead·N) rows."""
+        lead = [leg for leg in self.lead if leg in self.y.legs]
+        return lead + self.n + self.k if self.transposed_fold else lead + self.k + self.n
+
+    @property
+    def transposed_fold(self) -> bool:
+        """Is x a matrix against a batched y? torch.matmul then computes (yᵀ xᵀ)ᵀ."""
+        return not any(leg in self.x.legs for leg in self.lead) and any(leg in self.y.legs for leg in self.lead)
 
     @property
     def folds(self) -> bool:
@@ -245,6 +253,8 @@ class _Realization:
         total = 0
         if not self.m and not self.n:  # 1×K by K×1 per lead element: far below matmul speed
             total += 4 * (sizes.numel(self.x.legs) + sizes.numel(self.y.legs))
+        if self.transposed_fold:
+            return total + self._transposed_fold_copies(sizes, free)
         x_lead = [leg for leg in self.lead if leg in self.x.legs]
         y_lead = [leg for leg in self.lead if leg in self.y.legs]
         for value, lead, fold, mk, other in (
@@ -258,6 +268,16 @@ class _Realization:
             if other and set(other) - set(lead) and (lead or value is self.x):
                 total += sizes.numel(value.legs) * sizes.numel(set(other) - set(lead))
         return total
+
+    def _transposed_fold_copies(self, sizes: Sizes, free: set[str]) -> int:
+        """A matrix x against a batched y: torch.matmul computes (yᵀ x ᵀ)ᵀ, folding yᵀ into
+        (lead·N, K) rows (a copy unless y's lead and free legs merge in memory) and returning
+        the product as a contiguous copy in (lead, M, N) order (footprint.py `matmul`; measured
+        on torch 2.13: copy, mm, copy). Both copies are N²-sized for a head mix of scores."""
+        y_lead = [leg for leg in self.lead if leg in self.y.legs]
+        viewed = self.y.var in free or _is_view(self.y.legs, [y_lead + self.n, self.k], sizes)
+        copied = 0 if viewed else sizes.numel(self.y.legs)  # a free y is laid out as asked: y_order
+        return sizes.numel(self.order) + copied
 
 
 def _realizations(a: Value, b: Value, order: tuple[str, ...], sizes: Sizes) -> list[_Realization]:
