@@ -16,6 +16,8 @@ Guarantees (the FLOPs and the values computed are unchanged; only axis orders mo
 - Each matmul, multiply, box and sum then picks, among the order its consumer asked for and
   the planner's, the one whose operands are views and whose result is what its consumer reads,
   by the bytes a copy would move (a copy costs the elements of the tensor it copies).
+  A matrix times a batched operand (a head mix of scores by a parameter) costs what torch
+  pays for it: the batched operand folded as rows and the result copied back.
 
 Values are assumed dense in their legs' order: true of matmul, softmax and elementwise results
 on dense inputs, the forms this pass produces; where torch decides otherwise a reshape copies,
@@ -230,8 +232,8 @@ class _Realization:
     def x_groups(self) -> list[list[str]]:
         if self.folds:
             return [*([leg] for leg in self.lead + self.m), self.k] if self.lead or self.m else [[], self.k]
-        # a matrix x against a batched y gets unit lead axes: torch then runs one batched matmul
-        # over an expanded copy of the small x, where a 2-D x makes it transpose and copy the result
+        # a matrix x against a batched y gets unit lead axes; torch 2.13 drops them again and
+        # folds y's transpose into rows (a transposed fold, costed by `_transposed_fold_copies`)
         return [*([leg] if leg in self.x.legs else [] for leg in self.lead), self.m, self.k]
 
     def raw(self) -> list[list[str]]:
