@@ -9,6 +9,7 @@
 #   value head, as the paper's grouping of heads.
 # - K and V carry the group leg g only (G key and value heads of width D); scale 1/sqrt(D).
 # - No biases, masks or dropout; projections initialized normal(std = 1/sqrt(F)) as mhsa.td.
+# family: attention
 design gqa
 
 size F = 512, H = 8, G = 2, R = H / G, D = F / H   # width, query heads, groups, heads per group, head width

@@ -7,6 +7,7 @@
 #   head h; queries, the output projection and the scale 1/sqrt(D) are those of MHSA.
 # - The grouped-query form with G = 1 group (Ainslie et al. 2023, Sec. 2.2).
 # - No biases, masks or dropout; projections initialized normal(std = 1/sqrt(F)) as mhsa.td.
+# family: attention
 design mqa
 
 size F = 512, H = 8, D = F / H   # model width, query heads, head width

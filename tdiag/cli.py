@@ -177,6 +177,12 @@ def _parser() -> _Parser:
     p.add_argument("--checkpoint-boxes", action="store_true", help="recompute softmax boxes in the backward pass")
     with_objective(p)
 
+    p = commands.add_parser("catalog", help="a Markdown page of designs by family: cost formulas and numbers")
+    p.add_argument("paths", nargs="+", metavar="FOLDER|FILE.td", help="folders of .td files, or .td files")
+    p.add_argument("--at", type=_size_list, default={}, metavar="N=1024,F=512", help="sizes to give numbers at")
+    p.add_argument("-o", "--output", metavar="OUT.md", help="the page to write (default: print it)")
+    with_objective(p)
+
     p = commands.add_parser("bench", help="time compiled designs against hand-written references")
     p.add_argument("files", nargs="+", metavar="FILE.td", help=DESIGN_HELP)
     p.add_argument("--n", type=_positive, default=256, help="sequence length N")
@@ -345,6 +351,35 @@ def _cost(args: argparse.Namespace) -> int:
     return 0
 
 
+def _catalog(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .catalog import catalog
+
+    paths: list[Path] = []
+    for given in map(Path, args.paths):
+        if given.is_dir():
+            paths += sorted(given.glob("*.td"))
+        elif given.is_file():
+            paths.append(given)
+        else:
+            raise _UsageError(f"tdiag catalog: error: '{given}' is neither a folder nor a .td file")
+    if not paths:
+        raise _UsageError(f"tdiag catalog: error: no .td files in {', '.join(args.paths)}")
+    if args.output:
+        _writable(Path(args.output), "-o")
+    at = ",".join(f"{k}={v}" for k, v in args.at.items())
+    command = " ".join(["tdiag catalog", *args.paths, *(["--at", at] if at else [])])
+    command += f" --objective {args.objective}" if args.objective != "flops" else ""
+    text = catalog(paths, args.at, command, objective=args.objective)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"wrote {args.output}: {len(paths)} designs")
+    else:
+        print(text, end="")
+    return 0
+
+
 def _plan(args: argparse.Namespace) -> int:
     from .plan.report import plan_table
 
@@ -499,6 +534,7 @@ COMMANDS = {
     "compile": _compile,
     "cost": _cost,
     "plan": _plan,
+    "catalog": _catalog,
     "bench": _bench,
 }
 
