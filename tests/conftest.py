@@ -17,3 +17,17 @@ def write_td(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture(autouse=True, scope="session")
+def nominal_planning_device(tmp_path_factory):
+    """Plans for the `time` objective (the default) do not depend on the machine the tests run
+    on: no cached CPU measurement is found, so the planning device is the nominal CPU, unless a
+    test sets one (tdiag/device.py `planning_device`). Subprocesses inherit the setting."""
+    from tdiag import device
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        for variable in (device.DEVICE_ENV, device.PEAK_FLOPS_ENV, device.BANDWIDTH_ENV, device.OVERHEAD_ENV):
+            patch.delenv(variable, raising=False)
+        yield

@@ -4,7 +4,7 @@ from collections.abc import Mapping
 
 import sympy
 
-from ..design import OBJECTIVES
+from ..design import DEFAULT_OBJECTIVE, OBJECTIVES
 from ..graph import DesignGraph
 from .base import LoweringBase, _all_legs
 from .boxes import BoxLowering
@@ -50,7 +50,11 @@ class _Lowering(
 
 
 def build_plan(
-    graph: DesignGraph, sizes: Mapping[str, int], *, checkpoint_boxes: bool = False, objective: str = "flops"
+    graph: DesignGraph,
+    sizes: Mapping[str, int],
+    *,
+    checkpoint_boxes: bool = False,
+    objective: str = DEFAULT_OBJECTIVE,
 ) -> Plan:
     """Lower every statement, then the outputs and the state updates. With `checkpoint_boxes`,
     each box, its content and its first consumer are recomputed in the backward pass instead of
