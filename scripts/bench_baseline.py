@@ -11,7 +11,7 @@ Step 1 checks the commit out with `git archive` into a temporary folder and runs
 `BASELINE/NAME.causal.py`, with the sizes `tdiag bench` builds today's modules with (F and H
 where the design has them, planned for N = --n). A design the old commit does not have gets no
 baseline file; `tdiag bench` then times it without one. Step 2 runs
-`tdiag bench DESIGNS --objective flops,time --baseline BASELINE` into OUT/plain and OUT/causal
+`tdiag bench DESIGNS --objective time,flops --baseline BASELINE` into OUT/plain and OUT/causal
 (bench.json, bench.csv, bench.png each). `--skip-compile` reuses the files already in BASELINE.
 """
 
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--objective", default="flops,time")
+    parser.add_argument("--objective", default="time,flops", help="the first (the default plan) is what ratios are to")
     parser.add_argument("--skip-compile", action="store_true", help="reuse the files already in --baseline")
     parser.add_argument("--compile-only", action="store_true", help="write the baseline files and stop")
     args = parser.parse_args(argv)
