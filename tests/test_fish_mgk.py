@@ -88,6 +88,14 @@ def test_eval_mode_draws_no_noise_and_computes_no_noise_term(name, monkeypatch):
     assert torch.equal(module(x), expected)
 
 
+@pytest.mark.slow
+def test_fish_compiles_fullgraph_in_eval_and_in_training():
+    module, x = build("fish"), x_input()
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    assert torch.allclose(compiled.eval()(x), module.eval()(x), atol=TOL, rtol=0)
+    assert compiled.train()(x).shape == x.shape
+
+
 def test_t4_and_t5_hard_mish_is_hard_fish_with_shared_weights_and_one_attention_map():
     mish, hard = build("mish").eval(), build("hard_fish")
     copy_shared(mish, hard)
