@@ -22,12 +22,16 @@ def write_td(tmp_path):
 @pytest.fixture(autouse=True, scope="session")
 def nominal_planning_device(tmp_path_factory):
     """Plans for the `time` objective (the default) do not depend on the machine the tests run
-    on: no cached CPU measurement is found, so the planning device is the nominal CPU, unless a
-    test sets one (tdiag/device.py `planning_device`). Subprocesses inherit the setting."""
+    on, nor on a CPU measurement some test caches midway: the planning device's figures are the
+    nominal CPU's, given through the environment (tdiag/device.py), unless a test sets its own.
+    Subprocesses inherit them."""
     from tdiag import device
 
+    nominal = device.NOMINAL_CPU
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-        for variable in (device.DEVICE_ENV, device.PEAK_FLOPS_ENV, device.BANDWIDTH_ENV, device.OVERHEAD_ENV):
-            patch.delenv(variable, raising=False)
+        patch.delenv(device.DEVICE_ENV, raising=False)
+        patch.setenv(device.PEAK_FLOPS_ENV, repr(nominal.peak_flops))
+        patch.setenv(device.BANDWIDTH_ENV, repr(nominal.bandwidth))
+        patch.setenv(device.OVERHEAD_ENV, repr(nominal.overhead))
         yield

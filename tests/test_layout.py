@@ -48,7 +48,7 @@ THSA_SMALL = {"F": 16, "H": 2}
 
 
 def plan(name: str, **sizes):
-    return tdiag.load(DESIGNS / f"{name}.td", **sizes).plan(N=64)
+    return tdiag.load(DESIGNS / f"{name}.td", **sizes).plan(N=64, objective="flops")
 
 
 def copies(operand: Operand, numbers: dict[str, int]) -> bool:

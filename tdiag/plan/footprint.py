@@ -323,7 +323,7 @@ class _Interpreter(AbstractMachine):
         )
         self.record.kernel = "flash" if flash else "math: " + _math_reason(q, k, v, mask)
         if flash:  # the CPU flash kernel lays its output out as q is laid out (measured, torch 2.13)
-            physical = tuple(sorted(range(3), key=lambda d: (-q.strides[d], d))) + (3,)
+            physical = (*sorted(range(3), key=lambda d: (-q.strides[d], d)), 3)
             out = self.fresh(tuple(shape[d] for d in physical), rows * features, grad, step.out.var)  # type: ignore[union-attr]
             out = Meta(shape, tuple(out.strides[physical.index(d)] for d in range(4)), out.storage, grad, out.numel)
             lse = self.fresh(shape[:-1], rows, False, "log-sum-exp")
