@@ -10,7 +10,9 @@ from conftest import DESIGN_FILES
 
 import tdiag
 from tdiag.measure import saved_for_backward
+from tdiag.plan import BATCH_SIZE
 from tdiag.plan.footprint import Meta, footprint
+from tdiag.plan.program import Matmul
 from tdiag.plan.strides import contiguous, elementwise_strides, view_strides
 
 B = 2
@@ -123,3 +125,22 @@ def test_a_broadcast_sum_is_laid_out_like_its_full_operand():
 
 def test_contiguous_strides_are_torch_s():
     assert contiguous((2, 3, 4)) == torch.empty(2, 3, 4).stride()
+
+
+def test_a_matrix_times_a_batched_operand_counts_the_copy_of_its_result():
+    """torch computes it as (bᵀ aᵀ)ᵀ and copies the transposed result contiguous (torch 2.13)."""
+    plan = tdiag.load(next(p for p in DESIGN_FILES if p.stem == "hard_gfish"), F=32, H=2).plan(N=64, objective="flops")
+    records = footprint(plan).steps
+    mixes = [
+        (step, record)
+        for step, record in zip(plan.steps, records, strict=True)
+        if isinstance(step.op, Matmul) and not step.op.a.value.is_batched and step.op.b.value.is_batched
+    ]
+    assert mixes
+
+    def number(expr):
+        sizes = {k: v for k, v in plan.sizes.items() if k in plan.graph.sizes}
+        return int(plan.graph.evaluate(sympy.sympify(expr), **sizes).xreplace({BATCH_SIZE: 1}))
+
+    for step, record in mixes:
+        assert number(record.copies) >= number(sympy.Mul(*(plan.leg_sizes[leg] for leg in step.out.legs)))

@@ -93,16 +93,21 @@ class _Interpreter(AbstractMachine):
     @op.register
     def _(self, op: Matmul, step: Step) -> Meta:
         a, b = self.read(op.a), self.read(op.b)
-        self.matmul(a, b)
+        transposed = self.matmul(a, b)
         shape, numel = self.output(step)
+        if transposed:  # (bᵀ aᵀ)ᵀ comes back transposed; torch copies it contiguous
+            self.record.copies += numel
+            self.record.moved += 2 * numel * FLOAT
         return self.fresh(shape, numel, a.grad or b.grad, step.out.var)  # type: ignore[union-attr]
 
-    def matmul(self, a: Meta, b: Meta) -> None:
+    def matmul(self, a: Meta, b: Meta) -> bool:
         """torch.matmul: a batched operand beside a matrix is folded into a matrix (copied when
         the matrix needs a gradient and the fold is no view), else both go to bmm as 3-D (copied
-        where the batch legs do not merge); each operand is saved when the other needs a gradient."""
+        where the batch legs do not merge); each operand is saved when the other needs a gradient.
+        True when a matrix times a batched operand ran as (bᵀ aᵀ)ᵀ, whose result torch copies."""
         a, b = _matrix_if_unit_batch(a), _matrix_if_unit_batch(b)
         da, db = len(a.shape), len(b.shape)
+        transposed = False
         if da >= 3 and db <= 2:
             folded = (math.prod(a.shape[:-1]), a.shape[-1])
             if b.grad or view_strides(a.shape, a.strides, folded) is not None:
@@ -118,6 +123,7 @@ class _Interpreter(AbstractMachine):
             folded = (math.prod(t.shape[:-1]), t.shape[-1])
             if a.grad or view_strides(t.shape, t.strides, folded) is not None:
                 b = self.reshape(t, folded, "matmul operand")
+                transposed = True
         elif da >= 3 and db >= 3:
             a = self.reshape(a, (math.prod(a.shape[:-2]), *a.shape[-2:]), "matmul operand")
             b = self.reshape(b, (math.prod(b.shape[:-2]), *b.shape[-2:]), "matmul operand")
@@ -125,6 +131,7 @@ class _Interpreter(AbstractMachine):
             self.save(a)
         if a.grad:
             self.save(b)
+        return transposed
 
     @op.register
     def _(self, op: Multiply, step: Step) -> Meta:
