@@ -4,6 +4,7 @@
 #   make test-fast    the suite without the tests marked slow (training, gradcheck, sweeps): the inner loop
 #   make wheel-check  build the wheel, install it into a fresh venv outside the repo, run the CLI there
 #   make fuzz         a longer offline fuzz (FUZZ_SECONDS, default 1200) with a JSON report
+#   make bench-baseline  every bundled design timed against its plan at an older commit (BASELINE_COMMIT)
 
 PYTHON        ?= python3
 VENV          := .venv
@@ -11,7 +12,7 @@ BIN           := $(VENV)/bin
 STAMP         := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: venv cpu-only-check graphviz demo test test-fast wheel wheel-check lint format clean fuzz
+.PHONY: venv cpu-only-check graphviz demo test test-fast wheel wheel-check lint format clean fuzz bench-baseline
 
 venv: $(STAMP)
 
@@ -102,3 +103,13 @@ clean:
 FUZZ_SECONDS ?= 1200
 fuzz: venv
 	$(BIN)/python scripts/fuzz.py --seconds $(FUZZ_SECONDS) --out docs/results/fuzz/fuzz.json
+
+# The pre-redesign comparison: every bundled design compiled by tdiag at BASELINE_COMMIT into
+# standalone files (BASELINE_DIR), timed next to today's plans, plain and causal (BENCH_OUT).
+BASELINE_COMMIT ?= 40fcdb1
+BASELINE_DIR    ?= out/baseline-$(BASELINE_COMMIT)
+BENCH_OUT       ?= out/bench-baseline
+BENCH_REPEAT    ?= 10
+bench-baseline: venv
+	$(BIN)/python scripts/bench_baseline.py $(BASELINE_COMMIT) --baseline $(BASELINE_DIR) \
+	  --out $(BENCH_OUT) --repeat $(BENCH_REPEAT)

@@ -7,6 +7,7 @@
 #   maximum length L and read at its first N × N entries (Bias[h, n: N, m: N]); N > L is an error
 #   when the module runs.
 # - Logits Q Kᵀ/√D as in MHSA plus the bias; zeros initialize the table.
+# family: positions
 design absolute_bias
 
 size F = 512, H = 8, D = F / H, L = 1024

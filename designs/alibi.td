@@ -8,6 +8,7 @@
 #   language model, `with_causal_mask()`) that is −slope_h·(n − m) exactly; without it the same
 #   penalty applies to keys after the query (the usual bidirectional reading).
 # - Positions are computed in the forward at the run-time length, never stored.
+# family: positions
 design alibi
 
 size F = 512, H = 8, D = F / H

@@ -4,6 +4,7 @@
 # - τ is learned per head as s = log(1 / τ) (the paper's code), clamped at τ >= 0.01, i.e.
 #   1/τ = exp(clamp(s, −20, log(100))), initialized at τ = 0.1 (s = log 10).
 # - The relative position bias B is left out; softmax over the keys as in MHSA.
+# family: attention
 design cosine_attention
 
 size F = 512, H = 8, D = F / H

@@ -7,6 +7,7 @@
 #   width F; H heads of width D = F / H, softmax scale 1/√D over the memory positions.
 # - pad[m] marks the memory positions that exist (True = attend); padded keys get no weight.
 # - No causal mask: the memory is a different sequence from the queries.
+# family: attention
 design cross_attention
 
 size F = 512, H = 8, D = F / H

@@ -7,6 +7,7 @@
 # - Head width d = F / (2H) for Q1, Q2, K1, K2; the value head width is 2d (the paper's choice).
 # - λ is shared by the heads of the layer; L is the layer index l (1 by default).
 # - The per-head RMSNorm has ε = 1e-5 and no learned gain (the paper's GroupNorm without affine).
+# family: attention
 design differential_attention
 
 size F = 512, H = 8, D = F / (2 * H), E = 2 * D, L = 1

@@ -11,6 +11,7 @@
 #   (A7b); fresh i.i.d. noise per call, per batch element, per entry (A7e).
 # - Eq. 9 is implemented as written: Gaussian noise on a weighted mean; no component is sampled (A6).
 # Derived from hard_fish (adding the noise) rather than the reverse: replace cannot remove sigma.
+# family: fish
 design fish extends hard_fish
 
 param sigma[k: M] = fill(0.1)

@@ -6,6 +6,7 @@
 # - GFiSH = R1 head-axis MLP (A8), noise inside phi, on the global matrices G_k before the first
 #   layer, as in the authors' LM code (A7a, A8).
 # - sigma: M standard deviations, init 0.1 (A7b, A7c); noise mode train, zero in eval (A7d).
+# family: fish
 design gfish extends hard_gfish
 
 param sigma[k: M] = fill(0.1)

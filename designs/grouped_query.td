@@ -5,6 +5,7 @@
 # Readings:
 # - Query head (g r) = g·R + r, R = H / G heads per group; G = 1 is multi-query, G = H is MHSA.
 # - Head width D = F / H for queries, keys and values; softmax scale 1/√D.
+# family: attention
 design grouped_query
 
 size F = 512, H = 8, G = 2, R = H / G, D = F / H

@@ -13,6 +13,7 @@
 # - A mask belongs on the softmax box, so it acts after the mixing (A18).
 # - Leg k is the global head (size M), h the local head (size H): the key leg is m, so P's axes are
 #   named [k, h] (P[m: M, h: H] would give leg m two sizes).
+# family: fish
 design hard_fish
 
 size F = 512, H = 8, M = 2, D = F / H   # width, local heads, global heads, head width

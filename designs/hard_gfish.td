@@ -10,6 +10,7 @@
 # - b2 is inert under the softmax (T11) but kept: it is in the code's parameter count (§3.6).
 # - Hard = zero noise; nothing discrete (spec §3.8).
 # - b1, W2, b2 init as PyTorch nn.Linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in M then H.
+# family: fish
 design hard_gfish extends hard_fish
 
 param b1[i: H] = uniform(low = -1 / sqrt(M), high = 1 / sqrt(M))

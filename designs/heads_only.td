@@ -6,6 +6,7 @@
 # - Scale stays 1/sqrt(R) = 1/sqrt(H) (A1): this is MHSA with H heads of width 1 apart from the
 #   temperature; MHSA(D = 1) exactly would need C = sqrt(H) I_H (P4). The fixed factor is
 #   absorbed by the trainable WQ, WK, so the paper's C = I_H is kept.
+# family: tuformer
 design heads_only extends thsa
 
 replace size D = 1

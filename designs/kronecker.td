@@ -8,6 +8,7 @@
 # - Scale 1/sqrt(R) (A1). Init C1 = sqrt(H) I_H, C2 = C3 = 1_D: exactly MHSA at init (P17);
 #   contains skip-left (C1 fixed) and skip-right (C2, C3 fixed) (A14, P17).
 # - r = h*D + d head-major (A3).
+# family: tuformer
 design kronecker extends thsa
 
 param C1[h: H, k: H] = identity(scale = sqrt(H))

@@ -13,6 +13,7 @@
 #   removes any per-local-head scale, the simplex loses nothing against nonnegative P.
 # - No temperature; eps = 1e-6 in the denominator (the linear transformer's eps).
 # - A mask belongs on the normalize box, after the mixing (A18).
+# family: fish
 design lfish extends hard_fish
 
 replace param P[k: M, h: H] = zeros   # simplex logits

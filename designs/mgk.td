@@ -14,6 +14,7 @@
 #   [1e-6, 1] at forward time as the authors' code clamps to [0, 1], floored so log pi is finite (A4).
 # - Heads halved: H = 4 heads of width D = 64 kept fixed (A9); WO maps H*D -> F. No biases (A14).
 # - Key position leg m; a causal or padding mask on the box applies to all r of key m (A15).
+# family: mgk
 design mgk
 
 size F = 512, H = 4, M = 2, D = 64   # width, heads, keys per position, head width

@@ -8,6 +8,7 @@
 # - No prior pi at all (Remark 3, A7): parameters = MGK's minus H*M.
 # - Key-norm term kept via sqdist (A1); keys option A, H = 4 heads of width D = 64 (A9).
 # Written out in full rather than `extends mgk`: replace cannot remove mgk's pi parameter.
+# family: mgk
 design mgk_harde
 
 size F = 512, H = 4, M = 2, D = 64   # width, heads, keys per position, head width

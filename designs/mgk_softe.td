@@ -14,6 +14,7 @@
 # - N has a default here, N = 256 (the buffer's key-position axis needs a size); override it with
 #   the sequence length used. Without padding every query is valid (A15).
 # - The logits L are one statement, shared by the E-step and the attention.
+# family: mgk
 design mgk_softe extends mgk
 
 replace size N = 256

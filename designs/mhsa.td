@@ -6,6 +6,7 @@
 # - h is the head hyperedge: a batch leg inside the box, contracted at WO (App. C head-contraction).
 # - No biases, masks or dropout: the paper's equations have none (A16).
 # - Projections initialized normal(std = 1/sqrt(F)); the paper gives no initialization.
+# family: attention
 design mhsa
 
 size F = 512, H = 8, D = F / H   # model width, heads, head width

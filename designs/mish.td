@@ -8,6 +8,7 @@
 # - Noise indexed by the LOCAL head j, eq. 11 as written (A7a exception, A14):
 #   A_j = sum_k p_k (G_k + sigma_k eps_j); with global noise all local maps would be identical.
 # - sigma: M standard deviations, init 0.1 (A7b, A7c); noise mode train (A7d).
+# family: fish
 design mish extends fish
 
 replace param P[k: M] = uniform(low = -1 / sqrt(M), high = 1 / sqrt(M))   # p_k

@@ -10,6 +10,7 @@
 #   forward time as for MGK (A4), so the kernel stays nonnegative (P14).
 # - eps = 1e-6 in the denominator (the linear transformer's eps).
 # - Keys option A; H = 4 heads of width D = 64 (A9); WO maps H*D -> F. Non-causal as eq. 13.
+# family: mgk
 design mlk
 
 size F = 512, H = 4, M = 2, D = 64   # width, heads, keys per position, head width

@@ -4,6 +4,7 @@
 # Readings:
 # - Query heads H of width D = F / H; the single key and value heads have width D.
 # - Softmax scale 1/√D over the keys, as in MHSA.
+# family: attention
 design multi_query
 
 size F = 512, H = 8, D = F / H

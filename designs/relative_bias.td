@@ -8,6 +8,7 @@
 #   2C + 1 entries read by a gather at each (query, key) pair (no N·N·(2K+1) one-hot).
 # - Clipping (Shaw et al.) instead of T5's log-spaced buckets; C = 16.
 # - Logits Q Kᵀ/√D as in MHSA, plus the bias; zeros initialize the table.
+# family: positions
 design relative_bias
 
 size F = 512, H = 8, D = F / H, C = 16, R = 2 * C + 1

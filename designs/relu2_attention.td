@@ -5,6 +5,7 @@
 # - Per head as in MHSA, with the logits scaled by 1/√D before the square and the attention divided
 #   by the run-time length N, so A V stays of order one: A = relu(Q Kᵀ / √D)² / N.
 # - No normalization over the keys: causal use (with_causal_mask) zeroes the future.
+# family: attention
 design relu2_attention
 
 size F = 512, H = 8, D = F / H

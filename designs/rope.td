@@ -9,6 +9,7 @@
 #   generator R = [[0, −1], [1, 0]] (R[s t], row-major), never as an N·D·D matrix.
 # - Positions count from 0 at the first token of the input, at the run-time length N.
 # - Queries and keys rotate, values do not; softmax scale 1/√D over the keys, as in MHSA.
+# family: positions
 design rope
 
 size F = 512, H = 8, D = F / H, P = D / 2

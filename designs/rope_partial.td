@@ -11,6 +11,7 @@
 #   same numbers split by columns.
 # - Interleaved pairs within the rotary dims (RoFormer eq. 34, GPT-J); θ_p = 10000^(−2p/Dr).
 # - Values keep the full head width D; softmax scale 1/√D.
+# family: positions
 design rope_partial
 
 size F = 512, H = 8, D = F / H, Dr = D / 2, Dp = D - Dr, P = Dr / 2

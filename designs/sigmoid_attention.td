@@ -5,6 +5,7 @@
 # - n in the bias is the run-time sequence length N (the number of keys), evaluated at run time.
 # - Multi-head as in MHSA: per-head σ, concatenated heads projected by WO; no row normalization.
 # - Causal use (with_causal_mask) zeroes the future: the bias stays −log N.
+# family: attention
 design sigmoid_attention
 
 size F = 512, H = 8, D = F / H

@@ -6,6 +6,7 @@
 # - Scale stays 1/sqrt(R) (A1); then THSA(C = J_R) equals single-head attention of width R at
 #   scale 1/sqrt(R) exactly, with no rescaling of C (P3).
 # - App. C's 1_D 1_D^T and D.1's 1_R 1_R^T are one design (A21). C has no parameters: 4FR.
+# family: tuformer
 design single_head extends thsa
 
 replace const C[r: R, s: R] = ones   # J_R: every score map is the same sum over s

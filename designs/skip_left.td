@@ -9,6 +9,7 @@
 # - Only C2, C3 are trainable; the left factor stays I_H (A22).
 # - Scale 1/sqrt(R) (A1). Init C2 = sqrt(H) 1_D, C3 = 1_D: exactly MHSA at init (P11, P17).
 # - r = h*D + d head-major (A3).
+# family: tuformer
 design skip_left extends thsa
 
 const I[h: H, k: H] = identity

@@ -6,6 +6,7 @@
 # - Only C1 is trainable; the right factor stays J_D (A22). Parameters 4FHD + H^2.
 # - Scale 1/sqrt(R) (A1). Init C1 = sqrt(H) I_H: exactly MHSA at init (P1, P17).
 # - r = h*D + d head-major (A3); C1's first leg is on the value side (A7).
+# family: tuformer
 design skip_right extends thsa
 
 param C1[h: H, k: H] = identity(scale = sqrt(H))

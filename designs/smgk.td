@@ -7,6 +7,7 @@
 # - b init N(0, 1), the paper's (A12; the authors' code uses N(0, 0.25) with b_1 = 0).
 # - The compiler expands sqdist(Q, K0 + b) into one N^2 contraction plus O(NMD) terms (P11) when
 #   that costs fewer FLOPs (any M >= 2); `tdiag compile` reports it.
+# family: mgk
 design smgk extends mgk
 
 replace param WK[f: F, h: H, d: D] = normal(std = 1 / sqrt(F))   # one key projection per head

@@ -4,6 +4,7 @@
 # Readings (besides those of mlk.td, which this extends):
 # - phi applied to the shifted key, phi(x_j W_K^T + b_r) (§1.6), then mixed by pi after phi (A11).
 # - One key projection per head plus M shift vectors per head, b init N(0, 1) (A12).
+# family: mgk
 design smlk extends mlk
 
 replace param WK[f: F, h: H, d: D] = normal(std = 1 / sqrt(F))   # one key projection per head

@@ -6,6 +6,7 @@
 # - Key heads h, softmax heads k and value heads l all number H (the paper allows different counts).
 # - The 1/√D scale is on the logits before the mix (the paper scales Q); P_l, P_w start at the identity,
 #   so the design starts as MHSA.
+# family: attention
 design talking_heads
 
 size F = 512, H = 8, D = F / H

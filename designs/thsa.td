@@ -10,6 +10,7 @@
 # - C init: uniform(-1/sqrt(R), 1/sqrt(R)), the init of the official code's nn.Linear(R, R) c_proj
 #   (the paper gives none). Projections normal(std = 1/sqrt(F)).
 # - The exact MHSA initialization would be C = sqrt(H) (I_H kron J_D) (§3.2, P1); see skip_right.td.
+# family: tuformer
 design thsa
 
 size F = 512, H = 8, D = F / H, R = H * D   # width, heads, head width, core rank

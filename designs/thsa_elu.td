@@ -12,6 +12,7 @@
 #   transformer's eps). C is initialized nonnegative, uniform(0, 2/sqrt(R)) (mean 1/sqrt(R), as
 #   THSA's scale), so that kappa > 0 and the denominator is positive at init (A15 sign problem).
 # - Non-causal, as the equations; a causal run needs the mask on the normalize box.
+# family: tuformer
 design thsa_elu extends thsa
 
 replace param C[r: R, s: R] = uniform(low = 0, high = 2 / sqrt(R))

@@ -8,6 +8,7 @@
 # - Degree p = 2 (A15: not given in the paper).
 # - The 1/sqrt(R) scale is dropped: a homogeneous polynomial is invariant to it (A15, P15).
 # - eps = 1e-6 in the denominator (kappa >= 0 for even p, but can vanish).
+# family: tuformer
 design thsa_poly extends thsa
 
 replace A[r n m] = normalize[m, eps = 1e-6]((C[r s] Q[n s] K[m s]) ^ 2)

@@ -6,6 +6,7 @@
 #   6%" is not reproduced by any consistent shape). Parameters 4FH + H^2.
 # - Scale 1/sqrt(R) (A1). Init C = sqrt(H) I_H, as skip-right's C1: at init this is MHSA with
 #   H heads of width 1 (P4).
+# family: tuformer
 design trainable_heads_only extends thsa
 
 replace size D = 1

@@ -21,6 +21,7 @@ from torch import nn
 
 import tdiag
 
+from .design import DEFAULT_OBJECTIVE
 from .device import for_device
 from .measure import saved_for_backward, time_step
 from .plan.timing import plan_time
@@ -272,7 +273,7 @@ def run(
     repeat: int,
     causal: bool,
     device: str,
-    objective: str = "flops",
+    objective: str = DEFAULT_OBJECTIVE,
     baseline: str | None = None,
     log=print,
 ) -> list[Row]:

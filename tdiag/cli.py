@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
-from .design import OBJECTIVES, Design, load
+from .design import COST_OBJECTIVE, DEFAULT_OBJECTIVE, OBJECTIVES, Design, load
 from .errors import Diagnostic, TdiagError, format_diagnostic
 from .resources import bundled_designs
 from .train_config import TrainConfig, add_arguments, config_from, config_problems, device_name
@@ -19,9 +19,9 @@ from .train_config import TrainConfig, add_arguments, config_from, config_proble
 RENDER_FORMATS = ("dot", "pdf", "png", "svg")
 DESIGN_HELP = "a .td file, or a bundled design's name (e.g. fish)"
 OBJECTIVE_HELP = (
-    "how the planner chooses: flops: fused attention only where it costs no more FLOPs; "
-    "memory: fused attention wherever it applies; time: the least estimated training-step time "
-    "on the planning device (TDIAG_DEVICE, else this CPU)"
+    "how the planner chooses: time: the least estimated training-step time on the planning device "
+    "(TDIAG_DEVICE, else this CPU); flops: the fewest FLOPs (fused attention only where it costs no more); "
+    "memory: fused attention wherever it applies"
 )
 
 
@@ -127,8 +127,8 @@ def _parser() -> _Parser:
             text = "override a size of the design (repeatable), e.g. --set F=256 --set H=4"
         p.add_argument("--set", dest="sizes", action="append", type=rule, default=[], metavar=form, help=text)
 
-    def with_objective(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--objective", choices=OBJECTIVES, default="flops", help=OBJECTIVE_HELP)
+    def with_objective(p: argparse.ArgumentParser, default: str = DEFAULT_OBJECTIVE) -> None:
+        p.add_argument("--objective", choices=OBJECTIVES, default=default, help=OBJECTIVE_HELP)
 
     p = commands.add_parser("check", help="parse and check designs; print a summary or every mistake")
     p.add_argument("files", nargs="+", metavar="FILE.td", help=DESIGN_HELP)
@@ -166,7 +166,7 @@ def _parser() -> _Parser:
         default="flop",
         help="how contractions are counted: flop 2 per multiply-add, mac 1, paper FiSH App. D / MGK App. B",
     )
-    with_objective(p)
+    with_objective(p, COST_OBJECTIVE)
 
     p = commands.add_parser(
         "plan", help="the lowered program: each op with its FLOPs, bytes moved and kept, the rewrites taken"
@@ -176,6 +176,12 @@ def _parser() -> _Parser:
     p.add_argument("--causal", action="store_true", help="mask the future: causal(n, m) on every box over m")
     p.add_argument("--checkpoint-boxes", action="store_true", help="recompute softmax boxes in the backward pass")
     with_objective(p)
+
+    p = commands.add_parser("catalog", help="a Markdown page of designs by family: cost formulas and numbers")
+    p.add_argument("paths", nargs="+", metavar="FOLDER|FILE.td", help="folders of .td files, or .td files")
+    p.add_argument("--at", type=_size_list, default={}, metavar="N=1024,F=512", help="sizes to give numbers at")
+    p.add_argument("-o", "--output", metavar="OUT.md", help="the page to write (default: print it)")
+    with_objective(p, COST_OBJECTIVE)
 
     p = commands.add_parser("bench", help="time compiled designs against hand-written references")
     p.add_argument("files", nargs="+", metavar="FILE.td", help=DESIGN_HELP)
@@ -188,7 +194,7 @@ def _parser() -> _Parser:
     p.add_argument(
         "--objective",
         type=_objective_list,
-        default="flops",
+        default=DEFAULT_OBJECTIVE,
         metavar="OBJECTIVE[,OBJECTIVE...]",
         help="planning objectives to compile each design with, side by side (e.g. flops,time); ratios are to the first",
     )
@@ -346,6 +352,35 @@ def _cost(args: argparse.Namespace) -> int:
         runtime = {k: v for k, v in own.items() if design.graph.sizes[k].is_free}
         reports.append(cost_report(design.plan(objective=args.objective, **runtime), args.convention))
     print(to_json(reports, args.at) if args.format == "json" else table(reports, args.at))
+    return 0
+
+
+def _catalog(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .catalog import catalog
+
+    paths: list[Path] = []
+    for given in map(Path, args.paths):
+        if given.is_dir():
+            paths += sorted(given.glob("*.td"))
+        elif given.is_file():
+            paths.append(given)
+        else:
+            raise _UsageError(f"tdiag catalog: error: '{given}' is neither a folder nor a .td file")
+    if not paths:
+        raise _UsageError(f"tdiag catalog: error: no .td files in {', '.join(args.paths)}")
+    if args.output:
+        _writable(Path(args.output), "-o")
+    at = ",".join(f"{k}={v}" for k, v in args.at.items())
+    command = " ".join(["tdiag catalog", *args.paths, *(["--at", at] if at else [])])
+    command += f" --objective {args.objective}" if args.objective != COST_OBJECTIVE else ""
+    text = catalog(paths, args.at, command, objective=args.objective)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"wrote {args.output}: {len(paths)} designs")
+    else:
+        print(text, end="")
     return 0
 
 
@@ -510,6 +545,7 @@ COMMANDS = {
     "compile": _compile,
     "cost": _cost,
     "plan": _plan,
+    "catalog": _catalog,
     "bench": _bench,
 }
 

@@ -421,7 +421,7 @@ def _entry(plan: Plan) -> list[str]:
         mode = t.init.param("mode", "train") if t.init else "train"
         like = f"dtype={device}.dtype, device={device}.device"
         noise = f"torch.randn(B, {shape}, {like})"
-        zeros = f"torch.zeros(B, {shape}, {like})"
+        zeros = "None" if var in plan.training_noise else f"torch.zeros(B, {shape}, {like})"
         lines.append(
             f"{var} = "
             + {"always": noise, "never": zeros}.get(str(mode), f"{noise} if self.training else {zeros}")
@@ -446,6 +446,10 @@ def _step_lines(step: Step, plan: Plan) -> list[str]:
         cost = f"; {sympy.sstr(sympy.factor(step.flops.subs(BATCH_SIZE, 1)))} flops"
     comment = "  # " + source(f"{step.description} [{legs}]{cost}", "comment") if step.description else ""
     code = _op(step.op, plan.attributes)
+    if step.training_only:  # zero in eval mode: neither computed nor allocated there
+        code = f"{code} if self.training else None"
+    elif step.eval_op is not None:  # the same sum without its train-mode noise terms
+        code = f"{code} if self.training else {_op(step.eval_op, plan.attributes)}"
     if step.out is not None:
         code = f"{source(step.out.var, 'name')} = {code}"
     return [*_slice_checks(step), f"        {code}{comment}"]

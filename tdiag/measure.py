@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m tdiag.measure FILE.td`: the saved-for-backward table of one compiled design."""
     import tdiag
 
-    from .design import OBJECTIVES
+    from .design import DEFAULT_OBJECTIVE, OBJECTIVES
 
     parser = argparse.ArgumentParser(prog="python -m tdiag.measure", description=main.__doc__)
     parser.add_argument("design", metavar="FILE.td")
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=128, help="sequence length")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--objective", choices=OBJECTIVES, default="flops")
+    parser.add_argument("--objective", choices=OBJECTIVES, default=DEFAULT_OBJECTIVE)
     args = parser.parse_args(argv)
     sizes = {k: int(v) for k, _, v in (s.partition("=") for s in args.set)}
     design = tdiag.load(args.design, **sizes)

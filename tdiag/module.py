@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from .codegen import class_name, generate
+from .design import DEFAULT_OBJECTIVE
 from .graph import DesignGraph
 from .plan import Plan, build_plan
 
@@ -75,6 +76,6 @@ def plan_for(
     sizes: Mapping[str, int] | None = None,
     *,
     checkpoint_boxes: bool = False,
-    objective: str = "flops",
+    objective: str = DEFAULT_OBJECTIVE,
 ) -> Plan:
     return build_plan(graph, planning_sizes(graph, sizes), checkpoint_boxes=checkpoint_boxes, objective=objective)

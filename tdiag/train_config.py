@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .design import OBJECTIVES
+from .design import DEFAULT_OBJECTIVE, OBJECTIVES
 from .resources import default_corpus
 
 DEFAULT_DATA = default_corpus()
@@ -34,7 +34,7 @@ class TrainConfig:
     device: str = "auto"  # cpu, cuda, ... (auto: cuda when available)
     compile: bool = False  # torch.compile the model
     peak_tflops: float = 0.0  # the device's peak for MFU (0: from the device name where known)
-    objective: str = "flops"  # planning objective: "memory" prefers fused attention kernels
+    objective: str = DEFAULT_OBJECTIVE  # planning objective: "time" (estimated step time), "flops", "memory"
     out: str = ""  # run folder (default runs/<design>-<seed>)
 
 
@@ -196,8 +196,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--objective",
         choices=OBJECTIVES,
-        default="flops",
-        help="planning objective: flops, memory (fused attention kernels) or time (estimated step time)",
+        default=DEFAULT_OBJECTIVE,
+        help="planning objective: time (estimated step time), flops or memory (fused attention kernels)",
     )
     parser.add_argument(
         "--out",

@@ -17,3 +17,21 @@ def write_td(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture(autouse=True, scope="session")
+def nominal_planning_device(tmp_path_factory):
+    """Plans for the `time` objective (the default) do not depend on the machine the tests run
+    on, nor on a CPU measurement some test caches midway: the planning device's figures are the
+    nominal CPU's, given through the environment (tdiag/device.py), unless a test sets its own.
+    Subprocesses inherit them."""
+    from tdiag import device
+
+    nominal = device.NOMINAL_CPU
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        patch.delenv(device.DEVICE_ENV, raising=False)
+        patch.setenv(device.PEAK_FLOPS_ENV, repr(nominal.peak_flops))
+        patch.setenv(device.BANDWIDTH_ENV, repr(nominal.bandwidth))
+        patch.setenv(device.OVERHEAD_ENV, repr(nominal.overhead))
+        yield

@@ -226,6 +226,7 @@ COMMANDS_WITHOUT_A_MODEL = {
     "cost": lambda tmp: ["cost", str(DESIGNS / "mhsa.td"), str(DESIGNS / "thsa.td"), "--at", "N=1024"],
     "compile": lambda tmp: ["compile", str(DESIGNS / "mhsa.td"), "-o", str(tmp / "mhsa_module.py")],
     "plan": lambda tmp: ["plan", str(DESIGNS / "mgk.td"), "--at", "N=512", "--causal"],
+    "catalog": lambda tmp: ["catalog", str(DESIGNS / "mhsa.td"), "--at", "N=64", "-o", str(tmp / "designs.md")],
     "help": lambda tmp: ["--help"],
     "train help": lambda tmp: ["train", "--help"],
     "version": lambda tmp: ["--version"],

@@ -545,7 +545,8 @@ def test_buffer_over_a_run_time_size_needs_that_size_when_loaded(tmp_path):
 def test_checkpointed_boxes_give_the_same_values_and_gradients():
     design = tdiag.load(DESIGNS / "thsa.td", **SMALL)
     plain = design.module(dtype=torch.float64, N=5)
-    checkpointed = design.module(dtype=torch.float64, N=5, checkpoint_boxes=True)
+    # the FLOPs plan materializes the box (the time plan may fuse it into SDPA: nothing to recompute)
+    checkpointed = design.module(dtype=torch.float64, N=5, checkpoint_boxes=True, objective="flops")
     assert "torch.utils.checkpoint.checkpoint" in checkpointed.tdiag_source
     x = x_input(2)
     plain(x).square().sum().backward()

@@ -5,7 +5,8 @@ import sympy
 
 import tdiag
 from tdiag.plan import reads
-from tdiag.plan.program import Attention, Matmul, PrefixSum, Scale, Softmax
+from tdiag.plan.program import Attention, Elementwise, Matmul, PrefixSum, Scale, Softmax
+from tdiag.plan.training import eval_steps
 
 HEADER = """
 size F = 64, H = 4, D = F / H
@@ -140,3 +141,50 @@ def test_a_normalize_box_of_a_sum_is_refused_the_linear_time_order_as_not_multil
 def test_a_causal_linear_box_takes_chunked_prefix_sums_at_length():
     lowered = plan(LINEAR, causal=True, N=4096)
     assert ops(lowered, PrefixSum) and any("causal prefix sums" in note for note in lowered.lowered)
+
+
+# ---- train-mode noise ------------------------------------------------------------------------
+
+NOISY = ATTENTION.replace(
+    "A[h n m] = softmax[m, scale = 1 / sqrt(D)](Q[n h d] K[m h d])",
+    "param sigma[h: H] = fill(0.1)\nrandom eps[h: H, n: N, m: N] = normal(mode = train)\n"
+    "A[h n m] = softmax[m, scale = 1 / sqrt(D)](Q[n h d] K[m h d] + sigma[h] eps[h n m])",
+)
+
+
+def _reads_var(steps, var):
+    return [step for step in steps if var in {v.var for v in reads(step.op)}]
+
+
+def test_train_mode_noise_and_its_products_are_not_in_the_eval_program():
+    lowered = plan(NOISY)
+    eps = lowered.names["eps"]
+    evaluated = eval_steps(lowered)
+    assert _reads_var(lowered.steps, eps)  # the training program draws and scales it
+    assert not _reads_var(evaluated, eps) and not _reads_var(evaluated, "sigma")
+    assert eps in lowered.training_noise
+    assert len(evaluated) < len(lowered.steps)
+
+
+def test_a_sum_with_a_noise_term_keeps_its_other_terms_in_eval_mode():
+    lowered = plan(NOISY)
+    (total,) = [s for s in lowered.steps if isinstance(s.op, Elementwise)]
+    assert total.eval_op is not None and not total.training_only
+    kept = {v.var for v in reads(total.eval_op)}
+    assert kept and not kept & {s.out.var for s in lowered.steps if s.training_only}
+
+
+def test_noise_an_eval_op_reads_whole_is_still_zeros_there():
+    body = NOISY.replace("sigma[h] eps[h n m]", "exp(eps[h n m])")
+    lowered = plan(body)
+    assert not lowered.training_noise and not any(s.training_only for s in lowered.steps)
+
+
+def test_always_on_noise_runs_in_eval_mode_too():
+    lowered = plan(NOISY.replace("mode = train", "mode = always"))
+    assert eval_steps(lowered) == lowered.steps and not lowered.training_noise
+
+
+def test_plan_table_names_the_steps_that_run_in_training_only():
+    table = str(plan(NOISY))
+    assert "training only" in table and "eval mode drops its noise terms" in table

@@ -310,7 +310,7 @@ def test_a_module_too_big_for_memory_is_refused_before_allocation_naming_the_ten
     design = tdiag.load(DESIGNS / "mhsa.td", F=64, H=4)  # 4 params of 64·64 floats: 64 kB
     with pytest.raises(TdiagError, match=r"param WQ would take 2.1 MB \(2,097,152 bytes\)") as error:
         design.module({"F": 512}, dtype=torch.float64)
-    assert error.value.diagnostics[0].spans[0].line == 15
+    assert error.value.diagnostics[0].spans[0].line == 16
 
 
 def test_load_refuses_sizes_whose_parameters_would_not_fit(monkeypatch):

@@ -83,3 +83,17 @@ def test_a_refusal_under_time_says_the_rewrite_is_estimated_slower(cpu, capsys):
     main(["plan", str(DESIGNS / "mlk.td"), "--causal", "--at", "N=1024", "--objective", "time"])
     out = capsys.readouterr().out
     assert "linear-time order refused: is estimated slower than the materialized box" in out
+
+
+def test_modules_are_planned_for_time_unless_told(cpu):
+    cpu(1e11, 1e10, 1.0)  # a device where ops cost a lot: the time plan differs from the FLOPs plan
+    design = causal_mlk()
+    assert design.plan(N=1024) is design.plan(N=1024, objective="time")
+    assert not chunked(design.plan(N=1024)) and chunked(design.plan(N=1024, objective="flops"))
+
+
+def test_cost_reports_the_plan_of_fewest_flops_whatever_the_device(cpu):
+    cpu(1e11, 1e10, 1.0)
+    design = causal_mlk()
+    assert design.cost(N=1024).flops == design.cost(N=1024, objective="flops").flops
+    assert design.cost(N=1024).flops != design.cost(N=1024, objective="time").flops

@@ -4,7 +4,7 @@ from collections.abc import Mapping
 
 import sympy
 
-from ..design import OBJECTIVES
+from ..design import DEFAULT_OBJECTIVE, OBJECTIVES
 from ..graph import DesignGraph
 from .base import LoweringBase, _all_legs
 from .boxes import BoxLowering
@@ -31,6 +31,7 @@ from .regions import RegionLowering
 from .sdpa import FusedAttention
 from .sdpa_match import AttentionMatch
 from .timing import TimeModel
+from .training import mark_training_only
 
 
 class _Lowering(
@@ -53,7 +54,11 @@ class _Lowering(
 
 
 def build_plan(
-    graph: DesignGraph, sizes: Mapping[str, int], *, checkpoint_boxes: bool = False, objective: str = "flops"
+    graph: DesignGraph,
+    sizes: Mapping[str, int],
+    *,
+    checkpoint_boxes: bool = False,
+    objective: str = DEFAULT_OBJECTIVE,
 ) -> Plan:
     """Lower every statement, then the outputs and the state updates. With `checkpoint_boxes`,
     each box, its content and its first consumer are recomputed in the backward pass instead of
@@ -94,6 +99,7 @@ def build_plan(
     _express_chunks(plan, lowering.chunk_sizes)
     plan.stored = sorted(lowering.stored_used)
     plan.attributes = frozenset(lowering.attributes)
+    mark_training_only(plan)
     return plan
 
 

@@ -99,16 +99,21 @@ class _Interpreter(AbstractMachine):
     @op.register
     def _(self, op: Matmul, step: Step) -> Meta:
         a, b = self.read(op.a), self.read(op.b)
-        self.matmul(a, b)
+        transposed = self.matmul(a, b)
         shape, numel = self.output(step)
+        if transposed:  # (bᵀ aᵀ)ᵀ comes back transposed; torch copies it contiguous
+            self.record.copies += numel
+            self.record.moved += 2 * numel * FLOAT
         return self.fresh(shape, numel, a.grad or b.grad, step.out.var)  # type: ignore[union-attr]
 
-    def matmul(self, a: Meta, b: Meta) -> None:
+    def matmul(self, a: Meta, b: Meta) -> bool:
         """torch.matmul: a batched operand beside a matrix is folded into a matrix (copied when
         the matrix needs a gradient and the fold is no view), else both go to bmm as 3-D (copied
-        where the batch legs do not merge); each operand is saved when the other needs a gradient."""
+        where the batch legs do not merge); each operand is saved when the other needs a gradient.
+        True when a matrix times a batched operand ran as (bᵀ aᵀ)ᵀ, whose result torch copies."""
         a, b = _matrix_if_unit_batch(a), _matrix_if_unit_batch(b)
         da, db = len(a.shape), len(b.shape)
+        transposed = False
         if da >= 3 and db <= 2:
             folded = (math.prod(a.shape[:-1]), a.shape[-1])
             if b.grad or view_strides(a.shape, a.strides, folded) is not None:
@@ -124,6 +129,7 @@ class _Interpreter(AbstractMachine):
             folded = (math.prod(t.shape[:-1]), t.shape[-1])
             if a.grad or view_strides(t.shape, t.strides, folded) is not None:
                 b = self.reshape(t, folded, "matmul operand")
+                transposed = True
         elif da >= 3 and db >= 3:
             batch = tuple(
                 max(x, y)
@@ -136,6 +142,7 @@ class _Interpreter(AbstractMachine):
             self.save(a)
         if a.grad:
             self.save(b)
+        return transposed
 
     @op.register
     def _(self, op: Multiply, step: Step) -> Meta:
@@ -333,8 +340,8 @@ class _Interpreter(AbstractMachine):
             and (mask is None or (not mask.grad and len(mask.shape) in (2, 4)))
         )
         self.record.kernel = "flash" if flash else "math: " + _math_reason(q, k, v, mask)
-        if flash:
-            physical = (0, 2, 1, 3)
+        if flash:  # the CPU flash kernel lays its output out as q is laid out (measured, torch 2.13)
+            physical = (*sorted(range(3), key=lambda d: (-q.strides[d], d)), 3)
             out = self.fresh(tuple(shape[d] for d in physical), rows * features, grad, step.out.var)  # type: ignore[union-attr]
             out = Meta(shape, tuple(out.strides[physical.index(d)] for d in range(4)), out.storage, grad, out.numel)
             lse = self.fresh(shape[:-1], rows, False, "log-sum-exp")

@@ -16,6 +16,8 @@ Guarantees (the FLOPs and the values computed are unchanged; only axis orders mo
 - Each matmul, multiply, box and sum then picks, among the order its consumer asked for and
   the planner's, the one whose operands are views and whose result is what its consumer reads,
   by the bytes a copy would move (a copy costs the elements of the tensor it copies).
+  A matrix times a batched operand (a head mix of scores by a parameter) costs what torch
+  pays for it: the batched operand folded as rows and the result copied back.
 
 Values are assumed dense in their legs' order: true of matmul, softmax and elementwise results
 on dense inputs, the forms this pass produces; where torch decides otherwise a reshape copies,
@@ -212,7 +214,15 @@ class _Realization:
 
     @property
     def y_order(self) -> list[str]:
-        return [leg for leg in self.lead if leg in self.y.legs] + self.k + self.n
+        """The order y is asked for: (lead, K, N), or (lead, N, K) for a transposed fold, whose
+        yᵀ is then a view of (lead·N) rows."""
+        lead = [leg for leg in self.lead if leg in self.y.legs]
+        return lead + self.n + self.k if self.transposed_fold else lead + self.k + self.n
+
+    @property
+    def transposed_fold(self) -> bool:
+        """Is x a matrix against a batched y? torch.matmul then computes (yᵀ xᵀ)ᵀ."""
+        return not any(leg in self.x.legs for leg in self.lead) and any(leg in self.y.legs for leg in self.lead)
 
     @property
     def folds(self) -> bool:
@@ -222,8 +232,8 @@ class _Realization:
     def x_groups(self) -> list[list[str]]:
         if self.folds:
             return [*([leg] for leg in self.lead + self.m), self.k] if self.lead or self.m else [[], self.k]
-        # a matrix x against a batched y gets unit lead axes: torch then runs one batched matmul
-        # over an expanded copy of the small x, where a 2-D x makes it transpose and copy the result
+        # a matrix x against a batched y gets unit lead axes; torch 2.13 drops them again and
+        # folds y's transpose into rows (a transposed fold, costed by `_transposed_fold_copies`)
         return [*([leg] if leg in self.x.legs else [] for leg in self.lead), self.m, self.k]
 
     def raw(self) -> list[list[str]]:
@@ -245,6 +255,8 @@ class _Realization:
         total = 0
         if not self.m and not self.n:  # 1×K by K×1 per lead element: far below matmul speed
             total += 4 * (sizes.numel(self.x.legs) + sizes.numel(self.y.legs))
+        if self.transposed_fold:
+            return total + self._transposed_fold_copies(sizes, free)
         x_lead = [leg for leg in self.lead if leg in self.x.legs]
         y_lead = [leg for leg in self.lead if leg in self.y.legs]
         for value, lead, fold, mk, other in (
@@ -258,6 +270,16 @@ class _Realization:
             if other and set(other) - set(lead) and (lead or value is self.x):
                 total += sizes.numel(value.legs) * sizes.numel(set(other) - set(lead))
         return total
+
+    def _transposed_fold_copies(self, sizes: Sizes, free: set[str]) -> int:
+        """A matrix x against a batched y: torch.matmul computes (yᵀ x ᵀ)ᵀ, folding yᵀ into
+        (lead·N, K) rows (a copy unless y's lead and free legs merge in memory) and returning
+        the product as a contiguous copy in (lead, M, N) order (footprint.py `matmul`; measured
+        on torch 2.13: copy, mm, copy). Both copies are N²-sized for a head mix of scores."""
+        y_lead = [leg for leg in self.lead if leg in self.y.legs]
+        viewed = self.y.var in free or _is_view(self.y.legs, [y_lead + self.n, self.k], sizes)
+        copied = 0 if viewed else sizes.numel(self.y.legs)  # a free y is laid out as asked: y_order
+        return sizes.numel(self.order) + copied
 
 
 def _realizations(a: Value, b: Value, order: tuple[str, ...], sizes: Sizes) -> list[_Realization]:

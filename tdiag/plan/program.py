@@ -487,6 +487,8 @@ class Step:
     score_flops: sympy.Expr = ZERO  # for fused steps: the FLOPs of their score part
     score_paper: sympy.Expr = ZERO
     inputs: tuple[Value, ...] = ()
+    training_only: bool = False  # zero in eval mode (a factor is train-mode noise): run in training only
+    eval_op: Op | None = None  # a sum's op in eval mode, its train-mode noise terms left out
 
 
 @dataclass(frozen=True)
@@ -517,6 +519,7 @@ class Plan:
     stored: list[str] = field(default_factory=list)  # declared tensors the forward reads
     segments: list[tuple[int, int]] = field(default_factory=list)  # steps recomputed in backward
     chunks: list[ChunkCount] = field(default_factory=list)  # run-time chunk counts
+    training_noise: frozenset[str] = frozenset()  # noise variables eval mode never reads (not drawn there)
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())

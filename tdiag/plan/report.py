@@ -53,6 +53,10 @@ def _table(plan: Plan, sizes: Mapping[str, int] | None) -> _Table:
             notes.append(f"copies {copies:,} entries")
         if record.kernel:
             notes.append(f"SDPA kernel: {record.kernel}")
+        if step.training_only:
+            notes.append("training only (train-mode noise: zero in eval)")
+        elif step.eval_op is not None:
+            notes.append("eval mode drops its noise terms")
         rows.append(
             (
                 str(k + 1),
