@@ -1,0 +1,49 @@
+"""Designs the offline fuzzer (scripts/fuzz.py) found crashing or computing a wrong value, kept as
+specifications: each one compiles and equals both the reference evaluation and a value computed
+here by hand in float64, forward and backward; or check refuses it with a positioned error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tdiag
+
+IMPLS = ["compiled", "reference"]
+
+
+def module(text: str, impl: str, **sizes: int) -> torch.nn.Module:
+    return tdiag.loads(text).module(sizes, impl=impl, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_an_identity_between_a_sum_and_itself_sums_the_diagonal_of_the_sum(impl):
+    # δ[n m] (X - T0[m n]) δ[n m] over m is the sum's diagonal; merging m into n twice gave a leaf
+    # with a repeated leg, summed as a permute of the wrong length
+    text = (
+        "design identity_and_sum\nsize N = 3, F = 2\ninput X[f: F]\nconst W[n: N, m: N] = identity\n"
+        "T0[m n] = relu(W[n m]) ^ 3\nT[n] = W[n m] (X[f] - T0[m n]) W[n m]\noutput T\n"
+    )
+    x = torch.randn(2, 2, dtype=torch.float64, requires_grad=True)
+    y = module(text, impl)(x)
+    torch.testing.assert_close(y, (x.sum(-1) - 1)[:, None].expand(2, 3), rtol=0, atol=1e-12)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((2, 2), 3.0, dtype=torch.float64), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_an_identity_times_a_mask_summed_over_both_legs_inside_a_map_is_the_trace(impl):
+    # silu(Σ_nm P[n m] δ[n m]) is silu of P's trace; folding δ renamed m to n and summed P[m m] twice
+    text = (
+        "design identity_in_map\nsize N = 3, F = 2\ninput X[n: N, f: F]\nmask P[n: N, m: N]\n"
+        "const W[n: N, m: N] = identity\nT[f] = silu(P[n m] W[n m]) - X[n f]\noutput T\n"
+    )
+    x = torch.randn(2, 3, 2, dtype=torch.float64, requires_grad=True)
+    p = torch.tensor([[True, False, True], [True, False, False], [False, True, True]])  # trace 2
+    y = module(text, impl)(x, P=p)
+    torch.testing.assert_close(
+        y, torch.nn.functional.silu(torch.tensor(2.0, dtype=torch.float64)) - x.sum(-2), rtol=0, atol=1e-12
+    )
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, -torch.ones_like(x), rtol=0, atol=1e-12)
+
