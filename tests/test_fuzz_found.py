@@ -47,3 +47,19 @@ def test_an_identity_times_a_mask_summed_over_both_legs_inside_a_map_is_the_trac
     y.sum().backward()
     torch.testing.assert_close(x.grad, -torch.ones_like(x), rtol=0, atol=1e-12)
 
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_batched_matmul_whose_left_side_keeps_only_the_batch_leg_has_the_result_legs_shape(impl):
+    # A[n m] W[n g m] over m is a matmul batched over n with no left leg: its unit axis broadcast
+    # a quotient to [n n g]
+    text = (
+        "design batch_only_left\nsize N = 3, G = 2\ninput X[n: N, g: G]\nparam A[n: N, m: N]\n"
+        "param W[n: N, g: G, m: N]\nT[n g] = X[n g] / (A[n m] W[n g m])\noutput T\n"
+    )
+    model = module(text, impl)
+    x = torch.randn(2, 3, 2, dtype=torch.float64, requires_grad=True)
+    y = model(x)
+    denominator = torch.einsum("nm,ngm->ng", model.A, model.W)
+    torch.testing.assert_close(y, x / denominator, rtol=1e-12, atol=1e-12)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, (1 / denominator).expand(2, 3, 2), rtol=1e-12, atol=1e-12)
