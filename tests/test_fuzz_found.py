@@ -63,3 +63,34 @@ def test_a_batched_matmul_whose_left_side_keeps_only_the_batch_leg_has_the_resul
     torch.testing.assert_close(y, x / denominator, rtol=1e-12, atol=1e-12)
     y.sum().backward()
     torch.testing.assert_close(x.grad, (1 / denominator).expand(2, 3, 2), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_quotient_constant_along_a_summed_leg_is_multiplied_by_its_size(impl):
+    # W[n g] / (1 + exp(...W[n g]...)) with W all ones varies only with X: summing it over g is G
+    # times the value, a factor lost when the leg was only a broadcast leg of the quotient
+    text = (
+        "design constant_along_g\nsize N = 2, F = 3, G = 2\ninput X[f: F]\nconst W[n: N, g: G] = ones\n"
+        "T[n] = W[n g] / (1 + exp(clamp(X[f] / (1 + exp(clamp(W[n g], -3, 3))), -3, 3)))\noutput T\n"
+    )
+    x = torch.tensor([[0.1, 0.2, 0.3], [4.0, 5.0, 6.0]], dtype=torch.float64, requires_grad=True)
+    y = module(text, impl)(x)
+    inner = (x.sum(-1) / (1 + torch.e)).clamp(-3, 3)
+    expected = 2 / (1 + torch.exp(inner))
+    torch.testing.assert_close(y, expected[:, None].expand(2, 2), rtol=1e-12, atol=1e-12)
+    y.sum().backward()  # the second row is clamped: no gradient
+    slope = -2 * 2 * torch.sigmoid(inner[0]) * torch.sigmoid(-inner[0]) / (1 + torch.e)
+    torch.testing.assert_close(x.grad, torch.stack([slope.expand(3), torch.zeros(3)]).detach(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_computed_tensor_constant_along_a_leg_that_a_later_statement_sums_is_multiplied_by_its_size(impl):
+    text = (
+        "design summed_later\nsize N = 2, F = 3, G = 2\ninput X[f: F]\nconst W[n: N, g: G] = ones\n"
+        "T0[n g] = X[f] / (1 + exp(W[n g]))\nT[n] = T0[n g]\noutput T\n"
+    )
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    y = module(text, impl)(x)
+    torch.testing.assert_close(y, (2 * x.sum(-1) / (1 + torch.e))[:, None].expand(2, 2), rtol=1e-12, atol=1e-12)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((2, 3), 4 / (1 + torch.e), dtype=torch.float64), rtol=1e-12, atol=0)

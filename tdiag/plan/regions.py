@@ -91,6 +91,7 @@ class RegionLowering:
             return sympy.Integer(1)
         value = self.lower_nonlinear(e, ren, None)
         leaves.append(_Leaf(value.legs, value=value))
+        leaves.extend(_constant_along(value.broadcast))
         return sympy.Integer(1)
 
     def collect_tensor(self, e: TensorRef, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf]) -> sympy.Expr:
@@ -106,6 +107,7 @@ class RegionLowering:
             return self.collect(statement.expr, inner, leaves)
         value = self.values[e.name]
         leaves.append(_Leaf(self.rename_value_legs(value, statement, axes), value=value))
+        leaves.extend(_constant_along(self.rename_value_legs(value, statement, axes, sorted(value.broadcast))))
         return sympy.Integer(1)
 
     def with_fresh_legs(self, ren: dict[str, tuple[str, ...]], legs: Iterable[str]) -> dict[str, tuple[str, ...]]:
@@ -142,8 +144,13 @@ class RegionLowering:
         return mapping
 
     def rename_value_legs(
-        self, value: Value, statement: Statement, axes: tuple[tuple[str, ...], ...]
+        self,
+        value: Value,
+        statement: Statement,
+        axes: tuple[tuple[str, ...], ...],
+        legs: Iterable[str] | None = None,
     ) -> tuple[str, ...]:
+        """The region legs of a computed tensor's axes (or of `legs` of it) at a use with `axes`."""
         mapping = self.align_definition(statement, axes)
         if mapping is None:
             raise TdiagError(
@@ -156,7 +163,7 @@ class RegionLowering:
         for leg, targets in mapping.items():
             for piece, target in zip(self.expand(leg), targets, strict=True):
                 rename[piece] = target
-        return tuple(rename.get(leg, leg) for leg in value.legs)
+        return tuple(rename.get(leg, leg) for leg in (value.legs if legs is None else legs))
 
     def is_product(self, e: Expr) -> bool:
         """Is `e` a product of stored or already computed tensors (nothing left to lower)?"""
@@ -248,3 +255,10 @@ class RegionLowering:
         if tensor.name in self.attributes:
             return tensor.name
         return self.input_vars[tensor.name]
+
+
+def _constant_along(legs: Iterable[str]) -> list[_Leaf]:
+    """A factor 1 over the broadcast legs of a computed value (legs it is constant along and has
+    no axis for): a region that sums one of them multiplies by its size (Σ_g c = G c)."""
+    legs = tuple(sorted(leg for leg in legs if leg != BATCH))
+    return [_Leaf(legs, constant=sympy.Integer(1))] if legs else []
