@@ -94,3 +94,23 @@ def test_a_computed_tensor_constant_along_a_leg_that_a_later_statement_sums_is_m
     torch.testing.assert_close(y, (2 * x.sum(-1) / (1 + torch.e))[:, None].expand(2, 2), rtol=1e-12, atol=1e-12)
     y.sum().backward()
     torch.testing.assert_close(x.grad, torch.full((2, 3), 4 / (1 + torch.e), dtype=torch.float64), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("objective", ["flops", "time"])
+def test_a_causal_normalize_whose_content_carries_query_and_key_on_one_factor_is_materialized_with_a_note(
+    objective,
+):
+    # Σ_{m ≤ n} of exp(A[n m]) X[m f] is no prefix sum: A has both legs; the chunked rewrite asserted
+    text = (
+        "design causal_one_factor\nsize N = 3, F = 2\ninput X[n: N, f: F]\nparam A[n: N, m: N]\n"
+        "T[n f] = normalize[m, mask = causal(n, m)](exp(A[n m])) X[m f]\noutput T\n"
+    )
+    model = tdiag.loads(text).module(dtype=torch.float64, objective=objective)
+    x = torch.randn(2, 3, 2, dtype=torch.float64, requires_grad=True)
+    y = model(x)
+    weights = torch.exp(model.A).tril()
+    weights = weights / weights.sum(-1, keepdim=True)
+    torch.testing.assert_close(y, weights @ x, rtol=1e-12, atol=1e-12)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, weights.sum(0)[:, None].expand(2, 3, 2), rtol=1e-12, atol=1e-12)
+    assert any("no causal prefix sum: n and m are legs of one factor" in why for why in model.tdiag_plan.refused)
