@@ -114,3 +114,40 @@ def test_a_causal_normalize_whose_content_carries_query_and_key_on_one_factor_is
     y.sum().backward()
     torch.testing.assert_close(x.grad, weights.sum(0)[:, None].expand(2, 3, 2), rtol=1e-12, atol=1e-12)
     assert any("no causal prefix sum: n and m are legs of one factor" in why for why in model.tdiag_plan.refused)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_box_whose_content_is_constant_along_a_masked_leg_masks_each_entry(impl):
+    # a constant content is one number broadcast over n and m: the causal mask needs m as an axis
+    text = (
+        "design box_constant_along_mask\nsize N = 3, F = 2\ninput X[n: N, f: F]\nconst C[n: N, m: N] = fill(0.5)\n"
+        "T[m f] = softmax[n, mask = causal(m, n)](C[n m]) X[n f]\noutput T\n"
+    )
+    x = torch.randn(2, 3, 2, dtype=torch.float64, requires_grad=True)
+    y = module(text, impl)(x)
+    running_mean = x.cumsum(-2) / torch.arange(1, 4, dtype=torch.float64)[:, None]
+    torch.testing.assert_close(y, running_mean, rtol=1e-12, atol=1e-12)
+    y.sum().backward()
+    weight = (1 / torch.arange(1, 4, dtype=torch.float64)).flip(0).cumsum(0).flip(0)  # Σ_{m ≥ n} 1/(m+1)
+    torch.testing.assert_close(x.grad, weight[:, None].expand(2, 3, 2), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("batched_mask", [True, False])
+def test_a_box_over_parameters_only_with_a_mask_input_is_masked_per_sequence(impl, batched_mask):
+    # W does not vary with the sequence, the mask P does: the masked content carries the batch
+    text = (
+        "design box_unbatched_padding\nsize N = 3, F = 2\ninput X[n: N, f: F]\nmask P[n: N, m: N]\n"
+        "param W[n: N, m: N]\nT[m f] = softmax[n, mask = P[n m]](W[n m]) X[n f]\noutput T\n"
+    )
+    model = module(text, impl)
+    x = torch.randn(2, 3, 2, dtype=torch.float64, requires_grad=True)
+    p = torch.rand(2, 3, 3, generator=torch.Generator().manual_seed(0)) < 0.6
+    p[:, 0, :] = True  # every column m attends somewhere
+    p = p if batched_mask else p[0]
+    y = model(x, P=p)
+    scores = model.W.masked_fill(~p, float("-inf"))
+    weights = scores.softmax(-2)  # over n, for each m
+    torch.testing.assert_close(y, weights.transpose(-1, -2) @ x, rtol=1e-12, atol=1e-12)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, weights.sum(-1)[..., None].expand(2, 3, 2), rtol=1e-12, atol=1e-12)
