@@ -151,3 +151,17 @@ def test_a_box_over_parameters_only_with_a_mask_input_is_masked_per_sequence(imp
     torch.testing.assert_close(y, weights.transpose(-1, -2) @ x, rtol=1e-12, atol=1e-12)
     y.sum().backward()
     torch.testing.assert_close(x.grad, weights.sum(-1)[..., None].expand(2, 3, 2), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_box_constant_along_a_leg_that_its_region_sums_is_multiplied_by_its_size(impl):
+    # softmax[h](0.5 X[f]) is 1/H everywhere, and constant along g: Σ_h Σ_g of it is G
+    text = (
+        "design box_constant_along_g\nsize F = 3, G = 2, H = 4\ninput X[f: F]\n"
+        "const W[g: G, h: H, f: F] = fill(0.5)\nA[f h g] = softmax[h](W[g h f] X[f])\nT[f] = A[f h g] + X[f]\noutput T\n"
+    )
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    y = module(text, impl)(x)
+    torch.testing.assert_close(y, x + 2, rtol=1e-12, atol=1e-12)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones_like(x), rtol=1e-12, atol=1e-12)

@@ -10,7 +10,7 @@ from ..ir import (
     CausalMask,
     SoftmaxBox,
 )
-from .base import _Leaf
+from .base import _Leaf, _value_leaves
 from .program import (
     BATCH,
     Expand,
@@ -49,7 +49,7 @@ class BoxLowering:
             else:
                 prefer = {leg for o in others for leg in o.legs}
                 value = self.memoized(box, ren, lambda b=box, r=ren, p=prefer: self.lower_box(b, r, None, p))
-                leaves = [*others[:k], _Leaf(value.legs, value=value), *others[k:]]
+                leaves = [*others[:k], *_value_leaves(value), *others[k:]]
         return leaves
 
     def lower_box(

@@ -18,7 +18,7 @@ from ..ir import (
     SoftmaxBox,
     TensorRef,
 )
-from .base import _Leaf
+from .base import _Leaf, _value_leaves
 from .chunked import NotPrefixSumError
 from .program import (
     BATCH,
@@ -41,7 +41,7 @@ class LinearOrder:
 
         def materialized() -> list[_Leaf]:
             value = self.memoized(box, ren, lambda: self.lower_box(box, ren, None))
-            return [*others[:k], _Leaf(value.legs, value=value), *others[k:]]
+            return [*others[:k], *_value_leaves(value), *others[k:]]
 
         normalized = tuple(p for leg in box.normalized for p in ren[leg])
 

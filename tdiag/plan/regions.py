@@ -22,7 +22,7 @@ from ..ir import (
     TensorRef,
     walk,
 )
-from .base import _all_legs, _Leaf, _renamed
+from .base import _all_legs, _constant_along, _Leaf, _renamed, _value_leaves
 from .program import (
     BATCH,
     BATCH_SIZE,
@@ -90,8 +90,7 @@ class RegionLowering:
             leaves.append(_Leaf(batch + tuple(p for leg in e.legs for p in ren[leg]), box=(e, ren)))
             return sympy.Integer(1)
         value = self.lower_nonlinear(e, ren, None)
-        leaves.append(_Leaf(value.legs, value=value))
-        leaves.extend(_constant_along(value.broadcast))
+        leaves.extend(_value_leaves(value))
         return sympy.Integer(1)
 
     def collect_tensor(self, e: TensorRef, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf]) -> sympy.Expr:
@@ -255,10 +254,3 @@ class RegionLowering:
         if tensor.name in self.attributes:
             return tensor.name
         return self.input_vars[tensor.name]
-
-
-def _constant_along(legs: Iterable[str]) -> list[_Leaf]:
-    """A factor 1 over the broadcast legs of a computed value (legs it is constant along and has
-    no axis for): a region that sums one of them multiplies by its size (Σ_g c = G c)."""
-    legs = tuple(sorted(leg for leg in legs if leg != BATCH))
-    return [_Leaf(legs, constant=sympy.Integer(1))] if legs else []
