@@ -158,10 +158,27 @@ def test_a_box_constant_along_a_leg_that_its_region_sums_is_multiplied_by_its_si
     # softmax[h](0.5 X[f]) is 1/H everywhere, and constant along g: Σ_h Σ_g of it is G
     text = (
         "design box_constant_along_g\nsize F = 3, G = 2, H = 4\ninput X[f: F]\n"
-        "const W[g: G, h: H, f: F] = fill(0.5)\nA[f h g] = softmax[h](W[g h f] X[f])\nT[f] = A[f h g] + X[f]\noutput T\n"
+        "const W[g: G, h: H, f: F] = fill(0.5)\nA[f h g] = softmax[h](W[g h f] X[f])\n"
+        "T[f] = A[f h g] + X[f]\noutput T\n"
     )
     x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
     y = module(text, impl)(x)
     torch.testing.assert_close(y, x + 2, rtol=1e-12, atol=1e-12)
     y.sum().backward()
     torch.testing.assert_close(x.grad, torch.ones_like(x), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_an_output_that_reads_the_input_keeps_its_batch_dims_where_the_plan_finds_it_constant(impl):
+    # softmax over n of X[m f] - C[n] is 1/N whatever X is (a shift along n): the compiled plan
+    # drops X, but the output still has one entry per sequence, and its gradient is zero
+    text = (
+        "design shifted_away\nsize N = 3, F = 2\ninput X[m: N, f: F]\nconst C[n: N] = fill(0.5)\n"
+        "T[n m f] = softmax[n](X[m f] - C[n]) + 2\noutput T\n"
+    )
+    x = torch.randn(4, 3, 2, dtype=torch.float64, requires_grad=True)
+    y = module(text, impl)(x)
+    torch.testing.assert_close(y, torch.full((4, 3, 3, 2), 1 / 3 + 2, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    if y.requires_grad:
+        (gradient,) = torch.autograd.grad(y.sum(), x)
+        torch.testing.assert_close(gradient, torch.zeros_like(x), rtol=0, atol=1e-12)
