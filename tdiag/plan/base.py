@@ -76,6 +76,18 @@ class _Leaf:
     constant: sympy.Expr | None = None  # a sub-expression that is one number at every index
 
 
+def _constant_along(legs: Iterable[str]) -> list[_Leaf]:
+    """A factor 1 over the broadcast legs of a computed value (legs it is constant along and has
+    no axis for): a region that sums one of them multiplies by its size (Σ_g c = G c)."""
+    legs = tuple(sorted(leg for leg in legs if leg != BATCH))
+    return [_Leaf(legs, constant=sympy.Integer(1))] if legs else []
+
+
+def _value_leaves(value: Value) -> list[_Leaf]:
+    """A computed value as factors of a region: itself over its axes, and 1 over its broadcast legs."""
+    return [_Leaf(value.legs, value=value), *_constant_along(value.broadcast)]
+
+
 def _over_run_time_size(graph: DesignGraph, tensor: Tensor) -> bool:
     return any(graph.sizes[s.name].is_free for a in tensor.axes for s in graph.expand(a.size).free_symbols)
 

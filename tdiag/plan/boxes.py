@@ -10,7 +10,7 @@ from ..ir import (
     CausalMask,
     SoftmaxBox,
 )
-from .base import _Leaf
+from .base import _Leaf, _value_leaves
 from .program import (
     BATCH,
     Expand,
@@ -49,7 +49,7 @@ class BoxLowering:
             else:
                 prefer = {leg for o in others for leg in o.legs}
                 value = self.memoized(box, ren, lambda b=box, r=ren, p=prefer: self.lower_box(b, r, None, p))
-                leaves = [*others[:k], _Leaf(value.legs, value=value), *others[k:]]
+                leaves = [*others[:k], *_value_leaves(value), *others[k:]]
         return leaves
 
     def lower_box(
@@ -73,7 +73,11 @@ class BoxLowering:
         finally:
             self.shift_invariant = context
             self.box_depth -= 1
-        content = self.expand_broadcast(content, set(normalized))
+        content = self.expand_broadcast(content, set(normalized) | self.mask_legs(e, ren))
+        if BATCH not in content.legs and any(not isinstance(mask, CausalMask) for mask in e.masks):
+            # a mask input differs per sequence: content that does not is repeated over the batch
+            batched = self.materialize(content, (BATCH, *content.legs))
+            content = Value(batched.var, batched.legs, content.broadcast)
         name = self.names.fresh(var or ("attention" if e.is_exp else "normalized"))
         masked = content
         for mask in e.masks:
@@ -119,6 +123,16 @@ class BoxLowering:
         if sizes not in self.causal_masks:
             self.causal_masks[sizes] = self.names.fresh("causal")
         return self.causal_masks[sizes]
+
+    def mask_legs(self, e: SoftmaxBox, ren: dict[str, tuple[str, ...]]) -> set[str]:
+        """The region legs a box's masks index: its content needs them as real axes to be filled."""
+        legs: set[str] = set()
+        for mask in e.masks:
+            if isinstance(mask, CausalMask):
+                legs |= {*ren[mask.query], *ren[mask.key]}
+            else:
+                legs |= {p for leg in mask.tensor.legs for p in ren[leg]}
+        return legs
 
     def apply_mask(self, content: Value, mask, ren, is_exp: bool) -> Value:
         """The box content with the entries a mask hides filled before normalizing."""

@@ -73,6 +73,8 @@ def build_plan(
     for name in graph.outputs:
         value = lowering.expand_broadcast(lowering.values[name], set(lowering.values[name].broadcast))
         statement = graph.tensors[name].statement
+        if not value.is_batched and lowering.is_batched(statement.expr):  # type: ignore[union-attr]
+            value = lowering.materialize(value, (BATCH, *value.legs))  # it reads the input, shifted away
         order = [BATCH] if value.is_batched else []
         order += [p for group in statement.groups for leg in group for p in lowering.expand(leg)]  # type: ignore[union-attr]
         plan.outputs.append((name, _reorder(lowering, value, order)))

@@ -22,6 +22,11 @@ from .program import (
 )
 
 
+class NotPrefixSumError(Exception):
+    """A causal box whose query and key legs meet on one factor: Σ_{m ≤ n} of it is no prefix
+    sum (the factor is not split into a query side and a key side); its caller refuses the rewrite."""
+
+
 class ChunkedCausal:
     """Evaluates causal prefix sums of products in chunks (MGK P12, spec mgk §6.6)."""
 
@@ -34,7 +39,7 @@ class ChunkedCausal:
         over chunks the query side reads (MGK P12, spec mgk §6.6; Katharopoulos et al. §3.3)."""
         leaves = self.resolve_boxes(leaves, out)
         if any(query in leaf.legs and key in leaf.legs for leaf in leaves):
-            raise AssertionError("a causal prefix sum needs the query and key legs on different factors")
+            raise NotPrefixSumError(f"{' and '.join(show_legs([query, key]))} are legs of one factor")
         free = [leaf for leaf in leaves if key not in leaf.legs and query not in leaf.legs]
         best, best_cost = [], None
         choices = itertools.product((0, 1), repeat=len(free)) if len(free) <= 4 else [(0,) * len(free)]

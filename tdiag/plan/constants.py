@@ -2,8 +2,9 @@
 coefficient, so THSA with C = I_H ⊗ J_D costs what MHSA costs (Tuformer Prop. 1); a
 sub-expression of numbers, sizes and such constants (`1 + exp(-S)`'s 1, `log(N)`, `1e-5`) is a
 number, computed once as a 0-dim tensor that broadcasts wherever it is added.
-Guarantees: no identity or all-ones tensor reaches an op; a leg that only folded constants
-carry and that is summed multiplies the coefficient by its size (Σ_g J[f g] = G)."""
+Guarantees: no all-ones tensor reaches an op, nor an identity whose legs can merge without
+repeating a leg on another factor; a leg that only folded constants carry and that is summed
+multiplies the coefficient by its size (Σ_g J[f g] = G)."""
 
 from __future__ import annotations
 
@@ -46,17 +47,35 @@ class ConstantFolding:
 
     def fold_constants(self, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr):
         """Identity constants merge the legs they join; fills, all-ones and constant leaves
-        become a coefficient, times the size of each leg that only they carried and that is summed."""
+        become a coefficient, times the size of each leg that only they carried and that is summed.
+        An identity is kept as a factor where merging its legs would repeat a leg on another
+        factor (δ[n m] P[n m] summed over both is the trace of P, not P[m m] summed twice)."""
+        renamed, folded_out, folded = self._fold_constants(leaves, out, coefficient, fold_identities=True)
+        if any(len(set(leaf.legs)) < len(leaf.legs) for leaf in renamed):
+            return self._fold_constants(leaves, out, coefficient, fold_identities=False)
+        return renamed, folded_out, folded
+
+    def _fold_constants(
+        self, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, fold_identities: bool
+    ):
         parent: dict[str, str] = {}
 
-        def find(leg: str) -> str:
-            while parent.get(leg, leg) != leg:
-                leg = parent[leg]
+        def find(leg: str, links: dict[str, str] = parent) -> str:
+            while links.get(leg, leg) != leg:
+                leg = links[leg]
             return leg
+
+        def is_identity(leaf: _Leaf) -> bool:
+            return (
+                leaf.tensor is not None
+                and leaf.tensor.kind == "const"
+                and leaf.tensor.init is not None
+                and (leaf.tensor.init.name == "identity")
+            )
 
         kept: list[_Leaf] = []
         folded_legs: set[str] = set()
-        for leaf in leaves:
+        for k, leaf in enumerate(leaves):
             if leaf.constant is not None:
                 coefficient *= leaf.constant
                 folded_legs |= set(leaf.legs)
@@ -72,14 +91,19 @@ class ConstantFolding:
                 folded_legs |= set(leaf.legs)
                 continue
             roots = {find(leg) for leg in leaf.legs}
-            if init.name == "identity" and len([r for r in roots if r in out]) <= 1:
-                coefficient *= sympy.sympify(init.param("scale", sympy.Integer(1)))
+            if fold_identities and init.name == "identity" and len([r for r in roots if r in out]) <= 1:
                 anchor = next((r for r in roots if r in out), sorted(roots)[0])
-                for root in roots:
-                    parent[root] = anchor
-                parent.setdefault(anchor, anchor)
-                folded_legs |= set(leaf.legs)
-                continue
+                trial = {**parent, **{root: anchor for root in roots}}
+                others = [*kept, *(other for other in leaves[k + 1 :] if not is_identity(other))]
+                if all(
+                    len({find(leg, trial) for leg in other.legs}) == len(other.legs)
+                    for other in others
+                    if other.constant is None
+                ):
+                    coefficient *= sympy.sympify(init.param("scale", sympy.Integer(1)))
+                    parent.update(trial)
+                    folded_legs |= set(leaf.legs)
+                    continue
             kept.append(leaf)
         renamed = [
             _Leaf(

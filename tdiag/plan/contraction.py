@@ -166,8 +166,8 @@ class ContractionOrder:
             a_operand = self.arrange(a, [*[[leg] for leg in left], summed])
             b_operand = self.arrange(b, [summed, right])
             natural = [*[[leg] for leg in left], right]
-        shape = None
-        if [g for g in natural if g] != [[leg] for leg in legs] or any(not g for g in natural[-1:]):
+        shape = None  # an empty group after the first is a unit axis of the product: reshaped away
+        if [g for g in natural if g] != [[leg] for leg in legs] or any(not g for g in natural[1:]):
             shape = self.shape(legs)
         name = self.names.fresh(var or "t")
         flops = 2 * self.numel(batch + left + summed + right)

@@ -18,7 +18,8 @@ from ..ir import (
     SoftmaxBox,
     TensorRef,
 )
-from .base import _Leaf
+from .base import _Leaf, _value_leaves
+from .chunked import NotPrefixSumError
 from .program import (
     BATCH,
     Ratio,
@@ -40,7 +41,7 @@ class LinearOrder:
 
         def materialized() -> list[_Leaf]:
             value = self.memoized(box, ren, lambda: self.lower_box(box, ren, None))
-            return [*others[:k], _Leaf(value.legs, value=value), *others[k:]]
+            return [*others[:k], *_value_leaves(value), *others[k:]]
 
         normalized = tuple(p for leg in box.normalized for p in ren[leg])
 
@@ -61,14 +62,21 @@ class LinearOrder:
         if len(optional) > 6:
             return refuse("more than six factors to place on the value side")
         best, best_cost = None, self.trial(lambda: self.contract(materialized(), out, sympy.Integer(1), None))
+        not_prefix = None
         for choice in itertools.product((0, 1), repeat=len(optional)):
             values = fixed + [o for o, c in zip(optional, choice, strict=True) if c]
             rest = [o for o in others if o not in values]
-            cost = self.trial(
-                lambda v=values, r=rest: self.contract(self.hoist(box, ren, v, r, out), out, sympy.Integer(1), None)
-            )
+            try:
+                cost = self.trial(
+                    lambda v=values, r=rest: self.contract(self.hoist(box, ren, v, r, out), out, sympy.Integer(1), None)
+                )
+            except NotPrefixSumError as why:
+                not_prefix = str(why)
+                continue
             if cost < best_cost:
                 best, best_cost = (values, rest), cost
+        if best is None and not_prefix is not None:
+            return refuse(f"no causal prefix sum: {not_prefix} of the content or value side")
         if best is None:
             return refuse(f"{self.dearer} the materialized box")
         if self.target is self.steps:

@@ -23,7 +23,7 @@ from ..ir import (
     TensorRef,
     walk,
 )
-from .base import _all_legs, _Leaf, _renamed
+from .base import _all_legs, _constant_along, _Leaf, _renamed, _value_leaves
 from .program import (
     BATCH,
     BATCH_SIZE,
@@ -94,7 +94,7 @@ class RegionLowering:
             leaves.append(_Leaf(batch + tuple(p for leg in e.legs for p in ren[leg]), box=(e, ren)))
             return sympy.Integer(1)
         value = self.lower_nonlinear(e, ren, None)
-        leaves.append(_Leaf(value.legs, value=value))
+        leaves.extend(_value_leaves(value))
         return sympy.Integer(1)
 
     def collect_tensor(self, e: TensorRef, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf]) -> sympy.Expr:
@@ -114,6 +114,7 @@ class RegionLowering:
             return self.collect(statement.expr, inner, leaves)
         value = self.values[e.name]
         leaves.append(_Leaf(self.rename_value_legs(value, statement, axes), value=value))
+        leaves.extend(_constant_along(self.rename_value_legs(value, statement, axes, sorted(value.broadcast))))
         return sympy.Integer(1)
 
     def with_fresh_legs(self, ren: dict[str, tuple[str, ...]], legs: Iterable[str]) -> dict[str, tuple[str, ...]]:
@@ -150,8 +151,13 @@ class RegionLowering:
         return mapping
 
     def rename_value_legs(
-        self, value: Value, statement: Statement, axes: tuple[tuple[str, ...], ...]
+        self,
+        value: Value,
+        statement: Statement,
+        axes: tuple[tuple[str, ...], ...],
+        legs: Iterable[str] | None = None,
     ) -> tuple[str, ...]:
+        """The region legs of a computed tensor's axes (or of `legs` of it) at a use with `axes`."""
         mapping = self.align_definition(statement, axes)
         if mapping is None:
             raise TdiagError(
@@ -164,7 +170,7 @@ class RegionLowering:
         for leg, targets in mapping.items():
             for piece, target in zip(self.expand(leg), targets, strict=True):
                 rename[piece] = target
-        return tuple(rename.get(leg, leg) for leg in value.legs)
+        return tuple(rename.get(leg, leg) for leg in (value.legs if legs is None else legs))
 
     def is_product(self, e: Expr) -> bool:
         """Is `e` a product of stored or already computed tensors (nothing left to lower)?"""

@@ -13,7 +13,7 @@ import sympy
 from ..ir import (
     SoftmaxBox,
 )
-from .base import _Leaf
+from .base import _Leaf, _value_leaves
 from .footprint import footprint
 from .program import (
     BATCH,
@@ -37,7 +37,7 @@ class FusedAttention:
 
         def materialized() -> None:
             value = self.lower_box(box, ren, None)
-            self.contract([*others, _Leaf(value.legs, value=value)], out, sympy.Integer(1), None)
+            self.contract([*others, *_value_leaves(value)], out, sympy.Integer(1), None)
 
         def as_sdpa() -> None:
             self.contract(self.fuse(box, ren, others, fused), out, sympy.Integer(1), None)
@@ -206,7 +206,7 @@ class FusedAttention:
                 f"softmax box over {' '.join(show_legs(keys))} lowered to scaled_dot_product_attention{how}"
             )
         rest = [o for o in others if o not in fused["value"]]
-        return [*rest, _Leaf(value.legs, value=value)]  # type: ignore[union-attr]
+        return [*rest, *_value_leaves(value)]  # type: ignore[arg-type]
 
     def concatenated_sides(self, fused: dict) -> tuple[Value, Value, list[str]]:
         """Σ_i w_i q_i·k_i over contracted legs c_i (one product per term of the scores) as one

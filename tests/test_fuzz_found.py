@@ -1,0 +1,184 @@
+"""Designs the offline fuzzer (scripts/fuzz.py) found crashing or computing a wrong value, kept as
+specifications: each one compiles and equals both the reference evaluation and a value computed
+here by hand in float64, forward and backward; or check refuses it with a positioned error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tdiag
+
+IMPLS = ["compiled", "reference"]
+
+
+def module(text: str, impl: str, **sizes: int) -> torch.nn.Module:
+    return tdiag.loads(text).module(sizes, impl=impl, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_an_identity_between_a_sum_and_itself_sums_the_diagonal_of_the_sum(impl):
+    # δ[n m] (X - T0[m n]) δ[n m] over m is the sum's diagonal; merging m into n twice gave a leaf
+    # with a repeated leg, summed as a permute of the wrong length
+    text = (
+        "design identity_and_sum\nsize N = 3, F = 2\ninput X[f: F]\nconst W[n: N, m: N] = identity\n"
+        "T0[m n] = relu(W[n m]) ^ 3\nT[n] = W[n m] (X[f] - T0[m n]) W[n m]\noutput T\n"
+    )
+    x = torch.randn(2, 2, dtype=torch.float64, requires_grad=True)
+    y = module(text, impl)(x)
+    torch.testing.assert_close(y, (x.sum(-1) - 1)[:, None].expand(2, 3), rtol=0, atol=1e-12)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((2, 2), 3.0, dtype=torch.float64), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_an_identity_times_a_mask_summed_over_both_legs_inside_a_map_is_the_trace(impl):
+    # silu(Σ_nm P[n m] δ[n m]) is silu of P's trace; folding δ renamed m to n and summed P[m m] twice
+    text = (
+        "design identity_in_map\nsize N = 3, F = 2\ninput X[n: N, f: F]\nmask P[n: N, m: N]\n"
+        "const W[n: N, m: N] = identity\nT[f] = silu(P[n m] W[n m]) - X[n f]\noutput T\n"
+    )
+    x = torch.randn(2, 3, 2, dtype=torch.float64, requires_grad=True)
+    p = torch.tensor([[True, False, True], [True, False, False], [False, True, True]])  # trace 2
+    y = module(text, impl)(x, P=p)
+    torch.testing.assert_close(
+        y, torch.nn.functional.silu(torch.tensor(2.0, dtype=torch.float64)) - x.sum(-2), rtol=0, atol=1e-12
+    )
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, -torch.ones_like(x), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_batched_matmul_whose_left_side_keeps_only_the_batch_leg_has_the_result_legs_shape(impl):
+    # A[n m] W[n g m] over m is a matmul batched over n with no left leg: its unit axis broadcast
+    # a quotient to [n n g]
+    text = (
+        "design batch_only_left\nsize N = 3, G = 2\ninput X[n: N, g: G]\nparam A[n: N, m: N]\n"
+        "param W[n: N, g: G, m: N]\nT[n g] = X[n g] / (A[n m] W[n g m])\noutput T\n"
+    )
+    model = module(text, impl)
+    x = torch.randn(2, 3, 2, dtype=torch.float64, requires_grad=True)
+    y = model(x)
+    denominator = torch.einsum("nm,ngm->ng", model.A, model.W)
+    torch.testing.assert_close(y, x / denominator, rtol=1e-12, atol=1e-12)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, (1 / denominator).expand(2, 3, 2), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_quotient_constant_along_a_summed_leg_is_multiplied_by_its_size(impl):
+    # W[n g] / (1 + exp(...W[n g]...)) with W all ones varies only with X: summing it over g is G
+    # times the value, a factor lost when the leg was only a broadcast leg of the quotient
+    text = (
+        "design constant_along_g\nsize N = 2, F = 3, G = 2\ninput X[f: F]\nconst W[n: N, g: G] = ones\n"
+        "T[n] = W[n g] / (1 + exp(clamp(X[f] / (1 + exp(clamp(W[n g], -3, 3))), -3, 3)))\noutput T\n"
+    )
+    x = torch.tensor([[0.1, 0.2, 0.3], [4.0, 5.0, 6.0]], dtype=torch.float64, requires_grad=True)
+    y = module(text, impl)(x)
+    inner = (x.sum(-1) / (1 + torch.e)).clamp(-3, 3)
+    expected = 2 / (1 + torch.exp(inner))
+    torch.testing.assert_close(y, expected[:, None].expand(2, 2), rtol=1e-12, atol=1e-12)
+    y.sum().backward()  # the second row is clamped: no gradient
+    slope = -2 * 2 * torch.sigmoid(inner[0]) * torch.sigmoid(-inner[0]) / (1 + torch.e)
+    torch.testing.assert_close(x.grad, torch.stack([slope.expand(3), torch.zeros(3)]).detach(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_computed_tensor_constant_along_a_leg_that_a_later_statement_sums_is_multiplied_by_its_size(impl):
+    text = (
+        "design summed_later\nsize N = 2, F = 3, G = 2\ninput X[f: F]\nconst W[n: N, g: G] = ones\n"
+        "T0[n g] = X[f] / (1 + exp(W[n g]))\nT[n] = T0[n g]\noutput T\n"
+    )
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    y = module(text, impl)(x)
+    torch.testing.assert_close(y, (2 * x.sum(-1) / (1 + torch.e))[:, None].expand(2, 2), rtol=1e-12, atol=1e-12)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((2, 3), 4 / (1 + torch.e), dtype=torch.float64), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("objective", ["flops", "time"])
+def test_a_causal_normalize_whose_content_carries_query_and_key_on_one_factor_is_materialized_with_a_note(
+    objective,
+):
+    # Σ_{m ≤ n} of exp(A[n m]) X[m f] is no prefix sum: A has both legs; the chunked rewrite asserted
+    text = (
+        "design causal_one_factor\nsize N = 3, F = 2\ninput X[n: N, f: F]\nparam A[n: N, m: N]\n"
+        "T[n f] = normalize[m, mask = causal(n, m)](exp(A[n m])) X[m f]\noutput T\n"
+    )
+    model = tdiag.loads(text).module(dtype=torch.float64, objective=objective)
+    x = torch.randn(2, 3, 2, dtype=torch.float64, requires_grad=True)
+    y = model(x)
+    weights = torch.exp(model.A).tril()
+    weights = weights / weights.sum(-1, keepdim=True)
+    torch.testing.assert_close(y, weights @ x, rtol=1e-12, atol=1e-12)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, weights.sum(0)[:, None].expand(2, 3, 2), rtol=1e-12, atol=1e-12)
+    assert any("no causal prefix sum: n and m are legs of one factor" in why for why in model.tdiag_plan.refused)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_box_whose_content_is_constant_along_a_masked_leg_masks_each_entry(impl):
+    # a constant content is one number broadcast over n and m: the causal mask needs m as an axis
+    text = (
+        "design box_constant_along_mask\nsize N = 3, F = 2\ninput X[n: N, f: F]\nconst C[n: N, m: N] = fill(0.5)\n"
+        "T[m f] = softmax[n, mask = causal(m, n)](C[n m]) X[n f]\noutput T\n"
+    )
+    x = torch.randn(2, 3, 2, dtype=torch.float64, requires_grad=True)
+    y = module(text, impl)(x)
+    running_mean = x.cumsum(-2) / torch.arange(1, 4, dtype=torch.float64)[:, None]
+    torch.testing.assert_close(y, running_mean, rtol=1e-12, atol=1e-12)
+    y.sum().backward()
+    weight = (1 / torch.arange(1, 4, dtype=torch.float64)).flip(0).cumsum(0).flip(0)  # Σ_{m ≥ n} 1/(m+1)
+    torch.testing.assert_close(x.grad, weight[:, None].expand(2, 3, 2), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("batched_mask", [True, False])
+def test_a_box_over_parameters_only_with_a_mask_input_is_masked_per_sequence(impl, batched_mask):
+    # W does not vary with the sequence, the mask P does: the masked content carries the batch
+    text = (
+        "design box_unbatched_padding\nsize N = 3, F = 2\ninput X[n: N, f: F]\nmask P[n: N, m: N]\n"
+        "param W[n: N, m: N]\nT[m f] = softmax[n, mask = P[n m]](W[n m]) X[n f]\noutput T\n"
+    )
+    model = module(text, impl)
+    x = torch.randn(2, 3, 2, dtype=torch.float64, requires_grad=True)
+    p = torch.rand(2, 3, 3, generator=torch.Generator().manual_seed(0)) < 0.6
+    p[:, 0, :] = True  # every column m attends somewhere
+    p = p if batched_mask else p[0]
+    y = model(x, P=p)
+    scores = model.W.masked_fill(~p, float("-inf"))
+    weights = scores.softmax(-2)  # over n, for each m
+    torch.testing.assert_close(y, weights.transpose(-1, -2) @ x, rtol=1e-12, atol=1e-12)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, weights.sum(-1)[..., None].expand(2, 3, 2), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_box_constant_along_a_leg_that_its_region_sums_is_multiplied_by_its_size(impl):
+    # softmax[h](0.5 X[f]) is 1/H everywhere, and constant along g: Σ_h Σ_g of it is G
+    text = (
+        "design box_constant_along_g\nsize F = 3, G = 2, H = 4\ninput X[f: F]\n"
+        "const W[g: G, h: H, f: F] = fill(0.5)\nA[f h g] = softmax[h](W[g h f] X[f])\n"
+        "T[f] = A[f h g] + X[f]\noutput T\n"
+    )
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    y = module(text, impl)(x)
+    torch.testing.assert_close(y, x + 2, rtol=1e-12, atol=1e-12)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones_like(x), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_an_output_that_reads_the_input_keeps_its_batch_dims_where_the_plan_finds_it_constant(impl):
+    # softmax over n of X[m f] - C[n] is 1/N whatever X is (a shift along n): the compiled plan
+    # drops X, but the output still has one entry per sequence, and its gradient is zero
+    text = (
+        "design shifted_away\nsize N = 3, F = 2\ninput X[m: N, f: F]\nconst C[n: N] = fill(0.5)\n"
+        "T[n m f] = softmax[n](X[m f] - C[n]) + 2\noutput T\n"
+    )
+    x = torch.randn(4, 3, 2, dtype=torch.float64, requires_grad=True)
+    y = module(text, impl)(x)
+    torch.testing.assert_close(y, torch.full((4, 3, 3, 2), 1 / 3 + 2, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    if y.requires_grad:
+        (gradient,) = torch.autograd.grad(y.sum(), x)
+        torch.testing.assert_close(gradient, torch.zeros_like(x), rtol=0, atol=1e-12)
