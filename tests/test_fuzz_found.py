@@ -182,3 +182,19 @@ def test_an_output_that_reads_the_input_keeps_its_batch_dims_where_the_plan_find
     if y.requires_grad:
         (gradient,) = torch.autograd.grad(y.sum(), x)
         torch.testing.assert_close(gradient, torch.zeros_like(x), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_term_a_softmax_drops_keeps_its_legs_on_the_box(impl):
+    # causal(n, m) I[n m] is constant along f, so softmax over f drops it; its leg n stays a leg of the result
+    text = (
+        "design dropped_term\nsize N = 3, F = 2\ninput X[m: N, f: F]\nconst I[n: N, m: N] = identity\n"
+        "T[f m n] = softmax[f](X[m f] - causal(n, m) I[n m])\noutput T\n"
+    )
+    x = torch.randn(2, 3, 2, dtype=torch.float64, requires_grad=True)
+    y = module(text, impl)(x)
+    expected = x.softmax(-1).transpose(-1, -2)[..., None].expand(2, 2, 3, 3)
+    torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)
+    (y * torch.arange(36, dtype=torch.float64).reshape(2, 2, 3, 3)).sum().backward()
+    (gradient,) = torch.autograd.grad((expected * torch.arange(36.0).reshape(2, 2, 3, 3)).sum(), x)
+    torch.testing.assert_close(x.grad, gradient, rtol=1e-12, atol=1e-12)

@@ -137,8 +137,11 @@ class ElementwiseLowering:
         the smallest operand of each contraction), so that MGK's log π − ‖q − k‖²/(2√D) is one
         pass over the logits, log π and the key norm meeting first, not three."""
         terms = self.varying(e.terms, e.signs, ren)
+        out = tuple(p for leg in e.legs for p in ren[leg])
         if len(terms) == 1 and terms[0][1] > 0:
-            return self.lower(terms[0][0], ren, var)
+            value = self.lower(terms[0][0], ren, var)
+            dropped = frozenset(out) - set(value.legs) - value.broadcast  # legs only a dropped term had
+            return Value(value.var, value.legs, value.broadcast | dropped) if dropped else value
         parts: list[tuple[int, Value]] = []
         flattened: list[Expr] = []
         for term, sign in terms:
@@ -148,7 +151,6 @@ class ElementwiseLowering:
                 flattened.append(inner)
             else:
                 parts.append((sign, self.as_missing_legs(self.lower(term, ren))))
-        out = tuple(p for leg in e.legs for p in ren[leg])
         kind = "sqdist" if any(isinstance(f, SquaredDistance) for f in flattened) else "sum"
         value = self.combine(kind, parts, out, var)
         if flattened:  # the papers count a sum node's additions at its result's size (App. B)
