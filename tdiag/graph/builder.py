@@ -1,26 +1,23 @@
-"""Syntax -> DesignGraph. Resolves every name, binds every leg to one size symbol, applies the
-diagram rule for legs (a leg that does not cross a box, map or sum boundary is summed inside it;
-Tuformer App. A) and records the result as a networkx graph of tensors and operations. Every
-mistake becomes a Diagnostic; all of them are collected before anything is raised."""
+"""The builder: syntax items (after `extends` merging) -> DesignGraph. Checks names, declares sizes
+and tensors, orders statements by what they use, builds each one's expression, binds every leg to
+one size and declares the outputs; every mistake becomes a Diagnostic and all of them are collected
+before TdiagError is raised. _ExprBuilder builds the right-hand side of one statement, applying the
+diagram rule for legs at every boundary."""
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import operator
-import os
-from collections.abc import Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Collection, Mapping
 
 import networkx as nx
 import sympy
 
-from . import parse as syn
-from .errors import Diagnostic, Span, TdiagError, a_or_an, did_you_mean, one_of
-from .errors import hint as join_hint
-from .ir import (
+from .. import parse as syn
+from ..errors import Diagnostic, Span, TdiagError, a_or_an, did_you_mean, one_of
+from ..errors import hint as join_hint
+from ..ir import (
     Axis,
     CausalFactor,
     CausalMask,
@@ -46,363 +43,45 @@ from .ir import (
     TensorRef,
     walk,
 )
-from .names import reserved_because
-from .resources import design_file
-
-BOXES = ("softmax", "normalize")
-# elementwise maps: name -> number of arguments after the tensor
-MAPS = {
-    **dict.fromkeys(
-        ("exp", "log", "relu", "elu1", "sigmoid", "tanh", "softplus", "silu", "gelu", "sin", "cos", "sqrt", "abs"), 0
-    ),
-    "clamp": 2,
-}
-REDUCTIONS = ("max", "logsumexp", "mean")
-PAIRINGS = ("sqdist",)
-SCALAR_FUNCTIONS = ("sqrt", "exp", "log")  # of numbers and sizes: a scalar, not a map
-MASK_FACTORS = ("causal",)
-POSITION_FUNCTIONS = ("index",)
-FUNCTIONS = tuple(
-    dict.fromkeys((*BOXES, *MAPS, *REDUCTIONS, *PAIRINGS, *SCALAR_FUNCTIONS, *MASK_FACTORS, *POSITION_FUNCTIONS))
+from ..names import reserved_because
+from .dataflow import _dataflow_graph
+from .merge import _item_name, _item_name_span, _what
+from .model import LIMITS, DesignGraph
+from .sizes import SizeTable, _number, _same_size, expand_sizes, size_symbol, size_values
+from .syntax import (
+    _available,
+    _call_as_product,
+    _call_parts,
+    _cycles,
+    _flatten_sum,
+    _group_name,
+    _is_scalar_syntax,
+    _leg_names,
+    _ordered_union,
+    _place,
+    _place_line,
+    _position_bounds,
+    _product_op,
+    _statement_targets,
+    _syntax_nodes,
+    _tensor_names,
 )
-BOX_OPTIONS = {"softmax": ("mask", "scale"), "normalize": ("eps", "mask")}
-INITIALIZERS = {
-    "param": ("fill", "identity", "normal", "ones", "uniform", "values", "zeros"),
-    "const": ("fill", "identity", "ones", "values", "zeros"),
-    "buffer": ("fill", "ones", "zeros"),
-    "random": ("normal",),
-}
-INIT_PARAMS = {
-    "normal": ("mean", "std"),
-    "uniform": ("low", "high"),
-    "fill": ("value",),
-    "identity": ("scale",),
-    "ones": (),
-    "zeros": (),
-    "values": (),  # any number of entries, row-major
-}
-RANDOM_MODES = ("always", "never", "train")
-
-
-@dataclass
-class Limits:
-    """What check refuses before anything is built. Change them on `tdiag.LIMITS`, or with the
-    environment variables TDIAG_MAX_SIZE and TDIAG_MAX_BYTES."""
-
-    max_size: int = int(os.environ.get("TDIAG_MAX_SIZE", 2**31 - 1))  # one size (a tensor dimension)
-    max_bytes: int = int(os.environ.get("TDIAG_MAX_BYTES", 0)) or None  # type: ignore[assignment]  # stored tensors
-    max_literal: float = 1e15  # a number written in a .td file, and every scale, eps or coefficient
-
-    def bytes_limit(self) -> int:
-        """max_bytes, or this machine's physical memory."""
-        if self.max_bytes:
-            return self.max_bytes
-        try:
-            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return 2**40
-
-
-LIMITS = Limits()
-POISON_NAME = ""  # the name of a stand-in for an expression that had an error
-POISON_SIZE = sympy.Symbol("_invalid_", positive=True)  # the size of a leg bound by a mistake
-
-
-# ---- the design graph ----------------------------------------------------------------------
-
-
-@dataclass
-class DesignGraph:
-    """One design: sizes, legs, tensors, statements, boxes, and `graph`, a networkx MultiDiGraph
-    whose nodes are tensors and operations and whose edges carry the legs that flow along them."""
-
-    name: str
-    file: str
-    base: str | None
-    sizes: dict[str, Size]
-    legs: dict[str, Leg]
-    tensors: dict[str, Tensor]
-    statements: list[Statement]
-    updates: list[Statement]
-    outputs: list[str]
-    graph: nx.MultiDiGraph
-    warnings: list[Diagnostic] = field(default_factory=list)
-    _size_values: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
-    _forward: nx.MultiDiGraph | None = field(default=None, init=False, repr=False, compare=False)
-
-    # sizes
-    def expand(self, expr: sympy.Expr) -> sympy.Expr:
-        """Substitute derived sizes (D = F / H) until only base sizes remain."""
-        return expand_sizes(expr, self.sizes)
-
-    def size_values(self) -> dict[str, int]:
-        """Numbers for every size that does not depend on a run-time size (computed once)."""
-        if self._size_values is None:
-            self._size_values = size_values(self.sizes)
-        return dict(self._size_values)
-
-    def evaluate(self, expr: sympy.Expr, /, **at: int) -> sympy.Expr:
-        """`expr` at the design's sizes and `at` (any size name, even `self` or `expr`)."""
-        return self.evaluate_at(expr, at)
-
-    def evaluate_at(self, expr: sympy.Expr, at: Mapping[str, int]) -> sympy.Expr:
-        values = self.size_values() | dict(at)
-        subs = {self.sizes[k].symbol: sympy.sympify(v) for k, v in values.items() if k in self.sizes}
-        value = self.expand(sympy.sympify(expr)).xreplace(subs)
-        return sympy.nsimplify(value) if value.has(sympy.Float) else value
-
-    # tensors
-    def tensors_of_kind(self, *kinds: str) -> list[Tensor]:
-        return [t for t in self.tensors.values() if t.kind in kinds]
-
-    @property
-    def parameters(self) -> list[Tensor]:
-        return self.tensors_of_kind("param")
-
-    @property
-    def inputs(self) -> list[Tensor]:
-        return self.tensors_of_kind("input")
-
-    def parameter_count(self) -> sympy.Expr:
-        """Σ over trainable tensors of the product of their leg sizes (Tuformer A.3(2))."""
-        return sympy.factor(sympy.Add(*(t.numel for t in self.parameters)))
-
-    def statement_of(self, tensor: str) -> Statement | None:
-        t = self.tensors.get(tensor)
-        return t.statement if t else None
-
-    def boxes(self) -> list[tuple[Statement, SoftmaxBox]]:
-        """Every softmax or normalize box, with the statement it sits in, in file order."""
-        found = []
-        for statement in [*self.statements, *self.updates]:
-            found += [(statement, n) for n in walk(statement.expr) if isinstance(n, SoftmaxBox)]
-        return found
-
-    def depends_on(self, *tensors: str) -> set[str]:
-        """Names of all tensors that any of `tensors` is computed from (one walk for all of them)."""
-        forward = self.forward_graph()
-        seen = set().union(*(nx.ancestors(forward, t) for t in tensors if t in forward))
-        return {n for n in seen if n in self.tensors}
-
-    def forward_graph(self) -> nx.MultiDiGraph:
-        """The graph without update edges: the forward pass's dataflow (acyclic); built once."""
-        if self._forward is None:
-            edges = [(u, v, k) for u, v, k, d in self.graph.edges(keys=True, data=True) if d.get("update")]
-            view = self.graph.copy()
-            view.remove_edges_from(edges)
-            self._forward = view
-        return self._forward
-
-
-# ---- sizes ---------------------------------------------------------------------------------
-
-
-def size_symbol(name: str) -> sympy.Symbol:
-    return sympy.Symbol(name, positive=True)
-
-
-class SizeTable(dict[str, Size]):
-    """Sizes by name that remember, until one is set again, the order in which they depend on
-    each other and each derived size in base sizes only: expanding or evaluating a size is then
-    one substitution, and a file of 10,000 sizes checks in linear time."""
-
-    _order: list[str] | None = None
-    _expansion: dict[sympy.Symbol, sympy.Expr] | None = None
-
-    def __setitem__(self, name: str, size: Size) -> None:
-        self._order = self._expansion = None
-        super().__setitem__(name, size)
-
-    def order(self) -> list[str]:
-        """Names, each after the sizes its definition uses (Kahn's algorithm; sizes in a cycle,
-        which graph.py reports, are left out)."""
-        if self._order is None:
-            users: dict[str, list[str]] = {name: [] for name in self}
-            waiting = {}
-            for name, size in self.items():
-                used = (
-                    {str(s) for s in size.definition.free_symbols} & self.keys()
-                    if size.definition is not None
-                    else set()
-                )
-                waiting[name] = len(used)
-                for other in used:
-                    users[other].append(name)
-            ready = [name for name, count in waiting.items() if count == 0]
-            order = []
-            while ready:
-                name = ready.pop()
-                order.append(name)
-                for user in users[name]:
-                    waiting[user] -= 1
-                    if waiting[user] == 0:
-                        ready.append(user)
-            self._order = order
-        return self._order
-
-    def expansion(self) -> dict[sympy.Symbol, sympy.Expr]:
-        """Each size defined by other sizes -> its definition in sizes with no such definition."""
-        if self._expansion is None:
-            expansion: dict[sympy.Symbol, sympy.Expr] = {}
-            for name in self.order():
-                definition = self[name].definition
-                if definition is not None and definition.free_symbols:
-                    expansion[self[name].symbol] = definition.xreplace(expansion)
-            self._expansion = expansion
-        return self._expansion
-
-
-def _table(sizes: Mapping[str, Size]) -> SizeTable:
-    return sizes if isinstance(sizes, SizeTable) else SizeTable(sizes)
-
-
-def expand_sizes(expr: sympy.Expr, sizes: Mapping[str, Size]) -> sympy.Expr:
-    """Substitute derived sizes (D = F / H) until only base sizes remain."""
-    return sympy.sympify(expr).xreplace(_table(sizes).expansion())
-
-
-def size_values(sizes: Mapping[str, Size]) -> dict[str, int]:
-    """Numbers for every size that does not depend on a run-time size, in one pass in dependency order."""
-    table = _table(sizes)
-    numbers: dict[sympy.Symbol, sympy.Expr] = {}
-    values: dict[str, int] = {}
-    for name in table.order():
-        definition = table[name].definition
-        if definition is None:
-            continue
-        value = definition.xreplace(numbers)
-        if value.has(sympy.Float):
-            value = sympy.nsimplify(value)
-        if value.is_number:
-            numbers[table[name].symbol] = value
-            values[name] = value  # type: ignore[assignment]
-    return {name: values[name] for name in table if name in values}
-
-
-# ---- merging a derived design into its base ------------------------------------------------
-
-
-def _item_name(item: syn.Item) -> str | None:
-    if isinstance(item, syn.SizeDef | syn.Declaration):
-        return item.name
-    if isinstance(item, syn.Statement):
-        return item.target.name
-    return None
-
-
-def _what(item: syn.Item) -> str:
-    if isinstance(item, syn.Declaration):
-        return f"declared as {item.kind}"
-    if isinstance(item, syn.SizeDef):
-        return "as a size"
-    return "computed by a statement"
-
-
-def _item_name_span(item: syn.Item) -> Span:
-    if isinstance(item, syn.SizeDef) and item.name_span is not None:
-        return item.name_span
-    if isinstance(item, syn.Declaration):
-        return item.name_span
-    if isinstance(item, syn.Statement):
-        return item.target.name_span
-    return item.span
-
-
-def load_items(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
-    """Parse `path` and, when it `extends` a base design, merge it into the base's items. The
-    chain of bases is followed in a loop, not by recursion, so its length has no limit. A bundled
-    design may be named instead of a path (`fish`)."""
-    path = str(design_file(path))
-    chain: list[tuple[syn.DesignDecl, list[syn.Item]]] = []
-    seen = {Path(path).resolve()}
-    current = path
-    while True:
-        head, body = _design_file(current)
-        chain.append((head, body))
-        if head.base is None:
-            break
-        base_path = str(Path(current).parent / f"{head.base}.td")
-        if Path(base_path).resolve() in seen:
-            raise TdiagError(
-                Diagnostic(f"design '{head.name}' extends itself through '{head.base}'", (head.base_span,))
-            )
-        if not Path(base_path).exists():
-            siblings = [p.stem for p in Path(current).parent.glob("*.td")]
-            raise TdiagError(
-                Diagnostic(
-                    f"no base design '{head.base}' (looked for {base_path})",
-                    (head.base_span,),
-                    did_you_mean(head.base, siblings),
-                )
-            )
-        seen.add(Path(base_path).resolve())
-        current = base_path
-    items = chain[-1][1]
-    for _, body in reversed(chain[:-1]):
-        items = _merge(items, body)
-    return chain[0][0], items
-
-
-def _design_file(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
-    """One file's `design` line and its other items."""
-    source = syn.parse_file(path)
-    items = list(source.items)
-    if not items or not isinstance(items[0], syn.DesignDecl):
-        span = items[0].span if items else Span(path, 1, 1, 1, 2)
-        span = Span(span.file, span.line, 1, span.line, 2)
-        raise TdiagError(
-            Diagnostic("a design file starts with 'design NAME'", (span,), "add a first line: design my_attention")
-        )
-    head = items[0]
-    extra = [i for i in items[1:] if isinstance(i, syn.DesignDecl)]
-    if extra:
-        raise TdiagError(Diagnostic("a file holds one design; 'design' appears again", (extra[0].span,), None))
-    body = items[1:]
-    if head.base is None:
-        stray = [i for i in body if getattr(i, "replace", False)]
-        if stray:
-            raise TdiagError(
-                [
-                    Diagnostic(
-                        f"'replace {_item_name(i)}' needs a base design",
-                        (i.span,),
-                        f"write 'design {head.name} extends BASE' to derive from BASE.td",
-                    )
-                    for i in stray
-                ]
-            )
-    return head, body
-
-
-def _merge(base: list[syn.Item], derived: list[syn.Item]) -> list[syn.Item]:
-    items = list(base)
-    position = {_item_name(i): k for k, i in enumerate(items) if _item_name(i)}
-    problems: list[Diagnostic] = []
-    for item in derived:
-        name = _item_name(item)
-        if getattr(item, "replace", False):
-            if name not in position:
-                problems.append(
-                    Diagnostic(
-                        f"nothing named '{name}' in the base design to replace",
-                        (_item_name_span(item),),
-                        did_you_mean(name or "", [n for n in position if n]),
-                    )
-                )
-                continue
-            items[position[name]] = item
-        else:
-            if isinstance(item, syn.Output):
-                items = [i for i in items if not isinstance(i, syn.Output)]
-            items.append(item)
-            if name and name not in position:
-                position[name] = len(items) - 1
-    if problems:
-        raise TdiagError(problems)
-    return items
-
-
-# ---- the builder ---------------------------------------------------------------------------
+from .vocabulary import (
+    BOX_OPTIONS,
+    BOXES,
+    FUNCTIONS,
+    INIT_PARAMS,
+    INITIALIZERS,
+    MAPS,
+    MASK_FACTORS,
+    PAIRINGS,
+    POISON_NAME,
+    POISON_SIZE,
+    POSITION_FUNCTIONS,
+    RANDOM_MODES,
+    REDUCTIONS,
+    SCALAR_FUNCTIONS,
+)
 
 
 class _Builder:
@@ -899,6 +578,16 @@ class _Builder:
             self.error(f"unknown size '{e.name}'", e.span, hint=did_you_mean(e.name, known))
 
 
+def _is_constant(expr: Expr, tensors: Mapping[str, Tensor]) -> bool:
+    refs = [n for n in walk(expr) if isinstance(n, TensorRef)]
+    return all(tensors[r.name].is_constant for r in refs if r.name in tensors)
+
+
+def build_graph(head: syn.DesignDecl, items: list[syn.Item], overrides: Mapping[str, int] | None = None) -> DesignGraph:
+    """Syntax items (after `extends` merging) -> DesignGraph, or TdiagError with every mistake."""
+    return _Builder(head, items, overrides or {}).build()
+
+
 # ---- expressions ---------------------------------------------------------------------------
 
 
@@ -1055,6 +744,124 @@ class _ExprBuilder:
         sliced = tuple(slices) if any(k is not None for k in slices) else ()
         return TensorRef(legs, e.span, e.name, groups, sliced)
 
+    def _unknown_tensor(self, e: syn.Indexed) -> Expr:
+        if e.name in self.b.sizes:
+            self.b.error(f"'{e.name}' is a size, not a tensor", e.name_span)
+        else:
+            defined = [*self.b.tensors, *_statement_targets(self.b.items)]
+            if e.name in defined:
+                return self.poison(e)  # its own statement failed; already reported
+            self.b.error(f"unknown tensor '{e.name}'", e.name_span, hint=did_you_mean(e.name, defined))
+        return self.poison(e)
+
+    def _check_repeated_legs(self, e: syn.Indexed) -> None:
+        seen: dict[str, Span] = {}
+        for item in e.legs:
+            for leg in item.legs if isinstance(item, syn.LegGroup) else (item,):
+                if leg.name in seen:
+                    self.b.error(
+                        f"leg '{leg.name}' names two axes of {e.name}",
+                        leg.span,
+                        seen[leg.name],
+                        hint="each axis of a tensor needs its own leg; a diagonal is not supported",
+                    )
+                seen[leg.name] = leg.span
+
+    def _bind_group(self, group: syn.LegGroup, axis: Axis, name: str, where: str) -> None:
+        """A reshape `(h d)`: the axis size must equal the product of the legs' sizes."""
+        unknown = [leg for leg in group.legs if leg.name not in self.b.legs]
+        known = sympy.Mul(*(self.b.legs[leg.name].size for leg in group.legs if leg.name in self.b.legs))
+        pieces = " ".join(leg.name for leg in group.legs)
+        if len(unknown) > 1:
+            self.b.error(
+                f"cannot split axis {axis.leg} of {name} ({axis.size}) into ({pieces}): "
+                f"legs {', '.join(leg.name for leg in unknown)} have no size yet",
+                group.span,
+                hint="declare a tensor that uses these legs, so their sizes are known",
+            )
+            return
+        if unknown:
+            inferred = sympy.simplify(
+                self.b.sizes and expand_sizes(axis.size, self.b.sizes) / expand_sizes(known, self.b.sizes)
+            )
+            self.b._bind(unknown[0].name, inferred, unknown[0].span, where)
+            return
+        if not _same_size(known, axis.size, self.b.sizes):
+            self.b.error(
+                f"reshape mismatch: axis {axis.leg} of {name} has size {axis.size} "
+                f"but ({' '.join(leg.name for leg in group.legs)}) has size {_product_text(group, self.b.legs)}",
+                group.span,
+                hint="the legs of a reshape must multiply to the axis size",
+            )
+
+    # -- products, sums, quotients --
+    def product(self, e: syn.Expr, keep: set[str]) -> Expr:
+        coefficient, factors = self._flatten_product(e)
+        if not factors:
+            return Scalar((), e.span, coefficient)
+        available = [_available(f, self.b.tensors) for f in factors]
+        nodes = []
+        for i, f in enumerate(factors):
+            outside = set().union(*(a for j, a in enumerate(available) if j != i))
+            nodes.append(self.build(f, keep | outside))
+        every = _ordered_union(n.legs for n in nodes)
+        kept = tuple(leg for leg in every if leg in keep)
+        summed = tuple(leg for leg in every if leg not in keep)
+        batch = tuple(leg for leg in kept if sum(leg in n.legs for n in nodes) > 1)
+        if len(nodes) == 1 and coefficient == 1 and not summed:
+            return nodes[0]
+        return Contraction(kept, e.span, tuple(nodes), coefficient, summed, batch)
+
+    def _flatten_product(self, e: syn.Expr) -> tuple[sympy.Expr, list[syn.Expr]]:
+        e = _call_as_product(e, self.b.tensors)
+        if _is_scalar_syntax(e, self.b.tensors):
+            return self.b._scalar(e), []
+        if isinstance(e, syn.Neg):
+            c, fs = self._flatten_product(e.operand)
+            return -c, fs
+        if isinstance(e, syn.BinOp) and e.op in ("juxt", "*"):
+            c1, f1 = self._flatten_product(e.left)
+            c2, f2 = self._flatten_product(e.right)
+            return c1 * c2, f1 + f2
+        if isinstance(e, syn.BinOp) and e.op == "/" and _is_scalar_syntax(e.right, self.b.tensors):
+            c, fs = self._flatten_product(e.left)
+            divisor = self.b._scalar(e.right)
+            if divisor == 0:
+                self.b.error("division by zero", e.right.span)
+                return c, fs
+            return c / divisor, fs
+        return sympy.Integer(1), [e]
+
+    def _elementwise(self, operands: list[syn.Expr], keep: set[str]) -> list[Expr]:
+        """Operands of an elementwise node: legs shared between operands survive into the node."""
+        available = [_available(o, self.b.tensors) for o in operands]
+        shared = {
+            leg
+            for i, a in enumerate(available)
+            for leg in a
+            if any(leg in b for j, b in enumerate(available) if j != i)
+        }
+        return [self.inside(o, keep | shared) for o in operands]
+
+    def sum(self, e: syn.BinOp, keep: set[str]) -> Expr:
+        """A leg that leaves no term is summed within each term: Σ_k (A + B) = Σ_k A + Σ_k B."""
+        terms, signs = _flatten_sum(e)
+        nodes = [self.inside(t, keep) for t in terms]
+        node = SumNode(_ordered_union(n.legs for n in nodes), e.span, tuple(nodes), tuple(signs))
+        return self.restrict(node, keep, e.span)
+
+    def quotient(self, e: syn.BinOp, keep: set[str]) -> Expr:
+        numerator, denominator = self._elementwise([e.left, e.right], keep)
+        node = Quotient(_ordered_union([numerator.legs, denominator.legs]), e.span, numerator, denominator)
+        return self.restrict(node, keep, e.span)
+
+    def power(self, e: syn.BinOp, keep: set[str]) -> Expr:
+        if not _is_scalar_syntax(e.right, self.b.tensors):
+            self.b.error("an exponent is a number or size, not a tensor", e.right.span)
+            return self.poison(e)
+        base = self.inside(e.left, keep)
+        return ElementwiseMap(base.legs, e.span, "pow", base, (self.b._scalar(e.right),))
+
     def _slice(self, item: syn.SlicedLeg, axis: Axis, tensor: Tensor) -> sympy.Expr | None:
         """`P[n: N, f]`: leg n reads the first N entries of P's axis (a table over a maximum
         length read at the run-time length); a longer slice than a known axis is an error, one
@@ -1208,123 +1015,29 @@ class _ExprBuilder:
                 hint="clamp it into the table, e.g. clamp(m - n, -K, K) + K for a table of 2K + 1 entries",
             )
 
-    def _unknown_tensor(self, e: syn.Indexed) -> Expr:
-        if e.name in self.b.sizes:
-            self.b.error(f"'{e.name}' is a size, not a tensor", e.name_span)
-        else:
-            defined = [*self.b.tensors, *_statement_targets(self.b.items)]
-            if e.name in defined:
-                return self.poison(e)  # its own statement failed; already reported
-            self.b.error(f"unknown tensor '{e.name}'", e.name_span, hint=did_you_mean(e.name, defined))
-        return self.poison(e)
-
-    def _check_repeated_legs(self, e: syn.Indexed) -> None:
-        seen: dict[str, Span] = {}
-        for item in e.legs:
-            for leg in item.legs if isinstance(item, syn.LegGroup) else (item,):
-                if leg.name in seen:
-                    self.b.error(
-                        f"leg '{leg.name}' names two axes of {e.name}",
-                        leg.span,
-                        seen[leg.name],
-                        hint="each axis of a tensor needs its own leg; a diagonal is not supported",
-                    )
-                seen[leg.name] = leg.span
-
-    def _bind_group(self, group: syn.LegGroup, axis: Axis, name: str, where: str) -> None:
-        """A reshape `(h d)`: the axis size must equal the product of the legs' sizes."""
-        unknown = [leg for leg in group.legs if leg.name not in self.b.legs]
-        known = sympy.Mul(*(self.b.legs[leg.name].size for leg in group.legs if leg.name in self.b.legs))
-        pieces = " ".join(leg.name for leg in group.legs)
-        if len(unknown) > 1:
+    def position_index(self, e: syn.Call) -> Expr:
+        """`index(n)`: entry i is i, over leg n; `index(p, P)` also binds leg p to size P."""
+        if e.legs is not None or e.keywords or not 1 <= len(e.args) <= 2 or not isinstance(e.args[0], syn.Name):
             self.b.error(
-                f"cannot split axis {axis.leg} of {name} ({axis.size}) into ({pieces}): "
-                f"legs {', '.join(leg.name for leg in unknown)} have no size yet",
-                group.span,
-                hint="declare a tensor that uses these legs, so their sizes are known",
+                "index takes a leg, and optionally its size", e.span, hint="index(n), or index(p, P) to size leg p"
             )
-            return
-        if unknown:
-            inferred = sympy.simplify(
-                self.b.sizes and expand_sizes(axis.size, self.b.sizes) / expand_sizes(known, self.b.sizes)
-            )
-            self.b._bind(unknown[0].name, inferred, unknown[0].span, where)
-            return
-        if not _same_size(known, axis.size, self.b.sizes):
-            self.b.error(
-                f"reshape mismatch: axis {axis.leg} of {name} has size {axis.size} "
-                f"but ({' '.join(leg.name for leg in group.legs)}) has size {_product_text(group, self.b.legs)}",
-                group.span,
-                hint="the legs of a reshape must multiply to the axis size",
-            )
-
-    # -- products, sums, quotients --
-    def product(self, e: syn.Expr, keep: set[str]) -> Expr:
-        coefficient, factors = self._flatten_product(e)
-        if not factors:
-            return Scalar((), e.span, coefficient)
-        available = [_available(f, self.b.tensors) for f in factors]
-        nodes = []
-        for i, f in enumerate(factors):
-            outside = set().union(*(a for j, a in enumerate(available) if j != i))
-            nodes.append(self.build(f, keep | outside))
-        every = _ordered_union(n.legs for n in nodes)
-        kept = tuple(leg for leg in every if leg in keep)
-        summed = tuple(leg for leg in every if leg not in keep)
-        batch = tuple(leg for leg in kept if sum(leg in n.legs for n in nodes) > 1)
-        if len(nodes) == 1 and coefficient == 1 and not summed:
-            return nodes[0]
-        return Contraction(kept, e.span, tuple(nodes), coefficient, summed, batch)
-
-    def _flatten_product(self, e: syn.Expr) -> tuple[sympy.Expr, list[syn.Expr]]:
-        e = _call_as_product(e, self.b.tensors)
-        if _is_scalar_syntax(e, self.b.tensors):
-            return self.b._scalar(e), []
-        if isinstance(e, syn.Neg):
-            c, fs = self._flatten_product(e.operand)
-            return -c, fs
-        if isinstance(e, syn.BinOp) and e.op in ("juxt", "*"):
-            c1, f1 = self._flatten_product(e.left)
-            c2, f2 = self._flatten_product(e.right)
-            return c1 * c2, f1 + f2
-        if isinstance(e, syn.BinOp) and e.op == "/" and _is_scalar_syntax(e.right, self.b.tensors):
-            c, fs = self._flatten_product(e.left)
-            divisor = self.b._scalar(e.right)
-            if divisor == 0:
-                self.b.error("division by zero", e.right.span)
-                return c, fs
-            return c / divisor, fs
-        return sympy.Integer(1), [e]
-
-    def _elementwise(self, operands: list[syn.Expr], keep: set[str]) -> list[Expr]:
-        """Operands of an elementwise node: legs shared between operands survive into the node."""
-        available = [_available(o, self.b.tensors) for o in operands]
-        shared = {
-            leg
-            for i, a in enumerate(available)
-            for leg in a
-            if any(leg in b for j, b in enumerate(available) if j != i)
-        }
-        return [self.inside(o, keep | shared) for o in operands]
-
-    def sum(self, e: syn.BinOp, keep: set[str]) -> Expr:
-        """A leg that leaves no term is summed within each term: Σ_k (A + B) = Σ_k A + Σ_k B."""
-        terms, signs = _flatten_sum(e)
-        nodes = [self.inside(t, keep) for t in terms]
-        node = SumNode(_ordered_union(n.legs for n in nodes), e.span, tuple(nodes), tuple(signs))
-        return self.restrict(node, keep, e.span)
-
-    def quotient(self, e: syn.BinOp, keep: set[str]) -> Expr:
-        numerator, denominator = self._elementwise([e.left, e.right], keep)
-        node = Quotient(_ordered_union([numerator.legs, denominator.legs]), e.span, numerator, denominator)
-        return self.restrict(node, keep, e.span)
-
-    def power(self, e: syn.BinOp, keep: set[str]) -> Expr:
-        if not _is_scalar_syntax(e.right, self.b.tensors):
-            self.b.error("an exponent is a number or size, not a tensor", e.right.span)
             return self.poison(e)
-        base = self.inside(e.left, keep)
-        return ElementwiseMap(base.legs, e.span, "pow", base, (self.b._scalar(e.right),))
+        leg = e.args[0].name
+        if leg in self.b.sizes or leg in self.b.tensors:
+            what = "a size" if leg in self.b.sizes else "a tensor"
+            self.b.error(f"index takes a leg; '{leg}' is {what}", e.args[0].span, hint="e.g. index(n)")
+            return self.poison(e)
+        if len(e.args) == 2:
+            self.b._bind(leg, self.b._scalar(e.args[1], sizes_only=True), e.args[0].span, "index")
+        elif not self.b.find_leg(leg):
+            self.b.error(
+                f"leg '{leg}' of index(...) is not bound to a size",
+                e.args[0].span,
+                hint=did_you_mean(leg, self.b.legs)
+                or f"use a leg that a declared tensor has, or give its size: index({leg}, SIZE)",
+            )
+            return self.poison(e)
+        return PositionIndex((leg,), e.span, leg)
 
     # -- calls: boxes, maps, reductions, squared distance --
     def call(self, e: syn.Call, keep: set[str]) -> Expr:
@@ -1524,30 +1237,6 @@ class _ExprBuilder:
             return self.poison(e)
         return CausalFactor((legs[0], legs[1]), e.span, legs[0], legs[1])  # type: ignore[arg-type]
 
-    def position_index(self, e: syn.Call) -> Expr:
-        """`index(n)`: entry i is i, over leg n; `index(p, P)` also binds leg p to size P."""
-        if e.legs is not None or e.keywords or not 1 <= len(e.args) <= 2 or not isinstance(e.args[0], syn.Name):
-            self.b.error(
-                "index takes a leg, and optionally its size", e.span, hint="index(n), or index(p, P) to size leg p"
-            )
-            return self.poison(e)
-        leg = e.args[0].name
-        if leg in self.b.sizes or leg in self.b.tensors:
-            what = "a size" if leg in self.b.sizes else "a tensor"
-            self.b.error(f"index takes a leg; '{leg}' is {what}", e.args[0].span, hint="e.g. index(n)")
-            return self.poison(e)
-        if len(e.args) == 2:
-            self.b._bind(leg, self.b._scalar(e.args[1], sizes_only=True), e.args[0].span, "index")
-        elif not self.b.find_leg(leg):
-            self.b.error(
-                f"leg '{leg}' of index(...) is not bound to a size",
-                e.args[0].span,
-                hint=did_you_mean(leg, self.b.legs)
-                or f"use a leg that a declared tensor has, or give its size: index({leg}, SIZE)",
-            )
-            return self.poison(e)
-        return PositionIndex((leg,), e.span, leg)
-
     def _map_masks(self, e: syn.Call, operand: Expr) -> list[Expr]:
         """`relu[m, mask = causal(n, m)](x)`: the map's value is zeroed where a mask hides it;
         the legs in brackets are the key legs it runs along, legs of its argument."""
@@ -1645,352 +1334,5 @@ class _ExprBuilder:
         return self.restrict(SquaredDistance(legs, e.span, over, left, right), keep, e.span)
 
 
-# ---- helpers on syntax ---------------------------------------------------------------------
-
-
-def _place(tensor: str, span: Span, relative_to: Span) -> str:
-    """`WQ (line 4)`, naming the file too when it is not the one being reported on."""
-    return f"{tensor} ({_place_line(span, relative_to)})"
-
-
-def _place_line(span: Span, relative_to: Span) -> str:
-    return f"line {span.line}" if span.file == relative_to.file else f"{Path(span.file).name}, line {span.line}"
-
-
-def _cycles(deps: nx.DiGraph, order: list[str]) -> list[list[str]]:
-    """One cycle per strongly connected component, each starting at its first name in the file,
-    in file order, so the report is the same on every run."""
-    position = {name: k for k, name in enumerate(order)}
-    found = []
-    for component in nx.strongly_connected_components(deps):
-        first = min(component, key=lambda n: position.get(n, len(order)))
-        if len(component) == 1 and not deps.has_edge(first, first):
-            continue
-        cycle = nx.find_cycle(deps.subgraph(component), source=first)
-        found.append([u for u, _ in cycle])
-    return sorted(found, key=lambda c: position.get(c[0], len(order)))
-
-
-def _call_parts(e: syn.Expr):
-    """An initializer written `ones` or `normal(std = 0.1)` -> (name, args, keywords, span)."""
-    if isinstance(e, syn.Name):
-        return e.name, (), (), e.span
-    if isinstance(e, syn.Call) and e.legs is None:
-        return e.name, e.args, e.keywords, e.name_span
-    return None, (), (), e.span
-
-
-def _leg_names(item: syn.Leg | syn.LegGroup) -> tuple[str, ...]:
-    return tuple(leg.name for leg in item.legs) if isinstance(item, syn.LegGroup) else (item.name,)
-
-
-def _group_name(group: tuple[str, ...]) -> str:
-    return group[0] if len(group) == 1 else "(" + " ".join(group) + ")"
-
-
-def _product_op(e: syn.Expr, tensors: Mapping[str, Tensor]) -> bool:
-    """Juxtaposition, `*`, negation and division by a scalar all make an Einstein product."""
-    if isinstance(e, syn.Neg):
-        return True
-    if isinstance(e, syn.BinOp) and e.op == "/":
-        return _is_scalar_syntax(e.right, tensors)
-    return isinstance(e, syn.BinOp) and (e.op in ("juxt", "*"))
-
-
-def _flatten_sum(e: syn.Expr, sign: int = 1) -> tuple[list[syn.Expr], list[int]]:
-    if isinstance(e, syn.BinOp) and e.op in "+-":
-        left, ls = _flatten_sum(e.left, sign)
-        right, rs = _flatten_sum(e.right, sign if e.op == "+" else -sign)
-        return left + right, ls + rs
-    return [e], [sign]
-
-
-def _is_scalar_syntax(e: syn.Expr, tensors: Mapping[str, Tensor]) -> bool:
-    """Numbers, sizes and sqrt/arithmetic of them: things that carry no legs."""
-    if isinstance(e, syn.Number):
-        return True
-    if isinstance(e, syn.Name):
-        return e.name not in tensors and e.name not in FUNCTIONS
-    if isinstance(e, syn.Neg):
-        return _is_scalar_syntax(e.operand, tensors)
-    if isinstance(e, syn.BinOp):
-        return _is_scalar_syntax(e.left, tensors) and _is_scalar_syntax(e.right, tensors)
-    if isinstance(e, syn.Call):
-        return e.name in SCALAR_FUNCTIONS and e.legs is None and all(_is_scalar_syntax(a, tensors) for a in e.args)
-    return False
-
-
-def _call_as_product(e: syn.Expr, tensors: Mapping[str, Tensor]) -> syn.Expr:
-    """`P[k h] (A + B)` reads as a call; when P is a tensor it is the product P[k h] * (A + B),
-    and `P[k h] (A + B) ^ p` is P[k h] * (A + B) ^ p: the power binds to the parentheses, as
-    it would after `*`."""
-    if isinstance(e, syn.BinOp) and e.op == "^":
-        product = _call_as_product(e.left, tensors)
-        if product is not e.left and isinstance(product, syn.BinOp):
-            first, last = product.right.span, e.right.span
-            span = Span(first.file, first.line, first.column, last.end_line, last.end_column)
-            power = syn.BinOp(span, "^", product.right, e.right)
-            return syn.BinOp(e.span, "juxt", product.left, power)
-        return e
-    if not (isinstance(e, syn.Call) and e.name in tensors and e.legs is not None):
-        return e
-    if e.options or e.keywords or len(e.args) != 1:
-        return e
-    tensor = syn.Indexed(e.name_span, e.name, e.name_span, e.legs, ())
-    return syn.BinOp(e.span, "juxt", tensor, e.args[0])
-
-
-def _available(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
-    """Legs a sub-expression could expose to its surroundings (before the leg rule)."""
-    e = _call_as_product(e, tensors)
-    if isinstance(e, syn.Indexed):
-        legs = {leg for item in e.legs for leg in _leg_names(item)}
-        return legs | {n for o in e.options for n in _position_names(o.value, tensors)}
-    if isinstance(e, syn.Neg):
-        return _available(e.operand, tensors)
-    if isinstance(e, syn.BinOp):
-        if e.op == "^":
-            return _available(e.left, tensors)
-        return _available(e.left, tensors) | _available(e.right, tensors)
-    if isinstance(e, syn.Call) and e.name in MASK_FACTORS:
-        return {a.name for a in e.args if isinstance(a, syn.Name)}
-    if isinstance(e, syn.Call) and e.name in POSITION_FUNCTIONS:
-        return {a.name for a in e.args[:1] if isinstance(a, syn.Name)}
-    if isinstance(e, syn.Call):
-        inner = set().union(*(_available(a, tensors) for a in e.args)) if e.args else set()
-        over = {leg for item in e.legs or () for leg in _leg_names(item)}
-        if e.name in REDUCTIONS or e.name in PAIRINGS:
-            return inner - over
-        if e.name in SCALAR_FUNCTIONS and _is_scalar_syntax(e, tensors):
-            return set()
-        return inner
-    return set()
-
-
-def _position_names(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
-    """Names in a position expression that may be legs (sizes among them stand for no leg)."""
-    if isinstance(e, syn.Name):
-        return set() if e.name in tensors or e.name in FUNCTIONS else {e.name}
-    if isinstance(e, syn.Neg):
-        return _position_names(e.operand, tensors)
-    if isinstance(e, syn.BinOp):
-        return _position_names(e.left, tensors) | _position_names(e.right, tensors)
-    if isinstance(e, syn.Call):
-        return set().union(*(_position_names(a, tensors) for a in e.args)) if e.args else set()
-    return set()
-
-
-def _position_bounds(position: Position, leg_max, number) -> tuple[float, float]:
-    """The smallest and largest value of a position over its legs' ranges 0 .. leg_max(leg)."""
-    if position.op == "leg":
-        return 0.0, leg_max(position.name)
-    if position.op == "number":
-        value = number(position.value)
-        return (value, value) if not math.isinf(value) else (-math.inf, math.inf)
-    parts = [_position_bounds(o, leg_max, number) for o in position.operands]
-    if position.op == "neg":
-        return -parts[0][1], -parts[0][0]
-    if position.op == "+":
-        return parts[0][0] + parts[1][0], parts[0][1] + parts[1][1]
-    if position.op == "-":
-        return parts[0][0] - parts[1][1], parts[0][1] - parts[1][0]
-    if position.op == "*":
-        products = [a * b for a in parts[0] for b in parts[1] if not (a == 0 or b == 0)] or [0.0]
-        products += [0.0] if any(v == 0 for v in (*parts[0], *parts[1])) else []
-        return min(products), max(products)
-    (low, high), (lo, _), (_, hi) = parts
-    return min(max(low, lo), hi), min(max(high, lo), hi)
-
-
-def _syntax_nodes(e: syn.Expr) -> Iterator[syn.Expr]:
-    """Every node of a syntax expression (iteratively: nesting is bounded by the parser)."""
-    stack = [e]
-    while stack:
-        node = stack.pop()
-        yield node
-        if isinstance(node, syn.Neg):
-            stack.append(node.operand)
-        elif isinstance(node, syn.BinOp):
-            stack += [node.left, node.right]
-        elif isinstance(node, syn.Call):
-            stack += [*node.args, *(k.value for k in node.keywords), *(o.value for o in node.options)]
-        elif isinstance(node, syn.Indexed):
-            stack += [o.value for o in node.options]
-
-
-def _tensor_names(e: syn.Expr) -> Iterator[str]:
-    if isinstance(e, syn.Indexed):
-        yield e.name
-    elif isinstance(e, syn.Neg):
-        yield from _tensor_names(e.operand)
-    elif isinstance(e, syn.BinOp):
-        yield from _tensor_names(e.left)
-        yield from _tensor_names(e.right)
-    elif isinstance(e, syn.Call):
-        if e.name not in FUNCTIONS:
-            yield e.name
-        for a in e.args:
-            yield from _tensor_names(a)
-        for o in e.options:
-            yield from _tensor_names(o.value)
-
-
-def _statement_targets(items: list[syn.Item]) -> list[str]:
-    return [i.target.name for i in items if isinstance(i, syn.Statement)]
-
-
-def _ordered_union(leg_lists: Iterable[Iterable[str]]) -> tuple[str, ...]:
-    seen: dict[str, None] = {}
-    for legs in leg_lists:
-        for leg in legs:
-            seen.setdefault(leg, None)
-    return tuple(seen)
-
-
-def _same_size(a: sympy.Expr, b: sympy.Expr, sizes: Mapping[str, Size]) -> bool:
-    if POISON_SIZE in a.free_symbols | b.free_symbols:
-        return True
-    return sympy.simplify(expand_sizes(a, sizes) - expand_sizes(b, sizes)) == 0
-
-
 def _product_text(group: syn.LegGroup, legs: Mapping[str, Leg]) -> str:
     return "·".join(str(legs[leg.name].size) for leg in group.legs)
-
-
-def _number(value: sympy.Expr) -> str:
-    if value.is_Rational and not value.is_integer:  # type: ignore[attr-defined]
-        return f"{value} = {float(value):.4g}"
-    return str(value)
-
-
-def _is_constant(expr: Expr, tensors: Mapping[str, Tensor]) -> bool:
-    refs = [n for n in walk(expr) if isinstance(n, TensorRef)]
-    return all(tensors[r.name].is_constant for r in refs if r.name in tensors)
-
-
-# ---- the networkx view ---------------------------------------------------------------------
-
-
-def _dataflow_graph(
-    tensors: Mapping[str, Tensor], statements: list[Statement], updates: list[Statement]
-) -> nx.MultiDiGraph:
-    """Tensors and operations as nodes; an edge carries the legs of the value that flows on it.
-    Update rules add edges marked `update=True`, so the forward graph stays acyclic."""
-    g = nx.MultiDiGraph()
-    for t in tensors.values():
-        g.add_node(t.name, kind="tensor", tensor=t)
-    for statement in [*statements, *updates]:
-        top = _add_operations(g, statement, statement.expr, itertools.count())
-        g.add_edge(top, statement.target, position=0, legs=statement.expr.legs, update=statement.is_update)
-    return g
-
-
-def _add_operations(g: nx.MultiDiGraph, statement: Statement, node: Expr, counter: Iterator[int]) -> str:
-    """Add `node` and its operands to `g`; return the id of the node that produces its value."""
-    if isinstance(node, TensorRef):
-        return node.name
-    suffix = "@update" if statement.is_update else ""
-    node_id = f"{statement.target}{suffix}#{next(counter)}"
-    g.add_node(node_id, kind=node.kind, expr=node, statement=statement.target)
-    for position, child in enumerate(c for c in node.children() if c is not None):
-        source = _add_operations(g, statement, child, counter)
-        g.add_edge(source, node_id, position=position, legs=child.legs, update=statement.is_update)
-    for mask in node.masks if isinstance(node, SoftmaxBox) else ():
-        if isinstance(mask, PaddingMask):
-            g.add_edge(mask.tensor.name, node_id, position="mask", legs=mask.tensor.legs, update=statement.is_update)
-    return node_id
-
-
-def build_graph(head: syn.DesignDecl, items: list[syn.Item], overrides: Mapping[str, int] | None = None) -> DesignGraph:
-    """Syntax items (after `extends` merging) -> DesignGraph, or TdiagError with every mistake."""
-    return _Builder(head, items, overrides or {}).build()
-
-
-def _masked(
-    expr: Expr, query: str, key: str, span: Span, hidden: Mapping[str, set[tuple[int, int]]]
-) -> tuple[Expr, int]:
-    """`expr` with a causal mask added to every box normalized over `key` that has `query`, and a
-    causal factor in every contraction that sums `key` beside `query` where no factor is masked
-    already (an un-normalized attention: Σ_m f(S)[n m] V[m] with m <= n). `hidden` holds, for
-    each statement masked so far, the (query, key) pairs of its own legs it is masked on."""
-    count = 0
-    if isinstance(expr, TensorRef | Scalar | CausalFactor):
-        return expr, 0
-    changes = {}
-    for field_name in ("factors", "terms"):
-        children = getattr(expr, field_name, None)
-        if children is not None:
-            rebuilt = [_masked(c, query, key, span, hidden) for c in children]
-            count += sum(n for _, n in rebuilt)
-            changes[field_name] = tuple(c for c, _ in rebuilt)
-    for field_name in ("content", "operand", "numerator", "denominator", "left", "right"):
-        child = getattr(expr, field_name, None)
-        if isinstance(child, Expr):
-            rebuilt, n = _masked(child, query, key, span, hidden)
-            count += n
-            changes[field_name] = rebuilt
-    if isinstance(expr, SoftmaxBox) and key in expr.normalized and query in expr.legs:
-        if not any(isinstance(m, CausalMask) and (m.query, m.key) == (query, key) for m in expr.masks):
-            changes["masks"] = (*expr.masks, CausalMask(query, key, span))
-            count += 1
-    if isinstance(expr, Contraction) and key in expr.summed and query in expr.legs:
-        factors = changes.get("factors", expr.factors)
-        if not any((query, key) in _hidden_pairs(f, hidden) for f in factors if key in f.legs):
-            changes["factors"] = (*factors, CausalFactor((query, key), span, query, key))
-            changes["batch"] = tuple(dict.fromkeys((*expr.batch, query)))
-            count += 1
-    return (dataclasses.replace(expr, **changes) if changes else expr), count
-
-
-def _hidden_pairs(expr: Expr, hidden: Mapping[str, set[tuple[int, int]]]) -> set[tuple[str, str]]:
-    """The (query, key) leg pairs along which `expr` is causally masked or zeroed already."""
-    if isinstance(expr, CausalFactor):
-        return {(expr.query, expr.key)}
-    if isinstance(expr, SoftmaxBox):
-        return {(m.query, m.key) for m in expr.masks if isinstance(m, CausalMask)}
-    if isinstance(expr, Contraction):
-        return set().union(*(_hidden_pairs(f, hidden) for f in expr.factors))
-    if isinstance(expr, SumNode):  # zero where every term is
-        return set.intersection(*(_hidden_pairs(t, hidden) for t in expr.terms))
-    if isinstance(expr, Quotient):
-        return _hidden_pairs(expr.numerator, hidden)  # type: ignore[arg-type]
-    if isinstance(expr, TensorRef) and not expr.is_reshaped and expr.name in hidden:
-        return {(expr.legs[q], expr.legs[k]) for q, k in hidden[expr.name]}
-    return set()
-
-
-def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> DesignGraph:
-    """The same design with `mask = causal(query, key)` on every box normalized over `key` that
-    also has leg `query`, and the factor causal(query, key) in every contraction that sums `key`
-    beside `query` over factors not masked already (sigmoid, ReLU² and linear attention); the
-    bundled designs use n for queries and m for keys."""
-    statements, total = [], 0
-    hidden: dict[str, set[tuple[int, int]]] = {}
-    for statement in graph.statements:
-        expr, count = _masked(statement.expr, query, key, statement.span, hidden)
-        total += count
-        statements.append(dataclasses.replace(statement, expr=expr))
-        if not any(len(g) != 1 for g in statement.groups):
-            position = {leg: k for k, leg in enumerate(statement.legs)}
-            hidden[statement.target] = {
-                (position[q], position[k]) for q, k in _hidden_pairs(expr, hidden) if q in position and k in position
-            }
-    if not total:
-        raise TdiagError(
-            Diagnostic(
-                f"design '{graph.name}' has no attention over leg '{key}' with leg '{query}' to mask"
-                " (a box normalized over it, or a contraction that sums it beside the query leg)",
-                (Span(graph.file, 1, 1, 1, 2),),
-                "name the query and key legs: with_causal_mask(query=..., key=...)",
-            )
-        )
-    tensors = {name: dataclasses.replace(t) for name, t in graph.tensors.items()}
-    for statement in statements:
-        tensors[statement.target].statement = statement
-    return dataclasses.replace(
-        graph,
-        name=graph.name,
-        tensors=tensors,
-        statements=statements,
-        graph=_dataflow_graph(tensors, statements, graph.updates),
-    )

@@ -1,0 +1,62 @@
+"""Syntax -> DesignGraph, the front end. Resolves every name, binds every leg to one size symbol,
+applies the diagram rule for legs (a leg that does not cross a box, map or sum boundary is summed
+inside it; Tuformer App. A) and records the result as a networkx graph of tensors and operations.
+Every mistake becomes a Diagnostic; all of them are collected before anything is raised.
+
+One module per concern, in pipeline order: merge.py (files, `extends` and `replace`) -> builder.py
+(sizes, declarations, statements, outputs, each statement's expression) -> dataflow.py (the
+networkx view) -> model.py (DesignGraph, Limits); sizes.py, syntax.py and vocabulary.py are shared
+by all of them, and causal.py derives a causally masked design from a built one."""
+
+from .builder import build_graph
+from .causal import with_causal_mask
+from .merge import _design_file, _item_name, _item_name_span, _merge, load_items
+from .model import LIMITS, DesignGraph, Limits
+from .sizes import SizeTable, expand_sizes, size_symbol, size_values
+from .vocabulary import (
+    BOX_OPTIONS,
+    BOXES,
+    FUNCTIONS,
+    INIT_PARAMS,
+    INITIALIZERS,
+    MAPS,
+    MASK_FACTORS,
+    PAIRINGS,
+    POISON_NAME,
+    POISON_SIZE,
+    POSITION_FUNCTIONS,
+    RANDOM_MODES,
+    REDUCTIONS,
+    SCALAR_FUNCTIONS,
+)
+
+__all__ = [
+    "BOXES",
+    "BOX_OPTIONS",
+    "FUNCTIONS",
+    "INITIALIZERS",
+    "INIT_PARAMS",
+    "LIMITS",
+    "MAPS",
+    "MASK_FACTORS",
+    "PAIRINGS",
+    "POISON_NAME",
+    "POISON_SIZE",
+    "POSITION_FUNCTIONS",
+    "RANDOM_MODES",
+    "REDUCTIONS",
+    "SCALAR_FUNCTIONS",
+    "DesignGraph",
+    "Limits",
+    "SizeTable",
+    "_design_file",
+    "_item_name",
+    "_item_name_span",
+    "_merge",
+    "build_graph",
+    "expand_sizes",
+    "load_items",
+    "size_symbol",
+    "size_values",
+    "with_causal_mask",
+]

@@ -1,0 +1,114 @@
+"""with_causal_mask: the same design with a causal mask on every attention over a key leg, added
+after building (`tdiag show --causal`, Design.causal()): a mask on each box normalized over the key,
+a causal factor in each contraction that sums it beside the query; the masking is traced through
+earlier statements so nothing is masked twice."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from ..errors import Diagnostic, Span, TdiagError
+from ..ir import (
+    CausalFactor,
+    CausalMask,
+    Contraction,
+    Expr,
+    Quotient,
+    Scalar,
+    SoftmaxBox,
+    SumNode,
+    TensorRef,
+)
+from .dataflow import _dataflow_graph
+from .model import DesignGraph
+
+
+def _masked(
+    expr: Expr, query: str, key: str, span: Span, hidden: Mapping[str, set[tuple[int, int]]]
+) -> tuple[Expr, int]:
+    """`expr` with a causal mask added to every box normalized over `key` that has `query`, and a
+    causal factor in every contraction that sums `key` beside `query` where no factor is masked
+    already (an un-normalized attention: Σ_m f(S)[n m] V[m] with m <= n). `hidden` holds, for
+    each statement masked so far, the (query, key) pairs of its own legs it is masked on."""
+    count = 0
+    if isinstance(expr, TensorRef | Scalar | CausalFactor):
+        return expr, 0
+    changes = {}
+    for field_name in ("factors", "terms"):
+        children = getattr(expr, field_name, None)
+        if children is not None:
+            rebuilt = [_masked(c, query, key, span, hidden) for c in children]
+            count += sum(n for _, n in rebuilt)
+            changes[field_name] = tuple(c for c, _ in rebuilt)
+    for field_name in ("content", "operand", "numerator", "denominator", "left", "right"):
+        child = getattr(expr, field_name, None)
+        if isinstance(child, Expr):
+            rebuilt, n = _masked(child, query, key, span, hidden)
+            count += n
+            changes[field_name] = rebuilt
+    if isinstance(expr, SoftmaxBox) and key in expr.normalized and query in expr.legs:
+        if not any(isinstance(m, CausalMask) and (m.query, m.key) == (query, key) for m in expr.masks):
+            changes["masks"] = (*expr.masks, CausalMask(query, key, span))
+            count += 1
+    if isinstance(expr, Contraction) and key in expr.summed and query in expr.legs:
+        factors = changes.get("factors", expr.factors)
+        if not any((query, key) in _hidden_pairs(f, hidden) for f in factors if key in f.legs):
+            changes["factors"] = (*factors, CausalFactor((query, key), span, query, key))
+            changes["batch"] = tuple(dict.fromkeys((*expr.batch, query)))
+            count += 1
+    return (dataclasses.replace(expr, **changes) if changes else expr), count
+
+
+def _hidden_pairs(expr: Expr, hidden: Mapping[str, set[tuple[int, int]]]) -> set[tuple[str, str]]:
+    """The (query, key) leg pairs along which `expr` is causally masked or zeroed already."""
+    if isinstance(expr, CausalFactor):
+        return {(expr.query, expr.key)}
+    if isinstance(expr, SoftmaxBox):
+        return {(m.query, m.key) for m in expr.masks if isinstance(m, CausalMask)}
+    if isinstance(expr, Contraction):
+        return set().union(*(_hidden_pairs(f, hidden) for f in expr.factors))
+    if isinstance(expr, SumNode):  # zero where every term is
+        return set.intersection(*(_hidden_pairs(t, hidden) for t in expr.terms))
+    if isinstance(expr, Quotient):
+        return _hidden_pairs(expr.numerator, hidden)  # type: ignore[arg-type]
+    if isinstance(expr, TensorRef) and not expr.is_reshaped and expr.name in hidden:
+        return {(expr.legs[q], expr.legs[k]) for q, k in hidden[expr.name]}
+    return set()
+
+
+def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> DesignGraph:
+    """The same design with `mask = causal(query, key)` on every box normalized over `key` that
+    also has leg `query`, and the factor causal(query, key) in every contraction that sums `key`
+    beside `query` over factors not masked already (sigmoid, ReLU² and linear attention); the
+    bundled designs use n for queries and m for keys."""
+    statements, total = [], 0
+    hidden: dict[str, set[tuple[int, int]]] = {}
+    for statement in graph.statements:
+        expr, count = _masked(statement.expr, query, key, statement.span, hidden)
+        total += count
+        statements.append(dataclasses.replace(statement, expr=expr))
+        if not any(len(g) != 1 for g in statement.groups):
+            position = {leg: k for k, leg in enumerate(statement.legs)}
+            hidden[statement.target] = {
+                (position[q], position[k]) for q, k in _hidden_pairs(expr, hidden) if q in position and k in position
+            }
+    if not total:
+        raise TdiagError(
+            Diagnostic(
+                f"design '{graph.name}' has no attention over leg '{key}' with leg '{query}' to mask"
+                " (a box normalized over it, or a contraction that sums it beside the query leg)",
+                (Span(graph.file, 1, 1, 1, 2),),
+                "name the query and key legs: with_causal_mask(query=..., key=...)",
+            )
+        )
+    tensors = {name: dataclasses.replace(t) for name, t in graph.tensors.items()}
+    for statement in statements:
+        tensors[statement.target].statement = statement
+    return dataclasses.replace(
+        graph,
+        name=graph.name,
+        tensors=tensors,
+        statements=statements,
+        graph=_dataflow_graph(tensors, statements, graph.updates),
+    )

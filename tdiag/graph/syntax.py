@@ -1,0 +1,226 @@
+"""Helpers on syntax that the builders share: walking a syntax expression (its nodes, the tensors it
+names, the legs it could expose before the leg rule), reading juxtaposition, products, sums and
+calls the way the diagram does, the bounds of a position, cycles in definitions, and where in the
+files a name was bound. Pure functions; no diagnostics."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+
+import networkx as nx
+
+from .. import parse as syn
+from ..errors import Span
+from ..ir import (
+    Position,
+    Tensor,
+)
+from .vocabulary import (
+    FUNCTIONS,
+    MASK_FACTORS,
+    PAIRINGS,
+    POSITION_FUNCTIONS,
+    REDUCTIONS,
+    SCALAR_FUNCTIONS,
+)
+
+
+def _place(tensor: str, span: Span, relative_to: Span) -> str:
+    """`WQ (line 4)`, naming the file too when it is not the one being reported on."""
+    return f"{tensor} ({_place_line(span, relative_to)})"
+
+
+def _place_line(span: Span, relative_to: Span) -> str:
+    return f"line {span.line}" if span.file == relative_to.file else f"{Path(span.file).name}, line {span.line}"
+
+
+def _cycles(deps: nx.DiGraph, order: list[str]) -> list[list[str]]:
+    """One cycle per strongly connected component, each starting at its first name in the file,
+    in file order, so the report is the same on every run."""
+    position = {name: k for k, name in enumerate(order)}
+    found = []
+    for component in nx.strongly_connected_components(deps):
+        first = min(component, key=lambda n: position.get(n, len(order)))
+        if len(component) == 1 and not deps.has_edge(first, first):
+            continue
+        cycle = nx.find_cycle(deps.subgraph(component), source=first)
+        found.append([u for u, _ in cycle])
+    return sorted(found, key=lambda c: position.get(c[0], len(order)))
+
+
+def _call_parts(e: syn.Expr):
+    """An initializer written `ones` or `normal(std = 0.1)` -> (name, args, keywords, span)."""
+    if isinstance(e, syn.Name):
+        return e.name, (), (), e.span
+    if isinstance(e, syn.Call) and e.legs is None:
+        return e.name, e.args, e.keywords, e.name_span
+    return None, (), (), e.span
+
+
+def _leg_names(item: syn.Leg | syn.LegGroup) -> tuple[str, ...]:
+    return tuple(leg.name for leg in item.legs) if isinstance(item, syn.LegGroup) else (item.name,)
+
+
+def _group_name(group: tuple[str, ...]) -> str:
+    return group[0] if len(group) == 1 else "(" + " ".join(group) + ")"
+
+
+def _product_op(e: syn.Expr, tensors: Mapping[str, Tensor]) -> bool:
+    """Juxtaposition, `*`, negation and division by a scalar all make an Einstein product."""
+    if isinstance(e, syn.Neg):
+        return True
+    if isinstance(e, syn.BinOp) and e.op == "/":
+        return _is_scalar_syntax(e.right, tensors)
+    return isinstance(e, syn.BinOp) and (e.op in ("juxt", "*"))
+
+
+def _flatten_sum(e: syn.Expr, sign: int = 1) -> tuple[list[syn.Expr], list[int]]:
+    if isinstance(e, syn.BinOp) and e.op in "+-":
+        left, ls = _flatten_sum(e.left, sign)
+        right, rs = _flatten_sum(e.right, sign if e.op == "+" else -sign)
+        return left + right, ls + rs
+    return [e], [sign]
+
+
+def _is_scalar_syntax(e: syn.Expr, tensors: Mapping[str, Tensor]) -> bool:
+    """Numbers, sizes and sqrt/arithmetic of them: things that carry no legs."""
+    if isinstance(e, syn.Number):
+        return True
+    if isinstance(e, syn.Name):
+        return e.name not in tensors and e.name not in FUNCTIONS
+    if isinstance(e, syn.Neg):
+        return _is_scalar_syntax(e.operand, tensors)
+    if isinstance(e, syn.BinOp):
+        return _is_scalar_syntax(e.left, tensors) and _is_scalar_syntax(e.right, tensors)
+    if isinstance(e, syn.Call):
+        return e.name in SCALAR_FUNCTIONS and e.legs is None and all(_is_scalar_syntax(a, tensors) for a in e.args)
+    return False
+
+
+def _call_as_product(e: syn.Expr, tensors: Mapping[str, Tensor]) -> syn.Expr:
+    """`P[k h] (A + B)` reads as a call; when P is a tensor it is the product P[k h] * (A + B),
+    and `P[k h] (A + B) ^ p` is P[k h] * (A + B) ^ p: the power binds to the parentheses, as
+    it would after `*`."""
+    if isinstance(e, syn.BinOp) and e.op == "^":
+        product = _call_as_product(e.left, tensors)
+        if product is not e.left and isinstance(product, syn.BinOp):
+            first, last = product.right.span, e.right.span
+            span = Span(first.file, first.line, first.column, last.end_line, last.end_column)
+            power = syn.BinOp(span, "^", product.right, e.right)
+            return syn.BinOp(e.span, "juxt", product.left, power)
+        return e
+    if not (isinstance(e, syn.Call) and e.name in tensors and e.legs is not None):
+        return e
+    if e.options or e.keywords or len(e.args) != 1:
+        return e
+    tensor = syn.Indexed(e.name_span, e.name, e.name_span, e.legs, ())
+    return syn.BinOp(e.span, "juxt", tensor, e.args[0])
+
+
+def _available(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
+    """Legs a sub-expression could expose to its surroundings (before the leg rule)."""
+    e = _call_as_product(e, tensors)
+    if isinstance(e, syn.Indexed):
+        legs = {leg for item in e.legs for leg in _leg_names(item)}
+        return legs | {n for o in e.options for n in _position_names(o.value, tensors)}
+    if isinstance(e, syn.Neg):
+        return _available(e.operand, tensors)
+    if isinstance(e, syn.BinOp):
+        if e.op == "^":
+            return _available(e.left, tensors)
+        return _available(e.left, tensors) | _available(e.right, tensors)
+    if isinstance(e, syn.Call) and e.name in MASK_FACTORS:
+        return {a.name for a in e.args if isinstance(a, syn.Name)}
+    if isinstance(e, syn.Call) and e.name in POSITION_FUNCTIONS:
+        return {a.name for a in e.args[:1] if isinstance(a, syn.Name)}
+    if isinstance(e, syn.Call):
+        inner = set().union(*(_available(a, tensors) for a in e.args)) if e.args else set()
+        over = {leg for item in e.legs or () for leg in _leg_names(item)}
+        if e.name in REDUCTIONS or e.name in PAIRINGS:
+            return inner - over
+        if e.name in SCALAR_FUNCTIONS and _is_scalar_syntax(e, tensors):
+            return set()
+        return inner
+    return set()
+
+
+def _position_names(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
+    """Names in a position expression that may be legs (sizes among them stand for no leg)."""
+    if isinstance(e, syn.Name):
+        return set() if e.name in tensors or e.name in FUNCTIONS else {e.name}
+    if isinstance(e, syn.Neg):
+        return _position_names(e.operand, tensors)
+    if isinstance(e, syn.BinOp):
+        return _position_names(e.left, tensors) | _position_names(e.right, tensors)
+    if isinstance(e, syn.Call):
+        return set().union(*(_position_names(a, tensors) for a in e.args)) if e.args else set()
+    return set()
+
+
+def _position_bounds(position: Position, leg_max, number) -> tuple[float, float]:
+    """The smallest and largest value of a position over its legs' ranges 0 .. leg_max(leg)."""
+    if position.op == "leg":
+        return 0.0, leg_max(position.name)
+    if position.op == "number":
+        value = number(position.value)
+        return (value, value) if not math.isinf(value) else (-math.inf, math.inf)
+    parts = [_position_bounds(o, leg_max, number) for o in position.operands]
+    if position.op == "neg":
+        return -parts[0][1], -parts[0][0]
+    if position.op == "+":
+        return parts[0][0] + parts[1][0], parts[0][1] + parts[1][1]
+    if position.op == "-":
+        return parts[0][0] - parts[1][1], parts[0][1] - parts[1][0]
+    if position.op == "*":
+        products = [a * b for a in parts[0] for b in parts[1] if not (a == 0 or b == 0)] or [0.0]
+        products += [0.0] if any(v == 0 for v in (*parts[0], *parts[1])) else []
+        return min(products), max(products)
+    (low, high), (lo, _), (_, hi) = parts
+    return min(max(low, lo), hi), min(max(high, lo), hi)
+
+
+def _syntax_nodes(e: syn.Expr) -> Iterator[syn.Expr]:
+    """Every node of a syntax expression (iteratively: nesting is bounded by the parser)."""
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, syn.Neg):
+            stack.append(node.operand)
+        elif isinstance(node, syn.BinOp):
+            stack += [node.left, node.right]
+        elif isinstance(node, syn.Call):
+            stack += [*node.args, *(k.value for k in node.keywords), *(o.value for o in node.options)]
+        elif isinstance(node, syn.Indexed):
+            stack += [o.value for o in node.options]
+
+
+def _tensor_names(e: syn.Expr) -> Iterator[str]:
+    if isinstance(e, syn.Indexed):
+        yield e.name
+    elif isinstance(e, syn.Neg):
+        yield from _tensor_names(e.operand)
+    elif isinstance(e, syn.BinOp):
+        yield from _tensor_names(e.left)
+        yield from _tensor_names(e.right)
+    elif isinstance(e, syn.Call):
+        if e.name not in FUNCTIONS:
+            yield e.name
+        for a in e.args:
+            yield from _tensor_names(a)
+        for o in e.options:
+            yield from _tensor_names(o.value)
+
+
+def _statement_targets(items: list[syn.Item]) -> list[str]:
+    return [i.target.name for i in items if isinstance(i, syn.Statement)]
+
+
+def _ordered_union(leg_lists: Iterable[Iterable[str]]) -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    for legs in leg_lists:
+        for leg in legs:
+            seen.setdefault(leg, None)
+    return tuple(seen)

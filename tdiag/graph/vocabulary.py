@@ -1,0 +1,46 @@
+"""The words of the .td language that name no tensor: boxes, elementwise maps, reductions, pairings,
+mask and position functions, box options and initializers, each a tuple or dict that the builder
+checks names against and lists in its hints (`one of: ...`); and the stand-ins (POISON_NAME,
+POISON_SIZE) that let one mistake be reported once."""
+
+from __future__ import annotations
+
+import sympy
+
+BOXES = ("softmax", "normalize")
+# elementwise maps: name -> number of arguments after the tensor
+MAPS = {
+    **dict.fromkeys(
+        ("exp", "log", "relu", "elu1", "sigmoid", "tanh", "softplus", "silu", "gelu", "sin", "cos", "sqrt", "abs"), 0
+    ),
+    "clamp": 2,
+}
+REDUCTIONS = ("max", "logsumexp", "mean")
+PAIRINGS = ("sqdist",)
+SCALAR_FUNCTIONS = ("sqrt", "exp", "log")  # of numbers and sizes: a scalar, not a map
+MASK_FACTORS = ("causal",)
+POSITION_FUNCTIONS = ("index",)
+FUNCTIONS = tuple(
+    dict.fromkeys((*BOXES, *MAPS, *REDUCTIONS, *PAIRINGS, *SCALAR_FUNCTIONS, *MASK_FACTORS, *POSITION_FUNCTIONS))
+)
+BOX_OPTIONS = {"softmax": ("mask", "scale"), "normalize": ("eps", "mask")}
+INITIALIZERS = {
+    "param": ("fill", "identity", "normal", "ones", "uniform", "values", "zeros"),
+    "const": ("fill", "identity", "ones", "values", "zeros"),
+    "buffer": ("fill", "ones", "zeros"),
+    "random": ("normal",),
+}
+INIT_PARAMS = {
+    "normal": ("mean", "std"),
+    "uniform": ("low", "high"),
+    "fill": ("value",),
+    "identity": ("scale",),
+    "ones": (),
+    "zeros": (),
+    "values": (),  # any number of entries, row-major
+}
+RANDOM_MODES = ("always", "never", "train")
+
+
+POISON_NAME = ""  # the name of a stand-in for an expression that had an error
+POISON_SIZE = sympy.Symbol("_invalid_", positive=True)  # the size of a leg bound by a mistake
