@@ -4,9 +4,10 @@ inside it; Tuformer App. A) and records the result as a networkx graph of tensor
 Every mistake becomes a Diagnostic; all of them are collected before anything is raised.
 
 One module per concern, in pipeline order: merge.py (files, `extends` and `replace`) -> builder.py
-(sizes, declarations, statements, outputs, each statement's expression) -> dataflow.py (the
-networkx view) -> model.py (DesignGraph, Limits); sizes.py, syntax.py and vocabulary.py are shared
-by all of them, and causal.py derives a causally masked design from a built one."""
+(sizes, declarations, statements, outputs) -> expressions.py (one statement's right-hand side, with
+products.py, positions.py and calls.py) -> dataflow.py (the networkx view) -> model.py (DesignGraph,
+Limits); sizes.py, syntax.py and vocabulary.py are shared by all of them, and causal.py derives a
+causally masked design from a built one."""
 
 from .builder import build_graph
 from .causal import with_causal_mask

@@ -9,17 +9,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from ..errors import Diagnostic, Span, TdiagError
-from ..ir import (
-    CausalFactor,
-    CausalMask,
-    Contraction,
-    Expr,
-    Quotient,
-    Scalar,
-    SoftmaxBox,
-    SumNode,
-    TensorRef,
-)
+from ..ir import CausalFactor, CausalMask, Contraction, Expr, Quotient, Scalar, SoftmaxBox, SumNode, TensorRef
 from .dataflow import _dataflow_graph
 from .model import DesignGraph
 

@@ -9,14 +9,7 @@ from collections.abc import Iterator, Mapping
 
 import networkx as nx
 
-from ..ir import (
-    Expr,
-    PaddingMask,
-    SoftmaxBox,
-    Statement,
-    Tensor,
-    TensorRef,
-)
+from ..ir import Expr, PaddingMask, SoftmaxBox, Statement, Tensor, TensorRef
 
 
 def _dataflow_graph(

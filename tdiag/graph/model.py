@@ -12,14 +12,7 @@ import networkx as nx
 import sympy
 
 from ..errors import Diagnostic
-from ..ir import (
-    Leg,
-    Size,
-    SoftmaxBox,
-    Statement,
-    Tensor,
-    walk,
-)
+from ..ir import Leg, Size, SoftmaxBox, Statement, Tensor, walk
 from .sizes import expand_sizes, size_values
 
 

@@ -9,9 +9,7 @@ from collections.abc import Mapping
 
 import sympy
 
-from ..ir import (
-    Size,
-)
+from ..ir import Size
 from .vocabulary import POISON_SIZE
 
 

@@ -13,18 +13,8 @@ import networkx as nx
 
 from .. import parse as syn
 from ..errors import Span
-from ..ir import (
-    Position,
-    Tensor,
-)
-from .vocabulary import (
-    FUNCTIONS,
-    MASK_FACTORS,
-    PAIRINGS,
-    POSITION_FUNCTIONS,
-    REDUCTIONS,
-    SCALAR_FUNCTIONS,
-)
+from ..ir import Position, Tensor
+from .vocabulary import FUNCTIONS, MASK_FACTORS, PAIRINGS, POSITION_FUNCTIONS, REDUCTIONS, SCALAR_FUNCTIONS
 
 
 def _place(tensor: str, span: Span, relative_to: Span) -> str:

@@ -1,0 +1,344 @@
+"""Calls in an expression: softmax and normalize boxes with their options (mask, scale, eps),
+elementwise maps (with masks), reductions (max, logsumexp, mean), the squared distance sqdist, and
+causal(n, m) as a factor. Each names the legs it works along; the leg rule decides what is summed
+inside it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import sympy
+
+from .. import parse as syn
+from ..errors import a_or_an, did_you_mean, one_of
+from ..errors import hint as join_hint
+from ..ir import (
+    CausalFactor,
+    CausalMask,
+    Contraction,
+    ElementwiseMap,
+    Expr,
+    Mask,
+    PaddingMask,
+    Reduction,
+    SoftmaxBox,
+    SquaredDistance,
+    TensorRef,
+)
+from .syntax import _available, _is_scalar_syntax, _ordered_union
+from .vocabulary import (
+    BOX_OPTIONS,
+    BOXES,
+    FUNCTIONS,
+    MAPS,
+    MASK_FACTORS,
+    PAIRINGS,
+    POSITION_FUNCTIONS,
+    REDUCTIONS,
+    SCALAR_FUNCTIONS,
+)
+
+if TYPE_CHECKING:
+    from .builder import _Builder
+
+
+class BoxesAndMaps:
+    """Boxes, maps, masks, reductions and sqdist; a base class of _ExprBuilder (expressions.py),
+    whose inside/restrict/poison/tensor_ref it uses."""
+
+    b: _Builder
+
+    # -- calls: boxes, maps, reductions, squared distance --
+    def call(self, e: syn.Call, keep: set[str]) -> Expr:
+        if e.name in BOXES:
+            return self.box(e, keep)
+        if e.name in MAPS:
+            return self.elementwise_map(e, keep)
+        if e.name in REDUCTIONS:
+            return self.reduction(e, keep)
+        if e.name in PAIRINGS:
+            return self.squared_distance(e, keep)
+        if e.name in MASK_FACTORS:
+            return self.causal_factor(e)
+        if e.name in POSITION_FUNCTIONS:
+            return self.position_index(e)
+        if e.name in self.b.tensors:
+            legs = " ".join(self.b.tensors[e.name].legs)
+            self.b.error(
+                f"'{e.name}' is a tensor, not a map",
+                e.name_span,
+                hint=f"use it with legs, e.g. {e.name}[{legs}]; write '*' between factors if you meant a product",
+            )
+        elif e.name in SCALAR_FUNCTIONS:
+            self.b.error(f"{e.name} takes a number or size, not a tensor", e.span)
+        else:
+            self.b.error(
+                f"unknown map '{e.name}'",
+                e.name_span,
+                hint=join_hint(
+                    did_you_mean(e.name, FUNCTIONS),
+                    one_of(f for f in FUNCTIONS if f in MAPS or f not in SCALAR_FUNCTIONS),
+                ),
+            )
+        return self.poison(e)
+
+    def _one_argument(self, e: syn.Call) -> syn.Expr | None:
+        if e.keywords:
+            self.b.error(f"{e.name} takes no keyword arguments; options go in [...]", e.keywords[0].span)
+        if len(e.args) != 1:
+            self.b.error(f"{e.name} takes one argument, got {len(e.args)}", e.span)
+            return None
+        return e.args[0]
+
+    def _legs_of(self, e: syn.Call) -> tuple[str, ...]:
+        legs: list[str] = []
+        for item in e.legs or ():
+            if isinstance(item, syn.LegGroup):
+                self.b.error(f"{e.name} takes leg names, not a reshape", item.span)
+                names = [leg.name for leg in item.legs]
+            else:
+                names = [item.name]
+            for name in names:
+                if name in legs:
+                    self.b.error(f"leg '{name}' is named twice in {e.name}[...]", item.span, hint="name each leg once")
+                else:
+                    legs.append(name)
+        return tuple(legs)
+
+    def box(self, e: syn.Call, keep: set[str]) -> Expr:
+        normalized = self._legs_of(e)
+        argument = self._one_argument(e)
+        if not normalized:
+            self.b.error(
+                f"a {e.name} box needs its normalized leg",
+                e.name_span,
+                hint=f"name the leg of the filled ball: {e.name}[m](...)",
+            )
+        if argument is None:
+            return self.poison(e)
+        available = _available(argument, self.b.tensors)
+        for leg, item in zip(normalized, e.legs or (), strict=False):
+            if leg not in available:
+                self.b.error(
+                    f"normalized leg '{leg}' is not a leg of the {e.name} box's content",
+                    item.span,
+                    hint=did_you_mean(leg, available) or f"its legs are: {', '.join(sorted(available)) or 'none'}",
+                )
+            elif leg not in keep:
+                self.b.error(
+                    f"normalized leg '{leg}' is contracted inside its {e.name} box",
+                    item.span,
+                    hint=f"the ball's leg must leave the box: use '{leg}' in the result or in a factor outside the box",
+                )
+        content = self.inside(argument, keep | (set(normalized) & available))
+        options = self._box_options(e, content)
+        factor = options.pop("scale_factor", None)
+        if factor is not None:  # softmax[m, scale = t[h]](x) = softmax[m](t[h] x): a factor inside the box
+            batch = tuple(leg for leg in factor.legs if leg in content.legs)
+            content = Contraction(content.legs, factor.span, (factor, content), sympy.Integer(1), (), batch)
+        return SoftmaxBox(
+            content.legs,
+            e.span,
+            content,
+            normalized,
+            options.get("scale", sympy.Integer(1)),
+            tuple(options.get("masks", ())),
+            is_exp=e.name == "softmax",
+            eps=options.get("eps", sympy.Integer(0)),
+        )
+
+    def _box_options(self, e: syn.Call, content: Expr) -> dict:
+        allowed = BOX_OPTIONS[e.name]
+        options: dict = {"masks": []}
+        for option in e.options:
+            if option.name not in allowed:
+                self.b.error(
+                    f"unknown {e.name} option '{option.name}'",
+                    option.span,
+                    hint=join_hint(did_you_mean(option.name, allowed), one_of(allowed)),
+                )
+            elif option.name == "mask":
+                mask = self._mask(option.value, content, f"{e.name} box")
+                if mask is not None:
+                    options["masks"].append(mask)
+            elif option.name in options or (option.name == "scale" and "scale_factor" in options):
+                self.b.error(f"option '{option.name}' is given twice", option.span)
+            elif option.name == "scale" and not _is_scalar_syntax(option.value, self.b.tensors):
+                factor = self._scale_factor(option.value, content, e.name)
+                if factor is not None:
+                    options["scale_factor"] = factor
+            else:
+                options[option.name] = self.b._scalar(option.value)
+        return options
+
+    def _scale_factor(self, value: syn.Expr, content: Expr, box: str) -> Expr | None:
+        """A scale that is a tensor expression (a learned per-head temperature `t[h]`): its legs
+        must be legs of the box, along which it scales the logits entrywise."""
+        legs = _available(value, self.b.tensors)
+        wrong = sorted(legs - set(content.legs))
+        for leg in wrong:
+            self.b.error(
+                f"scale leg '{leg}' is not a leg of the {box} box",
+                value.span,
+                hint=did_you_mean(leg, content.legs) or f"the box's legs are: {', '.join(content.legs)}",
+            )
+        if wrong:
+            return None
+        return self.inside(value, set(content.legs))
+
+    def _mask(self, value: syn.Expr, content: Expr, box: str) -> Mask | None:
+        if isinstance(value, syn.Call) and value.name == "causal":
+            legs = [a.name if isinstance(a, syn.Name) else None for a in value.args]
+            if len(legs) != 2 or None in legs or value.legs is not None:
+                self.b.error("causal takes a query leg and a key leg", value.span, hint="mask = causal(n, m)")
+                return None
+            for leg, arg in zip(legs, value.args, strict=True):
+                if leg not in content.legs:
+                    self.b.error(
+                        f"causal mask leg '{leg}' is not a leg of the {box}",
+                        arg.span,
+                        hint=did_you_mean(leg, content.legs)
+                        or f"the {box.split()[-1]}'s legs are: {', '.join(content.legs)}",
+                    )
+            if legs[0] == legs[1]:
+                self.b.error("a causal mask relates two different legs", value.span)
+            return CausalMask(legs[0], legs[1], value.span)  # type: ignore[arg-type]
+        if isinstance(value, syn.Indexed):
+            tensor = self.b.tensors.get(value.name)
+            if tensor is None or tensor.kind != "mask":
+                masks = [t.name for t in self.b.tensors.values() if t.kind == "mask"]
+                what = a_or_an(tensor.kind) if tensor else "not declared"
+                self.b.error(
+                    f"a padding mask must be a 'mask' input; '{value.name}' is {what}",
+                    value.name_span,
+                    hint=did_you_mean(value.name, masks) or "declare it: mask pad[m: N]",
+                )
+                return None
+            ref = self.tensor_ref(value)
+            for leg in ref.legs:
+                if leg not in content.legs:
+                    self.b.error(
+                        f"mask leg '{leg}' is not a leg of the {box}",
+                        value.span,
+                        hint=did_you_mean(leg, content.legs)
+                        or f"the {box.split()[-1]}'s legs are: {', '.join(content.legs)}",
+                    )
+            return PaddingMask(ref, value.span) if isinstance(ref, TensorRef) else None
+        self.b.error("a mask is causal(query_leg, key_leg) or a mask input like pad[m]", value.span)
+        return None
+
+    def causal_factor(self, e: syn.Call) -> Expr:
+        """`causal(n, m)` as a factor: 1 where m <= n, 0 elsewhere (zeroing the future)."""
+        legs = [a.name if isinstance(a, syn.Name) else None for a in e.args]
+        if len(legs) != 2 or None in legs or e.legs is not None or e.keywords:
+            self.b.error("causal takes a query leg and a key leg", e.span, hint="causal(n, m)")
+            return self.poison(e)
+        for leg, arg in zip(legs, e.args, strict=True):
+            if leg not in self.b.legs:
+                self.b.error(
+                    f"causal mask leg '{leg}' is not bound to a size",
+                    arg.span,
+                    hint=did_you_mean(leg, self.b.legs) or "use legs that a tensor of this file has",
+                )
+                return self.poison(e)
+        if legs[0] == legs[1]:
+            self.b.error("a causal mask relates two different legs", e.span)
+            return self.poison(e)
+        return CausalFactor((legs[0], legs[1]), e.span, legs[0], legs[1])  # type: ignore[arg-type]
+
+    def _map_masks(self, e: syn.Call, operand: Expr) -> list[Expr]:
+        """`relu[m, mask = causal(n, m)](x)`: the map's value is zeroed where a mask hides it;
+        the legs in brackets are the key legs it runs along, legs of its argument."""
+        factors: list[Expr] = []
+        for option in e.options:
+            if option.name != "mask":
+                self.b.error(
+                    f"unknown {e.name} option '{option.name}'",
+                    option.span,
+                    hint=f"a map takes only masks: {e.name}[m, mask = causal(n, m)](...)",
+                )
+                continue
+            mask = self._mask(option.value, operand, f"{e.name} map")
+            if isinstance(mask, CausalMask):
+                factors.append(CausalFactor((mask.query, mask.key), mask.span, mask.query, mask.key))
+            elif isinstance(mask, PaddingMask):
+                factors.append(mask.tensor)
+        for leg, item in zip(self._legs_of(e), e.legs or (), strict=False):
+            if leg not in operand.legs:
+                self.b.error(
+                    f"leg '{leg}' is not a leg of the {e.name} map's argument",
+                    item.span,
+                    hint=did_you_mean(leg, operand.legs) or f"its legs are: {', '.join(operand.legs) or 'none'}",
+                )
+        if e.legs and not e.options:
+            self.b.error(
+                f"{e.name} is elementwise and takes no legs",
+                e.name_span,
+                hint=f"write {e.name}(...), or name a mask: {e.name}[m, mask = causal(n, m)](...)",
+            )
+        return factors
+
+    def elementwise_map(self, e: syn.Call, keep: set[str]) -> Expr:
+        if e.legs is not None or e.options:
+            along = {leg for option in e.options for leg in _available(option.value, self.b.tensors)}
+            masked = self.elementwise_map(dataclasses.replace(e, legs=None, options=()), keep | along)
+            factors = self._map_masks(e, masked)
+            if not factors:
+                return masked
+            batch = tuple(leg for leg in masked.legs if any(leg in f.legs for f in factors))
+            return Contraction(masked.legs, e.span, (masked, *factors), sympy.Integer(1), (), batch)
+        extra = MAPS[e.name]
+        args = list(e.args)
+        keywords = {k.name: k.value for k in e.keywords}
+        if e.name == "clamp":
+            for key in ("lo", "hi"):
+                if key in keywords:
+                    args.append(keywords.pop(key))
+        for key in keywords:
+            self.b.error(f"unknown argument '{key}' of {e.name}", e.span)
+        if len(args) != 1 + extra:
+            usage = "clamp(x, lo, hi)" if extra else f"{e.name}(x)"
+            self.b.error(f"{e.name} takes {1 + extra} argument(s), got {len(args)}", e.span, hint=usage)
+            return self.poison(e)
+        operand = self.inside(args[0], keep)
+        params = tuple(self.b._scalar(a) for a in args[1:])
+        return ElementwiseMap(operand.legs, e.span, e.name, operand, params)
+
+    def reduction(self, e: syn.Call, keep: set[str]) -> Expr:
+        over = self._legs_of(e)
+        argument = self._one_argument(e)
+        if not over:
+            self.b.error(f"{e.name} needs the leg it reduces", e.name_span, hint=f"e.g. {e.name}[r](...)")
+        if argument is None:
+            return self.poison(e)
+        operand = self.inside(argument, keep | set(over))
+        available = sorted(_available(argument, self.b.tensors))
+        for leg, item in zip(over, e.legs or (), strict=False):
+            if leg not in operand.legs:
+                self.b.error(
+                    f"{e.name} over leg '{leg}', which its argument does not have",
+                    item.span,
+                    hint=did_you_mean(leg, available) or f"its legs are: {', '.join(available) or 'none'}",
+                )
+        legs = tuple(leg for leg in operand.legs if leg not in over)
+        return self.restrict(Reduction(legs, e.span, e.name, over, operand), keep, e.span)
+
+    def squared_distance(self, e: syn.Call, keep: set[str]) -> Expr:
+        over = self._legs_of(e)
+        if e.keywords or len(e.args) != 2:
+            self.b.error(
+                "sqdist takes two arguments, a query side and a key side",
+                e.span,
+                hint="sqdist[d](Q[n h d], K[m h d])",
+            )
+            return self.poison(e)
+        if not over:
+            self.b.error("sqdist needs the leg it sums over", e.name_span, hint="e.g. sqdist[d](Q[n h d], K[m h d])")
+        left, right = self._elementwise(list(e.args), keep | set(over))
+        for side, name in ((left, "query"), (right, "key")):
+            for leg in over:
+                if leg not in side.legs:
+                    self.b.error(f"sqdist leg '{leg}' is missing from the {name} side", side.span)
+        legs = tuple(leg for leg in _ordered_union([left.legs, right.legs]) if leg not in over)
+        return self.restrict(SquaredDistance(legs, e.span, over, left, right), keep, e.span)

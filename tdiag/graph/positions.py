@@ -1,0 +1,205 @@
+"""Positions in an expression: a slice `P[n: N, f]` that reads a table's first entries, a gather
+`Rel[h, r = clamp(m - n, -K, K) + K]` that reads an axis at an integer position of legs (proved in
+range before anything runs), and `index(n)`, a leg's positions as a tensor."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import sympy
+
+from .. import parse as syn
+from ..errors import Span, a_or_an, did_you_mean
+from ..ir import Axis, Expr, Gather, Position, PositionIndex, Tensor, TensorRef
+from .sizes import expand_sizes, size_values
+from .syntax import _position_bounds
+from .vocabulary import POISON_SIZE
+
+if TYPE_CHECKING:
+    from .builder import _Builder
+
+
+class Positions:
+    """Slices, gathers and index(...); a base class of _ExprBuilder (expressions.py), whose poison
+    it uses."""
+
+    b: _Builder
+    gathered: list[tuple[str, Span]]
+
+    def _slice(self, item: syn.SlicedLeg, axis: Axis, tensor: Tensor) -> sympy.Expr | None:
+        """`P[n: N, f]`: leg n reads the first N entries of P's axis (a table over a maximum
+        length read at the run-time length); a longer slice than a known axis is an error, one
+        that depends on a run-time size is checked when the module runs."""
+        extent = self.b._scalar(item.size, sizes_only=True)
+        if POISON_SIZE in extent.free_symbols:
+            return None
+        if tensor.kind not in ("param", "const", "buffer"):
+            self.b.error(
+                f"only a stored table (param, const or buffer) is sliced; {tensor.name} is {a_or_an(tensor.kind)}",
+                item.span,
+                hint=f"use it with its legs: {tensor.name}[{' '.join(tensor.legs)}]",
+            )
+            return None
+        values = size_values(self.b.sizes)
+        subs = {self.b.sizes[k].symbol: v for k, v in values.items()}
+        have = expand_sizes(axis.size, self.b.sizes).xreplace(subs)
+        want = expand_sizes(extent, self.b.sizes).xreplace(subs)
+        if have.is_number and want.is_number and want > have:
+            self.b.error(
+                f"slice {item.name}: {extent} = {want} is longer than axis {axis.leg} of {tensor.name} "
+                f"({axis.size} = {have})",
+                item.span,
+                hint=f"a slice reads the first entries of the axis; at most {have}",
+            )
+            return None
+        return extent
+
+    def gather(self, e: syn.Indexed, tensor: Tensor) -> Expr:
+        """`Rel[h, r = clamp(m - n, -K, K) + K]`: the axis named by `r = ...` is read at an
+        integer position computed from legs; the result has the other legs and the position's."""
+        items = e.items or (*e.legs, *e.options)
+        if len(items) != len(tensor.axes):
+            axes = " ".join(tensor.legs)
+            self.b.error(
+                f"{e.name} has {len(tensor.axes)} axes ({axes}) but is used with {len(items)}",
+                e.span,
+                hint=f"e.g. {e.name}[{axes}]",
+            )
+            return self.poison(e)
+        if len(e.options) > 1:
+            self.b.error(
+                f"one axis of {e.name} may be read at a position; this use gives {len(e.options)}",
+                e.options[1].span,
+                hint="gather one axis per use",
+            )
+            return self.poison(e)
+        if tensor.kind not in ("param", "const", "buffer"):
+            self.b.error(
+                f"only a stored table (param, const or buffer) is read at a position; "
+                f"{e.name} is {a_or_an(tensor.kind)}",
+                e.options[0].span,
+                hint=f"declare the table: param {e.name}[...]",
+            )
+            return self.poison(e)
+        option = e.options[0]
+        groups: list[tuple[str, ...]] = []
+        outer: list[str] = []
+        for item, axis in zip(items, tensor.axes, strict=True):
+            if isinstance(item, syn.Option):
+                self.b._bind(item.name, axis.size, item.span, e.name)
+                groups.append((item.name,))
+                position = self.position(item.value)
+                if position is None:
+                    return self.poison(e)
+                for leg in position.legs():
+                    if leg in outer or leg == item.name:
+                        self.b.error(f"leg '{leg}' names two axes of {e.name}", item.value.span)
+                        return self.poison(e)
+                outer += [leg for leg in position.legs() if leg not in outer]
+                self._check_position_range(position, axis, item, tensor)
+            elif isinstance(item, syn.LegGroup):
+                self.b.error("a use read at a position takes leg names, not a reshape", item.span)
+                return self.poison(e)
+            else:
+                if isinstance(item, syn.SlicedLeg):
+                    self.b.error("a use read at a position is not sliced too", item.span)
+                    return self.poison(e)
+                self.b._bind(item.name, axis.size, item.span, e.name)
+                groups.append((item.name,))
+                if item.name in outer:
+                    self.b.error(f"leg '{item.name}' names two axes of {e.name}", item.span)
+                    return self.poison(e)
+                outer.append(item.name)
+        source = TensorRef(tuple(g[0] for g in groups), e.span, e.name, tuple(groups))
+        self.gathered.append((option.name, option.span))
+        return Gather(tuple(outer), e.span, source, option.name, position)
+
+    def position(self, e: syn.Expr) -> Position | None:
+        """An integer position of legs, whole numbers and sizes with + - * and clamp(x, lo, hi)."""
+        if isinstance(e, syn.Number):
+            if not isinstance(e.value, int):
+                self.b.error("a position is a whole number", e.span)
+                return None
+            return Position("number", value=sympy.Integer(e.value))
+        if isinstance(e, syn.Name):
+            if e.name in self.b.sizes:
+                return Position("number", value=self.b._scalar(e, sizes_only=True))
+            if self.b.find_leg(e.name):
+                return Position("leg", name=e.name)
+            self.b.error(
+                f"position leg '{e.name}' is not bound to a size",
+                e.span,
+                hint=did_you_mean(e.name, [*self.b.legs, *self.b.sizes]) or "use legs of this statement's tensors",
+            )
+            return None
+        if isinstance(e, syn.Neg):
+            inner = self.position(e.operand)
+            return None if inner is None else Position("neg", operands=(inner,))
+        if isinstance(e, syn.BinOp) and e.op in ("+", "-", "*"):
+            left, right = self.position(e.left), self.position(e.right)
+            if left is None or right is None:
+                return None
+            if e.op == "*" and left.legs() and right.legs():
+                self.b.error("a position multiplies a leg by a number or size only", e.span)
+                return None
+            return Position(e.op, operands=(left, right))
+        if isinstance(e, syn.Call) and e.name == "clamp" and e.legs is None and len(e.args) == 3 and not e.keywords:
+            parts = [self.position(a) for a in e.args]
+            if any(p is None for p in parts):
+                return None
+            if parts[1].legs() or parts[2].legs():  # type: ignore[union-attr]
+                self.b.error("clamp's bounds in a position are numbers or sizes", e.span)
+                return None
+            return Position("clamp", operands=tuple(parts))  # type: ignore[arg-type]
+        self.b.error(
+            "expected a position: legs, whole numbers and sizes with + - * and clamp(x, lo, hi)",
+            e.span,
+            hint="e.g. Rel[h, r = clamp(m - n, -K, K) + K]",
+        )
+        return None
+
+    def _check_position_range(self, position: Position, axis: Axis, item: syn.Option, tensor: Tensor) -> None:
+        """A position must stay in 0 .. size − 1 at every index of its legs, proved before
+        anything runs (interval arithmetic; a run-time size is unbounded), so no read wraps around."""
+        values = size_values(self.b.sizes)
+        subs = {self.b.sizes[k].symbol: v for k, v in values.items()}
+
+        def number(expr: sympy.Expr) -> float:
+            value = expand_sizes(expr, self.b.sizes).xreplace(subs)
+            return float(value) if value.is_number else math.inf
+
+        low, high = _position_bounds(position, lambda leg: number(self.b.legs[leg].size) - 1, number)
+        size = number(axis.size)
+        if low < 0 or high > size - 1:
+            shown = lambda v: ("-inf" if v < 0 else "+inf") if math.isinf(v) else str(int(v))  # noqa: E731
+            self.b.error(
+                f"position {item.name} = {position} of {tensor.name} ranges over {shown(low)} .. {shown(high)}, "
+                f"outside its axis {axis.leg} ({axis.size}: 0 .. {shown(size - 1)}); a run-time size is unbounded here",
+                item.value.span,
+                hint="clamp it into the table, e.g. clamp(m - n, -K, K) + K for a table of 2K + 1 entries",
+            )
+
+    def position_index(self, e: syn.Call) -> Expr:
+        """`index(n)`: entry i is i, over leg n; `index(p, P)` also binds leg p to size P."""
+        if e.legs is not None or e.keywords or not 1 <= len(e.args) <= 2 or not isinstance(e.args[0], syn.Name):
+            self.b.error(
+                "index takes a leg, and optionally its size", e.span, hint="index(n), or index(p, P) to size leg p"
+            )
+            return self.poison(e)
+        leg = e.args[0].name
+        if leg in self.b.sizes or leg in self.b.tensors:
+            what = "a size" if leg in self.b.sizes else "a tensor"
+            self.b.error(f"index takes a leg; '{leg}' is {what}", e.args[0].span, hint="e.g. index(n)")
+            return self.poison(e)
+        if len(e.args) == 2:
+            self.b._bind(leg, self.b._scalar(e.args[1], sizes_only=True), e.args[0].span, "index")
+        elif not self.b.find_leg(leg):
+            self.b.error(
+                f"leg '{leg}' of index(...) is not bound to a size",
+                e.args[0].span,
+                hint=did_you_mean(leg, self.b.legs)
+                or f"use a leg that a declared tensor has, or give its size: index({leg}, SIZE)",
+            )
+            return self.poison(e)
+        return PositionIndex((leg,), e.span, leg)

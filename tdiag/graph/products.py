@@ -1,0 +1,197 @@
+"""Tensors, products and sums in an expression: a tensor used with its legs (a reshape `(h d)` binds
+or checks the legs' sizes), an Einstein product of factors with a scalar coefficient, a sum of
+terms, a quotient and a power. A leg not kept by the surroundings is summed inside the node that has
+it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import sympy
+
+from .. import parse as syn
+from ..errors import Span, did_you_mean
+from ..ir import Axis, Contraction, ElementwiseMap, Expr, Leg, Quotient, Scalar, SumNode, TensorRef
+from .sizes import _same_size, expand_sizes
+from .syntax import (
+    _available,
+    _call_as_product,
+    _flatten_sum,
+    _is_scalar_syntax,
+    _leg_names,
+    _ordered_union,
+    _statement_targets,
+)
+from .vocabulary import FUNCTIONS
+
+if TYPE_CHECKING:
+    from .builder import _Builder
+
+
+class Products:
+    """Tensor uses, products, sums, quotients and powers; a base class of _ExprBuilder
+    (expressions.py), whose inside/restrict/poison/build it uses."""
+
+    b: _Builder
+
+    # -- tensors --
+    def tensor_ref(self, e: syn.Indexed) -> Expr:
+        if e.name in FUNCTIONS:
+            if e.name not in _statement_targets(self.b.items) and e.name not in self.b.tensors:
+                self.b.error(f"'{e.name}[...]' needs its argument", e.span, hint=f"write {e.name}[...](expression)")
+            return self.poison(e)
+        tensor = self.b.tensors.get(e.name)
+        if tensor is None:
+            return self._unknown_tensor(e)
+        if e.options:
+            return self.gather(e, tensor)
+        groups = tuple(_leg_names(item) for item in e.legs)
+        if len(groups) != len(tensor.axes):
+            axes = " ".join(tensor.legs)
+            self.b.error(
+                f"{e.name} has {len(tensor.axes)} axes ({axes}) but is used with {len(groups)} legs",
+                e.span,
+                hint=f"e.g. {e.name}[{axes}]",
+            )
+            return self.poison(e)
+        self._check_repeated_legs(e)
+        slices: list[sympy.Expr | None] = []
+        for item, axis in zip(e.legs, tensor.axes, strict=True):
+            where = e.name
+            if isinstance(item, syn.SlicedLeg):
+                extent = self._slice(item, axis, tensor)
+                slices.append(extent)
+                if extent is not None:  # a refused slice binds nothing: its error explains the leg
+                    self.b._bind(item.name, extent, item.span, where)
+            elif isinstance(item, syn.Leg):
+                slices.append(None)
+                self.b._bind(item.name, axis.size, item.span, where)
+            else:
+                slices.append(None)
+                self._bind_group(item, axis, e.name, where)
+        legs = tuple(leg for g in groups for leg in g)
+        sliced = tuple(slices) if any(k is not None for k in slices) else ()
+        return TensorRef(legs, e.span, e.name, groups, sliced)
+
+    def _unknown_tensor(self, e: syn.Indexed) -> Expr:
+        if e.name in self.b.sizes:
+            self.b.error(f"'{e.name}' is a size, not a tensor", e.name_span)
+        else:
+            defined = [*self.b.tensors, *_statement_targets(self.b.items)]
+            if e.name in defined:
+                return self.poison(e)  # its own statement failed; already reported
+            self.b.error(f"unknown tensor '{e.name}'", e.name_span, hint=did_you_mean(e.name, defined))
+        return self.poison(e)
+
+    def _check_repeated_legs(self, e: syn.Indexed) -> None:
+        seen: dict[str, Span] = {}
+        for item in e.legs:
+            for leg in item.legs if isinstance(item, syn.LegGroup) else (item,):
+                if leg.name in seen:
+                    self.b.error(
+                        f"leg '{leg.name}' names two axes of {e.name}",
+                        leg.span,
+                        seen[leg.name],
+                        hint="each axis of a tensor needs its own leg; a diagonal is not supported",
+                    )
+                seen[leg.name] = leg.span
+
+    def _bind_group(self, group: syn.LegGroup, axis: Axis, name: str, where: str) -> None:
+        """A reshape `(h d)`: the axis size must equal the product of the legs' sizes."""
+        unknown = [leg for leg in group.legs if leg.name not in self.b.legs]
+        known = sympy.Mul(*(self.b.legs[leg.name].size for leg in group.legs if leg.name in self.b.legs))
+        pieces = " ".join(leg.name for leg in group.legs)
+        if len(unknown) > 1:
+            self.b.error(
+                f"cannot split axis {axis.leg} of {name} ({axis.size}) into ({pieces}): "
+                f"legs {', '.join(leg.name for leg in unknown)} have no size yet",
+                group.span,
+                hint="declare a tensor that uses these legs, so their sizes are known",
+            )
+            return
+        if unknown:
+            inferred = sympy.simplify(
+                self.b.sizes and expand_sizes(axis.size, self.b.sizes) / expand_sizes(known, self.b.sizes)
+            )
+            self.b._bind(unknown[0].name, inferred, unknown[0].span, where)
+            return
+        if not _same_size(known, axis.size, self.b.sizes):
+            self.b.error(
+                f"reshape mismatch: axis {axis.leg} of {name} has size {axis.size} "
+                f"but ({' '.join(leg.name for leg in group.legs)}) has size {_product_text(group, self.b.legs)}",
+                group.span,
+                hint="the legs of a reshape must multiply to the axis size",
+            )
+
+    # -- products, sums, quotients --
+    def product(self, e: syn.Expr, keep: set[str]) -> Expr:
+        coefficient, factors = self._flatten_product(e)
+        if not factors:
+            return Scalar((), e.span, coefficient)
+        available = [_available(f, self.b.tensors) for f in factors]
+        nodes = []
+        for i, f in enumerate(factors):
+            outside = set().union(*(a for j, a in enumerate(available) if j != i))
+            nodes.append(self.build(f, keep | outside))
+        every = _ordered_union(n.legs for n in nodes)
+        kept = tuple(leg for leg in every if leg in keep)
+        summed = tuple(leg for leg in every if leg not in keep)
+        batch = tuple(leg for leg in kept if sum(leg in n.legs for n in nodes) > 1)
+        if len(nodes) == 1 and coefficient == 1 and not summed:
+            return nodes[0]
+        return Contraction(kept, e.span, tuple(nodes), coefficient, summed, batch)
+
+    def _flatten_product(self, e: syn.Expr) -> tuple[sympy.Expr, list[syn.Expr]]:
+        e = _call_as_product(e, self.b.tensors)
+        if _is_scalar_syntax(e, self.b.tensors):
+            return self.b._scalar(e), []
+        if isinstance(e, syn.Neg):
+            c, fs = self._flatten_product(e.operand)
+            return -c, fs
+        if isinstance(e, syn.BinOp) and e.op in ("juxt", "*"):
+            c1, f1 = self._flatten_product(e.left)
+            c2, f2 = self._flatten_product(e.right)
+            return c1 * c2, f1 + f2
+        if isinstance(e, syn.BinOp) and e.op == "/" and _is_scalar_syntax(e.right, self.b.tensors):
+            c, fs = self._flatten_product(e.left)
+            divisor = self.b._scalar(e.right)
+            if divisor == 0:
+                self.b.error("division by zero", e.right.span)
+                return c, fs
+            return c / divisor, fs
+        return sympy.Integer(1), [e]
+
+    def _elementwise(self, operands: list[syn.Expr], keep: set[str]) -> list[Expr]:
+        """Operands of an elementwise node: legs shared between operands survive into the node."""
+        available = [_available(o, self.b.tensors) for o in operands]
+        shared = {
+            leg
+            for i, a in enumerate(available)
+            for leg in a
+            if any(leg in b for j, b in enumerate(available) if j != i)
+        }
+        return [self.inside(o, keep | shared) for o in operands]
+
+    def sum(self, e: syn.BinOp, keep: set[str]) -> Expr:
+        """A leg that leaves no term is summed within each term: Σ_k (A + B) = Σ_k A + Σ_k B."""
+        terms, signs = _flatten_sum(e)
+        nodes = [self.inside(t, keep) for t in terms]
+        node = SumNode(_ordered_union(n.legs for n in nodes), e.span, tuple(nodes), tuple(signs))
+        return self.restrict(node, keep, e.span)
+
+    def quotient(self, e: syn.BinOp, keep: set[str]) -> Expr:
+        numerator, denominator = self._elementwise([e.left, e.right], keep)
+        node = Quotient(_ordered_union([numerator.legs, denominator.legs]), e.span, numerator, denominator)
+        return self.restrict(node, keep, e.span)
+
+    def power(self, e: syn.BinOp, keep: set[str]) -> Expr:
+        if not _is_scalar_syntax(e.right, self.b.tensors):
+            self.b.error("an exponent is a number or size, not a tensor", e.right.span)
+            return self.poison(e)
+        base = self.inside(e.left, keep)
+        return ElementwiseMap(base.legs, e.span, "pow", base, (self.b._scalar(e.right),))
+
+
+def _product_text(group: syn.LegGroup, legs: Mapping[str, Leg]) -> str:
+    return "·".join(str(legs[leg.name].size) for leg in group.legs)
