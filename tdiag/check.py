@@ -1,5 +1,5 @@
 """DesignGraph -> diagnostics: the whole-design checks that need the finished graph (design notes
-§3). Name, leg-size, reshape and box-leg errors are found while the graph is built (graph.py);
+§3). Name, leg-size, reshape and box-leg errors are found while the graph is built (graph/);
 here are the ones about how tensors connect: what reaches an output, and what nothing uses."""
 
 from __future__ import annotations

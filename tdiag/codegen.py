@@ -462,7 +462,7 @@ def _slice_checks(step: Step) -> list[str]:
     lines = []
     for (_, extent, size), (leg, shown_extent, shown_size) in zip(step.op.dims, step.op.labels, strict=True):
         if (extent - size).is_number:
-            continue  # both known when planning: graph.py refused a slice longer than its axis
+            continue  # both known when planning: graph/positions.py refused a slice longer than its axis
         text = source(f"{step.op.name}: reads the first {shown_extent} = ", "fstring")
         more = source(f" entries of axis {leg} of {shown_size} = ", "fstring")
         hint = source("; declare the table over a longer maximum length", "fstring")

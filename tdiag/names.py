@@ -1,7 +1,7 @@
 """Names the generated PyTorch module uses for itself: Python keywords, the modules and helpers it
 imports or defines, the locals of `forward`, the builtins it calls, and the attributes of
 torch.nn.Module (parameters, constants and buffers become attributes). `reserved_because` says,
-per role, why a name is refused, or None; graph.py reports it at the name, so a design that
+per role, why a name is refused, or None; graph/builder.py reports it at the name, so a design that
 checks also compiles. The plan renames forward's locals away from these (plan/base.py RESERVED)
 and codegen.source is the one door into the generated text. Kept free of torch, so `tdiag check`
 never imports it; tests/test_robustness.py compares MODULE_METHODS with torch's own list."""

@@ -1,6 +1,6 @@
 """Text -> syntax. `grammar/tdiag.lark` is the reference for the syntax; this module only turns its
 parse tree into frozen dataclasses that remember their Span, and turns lark's errors into
-positioned diagnostics. It adds no meaning: names, legs and sizes are resolved in graph.py."""
+positioned diagnostics. It adds no meaning: names, legs and sizes are resolved in graph/."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from .errors import SOURCES, Diagnostic, Span, TdiagError
 from .resources import grammar_text, missing_design
 
-MAX_DIGITS = 300  # a longer whole number is read as a float: inf, which graph.py reports as out of range
+MAX_DIGITS = 300  # a longer whole number is read as a float: inf, which graph/ reports as out of range
 MAX_DEPTH = 64  # expression nesting (each operator, call or term of a sum is a level); deeper is an error
 
 

@@ -31,7 +31,7 @@ class SizeTable(dict[str, Size]):
 
     def order(self) -> list[str]:
         """Names, each after the sizes its definition uses (Kahn's algorithm; sizes in a cycle,
-        which graph.py reports, are left out)."""
+        which the builder reports, are left out)."""
         if self._order is None:
             users: dict[str, list[str]] = {name: [] for name in self}
             waiting = {}

@@ -1,6 +1,6 @@
 """Space -> points. A point takes one option of every choice (and of every choice nested in the
 options it takes); its design is the base's syntax items with the space's own items and the chosen
-options' items applied as a derived design's body is (graph._merge: `replace` swaps the item in
+options' items applied as a derived design's body is (graph/merge.py: `replace` swaps the item in
 place, anything else is added). Nothing is printed and re-parsed: the point's items are the very
 syntax dataclasses the base file and the space file parsed to, so every diagnostic about a point
 points into one of those two files.
@@ -22,7 +22,8 @@ from .. import parse as syn
 from ..check import check
 from ..design import Design
 from ..errors import Diagnostic, Span, TdiagError, did_you_mean
-from ..graph import _item_name, _item_name_span, _merge, build_graph, load_items
+from ..graph import build_graph, load_items
+from ..graph.merge import _item_name, _item_name_span, _merge
 from ..resources import design_file
 from .syntax import Choice, Option, Space, _source, parse_space_file
 
