@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import sympy
 import torch
 import torch.nn.functional as functional
 from torch import nn
@@ -23,6 +24,7 @@ import tdiag
 
 from .design import DEFAULT_OBJECTIVE
 from .device import for_device
+from .graph import size_symbol
 from .measure import saved_for_backward, time_step
 from .plan.timing import plan_time
 
@@ -206,10 +208,21 @@ class Row:
     predicted_seconds: float | None = None  # the time objective's estimate (compiled rows)
 
 
-def _kwargs(module: nn.Module, causal: bool) -> dict[str, bool]:
+def _kwargs(module: nn.Module, causal: bool, others: dict[str, torch.Tensor]) -> dict[str, object]:
     """Hand-written references take `causal`; compiled modules (in-process or a standalone
-    file) were compiled with or without the causal mask."""
-    return {"causal": causal} if getattr(module, "takes_causal", False) else {}
+    file) were compiled with or without the causal mask and take the design's other inputs."""
+    return {"causal": causal} if getattr(module, "takes_causal", False) else dict(others)
+
+
+def other_inputs(design: tdiag.Design, batch: int, n: int, device: str) -> dict[str, torch.Tensor]:
+    """Every input after the queries' sequence (a cross-attention's memory), random, with each
+    run-time size (N, M) at n: the bench times a layer on sequences of one length."""
+    values = {size_symbol(k): v for k, v in design.size_values.items()}
+    values |= {size_symbol(k): n for k, size in design.graph.sizes.items() if size.is_free}
+    return {
+        t.name: torch.randn(batch, *(int(sympy.sympify(d).subs(values)) for d in t.shape), device=device)
+        for t in design.graph.inputs[1:]
+    }
 
 
 @dataclass
@@ -219,23 +232,25 @@ class Timing:
     cuda_peak_bytes: int | None
 
 
-def measure_all(modules: list[nn.Module], x: torch.Tensor, causal: bool, repeat: int) -> list[Timing]:
+def measure_all(
+    modules: list[nn.Module], x: torch.Tensor, causal: bool, repeat: int, others: dict[str, torch.Tensor] | None = None
+) -> list[Timing]:
     """Round-robin over the implementations, so warm-up and machine noise fall on all alike;
     round r of one implementation is compared with round r of another."""
     for module in modules:
-        time_step(module, x, kwargs=_kwargs(module, causal), repeats=0, warmup=2)
+        time_step(module, x, kwargs=_kwargs(module, causal, others or {}), repeats=0, warmup=2)
     times: list[list[float]] = [[] for _ in modules]
     for _ in range(repeat):
         for k, module in enumerate(modules):
-            times[k] += time_step(module, x, kwargs=_kwargs(module, causal), repeats=1, warmup=0)
+            times[k] += time_step(module, x, kwargs=_kwargs(module, causal, others or {}), repeats=1, warmup=0)
     results = []
     for k, module in enumerate(modules):
         peak = None
         if x.is_cuda:
             torch.cuda.reset_peak_memory_stats()
-            time_step(module, x, kwargs=_kwargs(module, causal), repeats=1, warmup=0)
+            time_step(module, x, kwargs=_kwargs(module, causal, others or {}), repeats=1, warmup=0)
             peak = torch.cuda.max_memory_allocated()
-        saved = saved_for_backward(module, x, **_kwargs(module, causal)).total_bytes
+        saved = saved_for_backward(module, x, **_kwargs(module, causal, others or {})).total_bytes
         results.append(Timing(times[k], saved, peak))
     return results
 
@@ -300,7 +315,7 @@ def run(
         for label, make in REFERENCES.get(Path(file).stem, []):
             labels.append(label)
             modules.append(make(compiled[0]).to(device))
-        timings = measure_all(modules, x, causal, repeat)
+        timings = measure_all(modules, x, causal, repeat, other_inputs(design, batch, n, device))
         for k, (label, timing) in enumerate(zip(labels, timings, strict=True)):
             row = Row(design.name, label, statistics.median(timing.seconds), timing.saved_bytes, timing.cuda_peak_bytes)
             row.time_ratio = statistics.median(timings[0].seconds) / row.seconds

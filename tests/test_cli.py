@@ -150,6 +150,16 @@ def test_bench_writes_json_csv_and_plot(capsys, tmp_path):
     assert {p.name for p in tmp_path.iterdir()} >= {"bench.json", "bench.csv"}
 
 
+def test_bench_feeds_a_cross_attention_its_memory_as_a_second_sequence(capsys, tmp_path):
+    code, _, err = run(
+        capsys, "bench", str(DESIGNS / "cross_attention.td"), "--n", "8", "--batch", "2", "--width", "16",
+        "--heads", "2", "--repeat", "1", "--out", str(tmp_path), "--causal",
+    )  # fmt: skip
+    assert code == 0 and "Traceback" not in err
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert [r["design"] for r in rows] == ["cross_attention"] and rows[0]["saved_bytes"] > 0
+
+
 def test_bench_times_a_standalone_baseline_file_with_the_compiled_weights(capsys, tmp_path):
     baseline = tmp_path / "old"
     baseline.mkdir()
