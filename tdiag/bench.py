@@ -232,16 +232,24 @@ class Timing:
     cuda_peak_bytes: int | None
 
 
+def _rotated(count: int, start: int) -> list[int]:
+    """0 .. count - 1 starting at `start` (mod count), wrapping around."""
+    return [(start + k) % count for k in range(count)]
+
+
 def measure_all(
     modules: list[nn.Module], x: torch.Tensor, causal: bool, repeat: int, others: dict[str, torch.Tensor] | None = None
 ) -> list[Timing]:
     """Round-robin over the implementations, so warm-up and machine noise fall on all alike;
-    round r of one implementation is compared with round r of another."""
+    round r of one implementation is compared with round r of another. Round r starts at
+    implementation r (mod their number): no implementation always runs first, right after
+    another's backward has filled the caches and the allocator."""
     for module in modules:
         time_step(module, x, kwargs=_kwargs(module, causal, others or {}), repeats=0, warmup=2)
     times: list[list[float]] = [[] for _ in modules]
-    for _ in range(repeat):
-        for k, module in enumerate(modules):
+    for r in range(repeat):
+        for k in _rotated(len(modules), r):
+            module = modules[k]
             times[k] += time_step(module, x, kwargs=_kwargs(module, causal, others or {}), repeats=1, warmup=0)
     results = []
     for k, module in enumerate(modules):

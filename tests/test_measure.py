@@ -128,3 +128,24 @@ def test_time_step_without_backward_computes_no_gradient():
     module = Lambda(lambda m, x, *, shift: (x @ m.W + shift).softmax(-1))
     assert len(time_step(module, [x()], kwargs={"shift": 1.0}, backward=False, repeats=2, warmup=0)) == 2
     assert module.W.grad is None
+
+
+def test_bench_rounds_start_at_each_implementation_in_turn():
+    from tdiag.bench import measure_all
+
+    calls: list[str] = []
+
+    class Recorder(torch.nn.Module):
+        def __init__(self, name: str):
+            super().__init__()
+            self.name, self.w = name, torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, x):
+            calls.append(self.name)
+            return x * self.w
+
+    modules = [Recorder("a"), Recorder("b"), Recorder("c")]
+    measure_all(modules, torch.randn(2, 3), causal=False, repeat=3)
+    timed = calls[6:15]  # after two warm-up steps of each
+    assert [timed[0], timed[3], timed[6]] == ["a", "b", "c"]
+    assert sorted(timed) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
