@@ -7,6 +7,25 @@ DESIGNS = ROOT / "designs"
 DESIGN_FILES = sorted(DESIGNS.glob("*.td"))
 
 
+def visible(n: int, causal: bool):
+    """Which keys each query may see: all, or m <= n (the causal mask), as an n x n bool tensor."""
+    import torch
+
+    return torch.ones(n, n, dtype=torch.bool).tril() if causal else torch.ones(n, n, dtype=torch.bool)
+
+
+def perturbed(module):
+    """The module's parameters moved off their initial values (identities, fills, zeros), so that
+    every parameter matters in a comparison with a reference; returns them by name."""
+    import torch
+
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.add_(0.3 * torch.randn(parameter.shape, dtype=parameter.dtype, generator=generator))
+    return {name: value.detach() for name, value in module.named_parameters()}
+
+
 @pytest.fixture
 def write_td(tmp_path):
     """Write a .td text to a temporary file and return its path."""

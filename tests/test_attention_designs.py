@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from conftest import DESIGNS
+from conftest import DESIGNS, perturbed, visible
 
 import tdiag
 
@@ -25,10 +25,6 @@ def design(name: str, causal: bool = False) -> tdiag.Design:
 
 def x_input(*batch: int, n: int = N) -> torch.Tensor:
     return torch.randn(*batch, n, 8, dtype=F64, generator=torch.Generator().manual_seed(1))
-
-
-def visible(n: int, causal: bool) -> torch.Tensor:
-    return torch.ones(n, n, dtype=torch.bool).tril() if causal else torch.ones(n, n, dtype=torch.bool)
 
 
 def softmax(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
@@ -117,16 +113,6 @@ PAPERS = {
     "grouped_query": grouped_query,
     "talking_heads": talking_heads,
 }
-
-
-def perturbed(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The module's parameters moved off their initial values (identities, fills), so that every
-    parameter matters in the comparison."""
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for parameter in module.parameters():
-            parameter.add_(0.3 * torch.randn(parameter.shape, dtype=parameter.dtype, generator=generator))
-    return {name: value.detach() for name, value in module.named_parameters()}
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])

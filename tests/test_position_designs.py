@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from conftest import DESIGNS
+from conftest import DESIGNS, perturbed, visible
 
 import tdiag
 
@@ -28,10 +28,6 @@ def design(name: str, causal: bool = False) -> tdiag.Design:
 
 def x_input(*batch: int, n: int = N, seed: int = 1) -> torch.Tensor:
     return torch.randn(*batch, n, WIDTH, dtype=F64, generator=torch.Generator().manual_seed(seed))
-
-
-def visible(n: int, causal: bool) -> torch.Tensor:
-    return torch.ones(n, n, dtype=torch.bool).tril() if causal else torch.ones(n, n, dtype=torch.bool)
 
 
 def attend(logits: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor, wo: torch.Tensor) -> torch.Tensor:
@@ -117,15 +113,6 @@ def cross_attention(p, x, z, pad):
     q, k, v = project(x, p["WQ"]), project(z, p["WK"]), project(z, p["WV"])
     allowed = pad[..., None, None, :]
     return attend(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), allowed, v, p["WO"])
-
-
-def perturbed(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Parameters moved off their initial values (zeros), so that every parameter matters."""
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for parameter in module.parameters():
-            parameter.add_(0.3 * torch.randn(parameter.shape, dtype=parameter.dtype, generator=generator))
-    return {name: value.detach() for name, value in module.named_parameters()}
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
