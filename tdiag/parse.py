@@ -4,7 +4,7 @@ positioned diagnostics. It adds no meaning: names, legs and sizes are resolved i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -363,14 +363,14 @@ _KEYWORDS = {"DESIGN": "design", "EXTENDS": "extends", "SIZE": "size", "REPLACE"
 _KEYWORDS |= {"UPDATE": "update", "OUTPUT": "output"}
 
 
-def _describe(terminal: str) -> str:
+def _describe(terminal: str, words: Mapping[str, str]) -> str:
     if terminal in _KEYWORDS:
         return f"'{_KEYWORDS[terminal]}'"
-    return _TOKEN_WORDS.get(terminal, terminal.lower())
+    return _TOKEN_WORDS.get(terminal, words.get(terminal, terminal.lower()))
 
 
-def _expected(allowed: set[str]) -> str:
-    words = sorted({_describe(t) for t in allowed if not t.startswith("__")})
+def _expected(allowed: set[str], names: Mapping[str, str]) -> str:
+    words = sorted({_describe(t, names) for t in allowed if not t.startswith("__")})
     if not words:
         return ""
     if len(words) == 1:
@@ -421,9 +421,8 @@ def _continuation_hint(token: Token, error: UnexpectedToken, text: str) -> str |
     return None
 
 
-def _unclosed_hint(token: Token) -> str | None:
+def _unclosed_hint(token: Token, postlex: object) -> str | None:
     """When a bracket opened on an earlier line is still open, say where it was opened."""
-    postlex = _parser().options.postlex
     opened = getattr(postlex, "open", [])
     if opened and (opened[-1].line < token.line or token.type in ("$END", "_NL", "EQUAL")):
         return f"the '{opened[-1]}' at line {opened[-1].line}, column {opened[-1].column} is not closed"
@@ -442,7 +441,13 @@ def _token_hint(token: Token, previous: Token | None, text: str) -> str | None:
     return None
 
 
-def _syntax_error(file: str, text: str, error: UnexpectedInput) -> Diagnostic:
+def _syntax_error(
+    file: str, text: str, error: UnexpectedInput, parser: Lark | None = None, words: Mapping[str, str] | None = None
+) -> Diagnostic:
+    """The positioned message for lark's error from `parser` (the .td parser by default); `words`
+    names the terminals a grammar built over the .td rules adds."""
+    postlex = (parser or _parser()).options.postlex
+    words = words or {}
     hint = None
     if isinstance(error, UnexpectedCharacters):
         char = text[error.pos_in_stream] if error.pos_in_stream < len(text) else ""
@@ -456,7 +461,7 @@ def _syntax_error(file: str, text: str, error: UnexpectedInput) -> Diagnostic:
             hint = None
         elif not char.isascii():
             hint = "names, numbers and operators are ASCII; remove or replace this character"
-        expected = _expected(_accepted(error, set(error.allowed or ())))
+        expected = _expected(_accepted(error, set(error.allowed or ())), words)
         if expected:
             message += f"; {expected}"
         return Diagnostic(message, (span,), hint)
@@ -471,22 +476,31 @@ def _syntax_error(file: str, text: str, error: UnexpectedInput) -> Diagnostic:
             end = token.end_column if token.end_line == token.line else token.column + 1
             span = Span(file, token.line, token.column, token.line, max(end or 0, token.column + 1))
         message = f"unexpected {_found(token)}"
-        expected = _expected(_accepted(error, set(error.expected)))
+        expected = _expected(_accepted(error, set(error.expected)), words)
         if expected:
             message += f"; {expected}"
         previous = error.token_history[-1] if error.token_history else None
-        hint = _unclosed_hint(token) or _token_hint(token, previous, text) or _continuation_hint(token, error, text)
+        hint = (
+            _unclosed_hint(token, postlex)
+            or _token_hint(token, previous, text)
+            or _continuation_hint(token, error, text)
+        )
         return Diagnostic(message, (span,), hint)
     span = Span(file, getattr(error, "line", 1) or 1, getattr(error, "column", 1) or 1, 0, 0)
     return Diagnostic("unexpected end of input", (span,))
 
 
+def prepared_text(text: str, file: str) -> str:
+    """The text as the parsers read it: without a UTF-8 byte order mark (as some editors save),
+    registered for positioned messages, ending in a line break."""
+    text = text.removeprefix("\ufeff")
+    SOURCES.add(file, text)
+    return text if text.endswith("\n") else text + "\n"
+
+
 def parse_text(text: str, file: str = "<string>") -> SourceFile:
     """Parse one `.td` text into syntax items, or raise TdiagError with a positioned message."""
-    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark, as some editors save
-    SOURCES.add(file, text)
-    if not text.endswith("\n"):
-        text += "\n"
+    text = prepared_text(text, file)
     try:
         tree = _parser().parse(text)
     except (UnexpectedCharacters, UnexpectedToken, UnexpectedEOF) as error:

@@ -156,16 +156,11 @@ _SPACE_WORDS = {"LBRACE": "'{'", "RBRACE": "'}'", "SEMICOLON": "';'", "IN": "'in
 
 def parse_space_text(text: str, file: str = "<string>") -> Space:
     """Parse `.tds` text, or raise TdiagError positioned at the mistake, naming the choice it is in."""
-    text = text.removeprefix("\ufeff")
-    SOURCES.add(file, text)
-    if not text.endswith("\n"):
-        text += "\n"
+    text = syn.prepared_text(text, file)
     try:
         tree = _parser().parse(text)
     except (UnexpectedCharacters, UnexpectedToken, UnexpectedEOF) as error:
-        syn._parser().options.postlex.open = list(_parser().options.postlex.open)  # for the "not closed" hint
-        syn._TOKEN_WORDS.update({k: v for k, v in _SPACE_WORDS.items() if k not in syn._TOKEN_WORDS})
-        diagnostic = syn._syntax_error(file, text, error)
+        diagnostic = syn._syntax_error(file, text, error, _parser(), _SPACE_WORDS)
         choice = _enclosing_choice(text, diagnostic.spans[0].line if diagnostic.spans else 1)
         if choice:
             diagnostic = Diagnostic(f"in choice '{choice}': {diagnostic.message}", diagnostic.spans, diagnostic.hint)
