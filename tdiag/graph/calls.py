@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import sympy
 
 from .. import parse as syn
-from ..errors import a_or_an, did_you_mean, one_of
+from ..errors import Span, a_or_an, did_you_mean, one_of
 from ..errors import hint as join_hint
 from ..ir import (
     CausalFactor,
@@ -195,12 +195,7 @@ class BoxesAndMaps:
                 return None
             for leg, arg in zip(legs, value.args, strict=True):
                 if leg not in content.legs:
-                    self.b.error(
-                        f"causal mask leg '{leg}' is not a leg of the {box}",
-                        arg.span,
-                        hint=did_you_mean(leg, content.legs)
-                        or f"the {box.split()[-1]}'s legs are: {', '.join(content.legs)}",
-                    )
+                    self._mask_leg_outside("causal mask", leg, arg.span, box, content.legs)
             if legs[0] == legs[1]:
                 self.b.error("a causal mask relates two different legs", value.span)
             return CausalMask(legs[0], legs[1], value.span)  # type: ignore[arg-type]
@@ -218,15 +213,18 @@ class BoxesAndMaps:
             ref = self.tensor_ref(value)
             for leg in ref.legs:
                 if leg not in content.legs:
-                    self.b.error(
-                        f"mask leg '{leg}' is not a leg of the {box}",
-                        value.span,
-                        hint=did_you_mean(leg, content.legs)
-                        or f"the {box.split()[-1]}'s legs are: {', '.join(content.legs)}",
-                    )
+                    self._mask_leg_outside("mask", leg, value.span, box, content.legs)
             return PaddingMask(ref, value.span) if isinstance(ref, TensorRef) else None
         self.b.error("a mask is causal(query_leg, key_leg) or a mask input like pad[m]", value.span)
         return None
+
+    def _mask_leg_outside(self, mask: str, leg: str, span: Span, box: str, legs: tuple[str, ...]) -> None:
+        """A mask (`mask` says which kind) names a leg the masked box or map does not have."""
+        self.b.error(
+            f"{mask} leg '{leg}' is not a leg of the {box}",
+            span,
+            hint=did_you_mean(leg, legs) or f"the {box.split()[-1]}'s legs are: {', '.join(legs)}",
+        )
 
     def causal_factor(self, e: syn.Call) -> Expr:
         """`causal(n, m)` as a factor: 1 where m <= n, 0 elsewhere (zeroing the future)."""

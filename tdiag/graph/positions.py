@@ -60,13 +60,7 @@ class Positions:
         integer position computed from legs; the result has the other legs and the position's."""
         items = e.items or (*e.legs, *e.options)
         if len(items) != len(tensor.axes):
-            axes = " ".join(tensor.legs)
-            self.b.error(
-                f"{e.name} has {len(tensor.axes)} axes ({axes}) but is used with {len(items)}",
-                e.span,
-                hint=f"e.g. {e.name}[{axes}]",
-            )
-            return self.poison(e)
+            return self.wrong_axis_count(e, tensor, str(len(items)))
         if len(e.options) > 1:
             self.b.error(
                 f"one axis of {e.name} may be read at a position; this use gives {len(e.options)}",

@@ -12,7 +12,7 @@ import sympy
 
 from .. import parse as syn
 from ..errors import Span, did_you_mean
-from ..ir import Axis, Contraction, ElementwiseMap, Expr, Leg, Quotient, Scalar, SumNode, TensorRef
+from ..ir import Axis, Contraction, ElementwiseMap, Expr, Leg, Quotient, Scalar, SumNode, Tensor, TensorRef
 from .sizes import _same_size, expand_sizes
 from .syntax import (
     _available,
@@ -48,13 +48,7 @@ class Products:
             return self.gather(e, tensor)
         groups = tuple(_leg_names(item) for item in e.legs)
         if len(groups) != len(tensor.axes):
-            axes = " ".join(tensor.legs)
-            self.b.error(
-                f"{e.name} has {len(tensor.axes)} axes ({axes}) but is used with {len(groups)} legs",
-                e.span,
-                hint=f"e.g. {e.name}[{axes}]",
-            )
-            return self.poison(e)
+            return self.wrong_axis_count(e, tensor, f"{len(groups)} legs")
         self._check_repeated_legs(e)
         slices: list[sympy.Expr | None] = []
         for item, axis in zip(e.legs, tensor.axes, strict=True):
@@ -73,6 +67,16 @@ class Products:
         legs = tuple(leg for g in groups for leg in g)
         sliced = tuple(slices) if any(k is not None for k in slices) else ()
         return TensorRef(legs, e.span, e.name, groups, sliced)
+
+    def wrong_axis_count(self, e: syn.Indexed, tensor: Tensor, used: str) -> Expr:
+        """A use names more or fewer axes than the declaration has (`used` says how many)."""
+        axes = " ".join(tensor.legs)
+        self.b.error(
+            f"{e.name} has {len(tensor.axes)} axes ({axes}) but is used with {used}",
+            e.span,
+            hint=f"e.g. {e.name}[{axes}]",
+        )
+        return self.poison(e)
 
     def _unknown_tensor(self, e: syn.Indexed) -> Expr:
         if e.name in self.b.sizes:
