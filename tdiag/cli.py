@@ -23,6 +23,10 @@ OBJECTIVE_HELP = (
     "(TDIAG_DEVICE, else this CPU); flops: the fewest FLOPs (fused attention only where it costs no more); "
     "memory: fused attention wherever it applies"
 )
+ATTENTION_HELP = (
+    "the fused kernel for softmax boxes: sdpa (scaled_dot_product_attention) or flex (FlexAttention, score_mod and "
+    "block mask; with torch 2.13 on CPU inference only, float32/16/bf16 under torch.compile); default sdpa"
+)
 
 
 class _UsageError(Exception):
@@ -130,6 +134,9 @@ def _parser() -> _Parser:
     def with_objective(p: argparse.ArgumentParser, default: str = DEFAULT_OBJECTIVE) -> None:
         p.add_argument("--objective", choices=OBJECTIVES, default=default, help=OBJECTIVE_HELP)
 
+    def with_attention(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--attention", choices=("sdpa", "flex"), default="sdpa", help=ATTENTION_HELP)
+
     p = commands.add_parser("check", help="parse and check designs; print a summary or every mistake")
     p.add_argument("files", nargs="+", metavar="FILE.td", help=DESIGN_HELP)
     p.add_argument("--time", action="store_true", help="print how long checking took")
@@ -152,6 +159,7 @@ def _parser() -> _Parser:
     p.add_argument("--checkpoint-boxes", action="store_true", help="recompute softmax boxes in the backward pass")
     p.add_argument("--causal", action="store_true", help="mask the future: causal(n, m) on every box over m")
     with_objective(p)
+    with_attention(p)
     with_sizes(p)
 
     p = commands.add_parser("cost", help="parameters, FLOPs, softmax entries and peak memory, side by side")
@@ -176,6 +184,7 @@ def _parser() -> _Parser:
     p.add_argument("--causal", action="store_true", help="mask the future: causal(n, m) on every box over m")
     p.add_argument("--checkpoint-boxes", action="store_true", help="recompute softmax boxes in the backward pass")
     with_objective(p)
+    with_attention(p)
 
     p = commands.add_parser("catalog", help="a Markdown page of designs by family: cost formulas and numbers")
     p.add_argument("paths", nargs="+", metavar="FOLDER|FILE.td", help="folders of .td files, or .td files")
@@ -320,8 +329,9 @@ def _compile(args: argparse.Namespace) -> int:
     sizes = {"N": args.plan_n} if args.plan_n else {}
     if args.plan_n and "N" not in design.graph.sizes:
         raise _UsageError(f"tdiag compile: error: design '{design.name}' has no size N to plan for")
-    plan = design.plan(checkpoint_boxes=args.checkpoint_boxes, objective=args.objective, **sizes)
-    source = design.source(checkpoint_boxes=args.checkpoint_boxes, objective=args.objective, **sizes)
+    options = {"checkpoint_boxes": args.checkpoint_boxes, "objective": args.objective, "attention": args.attention}
+    plan = design.plan(**options, **sizes)
+    source = design.source(**options, **sizes)
     try:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(source, encoding="utf-8")
@@ -398,7 +408,9 @@ def _plan(args: argparse.Namespace) -> int:
     if args.causal:
         design = design.with_causal_mask()
     runtime = {k: v for k, v in args.at.items() if k == "B" or design.graph.sizes[k].is_free}
-    plan = design.plan(checkpoint_boxes=args.checkpoint_boxes, objective=args.objective, **runtime)
+    plan = design.plan(
+        checkpoint_boxes=args.checkpoint_boxes, objective=args.objective, attention=args.attention, **runtime
+    )
     print(plan_table(plan, {k: v for k, v in args.at.items() if k == "B"}))
     return 0
 

@@ -19,12 +19,14 @@ from .plan import BATCH_SIZE, Plan, Step, reads
 from .plan.program import (
     Attention,
     Binary,
+    BlockMask,
     BufferUpdate,
     Concat,
     Einsum,
     Elementwise,
     Expand,
     Fill,
+    FlexAttention,
     GatherAt,
     JoinChunks,
     LiteralCombination,
@@ -44,7 +46,12 @@ from .plan.program import (
     Reduce,
     Reshape,
     Scale,
+    ScoreArith,
+    ScoreIndex,
+    ScoreMap,
     ScoreMask,
+    ScoreNumber,
+    ScoreRead,
     Slice,
     Softmax,
     SplitChunks,
@@ -183,6 +190,9 @@ def _init_line(tensor: Tensor, graph: DesignGraph, sizes: dict[str, int] | None)
     return f"_fill({shape}, {value})"
 
 
+_FLEX_IMPORT = ["from torch.nn.attention.flex_attention import create_block_mask, flex_attention"]
+
+
 def generate(plan: Plan, *, source_name: str = "") -> str:
     """The module source for `plan`."""
     graph = plan.graph
@@ -200,6 +210,7 @@ def generate(plan: Plan, *, source_name: str = "") -> str:
         "",
         "import torch",
         "from torch import nn",
+        *(_FLEX_IMPORT if any(isinstance(step.op, FlexAttention) for step in plan.steps) else []),
         HELPERS,
         "",
         f"class {name}(nn.Module):",
@@ -612,8 +623,12 @@ def _(op: Materialize, attributes: frozenset[str]) -> str:
 
 @_op.register
 def _(op: Map, attributes: frozenset[str]) -> str:
-    x = _var(op.x, attributes)
-    params = [_scalar(p) for p in op.params]
+    return _map(op.name, _var(op.x, attributes), op.params)
+
+
+def _map(name: str, x: str, parameters: Sequence[sympy.Expr]) -> str:
+    """Elementwise map `name` of the Python expression `x` (a variable or parenthesized)."""
+    params = [_scalar(p) for p in parameters]
     return {
         "exp": lambda: f"{x}.exp()",
         "log": lambda: f"{x}.log()",
@@ -630,7 +645,7 @@ def _(op: Map, attributes: frozenset[str]) -> str:
         "abs": lambda: f"torch.abs({x})",
         "clamp": lambda: f"{x}.clamp({', '.join(params)})",
         "pow": lambda: f"{x} ** {params[0] if params else 1}",
-    }[op.name]()
+    }[name]()
 
 
 @_op.register
@@ -714,6 +729,70 @@ def _(op: Attention, attributes: frozenset[str]) -> str:
     if op.shape is not None:
         call = f"({call}).reshape({_sizes(op.shape)})"
     return call
+
+
+@_op.register
+def _(op: FlexAttention, attributes: frozenset[str]) -> str:
+    # dense (batch, heads, positions, features): torch 2.13's CPU kernel under torch.compile has
+    # no choice for the permuted views of a projection's output (NoValidChoicesError)
+    arguments = [f"{_read(x, attributes)}.contiguous()" for x in (op.q, op.k, op.v)]
+    if op.score is not None:
+        score, *indices = (source(name, "name") for name in op.arguments)
+        term = _score_term(op.score, score, attributes)
+        arguments.append(f"score_mod=lambda {score}, {', '.join(indices)}: {score} + {term}")
+    if op.block_mask is not None:
+        arguments.append(f"block_mask={_var(op.block_mask, attributes)}")
+    arguments.append(f"scale={_scalar(op.scale)}")
+    if op.grouped:
+        arguments.append("enable_gqa=True")
+    call = f"flex_attention({', '.join(arguments)})"
+    return call if op.shape is None else f"{call}.reshape({_sizes(op.shape)})"
+
+
+@_op.register
+def _(op: BlockMask, attributes: frozenset[str]) -> str:
+    b, h, q, kv = (source(name, "name") for name in op.arguments)
+    terms = [f"({q} >= {kv})"] if op.causal else []
+    terms += [_score_read(r, attributes) for r in op.visible]
+    batch = f"{_var(op.batch, attributes)}.shape[0]" if op.batch is not None else "None"
+    device = f"{source(op.like, 'name')}.device" if op.like else "None"
+    mask = f"lambda {b}, {h}, {q}, {kv}: {' & '.join(terms)}"
+    return f"create_block_mask({mask}, {batch}, None, {_expr(op.queries)}, {_expr(op.keys)}, device={device})"
+
+
+def _score_term(term, score: str, attributes: frozenset[str]) -> str:
+    """A score_mod term as Python over the kernel's index arguments, in the dtype of `score`."""
+    if isinstance(term, ScoreRead):
+        return _score_read(term, attributes)
+    if isinstance(term, ScoreIndex):
+        return f"{_score_position(term.position)}.to({score}.dtype)"
+    if isinstance(term, ScoreNumber):
+        return _scalar(term.value)
+    if isinstance(term, ScoreMap):
+        return f"({_map(term.name, f'({_score_term(term.x, score, attributes)})', term.params)})"
+    if isinstance(term, ScoreArith):
+        left, right = _score_term(term.left, score, attributes), _score_term(term.right, score, attributes)
+        return f"({left} {term.op} {right})"
+    raise TypeError(f"no Python for {type(term).__name__}")
+
+
+def _score_read(read: ScoreRead, attributes: frozenset[str]) -> str:
+    index = ", ".join(_score_position(p) for p in read.index)
+    return f"{_var(read.value, attributes)}[{index}]" if index else _var(read.value, attributes)
+
+
+def _score_position(position) -> str:
+    """An integer position of the kernel's index arguments (their names are the position's legs)."""
+    if position.op == "leg":
+        return source(position.name, "name")
+    if position.op == "number":
+        return _scalar(position.value)
+    parts = [_score_position(o) for o in position.operands]
+    if position.op == "neg":
+        return f"(-{parts[0]})"
+    if position.op == "clamp":
+        return f"torch.clamp({parts[0]}, {parts[1]}, {parts[2]})"
+    return f"({parts[0]} {position.op} {parts[1]})"
 
 
 @_op.register

@@ -114,21 +114,26 @@ class Design:
         *,
         checkpoint_boxes: bool = False,
         objective: str = DEFAULT_OBJECTIVE,
+        attention: str = "sdpa",
         **more: int,
     ):
         """The evaluation plan for these sizes (run-time sizes such as N default to 1024),
         cached by size. `checkpoint_boxes` recomputes each box in the backward pass;
         `objective`: "time" (the default) the least estimated training-step time on the planning
         device, "flops" the fewest FLOPs, "memory" fused attention kernels wherever they apply.
+        `attention="flex"` lowers fusable softmax boxes to FlexAttention instead of SDPA (torch
+        2.13 on CPU: inference only, float32/16/bf16 under torch.compile; docs/language.md).
         Sizes are keywords (`N=512`) or a mapping, for a size named like a keyword here."""
         from .module import plan_for
 
         sizes = checked_sizes(self.graph, {**(sizes or {}), **more})
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-        key = (tuple(sorted(sizes.items())), checkpoint_boxes, objective)
+        key = (tuple(sorted(sizes.items())), checkpoint_boxes, objective, attention)
         if key not in self._plans:
-            self._plans[key] = plan_for(self.graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=objective)
+            self._plans[key] = plan_for(
+                self.graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention
+            )
         return self._plans[key]
 
     def module(
@@ -142,6 +147,7 @@ class Design:
         impl: str = "compiled",
         checkpoint_boxes: bool = False,
         objective: str = DEFAULT_OBJECTIVE,
+        attention: str = "sdpa",
         **more: int,
     ):
         """An ordinary torch.nn.Module: the compiled plan (`impl="compiled"`) or the plain
@@ -165,7 +171,7 @@ class Design:
             raise ValueError(f"impl must be 'compiled' or 'reference', got {impl!r}")
         from .module import build_module
 
-        plan = self.plan(sizes, checkpoint_boxes=checkpoint_boxes, objective=objective)
+        plan = self.plan(sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention)
         return build_module(plan, seed=seed, dtype=dtype, device=device, source_name=self.graph.file)
 
     def source(
@@ -175,12 +181,14 @@ class Design:
         *,
         checkpoint_boxes: bool = False,
         objective: str = DEFAULT_OBJECTIVE,
+        attention: str = "sdpa",
         **more: int,
     ) -> str:
         """The standalone Python module `tdiag compile` writes for these sizes."""
         from .codegen import generate
 
-        plan = self.plan({**(sizes or {}), **more}, checkpoint_boxes=checkpoint_boxes, objective=objective)
+        sizes = {**(sizes or {}), **more}
+        plan = self.plan(sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention)
         return generate(plan, source_name=self.graph.file)
 
     def cost(

@@ -77,5 +77,7 @@ def plan_for(
     *,
     checkpoint_boxes: bool = False,
     objective: str = DEFAULT_OBJECTIVE,
+    attention: str = "sdpa",
 ) -> Plan:
-    return build_plan(graph, planning_sizes(graph, sizes), checkpoint_boxes=checkpoint_boxes, objective=objective)
+    sizes = planning_sizes(graph, sizes)
+    return build_plan(graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention)

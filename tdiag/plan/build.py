@@ -13,6 +13,7 @@ from .constants import ConstantFolding
 from .contraction import ContractionOrder
 from .distance import DistanceExpansion
 from .elementwise import ElementwiseLowering
+from .flex import ATTENTION_KERNELS, FlexLowering
 from .layout import Sizes, assign_layouts
 from .linear import LinearOrder
 from .literals import LiteralUnrolling
@@ -46,6 +47,7 @@ class _Lowering(
     ChunkedCausal,
     AttentionMatch,
     FusedAttention,
+    FlexLowering,
     PositionLowering,
     TimeModel,
     LoweringBase,
@@ -59,15 +61,21 @@ def build_plan(
     *,
     checkpoint_boxes: bool = False,
     objective: str = DEFAULT_OBJECTIVE,
+    attention: str = "sdpa",
 ) -> Plan:
     """Lower every statement, then the outputs and the state updates. With `checkpoint_boxes`,
     each box, its content and its first consumer are recomputed in the backward pass instead of
     being kept (Tuformer §4.3, spec §3.4). `objective="flops"` takes a fused attention only when
     it costs no more FLOPs; `"memory"` takes it wherever the pattern holds, since it never stores
-    the box (MGK P17 multiplies the value contraction by M but keeps no N²·M scores)."""
+    the box (MGK P17 multiplies the value contraction by M but keeps no N²·M scores).
+    `attention="flex"` lowers each fusable softmax box to FlexAttention where it applies (flex.py)
+    instead of SDPA, whatever the objective."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    if attention not in ATTENTION_KERNELS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}")
     lowering = _Lowering(graph, sizes, objective)
+    lowering.attention = attention
     lowering.lower_design()
     plan = Plan(graph, dict(sizes), lowering.leg_sizes, steps=lowering.steps)
     for name in graph.outputs:

@@ -22,12 +22,14 @@ from .abstract import BOOL, FLOAT, LONG, AbstractMachine, Footprint, Meta
 from .program import (
     Attention,
     Binary,
+    BlockMask,
     BufferUpdate,
     Concat,
     Einsum,
     Elementwise,
     Expand,
     Fill,
+    FlexAttention,
     GatherAt,
     JoinChunks,
     LiteralCombination,
@@ -371,6 +373,35 @@ class _Interpreter(AbstractMachine):
         if op.shape is not None:
             out = self.reshape(out, self.output(step)[0], step.out.var)  # type: ignore[union-attr]
         return out
+
+    @op.register
+    def _(self, op: FlexAttention, step: Step) -> Meta:
+        """The fused kernel keeps q, k, v, its output, the log-sum-exp and the tensors its score_mod
+        reads (torch's flex_attention backward); never the scores."""
+        q, k, v = (self.dense(self.read(x), f"{x.value.var} dense") for x in (op.q, op.k, op.v))
+        tensors = [self.value(t) for t in op.tensors]
+        grad = q.grad or k.grad or v.grad or any(t.grad for t in tensors)
+        shape = (*q.shape[:-1], v.shape[-1])
+        out = self.fresh(shape, sympy.Mul(*shape), grad, step.out.var)  # type: ignore[union-attr]
+        lse = self.fresh(shape[:-1], sympy.Mul(*shape[:-1]), False, "log-sum-exp")
+        if grad:
+            self.save(q, k, v, out, lse, *tensors)
+        if op.shape is not None:
+            out = self.reshape(out, self.output(step)[0], step.out.var)  # type: ignore[union-attr]
+        return out
+
+    @op.register
+    def _(self, op: BlockMask, step: Step) -> Meta:
+        """A few int32 tensors of (query blocks, key blocks) of 128 entries: small, never saved."""
+        blocks = sympy.ceiling(op.queries / 128) * sympy.ceiling(op.keys / 128)
+        return self.fresh((), blocks, False, step.out.var, BOOL)  # type: ignore[union-attr]
+
+    def dense(self, m: Meta, what: str) -> Meta:
+        """`m.contiguous()`: the same tensor when it is dense in its order, else a copy."""
+        if m.strides == contiguous(m.shape):
+            return m
+        self.record.copies += m.numel
+        return self.fresh(m.shape, m.numel, m.grad, what)
 
     def widened(self, m: Meta, extra: int, numel: sympy.Expr, what: str) -> Meta:
         return self.fresh((*m.shape[:-1], m.shape[-1] + extra), numel, m.grad, what)

@@ -389,6 +389,99 @@ class LiteralCombination:
 
 
 @dataclass(frozen=True)
+class ScoreRead:
+    """A score_mod term: `value` read at one index per axis, each an integer position of the
+    kernel's index arguments (batch, head, query, key), e.g. Rel[h, clamp(kv − q, −C, C) + C]."""
+
+    value: Value
+    index: tuple[Position, ...]
+
+
+@dataclass(frozen=True)
+class ScoreIndex:
+    """A score_mod term: an integer position of the index arguments as a number in the
+    scores' dtype (`index(n)` inside a box: the query index q)."""
+
+    position: Position
+
+
+@dataclass(frozen=True)
+class ScoreNumber:
+    """A score_mod term: a number or a formula in run-time sizes."""
+
+    value: sympy.Expr
+
+
+@dataclass(frozen=True)
+class ScoreMap:
+    """A score_mod term: an elementwise map (the names of `Map`) of another term."""
+
+    name: str
+    x: ScoreTerm
+    params: tuple[sympy.Expr, ...] = ()
+
+
+@dataclass(frozen=True)
+class ScoreArith:
+    """A score_mod term: `left op right`, op one of + - * /."""
+
+    op: str
+    left: ScoreTerm
+    right: ScoreTerm
+
+
+ScoreTerm = ScoreRead | ScoreIndex | ScoreNumber | ScoreMap | ScoreArith
+
+
+def score_reads(term: ScoreTerm | None) -> Iterator[ScoreRead]:
+    """The tensors a score_mod or mask_mod term reads, left to right."""
+    if isinstance(term, ScoreRead):
+        yield term
+    elif isinstance(term, ScoreMap):
+        yield from score_reads(term.x)
+    elif isinstance(term, ScoreArith):
+        yield from score_reads(term.left)
+        yield from score_reads(term.right)
+
+
+@dataclass(frozen=True)
+class BlockMask:
+    """FlexAttention's block mask: key j visible from query i where `causal` (i ≥ j) and every
+    boolean in `visible` (padding masks, True = attend) allow it. `batch` is a value whose first
+    axis is the batch when a mask varies along it. `arguments` names mask_mod's (batch, head,
+    query, key) parameters."""
+
+    causal: bool
+    visible: tuple[ScoreRead, ...]
+    batch: Value | None
+    queries: sympy.Expr
+    keys: sympy.Expr
+    arguments: tuple[str, str, str, str]
+    like: str | None
+    tensors: tuple[Value, ...] = ()
+
+
+@dataclass(frozen=True)
+class FlexAttention:
+    """torch's flex_attention over q, k, v laid out (batch, heads, positions, features):
+    softmax(scale · q·k + score) v, the additive `score` a score_mod evaluated per (batch, head,
+    query, key) from the tensors in `tensors` (none of them over both positions unless the design
+    stores one), masked by `block_mask`. `arguments` names score_mod's (score, batch, head, query,
+    key) parameters; `shape` regroups the 4-D output to the result's legs."""
+
+    q: Operand
+    k: Operand
+    v: Operand
+    scale: sympy.Expr
+    score: ScoreTerm | None
+    block_mask: Value | None
+    arguments: tuple[str, str, str, str, str]
+    tensors: tuple[Value, ...] = ()
+    grouped: bool = False
+    shape: tuple[sympy.Expr, ...] | None = None
+
+
+@dataclass(frozen=True)
 class Permute:
     """x with its axes reordered (an output laid out in its declared order)."""
 
@@ -428,6 +521,8 @@ Op = (
     | VisibleMask
     | ScoreMask
     | Attention
+    | BlockMask
+    | FlexAttention
     | Concat
     | Fill
     | MaskNumbers

@@ -34,6 +34,12 @@ class FusedAttention:
 
     def cheaper_fused(self, box, ren, leaf: _Leaf, others: list[_Leaf], out, fused) -> bool:
         fused["grouped"] = self.grouped_form(box, ren, others, out, fused)
+        if self.attention == "flex":
+            reason = self.flex_refusal(fused)
+            if reason is None:
+                return True  # asked for: FlexAttention is taken wherever it applies
+            keys = " ".join(show_legs(fused["keys"]))
+            self.refuse(f"softmax box over {keys}: FlexAttention refused: {reason}")
 
         def materialized() -> None:
             value = self.lower_box(box, ren, None)
@@ -54,7 +60,7 @@ class FusedAttention:
         bytes kept for backward (the folded rows are 3-D: SDPA's math kernel keeps the scores)."""
         if len(fused["queries"]) == 1:
             return False
-        if fused["masks"]:
+        if fused["masks"] or self.attention == "flex":  # FlexAttention indexes the positions as rows
             return True
 
         def form(grouped: bool):
@@ -87,6 +93,8 @@ class FusedAttention:
     def fuse(self, box: SoftmaxBox, ren, others: list[_Leaf], fused: dict) -> list[_Leaf]:
         """Emit q, k, v and the SDPA call; return the region's leaves with the attention output
         standing in for the box and its value side."""
+        if self.attention == "flex" and self.flex_refusal(fused) is None:
+            return self.fuse_flex(box, ren, others, fused)
         heads, queries, keys, latent, features = (fused[k] for k in ("heads", "queries", "keys", "latent", "features"))
         prelude, memo = fused["prelude"]
         for step in prelude:

@@ -1,0 +1,180 @@
+"""The FlexAttention lowering (`attention="flex"`, issue 13): each softmax box SDPA could take
+becomes one flex_attention call whose score_mod computes the additive terms of the scores per
+(batch, head, query, key) and whose block mask holds the causal and padding masks.
+
+With torch 2.13 on CPU FlexAttention runs forward only (no backward) and compiles float32,
+float16 and bfloat16 only; its eager path takes float64. So equality with the papers' equations
+is checked in float64 without gradient, and torch.compile(fullgraph=True) in float32."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import perturbed, visible
+from test_position_designs import PAPERS, N, cross_attention, design, x_input
+
+import tdiag
+from tdiag.plan import BATCH_SIZE
+
+F64 = torch.float64
+
+
+def flex_module(name: str, causal: bool = False, **sizes: int) -> torch.nn.Module:
+    return design(name, causal).module(N=N, dtype=F64, attention="flex", **sizes)
+
+
+def flex_steps(plan) -> list:
+    return [step for step in plan.steps if step.kind == "flex"]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_flex_lowering_equals_the_papers_equation(name, causal):
+    module = flex_module(name, causal)
+    assert len(flex_steps(module.tdiag_plan)) == 1
+    params = perturbed(module)
+    x = x_input(2, n=7)
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), PAPERS[name](params, x, visible(7, causal)), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["alibi", "relative_bias"])
+def test_flex_score_mod_builds_no_bias_over_queries_and_keys(name):
+    plan = design(name, True).plan(N=64, attention="flex")
+    over_both = [step for step in plan.steps if step.out is not None and {"n", "m"} <= set(step.out.legs)]
+    assert over_both == []
+    assert "score_mod" in flex_steps(plan)[0].description
+
+
+def test_flex_reads_a_stored_absolute_table_in_place():
+    plan = design("absolute_bias").plan(N=8, attention="flex")
+    (step,) = flex_steps(plan)
+    assert any(value.var.startswith("Bias") for value in step.op.tensors)
+
+
+def test_flex_padding_mask_equals_the_papers_cross_attention():
+    module = design("cross_attention").module(N=N, M=7, dtype=F64, attention="flex")
+    assert "padding mask as a block mask" in module.tdiag_plan.lowered[0]
+    params = perturbed(module)
+    x, z = x_input(2), x_input(2, n=7, seed=3)
+    pad = torch.ones(2, 7, dtype=torch.bool)
+    pad[0, 5:] = False
+    pad[1, 3:] = False
+    with torch.no_grad():
+        torch.testing.assert_close(module(x, z, pad=pad), cross_attention(params, x, z, pad), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("name", ["grouped_query", "multi_query", "mhsa", "single_head", "talking_heads"])
+def test_flex_lowering_equals_the_reference_evaluator(name, causal):
+    loaded = tdiag.load(name, F=16, H=4)
+    loaded = loaded.with_causal_mask() if causal else loaded
+    module = loaded.module(N=6, dtype=F64, attention="flex")
+    assert len(flex_steps(module.tdiag_plan)) == 1
+    perturbed(module)
+    reference = loaded.module(N=6, dtype=F64, impl="reference")
+    reference.load_state_dict(module.state_dict())
+    x = torch.randn(3, 6, 16, dtype=F64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), reference(x), rtol=0, atol=1e-10)
+
+
+BIAS_MAPS = """
+design bias_maps
+size F = 8, H = 2, D = F / H
+size N
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D] = normal(std = 1 / sqrt(F))
+param WK[f: F, h: H, d: D] = normal(std = 1 / sqrt(F))
+param WV[f: F, h: H, e: D] = normal(std = 1 / sqrt(F))
+param w[h: H] = normal
+Q[n h d] = X[n f] WQ[f h d]
+K[m h d] = X[m f] WK[f h d]
+V[m h e] = X[m f] WV[f h e]
+A[h n m] = softmax[m](Q[n h d] K[m h d] / sqrt(D) + w[h] tanh(index(m) - index(n)) / (2 + abs(index(n))) - log(N))
+Y[n h e] = A[h n m] V[m h e]
+output Y
+"""
+
+
+def test_flex_score_mod_evaluates_maps_quotients_and_run_time_sizes(tmp_path):
+    path = tmp_path / "bias_maps.td"
+    path.write_text(BIAS_MAPS)
+    loaded = tdiag.load(path)
+    module = loaded.module(N=6, dtype=F64, attention="flex")
+    assert len(flex_steps(module.tdiag_plan)) == 1
+    perturbed(module)
+    reference = loaded.module(N=6, dtype=F64, impl="reference")
+    reference.load_state_dict(module.state_dict())
+    x = torch.randn(2, 6, 8, dtype=F64, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), reference(x), rtol=0, atol=1e-10)
+
+
+def test_flex_refusal_says_why_and_keeps_the_box_correct():
+    loaded = tdiag.load("mgk", D=8, N=6)
+    plan = loaded.plan(N=6, attention="flex")
+    assert flex_steps(plan) == []
+    assert any("FlexAttention refused: several key legs m r" in note for note in plan.refused)
+
+
+def test_standalone_flex_module_equals_the_in_process_module(tmp_path):
+    loaded = design("relative_bias", True)
+    module = loaded.module(N=N, dtype=F64, attention="flex")
+    perturbed(module)
+    path = tmp_path / "relative_bias_flex.py"
+    path.write_text(loaded.source(N=N, attention="flex"))
+    spec = importlib.util.spec_from_file_location("relative_bias_flex", path)
+    standalone_module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = standalone_module  # as an import does: flex_attention's eager path looks it up
+    spec.loader.exec_module(standalone_module)
+    standalone = standalone_module.RelativeBias(dtype=F64)
+    standalone.load_state_dict(module.state_dict())
+    x = x_input(2)
+    with torch.no_grad():
+        assert torch.equal(standalone(x), module(x))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["relative_bias", "mhsa"])
+def test_flex_module_compiles_with_fullgraph_in_float32(name):
+    """At head size 16 (torch 2.13's CPU kernel has no choice for head size 8), causal, its
+    score_mod reading a parameter (torch 2.13's CPU kernel cannot read a tensor computed in the
+    forward, such as ALiBi's slopes: docs/language.md)."""
+    module = tdiag.load(name, F=32, H=2).with_causal_mask().module(N=8, attention="flex")
+    perturbed(module)
+    compiled = torch.compile(module, fullgraph=True)
+    x = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
+
+
+def test_plan_command_lists_the_flex_lowering_without_importing_torch():
+    code = (
+        "import sys; from tdiag.cli import main; "
+        "code = main(['plan', 'alibi', '--at', 'N=64', '--attention', 'flex']); "
+        "assert 'torch' not in sys.modules; sys.exit(code)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "lowered to flex_attention" in result.stdout
+
+
+def test_unknown_attention_kernel_is_refused():
+    with pytest.raises(ValueError, match="attention must be one of sdpa, flex"):
+        design("alibi").plan(N=8, attention="flash")
+
+
+def test_flex_plan_keeps_no_scores_for_backward():
+    """What the report says FlexAttention keeps: q, k, v, the output and the log-sum-exp, never
+    an H x N x N tensor (measured on CUDA only: CPU has no backward in torch 2.13)."""
+    from tdiag.plan.footprint import footprint
+
+    plan = design("alibi", True).plan(N=256, attention="flex")
+    saved = footprint(plan)
+    sizes = [plan.graph.evaluate(saved.storages[s].numel, N=256).subs(BATCH_SIZE, 1) for s in saved.saved]
+    assert max(sizes) < 2 * 256 * 256
