@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_compile:
         with tempfile.TemporaryDirectory(prefix="tdiag-baseline-") as temporary:
             export_commit(args.commit, Path(temporary))
-            compile_baseline(Path(temporary), names, Path(args.baseline), args)
+            compile_baseline(Path(temporary), names, Path(args.baseline).resolve(), args)
     if not args.compile_only:
         run_bench(names, args)
 
