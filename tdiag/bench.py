@@ -311,7 +311,8 @@ def run(
         design = tdiag.load(file, **_sizes_for(file, width, heads))
         if causal:
             design = design.with_causal_mask()
-        compiled = [design.module(N=n, device=device, objective=o) for o in objectives]
+        lengths = {k: n for k, size in design.graph.sizes.items() if size.is_free}  # planned as timed: N, M at n
+        compiled = [design.module(lengths, device=device, objective=o) for o in objectives]
         x = torch.randn(batch, n, width, device=device)
         labels = ["tdiag compiled"] + [f"tdiag compiled ({o})" for o in objectives[1:]]
         modules: list[nn.Module] = list(compiled)
