@@ -28,10 +28,16 @@ class DeviceModel:
     peak_flops: float
     bandwidth: float
     overhead: float = 0.0
+    kinds: tuple[tuple[str, float], ...] = ()  # measured time / roofline time, per op kind
 
     def estimate(self, flops: float, bytes: float) -> float:
         """Seconds for an op of `flops` arithmetic that moves `bytes` to and from memory."""
         return max(flops / self.peak_flops, bytes / self.bandwidth) + self.overhead
+
+    def factor(self, kind: str | None) -> float:
+        """How much longer than its roofline an op of `kind` takes forward and backward on this
+        device (`measure_kinds`); 1 for a kind not measured."""
+        return dict(self.kinds).get(kind, 1.0) if kind else 1.0
 
     @property
     def ridge(self) -> float:
@@ -125,7 +131,7 @@ def planning_device() -> DeviceModel:
             known = ", ".join(d.name for d in DATA_SHEETS)
             raise ValueError(f"{DEVICE_ENV}={name!r}: no data sheet (known: cpu, {known})")
         return dataclasses.replace(sheet, **given)
-    cached = sorted(_cache_dir().glob(f"device-{_machine()}-*.json"), key=lambda p: p.stat().st_mtime)
+    cached = sorted(_cache_dir().glob(f"device-{_machine()}-*-v2.json"), key=lambda p: p.stat().st_mtime)
     measured = _read(cached[-1]) if cached else None
     return dataclasses.replace(measured or NOMINAL_CPU, **given)
 
@@ -147,7 +153,7 @@ def cache_path() -> Path:
     peak depends on both."""
     import torch
 
-    return _cache_dir() / f"device-{_machine()}-{torch.get_num_threads()}threads.json"
+    return _cache_dir() / f"device-{_machine()}-{torch.get_num_threads()}threads-v2.json"
 
 
 def local_cpu(
@@ -176,8 +182,10 @@ def local_cpu(
 
 def _read(path: Path) -> DeviceModel | None:
     try:
-        model = DeviceModel(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
+        fields = json.loads(path.read_text())
+        fields["kinds"] = tuple((str(k), float(v)) for k, v in fields.get("kinds", ()))
+        model = DeviceModel(**fields)
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
     figures = (model.peak_flops, model.bandwidth, model.overhead)
     return model if all(isinstance(f, int | float) and f >= 0 for f in figures) and model.peak_flops else None
@@ -198,7 +206,53 @@ def measure_cpu(*, matmul: int = 2048, copy_bytes: int = 64 * 2**20, repeats: in
     add = 3 * copy_bytes / _best(lambda: torch.add(x, y, out=z), repeats)
     one = torch.ones(1)
     overhead = _best(lambda: torch.add(one, one, out=one), 200)
-    return DeviceModel("cpu", flops, max(copy, add), overhead)
+    model = DeviceModel("cpu", flops, max(copy, add), overhead)
+    return dataclasses.replace(model, kinds=measure_kinds(model, repeats=max(repeats, 5)))
+
+
+# A forward and backward pass costs three forward passes on the roofline (plan/timing.py); the
+# ops below are measured against that at the size of a score tensor (batch 8, 4 heads, 256 × 256),
+# each as the generated module writes it, the result fresh and a gradient flowing back.
+KIND_SHAPE = (8, 4, 256, 256)
+PASSES = {"normalize": 2, "softmax": 2, "mask": 2, "map": 2, "scale": 2, "sum": 3}  # forward reads + writes
+
+
+def measure_kinds(model: DeviceModel, *, shape: tuple[int, ...] = KIND_SHAPE, repeats: int = 5) -> tuple:
+    """Per elementwise op kind, its measured forward + backward time over the roofline's estimate
+    (three forward passes of its bytes at `model.bandwidth`): the normalize box's division, whose
+    backward reads and writes the tensor about four times more than its forward, and a boolean
+    mask fill are several times their roofline on a CPU; a matmul is not measured here."""
+    import torch
+
+    x = torch.rand(shape).add_(0.5).requires_grad_()
+    y = torch.rand(shape).requires_grad_()
+    mask = torch.ones(shape[-2:], dtype=torch.bool).triu(1)
+    grad = torch.ones(shape)
+    ops = {
+        "normalize": lambda: x / (x.sum(-1, keepdim=True) + 1e-6),
+        "softmax": lambda: x.softmax(-1),
+        "mask": lambda: x.masked_fill(mask, torch.finfo(x.dtype).min),
+        "map": lambda: x.exp(),
+        "scale": lambda: x * 0.5,
+        "sum": lambda: x + y,
+    }
+    size = x.numel() * x.element_size()
+    kinds = []
+    for kind, op in ops.items():
+        seconds = _median(lambda op=op: op().backward(grad), repeats)
+        roofline = 3 * PASSES[kind] * size / model.bandwidth + 2 * model.overhead
+        kinds.append((kind, round(seconds / roofline, 3)))
+    return tuple(kinds)
+
+
+def _median(run, repeats: int) -> float:
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
 
 
 def _best(run, repeats: int) -> float:

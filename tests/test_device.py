@@ -104,3 +104,26 @@ def test_a_real_measurement_gives_positive_finite_figures():
 def test_importing_the_device_model_does_not_import_torch():
     code = "import sys, tdiag.device; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_an_op_kind_not_measured_costs_its_roofline():
+    model = DeviceModel("toy", peak_flops=100.0, bandwidth=10.0, kinds=(("normalize", 4.0),))
+    assert model.factor("normalize") == 4.0
+    assert model.factor("softmax") == 1.0
+    assert model.factor(None) == 1.0
+
+
+def test_the_measured_op_kinds_are_kept_in_the_cache_file(cache, monkeypatch):
+    measured = DeviceModel("cpu", 1e11, 1e10, 1e-6, kinds=(("normalize", 4.2), ("mask", 2.3)))
+    monkeypatch.setattr(device, "measure_cpu", lambda: measured)
+    local_cpu()
+    (path,) = (device._cache_dir()).glob("device-*-v2.json")
+    assert json.loads(path.read_text())["kinds"] == [["normalize", 4.2], ["mask", 2.3]]
+    assert device._read(path) == measured
+
+
+def test_a_real_measurement_calibrates_every_elementwise_kind():
+    model = DeviceModel("cpu", 1e11, 1e10, 1e-6)
+    kinds = dict(device.measure_kinds(model, shape=(2, 2, 16, 16), repeats=1))
+    assert set(kinds) == set(device.PASSES)
+    assert all(0 < factor < math.inf for factor in kinds.values())

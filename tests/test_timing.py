@@ -97,3 +97,29 @@ def test_cost_reports_the_plan_of_fewest_flops_whatever_the_device(cpu):
     design = causal_mlk()
     assert design.cost(N=1024).flops == design.cost(N=1024, objective="flops").flops
     assert design.cost(N=1024).flops != design.cost(N=1024, objective="time").flops
+
+
+def test_a_step_of_a_calibrated_kind_costs_its_factor_times_the_roofline():
+    from tdiag.plan.program import Normalize, Operand, Value
+    from tdiag.plan.timing import op_kind, step_time
+
+    model = device.DeviceModel("toy", 1e9, 1e9, 0.0, kinds=(("normalize", 4.0),))
+    normalize = Normalize(Operand(Value("x", ("n", "m"))), 1, 0)
+    assert op_kind(normalize) == "normalize"
+    assert step_time(model, 0.0, 1e9, "normalize") == pytest.approx(4 * step_time(model, 0.0, 1e9))
+
+
+def test_a_device_whose_normalize_is_dear_takes_the_chunked_causal_order(cpu, monkeypatch):
+    """The materialized normalize box pays its division's backward (measured ~4x its roofline
+    on the project CPU): priced so, the chunked linear-time order wins at a length where the
+    plain roofline keeps the materialized box."""
+    from tdiag.plan import timing
+
+    def planning_device_with(normalize: float):
+        return lambda: device.DeviceModel("cpu", 1e11, 1e10, 1e-6, kinds=(("normalize", normalize),))
+
+    cpu(1e11, 1e10, 1e-6)
+    monkeypatch.setattr(timing, "planning_device", planning_device_with(1.0))
+    assert not chunked(causal_mlk().plan(N=128, objective="time"))
+    monkeypatch.setattr(timing, "planning_device", planning_device_with(4.0))
+    assert chunked(causal_mlk().plan(N=128, objective="time"))

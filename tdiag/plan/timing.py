@@ -9,16 +9,46 @@ import sympy
 
 from ..device import DeviceModel, planning_device
 from .footprint import footprint
-from .program import BATCH_SIZE, ChunkCount, Plan, Step
+from .program import (
+    BATCH_SIZE,
+    ChunkCount,
+    Elementwise,
+    Map,
+    MaskFill,
+    Normalize,
+    Plan,
+    Ratio,
+    Scale,
+    Softmax,
+    Step,
+)
 
 FORWARD_AND_BACKWARD = 3  # a backward pass costs about twice the forward's arithmetic and traffic
 KERNELS_PER_OP = 2  # one kernel forward, about one backward
 
 
-def step_time(device: DeviceModel, flops: float, moved: float) -> float:
-    """Seconds of one op in a training step: its forward and backward on the roofline."""
+def step_time(device: DeviceModel, flops: float, moved: float, kind: str | None = None) -> float:
+    """Seconds of one op in a training step: its forward and backward on the roofline, times the
+    device's measured factor for the op's kind (`op_kind`)."""
     seconds = device.estimate(FORWARD_AND_BACKWARD * flops, FORWARD_AND_BACKWARD * moved)
-    return seconds + (KERNELS_PER_OP - 1) * device.overhead
+    return (seconds + (KERNELS_PER_OP - 1) * device.overhead) * device.factor(kind)
+
+
+def op_kind(op: object) -> str | None:
+    """The elementwise kind the device model calibrates (device.measure_kinds), or None."""
+    if isinstance(op, Normalize | Ratio):
+        return "normalize"
+    if isinstance(op, Softmax):
+        return "softmax"
+    if isinstance(op, MaskFill):
+        return "mask"
+    if isinstance(op, Map):
+        return "map"
+    if isinstance(op, Scale):
+        return "scale"
+    if isinstance(op, Elementwise):
+        return "sum"
+    return None
 
 
 def plan_time(plan: Plan, device: DeviceModel, **sizes: int) -> float:
@@ -33,7 +63,7 @@ def plan_time(plan: Plan, device: DeviceModel, **sizes: int) -> float:
 
     records = footprint(plan).steps
     return sum(
-        step_time(device, number(step.flops), number(record.moved))
+        step_time(device, number(step.flops), number(record.moved), op_kind(step.op))
         for step, record in zip([*plan.steps, *plan.update_steps], records, strict=True)
     )
 
@@ -67,7 +97,9 @@ class TimeModel:
         """Seconds a training step spends in `steps`, appended to the program so far."""
         records = footprint(self.context(steps)).steps[len(self.steps) :]
         return sum(
-            step_time(self.device, self.at_planned_sizes(step.flops), self.at_planned_sizes(record.moved))
+            step_time(
+                self.device, self.at_planned_sizes(step.flops), self.at_planned_sizes(record.moved), op_kind(step.op)
+            )
             for step, record in zip(steps, records, strict=True)
         )
 
