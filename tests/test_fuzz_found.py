@@ -198,3 +198,51 @@ def test_a_term_a_softmax_drops_keeps_its_legs_on_the_box(impl):
     (y * torch.arange(36, dtype=torch.float64).reshape(2, 2, 3, 3)).sum().backward()
     (gradient,) = torch.autograd.grad((expected * torch.arange(36.0).reshape(2, 2, 3, 3)).sum(), x)
     torch.testing.assert_close(x.grad, gradient, rtol=1e-12, atol=1e-12)
+
+
+SYNTHESIZER = """
+design synthesizer
+size F = 4, H = 2, D = 2, N = 5
+input X[n: N, f: F]
+param QP[n: N, h: H, d: D] = normal
+param KP[m: N, h: H, d: D] = normal
+param WV[f: F, h: H, e: D] = normal
+V[m h e] = X[m f] WV[f h e]
+A[h n m] = softmax[m](QP[n h d] KP[m h d]BIAS)
+Y[n h e] = A[h n m] V[m h e]
+output Y
+"""
+
+
+def synthesizer_by_hand(p: dict, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    scores = torch.einsum("nhd,mhd->hnm", p["QP"], p["KP"])
+    scores = scores + bias[:, None] if bias is not None else scores.expand(x.shape[0], -1, -1, -1)
+    v = torch.einsum("bmf,fhe->bmhe", x, p["WV"])
+    return torch.einsum("bhnm,bmhe->bnhe", scores.softmax(-1), v)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_attention_from_parameters_over_values_of_the_input_keeps_the_batch(impl):
+    # one attention for every sequence (q and k are parameters) over values that carry the batch:
+    # SDPA took the batch for a feature of the values and permuted a 4-D v with 3 axes
+    m = module(SYNTHESIZER.replace("BIAS", ""), impl)
+    p = {k: v.detach() for k, v in m.named_parameters()}
+    x = torch.randn(3, 5, 4, dtype=torch.float64)
+    torch.testing.assert_close(m(x), synthesizer_by_hand(p, x), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_batched_bias_on_scores_of_parameters_is_not_an_unbatched_attn_mask(impl):
+    # q, k and v parameters, the input only in the bias: SDPA over unbatched heads took the
+    # batched bias as its attn_mask
+    text = SYNTHESIZER.replace("BIAS", " + X[n f] X[m f]").replace(
+        "param WV[f: F, h: H, e: D]", "param VP[m: N, h: H, e: D]"
+    )
+    text = text.replace("V[m h e] = X[m f] WV[f h e]\n", "").replace("V[m h e]\noutput", "VP[m h e]\noutput")
+    m = module(text, impl)
+    p = {k: v.detach() for k, v in m.named_parameters()}
+    x = torch.randn(3, 5, 4, dtype=torch.float64)
+    scores = torch.einsum("nhd,mhd->hnm", p["QP"], p["KP"]) + torch.einsum("bnf,bmf->bnm", x, x)[:, None]
+    torch.testing.assert_close(m(x), torch.einsum("bhnm,mhe->bnhe", scores.softmax(-1), p["VP"]), rtol=0, atol=1e-12)
+    if impl == "compiled":
+        assert any("varies along the batch" in note for note in m.tdiag_plan.refused)

@@ -97,6 +97,9 @@ class AttentionMatch:
         # several products Σ_i q_i·k_i (partial RoPE: rotated and passed-through dims) are one
         # product of the concatenated sides; each q_i carries its weight relative to the first
         sides = [(s[0], s[1], s[5], w / coefficient) for _, s, w in terms]
+        batched = any(self.is_batched(e) for _, _, e in biases) or any(isinstance(m, PaddingMask) for m in box.masks)
+        if batched and BATCH not in heads:
+            return refuse("a term or mask of the scores varies along the batch, the query·key product does not")
         bias_items, score_biases = [], []
         for bias_kind, weight, e in biases:
             legs = {p for leg in e.legs for p in ren[leg]}
@@ -225,6 +228,7 @@ class AttentionMatch:
                 continue
             if (
                 any(h not in v_legs for h in heads)
+                or (BATCH in v_legs and BATCH not in heads)  # values per sequence, one attention for all
                 or v_legs & set(queries)
                 or (v_legs - set(heads) - set(keys)) & (q_legs | k_legs)
             ):
