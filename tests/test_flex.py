@@ -72,13 +72,17 @@ def test_flex_padding_mask_equals_the_papers_cross_attention():
 @pytest.mark.parametrize("name", ["grouped_query", "multi_query", "mhsa", "single_head", "talking_heads"])
 def test_flex_lowering_equals_the_reference_evaluator(name, causal):
     loaded = tdiag.load(name, F=16, H=4)
-    loaded = loaded.with_causal_mask() if causal else loaded
+    assert_flex_equals_reference(loaded.with_causal_mask() if causal else loaded, width=16)
+
+
+def assert_flex_equals_reference(loaded: tdiag.Design, width: int) -> None:
+    """One flex_attention step, equal in float64 to the reference evaluation with the same weights."""
     module = loaded.module(N=6, dtype=F64, attention="flex")
     assert len(flex_steps(module.tdiag_plan)) == 1
     perturbed(module)
     reference = loaded.module(N=6, dtype=F64, impl="reference")
     reference.load_state_dict(module.state_dict())
-    x = torch.randn(3, 6, 16, dtype=F64, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(3, 6, width, dtype=F64, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(module(x), reference(x), rtol=0, atol=1e-10)
 
@@ -104,15 +108,7 @@ output Y
 def test_flex_score_mod_evaluates_maps_quotients_and_run_time_sizes(tmp_path):
     path = tmp_path / "bias_maps.td"
     path.write_text(BIAS_MAPS)
-    loaded = tdiag.load(path)
-    module = loaded.module(N=6, dtype=F64, attention="flex")
-    assert len(flex_steps(module.tdiag_plan)) == 1
-    perturbed(module)
-    reference = loaded.module(N=6, dtype=F64, impl="reference")
-    reference.load_state_dict(module.state_dict())
-    x = torch.randn(2, 6, 8, dtype=F64, generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        torch.testing.assert_close(module(x), reference(x), rtol=0, atol=1e-10)
+    assert_flex_equals_reference(tdiag.load(path), width=8)
 
 
 def test_flex_refusal_says_why_and_keeps_the_box_correct():

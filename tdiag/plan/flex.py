@@ -97,16 +97,9 @@ class FlexLowering:
         """Emit q, k, v, the block mask and the flex_attention call; return the region's leaves
         with the attention output standing in for the box and its value side."""
         heads, queries, keys, latent, features = (fused[k] for k in ("heads", "queries", "keys", "latent", "features"))
-        prelude, memo = fused["prelude"]
-        for step in prelude:
-            self.emit(step)
-        self.memo.update(memo)
+        self.emit_prelude(fused)
         self.box_depth += 1
-        if len(fused["sides"]) > 1:
-            q, k, latent = self.concatenated_sides(fused)
-        else:
-            q = self.contract(fused["query"], tuple(heads + queries + latent), sympy.Integer(1), "q")
-            k = self.contract(fused["key"], tuple(heads + keys + latent), sympy.Integer(1), "k")
+        q, k, latent = self.query_and_key(fused)
         arguments = tuple(self.names.fresh(stem) for stem in ("score", "b", "h", "q_idx", "kv_idx"))
         roles = {leg: arguments[1 + r] for leg, r in self.flex_roles(fused).items()}
         self.flex_positions = frozenset((fused["sequence"], keys[0]))

@@ -96,16 +96,9 @@ class FusedAttention:
         if self.attention == "flex" and self.flex_refusal(fused) is None:
             return self.fuse_flex(box, ren, others, fused)
         heads, queries, keys, latent, features = (fused[k] for k in ("heads", "queries", "keys", "latent", "features"))
-        prelude, memo = fused["prelude"]
-        for step in prelude:
-            self.emit(step)
-        self.memo.update(memo)
+        self.emit_prelude(fused)
         self.box_depth += 1
-        if len(fused["sides"]) > 1:
-            q, k, latent = self.concatenated_sides(fused)
-        else:
-            q = self.contract(fused["query"], tuple(heads + queries + latent), sympy.Integer(1), "q")
-            k = self.contract(fused["key"], tuple(heads + keys + latent), sympy.Integer(1), "k")
+        q, k, latent = self.query_and_key(fused)
         bias = self.key_bias(fused) if fused["biases"] else None
         score_bias = [self.score_bias(fused, weight, e) for _, weight, e in fused["score_biases"]]
         self.box_depth -= 1
@@ -215,6 +208,23 @@ class FusedAttention:
             )
         rest = [o for o in others if o not in fused["value"]]
         return [*rest, *_value_leaves(value)]  # type: ignore[arg-type]
+
+    def emit_prelude(self, fused: dict) -> None:
+        """The content's computed factors, which the match built on trial (kept once fused)."""
+        prelude, memo = fused["prelude"]
+        for step in prelude:
+            self.emit(step)
+        self.memo.update(memo)
+
+    def query_and_key(self, fused: dict) -> tuple[Value, Value, list[str]]:
+        """q over (heads, queries, latent) and k over (heads, keys, latent), and the latent legs:
+        one query·key product, or the concatenated sides of several."""
+        if len(fused["sides"]) > 1:
+            return self.concatenated_sides(fused)
+        heads, latent = fused["heads"], fused["latent"]
+        q = self.contract(fused["query"], tuple(heads + fused["queries"] + latent), sympy.Integer(1), "q")
+        k = self.contract(fused["key"], tuple(heads + fused["keys"] + latent), sympy.Integer(1), "k")
+        return q, k, latent
 
     def concatenated_sides(self, fused: dict) -> tuple[Value, Value, list[str]]:
         """Σ_i w_i q_i·k_i over contracted legs c_i (one product per term of the scores) as one
