@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from conftest import perturbed, visible
+from conftest import DESIGN_FILES, perturbed, visible
 from test_position_designs import PAPERS, N, cross_attention, design, x_input
 
 import tdiag
@@ -174,3 +174,43 @@ def test_flex_plan_keeps_no_scores_for_backward():
     saved = footprint(plan)
     sizes = [plan.graph.evaluate(saved.storages[s].numel, N=256).subs(BATCH_SIZE, 1) for s in saved.saved]
     assert max(sizes) < 2 * 256 * 256
+
+
+def small(path) -> tdiag.Design:
+    """A bundled design at small sizes (head size 4, five positions for a fixed length)."""
+    graph = tdiag.load(path).graph
+    wanted = {"F": 8, "H": 2, "D": 4, "N": 5}
+    return tdiag.load(path, **{k: v for k, v in wanted.items() if k in graph.sizes and not graph.sizes[k].is_free})
+
+
+def inputs_of(design: tdiag.Design, n: int) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """Random inputs (positional) and masks (keywords, the first key always visible) for every
+    input the design declares, run-time lengths at n."""
+    generator = torch.Generator().manual_seed(3)
+    lengths = {k: n for k, size in design.graph.sizes.items() if size.is_free}
+    positional, masks = [], {}
+    for tensor in design.graph.tensors.values():
+        if tensor.kind not in ("input", "mask"):
+            continue
+        shape = [2] + [int(design.graph.evaluate(axis.size, **lengths)) for axis in tensor.axes]
+        if tensor.kind == "mask":
+            masks[tensor.name] = torch.rand(shape, generator=generator) > 0.3
+            masks[tensor.name][..., 0] = True
+        else:
+            positional.append(torch.randn(shape, dtype=F64, generator=generator))
+    return positional, masks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
+def test_every_bundled_design_with_flex_requested_equals_the_reference_evaluator(path, causal):
+    loaded = small(path)
+    loaded = loaded.with_causal_mask() if causal else loaded
+    module = loaded.module(N=5, dtype=F64, attention="flex").eval()
+    perturbed(module)
+    reference = loaded.module(N=5, dtype=F64, impl="reference").eval()
+    reference.load_state_dict(module.state_dict())
+    positional, masks = inputs_of(loaded, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(module(*positional, **masks), reference(*positional, **masks), rtol=0, atol=1e-10)
