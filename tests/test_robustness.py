@@ -292,6 +292,9 @@ def test_checking_is_near_linear_in_the_number_of_lines(lines):
         ("param W[f: F, g: F] = normal(std = -1)\nY[n g] = X[n f] W[f g]", "normal's std = -1 must be >= 0"),
         ("param W[f: F, g: F] = uniform(low = 1, high = 0)\nY[n g] = X[n f] W[f g]", "low is greater than high"),
         ("param W[f: F, g: F] = fill(1e300)\nY[n g] = X[n f] W[f g]", "number out of range"),
+        ("param W[f: F, g: F] = fill\nY[n g] = X[n f] W[f g]", "fill needs a value"),
+        ("param W[f: F, g: F] = fill#(1)\nY[n g] = X[n f] W[f g]", "fill needs a value"),
+        ("const W[f: F, g: F] = fill()\nY[n g] = X[n f] W[f g]", "fill needs a value"),
         ("Y[n f] = X[n f] / (1 / 0)", "division by zero"),
     ],
 )

@@ -204,6 +204,8 @@ class Declarations:
                 )
         if name == "uniform" and {k for k, _ in params} != {"low", "high"}:
             self.error("uniform needs low and high", span, hint="uniform(low = -0.1, high = 0.1)")
+        if name == "fill" and "value" not in {k for k, _ in params}:
+            self.error("fill needs a value", span, hint="fill(0.1) or fill(value = 0.1)")
         return Init(name, tuple(params), span)
 
     def _literal_values(self, d, axes, args, keywords, span) -> Init:
