@@ -736,10 +736,13 @@ def _(op: FlexAttention, attributes: frozenset[str]) -> str:
     # dense (batch, heads, positions, features): torch 2.13's CPU kernel under torch.compile has
     # no choice for the permuted views of a projection's output (NoValidChoicesError)
     arguments = [f"{_read(x, attributes)}.contiguous()" for x in (op.q, op.k, op.v)]
-    if op.score is not None:
-        score, *indices = (source(name, "name") for name in op.arguments)
-        term = _score_term(op.score, score, attributes)
-        arguments.append(f"score_mod=lambda {score}, {', '.join(indices)}: {score} + {term}")
+    score, b, h, q, kv = (source(name, "name") for name in op.arguments)
+    body = score if op.score is None else f"{score} + {_score_term(op.score, score, attributes)}"
+    visible = [_score_read(r, attributes) for r in op.visible] + ([f"({q} >= {kv})"] if op.causal else [])
+    if visible:  # masked scores at the lowest number, as the materialized box: never an empty row
+        body = f"torch.where({' & '.join(visible)}, {body}, torch.finfo({score}.dtype).min)"
+    if body != score:
+        arguments.append(f"score_mod=lambda {score}, {b}, {h}, {q}, {kv}: {body}")
     if op.block_mask is not None:
         arguments.append(f"block_mask={_var(op.block_mask, attributes)}")
     arguments.append(f"scale={_scalar(op.scale)}")
@@ -752,12 +755,9 @@ def _(op: FlexAttention, attributes: frozenset[str]) -> str:
 @_op.register
 def _(op: BlockMask, attributes: frozenset[str]) -> str:
     b, h, q, kv = (source(name, "name") for name in op.arguments)
-    terms = [f"({q} >= {kv})"] if op.causal else []
-    terms += [_score_read(r, attributes) for r in op.visible]
-    batch = f"{_var(op.batch, attributes)}.shape[0]" if op.batch is not None else "None"
     device = f"{source(op.like, 'name')}.device" if op.like else "None"
-    mask = f"lambda {b}, {h}, {q}, {kv}: {' & '.join(terms)}"
-    return f"create_block_mask({mask}, {batch}, None, {_expr(op.queries)}, {_expr(op.keys)}, device={device})"
+    mask = f"lambda {b}, {h}, {q}, {kv}: {q} >= {kv}"
+    return f"create_block_mask({mask}, None, None, {_expr(op.queries)}, {_expr(op.keys)}, device={device})"
 
 
 def _score_term(term, score: str, attributes: frozenset[str]) -> str:

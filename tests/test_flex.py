@@ -58,7 +58,7 @@ def test_flex_reads_a_stored_absolute_table_in_place():
 
 def test_flex_padding_mask_equals_the_papers_cross_attention():
     module = design("cross_attention").module(N=N, M=7, dtype=F64, attention="flex")
-    assert "padding mask as a block mask" in module.tdiag_plan.lowered[0]
+    assert "padding mask in score_mod" in module.tdiag_plan.lowered[0]
     params = perturbed(module)
     x, z = x_input(2), x_input(2, n=7, seed=3)
     pad = torch.ones(2, 7, dtype=torch.bool)
@@ -66,6 +66,23 @@ def test_flex_padding_mask_equals_the_papers_cross_attention():
     pad[1, 3:] = False
     with torch.no_grad():
         torch.testing.assert_close(module(x, z, pad=pad), cross_attention(params, x, z, pad), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_flex_row_whose_keys_are_all_masked_averages_the_values_as_the_box_does(causal):
+    """docs/language.md: a masked logit is the lowest finite number, so a query that sees no key
+    averages all values; a block mask would drop such a row to zero."""
+    loaded = design("cross_attention", causal)
+    module = loaded.module(N=N, M=N, dtype=F64, attention="flex")
+    perturbed(module)
+    reference = loaded.module(N=N, M=N, dtype=F64, impl="reference")
+    reference.load_state_dict(module.state_dict())
+    x, z = x_input(2), x_input(2, seed=3)
+    pad = torch.ones(2, N, dtype=torch.bool)
+    pad[0] = False  # no key at all
+    pad[1, 0] = False  # under the causal mask, the first query sees nothing
+    with torch.no_grad():
+        torch.testing.assert_close(module(x, z, pad=pad), reference(x, z, pad=pad), rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])

@@ -113,8 +113,13 @@ class FlexLowering:
         rest = [leg for leg in heads if leg != BATCH]
         query_heads = [*rest, *(leg for leg in queries if leg != sequence)] if grouped else rest
         legs = tuple([*batch, *query_heads, sequence, *features])
-        block_mask = self.block_mask(fused) if fused["masks"] or fused["pads"] else None
-        tensors = tuple(dict.fromkeys(r.value for r in score_reads(score)))
+        pads = fused["pads"]
+        block_mask = self.block_mask(fused) if fused["masks"] and not pads else None
+        visible = tuple(
+            ScoreRead(Value(var, (BATCH, *legs)), tuple(Position("leg", name=roles[leg]) for leg in (BATCH, *legs)))
+            for var, legs in pads
+        )
+        tensors = tuple(dict.fromkeys([*(r.value for r in score_reads(score)), *(r.value for r in visible)]))
         attention = FlexAttention(
             self.arrange(q, [batch, query_heads, [sequence], latent]),
             self.arrange(k, [batch, rest, keys, latent]),
@@ -126,6 +131,8 @@ class FlexLowering:
             tensors,
             grouped,
             self.shape(legs) if not batch or len(query_heads) != 1 or len(features) != 1 else None,
+            visible,
+            bool(fused["masks"]) and bool(pads),
         )
         entries = self.numel([*heads, *queries, *keys])
         latent_size = self.numel(latent)
@@ -138,8 +145,10 @@ class FlexLowering:
         if grouped:
             notes.append("query heads grouped over the key heads (enable_gqa)")
         if block_mask is not None:
-            masks = (["causal"] if fused["masks"] else []) + (["padding"] if fused["pads"] else [])
-            notes.append(f"{' and '.join(masks)} mask as a block mask")
+            notes.append("causal mask as a block mask")
+        if pads:
+            masks = "padding and causal masks" if fused["masks"] else "padding mask"
+            notes.append(f"{masks} in score_mod (a row whose keys are all masked averages the values)")
         how = f" ({'; '.join(notes)})" if notes else ""
         description = f"flex_attention over {' '.join(show_legs(keys))}, heads {' '.join(show_legs(heads))}{how}"
         value = self.emit(
@@ -233,27 +242,13 @@ class FlexLowering:
         return ScoreRead(value, tuple(Position("leg", name=roles[leg]) for leg in value.legs))
 
     def block_mask(self, fused: dict) -> Value:
-        """The block mask of the box's causal and padding masks, made once per call."""
+        """The block mask of the box's causal mask, made once per call: every query sees its first
+        key, so no row is empty and skipping the blocks above the diagonal changes nothing."""
         arguments = tuple(self.names.fresh(stem) for stem in ("b", "h", "q_idx", "kv_idx"))
-        roles = {leg: arguments[r] for leg, r in self.flex_roles(fused).items()}
-        visible = tuple(
-            ScoreRead(Value(var, (BATCH, *legs)), tuple(Position("leg", name=roles[leg]) for leg in (BATCH, *legs)))
-            for var, legs in fused["pads"]
-        )
         sequence, key = fused["sequence"], fused["keys"][0]
-        op = BlockMask(
-            bool(fused["masks"]),
-            visible,
-            visible[0].value if visible else None,
-            self.group_size([sequence]),
-            self.group_size([key]),
-            arguments,  # type: ignore[arg-type]
-            self.like_input(),
-            tuple(r.value for r in visible),
-        )
+        op = BlockMask(self.group_size([sequence]), self.group_size([key]), arguments, self.like_input())  # type: ignore[arg-type]
         out = Value(self.names.fresh("block_mask"), ())
-        masks = (["causal"] if op.causal else []) + [f"padding {r.value.var}" for r in visible]
-        self.emit(Step("mask", op, out, f"FlexAttention block mask: {', '.join(masks)}", inputs=op.tensors))
+        self.emit(Step("mask", op, out, "FlexAttention block mask: causal", inputs=()))
         return out
 
 

@@ -446,19 +446,14 @@ def score_reads(term: ScoreTerm | None) -> Iterator[ScoreRead]:
 
 @dataclass(frozen=True)
 class BlockMask:
-    """FlexAttention's block mask: key j visible from query i where `causal` (i ≥ j) and every
-    boolean in `visible` (padding masks, True = attend) allow it. `batch` is a value whose first
-    axis is the batch when a mask varies along it. `arguments` names mask_mod's (batch, head,
-    query, key) parameters."""
+    """FlexAttention's block mask of a causal mask: key j visible from query i where i ≥ j, so
+    that the kernel skips the blocks above the diagonal. `arguments` names mask_mod's (batch,
+    head, query, key) parameters."""
 
-    causal: bool
-    visible: tuple[ScoreRead, ...]
-    batch: Value | None
     queries: sympy.Expr
     keys: sympy.Expr
     arguments: tuple[str, str, str, str]
     like: str | None
-    tensors: tuple[Value, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -466,8 +461,11 @@ class FlexAttention:
     """torch's flex_attention over q, k, v laid out (batch, heads, positions, features):
     softmax(scale · q·k + score) v, the additive `score` a score_mod evaluated per (batch, head,
     query, key) from the tensors in `tensors` (none of them over both positions unless the design
-    stores one), masked by `block_mask`. `arguments` names score_mod's (score, batch, head, query,
-    key) parameters; `shape` regroups the 4-D output to the result's legs."""
+    stores one). A causal mask alone is `block_mask`; with padding masks (`visible`, True =
+    attend) the score_mod sets masked scores to the dtype's lowest number (`causal` adds i ≥ j),
+    so that a row whose keys are all masked averages the values as the materialized box does.
+    `arguments` names score_mod's (score, batch, head, query, key) parameters; `shape` regroups
+    the 4-D output to the result's legs."""
 
     q: Operand
     k: Operand
@@ -479,6 +477,8 @@ class FlexAttention:
     tensors: tuple[Value, ...] = ()
     grouped: bool = False
     shape: tuple[sympy.Expr, ...] | None = None
+    visible: tuple[ScoreRead, ...] = ()
+    causal: bool = False
 
 
 @dataclass(frozen=True)
