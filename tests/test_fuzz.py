@@ -206,7 +206,20 @@ def run_design(text: str, sizes: dict[str, int] | None = None) -> str:
         torch.testing.assert_close(y, expected, rtol=1e-7, atol=1e-9)
         if torch.isfinite(expected_gradient).all():
             torch.testing.assert_close(gradient, expected_gradient, rtol=1e-6, atol=1e-8)
+    _check_flex(design, sizes or {}, x.detach(), masks, expected.detach())
     return "ran"
+
+
+def _check_flex(design, sizes: dict[str, int], x: torch.Tensor, masks: dict, expected: torch.Tensor) -> None:
+    """With FlexAttention asked for, the same function forward (torch 2.13 has no flex backward
+    on CPU): boxes the lowering takes or refuses alike."""
+    flexed = design.module(sizes, dtype=torch.float64, attention="flex")
+    if not any(step.kind == "flex" for step in flexed.tdiag_plan.steps):
+        return
+    with torch.no_grad():
+        y = flexed(x, **masks)
+    if torch.isfinite(expected).all():
+        torch.testing.assert_close(y, expected, rtol=1e-7, atol=1e-9)
 
 
 def _input_gradient(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
