@@ -7,7 +7,7 @@ from __future__ import annotations
 import keyword
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import singledispatch
 
 import sympy
@@ -783,16 +783,7 @@ def _score_read(read: ScoreRead, attributes: frozenset[str]) -> str:
 
 def _score_position(position) -> str:
     """An integer position of the kernel's index arguments (their names are the position's legs)."""
-    if position.op == "leg":
-        return source(position.name, "name")
-    if position.op == "number":
-        return _scalar(position.value)
-    parts = [_score_position(o) for o in position.operands]
-    if position.op == "neg":
-        return f"(-{parts[0]})"
-    if position.op == "clamp":
-        return f"torch.clamp({parts[0]}, {parts[1]}, {parts[2]})"
-    return f"({parts[0]} {position.op} {parts[1]})"
+    return _integer_position(position, lambda leg: source(leg, "name"))
 
 
 @_op.register
@@ -822,13 +813,22 @@ def _(op: Positions, attributes: frozenset[str]) -> str:
 
 def _position(position, legs: tuple[str, ...], sizes: tuple[sympy.Expr, ...], device: str) -> str:
     """An integer position as a torch expression broadcast over axes `legs`."""
-    if position.op == "leg":
-        k = legs.index(position.name)
+
+    def axis(leg: str) -> str:
+        k = legs.index(leg)
         shape = ", ".join("-1" if j == k else "1" for j in range(len(legs)))
         return f"torch.arange({_expr(sizes[k])}, device={device}).reshape({shape}{',' if len(legs) == 1 else ''})"
+
+    return _integer_position(position, axis)
+
+
+def _integer_position(position, leg: Callable[[str], str]) -> str:
+    """A Position (ir.py) as Python, each leg printed by `leg`: numbers, + - *, negation, clamp."""
+    if position.op == "leg":
+        return leg(position.name)
     if position.op == "number":
         return _scalar(position.value)
-    parts = [_position(o, legs, sizes, device) for o in position.operands]
+    parts = [_integer_position(o, leg) for o in position.operands]
     if position.op == "neg":
         return f"(-{parts[0]})"
     if position.op == "clamp":
