@@ -246,20 +246,20 @@ def measure_kinds(model: DeviceModel, *, shape: tuple[int, ...] = KIND_SHAPE, re
 
 
 def _median(run, repeats: int) -> float:
+    times = sorted(_times(run, repeats))
+    return times[len(times) // 2]
+
+
+def _best(run, repeats: int) -> float:
+    return max(min(_times(run, repeats)), 1e-9)
+
+
+def _times(run, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` calls of `run`, after one call to warm up."""
     run()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
-
-
-def _best(run, repeats: int) -> float:
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return max(best, 1e-9)
+    return times
