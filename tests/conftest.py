@@ -26,6 +26,35 @@ def perturbed(module):
     return {name: value.detach() for name, value in module.named_parameters()}
 
 
+def gradcheck_parameters(module, inputs: tuple, kwargs: dict | None = None, atol: float = 1e-7) -> bool:
+    """torch.autograd.gradcheck of the module's output in its `inputs` and its parameters
+    together (float64, eps 1e-6); `kwargs` (masks) are passed as they are."""
+    import torch
+
+    names = [name for name, _ in module.named_parameters()]
+
+    def run(*values):
+        arguments, parameters = values[: len(inputs)], values[len(inputs) :]
+        return torch.func.functional_call(module, dict(zip(names, parameters, strict=True)), arguments, kwargs or {})
+
+    return torch.autograd.gradcheck(run, (*inputs, *module.parameters()), eps=1e-6, atol=atol)
+
+
+def standalone_module(source: str, stem: str, folder: Path):
+    """A generated file imported as a user imports it: written to FOLDER/STEM.py, loaded as module
+    `stem` and registered in sys.modules (flex_attention's eager path looks its module up there)."""
+    import importlib.util
+    import sys
+
+    path = folder / f"{stem}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture
 def write_td(tmp_path):
     """Write a .td text to a temporary file and return its path."""

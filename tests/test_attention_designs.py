@@ -4,12 +4,11 @@ small sizes; the standalone compiled file equals the in-process module; torch.co
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
 import torch
-from conftest import DESIGNS, perturbed, visible
+from conftest import DESIGNS, gradcheck_parameters, perturbed, standalone_module, visible
 
 import tdiag
 
@@ -148,22 +147,13 @@ def test_gradcheck(name):
     module = design(name, True).module(N=3, dtype=F64)
     perturbed(module)
     x = x_input(1, n=3).requires_grad_()
-    names = [n for n, _ in module.named_parameters()]
-
-    def run(x, *values):
-        return torch.func.functional_call(module, dict(zip(names, values, strict=True)), (x,))
-
-    assert torch.autograd.gradcheck(run, (x, *module.parameters()), eps=1e-6, atol=1e-7)
+    assert gradcheck_parameters(module, (x,))
 
 
 @pytest.mark.parametrize("name", sorted(PAPERS))
 def test_standalone_file_equals_in_process_module(name, tmp_path):
     loaded = design(name, True)
-    path = tmp_path / f"{name}_module.py"
-    path.write_text(loaded.source(N=N))
-    spec = importlib.util.spec_from_file_location(f"{name}_module", path)
-    generated = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generated)
+    generated = standalone_module(loaded.source(N=N), f"{name}_module", tmp_path)
     class_name = "".join(part.capitalize() for part in name.split("_"))
     standalone = getattr(generated, class_name)(seed=7, dtype=F64)
     in_process = loaded.module(seed=7, dtype=F64, N=N)

@@ -1,7 +1,6 @@
 """The compiled module is exactly the design (spec tuformer.md §6): against torch's attention,
 against the reference evaluation of the same graph, and against the paper's identities."""
 
-import importlib.util
 import math
 import re
 import shutil
@@ -10,7 +9,7 @@ import pytest
 import sympy
 import torch
 import torch.nn.functional as functional
-from conftest import DESIGN_FILES, DESIGNS
+from conftest import DESIGN_FILES, DESIGNS, gradcheck_parameters, standalone_module
 
 import tdiag
 from tdiag.plan import reads
@@ -163,11 +162,7 @@ def test_causal_linear_attention_in_chunks_equals_the_masked_quadratic_form(name
 
 def test_standalone_file_equals_in_process_module(tmp_path):
     design = tdiag.load(DESIGNS / "thsa.td", **SMALL)
-    path = tmp_path / "thsa_module.py"
-    path.write_text(design.source(N=5))
-    spec = importlib.util.spec_from_file_location("thsa_module", path)
-    generated = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generated)
+    generated = standalone_module(design.source(N=5), "thsa_module", tmp_path)
     standalone = generated.Thsa(seed=7, dtype=torch.float64)
     in_process = design.module(seed=7, dtype=torch.float64, N=5)
     x = x_input(2)
@@ -181,11 +176,7 @@ def test_standalone_file_equals_in_process_module(tmp_path):
 )
 def test_standalone_file_equals_in_process_module_for_fused_and_chunked_plans(tmp_path, name, objective, planned):
     design = tdiag.load(DESIGNS / f"{name}.td", **small_sizes(name)).with_causal_mask()
-    path = tmp_path / f"{name}_module.py"
-    path.write_text(design.source(N=planned, objective=objective))
-    spec = importlib.util.spec_from_file_location(f"{name}_module", path)
-    generated = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generated)
+    generated = standalone_module(design.source(N=planned, objective=objective), f"{name}_module", tmp_path)
     standalone = getattr(generated, name.capitalize())(seed=7, dtype=torch.float64)
     in_process = design.module(seed=7, dtype=torch.float64, N=planned, objective=objective)
     kinds = {step.kind for step in in_process.tdiag_plan.steps}
@@ -219,12 +210,7 @@ def test_initialization_is_deterministic_for_a_seed():
 def test_gradcheck(name):
     module = build(name).eval()
     x = x_input(1, n=3).requires_grad_()
-    params = tuple(module.parameters())
-
-    def run(x, *values):
-        return torch.func.functional_call(module, dict(zip(dict(module.named_parameters()), values, strict=True)), (x,))
-
-    assert torch.autograd.gradcheck(run, (x, *params), eps=1e-6, atol=1e-7)
+    assert gradcheck_parameters(module, (x,))
 
 
 # ---- Tuformer identities (spec tuformer.md §6) ----------------------------------------------

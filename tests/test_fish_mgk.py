@@ -7,7 +7,7 @@ import pytest
 import sympy
 import torch
 import torch.nn.functional as functional
-from conftest import DESIGNS
+from conftest import DESIGNS, gradcheck_parameters
 
 import tdiag
 from tdiag.plan import BATCH_SIZE
@@ -442,12 +442,7 @@ def test_p20_large_logits_stay_finite_and_agree_with_float64_under_the_p17_lower
 def test_gradcheck_with_noise_off(name):
     module = build(name).eval()
     x = x_input(1).requires_grad_()
-    names = [n for n, _ in module.named_parameters()]
-
-    def run(x, *values):
-        return torch.func.functional_call(module, dict(zip(names, values, strict=True)), (x,))
-
-    assert torch.autograd.gradcheck(run, (x, *module.parameters()), eps=1e-6, atol=1e-6)
+    assert gradcheck_parameters(module, (x,), atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["fish", "hard_gfish", "mgk", "mlk", "smgk"])

@@ -8,13 +8,12 @@ is checked in float64 without gradient, and torch.compile(fullgraph=True) in flo
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import DESIGN_FILES, perturbed, visible
+from conftest import DESIGN_FILES, perturbed, standalone_module, visible
 from test_position_designs import PAPERS, N, cross_attention, design, x_input
 
 import tdiag
@@ -139,13 +138,8 @@ def test_standalone_flex_module_equals_the_in_process_module(tmp_path):
     loaded = design("relative_bias", True)
     module = loaded.module(N=N, dtype=F64, attention="flex")
     perturbed(module)
-    path = tmp_path / "relative_bias_flex.py"
-    path.write_text(loaded.source(N=N, attention="flex"))
-    spec = importlib.util.spec_from_file_location("relative_bias_flex", path)
-    standalone_module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = standalone_module  # as an import does: flex_attention's eager path looks it up
-    spec.loader.exec_module(standalone_module)
-    standalone = standalone_module.RelativeBias(dtype=F64)
+    generated = standalone_module(loaded.source(N=N, attention="flex"), "relative_bias_flex", tmp_path)
+    standalone = generated.RelativeBias(dtype=F64)
     standalone.load_state_dict(module.state_dict())
     x = x_input(2)
     with torch.no_grad():

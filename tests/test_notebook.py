@@ -1,13 +1,12 @@
 """Notebook display (issue 12): Design, CostReport and Plan show as tables with formulas and
 numbers at the built sizes; a compiled module's repr lists its sizes and stored tensors."""
 
-import importlib.util
 import re
 import subprocess
 import sys
 
 import pytest
-from conftest import DESIGNS, ROOT
+from conftest import DESIGNS, ROOT, standalone_module
 
 import tdiag
 from tdiag.notebook import formula_text, markdown_text
@@ -110,11 +109,7 @@ def test_module_repr_lists_buffers():
 
 def test_standalone_file_has_the_same_repr_as_the_in_process_module(tmp_path):
     design = tdiag.load(DESIGNS / "thsa.td", F=8, H=2)
-    path = tmp_path / "thsa_repr.py"
-    path.write_text(design.source())
-    spec = importlib.util.spec_from_file_location("thsa_repr", path)
-    generated = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generated)
+    generated = standalone_module(design.source(), "thsa_repr", tmp_path)
     assert repr(generated.Thsa()) == repr(design.module())
 
 

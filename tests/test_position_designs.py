@@ -5,12 +5,11 @@ compiled file equals the in-process module; torch.compile(fullgraph)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
 import torch
-from conftest import DESIGNS, perturbed, visible
+from conftest import DESIGNS, gradcheck_parameters, perturbed, standalone_module, visible
 
 import tdiag
 
@@ -149,22 +148,13 @@ def test_gradcheck(name):
     module = design(name, True).module(N=3, dtype=F64)
     perturbed(module)
     x = x_input(1, n=3).requires_grad_()
-    names = [n for n, _ in module.named_parameters()]
-
-    def run(x, *values):
-        return torch.func.functional_call(module, dict(zip(names, values, strict=True)), (x,))
-
-    assert torch.autograd.gradcheck(run, (x, *module.parameters()), eps=1e-6, atol=1e-7)
+    assert gradcheck_parameters(module, (x,))
 
 
 @pytest.mark.parametrize("name", sorted(PAPERS))
 def test_standalone_file_equals_in_process_module(name, tmp_path):
     loaded = design(name, True)
-    path = tmp_path / f"{name}_module.py"
-    path.write_text(loaded.source(N=N))
-    spec = importlib.util.spec_from_file_location(f"{name}_module", path)
-    generated = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generated)
+    generated = standalone_module(loaded.source(N=N), f"{name}_module", tmp_path)
     class_name = "".join(part.capitalize() for part in name.split("_"))
     standalone = getattr(generated, class_name)(seed=7, dtype=F64)
     in_process = loaded.module(seed=7, dtype=F64, N=N)
@@ -236,11 +226,7 @@ def test_cross_attention_reference_and_standalone_agree(tmp_path):
     loaded = design("cross_attention")
     module = loaded.module(N=N, M=7, dtype=F64, seed=7)
     reference = loaded.module(dtype=F64, seed=7, impl="reference")
-    path = tmp_path / "cross_module.py"
-    path.write_text(loaded.source(N=N, M=7))
-    spec = importlib.util.spec_from_file_location("cross_module", path)
-    generated = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generated)
+    generated = standalone_module(loaded.source(N=N, M=7), "cross_module", tmp_path)
     standalone = generated.CrossAttention(seed=7, dtype=F64)
     x, z = x_input(2), x_input(2, n=6, seed=3)  # a memory length other than the planned M = 7
     pad = torch.tensor([[True] * 4 + [False] * 2, [True] * 6])
@@ -254,12 +240,7 @@ def test_cross_attention_gradcheck_and_compile():
     perturbed(module)
     x, z = x_input(1, n=3).requires_grad_(), x_input(1, n=4, seed=3).requires_grad_()
     pad = torch.tensor([[True, True, True, False]])
-    names = [n for n, _ in module.named_parameters()]
-
-    def run(x, z, *values):
-        return torch.func.functional_call(module, dict(zip(names, values, strict=True)), (x, z), {"pad": pad})
-
-    assert torch.autograd.gradcheck(run, (x, z, *module.parameters()), eps=1e-6, atol=1e-7)
+    assert gradcheck_parameters(module, (x, z), {"pad": pad})
     compiled = torch.compile(module, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x, z, pad=pad), module(x, z, pad=pad), rtol=0, atol=1e-12)
 

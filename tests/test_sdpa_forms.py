@@ -3,12 +3,11 @@ grouped-query attention with their key heads grouped (enable_gqa), plain and cau
 and additive biases as SDPA's attn_mask. Each compiled form equals a reference written here from
 its paper with plain torch ops, and keeps no heads x N² tensor for backward when SDPA is taken."""
 
-import importlib.util
 import math
 
 import pytest
 import torch
-from conftest import DESIGNS
+from conftest import DESIGNS, gradcheck_parameters, standalone_module
 
 import tdiag
 from tdiag.measure import saved_for_backward
@@ -173,12 +172,7 @@ def test_causal_grouped_query_attention_keeps_no_heads_by_n_squared_tensor(name)
 def test_grouped_query_attention_gradcheck(name, causal):
     module = grouped_design(name, causal).module(dtype=torch.float64, N=3)
     x = torch.randn(1, 3, 16, dtype=torch.float64, requires_grad=True)
-    names = list(dict(module.named_parameters()))
-
-    def run(x, *values):
-        return torch.func.functional_call(module, dict(zip(names, values, strict=True)), (x,))
-
-    assert torch.autograd.gradcheck(run, (x, *module.parameters()), eps=1e-6, atol=1e-7)
+    assert gradcheck_parameters(module, (x,))
 
 
 # ---- padding masks ------------------------------------------------------------------------
@@ -226,12 +220,7 @@ def test_padded_attention_gradcheck(write_td):
     module = padded_design(write_td, True).module(dtype=torch.float64, N=3)
     pad = torch.tensor([[True, False, True]])
     x = torch.randn(1, 3, 8, dtype=torch.float64, requires_grad=True)
-    names = list(dict(module.named_parameters()))
-
-    def run(x, *values):
-        return torch.func.functional_call(module, dict(zip(names, values, strict=True)), (x,), {"pad": pad})
-
-    assert torch.autograd.gradcheck(run, (x, *module.parameters()), eps=1e-6, atol=1e-7)
+    assert gradcheck_parameters(module, (x,), {"pad": pad})
 
 
 # ---- additive biases ----------------------------------------------------------------------
@@ -251,12 +240,7 @@ def test_an_additive_bias_along_the_queries_is_sdpa_s_float_attn_mask(write_td, 
 def test_an_additive_bias_gradcheck(write_td):
     module = biased_design(write_td, "learned-h-n-m", True).module(dtype=torch.float64, N=N, objective="memory")
     x = torch.randn(1, N, 8, dtype=torch.float64, requires_grad=True)
-    names = list(dict(module.named_parameters()))
-
-    def run(x, *values):
-        return torch.func.functional_call(module, dict(zip(names, values, strict=True)), (x,))
-
-    assert torch.autograd.gradcheck(run, (x, *module.parameters()), eps=1e-6, atol=1e-7)
+    assert gradcheck_parameters(module, (x,))
 
 
 def test_a_fixed_bias_runs_the_fused_kernel_and_a_learned_one_the_math_kernel(write_td):
@@ -291,11 +275,7 @@ def test_saved_memory_of_a_padded_plan_is_what_the_model_predicts(write_td, caus
 
 
 def standalone(design: tdiag.Design, tmp_path, planned: int):
-    path = tmp_path / f"{design.name}_module.py"
-    path.write_text(design.source(N=planned))
-    spec = importlib.util.spec_from_file_location(f"{design.name}_module", path)
-    generated = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generated)
+    generated = standalone_module(design.source(N=planned), f"{design.name}_module", tmp_path)
     return next(v for k, v in vars(generated).items() if isinstance(v, type) and issubclass(v, torch.nn.Module))
 
 
