@@ -53,7 +53,6 @@ class FlexLowering:
     """Emits a matched softmax box and its consumer as one flex_attention call."""
 
     attention = "sdpa"  # or "flex": build_plan sets it
-    flex_positions: frozenset[str] = frozenset()  # the query and key legs of the box being fused
 
     def flex_roles(self, fused: dict) -> dict[str, int]:
         """The plan legs FlexAttention indexes: 0 batch, 1 head (one head leg, not grouped),
@@ -102,7 +101,6 @@ class FlexLowering:
         q, k, latent = self.query_and_key(fused)
         arguments = tuple(self.names.fresh(stem) for stem in ("score", "b", "h", "q_idx", "kv_idx"))
         roles = {leg: arguments[1 + r] for leg, r in self.flex_roles(fused).items()}
-        self.flex_positions = frozenset((fused["sequence"], keys[0]))
         score = self.score_mod(fused, roles)
         self.box_depth -= 1
         v = self.contract(fused["value"], tuple(heads + keys + features), sympy.Integer(1), "v")
@@ -177,6 +175,7 @@ class FlexLowering:
     def score_mod(self, fused: dict, roles: dict[str, str]) -> ScoreTerm | None:
         """Σ weight · term over the additive terms of the scores (the key biases of MGK P17 and
         the position biases alike), each times the box's scale: score_mod adds after scaling."""
+        positions = frozenset((fused["sequence"], fused["keys"][0]))  # what a score_mod term may span
         terms = []
         for kind, weight, e in (*fused["biases"], *fused["score_biases"]):
             if kind == "norm":
@@ -184,12 +183,12 @@ class FlexLowering:
                 kept = tuple(leg for leg in key_value.legs if leg not in over)
                 term = self.score_read(self.squared_norm(key_value, kept), roles)
             else:
-                term = self.score_term(e, fused["ren"], roles)
+                term = self.score_term(e, fused["ren"], roles, positions)
             factor = self.runtime(sympy.simplify(weight * fused["box_scale"]))
             terms.append(term if factor == 1 else ScoreArith("*", ScoreNumber(factor), term))
         return reduce(lambda a, b: ScoreArith("+", a, b), terms) if terms else None
 
-    def score_term(self, e: Expr, ren, roles: dict[str, str]) -> ScoreTerm:
+    def score_term(self, e: Expr, ren, roles: dict[str, str], positions: frozenset[str]) -> ScoreTerm:
         """`e` as score_mod arithmetic: what varies along both the query and the key is taken
         apart into sums, products, quotients, maps, positions and gathers; everything else is
         lowered as usual to a tensor the kernel reads at its indices."""
@@ -198,10 +197,10 @@ class FlexLowering:
         if isinstance(e, PositionIndex):
             return ScoreIndex(Position("leg", name=roles[ren[e.leg][0]]))
         legs = {p for leg in e.legs for p in ren[leg]}
-        if not self.flex_positions <= legs:
+        if not positions <= legs:  # along at most one of the query and the key
             return self.score_read(self.lower(e, ren), roles)
         if isinstance(e, Contraction) and not e.summed:
-            factors = [self.score_term(f, ren, roles) for f in e.factors]
+            factors = [self.score_term(f, ren, roles, positions) for f in e.factors]
             coefficient = self.runtime(e.coefficient)
             if coefficient != 1:
                 factors.insert(0, ScoreNumber(coefficient))
@@ -209,20 +208,19 @@ class FlexLowering:
         if isinstance(e, SumNode):
             total: ScoreTerm | None = None
             for term, sign in zip(e.terms, e.signs, strict=True):
-                part = self.score_term(term, ren, roles)
+                part = self.score_term(term, ren, roles, positions)
                 if total is None:
                     total = part if sign > 0 else ScoreArith("*", ScoreNumber(sympy.Integer(-1)), part)
                 else:
                     total = ScoreArith("+" if sign > 0 else "-", total, part)
             return total  # type: ignore[return-value]
         if isinstance(e, Quotient):
-            numerator = (
-                self.score_term(e.numerator, ren, roles) if e.numerator is not None else ScoreNumber(sympy.Integer(1))
-            )
-            return ScoreArith("/", numerator, self.score_term(e.denominator, ren, roles))  # type: ignore[arg-type]
+            one = ScoreNumber(sympy.Integer(1))
+            numerator = self.score_term(e.numerator, ren, roles, positions) if e.numerator is not None else one
+            return ScoreArith("/", numerator, self.score_term(e.denominator, ren, roles, positions))  # type: ignore[arg-type]
         if isinstance(e, ElementwiseMap):
             params = tuple(self.runtime(p) for p in e.params)
-            return ScoreMap(e.name, self.score_term(e.operand, ren, roles), params)  # type: ignore[arg-type]
+            return ScoreMap(e.name, self.score_term(e.operand, ren, roles, positions), params)  # type: ignore[arg-type]
         if isinstance(e, Gather):
             return self.score_gather(e, ren, roles)
         return self.score_read(self.lower(e, ren), roles)
