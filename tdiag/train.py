@@ -208,6 +208,19 @@ def setup_distributed(device: torch.device) -> Distributed:
     return Distributed(dist.get_rank(), dist.get_world_size())
 
 
+def teardown_distributed(dist: Distributed, *, wait: bool) -> None:
+    """End the process group while the interpreter is alive: gloo work still held when Python
+    exits aborts the process. `wait` first lets every process finish (not after an interrupt,
+    where a peer may never arrive)."""
+    if dist.world == 1:
+        return
+    import torch.distributed
+
+    if wait:
+        torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
 def resolve_device(name: str) -> torch.device:
     """`auto` -> cuda when available, else cpu; a device this machine lacks is a clear error."""
     if name == "auto":
@@ -348,6 +361,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     tokens, seconds, rate, achieved = 0, 0.0, 0.0, 0.0
     previous_handler = _stop_on_sigterm()
     step = state["step"]
+    completed = False
     try:
         while step < config.steps:
             for group in optimizer.param_groups:
@@ -390,9 +404,13 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
             _save_checkpoint(folder, model, optimizer, step, state["log"], generator, config)
         message = f"training interrupted at step {step}; the checkpoint in '{folder}' holds every completed step"
         raise TdiagError(Diagnostic(message, hint=f"resume with: tdiag train --resume {folder}")) from None
+    else:
+        completed = True
     finally:
         bar.close()
         _restore_sigterm(previous_handler)
+        network = None  # DDP's reducer holds gloo work; it goes before the group
+        teardown_distributed(dist, wait=completed)
     summary |= {
         "final_val_loss": state["log"][-1]["val_loss"] if state["log"] else None,
         "tokens_per_s": rate,
@@ -649,5 +667,17 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
 
 
+def leave_process(code: int) -> None:
+    """Exit a torchrun worker without interpreter finalization: with torch 2.13 on CPU, gloo's
+    threads abort a few percent of processes there ("terminate called without an active
+    exception"), after every file is written, even once the group is destroyed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    if "RANK" in os.environ:
+        leave_process(code)
+    raise SystemExit(code)

@@ -156,9 +156,9 @@ def test_train_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
 
 
 DDP_SCRIPT = """
-import os, sys, torch, torch.distributed as dist
-from tdiag.train import TrainConfig, build_model, global_batch, loss_of, read_corpus
-config = TrainConfig(**eval(sys.argv[1]))
+import json, os, sys, torch, torch.distributed as dist
+from tdiag.train import TrainConfig, build_model, global_batch, leave_process, loss_of, read_corpus
+config = TrainConfig(**json.loads(sys.argv[1]))
 rank = int(os.environ["RANK"])
 # a file rendezvous: no TCP port to choose, so none that another process can take first
 dist.init_process_group("gloo", init_method="file://" + sys.argv[3], rank=rank, world_size=2)
@@ -172,6 +172,7 @@ if rank == 0:
     torch.save({n: p.grad for n, p in model.named_parameters()}, sys.argv[2])
 dist.barrier()  # neither process tears the group down while the other still uses it
 dist.destroy_process_group()
+leave_process(0)  # as tdiag's torchrun workers do: no interpreter finalization for gloo to abort
 """
 
 
@@ -181,7 +182,7 @@ def test_two_process_ddp_gradients_equal_one_process_on_the_same_global_batch(co
     script = tmp_path / "ddp_step.py"
     script.write_text(DDP_SCRIPT)
     env = os.environ | {"WORLD_SIZE": "2", "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-X", "faulthandler", str(script), repr(fields), str(tmp_path / "grads.pt")]
+    command = [sys.executable, "-X", "faulthandler", str(script), json.dumps(fields), str(tmp_path / "grads.pt")]
     processes = [
         subprocess.Popen(
             [*command, str(tmp_path / "rendezvous")],
@@ -207,6 +208,18 @@ def test_two_process_ddp_gradients_equal_one_process_on_the_same_global_batch(co
     loss_of(model, x, y, torch.device("cpu")).backward()
     for name, param in model.named_parameters():
         assert torch.allclose(distributed[name], param.grad, atol=1e-6, rtol=1e-5), name
+
+
+def test_train_with_two_processes_ends_with_exit_code_zero_and_one_run_folder(corpus_file, tmp_path):
+    out = tmp_path / "run"
+    flags = ["--data", str(corpus_file), "--layers", "1", "--width", "16", "--heads", "2", "--context", "16"]
+    flags += ["--batch", "4", "--steps", "2", "--eval-every", "2", "--eval-batches", "1", "--no-progress"]
+    command = [sys.executable, "-m", "tdiag", "train", str(DESIGNS / "mhsa.td"), "--nproc", "2", "--out", str(out)]
+    command += flags
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert json.loads((out / "summary.json").read_text())["design"] == "mhsa"
 
 
 def test_example_script_trains_a_compiled_module_without_importing_tdiag(corpus_file, tmp_path):
