@@ -80,11 +80,11 @@ class ReferenceModule(nn.Module):
         sizes = bind_sizes(self.tdiag_graph, self.tdiag_sizes, given)
         batch_shape = torch.broadcast_shapes(*(batch_dims(x, self.tdiag_graph.tensors[n]) for n, x in given.items()))
         device = next(iter(given.values())).device if given else torch.device("cpu")
-        frame = Frame(self.tdiag_graph, sizes, dict(given), self.tdiag_dtype, device)
+        frame = Frame(self.tdiag_graph, sizes, dict(given), self._tdiag_compute_dtype(inputs), device)
         for tensor in self.tdiag_graph.tensors.values():
             if tensor.kind == "const" and _follows_the_input(tensor, self.tdiag_graph, self.tdiag_sizes):
                 shape = numeric_shape(tensor, sizes, self.tdiag_graph)
-                value = initial_value(tensor, shape, self.tdiag_graph, sizes, 0, self.tdiag_dtype)
+                value = initial_value(tensor, shape, self.tdiag_graph, sizes, 0, frame.dtype)
                 frame.values[tensor.name] = value.to(device)
             elif tensor.kind == "param" or tensor.kind == "const":
                 frame.values[tensor.name] = getattr(self, tensor.name)
@@ -100,6 +100,11 @@ class ReferenceModule(nn.Module):
             self._tdiag_update_buffers(frame)
         output = outputs[0] if len(outputs) == 1 else outputs
         return (output, intermediates) if return_intermediates else output
+
+    def _tdiag_compute_dtype(self, inputs: Sequence[torch.Tensor]) -> torch.dtype:
+        """Constants, positions and noise are made in the first input's dtype, as in the compiled
+        module, so that `.double()` on the module and float64 inputs evaluate in float64."""
+        return next((x.dtype for x in inputs if x.is_floating_point()), self.tdiag_dtype)
 
     def _tdiag_given(
         self, inputs: Sequence[torch.Tensor], masks: Mapping[str, torch.Tensor]
@@ -124,8 +129,8 @@ class ReferenceModule(nn.Module):
         shape = (*batch_shape, *numeric_shape(tensor, frame.sizes, self.tdiag_graph))
         mode = tensor.init.param("mode", "train") if tensor.init else "train"
         if mode == "always" or (mode == "train" and self.training):
-            return torch.randn(shape, dtype=self.tdiag_dtype, device=frame.device)
-        return torch.zeros(shape, dtype=self.tdiag_dtype, device=frame.device)
+            return torch.randn(shape, dtype=frame.dtype, device=frame.device)
+        return torch.zeros(shape, dtype=frame.dtype, device=frame.device)
 
     def _tdiag_update_buffers(self, frame: Frame) -> None:
         """Evaluate every update rule (no gradient, averaged over the batch dims) from this forward

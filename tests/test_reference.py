@@ -319,3 +319,12 @@ def test_a_grouped_reference_splits_its_axis_head_major(write_td):
     copy_mhsa_weights_into_thsa(mhsa, split)
     x = inputs(2)
     torch.testing.assert_close(split(x), mhsa(x), rtol=0, atol=1e-10)
+
+
+def test_a_reference_module_cast_with_double_computes_positions_in_the_inputs_dtype():
+    design = tdiag.load(DESIGNS / "rope.td", F=F, H=H)  # the angles index(n) θ_p meet Q in a product
+    compiled = design.module(dtype=F64)
+    reference_module = design.module(impl="reference").double()
+    reference_module.load_state_dict(compiled.state_dict())
+    x = inputs(2)
+    torch.testing.assert_close(reference_module(x), compiled(x), atol=1e-12, rtol=0)
