@@ -335,6 +335,13 @@ def test_a_second_input_without_batch_dims_broadcasts_over_the_batch():
     close(reference, expected)
 
 
+def test_a_padding_mask_on_a_normalize_box_without_eps_warns_of_empty_rows():
+    body = "mask P[m: N]\nA[n m] = normalize[m, mask = P[m]](exp(X[n f] X[m f]))\nY[n f] = A[n m] X[m f]\noutput Y"
+    (warning,) = load(body).warnings
+    assert "0 / 0 (NaN)" in warning.message and "eps" in warning.hint
+    assert not load(body.replace("mask = P[m]]", "mask = P[m], eps = 1e-6]")).warnings
+
+
 def test_a_mask_without_batch_dims_broadcasts_over_the_batch():
     design = load(
         "mask P[n: N, m: N]\nA[n m] = softmax[m, mask = P[n m]](X[n f] X[m f])\nY[n f] = A[n m] X[m f]\noutput Y"

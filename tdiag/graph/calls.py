@@ -133,6 +133,8 @@ class BoxesAndMaps:
                 )
         content = self.inside(argument, keep | (set(normalized) & available))
         options = self._box_options(e, content)
+        if e.name == "normalize" and "eps" not in options:
+            self._warn_empty_rows(e, options["masks"])
         factor = options.pop("scale_factor", None)
         if factor is not None:  # softmax[m, scale = t[h]](x) = softmax[m](t[h] x): a factor inside the box
             batch = tuple(leg for leg in factor.legs if leg in content.legs)
@@ -147,6 +149,17 @@ class BoxesAndMaps:
             is_exp=e.name == "softmax",
             eps=options.get("eps", sympy.Integer(0)),
         )
+
+    def _warn_empty_rows(self, e: syn.Call, masks: list[Mask]) -> None:
+        """A padding mask may hide every key of a query; a normalize box then divides 0 by 0 unless
+        it has an eps (a softmax box averages the values instead, so it needs none)."""
+        padding = next((m for m in masks if isinstance(m, PaddingMask)), None)
+        if padding is not None:
+            self.b.warn(
+                "a query whose keys this mask hides all gives 0 / 0 (NaN) in a normalize box without eps",
+                padding.span,
+                hint="add an eps option, e.g. normalize[m, mask = ..., eps = 1e-6]",
+            )
 
     def _box_options(self, e: syn.Call, content: Expr) -> dict:
         allowed = BOX_OPTIONS[e.name]
