@@ -248,6 +248,13 @@ def checked_sizes(graph: DesignGraph | None, sizes: Mapping[str, object]) -> dic
     """Sizes given through the Python API: positive whole numbers within LIMITS.max_size, each a
     size of the design (or B, the batch size a plan assumes); anything else is a TdiagError."""
     for key, value in sizes.items():
+        if isinstance(value, Mapping):
+            raise TdiagError(
+                Diagnostic(
+                    f"{key}={value!r} is not a size",
+                    hint="give sizes as keywords (N=512) or as a mapping in first place ({'N': 512})",
+                )
+            )
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise TdiagError(Diagnostic(f"size {key} must be a positive whole number, got {value!r}"))
         if value > LIMITS.max_size:

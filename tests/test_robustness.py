@@ -323,7 +323,10 @@ def test_load_refuses_sizes_whose_parameters_would_not_fit(monkeypatch):
 
 
 @pytest.mark.parametrize("call", ["module", "plan", "source", "cost"])
-@pytest.mark.parametrize(("sizes", "message"), [({"N": -1}, "positive whole number"), ({"Q": 3}, "no size 'Q'")])
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [({"N": -1}, "positive whole number"), ({"Q": 3}, "no size 'Q'"), ({"sizes": {"N": 8}}, "is not a size")],
+)
 def test_sizes_given_to_a_design_are_checked_like_load(call, sizes, message):
     design = tdiag.load(DESIGNS / "mhsa.td", F=16, H=2)
     with pytest.raises(TdiagError, match=message):
