@@ -324,6 +324,18 @@ def test_with_causal_mask_does_not_mask_twice_behind_a_masked_box():
     assert "masks causal(n, m)" in text
 
 
+def test_with_causal_mask_on_a_causal_design_returns_it_unchanged():
+    causal_once = load(
+        ATTENTION + "A[h n m] = softmax[m](Q[n h d] K[m h d])\nY[n g] = A[h n m] V[m h e] WO[h e g]\noutput Y"
+    ).with_causal_mask()
+    assert causal_once.with_causal_mask().source() == causal_once.source()
+
+
+def test_with_causal_mask_without_an_attention_over_the_key_leg_is_an_error():
+    with pytest.raises(TdiagError, match="no attention over leg 'm'"):
+        load("Y[n f] = exp(X[n f])\noutput Y").with_causal_mask()
+
+
 def test_a_second_input_without_batch_dims_broadcasts_over_the_batch():
     design = load(
         "input Bias[n: N, m: N]\nA[n m] = softmax[m](X[n f] X[m f] + Bias[n m])\nY[n f] = A[n m] X[m f]\noutput Y"

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from ..errors import Diagnostic, Span, TdiagError
-from ..ir import CausalFactor, CausalMask, Contraction, Expr, Quotient, Scalar, SoftmaxBox, SumNode, TensorRef
+from ..ir import CausalFactor, CausalMask, Contraction, Expr, Quotient, Scalar, SoftmaxBox, SumNode, TensorRef, walk
 from .dataflow import _dataflow_graph
 from .model import DesignGraph
 
@@ -67,11 +67,24 @@ def _hidden_pairs(expr: Expr, hidden: Mapping[str, set[tuple[int, int]]]) -> set
     return set()
 
 
+def _already_causal(graph: DesignGraph, query: str, key: str) -> bool:
+    """Whether the design masks `key` by `query` somewhere already (a causal box or factor)."""
+    for statement in graph.statements:
+        for node in walk(statement.expr):
+            if isinstance(node, CausalFactor) and (node.query, node.key) == (query, key):
+                return True
+            if isinstance(node, SoftmaxBox) and any(
+                isinstance(m, CausalMask) and (m.query, m.key) == (query, key) for m in node.masks
+            ):
+                return True
+    return False
+
+
 def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> DesignGraph:
     """The same design with `mask = causal(query, key)` on every box normalized over `key` that
     also has leg `query`, and the factor causal(query, key) in every contraction that sums `key`
     beside `query` over factors not masked already (sigmoid, ReLU² and linear attention); the
-    bundled designs use n for queries and m for keys."""
+    bundled designs use n for queries and m for keys. A design causal already is returned as it is."""
     statements, total = [], 0
     hidden: dict[str, set[tuple[int, int]]] = {}
     for statement in graph.statements:
@@ -83,6 +96,8 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
             hidden[statement.target] = {
                 (position[q], position[k]) for q, k in _hidden_pairs(expr, hidden) if q in position and k in position
             }
+    if not total and _already_causal(graph, query, key):
+        return graph
     if not total:
         raise TdiagError(
             Diagnostic(
