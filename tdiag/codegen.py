@@ -382,6 +382,9 @@ def _entry(plan: Plan) -> list[str]:
         lines.append(f"if {var}.dim() < {rank}:")
         needs = source(f"input {t.name} needs {rank} trailing axes ({' '.join(t.legs)}), got shape ", "fstring")
         lines.append(f'    raise ValueError(f"{needs}{{tuple({var}.shape)}}")')
+        lines.append(f"if not {var}.is_floating_point():")
+        floating = source(f"input {t.name} must be a floating-point tensor, got ", "fstring")
+        lines.append(f'    raise TypeError(f"{floating}{{{var}.dtype}}")')
         if first:
             lines.append(f"batch_shape = {var}.shape[:-{rank}]")
             first = False
@@ -391,7 +394,11 @@ def _entry(plan: Plan) -> list[str]:
             position = k - rank
             size = axis.size
             if size.is_Symbol and graph.sizes[str(size)].is_free and str(size) not in bound:
-                lines.append(f"{source(str(size), 'name')} = {var}.shape[{position}]")
+                name = source(str(size), "name")
+                lines.append(f"{name} = {var}.shape[{position}]")
+                lines.append(f"if {name} == 0:")
+                empty = source(f"input {t.name}: leg {axis.leg} (size {size}) has no entries", "text")
+                lines.append(f'    raise ValueError("{empty}")')
                 bound.add(str(size))
                 continue
             expected = _size(graph, size)

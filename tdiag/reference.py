@@ -115,6 +115,9 @@ class ReferenceModule(nn.Module):
             raise ValueError(
                 f"{self.tdiag_graph.name} takes {len(declared)} input(s) ({', '.join(declared)}), got {len(inputs)}"
             )
+        for name, x in zip(declared, inputs, strict=True):
+            if not x.is_floating_point():
+                raise TypeError(f"input {name} must be a floating-point tensor, got {x.dtype}")
         mask_names = [t.name for t in self.tdiag_graph.tensors_of_kind("mask")]
         for name, mask in masks.items():
             if name not in mask_names:
@@ -190,6 +193,8 @@ def bind_sizes(graph: DesignGraph, sizes: Mapping[str, int], given: Mapping[str,
             )
         for axis, actual in zip(tensor.axes, x.shape[x.dim() - len(tensor.axes) :], strict=True):
             if isinstance(axis.size, sympy.Symbol) and axis.size.name not in bound:
+                if actual == 0:
+                    raise ValueError(f"{tensor.kind} {name}: leg {axis.leg} (size {axis.size}) has no entries")
                 bound[axis.size.name] = actual
     bound = known_sizes(graph, bound)
     for name, x in given.items():

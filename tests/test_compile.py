@@ -510,6 +510,20 @@ def test_input_without_enough_axes_is_explained():
         build("mhsa")(torch.randn(8, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+def test_an_integer_input_is_refused_by_name(impl):
+    module = tdiag.load(DESIGNS / "mhsa.td", F=8, H=2).module(impl=impl)
+    with pytest.raises(TypeError, match=r"input X must be a floating-point tensor, got torch.int64"):
+        module(torch.ones(2, 5, 8, dtype=torch.long))
+
+
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+def test_an_empty_sequence_is_refused_naming_the_leg(impl):
+    module = tdiag.load(DESIGNS / "mhsa.td", F=8, H=2).module(impl=impl)
+    with pytest.raises(ValueError, match=r"input X: leg n \(size N\) has no entries"):
+        module(torch.ones(2, 0, 8))
+
+
 def test_width_not_divisible_by_heads_is_a_tdiag_error():
     with pytest.raises(tdiag.TdiagError, match=r"size D = F/H is 512/3"):
         tdiag.load(DESIGNS / "mhsa.td", H=3).module()
