@@ -81,6 +81,8 @@ def _unused_tensors(design: DesignGraph) -> list[Diagnostic]:
 
 
 def _buffers_without_update(design: DesignGraph) -> list[Diagnostic]:
+    """A buffer no rule updates is a constant, except one drawn at random (a fixed random
+    projection such as Performer's features), which only a buffer can hold and save."""
     updated = {u.target for u in design.updates}
     return [
         Diagnostic(
@@ -90,7 +92,7 @@ def _buffers_without_update(design: DesignGraph) -> list[Diagnostic]:
             severity="warning",
         )
         for t in design.tensors_of_kind("buffer")
-        if t.name not in updated
+        if t.name not in updated and not (t.init and t.init.name in ("normal", "uniform"))
     ]
 
 

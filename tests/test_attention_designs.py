@@ -1,4 +1,4 @@
-"""The attention designs of issue 13 in designs/, each equal (float64, 1e-10) to its paper's
+"""The attention designs of issue 13 (and Performer) in designs/, each equal (float64, 1e-10) to its paper's
 equation written here in plain torch, plain and causal where causal makes sense; gradcheck at
 small sizes; the standalone compiled file equals the in-process module; torch.compile(fullgraph)."""
 
@@ -103,6 +103,20 @@ def talking_heads(p, x, allowed):
     return torch.einsum("...lnm,...lme,leg->...ng", mixed, v, p["WO"])
 
 
+def performer(p, x, allowed):
+    """D⁻¹ (Q' K'ᵀ) V with positive random features φ(x) = exp(w·x − |x|²/2)/√R of x scaled by
+    d^(−1/4) (Choromanski et al. 2021, Lemma 1, eq. 5); causal: the prefix sums of Sec. 2.4."""
+    d = p["WQ"].shape[-1]
+    q, k, v = project(x, p["WQ"]) / d**0.25, project(x, p["WK"]) / d**0.25, project(x, p["WV"])
+
+    def features(z):
+        return torch.exp(z @ p["W"] - (z * z).sum(-1, keepdim=True) / 2) / math.sqrt(p["W"].shape[-1])
+
+    kernel = (features(q) @ features(k).transpose(-1, -2)) * allowed
+    a = kernel / kernel.sum(-1, keepdim=True)
+    return torch.einsum("...hnm,...hme,heg->...ng", a, v, p["WO"])
+
+
 PAPERS = {
     "sigmoid_attention": sigmoid_attention,
     "relu2_attention": relu2_attention,
@@ -111,6 +125,7 @@ PAPERS = {
     "multi_query": multi_query,
     "grouped_query": grouped_query,
     "talking_heads": talking_heads,
+    "performer": performer,
 }
 
 
@@ -118,7 +133,7 @@ PAPERS = {
 @pytest.mark.parametrize("name", sorted(PAPERS))
 def test_design_equals_its_papers_equation(name, causal):
     module = design(name, causal).module(N=N, dtype=F64)
-    params = perturbed(module)
+    params = perturbed(module) | dict(module.named_buffers())  # Performer's fixed random features
     x = x_input(2)
     torch.testing.assert_close(module(x), PAPERS[name](params, x, visible(N, causal)), rtol=0, atol=1e-10)
 
@@ -126,7 +141,7 @@ def test_design_equals_its_papers_equation(name, causal):
 @pytest.mark.parametrize("name", sorted(PAPERS))
 def test_design_runs_at_other_lengths_than_planned(name):
     module = design(name, True).module(N=N, dtype=F64)
-    params = perturbed(module)
+    params = perturbed(module) | dict(module.named_buffers())
     x = x_input(3, n=9)
     torch.testing.assert_close(module(x), PAPERS[name](params, x, visible(9, True)), rtol=0, atol=1e-10)
 

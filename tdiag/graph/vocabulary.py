@@ -27,7 +27,7 @@ BOX_OPTIONS = {"softmax": ("mask", "scale"), "normalize": ("eps", "mask")}
 INITIALIZERS = {
     "param": ("fill", "identity", "normal", "ones", "uniform", "values", "zeros"),
     "const": ("fill", "identity", "ones", "values", "zeros"),
-    "buffer": ("fill", "ones", "zeros"),
+    "buffer": ("fill", "normal", "ones", "uniform", "zeros"),
     "random": ("normal",),
 }
 INIT_PARAMS = {
