@@ -324,6 +324,17 @@ def test_with_causal_mask_does_not_mask_twice_behind_a_masked_box():
     assert "masks causal(n, m)" in text
 
 
+def test_with_causal_mask_masks_a_sum_over_a_key_axis_named_by_another_leg():
+    written_out = "S[h n m] = exp(Q[n h d] K[m h d])\nA[h n m] = S[h n m] / S[h n k]\n"
+    design = load(ATTENTION + written_out + "Y[n g] = A[h n m] V[m h e] WO[h e g]\noutput Y").with_causal_mask()
+    x = x_input(2)
+    compiled, reference, module = run_both(design, x)
+    q, k, v = heads(module, x)
+    expected = out(module, (q @ k.transpose(-1, -2)).masked_fill(~causal(N), -math.inf).softmax(-1), v)
+    close(compiled, expected)
+    close(reference, expected)
+
+
 def test_with_causal_mask_on_a_causal_design_returns_it_unchanged():
     causal_once = load(
         ATTENTION + "A[h n m] = softmax[m](Q[n h d] K[m h d])\nY[n g] = A[h n m] V[m h e] WO[h e g]\noutput Y"

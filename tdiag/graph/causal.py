@@ -67,6 +67,20 @@ def _hidden_pairs(expr: Expr, hidden: Mapping[str, set[tuple[int, int]]]) -> set
     return set()
 
 
+def _position_legs(expr: Expr, query: str, key: str, roles: Mapping[str, dict[int, str]]) -> tuple[set[str], set[str]]:
+    """The legs of a statement that run over queries and over keys: `query` and `key` by name,
+    and any leg naming an earlier statement's query or key axis under another name (the
+    denominator Σ_k E[h n k] of an attention E[h n m] written out). A leg that would be both is
+    neither."""
+    queries, keys = {query}, {key}
+    for node in walk(expr):
+        if isinstance(node, TensorRef) and not node.is_reshaped and node.name in roles:
+            for axis, role in roles[node.name].items():
+                (queries if role == "query" else keys).add(node.legs[axis])
+    both = queries & keys
+    return queries - both, keys - both
+
+
 def _already_causal(graph: DesignGraph, query: str, key: str) -> bool:
     """Whether the design masks `key` by `query` somewhere already (a causal box or factor)."""
     for statement in graph.statements:
@@ -84,17 +98,28 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
     """The same design with `mask = causal(query, key)` on every box normalized over `key` that
     also has leg `query`, and the factor causal(query, key) in every contraction that sums `key`
     beside `query` over factors not masked already (sigmoid, ReLU² and linear attention); the
-    bundled designs use n for queries and m for keys. A design causal already is returned as it is."""
+    bundled designs use n for queries and m for keys. A leg that names a query or key axis of an
+    earlier statement's tensor under another name counts as one (`Σ_k E[h n k]` over E[h n m]).
+    A design causal already is returned as it is."""
     statements, total = [], 0
     hidden: dict[str, set[tuple[int, int]]] = {}
+    roles: dict[str, dict[int, str]] = {}
     for statement in graph.statements:
-        expr, count = _masked(statement.expr, query, key, statement.span, hidden)
-        total += count
+        queries, keys = _position_legs(statement.expr, query, key, roles)
+        expr = statement.expr
+        for q, k in dict.fromkeys([(query, key), *((q, k) for q in queries for k in keys if q != k)]):
+            expr, count = _masked(expr, q, k, statement.span, hidden)
+            total += count
         statements.append(dataclasses.replace(statement, expr=expr))
         if not any(len(g) != 1 for g in statement.groups):
             position = {leg: k for k, leg in enumerate(statement.legs)}
             hidden[statement.target] = {
                 (position[q], position[k]) for q, k in _hidden_pairs(expr, hidden) if q in position and k in position
+            }
+            roles[statement.target] = {
+                axis: "query" if leg in queries else "key"
+                for axis, leg in enumerate(statement.legs)
+                if leg in queries or leg in keys
             }
     if not total and _already_causal(graph, query, key):
         return graph
