@@ -246,3 +246,19 @@ def test_a_batched_bias_on_scores_of_parameters_is_not_an_unbatched_attn_mask(im
     torch.testing.assert_close(m(x), torch.einsum("bhnm,mhe->bnhe", scores.softmax(-1), p["VP"]), rtol=0, atol=1e-12)
     if impl == "compiled":
         assert any("varies along the batch" in note for note in m.tdiag_plan.refused)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_a_query_key_product_times_zero_in_a_box_leaves_the_bias_alone(attention):
+    # softmax_m(Q·K·0 + b[m]): the zero-weight product was the SDPA match's first side, and every
+    # other side was divided by its weight (1/0 reached generated code as a complex infinity)
+    text = (
+        "design zero_product\nsize N = 4, F = 3\ninput X[n: N, f: F]\nparam b[m: N]\n"
+        "A[n m] = softmax[m](X[n f] X[m f] 0 + b[m])\nY[n f] = A[n m] X[m f]\noutput Y\n"
+    )
+    design = tdiag.loads(text)
+    compiled = design.module(dtype=torch.float64, attention=attention)
+    x = torch.randn(2, 4, 3, dtype=torch.float64)
+    with torch.no_grad():
+        expected = (compiled.b.softmax(-1) @ x)[:, None, :].expand(2, 4, 3)
+        torch.testing.assert_close(compiled(x), expected, rtol=0, atol=1e-12)

@@ -98,6 +98,7 @@ class Declarations:
             axes = []
             for axis in d.axes:
                 size = self._scalar(axis.size, sizes_only=True)
+                self._check_axis_size(d, axis, size)
                 self._bind(axis.leg, size, axis.span, d.name)
                 axes.append(Axis(axis.leg, size))
             self._check_axis_names(d)
@@ -106,6 +107,27 @@ class Declarations:
             tensor = Tensor(d.name, d.kind, tuple(axes), d.name_span, init=init)
             tensor.is_constant = d.kind == "const"
             self.tensors[d.name] = tensor
+
+    def _check_axis_size(self, d: syn.Declaration, axis: syn.Axis, size: sympy.Expr) -> None:
+        """An axis written with its own size formula (`g: F - 1`) is held to the rules of a named
+        size: a whole positive number within the limit, wherever its sizes are known."""
+        values = size_values(self.sizes)
+        reported = {size_symbol(name) for name, value in values.items() if not (value.is_integer and value > 0)}
+        if size.is_Symbol or POISON_SIZE in size.free_symbols or size.free_symbols & reported:
+            return  # a named size is held to these rules where it is declared
+        value = expand_sizes(size, self.sizes).xreplace({size_symbol(name): v for name, v in values.items()})
+        if not value.is_number:
+            return
+        if value.is_integer and 0 < value <= LIMITS.max_size:
+            return
+        why = (
+            f"is over the limit of {LIMITS.max_size:,}"
+            if value.is_integer and value > 0
+            else "is not a whole positive number"
+        )
+        number = _number(value)
+        shown = number if number.startswith(str(size)) else f"{size} = {number}"
+        self.error(f"axis {axis.leg} of {d.name} has size {shown}, which {why}", axis.size.span)
 
     def _check_stored_size(self, d: syn.Declaration, axes: tuple[Axis, ...]) -> None:
         """A parameter is built once, at sizes known before any input: an axis over a run-time

@@ -45,6 +45,14 @@ class Positions:
         subs = {self.b.sizes[k].symbol: v for k, v in values.items()}
         have = expand_sizes(axis.size, self.b.sizes).xreplace(subs)
         want = expand_sizes(extent, self.b.sizes).xreplace(subs)
+        if want.is_number and not (want.is_integer and want > 0):
+            self.b.error(
+                f"slice {item.name}: {extent if extent == want else f'{extent} = {want}'} is not a whole positive "
+                "number of entries",
+                item.span,
+                hint=f"a slice reads the first entries of the axis: 1 .. {have}",
+            )
+            return None
         if have.is_number and want.is_number and want > have:
             self.b.error(
                 f"slice {item.name}: {extent} = {want} is longer than axis {axis.leg} of {tensor.name} "

@@ -78,6 +78,8 @@ class AttentionMatch:
         terms = []
         for content, weight in contents:
             content, folded_legs, weight = self.fold_constants(content, box_legs, weight)
+            if weight == 0:
+                return refuse("a query·key product times 0 (the scores are their other terms)")
             if folded_legs != box_legs:
                 return refuse("a constant of the scores joins two of their legs")
             if any(c.box is not None or (c.value is not None and c.value.broadcast) for c in content):
@@ -163,7 +165,7 @@ class AttentionMatch:
                 factor = next(f for f in e.factors if not isinstance(f, Scalar))
                 scalars = [f.value for f in e.factors if isinstance(f, Scalar)]
                 walk_terms(factor, weight * e.coefficient * sympy.Mul(*scalars))
-            else:
+            elif weight != 0:  # a term times 0 adds nothing (and no side may be divided by its weight)
                 items.append(("sqdist" if isinstance(e, SquaredDistance) else "term", weight, e))
 
         walk_terms(e, weight)

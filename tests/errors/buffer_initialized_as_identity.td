@@ -1,4 +1,4 @@
-# mistake: a buffer given a random initializer
+# mistake: a buffer given an identity initializer (identity is for params and consts)
 design mgk_softe
 
 size F = 512, H = 4, M = 2, D = 64, N = 256
@@ -8,7 +8,7 @@ param WQ[f: F, h: H, d: D] = normal(std = 1 / sqrt(F))
 param WK[f: F, h: H, r: M, d: D] = normal(std = 1 / sqrt(F))
 param WV[f: F, h: H, e: D] = normal(std = 1 / sqrt(F))
 param WO[h: H, e: D, g: F] = normal(std = 1 / sqrt(F))
-buffer pi[h: H, m: N, r: M] = normal(std = 0.1)
+buffer pi[h: H, m: N, r: M] = identity
 
 Q[n h d] = X[n f] WQ[f h d]
 K[m h r d] = X[m f] WK[f h r d]
