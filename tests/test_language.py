@@ -335,6 +335,23 @@ def test_with_causal_mask_masks_a_sum_over_a_key_axis_named_by_another_leg():
     close(reference, expected)
 
 
+def test_a_sliding_window_written_as_a_bias_equals_a_banded_mask():
+    # docs/language.md: keys more than W back pushed to exp(-10^4) = 0 beside the causal mask
+    window = 2
+    body = (
+        f"size W = {window}\n"
+        "A[h n m] = softmax[m, mask = causal(n, m)](Q[n h d] K[m h d] - 10000 relu(index(n) - index(m) - W))\n"
+        "Y[n g] = A[h n m] V[m h e] WO[h e g]\noutput Y"
+    )
+    x = x_input(2)
+    compiled, reference, module = run_both(load(ATTENTION + body), x)
+    q, k, v = heads(module, x)
+    band = causal(N) & ~torch.ones(N, N, dtype=torch.bool).tril(-window - 1)
+    expected = out(module, (q @ k.transpose(-1, -2)).masked_fill(~band, -math.inf).softmax(-1), v)
+    close(compiled, expected)
+    close(reference, expected)
+
+
 def test_with_causal_mask_on_a_causal_design_returns_it_unchanged():
     causal_once = load(
         ATTENTION + "A[h n m] = softmax[m](Q[n h d] K[m h d])\nY[n g] = A[h n m] V[m h e] WO[h e g]\noutput Y"
