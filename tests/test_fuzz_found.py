@@ -262,3 +262,41 @@ def test_a_query_key_product_times_zero_in_a_box_leaves_the_bias_alone(attention
     with torch.no_grad():
         expected = (compiled.b.softmax(-1) @ x)[:, None, :].expand(2, 4, 3)
         torch.testing.assert_close(compiled(x), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_constant_inside_a_map_inside_a_scaled_softmax_is_kept(impl):
+    # softmax_f(2 log(1 + exp(x))): the softmax's shift invariance reached through the scaling into
+    # the map and dropped its 1 (softmax(2 log(exp x)) was computed)
+    text = (
+        "design softplus_logits\nsize N = 3, F = 4\ninput X[n: N, f: F]\n"
+        "A[n f] = softmax[f](2 * log(1 + exp(X[n f])))\noutput A\n"
+    )
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    expected = (2 * torch.nn.functional.softplus(x)).softmax(-1)
+    torch.testing.assert_close(module(text, impl)(x), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_term_along_the_reduced_leg_of_a_max_inside_a_softmax_is_kept(impl):
+    # softmax_m(max_r(x[n m] + X[n r])): X[n r] is constant along m but not along r, so it does not
+    # pass through the max unchanged and is no shift the softmax may drop
+    text = (
+        "design max_bias\nsize N = 3, F = 2\ninput X[n: N, f: F]\n"
+        "A[n m] = softmax[m](2 * max[r](X[n f] X[m f] + X[n r]))\noutput A\n"
+    )
+    x = torch.randn(2, 3, 2, dtype=torch.float64)
+    scores = torch.einsum("bnf,bmf->bnm", x, x)
+    expected = (2 * (scores[..., None] + x[:, :, None, :]).amax(-1)).softmax(-1)
+    torch.testing.assert_close(module(text, impl)(x), expected, rtol=0, atol=1e-12)
+
+
+def test_a_warning_inside_a_statement_does_not_hide_a_result_leg_no_factor_has():
+    # the normalize box's missing-eps warning counted as a mistake inside the statement, which
+    # skipped this check; the design then crashed in the planner
+    text = (
+        "design hidden\nsize N = 2\ninput X[m: N]\nmask P[m: N]\n"
+        "T[n m] = normalize[m, mask = P[m]](exp(X[m]))\noutput T\n"
+    )
+    with pytest.raises(tdiag.TdiagError, match="result leg 'n' of T appears in no factor"):
+        tdiag.loads(text)

@@ -30,11 +30,15 @@ class _ExprBuilder(Products, Positions, BoxesAndMaps):
         self.b = builder
         self.gathered: list[tuple[str, Span]] = []  # legs naming an axis read at a position
 
+    def _errors(self) -> int:
+        """Errors so far (a warning inside an expression explains nothing about its legs)."""
+        return sum(d.is_error for d in self.b.diagnostics)
+
     def statement(self, e: syn.Expr, groups: tuple[tuple[str, ...], ...], target: syn.Target) -> Expr:
         result = [leg for g in groups for leg in g]
-        errors_before = len(self.b.diagnostics)
+        errors_before = self._errors()
         expr = self.inside(e, set(result))
-        if len(self.b.diagnostics) > errors_before:
+        if self._errors() > errors_before:
             return expr  # a mistake inside already explains any missing result leg
         self._check_gathered_legs(expr, set(result))
         spans = {

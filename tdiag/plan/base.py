@@ -60,6 +60,9 @@ OPTIMAL_UP_TO = 5
 # noise, a statement's result, a temporary) named like one of them gets a fresh name instead
 RESERVED = set(keyword.kwlist) | set(GENERATED) | set(BUILTINS) | {"F", "inputs", "masks"}
 
+# reductions through which a term constant along the reduced legs passes unchanged (+ c)
+SHIFT_EQUIVARIANT = ("max", "logsumexp", "mean")
+
 
 # ---- leaves of a multilinear region ----------------------------------------------------------
 
@@ -239,8 +242,21 @@ class LoweringBase:
 
     def lower_nonlinear(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
         """Each nonlinear sub-expression is computed once: a repeat (the same map of the same
-        tensors, whatever its legs are called in the region) reads the earlier value."""
-        return self.memoized(e, ren, lambda: self._lower_nonlinear(e, ren, var))
+        tensors, whatever its legs are called in the region) reads the earlier value. Below a map
+        or a quotient a softmax further out drops no constant term (softmax(log(1 + x)) is not
+        softmax(log(x))); below max, logsumexp or mean over r only one also constant along r
+        (max_r(x + c) = max_r(x) + c: MGK's query norm in the hard E-step)."""
+        context = self.shift_invariant
+        if isinstance(e, SumNode | SquaredDistance):
+            return self.memoized(e, ren, lambda: self._lower_nonlinear(e, ren, var))
+        if isinstance(e, Reduction) and e.name in SHIFT_EQUIVARIANT and context is not None:
+            self.shift_invariant = context | {p for leg in e.over for p in ren[leg]}
+        else:
+            self.shift_invariant = None
+        try:
+            return self.memoized(e, ren, lambda: self._lower_nonlinear(e, ren, var))
+        finally:
+            self.shift_invariant = context
 
     def memoized(self, e: Expr, ren: dict[str, tuple[str, ...]], build) -> Value:
         legs = tuple(p for leg in sorted(e.legs) for p in ren[leg])
