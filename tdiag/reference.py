@@ -404,7 +404,7 @@ def joint_softmax(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
     dims = [d % x.dim() for d in dims]
     end = list(range(x.dim() - len(dims), x.dim()))
     moved = x.movedim(dims, end)
-    flat = moved.reshape(*moved.shape[: x.dim() - len(dims)], -1).softmax(dim=-1)
+    flat = moved.flatten(x.dim() - len(dims)).softmax(dim=-1)  # flatten: also for an empty batch
     return flat.reshape(moved.shape).movedim(end, dims)
 
 

@@ -328,3 +328,9 @@ def test_a_reference_module_cast_with_double_computes_positions_in_the_inputs_dt
     reference_module.load_state_dict(compiled.state_dict())
     x = inputs(2)
     torch.testing.assert_close(reference_module(x), compiled(x), atol=1e-12, rtol=0)
+
+
+def test_an_empty_batch_gives_an_empty_output_like_the_compiled_module():
+    design = tdiag.load(DESIGNS / "mgk.td", F=F, H=H, D=D)  # a joint softmax over (m, r)
+    x = torch.randn(0, N, F, dtype=F64)
+    assert design.module(impl="reference", dtype=F64)(x).shape == design.module(dtype=F64)(x).shape == (0, N, F)
