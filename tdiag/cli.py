@@ -474,8 +474,9 @@ def _train(args: argparse.Namespace) -> int:
             config.out = str(Path(args.out or "runs/compare") / Path(config.design).stem)
         out = Path(args.out or "runs/compare")
         results = training.compare(configs, out, progress=not args.no_progress, overwrite=args.overwrite)
-        print((out / "compare.md").read_text())
-        print(f"wrote {out}/compare.md, compare.csv, compare.json, compare.png")
+        if os.environ.get("RANK", "0") == "0":  # one report under torchrun
+            print((out / "compare.md").read_text())
+            print(f"wrote {out}/compare.md, compare.csv, compare.json, compare.png")
         return 0 if results else 1
     if len(args.designs) != 1:
         raise _UsageError("tdiag train: error: train one design, or several with --compare")

@@ -200,12 +200,24 @@ class Distributed:
 
 
 def setup_distributed(device: torch.device) -> Distributed:
+    """The torchrun process group (started here, or the one already running: --compare trains
+    several designs in one group); one process without torchrun."""
     if "RANK" not in os.environ:
         return Distributed()
     import torch.distributed as dist
 
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Distributed(dist.get_rank(), dist.get_world_size())
+
+
+def group_running() -> bool:
+    """Whether a torchrun process group is running already (then its starter ends it)."""
+    if "RANK" not in os.environ:
+        return False
+    import torch.distributed as dist
+
+    return dist.is_initialized()
 
 
 def teardown_distributed(dist: Distributed, *, wait: bool) -> None:
@@ -325,6 +337,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     device = resolve_device(config.device)
     if os.environ.get("RANK", "0") == "0":
         claim_folder(run_folder(config), resume=resume, overwrite=overwrite)
+    owns_group = not group_running()
     dist = setup_distributed(device)
     if config.batch % dist.world:
         raise TdiagError(Diagnostic(f"--batch {config.batch} does not split over {dist.world} processes"))
@@ -410,7 +423,8 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
         bar.close()
         _restore_sigterm(previous_handler)
         network = None  # DDP's reducer holds gloo work; it goes before the group
-        teardown_distributed(dist, wait=completed)
+        if owns_group:
+            teardown_distributed(dist, wait=completed)
     summary |= {
         "final_val_loss": state["log"][-1]["val_loss"] if state["log"] else None,
         "tokens_per_s": rate,
@@ -582,10 +596,21 @@ def _mfu_postfix(achieved: float, peak: float) -> dict[str, str]:
 
 def compare(configs: list[TrainConfig], out: Path, progress: bool = True, overwrite: bool = False) -> list[dict]:
     """Train each design with the same seed and data; one plot against step and FLOPs, one table."""
-    for config in configs:  # refuse before the first design trains, not after it
-        claim_folder(run_folder(config), resume=overwrite, overwrite=False)
-    results = [train(c, progress=progress, overwrite=overwrite) for c in configs]
-    write_comparison(out, results)
+    main_process = os.environ.get("RANK", "0") == "0"
+    if main_process:
+        for config in configs:  # refuse before the first design trains, not after it
+            claim_folder(run_folder(config), resume=overwrite, overwrite=False)
+    owns_group = not group_running()
+    dist = setup_distributed(resolve_device(configs[0].device))  # one group for every design
+    completed = False
+    try:
+        results = [train(c, progress=progress, overwrite=overwrite) for c in configs]
+        completed = True
+    finally:
+        if owns_group:
+            teardown_distributed(dist, wait=completed)
+    if main_process:
+        write_comparison(out, results)
     return results
 
 

@@ -222,6 +222,18 @@ def test_train_with_two_processes_ends_with_exit_code_zero_and_one_run_folder(co
     assert json.loads((out / "summary.json").read_text())["design"] == "mhsa"
 
 
+def test_compare_with_two_processes_trains_every_design_in_one_process_group(corpus_file, tmp_path):
+    out = tmp_path / "compare"
+    flags = ["--data", str(corpus_file), "--layers", "1", "--width", "16", "--heads", "2", "--context", "16"]
+    flags += ["--batch", "4", "--steps", "2", "--eval-every", "2", "--eval-batches", "1", "--no-progress"]
+    command = [sys.executable, "-m", "tdiag", "train", "--compare", "mhsa", "thsa", "--nproc", "2", "--out", str(out)]
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command + flags, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert done.stdout.count("| mhsa |") == 1  # one report, from the main process
+    assert [row["design"] for row in json.loads((out / "compare.json").read_text())["rows"]] == ["mhsa", "thsa"]
+
+
 def test_example_script_trains_a_compiled_module_without_importing_tdiag(corpus_file, tmp_path):
     example = ROOT / "examples" / "train_shakespeare.py"
     imports = [line for line in example.read_text().splitlines() if line.startswith(("import ", "from "))]
