@@ -300,3 +300,17 @@ def test_a_warning_inside_a_statement_does_not_hide_a_result_leg_no_factor_has()
     )
     with pytest.raises(tdiag.TdiagError, match="result leg 'n' of T appears in no factor"):
         tdiag.loads(text)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_max_inside_a_softmax_and_the_same_max_outside_are_each_computed_whole(impl):
+    # inside the softmax the query norm may pass through max_g and drop; the memo of computed
+    # values must not hand that shortened max to the same expression outside the box
+    text = (
+        "design max_twice\nsize N = 4, F = 3\ninput X[n: N, f: F]\n"
+        "Y[n m] = softmax[m](max[g](X[n g] X[m g] + X[n f] X[n f])) + max[g](X[n g] X[m g] + X[n f] X[n f])\n"
+        "output Y\n"
+    )
+    x = torch.randn(2, 4, 3, dtype=torch.float64)
+    inner = (x[:, :, None, :] * x[:, None, :, :] + (x * x).sum(-1)[:, :, None, None]).amax(-1)
+    torch.testing.assert_close(module(text, impl)(x), inner.softmax(-1) + inner, rtol=0, atol=1e-12)

@@ -221,13 +221,24 @@ class LoweringBase:
 
     def lower(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None = None, scale: sympy.Expr = ONE) -> Value:
         """Lower expression `e` whose legs are renamed by `ren` into region legs."""
-        context = self.shift_invariant
-        if not (isinstance(e, SumNode | SquaredDistance) or _is_scaling(e)):
-            self.shift_invariant = None
+        context, self.shift_invariant = self.shift_invariant, self.inner_shift_invariance(e, ren)
         try:
             return self._lower(e, ren, var, scale)
         finally:
             self.shift_invariant = context
+
+    def inner_shift_invariance(self, e: Expr, ren: dict[str, tuple[str, ...]]) -> frozenset[str] | None:
+        """The legs along which a softmax around `e` lets e's sums drop constant terms: through a
+        sum, a squared distance or a scaling unchanged; below max, logsumexp or mean over r only a
+        term also constant along r (max_r(x + c) = max_r(x) + c: MGK's query norm in the hard
+        E-step); below anything else (a product, a map, a quotient) none: softmax(log(1 + x)) is
+        not softmax(log(x))."""
+        context = self.shift_invariant
+        if context is None or isinstance(e, SumNode | SquaredDistance) or _is_scaling(e):
+            return context
+        if isinstance(e, Reduction) and e.name in SHIFT_EQUIVARIANT:
+            return context | {p for leg in e.over for p in ren[leg]}
+        return None
 
     def _lower(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr) -> Value:
         if isinstance(e, Contraction | TensorRef | Scalar):
@@ -242,17 +253,9 @@ class LoweringBase:
 
     def lower_nonlinear(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
         """Each nonlinear sub-expression is computed once: a repeat (the same map of the same
-        tensors, whatever its legs are called in the region) reads the earlier value. Below a map
-        or a quotient a softmax further out drops no constant term (softmax(log(1 + x)) is not
-        softmax(log(x))); below max, logsumexp or mean over r only one also constant along r
-        (max_r(x + c) = max_r(x) + c: MGK's query norm in the hard E-step)."""
-        context = self.shift_invariant
-        if isinstance(e, SumNode | SquaredDistance):
-            return self.memoized(e, ren, lambda: self._lower_nonlinear(e, ren, var))
-        if isinstance(e, Reduction) and e.name in SHIFT_EQUIVARIANT and context is not None:
-            self.shift_invariant = context | {p for leg in e.over for p in ren[leg]}
-        else:
-            self.shift_invariant = None
+        tensors, whatever its legs are called in the region) reads the earlier value. A region
+        reaches its nonlinear factors here, not through `lower`, so the same shift rule applies."""
+        context, self.shift_invariant = self.shift_invariant, self.inner_shift_invariance(e, ren)
         try:
             return self.memoized(e, ren, lambda: self._lower_nonlinear(e, ren, var))
         finally:
@@ -261,7 +264,7 @@ class LoweringBase:
     def memoized(self, e: Expr, ren: dict[str, tuple[str, ...]], build) -> Value:
         legs = tuple(p for leg in sorted(e.legs) for p in ren[leg])
         shift = None  # which of its legs a softmax around it normalizes: sums may drop terms by it
-        if self.shift_invariant is not None and isinstance(e, SumNode | SquaredDistance):
+        if self.shift_invariant is not None and isinstance(e, SumNode | SquaredDistance | Reduction):
             shift = frozenset(k for k, p in enumerate(legs) if p in self.shift_invariant)
         pattern = tuple(legs.index(p) for p in legs)
         key = (e, tuple(len(ren[leg]) for leg in sorted(e.legs)), pattern, shift)
