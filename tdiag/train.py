@@ -193,6 +193,7 @@ def flops_per_step(config: TrainConfig, design: tdiag.Design, vocab: int) -> int
 class Distributed:
     rank: int = 0
     world: int = 1
+    started: bool = False  # this call started the process group, so its caller ends it
 
     @property
     def is_main(self) -> bool:
@@ -206,25 +207,17 @@ def setup_distributed(device: torch.device) -> Distributed:
         return Distributed()
     import torch.distributed as dist
 
-    if not dist.is_initialized():
+    started = not dist.is_initialized()
+    if started:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return Distributed(dist.get_rank(), dist.get_world_size())
-
-
-def group_running() -> bool:
-    """Whether a torchrun process group is running already (then its starter ends it)."""
-    if "RANK" not in os.environ:
-        return False
-    import torch.distributed as dist
-
-    return dist.is_initialized()
+    return Distributed(dist.get_rank(), dist.get_world_size(), started)
 
 
 def teardown_distributed(dist: Distributed, *, wait: bool) -> None:
-    """End the process group while the interpreter is alive: gloo work still held when Python
-    exits aborts the process. `wait` first lets every process finish (not after an interrupt,
-    where a peer may never arrive)."""
-    if dist.world == 1:
+    """End the process group `dist` started, while the interpreter is alive: gloo work still held
+    when Python exits aborts the process. `wait` first lets every process finish (not after an
+    interrupt, where a peer may never arrive)."""
+    if not dist.started:
         return
     import torch.distributed
 
@@ -337,7 +330,6 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     device = resolve_device(config.device)
     if os.environ.get("RANK", "0") == "0":
         claim_folder(run_folder(config), resume=resume, overwrite=overwrite)
-    owns_group = not group_running()
     dist = setup_distributed(device)
     if config.batch % dist.world:
         raise TdiagError(Diagnostic(f"--batch {config.batch} does not split over {dist.world} processes"))
@@ -423,8 +415,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
         bar.close()
         _restore_sigterm(previous_handler)
         network = None  # DDP's reducer holds gloo work; it goes before the group
-        if owns_group:
-            teardown_distributed(dist, wait=completed)
+        teardown_distributed(dist, wait=completed)
     summary |= {
         "final_val_loss": state["log"][-1]["val_loss"] if state["log"] else None,
         "tokens_per_s": rate,
@@ -600,15 +591,13 @@ def compare(configs: list[TrainConfig], out: Path, progress: bool = True, overwr
     if main_process:
         for config in configs:  # refuse before the first design trains, not after it
             claim_folder(run_folder(config), resume=overwrite, overwrite=False)
-    owns_group = not group_running()
     dist = setup_distributed(resolve_device(configs[0].device))  # one group for every design
     completed = False
     try:
         results = [train(c, progress=progress, overwrite=overwrite) for c in configs]
         completed = True
     finally:
-        if owns_group:
-            teardown_distributed(dist, wait=completed)
+        teardown_distributed(dist, wait=completed)
     if main_process:
         write_comparison(out, results)
     return results
