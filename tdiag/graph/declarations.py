@@ -94,11 +94,12 @@ class Declarations:
 
     # -- declarations --
     def _declare_tensors(self) -> None:
+        values = size_values(self.sizes)  # the sizes are all declared: their numbers are fixed
         for d in (i for i in self.items if isinstance(i, syn.Declaration)):
             axes = []
             for axis in d.axes:
                 size = self._scalar(axis.size, sizes_only=True)
-                self._check_axis_size(d, axis, size)
+                self._check_axis_size(d, axis, size, values)
                 self._bind(axis.leg, size, axis.span, d.name)
                 axes.append(Axis(axis.leg, size))
             self._check_axis_names(d)
@@ -108,10 +109,9 @@ class Declarations:
             tensor.is_constant = d.kind == "const"
             self.tensors[d.name] = tensor
 
-    def _check_axis_size(self, d: syn.Declaration, axis: syn.Axis, size: sympy.Expr) -> None:
+    def _check_axis_size(self, d: syn.Declaration, axis: syn.Axis, size: sympy.Expr, values: dict) -> None:
         """An axis written with its own size formula (`g: F - 1`) is held to the rules of a named
-        size: a whole positive number within the limit, wherever its sizes are known."""
-        values = size_values(self.sizes)
+        size: a whole positive number within the limit, wherever its sizes (`values`) are known."""
         reported = {size_symbol(name) for name, value in values.items() if not (value.is_integer and value > 0)}
         if size.is_Symbol or POISON_SIZE in size.free_symbols or size.free_symbols & reported:
             return  # a named size is held to these rules where it is declared
