@@ -307,3 +307,79 @@ def test_torch_compile_fullgraph_of_the_new_sdpa_forms(write_td, form):
     compiled = torch.compile(module, fullgraph=True, backend="eager")
     x = torch.randn(B, N, width)
     assert torch.allclose(compiled(x, **kwargs), module(x, **kwargs), atol=1e-6)
+
+
+# ---- the sign of the scale ----------------------------------------------------------------
+
+SCALED_MHSA = """
+design scaled_mhsa
+size F = 8, H = 2, D = F / H
+size N
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D]
+param WK[f: F, h: H, d: D]
+param WV[f: F, h: H, e: D]
+param WO[h: H, e: D, g: F]
+Q[n h d] = {query} X[n f] WQ[f h d]
+K[m h d] = X[m f] WK[f h d]
+V[m h e] = X[m f] WV[f h e]
+A[h n m] = softmax[m, scale = {scale}](Q[n h d] K[m h d])
+Y[n g] = A[h n m] V[m h e] WO[h e g]
+output Y
+"""
+
+SCALES = {
+    "negated-query": ("-", "1 / sqrt(D)", -0.5),
+    "negative-scale": ("", "-2", -2.0),
+    "negated-query-negative-scale": ("-", "-1 / sqrt(D)", 0.5),
+    "zero-scale": ("", "0", 0.0),
+}
+
+
+def scaled_design(write_td, scale: str, causal: bool) -> tdiag.Design:
+    query, written, _ = SCALES[scale]
+    design = tdiag.load(write_td(SCALED_MHSA.format(query=query, scale=written), "scaled_mhsa.td"))
+    return design.with_causal_mask() if causal else design
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("scale", SCALES)
+def test_a_softmax_of_any_scale_sign_equals_its_reference_in_value_and_gradient(write_td, scale, causal):
+    module = scaled_design(write_td, scale, causal).module(seed=0).double()
+    x = x_input().requires_grad_()
+    out = module(x)
+    q, k, v = (torch.einsum("bnf,fhd->bhnd", x, w) for w in (module.WQ, module.WK, module.WV))
+    expected = torch.einsum("bhne,heg->bng", attend(q, k, v, SCALES[scale][2], causal=causal), module.WO)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out, expected, atol=TOL, rtol=0)
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), x)
+    assert torch.allclose(grad, expected_grad, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("scale", [s for s in SCALES if SCALES[s][2] != 0])
+def test_every_fused_attention_call_receives_a_positive_scale(write_td, scale, causal, attention):
+    module = scaled_design(write_td, scale, causal).module(seed=0, attention=attention)
+    calls = [step.op for step in module.tdiag_plan.steps if hasattr(step.op, "scale")]
+    assert calls
+    assert all(float(op.scale) > 0 for op in calls)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_a_zero_scale_is_refused_by_sdpa_with_its_reason(write_td, causal):
+    plan = scaled_design(write_td, "zero-scale", causal).plan()
+    assert not any(isinstance(step.op, Attention) for step in plan.steps)
+    assert any("scale of its query·key product is zero" in note for note in plan.refused)
+
+
+def test_a_zero_scale_with_a_key_bias_compiles_to_the_uniform_average_of_the_values():
+    """MGK's key bias is carried as a feature divided by the SDPA scale: at scale 0 that was
+    0 / 0 in the generated code. The box is uniform over (m, r), so Y averages the values."""
+    text = (DESIGNS / "mgk.td").read_text().replace("softmax[m r](", "softmax[m r, scale = 0](")
+    module = tdiag.loads(text, "mgk_zero.td", F=8, H=2, D=4).module(seed=0).double()
+    x = x_input()
+    values = torch.einsum("bmf,fhe->bhe", x, module.WV) / x.shape[1]
+    expected = torch.einsum("bhe,heg->bg", values, module.WO)[:, None, :].expand(-1, x.shape[1], -1)
+    assert torch.allclose(module(x), expected, atol=TOL, rtol=0)

@@ -222,7 +222,8 @@ class FusedAttention:
         if len(fused["sides"]) > 1:
             return self.concatenated_sides(fused)
         heads, latent = fused["heads"], fused["latent"]
-        q = self.contract(fused["query"], tuple(heads + fused["queries"] + latent), sympy.Integer(1), "q")
+        sign = sympy.Integer(fused["query_sign"])
+        q = self.contract(fused["query"], tuple(heads + fused["queries"] + latent), sign, "q")
         k = self.contract(fused["key"], tuple(heads + fused["keys"] + latent), sympy.Integer(1), "k")
         return q, k, latent
 

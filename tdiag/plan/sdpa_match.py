@@ -96,9 +96,14 @@ class AttentionMatch:
         query_side, key_side, values, heads, queries, latent, features = split
         if kind == "sqdist" and (query_side, key_side) != (content[:1], content[1:]):
             return refuse("the squared distance's sides are not a query side and a key side")
+        # SDPA's kernels mask with -inf before or after scaling: a scale of either sign other than
+        # positive turns masked scores into NaN (CPU, is_causal), so the sign goes into q
+        sign = self.scale_sign(coefficient * box.scale)
+        if sign is None:
+            return refuse("the scale of its query·key product is zero or of unknown sign")
         # several products Σ_i q_i·k_i (partial RoPE: rotated and passed-through dims) are one
         # product of the concatenated sides; each q_i carries its weight relative to the first
-        sides = [(s[0], s[1], s[5], w / coefficient) for _, s, w in terms]
+        sides = [(s[0], s[1], s[5], sign * w / coefficient) for _, s, w in terms]
         batched = any(self.is_batched(e) for _, _, e in biases) or any(isinstance(m, PaddingMask) for m in box.masks)
         if batched and BATCH not in heads:
             return refuse("a term or mask of the scores varies along the batch, the query·key product does not")
@@ -138,7 +143,8 @@ class AttentionMatch:
             "latent": latent,
             "sides": sides,
             "features": features,
-            "scale": coefficient * box.scale,
+            "scale": sign * coefficient * box.scale,
+            "query_sign": sign,
             "box_scale": box.scale,
             "biases": bias_items,
             "key_norm": (key_value, over),
@@ -149,6 +155,16 @@ class AttentionMatch:
             "sequence": sequence,
             "prelude": (prelude, memo),
         }
+
+    @staticmethod
+    def scale_sign(scale: sympy.Expr) -> int | None:
+        """+1 or -1 for a scale known positive or negative (sizes are positive), None for zero or
+        a sign that depends on values the plan cannot see: SDPA only takes a positive scale."""
+        if scale.is_positive:
+            return 1
+        if scale.is_negative:
+            return -1
+        return None
 
     def score_items(self, e: Expr, ren, keys: set[str], weight: sympy.Expr = ONE):
         """The box content as Σ weight·item: (cross items, bias items), the cross items those
