@@ -30,6 +30,7 @@ from .plan.program import (
     GatherAt,
     JoinChunks,
     LiteralCombination,
+    LiveRows,
     Map,
     MaskFill,
     MaskNumbers,
@@ -707,11 +708,22 @@ def _(op: VisibleMask, attributes: frozenset[str]) -> str:
 def _(op: ScoreMask, attributes: frozenset[str]) -> str:
     like = _var(op.like, attributes)
     terms = [_read(b, attributes) for b in op.bias]
-    if op.hidden:
-        hidden = " | ".join(_read(h, attributes) for h in op.hidden)
-        hidden = f"({hidden})" if len(op.hidden) > 1 else hidden
-        terms.append(f"{hidden}.to({like}.dtype) * torch.finfo({like}.dtype).min")
-    return " + ".join(terms)
+    if not op.hidden:
+        return " + ".join(terms)
+    hidden = _hidden(op.hidden, attributes)
+    if terms:  # where, not a sum: a hidden score passes no gradient to the bias
+        return f"torch.where({hidden}, torch.finfo({like}.dtype).min, {' + '.join(terms)})"
+    return f"{hidden}.to({like}.dtype) * torch.finfo({like}.dtype).min"
+
+
+def _hidden(hidden: tuple[Operand, ...], attributes: frozenset[str]) -> str:
+    code = " | ".join(_read(h, attributes) for h in hidden)
+    return f"({code})" if len(hidden) > 1 else code
+
+
+@_op.register
+def _(op: LiveRows, attributes: frozenset[str]) -> str:
+    return f"~{_hidden(op.hidden, attributes)}.all(-1, keepdim=True)"
 
 
 @_op.register
@@ -731,6 +743,7 @@ def _(op: Attention, attributes: frozenset[str]) -> str:
     if op.grouped:
         mask += ", enable_gqa=True"
     call = f"torch.nn.functional.scaled_dot_product_attention({q}, {k}, {v}, scale={_scalar(op.scale)}{mask})"
+    call = _live_rows(op, call, v, attributes)
     if op.width is not None:
         call += f"[..., :{op.width}]"
     if op.shape is not None:
@@ -755,8 +768,18 @@ def _(op: FlexAttention, attributes: frozenset[str]) -> str:
     arguments.append(f"scale={_scalar(op.scale)}")
     if op.grouped:
         arguments.append("enable_gqa=True")
-    call = f"flex_attention({', '.join(arguments)})"
+    call = _live_rows(op, f"flex_attention({', '.join(arguments)})", arguments[2], attributes)
     return call if op.shape is None else f"{call}.reshape({_sizes(op.shape)})"
+
+
+def _live_rows(op: Attention | FlexAttention, call: str, v: str, attributes: frozenset[str]) -> str:
+    """The fused call where a row keeps a visible key, else the mean of the values (LiveRows)."""
+    if op.live is None:
+        return call
+    mean = f"{v}.mean(-2, keepdim=True)"
+    if op.group != 1:
+        mean += f".repeat_interleave({_expr(op.group)}, dim=-3)"
+    return f"torch.where({_var(op.live, attributes)}, {call}, {mean})"
 
 
 @_op.register

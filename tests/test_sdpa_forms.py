@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import DESIGNS, gradcheck_parameters, standalone_module
+from conftest import DESIGNS, gradcheck_parameters, perturbed, standalone_module
 
 import tdiag
 from tdiag.measure import saved_for_backward
@@ -383,3 +383,64 @@ def test_a_zero_scale_with_a_key_bias_compiles_to_the_uniform_average_of_the_val
     values = torch.einsum("bmf,fhe->bhe", x, module.WV) / x.shape[1]
     expected = torch.einsum("bhe,heg->bg", values, module.WO)[:, None, :].expand(-1, x.shape[1], -1)
     assert torch.allclose(module(x), expected, atol=TOL, rtol=0)
+
+
+# ---- rows whose keys are all hidden: values and gradients ----------------------------------
+
+PADDED_FORMS = {
+    "mhsa": PADDED_MHSA,
+    "grouped": PADDED_MHSA.replace("param WK[f: F, h: H, d: D]", "param WK[f: F, d: D]")
+    .replace("param WV[f: F, h: H, e: D]", "param WV[f: F, e: D]")
+    .replace("K[m h d] = X[m f] WK[f h d]", "K[m d] = X[m f] WK[f d]")
+    .replace("V[m h e] = X[m f] WV[f h e]", "V[m e] = X[m f] WV[f e]")
+    .replace("Q[n h d] K[m h d]", "Q[n h d] K[m d]")
+    .replace("A[h n m] V[m h e]", "A[h n m] V[m e]"),
+    "learned-bias": PADDED_MHSA.replace("param WO", "param P[h: H, n: N, m: N] = normal(std = 1)\nparam WO")
+    .replace("size N\n", "size N = 6\n")
+    .replace("Q[n h d] K[m h d])", "Q[n h d] K[m h d] + P[h n m])"),
+    "key-bias": PADDED_MHSA.replace("param WO", "param c[h: H, f: F]\nparam WO").replace(
+        "Q[n h d] K[m h d])", "Q[n h d] K[m h d] + c[h f] X[m f])"
+    ),
+}
+
+PADS = {
+    "one-sequence-all-hidden": pad_mask(),
+    "all-hidden": torch.zeros(B, N, dtype=torch.bool),
+    "first-key-hidden": torch.ones(B, N, dtype=torch.bool).index_fill(1, torch.tensor([0]), False),
+}
+
+
+@pytest.mark.parametrize("pad", PADS)
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("form", PADDED_FORMS)
+def test_padded_attention_gradients_equal_the_reference_where_rows_are_all_hidden(write_td, form, causal, pad):
+    """A row whose keys are all hidden averages the values whatever its scores (masked_fill): its
+    gradient reaches the values only, as in the materialized box (first-key-hidden with the causal
+    mask hides every key of the first query)."""
+    design = tdiag.load(write_td(PADDED_FORMS[form], f"padded_{form}.td"))
+    design = design.with_causal_mask() if causal else design
+    module = design.module(dtype=torch.float64, seed=2, N=N)
+    assert sdpa_ops(module)
+    parameters = perturbed(module)
+    reference = design.module(impl="reference", dtype=torch.float64, N=N)
+    reference.load_state_dict(module.state_dict())
+    x, mask = x_input(), PADS[pad]
+    results = []
+    for m in (module, reference):
+        inputs = x.clone().requires_grad_()
+        out = m(inputs, pad=mask)
+        weights = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(3))
+        grads = torch.autograd.grad((out * weights).sum(), [inputs, *m.parameters()])
+        results.append((out, grads))
+    assert parameters
+    (out, grads), (expected, expected_grads) = results
+    assert torch.allclose(out, expected, atol=TOL, rtol=0)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        assert torch.allclose(grad, expected_grad, atol=1e-9, rtol=0)
+
+
+def test_padded_attention_gradcheck_with_a_row_whose_keys_are_all_hidden(write_td):
+    module = padded_design(write_td, False).module(dtype=torch.float64, N=3)
+    pad = torch.tensor([[True, False, True], [False, False, False]])
+    x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    assert gradcheck_parameters(module, (x,), {"pad": pad})

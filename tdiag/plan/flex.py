@@ -118,6 +118,8 @@ class FlexLowering:
             for var, legs in pads
         )
         tensors = tuple(dict.fromkeys([*(r.value for r in score_reads(score)), *(r.value for r in visible)]))
+        live = self.live_rows(fused, [batch, query_heads, [sequence], keys]) if pads else None
+        group = self.runtime(self.numel([leg for leg in queries if leg != sequence])) if grouped else sympy.Integer(1)
         attention = FlexAttention(
             self.arrange(q, [batch, query_heads, [sequence], latent]),
             self.arrange(k, [batch, rest, keys, latent]),
@@ -131,6 +133,8 @@ class FlexLowering:
             self.shape(legs) if not batch or len(query_heads) != 1 or len(features) != 1 else None,
             visible,
             bool(fused["masks"]) and bool(pads),
+            group,
+            live,
         )
         entries = self.numel([*heads, *queries, *keys])
         latent_size = self.numel(latent)

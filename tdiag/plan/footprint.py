@@ -33,6 +33,7 @@ from .program import (
     GatherAt,
     JoinChunks,
     LiteralCombination,
+    LiveRows,
     Map,
     MaskFill,
     MaskNumbers,
@@ -311,7 +312,20 @@ class _Interpreter(AbstractMachine):
         metas = [*hidden, *bias]
         rank = max(len(m.shape) for m in metas)
         shape = tuple(max(d) for d in zip(*(padded(m.shape, (1,) * rank) for m in metas), strict=True))
-        return self.fresh(shape, self.numel(step.out.legs), any(b.grad for b in bias), step.out.var)  # type: ignore[union-attr]
+        grad = any(b.grad for b in bias)
+        if hidden and grad:  # torch.where(hidden, lowest, bias) keeps its condition
+            rank = max(len(m.shape) for m in hidden)
+            where = tuple(max(d) for d in zip(*(padded(m.shape, (1,) * rank) for m in hidden), strict=True))
+            self.save(self.fresh(where, sympy.Integer(math.prod(where)), False, "hidden scores", BOOL))
+        return self.fresh(shape, self.numel(step.out.legs), grad, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: LiveRows, step: Step) -> Meta:
+        hidden = [self.read(h) for h in op.hidden]
+        rank = max(len(m.shape) for m in hidden)
+        shape = tuple(max(d) for d in zip(*(padded(m.shape, (1,) * rank) for m in hidden), strict=True))
+        shape = (*shape[:-1], 1)
+        return self.fresh(shape, sympy.Integer(math.prod(shape)), False, step.out.var, BOOL)  # type: ignore[union-attr]
 
     @op.register
     def _(self, op: Attention, step: Step) -> Meta:
@@ -368,6 +382,8 @@ class _Interpreter(AbstractMachine):
                 self.save(attention)
             if scores:
                 self.save(v)
+        if op.live is not None:
+            out = self.live_rows(op, q, v, out)
         if op.width is not None:
             out = Meta((*out.shape[:-1], op.width), out.strides, out.storage, out.grad, out.numel)
         if op.shape is not None:
@@ -386,6 +402,8 @@ class _Interpreter(AbstractMachine):
         lse = self.fresh(shape[:-1], sympy.Mul(*shape[:-1]), False, "log-sum-exp")
         if grad:
             self.save(q, k, v, out, lse, *tensors)
+        if op.live is not None:
+            out = self.live_rows(op, q, v, out)
         if op.shape is not None:
             out = self.reshape(out, self.output(step)[0], step.out.var)  # type: ignore[union-attr]
         return out
@@ -402,6 +420,16 @@ class _Interpreter(AbstractMachine):
             return m
         self.record.copies += m.numel
         return self.fresh(m.shape, m.numel, m.grad, what)
+
+    def live_rows(self, op: Attention | FlexAttention, q: Meta, v: Meta, out: Meta) -> Meta:
+        """torch.where(live, attention, mean of the values): the mean (repeated per query head when
+        grouped) and a new output; the where keeps its boolean condition."""
+        mean = self.fresh((*v.shape[:-2], 1, v.shape[-1]), v.numel / v.shape[-2], v.grad, "mean of the values")
+        if op.group != 1:
+            self.fresh((*q.shape[:-2], 1, v.shape[-1]), mean.numel * op.group, v.grad, "mean of the values repeated")
+        if out.grad:
+            self.save(self.value(op.live))  # type: ignore[arg-type]
+        return self.fresh(out.shape, out.numel, out.grad, "attention of the live rows")
 
     def widened(self, m: Meta, extra: int, numel: sympy.Expr, what: str) -> Meta:
         return self.fresh((*m.shape[:-1], m.shape[-1] + extra), numel, m.grad, what)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from ..graph import DesignGraph
-from ..ir import ZERO, Position
+from ..ir import ONE, ZERO, Position
 
 BATCH = "#b"
 BATCH_SIZE = sympy.Symbol("B", positive=True)
@@ -285,12 +285,25 @@ class ScoreMask:
 
 
 @dataclass(frozen=True)
+class LiveRows:
+    """Which rows of the scores keep a visible key: not every one of the `hidden` boolean
+    operands' keys hidden, reduced over the last (keys) axis and kept as a unit axis. A row whose
+    keys are all hidden averages the values (the materialized box's masked_fill), independently
+    of its scores."""
+
+    hidden: tuple[Operand, ...]
+
+
+@dataclass(frozen=True)
 class Attention:
     """scaled_dot_product_attention(q, k, v). With `bias`, q gains a feature of ones and k the
     bias, so that [q, 1]·[k, bias] = q·k + bias/scale (MGK P17); `pad_value`/`pad_query_key`
     zero-pad to one head width and `width` slices the output back. `grouped`: q has more heads
     than k and v, each key head serving a run of consecutive query heads (enable_gqa: multi-query
-    and grouped-query attention)."""
+    and grouped-query attention), `group` query heads per key head. With `live` (LiveRows) a
+    row whose keys are all hidden is the mean of the values, taken apart from the kernel: its
+    backward, from a log-sum-exp of lowest numbers, weighs every value 1 instead of 1/M, and the
+    row's output must pass no gradient to q, k or a bias (they do not change it)."""
 
     q: Operand
     k: Operand
@@ -304,6 +317,8 @@ class Attention:
     width: int | None = None
     shape: tuple[sympy.Expr, ...] | None = None
     grouped: bool = False
+    group: sympy.Expr = ONE
+    live: Value | None = None
 
 
 @dataclass(frozen=True)
@@ -463,7 +478,8 @@ class FlexAttention:
     query, key) from the tensors in `tensors` (none of them over both positions unless the design
     stores one). A causal mask alone is `block_mask`; with padding masks (`visible`, True =
     attend) the score_mod sets masked scores to the dtype's lowest number (`causal` adds i ≥ j),
-    so that a row whose keys are all masked averages the values as the materialized box does.
+    so that a row whose keys are all masked averages the values as the materialized box does;
+    such a row is taken apart with `live` as in Attention.
     `arguments` names score_mod's (score, batch, head, query, key) parameters; `shape` regroups
     the 4-D output to the result's legs."""
 
@@ -479,6 +495,8 @@ class FlexAttention:
     shape: tuple[sympy.Expr, ...] | None = None
     visible: tuple[ScoreRead, ...] = ()
     causal: bool = False
+    group: sympy.Expr = ONE
+    live: Value | None = None
 
 
 @dataclass(frozen=True)
@@ -520,6 +538,7 @@ Op = (
     | JoinChunks
     | VisibleMask
     | ScoreMask
+    | LiveRows
     | Attention
     | BlockMask
     | FlexAttention

@@ -19,6 +19,7 @@ from .program import (
     BATCH,
     Attention,
     Concat,
+    LiveRows,
     Operand,
     ScoreMask,
     Step,
@@ -133,9 +134,11 @@ class FusedAttention:
                 pad_value, width = query_width - value_width, value_width
             elif value_width > query_width:
                 pad_query_key = value_width - query_width
-        causal, visible = False, None
+        causal, visible, live = False, None, None
         if fused["pads"] or score_bias:
             visible = self.score_mask(fused, score_groups, score_bias, q)
+        if fused["pads"]:
+            live = self.live_rows(fused, score_groups)
         elif fused["masks"] and keys == [fused["masks"][0][1]]:
             causal = True
         elif fused["masks"]:
@@ -155,6 +158,8 @@ class FusedAttention:
             width=width,
             shape=self.shape(legs) if (len(queries) != 1 and not grouped) or len(features) != 1 or regrouped else None,
             grouped=grouped,
+            group=self.runtime(self.numel(query_heads)) if grouped else sympy.Integer(1),
+            live=live,
         )
         entries = self.numel([*heads, *queries, *keys])
         latent_size = self.numel(latent) + (1 if bias is not None else 0)
@@ -194,7 +199,7 @@ class FusedAttention:
                 exps=entries,
                 divisions=entries,
                 entries=entries,
-                inputs=tuple(x for x in (q, k, v, bias, visible) if x is not None),
+                inputs=tuple(x for x in (q, k, v, bias, visible, live) if x is not None),
                 paper=entries * (2 * latent_size - 1) + self.numel(legs) * (2 * self.numel(keys) - 1),
                 score_flops=2 * entries * latent_size,
                 score_paper=entries * (2 * latent_size - 1),
@@ -264,9 +269,7 @@ class FusedAttention:
         """The float attn_mask of padding masks, a causal triangle that is_causal cannot say (with
         padding or a bias, SDPA takes one or the other) and additive biases, each read over
         SDPA's (batch, heads, queries, keys) axes as `groups`, broadcast where it lacks a group."""
-        hidden = [self.score_operand(Value(var, (BATCH, *legs)), groups, invert=True) for var, legs in fused["pads"]]
-        for query, key in fused["masks"][:1]:
-            hidden.append(self.score_operand(Value(self.causal_mask(query, key), (query, key)), groups))
+        hidden = self.hidden_operands(fused, groups)
         bias = [self.score_operand(b, groups) for b in biases]
         name = self.names.fresh("score_mask")
         legs = tuple(
@@ -281,6 +284,32 @@ class FusedAttention:
             + ", ".join((["lowest where masked"] if hidden else []) + (["the additive bias"] if bias else [])),
             elementwise=entries * (len(hidden) + len(bias)),
             inputs=tuple(b.value for b in bias),
+        )
+        self.emit(step)
+        return step.out  # type: ignore[return-value]
+
+    def hidden_operands(self, fused: dict, groups: list[list[str]]) -> list[Operand]:
+        """The boolean operands that are True where a score is hidden: each padding mask inverted
+        and the causal triangle, read over SDPA's axes `groups`."""
+        hidden = [self.score_operand(Value(var, (BATCH, *legs)), groups, invert=True) for var, legs in fused["pads"]]
+        for query, key in fused["masks"][:1]:
+            hidden.append(self.score_operand(Value(self.causal_mask(query, key), (query, key)), groups))
+        return hidden
+
+    def live_rows(self, fused: dict, groups: list[list[str]]) -> Value:
+        """The rows of the scores that keep a visible key (LiveRows), over every group but the keys,
+        where a hidden operand varies."""
+        hidden = self.hidden_operands(fused, groups)
+        rows = groups[:-1]
+        legs = tuple(dict.fromkeys(leg for g in rows for leg in g if any(leg in h.value.legs for h in hidden)))
+        step = Step(
+            "mask",
+            LiveRows(tuple(hidden)),
+            Value(self.names.fresh("live"), legs),
+            "rows with a visible key (a row whose keys are all hidden averages the values)",
+            elementwise=self.numel([leg for g in groups for leg in g if any(leg in h.value.legs for h in hidden)])
+            * len(hidden),
+            inputs=(),
         )
         self.emit(step)
         return step.out  # type: ignore[return-value]
