@@ -658,7 +658,11 @@ def _map(name: str, x: str, parameters: Sequence[sympy.Expr]) -> str:
 
 @_op.register
 def _(op: Reduce, attributes: frozenset[str]) -> str:
-    return f"{_var(op.x, attributes)}.{op.method}(dim={_dims(op.dims)})"
+    x = _var(op.x, attributes)
+    if op.hidden:
+        visible = f"torch.broadcast_to(~{_hidden(op.hidden, attributes)}, {x}.shape)"
+        return f"{x}.sum(dim={_dims(op.dims)}) / {visible}.sum(dim={_dims(op.dims)}).clamp(min=1)"
+    return f"{x}.{op.method}(dim={_dims(op.dims)})"
 
 
 @_op.register

@@ -13,6 +13,7 @@ from .errors import Diagnostic, Span, TdiagError
 from .graph import LIMITS, DesignGraph, build_graph, load_items
 from .ir import (
     CausalFactor,
+    CausalMask,
     Contraction,
     ElementwiseMap,
     Expr,
@@ -411,17 +412,23 @@ def _describe_nodes(expr: Expr) -> list[str]:
             factors = len(node.factors)
             way = f"{factors}-way " if factors > 2 else ""
             out.append(f"{way}contraction [{' '.join(node.legs)}]: contracted {summed}; batch legs {batch}")
+        elif isinstance(node, Reduction) and node.masks:
+            masks = ", ".join(_format_mask(m) for m in node.masks)
+            out.append(f"{node.name} over {' '.join(node.over)} [{' '.join(node.legs)}], masks {masks}")
         elif isinstance(node, SoftmaxBox):
-            masks = ", ".join(
-                f"causal({m.query}, {m.key})" if not isinstance(m, PaddingMask) else f"pad {m.tensor.name}"
-                for m in node.masks
-            )
+            masks = ", ".join(_format_mask(m) for m in node.masks)
             scale = f", scale {node.scale}" if node.is_exp else ""
             out.append(
                 f"{node.box_name} box over [{' '.join(node.legs)}], normalized leg {' '.join(node.normalized)}{scale}"
                 + (f", masks {masks}" if masks else "")
             )
     return out
+
+
+def _format_mask(mask: CausalMask | PaddingMask) -> str:
+    if isinstance(mask, PaddingMask):
+        return f"{mask.tensor.name}[{' '.join(mask.tensor.legs)}]"
+    return f"causal({mask.query}, {mask.key})"
 
 
 def format_expr(e: Expr) -> str:
@@ -454,7 +461,8 @@ def format_expr(e: Expr) -> str:
         params = "".join(f", {p}" for p in e.params)
         return f"{e.name}({format_expr(e.operand)}{params})"  # type: ignore[arg-type]
     if isinstance(e, Reduction):
-        return f"{e.name}[{' '.join(e.over)}]({format_expr(e.operand)})"  # type: ignore[arg-type]
+        masks = "".join(f", mask = {_format_mask(m)}" for m in e.masks)
+        return f"{e.name}[{' '.join(e.over)}{masks}]({format_expr(e.operand)})"  # type: ignore[arg-type]
     if isinstance(e, CausalFactor):
         return f"causal({e.query}, {e.key})"
     if isinstance(e, SquaredDistance):

@@ -295,11 +295,14 @@ class ElementwiseMap(Expr):
 
 @dataclass(frozen=True)
 class Reduction(Expr):
-    """max, logsumexp or mean over `over` legs (MGK hard/soft E-step and M-step)."""
+    """max, logsumexp or mean over `over` legs (MGK hard/soft E-step and M-step). `masks` hide
+    entries of the operand: max and logsumexp see them as the dtype's lowest number (as a softmax
+    box does), mean averages the visible entries only (0 where none is visible)."""
 
     name: str = ""
     over: tuple[str, ...] = ()
     operand: Expr | None = None
+    masks: tuple[Mask, ...] = ()
     kind: ClassVar[str] = "reduction"
 
     def children(self) -> tuple[Expr, ...]:

@@ -24,6 +24,7 @@ from .ir import (
     ElementwiseMap,
     Expr,
     Gather,
+    Mask,
     PaddingMask,
     Position,
     PositionIndex,
@@ -410,14 +411,20 @@ def joint_softmax(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
 
 def box_mask(node: SoftmaxBox, frame: Frame) -> torch.Tensor | None:
     """True where the box attends (all masks and-ed), over the box's legs; None when unmasked."""
+    return masks_allowed(node.masks, node.legs, frame)
+
+
+def masks_allowed(masks: Sequence[Mask], legs: Sequence[str], frame: Frame) -> torch.Tensor | None:
+    """True where every mask lets an entry through, over `legs` (broadcast along the legs no
+    mask has); None when there is no mask."""
     allowed = None
-    for mask in node.masks:
+    for mask in masks:
         if isinstance(mask, CausalMask):
-            part = causal_mask(mask, node.legs, frame)
+            part = causal_mask(mask, legs, frame)
         elif isinstance(mask, PaddingMask):
             if mask.tensor.name not in frame.values:  # not given: attend everywhere
                 continue
-            part = align(frame.values[mask.tensor.name], mask.tensor.legs, node.legs)
+            part = align(frame.values[mask.tensor.name], mask.tensor.legs, legs)
         else:
             raise TypeError(f"unknown mask {mask!r}")
         allowed = part if allowed is None else allowed & part
@@ -475,10 +482,16 @@ def reduction(node: Reduction, frame: Frame) -> torch.Tensor:
     assert operand is not None
     x = evaluate(operand, frame)
     dims = leg_dims(node.over, operand.legs)
+    allowed = masks_allowed(node.masks, operand.legs, frame)
+    if allowed is not None:
+        x, allowed = torch.broadcast_tensors(x, allowed)
+        x = torch.where(allowed, x, torch.finfo(x.dtype).min if node.name != "mean" else 0.0)
     if node.name == "max":
         x = x.amax(dim=dims)
     elif node.name == "logsumexp":
         x = x.logsumexp(dim=dims)
+    elif node.name == "mean" and allowed is not None:
+        x = x.sum(dim=dims) / allowed.sum(dim=dims).clamp(min=1).to(x.dtype)
     elif node.name == "mean":
         x = x.mean(dim=dims)
     else:

@@ -323,7 +323,8 @@ class BoxesAndMaps:
             self.b.error(f"{e.name} needs the leg it reduces", e.name_span, hint=f"e.g. {e.name}[r](...)")
         if argument is None:
             return self.poison(e)
-        operand = self.inside(argument, keep | set(over))
+        along = {leg for option in e.options for leg in _available(option.value, self.b.tensors)}
+        operand = self.inside(argument, keep | set(over) | along)
         available = sorted(_available(argument, self.b.tensors))
         for leg, item in zip(over, e.legs or (), strict=False):
             if leg not in operand.legs:
@@ -333,7 +334,25 @@ class BoxesAndMaps:
                     hint=did_you_mean(leg, available) or f"its legs are: {', '.join(available) or 'none'}",
                 )
         legs = tuple(leg for leg in operand.legs if leg not in over)
-        return self.restrict(Reduction(legs, e.span, e.name, over, operand), keep, e.span)
+        masks = self._reduction_masks(e, operand)
+        return self.restrict(Reduction(legs, e.span, e.name, over, operand, masks), keep, e.span)
+
+    def _reduction_masks(self, e: syn.Call, operand: Expr) -> tuple[Mask, ...]:
+        """`logsumexp[m, mask = causal(n, m)](S)`: the masks of a reduction, over legs of its
+        argument; a reduction takes no other option."""
+        masks = []
+        for option in e.options:
+            if option.name != "mask":
+                self.b.error(
+                    f"unknown {e.name} option '{option.name}'",
+                    option.span,
+                    hint=f"a reduction takes only masks: {e.name}[m, mask = causal(n, m)](...)",
+                )
+                continue
+            mask = self._mask(option.value, operand, f"{e.name} reduction")
+            if mask is not None:
+                masks.append(mask)
+        return tuple(masks)
 
     def squared_distance(self, e: syn.Call, keep: set[str]) -> Expr:
         over = self._legs_of(e)

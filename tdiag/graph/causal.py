@@ -1,5 +1,6 @@
 """with_causal_mask: the same design with a causal mask on every attention over a key leg, added
-after building (`tdiag show --causal`, Design.causal()): a mask on each box normalized over the key,
+after building (`tdiag show --causal`, Design.causal()): a mask on each box normalized over the key
+and on each reduction over it,
 a causal factor in each contraction that sums it beside the query; the masking is traced through
 earlier statements so nothing is masked twice."""
 
@@ -9,7 +10,19 @@ import dataclasses
 from collections.abc import Mapping
 
 from ..errors import Diagnostic, Span, TdiagError
-from ..ir import CausalFactor, CausalMask, Contraction, Expr, Quotient, Scalar, SoftmaxBox, SumNode, TensorRef, walk
+from ..ir import (
+    CausalFactor,
+    CausalMask,
+    Contraction,
+    Expr,
+    Quotient,
+    Reduction,
+    Scalar,
+    SoftmaxBox,
+    SumNode,
+    TensorRef,
+    walk,
+)
 from .dataflow import _dataflow_graph
 from .model import DesignGraph
 
@@ -17,7 +30,8 @@ from .model import DesignGraph
 def _masked(
     expr: Expr, query: str, key: str, span: Span, hidden: Mapping[str, set[tuple[int, int]]]
 ) -> tuple[Expr, int]:
-    """`expr` with a causal mask added to every box normalized over `key` that has `query`, and a
+    """`expr` with a causal mask added to every box normalized over `key` that has `query` and to
+    every reduction (max, logsumexp, mean) over `key` that keeps `query`, and a
     causal factor in every contraction that sums `key` beside `query` where no factor is masked
     already (an un-normalized attention: Σ_m f(S)[n m] V[m] with m <= n). `hidden` holds, for
     each statement masked so far, the (query, key) pairs of its own legs it is masked on."""
@@ -37,7 +51,8 @@ def _masked(
             rebuilt, n = _masked(child, query, key, span, hidden)
             count += n
             changes[field_name] = rebuilt
-    if isinstance(expr, SoftmaxBox) and key in expr.normalized and query in expr.legs:
+    reduced = isinstance(expr, Reduction) and key in expr.over and query in expr.legs
+    if (isinstance(expr, SoftmaxBox) and key in expr.normalized and query in expr.legs) or reduced:
         if not any(isinstance(m, CausalMask) and (m.query, m.key) == (query, key) for m in expr.masks):
             changes["masks"] = (*expr.masks, CausalMask(query, key, span))
             count += 1
@@ -87,7 +102,7 @@ def _already_causal(graph: DesignGraph, query: str, key: str) -> bool:
         for node in walk(statement.expr):
             if isinstance(node, CausalFactor) and (node.query, node.key) == (query, key):
                 return True
-            if isinstance(node, SoftmaxBox) and any(
+            if isinstance(node, SoftmaxBox | Reduction) and any(
                 isinstance(m, CausalMask) and (m.query, m.key) == (query, key) for m in node.masks
             ):
                 return True

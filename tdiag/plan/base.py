@@ -231,12 +231,12 @@ class LoweringBase:
         """The legs along which a softmax around `e` lets e's sums drop constant terms: through a
         sum, a squared distance or a scaling unchanged; below max, logsumexp or mean over r only a
         term also constant along r (max_r(x + c) = max_r(x) + c: MGK's query norm in the hard
-        E-step); below anything else (a product, a map, a quotient) none: softmax(log(1 + x)) is
-        not softmax(log(x))."""
+        E-step), not below a masked mean (0, not c, where every entry is hidden); below anything
+        else (a product, a map, a quotient) none: softmax(log(1 + x)) is not softmax(log(x))."""
         context = self.shift_invariant
         if context is None or isinstance(e, SumNode | SquaredDistance) or _is_scaling(e):
             return context
-        if isinstance(e, Reduction) and e.name in SHIFT_EQUIVARIANT:
+        if isinstance(e, Reduction) and e.name in SHIFT_EQUIVARIANT and not (e.masks and e.name == "mean"):
             return context | {p for leg in e.over for p in ren[leg]}
         return None
 

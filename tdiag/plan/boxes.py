@@ -8,6 +8,7 @@ import sympy
 
 from ..ir import (
     CausalMask,
+    Reduction,
     SoftmaxBox,
 )
 from .base import _Leaf, _value_leaves
@@ -124,8 +125,9 @@ class BoxLowering:
             self.causal_masks[sizes] = self.names.fresh("causal")
         return self.causal_masks[sizes]
 
-    def mask_legs(self, e: SoftmaxBox, ren: dict[str, tuple[str, ...]]) -> set[str]:
-        """The region legs a box's masks index: its content needs them as real axes to be filled."""
+    def mask_legs(self, e: SoftmaxBox | Reduction, ren: dict[str, tuple[str, ...]]) -> set[str]:
+        """The region legs the masks of a box or reduction index: its content needs them as real
+        axes to be filled."""
         legs: set[str] = set()
         for mask in e.masks:
             if isinstance(mask, CausalMask):
@@ -136,17 +138,20 @@ class BoxLowering:
 
     def apply_mask(self, content: Value, mask, ren, is_exp: bool) -> Value:
         """The box content with the entries a mask hides filled before normalizing."""
-        if isinstance(mask, CausalMask):
-            (query,), (key,) = ren[mask.query], ren[mask.key]
-            hidden = align(Value(self.causal_mask(query, key), (query, key)), content.legs)
-        else:
-            ref = mask.tensor
-            legs = tuple(p for leg in ref.legs for p in ren[leg])
-            hidden = align(Value(self.input_vars[ref.name], (BATCH, *legs)), content.legs, invert=True)
+        hidden = self.hidden_operand(mask, ren, content.legs)
         masked = Value(self.names.fresh("masked"), content.legs, content.broadcast)
         fill = "lowest" if is_exp else "zero"
         self.emit(Step("mask", MaskFill(content, hidden, fill), masked, inputs=(content,)))
         return masked
+
+    def hidden_operand(self, mask, ren, legs: tuple[str, ...]) -> Operand:
+        """A mask read over `legs` as True where it hides an entry."""
+        if isinstance(mask, CausalMask):
+            (query,), (key,) = ren[mask.query], ren[mask.key]
+            return align(Value(self.causal_mask(query, key), (query, key)), legs)
+        ref = mask.tensor
+        mask_legs = tuple(p for leg in ref.legs for p in ren[leg])
+        return align(Value(self.input_vars[ref.name], (BATCH, *mask_legs)), legs, invert=True)
 
     def expand_broadcast(self, value: Value, legs: set[str]) -> Value:
         """Materialize broadcast legs that an operation needs as real axes."""

@@ -158,7 +158,7 @@ class ConstantFolding:
             if e.name == "clamp":
                 return sympy.Min(sympy.Max(x, e.params[0]), e.params[1])
             return SCALAR_MAPS[e.name](x)
-        if isinstance(e, Reduction):
+        if isinstance(e, Reduction) and not e.masks:
             x = self.constant_value(e.operand)  # type: ignore[arg-type]
             if x is None:
                 return None

@@ -62,7 +62,11 @@ class ElementwiseLowering:
     def lower_reduction(self, e: Reduction, ren, var: str | None) -> Value:
         operand = self.lower(e.operand, ren)  # type: ignore[arg-type]
         over = tuple(p for leg in e.over for p in ren[leg])
-        operand = self.expand_broadcast(operand, set(over))
+        operand = self.expand_broadcast(operand, set(over) | self.mask_legs(e, ren))
+        hidden = []
+        for mask in e.masks:
+            operand = self.apply_mask(operand, mask, ren, is_exp=e.name != "mean")
+            hidden.append(self.hidden_operand(mask, ren, operand.legs))
         dims = tuple(operand.legs.index(leg) for leg in over)
         name = self.names.fresh(var or e.name)
         method = {"max": "amax", "logsumexp": "logsumexp", "mean": "mean"}[e.name]
@@ -70,7 +74,7 @@ class ElementwiseLowering:
         return self.emit(
             Step(
                 "reduction",
-                Reduce(operand, method, dims),
+                Reduce(operand, method, dims, tuple(hidden) if e.name == "mean" else ()),
                 Value(name, legs, operand.broadcast),
                 f"{e.name} over {' '.join(show_legs(over))}",
                 over,

@@ -235,6 +235,12 @@ class _Interpreter(AbstractMachine):
     def _(self, op: Reduce, step: Step) -> Meta:
         x = self.value(op.x)
         shape, numel = self.output(step)
+        if op.hidden:  # Σ x / count: the count is kept for the division's backward
+            self.fresh(x.shape, sympy.Integer(math.prod(x.shape)), False, "visible entries", BOOL)
+            self.fresh(shape, numel, False, "sum of x")
+            count = self.fresh(shape, numel, False, "visible count", LONG)
+            if x.grad:
+                self.save(count)
         out = self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
         if x.grad and op.method in ("amax", "logsumexp"):
             self.save(x, out)

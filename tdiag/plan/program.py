@@ -200,11 +200,13 @@ class Map:
 
 @dataclass(frozen=True)
 class Reduce:
-    """A nonlinear reduction of x over `dims`: max, logsumexp, mean."""
+    """A nonlinear reduction of x over `dims`: max, logsumexp, mean. A mean with `hidden`
+    operands (x zeroed where they hold) divides by the count of visible entries, at least 1."""
 
     x: Value
     method: str  # "amax", "logsumexp", "mean"
     dims: tuple[int, ...]
+    hidden: tuple[Operand, ...] = ()
 
 
 @dataclass(frozen=True)
