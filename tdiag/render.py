@@ -185,8 +185,13 @@ def _draw(d: _Drawing, e: Expr, env: dict[str, str], cluster: str | None) -> Non
         inner_cluster = d.cluster(label, "dotted", cluster)
         _draw(d, e.operand, env, inner_cluster)  # type: ignore[arg-type]
     elif isinstance(e, Reduction):
-        box = d.cluster(f"{e.name} over {' '.join(e.over)}", "dotted", cluster)
+        masks = [f"causal({m.query}, {m.key})" for m in e.masks if isinstance(m, CausalMask)]
+        label = f"{e.name} over {' '.join(e.over)}" + (" · mask " + ", ".join(masks) if masks else "")
+        box = d.cluster(label, "dotted", cluster)
         inner = env | {leg: d.leg(leg, box) for leg in e.over}
+        for mask in e.masks:
+            if isinstance(mask, PaddingMask):
+                _draw_tensor(d, mask.tensor, inner, box)
         end = d.node("r", f'shape=diamond width=0.25 height=0.25 label="" xlabel="{e.name}"', box)
         for leg in e.over:
             d.attach(end, inner[leg])
