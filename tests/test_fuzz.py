@@ -49,6 +49,11 @@ def number():
     return st.sampled_from(["2", "0.5", "3", "1 / 2", "sqrt(2)", "1 / sqrt(F)", "F", "0.25", "2 ^ 2", "log(N)"])
 
 
+def box_scale():
+    """A softmax box's scale: a number of either sign, zero, a size formula or a temperature."""
+    return st.sampled_from(["1 / sqrt(F)", "2", "-1", "-1 / sqrt(F)", "0", "- 0.5", "t[h]", "exp(clamp(t[h], -2, 2))"])
+
+
 MAPS = ["exp", "relu", "elu1", "clamp", "log", "sigmoid", "tanh", "softplus", "silu", "gelu", "sin", "cos"]
 MAPS += ["sqrt", "abs"]
 
@@ -96,7 +101,7 @@ def expression(draw, tensors, masks=(), depth=0):
         over = " ".join(draw(st.lists(st.sampled_from(present or LEGS), min_size=1, max_size=2, unique=True)))
         options = ""
         if kind == "softmax" and draw(st.booleans()):
-            scale = draw(st.sampled_from([draw(number()), "t[h]", "exp(clamp(t[h], -2, 2))", draw(atom)]))
+            scale = draw(st.sampled_from([draw(number()), draw(box_scale()), draw(atom)]))
             options += f", scale = {scale}"
         if draw(st.integers(0, 3)) == 0:
             options += ", " + draw(st.sampled_from(_masks(present, masks)))
@@ -117,8 +122,12 @@ def expression(draw, tensors, masks=(), depth=0):
         return f"{name}{options}({argument})"
     if kind == "reduce":
         name, argument = draw(st.sampled_from(["max", "logsumexp", "mean"])), inner()
-        over = draw(st.lists(st.sampled_from(legs_of(argument) or LEGS), min_size=1, max_size=2, unique=True))
-        return f"{name}[{' '.join(over)}]({argument})"
+        present = legs_of(argument)
+        over = draw(st.lists(st.sampled_from(present or LEGS), min_size=1, max_size=2, unique=True))
+        mask = ""
+        if draw(st.integers(0, 2)) == 0:
+            mask = ", " + draw(st.sampled_from(_masks(present, masks)))
+        return f"{name}[{' '.join(over)}{mask}]({argument})"
     if kind == "power":
         return f"relu({inner()}) ^ {draw(st.sampled_from(['2', '3', '1']))}"
     return f"{inner()} / (1 + exp(clamp({inner()}, -3, 3)))"
@@ -167,8 +176,25 @@ def design_text(draw):
         lines.append("update S[f] = mean[n](X[n f] X[n f])" if "n" in tensors["X"] else "update S[f] = X[f]")
         tensors["S"] = ["f"]
     count, reads_input = draw(st.integers(1, 3)), {"X"}
+    attention = tensors["X"] == ["n", "f"] and draw(st.booleans())
+    if attention:  # a fusable attention (SDPA, flex): signed and zero scales, masks, empty rows
+        lines += ["param Wq[f: F, d: G]", "param Wk[f: F, d: G]", "param Wv[f: F, h: H]"]
+        options = f", scale = {draw(box_scale())}" if draw(st.integers(0, 3)) else ""
+        options += "".join(f", {m}" for m in draw(st.lists(st.sampled_from(_masks(["n", "m"], masks)), max_size=2)))
+        query = draw(st.sampled_from(["", "- "]))
+        content = f"{query}X[n f] Wq[f d] X[m k] Wk[k d]"
+        if draw(st.integers(0, 3)) == 0:
+            bias = [" + t[h]", " - 0.5 * X[m j] X[m j]", " + index(n) - index(m)"]
+            content += draw(st.sampled_from(bias + ([" + W0[n m]"] if tensors.get("W0") == ["n", "m"] else [])))
+        lines.append(f"A[n h] = softmax[m{options}]({content}) X[m j] Wv[j h]")
+        tensors["A"] = ["n", "h"]
+        reads_input.add("A")
+        count = draw(st.integers(0, 1))  # the attention alone, or one statement over it
+    output = "A"
     for k in range(count):
         expr = draw(expression(tensors, masks))
+        if k == count - 1 and attention and "A[" not in expr:
+            expr = f"{expr} + A[n h]"
         if k == count - 1 and not reads_input & set(re.findall(r"\b[A-Z]\w*", expr)) and draw(st.integers(0, 9)):
             expr = f"{expr} + X[{' '.join(tensors['X'])}]"  # mostly an output that depends on the input
         if reads_input & set(re.findall(r"\b[A-Z]\w*", expr)):
@@ -177,7 +203,8 @@ def design_text(draw):
         result = draw(st.lists(st.sampled_from(present or LEGS), min_size=1, max_size=3, unique=True))
         lines.append(f"T{k}[{' '.join(result)}] = {expr}")
         tensors[f"T{k}"] = result
-    lines.append(f"output T{k}")
+        output = f"T{k}"
+    lines.append(f"output {output}")
     return "\n".join(lines) + "\n", runtime
 
 
@@ -197,8 +224,39 @@ def run_design(text: str, sizes: dict[str, int] | None = None) -> str:
     for t in design.graph.tensors_of_kind("mask"):
         batch = [(2,), (), None][int(torch.randint(3, (), generator=generator))]
         if batch is not None:
-            masks[t.name] = torch.rand(*batch, *shape(t), generator=generator) < 0.7
-    reference = design.module(sizes or {}, impl="reference", dtype=torch.float64)
+            mask = torch.rand(*batch, *shape(t), generator=generator) < 0.7
+            hide = int(torch.randint(3, (), generator=generator))  # an empty row now and then, or all
+            masks[t.name] = (
+                mask
+                if hide == 0
+                else torch.zeros_like(mask)
+                if hide == 1
+                else mask.index_fill(0, torch.tensor([0]), False)
+            )
+    _compare(design, compiled, sizes or {}, x, masks)
+    causal = _causal_variant(design)
+    if causal is not None:
+        try:
+            compiled = causal.module(sizes or {}, dtype=torch.float64)
+        except TdiagError as error:
+            assert error.diagnostics and all(d.spans for d in error.diagnostics), str(error)
+            return "ran"
+        _compare(causal, compiled, sizes or {}, x, masks)
+    return "ran"
+
+
+def _causal_variant(design):
+    """The design with_causal_mask, or None where it has no attention over m beside n."""
+    try:
+        return design.with_causal_mask()
+    except TdiagError:
+        return None
+
+
+def _compare(design, compiled, sizes: dict[str, int], x: torch.Tensor, masks: dict) -> None:
+    """The compiled module equals the reference in value and input gradient wherever the
+    reference is finite; with FlexAttention asked for, in value."""
+    reference = design.module(sizes, impl="reference", dtype=torch.float64)
     y = compiled(x, **masks)
     expected = reference(x, **masks)
     gradient, expected_gradient = _input_gradient(y, x), _input_gradient(expected, x)
@@ -206,8 +264,7 @@ def run_design(text: str, sizes: dict[str, int] | None = None) -> str:
         torch.testing.assert_close(y, expected, rtol=1e-7, atol=1e-9)
         if torch.isfinite(expected_gradient).all():
             torch.testing.assert_close(gradient, expected_gradient, rtol=1e-6, atol=1e-8)
-    _check_flex(design, sizes or {}, x.detach(), masks, expected.detach())
-    return "ran"
+    _check_flex(design, sizes, x.detach(), masks, expected.detach())
 
 
 def _check_flex(design, sizes: dict[str, int], x: torch.Tensor, masks: dict, expected: torch.Tensor) -> None:

@@ -134,3 +134,25 @@ def test_sink_attention_written_with_logsumexp_equals_a_softmax_with_a_sink_logi
         expected_grads = torch.autograd.grad(expected.sum(), (x, module.sink))
         for grad, expected_grad in zip(grads, expected_grads, strict=True):
             assert torch.allclose(grad, expected_grad, atol=TOL, rtol=0), impl
+
+
+def test_a_padding_mask_on_a_reduction_of_a_parameter_gives_one_result_per_sequence(write_td):
+    """The parameter is the same for every sequence, the mask input is not (found by fuzzing)."""
+    text = """
+design reduced_parameter
+size N = 3, F = 2
+input X[n: N, f: F]
+mask pad[m: N]
+param W[m: N, f: F] = normal(std = 1)
+T[f] = logsumexp[m, mask = pad[m]](W[m f])
+Y[n f] = T[f] + X[n f]
+output Y
+"""
+    design = tdiag.load(write_td(text, "reduced_parameter.td"))
+    module = design.module(seed=0, dtype=torch.float64)
+    x = torch.zeros(2, 3, 2, dtype=torch.float64)
+    pad = torch.tensor([[True, False, True], [False, True, False]])
+    out = module(x, pad=pad)
+    for b in range(2):
+        expected = module.W[pad[b]].logsumexp(0)
+        assert torch.allclose(out[b], expected.expand(3, -1), atol=TOL, rtol=0)

@@ -74,11 +74,7 @@ class BoxLowering:
         finally:
             self.shift_invariant = context
             self.box_depth -= 1
-        content = self.expand_broadcast(content, set(normalized) | self.mask_legs(e, ren))
-        if BATCH not in content.legs and any(not isinstance(mask, CausalMask) for mask in e.masks):
-            # a mask input differs per sequence: content that does not is repeated over the batch
-            batched = self.materialize(content, (BATCH, *content.legs))
-            content = Value(batched.var, batched.legs, content.broadcast)
+        content = self.maskable(content, e, ren, set(normalized))
         name = self.names.fresh(var or ("attention" if e.is_exp else "normalized"))
         masked = content
         for mask in e.masks:
@@ -143,6 +139,15 @@ class BoxLowering:
         fill = "lowest" if is_exp else "zero"
         self.emit(Step("mask", MaskFill(content, hidden, fill), masked, inputs=(content,)))
         return masked
+
+    def maskable(self, content: Value, e: SoftmaxBox | Reduction, ren, legs: set[str]) -> Value:
+        """`content` with real axes along `legs` and every leg the masks of `e` index; repeated over
+        the batch when a mask input (which differs per sequence) meets content that does not."""
+        content = self.expand_broadcast(content, legs | self.mask_legs(e, ren))
+        if BATCH not in content.legs and any(not isinstance(mask, CausalMask) for mask in e.masks):
+            batched = self.materialize(content, (BATCH, *content.legs))
+            content = Value(batched.var, batched.legs, content.broadcast)
+        return content
 
     def hidden_operand(self, mask, ren, legs: tuple[str, ...]) -> Operand:
         """A mask read over `legs` as True where it hides an entry."""

@@ -62,7 +62,7 @@ class ElementwiseLowering:
     def lower_reduction(self, e: Reduction, ren, var: str | None) -> Value:
         operand = self.lower(e.operand, ren)  # type: ignore[arg-type]
         over = tuple(p for leg in e.over for p in ren[leg])
-        operand = self.expand_broadcast(operand, set(over) | self.mask_legs(e, ren))
+        operand = self.maskable(operand, e, ren, set(over))
         hidden = []
         for mask in e.masks:
             operand = self.apply_mask(operand, mask, ren, is_exp=e.name != "mean")
