@@ -156,3 +156,22 @@ output Y
     for b in range(2):
         expected = module.W[pad[b]].logsumexp(0)
         assert torch.allclose(out[b], expected.expand(3, -1), atol=TOL, rtol=0)
+
+
+def test_a_masked_mean_reads_its_mask_in_the_layout_the_planner_gives_its_input(write_td):
+    """The layout pass reorders the mean's input (n f m) to (m n f); the mask follows (found by
+    fuzzing: the mask was read in the old order)."""
+    text = """
+design moved_mean
+size N = 3, F = 2
+input X[n: N, f: F]
+param W[n: N, f: F, m: N] = normal(std = 1)
+T[n m] = causal(n, m) mean[f, mask = causal(n, m)](W[n f m] - X[n f])
+Y[m] = T[n m]
+output Y
+"""
+    design = tdiag.load(write_td(text, "moved_mean.td"))
+    module = design.module(seed=0, dtype=torch.float64)
+    reference = design.module(seed=0, impl="reference", dtype=torch.float64)
+    x = torch.randn(2, 3, 2, dtype=torch.float64)
+    assert torch.allclose(module(x), reference(x), atol=TOL, rtol=0)

@@ -392,7 +392,10 @@ def _follow(op, moved: dict[str, tuple[int, ...]], out: Value):
         dims = tuple(x.legs.index(leg) for leg in summed)
         kept = tuple(leg for leg in x.legs if leg not in summed)
         names = dict(zip([leg for leg in op.x.legs if leg not in summed], out.legs, strict=True))
-        return dataclasses.replace(op, x=x, dims=dims), tuple(names[leg] for leg in kept)
+        changes = {"x": x, "dims": dims}
+        if isinstance(op, Reduce) and op.hidden:  # a masked mean's masks, read over the moved input
+            changes["hidden"] = tuple(align(h.value, x.legs, invert=h.invert) for h in op.hidden)
+        return dataclasses.replace(op, **changes), tuple(names[leg] for leg in kept)
     names = dict(zip(op.x.legs, out.legs, strict=True))
     if isinstance(op, MaskFill):
         mask = align(op.mask.value, x.legs, invert=op.mask.invert)
