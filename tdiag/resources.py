@@ -53,12 +53,15 @@ def design_file(path: str | Path) -> Path:
 
 
 def missing_design(path: str | Path) -> TdiagError:
-    """The error for a design argument that is neither a file nor a bundled design."""
+    """The error for a design argument that is neither a file nor a bundled design; a bare name
+    is told the bundled names (and the closest one), a path is one line."""
+    message = f"no such design file '{path}'"
+    if Path(path).parent != Path("."):  # a path, not a name that could be a bundled design's
+        return TdiagError(Diagnostic(message))
     names = bundled_designs()
-    name = Path(path).name.removesuffix(".td")
-    guess = did_you_mean(name, names) if Path(path).parent == Path(".") else None
+    guess = did_you_mean(Path(path).name.removesuffix(".td"), names)
     listing = f"bundled designs: {', '.join(names)}"
-    return TdiagError(Diagnostic(f"no such design file '{path}'", hint=f"{guess} {listing}" if guess else listing))
+    return TdiagError(Diagnostic(message, hint=f"{guess} {listing}" if guess else listing))
 
 
 def default_corpus() -> Path:

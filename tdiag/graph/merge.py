@@ -38,15 +38,18 @@ def _item_name_span(item: syn.Item) -> Span:
     return item.span
 
 
-def load_items(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
-    """Parse `path` and, when it `extends` a base design, merge it into the base's items. The
-    chain of bases is followed in a loop, not by recursion, so its length has no limit. A bundled
-    design may be named instead of a path (`fish`)."""
+def load_items(path: str) -> tuple[syn.DesignDecl, list[syn.Item], tuple[str, ...]]:
+    """Parse `path` and, when it `extends` a base design, merge it into the base's items; also
+    return the files read (the design's, then its bases'), which a command must never write over.
+    The chain of bases is followed in a loop, not by recursion, so its length has no limit. A
+    bundled design may be named instead of a path (`fish`)."""
     path = str(design_file(path))
     chain: list[tuple[syn.DesignDecl, list[syn.Item]]] = []
     seen = {Path(path).resolve()}
     current = path
+    files = []
     while True:
+        files.append(current)
         head, body = _design_file(current)
         chain.append((head, body))
         if head.base is None:
@@ -70,7 +73,7 @@ def load_items(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
     items = chain[-1][1]
     for _, body in reversed(chain[:-1]):
         items = _merge(items, body)
-    return chain[0][0], items
+    return chain[0][0], items, tuple(files)
 
 
 def _design_file(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:

@@ -5,12 +5,14 @@ table (text, JSON or CSV) with the Pareto front marked; optionally plot it, writ
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..design import OBJECTIVES
 from ..errors import Diagnostic, TdiagError
+from ..files import OutputRefusedError, check_output, output_folder, write_output
 from .points import base_path, load_space
 
 SPACE_AXES = ("params", "flops", "time", "peak_memory", "softmax_entries")  # report.METRICS, not imported:
@@ -22,6 +24,25 @@ def _axes(text: str) -> tuple[str, ...]:
     if len(names) < 2 or any(n not in SPACE_AXES for n in names):
         raise argparse.ArgumentTypeError(f"expected two or more of {', '.join(SPACE_AXES)}, got '{text}'")
     return names
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def _flags(text: str) -> str:
+    """`--train-args` text, split as a shell would; unbalanced quotes are a usage error."""
+    try:
+        shlex.split(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{error} in '{text}'") from None
+    return text
 
 
 def add_parser(commands, size_list, usage_error) -> None:
@@ -77,12 +98,13 @@ def add_parser(commands, size_list, usage_error) -> None:
         metavar="A,B",
         help="with --train: the points to train, by name or choices (default: the Pareto front)",
     )
-    p.add_argument("--steps", type=int, default=300, help="with --train: optimizer steps per point")
+    p.add_argument("--steps", type=_positive, default=300, help="with --train: optimizer steps per point")
     p.add_argument(
         "--out", default="runs/space", help="with --train: the folder of the runs, the compare table and plots"
     )
     p.add_argument(
         "--train-args",
+        type=_flags,
         default="",
         metavar="'--width 64 ...'",
         help="with --train: more `tdiag train` flags for every point (default: none)",
@@ -105,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
             f"tdiag space: error: the base design has no size {', '.join(unknown)}; its sizes are: "
             f"{', '.join(base_design.graph.sizes)}"
         )
+    _check_outputs(args)
     for name, size in base_design.graph.sizes.items():
         if size.is_free and name not in at:
             at[name] = 1024
@@ -122,10 +145,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(report.text_table(rows, at, args.pareto, f"space {space.space.name} ({space.count()} points)"))
     if args.write:
-        folder = Path(args.write)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = output_folder(args.write, flag="--write")
         for row in rows:
-            (folder / f"{row.point.name}.td").write_text(row.point.text(), encoding="utf-8")
+            write_output(folder / f"{row.point.name}.td", row.point.text(), flag="--write")
         print(f"wrote {len(rows)} points to {folder}/", file=sys.stderr)
     if args.plot:
         try:
@@ -140,6 +162,29 @@ def run(args: argparse.Namespace) -> int:
 
         return train_points(args, space, rows, at)
     return 0
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse --write and --plot places that cannot be written, or are files read, before the
+    space is costed (files.check_output)."""
+    if args.write:
+        check_output(args.write, flag="--write", folder=True)
+    if args.plot:
+        check_output(args.plot, flag="--plot")
+        _check_plot_format(args.plot)
+
+
+def _check_plot_format(path: str) -> None:
+    suffix = Path(path).suffix.lstrip(".").lower()
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        return  # no plot is drawn; run() says so
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        raise OutputRefusedError(
+            Diagnostic(f"--plot {path}: matplotlib cannot write .{suffix}; use one of: .{', .'.join(sorted(formats))}")
+        )
 
 
 @dataclass

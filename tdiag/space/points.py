@@ -172,7 +172,7 @@ def base_path(space: Space) -> Path:
 def load_space(path: str | Path) -> SpacePoints:
     """Parse a `.tds` file, load its base design and validate every choice against it."""
     space = parse_space_file(path)
-    _, base_items = load_items(str(base_path(space)))
+    _, base_items, _ = load_items(str(base_path(space)))
     problems = _validate(space, base_items)
     if problems:
         raise TdiagError(problems)
