@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import math
+import os
 import platform
 import statistics
 from collections.abc import Callable
@@ -270,7 +271,7 @@ def load_baseline(folder: Path, stem: str, causal: bool) -> nn.Module | None:
     by `tdiag compile` at an older commit, so an old plan and the new one are timed side by
     side in one run. The file is the user's own Python; it is imported like any module."""
     path = folder / f"{stem}{'.causal' if causal else ''}.py"
-    if not path.is_file():
+    if not os.path.isfile(path):
         return None
     import importlib.util
 

@@ -349,9 +349,9 @@ def _catalog(args: argparse.Namespace) -> int:
 
     paths: list[Path] = []
     for given in map(Path, args.paths):
-        if given.is_dir():
+        if os.path.isdir(given):
             paths += sorted(given.glob("*.td"))
-        elif given.is_file():
+        elif os.path.isfile(given):
             paths.append(given)
         else:
             raise _UsageError(f"tdiag catalog: error: '{given}' is neither a folder nor a .td file")
@@ -401,7 +401,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.device == "auto":
         args.device = "cuda" if _has_cuda() else "cpu"
     _available_device("bench", args.device)
-    if args.baseline is not None and not Path(args.baseline).is_dir():
+    if args.baseline is not None and not os.path.isdir(args.baseline):
         raise _UsageError(f"tdiag bench: error: argument --baseline: '{args.baseline}' is not a folder")
     names = ("n", "batch", "width", "heads", "repeat", "causal", "objective", "device", "baseline")
     settings = {k: getattr(args, k) for k in names}

@@ -141,11 +141,15 @@ def check_output(
     `inputs` (by resolved path, or the same file through a hard link or bind mount), an existing
     folder (file output) or file (folder output), a device or FIFO, a place under a file, a file
     output whose folder does not exist, or a folder that is not writable."""
-    label = f"{flag} {path}" if flag else f"'{path}'"
+    label = f"{flag} {str(path) or repr('')}" if flag else repr(str(path))
 
     def refuse(reason: str) -> OutputRefusedError:
         return OutputRefusedError(Diagnostic(f"{label}: {reason}"))
 
+    if not str(path):
+        raise refuse("is empty; give a file name" if not folder else "is empty; give a folder")
+    if not folder and str(path).endswith(("/", os.sep)):
+        raise refuse("ends with a slash, as a folder does; give a file name")
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -169,12 +173,12 @@ def check_output(
 
 
 def _check_file_folder(parent: Path, refuse: Callable[[str], OutputRefusedError]) -> None:
-    if not parent.exists():
+    if not os.path.exists(parent):
         above = _first_file_above(parent)
         if above is not None:
             raise refuse(f"'{above}' is a file, not a folder")
         raise refuse(f"folder '{parent}' does not exist")
-    if not parent.is_dir():
+    if not os.path.isdir(parent):
         raise refuse(f"'{parent}' is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise refuse(f"folder '{parent}' is not writable")
@@ -182,9 +186,9 @@ def _check_file_folder(parent: Path, refuse: Callable[[str], OutputRefusedError]
 
 def _check_folder(path: str | Path, refuse: Callable[[str], OutputRefusedError]) -> None:
     existing = Path(os.path.realpath(path))
-    while not existing.exists():
+    while not os.path.exists(existing):
         existing = existing.parent
-    if not existing.is_dir():
+    if not os.path.isdir(existing):
         raise refuse(f"'{existing}' is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise refuse(f"folder '{existing}' is not writable")
@@ -193,8 +197,8 @@ def _check_folder(path: str | Path, refuse: Callable[[str], OutputRefusedError])
 def _first_file_above(path: Path) -> Path | None:
     """The nearest existing ancestor of `path` that is not a folder, if any."""
     for above in path.parents:
-        if above.exists():
-            return None if above.is_dir() else above
+        if os.path.exists(above):
+            return None if os.path.isdir(above) else above
     return None
 
 

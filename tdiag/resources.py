@@ -10,6 +10,7 @@ source checkout or an editable install therefore finds them beside the package i
 from __future__ import annotations
 
 import importlib.resources
+import os
 from pathlib import Path
 
 from .errors import Diagnostic, TdiagError, did_you_mean
@@ -44,7 +45,7 @@ def design_file(path: str | Path) -> Path:
     """The file a design argument names: an existing path as given, else a bundled design by
     name (`fish` or `fish.td`). Anything else is an error that lists the bundled names."""
     given = Path(path)
-    if given.is_file() or given.parent != Path("."):
+    if os.path.isfile(given) or given.parent != Path("."):  # os.path: False, not an error, for any bad path
         return given
     name = given.name.removesuffix(".td")
     if name in bundled_designs():

@@ -491,6 +491,7 @@ def test_space_never_plots_over_the_space_it_read(capsys, tmp_path):
         ("big.td", "it is over 4 MiB, the most a design file may be"),
         ("a_file/x.td", "Not a directory"),
         ("loop.td", "Too many levels of symbolic links"),
+        ("x" * 300 + ".td", "File name too long"),
         ("missing/x.td", None),
     ],
 )

@@ -228,6 +228,7 @@ def test_an_output_is_refused_over_any_source_read_in_the_command(tmp_path):
         ("under a file", "'{tmp}/file' is a file, not a folder"),
         ("missing folder", "folder '{tmp}/none' does not exist"),
         ("device", "is a character device; tdiag writes only regular files"),
+        ("folder-like name", "ends with a slash, as a folder does; give a file name"),
     ],
 )
 def test_an_output_that_cannot_be_a_file_is_refused_naming_why(tmp_path, where, reason):
@@ -237,10 +238,17 @@ def test_an_output_that_cannot_be_a_file_is_refused_naming_why(tmp_path, where, 
         "under a file": tmp_path / "file" / "out.py",
         "missing folder": tmp_path / "none" / "out.py",
         "device": "/dev/null",
+        "folder-like name": f"{tmp_path}/new/",
     }[where]
     with pytest.raises(OutputRefusedError) as error:
         check_output(out, flag="-o")
     assert message(error) == f"-o {out}: {reason.format(tmp=tmp_path)}"
+
+
+def test_an_empty_output_name_is_refused():
+    with pytest.raises(OutputRefusedError) as error:
+        check_output("", flag="-o")
+    assert message(error) == "-o '': is empty; give a file name"
 
 
 def test_an_output_on_a_file_system_that_takes_no_files_names_the_cause():

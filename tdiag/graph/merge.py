@@ -60,7 +60,7 @@ def load_items(path: str) -> tuple[syn.DesignDecl, list[syn.Item], tuple[str, ..
             raise TdiagError(
                 Diagnostic(f"design '{head.name}' extends itself through '{head.base}'", (head.base_span,))
             )
-        if not Path(base_path).exists():
+        if not os.path.lexists(base_path):
             siblings = [p.stem for p in Path(current).parent.glob("*.td")]
             raise TdiagError(
                 Diagnostic(

@@ -13,6 +13,7 @@ not divide, say) is reported with that point and does not stop the others."""
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -155,10 +156,10 @@ def base_path(space: Space) -> Path:
     """The base design: BASE.td beside the space file or in the folder above it, else bundled."""
     folder = Path(space.file).parent
     for candidate in (folder / f"{space.base}.td", folder.parent / f"{space.base}.td"):
-        if candidate.is_file():
+        if os.path.isfile(candidate):
             return candidate
     found = design_file(space.base)
-    if found.is_file():
+    if os.path.isfile(found):
         return found
     raise TdiagError(
         Diagnostic(
