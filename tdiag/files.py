@@ -140,7 +140,7 @@ def check_output(
     """Refuse, with OutputRefusedError, an output the command must not or cannot write: one of its
     `inputs` (by resolved path, or the same file through a hard link or bind mount), an existing
     folder (file output) or file (folder output), a device or FIFO, a place under a file, a file
-    output whose folder does not exist, or a folder that is not writable."""
+    output whose folder does not exist, or a file or folder that is not writable."""
     label = f"{flag} {str(path) or repr('')}" if flag else repr(str(path))
 
     def refuse(reason: str) -> OutputRefusedError:
@@ -166,6 +166,8 @@ def check_output(
         same = same_file(path, [*inputs, *sources_read()])
         if same is not None:
             raise refuse(f"is the input '{same}'; tdiag never writes over a file it reads")
+        if not folder and not os.access(path, os.W_OK):
+            raise refuse("is not writable")  # read-only on purpose: not replaced either
     if folder:
         _check_folder(path, refuse)
     else:  # a symbolic link is written through: its target's folder holds the new file

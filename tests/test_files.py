@@ -245,6 +245,17 @@ def test_an_output_that_cannot_be_a_file_is_refused_naming_why(tmp_path, where, 
     assert message(error) == f"-o {out}: {reason.format(tmp=tmp_path)}"
 
 
+def test_a_read_only_output_is_refused_not_replaced(tmp_path, monkeypatch):
+    """The permission check of access(2); faked, since the tests run as root, who may write anything."""
+    out = tmp_path / "kept.py"
+    out.write_text("kept")
+    granted = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: os.fspath(path) != str(out) and granted(path, mode))
+    with pytest.raises(OutputRefusedError) as error:
+        write_output(out, "new", flag="-o")
+    assert message(error) == f"-o {out}: is not writable" and out.read_text() == "kept"
+
+
 def test_an_empty_output_name_is_refused():
     with pytest.raises(OutputRefusedError) as error:
         check_output("", flag="-o")
