@@ -232,3 +232,9 @@ def test_space_command_writes_csv_with_formulas(capsys):
 def test_space_command_refuses_a_size_the_base_lacks(capsys):
     assert main(["space", str(SPACES / "fish.tds"), "--at", "Q=3"]) == 2
     assert "no size Q" in capsys.readouterr().err
+
+
+def test_a_vs_design_that_exists_but_cannot_be_read_gives_its_own_error(capsys, tmp_path):
+    (tmp_path / "broken.td").write_bytes(b"design broken\n# caf\xe9\n")
+    assert main(["space", str(SPACES / "mgk.tds"), "--at", "N=64", "--vs", str(tmp_path / "broken.td")]) == 1
+    assert "broken.td:2:6: error: this file is not UTF-8 text" in capsys.readouterr().err

@@ -5,6 +5,7 @@ table (text, JSON or CSV) with the Pareto front marked; optionally plot it, writ
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -214,6 +215,8 @@ def _baseline(text: str, rows, at, objective):
     try:
         design = load(text)
     except TdiagError:
+        if os.path.lexists(text):  # a file that exists but cannot be read or checked: its own error says why
+            raise
         raise TdiagError(Diagnostic(f"--vs {text}: no point of this space and no design by that name")) from None
     own = {k: v for k, v in at.items() if k in design.graph.sizes and not design.graph.sizes[k].is_free}
     design = load(text, **own) if own else design
