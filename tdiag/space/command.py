@@ -14,6 +14,7 @@ from pathlib import Path
 from ..design import OBJECTIVES
 from ..errors import Diagnostic, TdiagError
 from ..files import OutputRefusedError, check_output, output_folder, write_output
+from ..resources import design_file
 from .points import base_path, load_space
 
 SPACE_AXES = ("params", "flops", "time", "peak_memory", "softmax_entries")  # report.METRICS, not imported:
@@ -129,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
             f"{', '.join(base_design.graph.sizes)}"
         )
     _check_outputs(args)
+    unreadable = [f for f in args.known or () if not os.path.isfile(design_file(f))]
+    if unreadable:  # those beside the base are tried quietly; one named here must be a design file
+        raise args.usage_error(f"tdiag space: error: argument --known: '{unreadable[0]}' is not a design file")
     for name, size in base_design.graph.sizes.items():
         if size.is_free and name not in at:
             at[name] = 1024
