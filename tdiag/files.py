@@ -266,7 +266,7 @@ def _temporary_beside(target: Path) -> tuple[Path, int]:
     O_EXCL under the umask's permissions."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     while True:
-        temporary = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
+        temporary = target.parent / f".{target.name[:200]}.{secrets.token_hex(4)}.tmp"  # within NAME_MAX
         try:
             return temporary, os.open(temporary, flags, 0o666)
         except FileExistsError:

@@ -185,6 +185,12 @@ def test_an_interrupted_write_leaves_no_temporary(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+def test_an_output_with_the_longest_name_the_folder_allows_is_written(tmp_path):
+    out = tmp_path / ("x" * (os.pathconf(tmp_path, "PC_NAME_MAX") - 3) + ".py")
+    write_output(out, "x")
+    assert out.read_text() == "x" and os.listdir(tmp_path) == [out.name]
+
+
 def test_a_symbolic_link_output_is_written_through(tmp_path):
     (tmp_path / "target.py").write_text("old")
     (tmp_path / "link.py").symlink_to("target.py")
