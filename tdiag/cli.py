@@ -348,7 +348,10 @@ def _catalog(args: argparse.Namespace) -> int:
     from .catalog import catalog
 
     paths: list[Path] = []
-    for given in map(Path, args.paths):
+    for text in args.paths:
+        given = Path(text)
+        if not text:  # Path("") would be the current folder
+            raise _UsageError("tdiag catalog: error: an empty path is neither a folder nor a .td file")
         if os.path.isdir(given):
             paths += sorted(given.glob("*.td"))
         elif os.path.isfile(given):

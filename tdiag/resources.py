@@ -44,6 +44,8 @@ def bundled_designs() -> list[str]:
 def design_file(path: str | Path) -> Path:
     """The file a design argument names: an existing path as given, else a bundled design by
     name (`fish` or `fish.td`). Anything else is an error that lists the bundled names."""
+    if not str(path):  # Path("") would be the current folder
+        raise missing_design(path)
     given = Path(path)
     if os.path.isfile(given) or given.parent != Path("."):  # os.path: False, not an error, for any bad path
         return given

@@ -573,3 +573,15 @@ def test_space_write_into_a_file_is_refused_before_costing(capsys, tmp_path, mon
 def test_a_bad_flag_value_is_a_usage_error_naming_the_flag(capsys, argv, named):
     code, _, err = run(capsys, *argv)
     assert code == 2 and f"argument {named}: " in err.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["check", ""], 1, "tdiag: error: no such design file ''"),
+        (["catalog", ""], 2, "tdiag catalog: error: an empty path is neither a folder nor a .td file"),
+    ],
+)
+def test_an_empty_path_is_not_the_current_folder(capsys, argv, code, message):
+    status, _, err = run(capsys, *argv)
+    assert status == code and err.splitlines()[0] == message
