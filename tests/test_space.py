@@ -246,3 +246,10 @@ def test_a_known_design_that_is_not_a_file_is_a_usage_error(capsys, tmp_path, mo
     (tmp_path / "folder.td").mkdir()
     assert main(["space", str(SPACES / "mgk.tds"), "--at", "N=64", "--known", "mhsa", known]) == 2
     assert f"argument --known: '{known}' is not a design file" in capsys.readouterr().err
+
+
+def test_a_base_beside_the_space_that_is_not_a_file_is_an_error_not_the_bundled_base(tmp_path):
+    (tmp_path / "mgk.tds").write_text((SPACES / "mgk.tds").read_text())
+    (tmp_path / "mgk_harde.td").mkdir()  # the base the space extends
+    with pytest.raises(TdiagError, match="it is a folder, not a design file"):
+        load_space(tmp_path / "mgk.tds")

@@ -156,7 +156,7 @@ def base_path(space: Space) -> Path:
     """The base design: BASE.td beside the space file or in the folder above it, else bundled."""
     folder = Path(space.file).parent
     for candidate in (folder / f"{space.base}.td", folder.parent / f"{space.base}.td"):
-        if os.path.isfile(candidate):
+        if os.path.lexists(candidate):  # even a folder or a FIFO: reading it says why it is no design
             return candidate
     found = design_file(space.base)
     if os.path.isfile(found):
