@@ -93,6 +93,24 @@ def test_a_path_under_a_file_names_the_cause(tmp_path):
     assert message(error) == f"cannot read '{tmp_path / 't.td' / 'u.td'}': Not a directory"
 
 
+def test_a_file_without_read_permission_names_the_cause(tmp_path, monkeypatch):
+    """open(2) refusing as it does for a user without permission (the tests run as root, whom
+    a chmod does not stop)."""
+    path = tmp_path / "secret.td"
+    path.write_text(DESIGN)
+    opened = os.open
+
+    def refuse(file, flags, *mode):
+        if os.fspath(file) == str(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return opened(file, flags, *mode)
+
+    monkeypatch.setattr(os, "open", refuse)
+    with pytest.raises(TdiagError) as error:
+        read_source(path)
+    assert message(error) == f"cannot read '{path}': Permission denied"
+
+
 def test_a_symbolic_link_loop_names_the_cause(tmp_path):
     (tmp_path / "a.td").symlink_to("b.td")
     (tmp_path / "b.td").symlink_to("a.td")
