@@ -225,7 +225,7 @@ def _parser() -> _Parser:
 
     from .space.command import add_parser as add_space_parser
 
-    add_space_parser(commands, _size_list, _UsageError)
+    add_space_parser(commands, _size_list, _positive, _UsageError)
 
     p = commands.add_parser("render", help="draw the diagram in the papers' notation")
     p.add_argument("file", metavar="FILE.td", help=DESIGN_HELP)

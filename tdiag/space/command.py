@@ -28,16 +28,6 @@ def _axes(text: str) -> tuple[str, ...]:
     return names
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
-
-
 def _flags(text: str) -> str:
     """`--train-args` text, split as a shell would; unbalanced quotes are a usage error."""
     try:
@@ -47,8 +37,9 @@ def _flags(text: str) -> str:
     return text
 
 
-def add_parser(commands, size_list, usage_error) -> None:
-    """The `space` subcommand's flags (every one with help that states its default)."""
+def add_parser(commands, size_list, positive, usage_error) -> None:
+    """The `space` subcommand's flags (every one with help that states its default); the CLI's
+    own value checkers and usage error are passed in, as this module may not import the CLI."""
     p = commands.add_parser("space", help="enumerate, check, cost and compare every point of a design space (.tds)")
     p.add_argument("file", metavar="FILE.tds", help="a design space file, e.g. designs/spaces/tuformer.tds")
     p.add_argument(
@@ -100,7 +91,7 @@ def add_parser(commands, size_list, usage_error) -> None:
         metavar="A,B",
         help="with --train: the points to train, by name or choices (default: the Pareto front)",
     )
-    p.add_argument("--steps", type=_positive, default=300, help="with --train: optimizer steps per point")
+    p.add_argument("--steps", type=positive, default=300, help="with --train: optimizer steps per point")
     p.add_argument(
         "--out", default="runs/space", help="with --train: the folder of the runs, the compare table and plots"
     )
