@@ -7,8 +7,10 @@ memory is reported too."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import os
 import platform
 import statistics
 from collections.abc import Callable
@@ -24,6 +26,7 @@ import tdiag
 
 from .design import DEFAULT_OBJECTIVE
 from .device import for_device
+from .files import output_folder, write_output
 from .graph import size_symbol
 from .measure import saved_for_backward, time_step
 from .plan.timing import plan_time
@@ -268,7 +271,7 @@ def load_baseline(folder: Path, stem: str, causal: bool) -> nn.Module | None:
     by `tdiag compile` at an older commit, so an old plan and the new one are timed side by
     side in one run. The file is the user's own Python; it is imported like any module."""
     path = folder / f"{stem}{'.causal' if causal else ''}.py"
-    if not path.is_file():
+    if not os.path.isfile(path):
         return None
     import importlib.util
 
@@ -358,14 +361,18 @@ def table(rows: list[Row]) -> str:
 
 
 def write(rows: list[Row], out: Path, settings: dict) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
+    """bench.json, bench.csv and (with matplotlib) bench.png in `out`, each written whole
+    (files.write_output) or not at all."""
+    output_folder(out, flag="--out")
     meta = settings | {"machine": platform.platform(), "processor": platform.processor(), "torch": torch.__version__}
-    (out / "bench.json").write_text(json.dumps({"settings": meta, "rows": [asdict(r) for r in rows]}, indent=2))
-    with (out / "bench.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(asdict(rows[0])))
-        writer.writeheader()
-        writer.writerows(asdict(r) for r in rows)
-    paths = [out / "bench.json", out / "bench.csv"]
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=list(asdict(rows[0])))
+    writer.writeheader()
+    writer.writerows(asdict(r) for r in rows)
+    paths = [
+        write_output(out / "bench.json", json.dumps({"settings": meta, "rows": [asdict(r) for r in rows]}, indent=2)),
+        write_output(out / "bench.csv", table.getvalue()),
+    ]
     try:
         import matplotlib
 
@@ -378,9 +385,10 @@ def write(rows: list[Row], out: Path, settings: dict) -> list[Path]:
         ax.set_xlabel("forward + backward (ms)")
         ax.set_title(f"tdiag bench (N={settings['n']}, batch={settings['batch']}, {settings['device']})")
         fig.tight_layout()
-        fig.savefig(out / "bench.png", dpi=120)
+        image = io.BytesIO()
+        fig.savefig(image, format="png", dpi=120)
         plt.close(fig)
-        paths.append(out / "bench.png")
+        paths.append(write_output(out / "bench.png", image.getvalue()))
     except ImportError:
         pass
     return paths

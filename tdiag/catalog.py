@@ -15,6 +15,8 @@ import sympy
 
 from .cost import cost_report
 from .design import COST_OBJECTIVE, load
+from .errors import Diagnostic, TdiagError
+from .files import read_source
 
 FAMILY = re.compile(r"^#\s*family:\s*(?P<name>[A-Za-z0-9_-]+)\s*$")
 OTHER = "other"
@@ -47,7 +49,7 @@ def header(path: Path) -> tuple[str, str]:
     the first sentence of its opening paragraph (the lines before `Paper:`, `Spec:`, a list or
     a blank comment)."""
     family, opening, ended = OTHER, [], False
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in read_source(path).splitlines():
         if not line.startswith("#"):
             break
         match = FAMILY.match(line)
@@ -123,7 +125,17 @@ def page(entries: Sequence[Entry], at: Mapping[str, int], command: str) -> str:
 
 
 def catalog(paths: Sequence[Path], at: Mapping[str, int], command: str, **options: str) -> str:
-    return page([entry(p, at, **options) for p in paths], at, command)
+    """The page for the designs at `paths`; a size of `at` that no design has is an error."""
+    entries = [entry(p, at, **options) for p in paths]
+    known = set().union(*(e.sizes for e in entries))
+    unknown = [k for k in at if k not in known]
+    if unknown:
+        raise TdiagError(
+            Diagnostic(
+                f"--at: no design has a size {', '.join(unknown)}", hint=f"their sizes are: {', '.join(sorted(known))}"
+            )
+        )
+    return page(entries, at, command)
 
 
 def _formula(expr: sympy.Expr) -> str:

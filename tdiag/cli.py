@@ -13,7 +13,8 @@ from pathlib import Path
 from . import __version__
 from .design import COST_OBJECTIVE, DEFAULT_OBJECTIVE, OBJECTIVES, Design, load
 from .errors import Diagnostic, TdiagError, format_diagnostic
-from .resources import bundled_designs
+from .files import OutputRefusedError, check_output, one_command, write_output
+from .resources import bundled_designs, design_file
 from .train_config import TrainConfig, add_arguments, config_from, config_problems, device_name
 
 RENDER_FORMATS = ("dot", "pdf", "png", "svg")
@@ -224,7 +225,7 @@ def _parser() -> _Parser:
 
     from .space.command import add_parser as add_space_parser
 
-    add_space_parser(commands, _size_list, _UsageError)
+    add_space_parser(commands, _size_list, _positive, _UsageError)
 
     p = commands.add_parser("render", help="draw the diagram in the papers' notation")
     p.add_argument("file", metavar="FILE.td", help=DESIGN_HELP)
@@ -232,24 +233,6 @@ def _parser() -> _Parser:
     p.add_argument("--statements", action="store_true", help="draw one node per statement instead of inlining them")
     with_sizes(p)
     return parser
-
-
-def _writable(path: Path, flag: str, *, folder: bool = False) -> None:
-    """Refuse, before any work, an output the command could not write: a file path that is a
-    folder (or a folder path that is a file), or a place under a file or a read-only folder."""
-    command = f"tdiag: error: {flag} {path}"
-    if path.is_dir() and not folder:
-        raise _UsageError(f"{command}: is a folder; give a file name")
-    if path.exists() and not path.is_dir() and folder:
-        raise _UsageError(f"{command}: is a file; give a folder")
-    existing = path if path.is_dir() else path.parent  # an existing file is overwritten
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise _UsageError(f"{command}: '{existing}' is a file, not a folder")
-    target = path if path.exists() else existing
-    if not os.access(target, os.W_OK) or (target.is_dir() and not os.access(target, os.X_OK)):
-        raise _UsageError(f"{command}: '{target}' is not writable")
 
 
 def _available_device(command: str, name: str) -> None:
@@ -308,21 +291,19 @@ def _render(args: argparse.Namespace) -> int:
             f"tdiag render: error: cannot tell the format of '{args.output}'; "
             f"use a file ending in one of: .{', .'.join(RENDER_FORMATS)}"
         )
-    _writable(Path(args.output), "-o")
+    check_output(args.output, [design_file(args.file)], flag="-o")
     design = _load(args.file, args.sizes)
     try:
         path = design.render(args.output, inline=not args.statements)
     except RenderError as error:
         print(f"tdiag render: error: {error}", file=sys.stderr)
         return 1
-    except OSError as error:
-        raise TdiagError(Diagnostic(f"cannot write '{args.output}': {error.strerror or error}")) from None
     print(f"wrote {path}")
     return 0
 
 
 def _compile(args: argparse.Namespace) -> int:
-    _writable(Path(args.output), "-o")
+    check_output(args.output, [design_file(args.file)], flag="-o")
     design = _load(args.file, args.sizes)
     if args.causal:
         design = design.with_causal_mask()
@@ -332,11 +313,7 @@ def _compile(args: argparse.Namespace) -> int:
     options = {"checkpoint_boxes": args.checkpoint_boxes, "objective": args.objective, "attention": args.attention}
     plan = design.plan(**options, **sizes)
     source = design.source(**options, **sizes)
-    try:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(source, encoding="utf-8")
-    except OSError as error:
-        raise TdiagError(Diagnostic(f"cannot write '{args.output}': {error.strerror or error}")) from None
+    write_output(args.output, source, design.graph.sources, flag="-o")
     print(f"wrote {args.output}: class {source.split('class ', 1)[1].split('(', 1)[0]}, {len(plan.steps)} steps")
     for note in plan.lowered or ["every box is computed as written (no lowering was cheaper)"]:
         print(f"  {note}")
@@ -371,23 +348,26 @@ def _catalog(args: argparse.Namespace) -> int:
     from .catalog import catalog
 
     paths: list[Path] = []
-    for given in map(Path, args.paths):
-        if given.is_dir():
+    for text in args.paths:
+        given = Path(text)
+        if not text:  # Path("") would be the current folder
+            raise _UsageError("tdiag catalog: error: an empty path is neither a folder nor a .td file")
+        if os.path.isdir(given):
             paths += sorted(given.glob("*.td"))
-        elif given.is_file():
+        elif os.path.isfile(given):
             paths.append(given)
         else:
             raise _UsageError(f"tdiag catalog: error: '{given}' is neither a folder nor a .td file")
     if not paths:
         raise _UsageError(f"tdiag catalog: error: no .td files in {', '.join(args.paths)}")
     if args.output:
-        _writable(Path(args.output), "-o")
+        check_output(args.output, paths, flag="-o")
     at = ",".join(f"{k}={v}" for k, v in args.at.items())
     command = " ".join(["tdiag catalog", *args.paths, *(["--at", at] if at else [])])
     command += f" --objective {args.objective}" if args.objective != COST_OBJECTIVE else ""
     text = catalog(paths, args.at, command, objective=args.objective)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        write_output(args.output, text, paths, flag="-o")
         print(f"wrote {args.output}: {len(paths)} designs")
     else:
         print(text, end="")
@@ -418,13 +398,13 @@ def _plan(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from . import bench
 
-    _writable(Path(args.out), "--out", folder=True)
+    check_output(args.out, flag="--out", folder=True)
     for file in args.files:
         _load(file, [])
     if args.device == "auto":
         args.device = "cuda" if _has_cuda() else "cpu"
     _available_device("bench", args.device)
-    if args.baseline is not None and not Path(args.baseline).is_dir():
+    if args.baseline is not None and not os.path.isdir(args.baseline):
         raise _UsageError(f"tdiag bench: error: argument --baseline: '{args.baseline}' is not a folder")
     names = ("n", "batch", "width", "heads", "repeat", "causal", "objective", "device", "baseline")
     settings = {k: getattr(args, k) for k in names}
@@ -432,10 +412,7 @@ def _bench(args: argparse.Namespace) -> int:
     rows = bench.run(args.files, log=lambda line: print(line, flush=True), **settings)
     print()
     print(bench.table(rows))
-    try:
-        written = bench.write(rows, Path(args.out), settings)
-    except OSError as error:
-        raise TdiagError(Diagnostic(f"cannot write to '{args.out}': {error.strerror or error}")) from None
+    written = bench.write(rows, Path(args.out), settings)
     for path in written:
         print(f"wrote {path}")
     return 0
@@ -566,7 +543,8 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
-        code = COMMANDS[args.command](args)
+        with one_command():
+            code = COMMANDS[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
         return code
     except BrokenPipeError:
@@ -577,6 +555,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as error:
         print(error, file=sys.stderr)
         print("run 'tdiag --help' for usage", file=sys.stderr)
+        return 2
+    except OutputRefusedError as error:
+        _print_diagnostics(error.diagnostics)
         return 2
     except TdiagError as error:
         _print_diagnostics(error.diagnostics)

@@ -274,8 +274,9 @@ def load(path: str | Path, sizes: Mapping[str, int] | None = None, /, **more: in
     """Parse, build and check a `.td` file; `sizes` (a mapping, or keywords) override the file's
     size defaults. Raises TdiagError listing every mistake."""
     sizes = checked_sizes(None, {**(sizes or {}), **more})
-    head, items = load_items(str(path))
+    head, items, files = load_items(str(path))
     graph = build_graph(head, items, sizes)
+    graph.sources = files
     found = graph.warnings + check(graph)
     errors = [d for d in found if d.is_error]
     if errors:

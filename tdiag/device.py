@@ -5,6 +5,7 @@ local CPU is measured once and cached. torch is imported only to measure."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -14,6 +15,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .errors import Diagnostic, TdiagError
+from .files import output_folder, read_regular, write_output
+
+
+class DeviceSettingError(TdiagError, ValueError):
+    """A device named or described wrongly (TDIAG_DEVICE, TDIAG_DEVICE_* figures, --device)."""
+
 
 PEAK_FLOPS_ENV = "TDIAG_DEVICE_PEAK_FLOPS"
 BANDWIDTH_ENV = "TDIAG_DEVICE_BANDWIDTH"
@@ -91,9 +100,11 @@ def for_device(
         if "peak_flops" in given and "bandwidth" in given:
             return DeviceModel(name, **given)
         known = ", ".join(d.name for d in DATA_SHEETS)
-        raise ValueError(
-            f"no data sheet for device '{name}' (known: cpu, {known}); "
-            f"give its peak and bandwidth ({PEAK_FLOPS_ENV}, {BANDWIDTH_ENV})"
+        raise DeviceSettingError(
+            Diagnostic(
+                f"no data sheet for device '{name}' (known: cpu, {known}); "
+                f"give its peak and bandwidth ({PEAK_FLOPS_ENV}, {BANDWIDTH_ENV})"
+            )
         )
     return dataclasses.replace(sheet, **given)
 
@@ -106,7 +117,7 @@ def _overrides(peak_flops: float | None, bandwidth: float | None, overhead: floa
             try:
                 given[key] = float(os.environ[variable])
             except ValueError:
-                raise ValueError(f"{variable}={os.environ[variable]!r} is not a number") from None
+                raise DeviceSettingError(Diagnostic(f"{variable}={os.environ[variable]!r} is not a number")) from None
     return {k: v for k, v in given.items() if v is not None}
 
 
@@ -129,11 +140,18 @@ def planning_device() -> DeviceModel:
         sheet = data_sheet(name)
         if sheet is None:
             known = ", ".join(d.name for d in DATA_SHEETS)
-            raise ValueError(f"{DEVICE_ENV}={name!r}: no data sheet (known: cpu, {known})")
+            raise DeviceSettingError(Diagnostic(f"{DEVICE_ENV}={name!r}: no data sheet (known: cpu, {known})"))
         return dataclasses.replace(sheet, **given)
-    cached = sorted(_cache_dir().glob(f"device-{_machine()}-*-v2.json"), key=lambda p: p.stat().st_mtime)
+    cached = sorted(_cache_dir().glob(f"device-{_machine()}-*-v2.json"), key=_modified)
     measured = _read(cached[-1]) if cached else None
     return dataclasses.replace(measured or NOMINAL_CPU, **given)
+
+
+def _modified(path: Path) -> float:
+    try:
+        return os.path.getmtime(path)
+    except OSError:  # a dangling link: read last, and refused there
+        return 0.0
 
 
 def _cache_dir() -> Path:
@@ -173,19 +191,17 @@ def local_cpu(
     measured = None if refresh else _read(path)
     if measured is None:
         measured = measure_cpu()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(dataclasses.asdict(measured), indent=2))
-        temporary.replace(path)
+        with contextlib.suppress(TdiagError):  # a cache that cannot be written is measured again next time
+            write_output(output_folder(path.parent) / path.name, json.dumps(dataclasses.asdict(measured), indent=2))
     return dataclasses.replace(measured, **given)
 
 
 def _read(path: Path) -> DeviceModel | None:
     try:
-        fields = json.loads(path.read_text())
+        fields = json.loads(read_regular(str(path), "device cache"))
         fields["kinds"] = tuple((str(k), float(v)) for k, v in fields.get("kinds", ()))
         model = DeviceModel(**fields)
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (OSError, TdiagError, ValueError, TypeError, AttributeError):
         return None
     figures = (model.peak_flops, model.bandwidth, model.overhead)
     return model if all(isinstance(f, int | float) and f >= 0 for f in figures) and model.peak_flops else None

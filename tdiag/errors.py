@@ -7,7 +7,6 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -63,10 +62,13 @@ class SourceRegistry:
     def line(self, file: str, number: int) -> str | None:
         lines = self.texts.get(file)
         if lines is None:
+            from .files import read_regular  # files.py builds on this module
+
             try:
-                lines = split_lines(Path(file).read_text(encoding="utf-8", errors="replace").removeprefix("\ufeff"))
-            except OSError:
+                raw = read_regular(file)
+            except (OSError, TdiagError):
                 return None
+            lines = split_lines(raw.decode("utf-8", errors="replace").removeprefix("\ufeff"))
             self.texts[file] = lines
         if 1 <= number <= len(lines):
             return lines[number - 1]

@@ -13,6 +13,7 @@ from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from .errors import SOURCES, Diagnostic, Span, TdiagError
+from .files import read_source
 from .resources import grammar_text, missing_design
 
 MAX_DIGITS = 300  # a longer whole number is read as a float: inf, which graph/ reports as out of range
@@ -540,24 +541,5 @@ def _flatten(items: object) -> Iterator[Item]:
 
 
 def parse_file(path: str | Path) -> SourceFile:
-    """Read and parse a `.td` file; an unreadable file is a positioned error too."""
-    file = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise missing_design(file) from None
-    except UnicodeDecodeError as error:
-        raw = Path(path).read_bytes()
-        line = raw[: error.start].count(b"\n") + 1
-        column = len(raw[raw.rfind(b"\n", 0, error.start) + 1 : error.start].decode("utf-8", "replace")) + 1
-        SOURCES.add(file, raw.decode("utf-8", errors="replace"))
-        raise TdiagError(
-            Diagnostic(
-                f"this file is not UTF-8 text: byte {error.start} is invalid",
-                (Span(file, line, column, line, column + 1),),
-                "a .td file is plain text; save it as UTF-8",
-            )
-        ) from None
-    except OSError as error:
-        raise TdiagError(Diagnostic(f"cannot read '{file}': {error.strerror}")) from None
-    return parse_text(text, file)
+    """Read (safely: files.read_source) and parse a `.td` file; an unreadable file is an error too."""
+    return parse_text(read_source(path, "design", missing_design), str(path))

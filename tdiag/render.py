@@ -23,6 +23,7 @@ from pathlib import Path
 
 import sympy
 
+from .files import check_output, write_output
 from .graph import DesignGraph
 from .ir import (
     CausalFactor,
@@ -516,16 +517,12 @@ def has_dot() -> bool:
 
 
 def render(design: DesignGraph, path: str | Path, *, inline: bool = True) -> Path:
-    """Write the diagram to `path`; the suffix picks the format (dot, svg, png, pdf)."""
-    path = Path(path)
-    fmt = path.suffix.lstrip(".").lower()
+    """Write the diagram to `path`; the suffix picks the format (dot, svg, png, pdf). Written as
+    every output is (files.write_output): whole or not at all, never over the design's own files."""
+    check_output(path, design.sources)
+    fmt = Path(path).suffix.lstrip(".").lower()
     text = to_dot(design, inline=inline)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "dot":
-        path.write_text(text, encoding="utf-8")
-        return path
-    path.write_bytes(_pipe(text, fmt))
-    return path
+    return write_output(path, text if fmt == "dot" else _pipe(text, fmt), design.sources)
 
 
 def _pipe(text: str, fmt: str) -> bytes:

@@ -10,6 +10,7 @@ source checkout or an editable install therefore finds them beside the package i
 from __future__ import annotations
 
 import importlib.resources
+import os
 from pathlib import Path
 
 from .errors import Diagnostic, TdiagError, did_you_mean
@@ -43,8 +44,10 @@ def bundled_designs() -> list[str]:
 def design_file(path: str | Path) -> Path:
     """The file a design argument names: an existing path as given, else a bundled design by
     name (`fish` or `fish.td`). Anything else is an error that lists the bundled names."""
+    if not str(path):  # Path("") would be the current folder
+        raise missing_design(path)
     given = Path(path)
-    if given.is_file() or given.parent != Path("."):
+    if os.path.isfile(given) or given.parent != Path("."):  # os.path: False, not an error, for any bad path
         return given
     name = given.name.removesuffix(".td")
     if name in bundled_designs():
@@ -53,12 +56,15 @@ def design_file(path: str | Path) -> Path:
 
 
 def missing_design(path: str | Path) -> TdiagError:
-    """The error for a design argument that is neither a file nor a bundled design."""
+    """The error for a design argument that is neither a file nor a bundled design; a bare name
+    is told the bundled names (and the closest one), a path is one line."""
+    message = f"no such design file '{path}'"
+    if Path(path).parent != Path("."):  # a path, not a name that could be a bundled design's
+        return TdiagError(Diagnostic(message))
     names = bundled_designs()
-    name = Path(path).name.removesuffix(".td")
-    guess = did_you_mean(name, names) if Path(path).parent == Path(".") else None
+    guess = did_you_mean(Path(path).name.removesuffix(".td"), names)
     listing = f"bundled designs: {', '.join(names)}"
-    return TdiagError(Diagnostic(f"no such design file '{path}'", hint=f"{guess} {listing}" if guess else listing))
+    return TdiagError(Diagnostic(message, hint=f"{guess} {listing}" if guess else listing))
 
 
 def default_corpus() -> Path:

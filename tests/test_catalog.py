@@ -57,3 +57,9 @@ def test_every_bundled_design_has_a_family_line():
 def test_a_path_that_is_neither_a_folder_nor_a_design_is_a_usage_error(tmp_path, capsys):
     assert main(["catalog", str(tmp_path / "missing")]) == 2
     assert "neither a folder nor a .td file" in capsys.readouterr().err
+
+
+def test_a_size_no_design_has_is_an_error_listing_their_sizes(write_td, capsys):
+    path = write_td(DESIGN.format(family=""))
+    assert main(["catalog", str(path), "--at", "N=64,Z=3"]) == 1
+    assert capsys.readouterr().err == "tdiag: error: --at: no design has a size Z\nhint: their sizes are: D, F, H, N\n"

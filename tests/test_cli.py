@@ -1,6 +1,7 @@
 """The command line: exit codes, summaries, and no tracebacks for user mistakes."""
 
 import argparse
+import errno
 import json
 import os
 import subprocess
@@ -426,3 +427,161 @@ def test_a_per_design_size_on_check_is_a_usage_error_naming_the_flag(capsys):
 def test_a_bad_value_is_a_usage_error_naming_the_flag(capsys):
     code, _, err = run(capsys, "bench", "mhsa", "--repeat", "zero")
     assert code == 2 and "argument --repeat:" in err
+
+
+# ---- files: no command writes over what it reads; every file-system failure is one line -------
+
+SPACE = DESIGNS / "spaces" / "mgk.tds"
+
+
+def one_line(err: str) -> str:
+    """The error line of a failed command (check adds its own 'N of M file(s)' summary)."""
+    lines = [line for line in err.splitlines() if not line.endswith("file(s) have errors")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    """A design a.td in a folder, a design b.td extending it, and links to a.td."""
+    (tmp_path / "a.td").write_text((DESIGNS / "mhsa.td").read_text())
+    (tmp_path / "b.td").write_text("design b extends a\nsize G = 2\n")
+    return tmp_path
+
+
+WRITES_OVER_AN_INPUT = {
+    "compile over its design": lambda t: ["compile", str(t / "a.td"), "-o", str(t / "a.td")],
+    "compile over the base it extends": lambda t: ["compile", str(t / "b.td"), "-o", str(t / "a.td")],
+    "compile over a symbolic link to it": lambda t: ["compile", str(t / "a.td"), "-o", str(t / "link.py")],
+    "compile over a hard link to it": lambda t: ["compile", str(t / "a.td"), "-o", str(t / "hard.py")],
+    "compile through a relative path": lambda t: ["compile", str(t / "a.td"), "-o", str(t / ".." / t.name / "a.td")],
+    "render over a symbolic link to it": lambda t: ["render", str(t / "a.td"), "-o", str(t / "link.dot")],
+    "render over the base it extends": lambda t: ["render", str(t / "b.td"), "-o", str(t / "hard.dot")],
+    "catalog over one of its designs": lambda t: ["catalog", str(t), "-o", str(t / "b.td")],
+    "catalog over a hard link to one": lambda t: ["catalog", str(t / "a.td"), "-o", str(t / "hard.md")],
+}
+
+
+@pytest.mark.parametrize("case", WRITES_OVER_AN_INPUT)
+def test_no_command_writes_over_a_file_it_reads(capsys, inputs, case):
+    for suffix in ("py", "dot", "md"):
+        (inputs / f"link.{suffix}").symlink_to(inputs / "a.td")
+        os.link(inputs / "a.td", inputs / f"hard.{suffix}")
+    before = {path: path.read_bytes() for path in inputs.iterdir()}
+    code, out, err = run(capsys, *WRITES_OVER_AN_INPUT[case](inputs))
+    assert code == 2 and out == ""
+    assert "tdiag never writes over a file it reads" in one_line(err)
+    assert {path: path.read_bytes() for path in inputs.iterdir()} == before
+
+
+def test_space_never_plots_over_the_space_it_read(capsys, tmp_path):
+    (tmp_path / "mgk.tds").write_text(SPACE.read_text())
+    (tmp_path / "plot.png").symlink_to(tmp_path / "mgk.tds")
+    code, _, err = run(capsys, "space", str(tmp_path / "mgk.tds"), "--plot", str(tmp_path / "plot.png"))
+    assert code == 2 and f"--plot {tmp_path / 'plot.png'}: is the input" in one_line(err)
+    assert (tmp_path / "mgk.tds").read_text() == SPACE.read_text()
+
+
+@pytest.mark.parametrize(
+    ("source", "cause"),
+    [
+        ("/dev/zero", "it is a character device, not a design file"),
+        ("fifo.td", "it is a FIFO (named pipe), not a design file"),
+        ("folder.td", "it is a folder, not a design file"),
+        ("big.td", "it is over 4 MiB, the most a design file may be"),
+        ("a_file/x.td", "Not a directory"),
+        ("loop.td", "Too many levels of symbolic links"),
+        ("x" * 300 + ".td", "File name too long"),
+        ("missing/x.td", None),
+    ],
+)
+def test_a_design_that_cannot_be_read_is_one_line_naming_it_and_why(capsys, tmp_path, monkeypatch, source, cause):
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo("fifo.td")
+    os.mkdir("folder.td")
+    (tmp_path / "a_file").write_text("")
+    (tmp_path / "loop.td").symlink_to("loop.td")
+    with open("big.td", "wb") as big:
+        big.truncate(4 * 2**20 + 1)
+    code, out, err = run(capsys, "check", source)
+    expected = f"cannot read '{source}': {cause}" if cause else f"no such design file '{source}'"
+    assert code == 1 and out == "" and one_line(err) == f"tdiag: error: {expected}"
+
+
+@pytest.mark.parametrize("source", ["fifo.tds", "/dev/zero"])
+def test_a_space_that_cannot_be_read_is_one_line(capsys, tmp_path, monkeypatch, source):
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo("fifo.tds")
+    code, _, err = run(capsys, "space", source)
+    assert code == 1 and one_line(err).startswith(f"tdiag: error: cannot read '{source}': it is a ")
+
+
+@pytest.mark.parametrize(
+    ("output", "cause"),
+    [
+        ("a_file/out.py", "-o {out}: 'a_file' is a file, not a folder"),
+        ("missing/out.py", "-o {out}: folder 'missing' does not exist"),
+        ("/dev/null", "-o {out}: is a character device; tdiag writes only regular files"),
+        ("/proc/out.py", "cannot write '{out}': "),
+        ("/sys/out.py", "cannot write '{out}': "),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_one_line_naming_it_and_why(capsys, tmp_path, monkeypatch, output, cause):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a_file").write_text("")
+    code, out, err = run(capsys, "compile", MHSA, "-o", output)
+    assert code in (1, 2) and "wrote" not in out
+    assert one_line(err).startswith(f"tdiag: error: {cause.format(out=output)}")
+    assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize(
+    ("code", "cause"), [(errno.ENOSPC, "No space left on device"), (errno.EFBIG, "File too large")]
+)
+def test_a_full_disk_is_one_line_and_keeps_the_previous_output(capsys, tmp_path, monkeypatch, code, cause):
+    previous = tmp_path / "mhsa.py"
+    previous.write_text("# the previous, good module\n")
+
+    def full(descriptor: int, data: bytes) -> int:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "write", full)
+    status, _, err = run(capsys, "compile", MHSA, "-o", str(previous))
+    monkeypatch.undo()
+    assert status == 1 and one_line(err) == f"tdiag: error: cannot write '{previous}': {cause}"
+    assert previous.read_text() == "# the previous, good module\n" and os.listdir(tmp_path) == ["mhsa.py"]
+
+
+def test_space_write_into_a_file_is_refused_before_costing(capsys, tmp_path, monkeypatch):
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setattr("tdiag.space.report.evaluate", lambda *a, **k: pytest.fail("the space was costed"))
+    code, _, err = run(capsys, "space", str(SPACE), "--write", str(tmp_path / "a_file"))
+    assert code == 2 and one_line(err) == f"tdiag: error: --write {tmp_path / 'a_file'}: is a file; give a folder"
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["cost", "mhsa", "--at", "N=x"], "--at"),
+        (["plan", "mhsa", "--at", "N=1e3"], "--at"),
+        (["catalog", "designs/mhsa.td", "--at", "N=-1"], "--at"),
+        (["compile", "mhsa", "-o", "x.py", "--plan-n", "0"], "--plan-n"),
+        (["space", str(SPACE), "--steps", "-1"], "--steps"),
+        (["space", str(SPACE), "--train-args", "'--width 64"], "--train-args"),
+    ],
+)
+def test_a_bad_flag_value_is_a_usage_error_naming_the_flag(capsys, argv, named):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and f"argument {named}: " in err.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["check", ""], 1, "tdiag: error: no such design file ''"),
+        (["catalog", ""], 2, "tdiag catalog: error: an empty path is neither a folder nor a .td file"),
+    ],
+)
+def test_an_empty_path_is_not_the_current_folder(capsys, argv, code, message):
+    status, _, err = run(capsys, *argv)
+    assert status == code and err.splitlines()[0] == message

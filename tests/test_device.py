@@ -3,6 +3,7 @@ measured once, cached, and overridden by arguments or the environment."""
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 from conftest import ROOT
 
 from tdiag import device
+from tdiag.cli import main
 from tdiag.device import DeviceModel, data_sheet, for_device, local_cpu
 
 FAKE = DeviceModel("cpu", peak_flops=1e11, bandwidth=1e10, overhead=1e-6)
@@ -127,3 +129,29 @@ def test_a_real_measurement_calibrates_every_elementwise_kind():
     kinds = dict(device.measure_kinds(model, shape=(2, 2, 16, 16), repeats=1))
     assert set(kinds) == set(device.PASSES)
     assert all(0 < factor < math.inf for factor in kinds.values())
+
+
+def test_a_cache_file_that_is_a_fifo_is_ignored_without_blocking(cache, tmp_path):
+    os.makedirs(tmp_path / "tdiag")
+    os.mkfifo(device.cache_path())
+    assert device.planning_device() == device.NOMINAL_CPU
+    assert local_cpu() == FAKE and cache == [1]
+
+
+def test_a_cache_folder_that_cannot_be_written_still_gives_the_measurement(cache, tmp_path):
+    (tmp_path / "tdiag").write_text("a file where the cache folder would be")
+    assert local_cpu() == FAKE and local_cpu() == FAKE and cache == [1, 1]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        (device.DEVICE_ENV, "bogus", "TDIAG_DEVICE='bogus': no data sheet"),
+        (device.PEAK_FLOPS_ENV, "fast", "TDIAG_DEVICE_PEAK_FLOPS='fast' is not a number"),
+    ],
+)
+def test_a_wrong_device_setting_is_a_one_line_error_of_the_command(capsys, monkeypatch, variable, value, message):
+    monkeypatch.setenv(variable, value)
+    assert main(["plan", "mhsa", "--at", "N=64"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"tdiag: error: {message}") and len(err.splitlines()) == 1

@@ -232,3 +232,24 @@ def test_space_command_writes_csv_with_formulas(capsys):
 def test_space_command_refuses_a_size_the_base_lacks(capsys):
     assert main(["space", str(SPACES / "fish.tds"), "--at", "Q=3"]) == 2
     assert "no size Q" in capsys.readouterr().err
+
+
+def test_a_vs_design_that_exists_but_cannot_be_read_gives_its_own_error(capsys, tmp_path):
+    (tmp_path / "broken.td").write_bytes(b"design broken\n# caf\xe9\n")
+    assert main(["space", str(SPACES / "mgk.tds"), "--at", "N=64", "--vs", str(tmp_path / "broken.td")]) == 1
+    assert "broken.td:2:6: error: this file is not UTF-8 text" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("known", ["missing.td", "folder.td", "/dev/null"])
+def test_a_known_design_that_is_not_a_file_is_a_usage_error(capsys, tmp_path, monkeypatch, known):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "folder.td").mkdir()
+    assert main(["space", str(SPACES / "mgk.tds"), "--at", "N=64", "--known", "mhsa", known]) == 2
+    assert f"argument --known: '{known}' is not a design file" in capsys.readouterr().err
+
+
+def test_a_base_beside_the_space_that_is_not_a_file_is_an_error_not_the_bundled_base(tmp_path):
+    (tmp_path / "mgk.tds").write_text((SPACES / "mgk.tds").read_text())
+    (tmp_path / "mgk_harde.td").mkdir()  # the base the space extends
+    with pytest.raises(TdiagError, match="it is a folder, not a design file"):
+        load_space(tmp_path / "mgk.tds")

@@ -5,6 +5,7 @@ what the builder reads."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .. import parse as syn
@@ -38,25 +39,28 @@ def _item_name_span(item: syn.Item) -> Span:
     return item.span
 
 
-def load_items(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
-    """Parse `path` and, when it `extends` a base design, merge it into the base's items. The
-    chain of bases is followed in a loop, not by recursion, so its length has no limit. A bundled
-    design may be named instead of a path (`fish`)."""
+def load_items(path: str) -> tuple[syn.DesignDecl, list[syn.Item], tuple[str, ...]]:
+    """Parse `path` and, when it `extends` a base design, merge it into the base's items; also
+    return the files read (the design's, then its bases'), which a command must never write over.
+    The chain of bases is followed in a loop, not by recursion, so its length has no limit. A
+    bundled design may be named instead of a path (`fish`)."""
     path = str(design_file(path))
     chain: list[tuple[syn.DesignDecl, list[syn.Item]]] = []
-    seen = {Path(path).resolve()}
+    seen = {os.path.realpath(path)}
     current = path
+    files = []
     while True:
-        head, body = _design_file(current)
+        files.append(current)
+        head, body = _design_file(current) if not chain else _base_file(current, chain[-1][0])
         chain.append((head, body))
         if head.base is None:
             break
         base_path = str(Path(current).parent / f"{head.base}.td")
-        if Path(base_path).resolve() in seen:
+        if os.path.realpath(base_path) in seen:
             raise TdiagError(
                 Diagnostic(f"design '{head.name}' extends itself through '{head.base}'", (head.base_span,))
             )
-        if not Path(base_path).exists():
+        if not os.path.lexists(base_path):
             siblings = [p.stem for p in Path(current).parent.glob("*.td")]
             raise TdiagError(
                 Diagnostic(
@@ -65,12 +69,30 @@ def load_items(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
                     did_you_mean(head.base, siblings),
                 )
             )
-        seen.add(Path(base_path).resolve())
+        seen.add(os.path.realpath(base_path))
         current = base_path
     items = chain[-1][1]
     for _, body in reversed(chain[:-1]):
         items = _merge(items, body)
-    return chain[0][0], items
+    return chain[0][0], items, tuple(files)
+
+
+def _base_file(path: str, derived: syn.DesignDecl) -> tuple[syn.DesignDecl, list[syn.Item]]:
+    """A base design's file; when it cannot be read at all (a folder, a FIFO, too large), the
+    error points at the `extends` that named it."""
+    try:
+        return _design_file(path)
+    except TdiagError as error:
+        if any(d.spans for d in error.diagnostics):
+            raise
+        raise TdiagError(
+            Diagnostic(
+                d.message,
+                (derived.base_span,),
+                f"the base of 'extends {derived.base}' is the file {derived.base}.td beside this design",
+            )
+            for d in error.diagnostics
+        ) from None
 
 
 def _design_file(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:

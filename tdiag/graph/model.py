@@ -54,6 +54,7 @@ class DesignGraph:
     outputs: list[str]
     graph: nx.MultiDiGraph
     warnings: list[Diagnostic] = field(default_factory=list)
+    sources: tuple[str, ...] = ()  # the files read to build it: the design's, then its bases' (none from text)
     _size_values: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
     _forward: nx.MultiDiGraph | None = field(default=None, init=False, repr=False, compare=False)
 

@@ -5,12 +5,16 @@ table (text, JSON or CSV) with the Pareto front marked; optionally plot it, writ
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..design import OBJECTIVES
 from ..errors import Diagnostic, TdiagError
+from ..files import OutputRefusedError, check_output, output_folder, write_output
+from ..resources import design_file
 from .points import base_path, load_space
 
 SPACE_AXES = ("params", "flops", "time", "peak_memory", "softmax_entries")  # report.METRICS, not imported:
@@ -24,8 +28,18 @@ def _axes(text: str) -> tuple[str, ...]:
     return names
 
 
-def add_parser(commands, size_list, usage_error) -> None:
-    """The `space` subcommand's flags (every one with help that states its default)."""
+def _flags(text: str) -> str:
+    """`--train-args` text, split as a shell would; unbalanced quotes are a usage error."""
+    try:
+        shlex.split(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{error} in '{text}'") from None
+    return text
+
+
+def add_parser(commands, size_list, positive, usage_error) -> None:
+    """The `space` subcommand's flags (every one with help that states its default); the CLI's
+    own value checkers and usage error are passed in, as this module may not import the CLI."""
     p = commands.add_parser("space", help="enumerate, check, cost and compare every point of a design space (.tds)")
     p.add_argument("file", metavar="FILE.tds", help="a design space file, e.g. designs/spaces/tuformer.tds")
     p.add_argument(
@@ -77,12 +91,13 @@ def add_parser(commands, size_list, usage_error) -> None:
         metavar="A,B",
         help="with --train: the points to train, by name or choices (default: the Pareto front)",
     )
-    p.add_argument("--steps", type=int, default=300, help="with --train: optimizer steps per point")
+    p.add_argument("--steps", type=positive, default=300, help="with --train: optimizer steps per point")
     p.add_argument(
         "--out", default="runs/space", help="with --train: the folder of the runs, the compare table and plots"
     )
     p.add_argument(
         "--train-args",
+        type=_flags,
         default="",
         metavar="'--width 64 ...'",
         help="with --train: more `tdiag train` flags for every point (default: none)",
@@ -105,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
             f"tdiag space: error: the base design has no size {', '.join(unknown)}; its sizes are: "
             f"{', '.join(base_design.graph.sizes)}"
         )
+    _check_outputs(args)
+    unreadable = [f for f in args.known or () if not os.path.isfile(design_file(f))]
+    if unreadable:  # those beside the base are tried quietly; one named here must be a design file
+        raise args.usage_error(f"tdiag space: error: argument --known: '{unreadable[0]}' is not a design file")
     for name, size in base_design.graph.sizes.items():
         if size.is_free and name not in at:
             at[name] = 1024
@@ -122,10 +141,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(report.text_table(rows, at, args.pareto, f"space {space.space.name} ({space.count()} points)"))
     if args.write:
-        folder = Path(args.write)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = output_folder(args.write, flag="--write")
         for row in rows:
-            (folder / f"{row.point.name}.td").write_text(row.point.text(), encoding="utf-8")
+            write_output(folder / f"{row.point.name}.td", row.point.text(), flag="--write")
         print(f"wrote {len(rows)} points to {folder}/", file=sys.stderr)
     if args.plot:
         try:
@@ -140,6 +158,29 @@ def run(args: argparse.Namespace) -> int:
 
         return train_points(args, space, rows, at)
     return 0
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse --write and --plot places that cannot be written, or are files read, before the
+    space is costed (files.check_output)."""
+    if args.write:
+        check_output(args.write, flag="--write", folder=True)
+    if args.plot:
+        check_output(args.plot, flag="--plot")
+        _check_plot_format(args.plot)
+
+
+def _check_plot_format(path: str) -> None:
+    suffix = Path(path).suffix.lstrip(".").lower()
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        return  # no plot is drawn; run() says so
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        raise OutputRefusedError(
+            Diagnostic(f"--plot {path}: matplotlib cannot write .{suffix}; use one of: .{', .'.join(sorted(formats))}")
+        )
 
 
 @dataclass
@@ -169,6 +210,8 @@ def _baseline(text: str, rows, at, objective):
     try:
         design = load(text)
     except TdiagError:
+        if os.path.lexists(text):  # a file that exists but cannot be read or checked: its own error says why
+            raise
         raise TdiagError(Diagnostic(f"--vs {text}: no point of this space and no design by that name")) from None
     own = {k: v for k, v in at.items() if k in design.graph.sizes and not design.graph.sizes[k].is_free}
     design = load(text, **own) if own else design

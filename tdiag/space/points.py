@@ -13,6 +13,7 @@ not divide, say) is reported with that point and does not stop the others."""
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -155,10 +156,10 @@ def base_path(space: Space) -> Path:
     """The base design: BASE.td beside the space file or in the folder above it, else bundled."""
     folder = Path(space.file).parent
     for candidate in (folder / f"{space.base}.td", folder.parent / f"{space.base}.td"):
-        if candidate.is_file():
+        if os.path.lexists(candidate):  # even a folder or a FIFO: reading it says why it is no design
             return candidate
     found = design_file(space.base)
-    if found.is_file():
+    if os.path.isfile(found):
         return found
     raise TdiagError(
         Diagnostic(
@@ -172,7 +173,7 @@ def base_path(space: Space) -> Path:
 def load_space(path: str | Path) -> SpacePoints:
     """Parse a `.tds` file, load its base design and validate every choice against it."""
     space = parse_space_file(path)
-    _, base_items = load_items(str(base_path(space)))
+    _, base_items, _ = load_items(str(base_path(space)))
     problems = _validate(space, base_items)
     if problems:
         raise TdiagError(problems)

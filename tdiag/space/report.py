@@ -18,7 +18,8 @@ import sympy
 
 from ..cost import cost_report
 from ..device import planning_device
-from ..errors import TdiagError
+from ..errors import Diagnostic, TdiagError
+from ..files import OutputRefusedError, write_output
 from ..graph import size_symbol
 from ..plan import BATCH_SIZE
 from ..plan.footprint import footprint
@@ -340,10 +341,14 @@ def plot(rows: Sequence[Row], path: Path, x: str = "params", y: str = "flops") -
     ax.set_ylabel(METRIC_TEXT[y])
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    image = io.BytesIO()
+    try:
+        fig.savefig(image, format=path.suffix.lstrip(".").lower() or "png", dpi=120)
+    except ValueError as error:  # a format matplotlib does not write
+        raise OutputRefusedError(Diagnostic(f"--plot {path}: {error}")) from None
+    finally:
+        plt.close(fig)
+    return write_output(path, image.getvalue(), flag="--plot")
 
 
 def evaluate(

@@ -17,6 +17,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
 
 from .. import parse as syn
 from ..errors import SOURCES, Diagnostic, Span, TdiagError
+from ..files import read_source
 from ..resources import _folder, grammar_text
 
 
@@ -170,12 +171,6 @@ def parse_space_text(text: str, file: str = "<string>") -> Space:
 
 
 def parse_space_file(path: str | Path) -> Space:
-    """Read and parse a `.tds` file."""
-    file = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TdiagError(Diagnostic(f"no such space file '{file}'")) from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise TdiagError(Diagnostic(f"cannot read '{file}': {error}")) from None
-    return parse_space_text(text, file)
+    """Read (safely: files.read_source) and parse a `.tds` file."""
+    text = read_source(path, "design space", lambda file: TdiagError(Diagnostic(f"no such space file '{file}'")))
+    return parse_space_text(text, str(path))

@@ -6,12 +6,14 @@ the same seed and data for all; then the `--compare` table and plots, and the fr
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import shlex
 import sys
 from pathlib import Path
 
 from ..errors import Diagnostic, TdiagError
+from ..files import output_folder, write_output
 
 
 def chosen_rows(rows: list, names: str | None) -> list:
@@ -42,13 +44,8 @@ def train_points(args: argparse.Namespace, space, rows: list, at: dict) -> int:
     if not picked:
         raise TdiagError(Diagnostic("no point to train (the front is empty: every point failed check)"))
     out = Path(args.out)
-    folder = out / "points"
-    folder.mkdir(parents=True, exist_ok=True)
-    files = []
-    for row in picked:
-        path = folder / f"{row.point.name}.td"
-        path.write_text(row.point.text(), encoding="utf-8")
-        files.append(str(path))
+    folder = output_folder(out / "points", flag="--out")
+    files = [str(write_output(folder / f"{row.point.name}.td", row.point.text())) for row in picked]
     flags = ["train", *files, "--compare", "--steps", str(args.steps), *shlex.split(args.train_args)]
     train_args = _parser().parse_args(flags)
     results = []
@@ -86,15 +83,16 @@ def _write_front(out: Path, results: list[dict]) -> None:
             f"| {r['design']} | {r['choices']} | {equals} | {r['attention_parameters']:,} | {flops:.3g} "
             f"| {r['final_val_loss']:.4f} | {mark} |"
         )
-    (out / "front.md").write_text("\n".join(lines) + "\n")
-    (out / "front.json").write_text(
+    write_output(out / "front.md", "\n".join(lines) + "\n")
+    write_output(
+        out / "front.json",
         json.dumps(
             [
                 {"design": r["design"], "choices": r["choices"], "train_flops": f, "final_val_loss": v, "front": k}
                 for (f, v, r), k in zip(items, front, strict=True)
             ],
             indent=2,
-        )
+        ),
     )
     try:
         import matplotlib
@@ -118,5 +116,7 @@ def _write_front(out: Path, results: list[dict]) -> None:
     ax.set_ylabel("final validation loss (nats/char)")
     ax.set_title("trained points; red: front in (FLOPs, loss)")
     fig.tight_layout()
-    fig.savefig(out / "front.png", dpi=120)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=120)
     plt.close(fig)
+    write_output(out / "front.png", image.getvalue())
