@@ -262,15 +262,7 @@ class BoxesAndMaps:
         """`relu[m, mask = causal(n, m)](x)`: the map's value is zeroed where a mask hides it;
         the legs in brackets are the key legs it runs along, legs of its argument."""
         factors: list[Expr] = []
-        for option in e.options:
-            if option.name != "mask":
-                self.b.error(
-                    f"unknown {e.name} option '{option.name}'",
-                    option.span,
-                    hint=f"a map takes only masks: {e.name}[m, mask = causal(n, m)](...)",
-                )
-                continue
-            mask = self._mask(option.value, operand, f"{e.name} map")
+        for mask in self._only_masks(e, operand, "map"):
             if isinstance(mask, CausalMask):
                 factors.append(CausalFactor((mask.query, mask.key), mask.span, mask.query, mask.key))
             elif isinstance(mask, PaddingMask):
@@ -334,25 +326,25 @@ class BoxesAndMaps:
                     hint=did_you_mean(leg, available) or f"its legs are: {', '.join(available) or 'none'}",
                 )
         legs = tuple(leg for leg in operand.legs if leg not in over)
-        masks = self._reduction_masks(e, operand)
+        masks = tuple(self._only_masks(e, operand, "reduction"))
         return self.restrict(Reduction(legs, e.span, e.name, over, operand, masks), keep, e.span)
 
-    def _reduction_masks(self, e: syn.Call, operand: Expr) -> tuple[Mask, ...]:
-        """`logsumexp[m, mask = causal(n, m)](S)`: the masks of a reduction, over legs of its
-        argument; a reduction takes no other option."""
+    def _only_masks(self, e: syn.Call, operand: Expr, what: str) -> list[Mask]:
+        """The masks of a map or reduction (`logsumexp[m, mask = causal(n, m)](S)`), over legs of
+        its argument; any other option is an error, as `what` takes only masks."""
         masks = []
         for option in e.options:
             if option.name != "mask":
                 self.b.error(
                     f"unknown {e.name} option '{option.name}'",
                     option.span,
-                    hint=f"a reduction takes only masks: {e.name}[m, mask = causal(n, m)](...)",
+                    hint=f"a {what} takes only masks: {e.name}[m, mask = causal(n, m)](...)",
                 )
                 continue
-            mask = self._mask(option.value, operand, f"{e.name} reduction")
+            mask = self._mask(option.value, operand, f"{e.name} {what}")
             if mask is not None:
                 masks.append(mask)
-        return tuple(masks)
+        return masks
 
     def squared_distance(self, e: syn.Call, keep: set[str]) -> Expr:
         over = self._legs_of(e)
