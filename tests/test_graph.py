@@ -199,3 +199,22 @@ def test_every_box_is_listed_with_its_statement():
     assert [(s.target, type(b)) for s, b in design.graph.boxes()] == [
         (s.target, SoftmaxBox) for s, _ in design.graph.boxes()
     ]
+
+
+@pytest.mark.parametrize(
+    ("declaration", "what"),
+    [
+        ("mask P[a: N, c: N]", "a mask input"),
+        ("param P[a: F, c: F]", "a param"),
+        ("const P[a: F, c: F] = identity", "a const"),
+        ("random P[a: N, c: F] = normal(mode = always)", "random noise"),
+        ("buffer P[a: F, c: F] = fill(2)", "a buffer"),
+    ],
+)
+def test_output_naming_a_declared_tensor_other_than_an_input_is_refused_at_the_output(write_td, declaration, what):
+    path = write_td(f"design t\nsize N, F = 4\ninput X[n: N, f: F]\n{declaration}\nY[n f] = X[n f]\noutput Y, P\n")
+    with pytest.raises(TdiagError) as caught:
+        tdiag.load(path)
+    (diag,) = caught.value.diagnostics
+    assert diag.message == f"output 'P' is {what}, not computed from an input"
+    assert (diag.spans[0].line, diag.spans[0].column) == (6, 11)

@@ -203,6 +203,15 @@ class _Builder(Declarations):
                     )
                 elif name.name in self.outputs:
                     self.error(f"'{name.name}' is listed as an output twice", name.span)
+                elif self.tensors[name.name].kind not in ("input", "derived"):
+                    tensor = self.tensors[name.name]
+                    what = {"random": "random noise", "mask": "a mask input"}.get(tensor.kind, a_or_an(tensor.kind))
+                    self.error(
+                        f"output '{name.name}' is {what}, not computed from an input",
+                        name.span,
+                        tensor.span,
+                        hint="an output is an input or the result of a statement that reads one",
+                    )
                 else:
                     self.outputs.append(name.name)
 
