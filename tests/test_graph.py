@@ -4,7 +4,7 @@ spec tuformer.md §1-2), reshapes, derivation, and the networkx dataflow view.""
 import networkx as nx
 import pytest
 import sympy
-from conftest import DESIGNS
+from conftest import DESIGNS, LEG_READERS, ORDER_BASE, order_variants
 
 import tdiag
 from tdiag import TdiagError
@@ -218,3 +218,23 @@ def test_output_naming_a_declared_tensor_other_than_an_input_is_refused_at_the_o
     (diag,) = caught.value.diagnostics
     assert diag.message == f"output 'P' is {what}, not computed from an input"
     assert (diag.spans[0].line, diag.spans[0].column) == (6, 11)
+
+
+# ---- a leg's size comes from any factor of its statement, whatever their order ---------------
+
+
+@pytest.mark.parametrize("construct", LEG_READERS)
+def test_a_leg_is_bound_from_a_later_factor_of_its_statement(construct):
+    first, second = (tdiag.loads(text) for text in order_variants(construct))
+    assert first.legs == second.legs
+    assert {first.legs[leg] for leg in ("l", "p", "q") if leg in first.legs} <= set(
+        sympy.symbols("N P Q", positive=True)
+    )
+
+
+def test_a_leg_no_factor_binds_is_still_refused_at_its_use():
+    with pytest.raises(TdiagError) as caught:
+        tdiag.loads(ORDER_BASE + "Y[n h] = causal(n, z) LF[l h] X[n f] W[f h]\noutput Y\n")
+    (diag,) = caught.value.diagnostics
+    assert diag.message == "causal mask leg 'z' is not bound to a size"
+    assert (diag.spans[0].line, diag.spans[0].column) == (10, 20)

@@ -246,7 +246,7 @@ class BoxesAndMaps:
             self.b.error("causal takes a query leg and a key leg", e.span, hint="causal(n, m)")
             return self.poison(e)
         for leg, arg in zip(legs, e.args, strict=True):
-            if leg not in self.b.legs:
+            if not self.b.find_leg(leg):
                 self.b.error(
                     f"causal mask leg '{leg}' is not bound to a size",
                     arg.span,

@@ -22,8 +22,9 @@ from .syntax import (
     _leg_names,
     _ordered_union,
     _statement_targets,
+    _syntax_nodes,
 )
-from .vocabulary import FUNCTIONS
+from .vocabulary import FUNCTIONS, POISON_SIZE
 
 if TYPE_CHECKING:
     from .builder import _Builder
@@ -67,6 +68,52 @@ class Products:
         legs = tuple(leg for g in groups for leg in g)
         sliced = tuple(slices) if any(k is not None for k in slices) else ()
         return TensorRef(legs, e.span, e.name, groups, sliced)
+
+    def bind_factor_legs(self, e: syn.Expr) -> None:
+        """Bind every leg that a tensor use anywhere in statement `e` gives a size (plain legs,
+        slices, a gathered axis, `index(p, P)`; then reshape pieces the other legs determine)
+        before the statement is built, so that `causal(n, l) LF[l h]`, `index(l)` or `X[n (p q)]`
+        read a leg's size whatever the order of the factors. Only unbound legs are bound here, and
+        nothing is reported: a mistake is reported where the statement is built."""
+        groups: list[tuple[syn.LegGroup, Axis, str]] = []
+        for node in sorted(_syntax_nodes(e), key=lambda n: (n.span.line, n.span.column)):
+            if isinstance(node, syn.Call) and node.name == "index" and len(node.args) == 2:
+                if isinstance(node.args[0], syn.Name):
+                    self._bind_quietly(node.args[0].name, node.args[1], node.args[0].span, "index")
+                continue
+            tensor = self.b.tensors.get(node.name) if isinstance(node, syn.Indexed | syn.Call) else None
+            if tensor is None or node.name in FUNCTIONS or node.legs is None:  # type: ignore[union-attr]
+                continue
+            if isinstance(node, syn.Call) and node.options:
+                continue  # not a tensor use; reported where the statement is built
+            items = getattr(node, "items", ()) or (*node.legs, *node.options)  # type: ignore[union-attr]
+            if len(items) != len(tensor.axes):
+                continue
+            for item, axis in zip(items, tensor.axes, strict=True):
+                if isinstance(item, syn.LegGroup):
+                    groups.append((item, axis, tensor.name))
+                elif isinstance(item, syn.SlicedLeg):
+                    self._bind_quietly(item.name, item.size, item.span, tensor.name)
+                elif item.name not in self.b.legs:
+                    self.b._bind(item.name, axis.size, item.span, tensor.name)
+        while groups:
+            ready = [g for g in groups if sum(leg.name not in self.b.legs for leg in g[0].legs) == 1]
+            if not ready:
+                return
+            for group, axis, name in ready:
+                self._bind_group(group, axis, name, name)
+            groups = [g for g in groups if g not in ready]
+
+    def _bind_quietly(self, leg: str, size: syn.Expr, span: Span, where: str) -> None:
+        """Bind an unbound leg to a written size; a size with a mistake binds nothing (it is
+        reported where the statement is built)."""
+        if leg in self.b.legs:
+            return
+        before = len(self.b.diagnostics)
+        value = self.b._scalar(size, sizes_only=True)
+        del self.b.diagnostics[before:]
+        if POISON_SIZE not in value.free_symbols:
+            self.b._bind(leg, value, span, where)
 
     def wrong_axis_count(self, e: syn.Indexed, tensor: Tensor, used: str) -> Expr:
         """A use names more or fewer axes than the declaration has (`used` says how many)."""
