@@ -26,7 +26,8 @@ from ..ir import (
     SquaredDistance,
     TensorRef,
 )
-from .syntax import _available, _is_scalar_syntax, _ordered_union
+from .map_sums import lone_sums, map_sum_warning
+from .syntax import _available, _is_scalar_syntax, _ordered_union, _statement_targets
 from .vocabulary import (
     BOX_OPTIONS,
     BOXES,
@@ -313,8 +314,17 @@ class BoxesAndMaps:
             self.b.error(f"{e.name} takes {1 + extra} argument(s), got {len(args)}", e.span, hint=usage)
             return self.poison(e)
         operand = self.inside(args[0], keep)
+        self.warn_lone_sums(e, args[0], operand)
         params = tuple(self.b._scalar(a) for a in args[1:])
         return ElementwiseMap(operand.legs, e.span, e.name, operand, params)
+
+    def warn_lone_sums(self, call: syn.Call | syn.BinOp, argument: syn.Expr, operand: Expr) -> None:
+        """Warn of a leg summed inside a map, reduction or power that one factor of its argument alone
+        carries: `exp(S[h n k])` is exp(Σ_k S), not Σ_k exp(S) (map_sums.py)."""
+        legs = lone_sums(operand, self.b.tensors)
+        if legs:
+            taken = {*self.b.tensors, *self.b.sizes, *_statement_targets(self.b.items)}
+            self.b.diagnostics.append(map_sum_warning(call, argument, operand, legs, taken))
 
     def reduction(self, e: syn.Call, keep: set[str]) -> Expr:
         over = self._legs_of(e)
@@ -324,6 +334,7 @@ class BoxesAndMaps:
         if argument is None:
             return self.poison(e)
         operand = self.inside(argument, keep | set(over))
+        self.warn_lone_sums(e, argument, operand)
         available = sorted(_available(argument, self.b.tensors))
         for leg, item in zip(over, e.legs or (), strict=False):
             if leg not in operand.legs:

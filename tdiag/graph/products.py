@@ -241,6 +241,7 @@ class Products:
             self.b.error("an exponent is a number or size, not a tensor", e.right.span)
             return self.poison(e)
         base = self.inside(e.left, keep)
+        self.warn_lone_sums(e, e.left, base)
         return ElementwiseMap(base.legs, e.span, "pow", base, (self.b._scalar(e.right),))
 
 
