@@ -238,3 +238,10 @@ def test_a_leg_no_factor_binds_is_still_refused_at_its_use():
     (diag,) = caught.value.diagnostics
     assert diag.message == "causal mask leg 'z' is not bound to a size"
     assert (diag.spans[0].line, diag.spans[0].column) == (10, 20)
+
+
+def test_a_refused_slice_read_before_its_leg_is_reported_once():
+    with pytest.raises(TdiagError) as caught:
+        tdiag.loads(ORDER_BASE + "Y[n f] = causal(n, l) Tab[h, n: N, l: 10] X[l f]\noutput Y\n")
+    (diag,) = caught.value.diagnostics
+    assert diag.message.startswith("slice l: 10 = 10 is longer than axis j of Tab")

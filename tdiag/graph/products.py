@@ -5,7 +5,8 @@ it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING
 
 import sympy
@@ -78,8 +79,9 @@ class Products:
         groups: list[tuple[syn.LegGroup, Axis, str]] = []
         for node in sorted(_syntax_nodes(e), key=lambda n: (n.span.line, n.span.column)):
             if isinstance(node, syn.Call) and node.name == "index" and len(node.args) == 2:
-                if isinstance(node.args[0], syn.Name):
-                    self._bind_quietly(node.args[0].name, node.args[1], node.args[0].span, "index")
+                leg, size = node.args
+                if isinstance(leg, syn.Name):
+                    self._bind_quietly(leg.name, partial(self.b._scalar, size, sizes_only=True), leg.span, "index")
                 continue
             tensor = self.b.tensors.get(node.name) if isinstance(node, syn.Indexed | syn.Call) else None
             if tensor is None or node.name in FUNCTIONS or node.legs is None:  # type: ignore[union-attr]
@@ -93,7 +95,7 @@ class Products:
                 if isinstance(item, syn.LegGroup):
                     groups.append((item, axis, tensor.name))
                 elif isinstance(item, syn.SlicedLeg):
-                    self._bind_quietly(item.name, item.size, item.span, tensor.name)
+                    self._bind_quietly(item.name, partial(self._slice, item, axis, tensor), item.span, tensor.name)
                 elif item.name not in self.b.legs:
                     self.b._bind(item.name, axis.size, item.span, tensor.name)
         while groups:
@@ -104,15 +106,15 @@ class Products:
                 self._bind_group(group, axis, name, name)
             groups = [g for g in groups if g not in ready]
 
-    def _bind_quietly(self, leg: str, size: syn.Expr, span: Span, where: str) -> None:
-        """Bind an unbound leg to a written size; a size with a mistake binds nothing (it is
-        reported where the statement is built)."""
+    def _bind_quietly(self, leg: str, size: Callable[[], sympy.Expr | None], span: Span, where: str) -> None:
+        """Bind an unbound leg to the size `size()` reads; a size with a mistake (None or
+        poisoned) binds nothing, and its error is reported where the statement is built."""
         if leg in self.b.legs:
             return
         before = len(self.b.diagnostics)
-        value = self.b._scalar(size, sizes_only=True)
+        value = size()
         del self.b.diagnostics[before:]
-        if POISON_SIZE not in value.free_symbols:
+        if value is not None and POISON_SIZE not in value.free_symbols:
             self.b._bind(leg, value, span, where)
 
     def wrong_axis_count(self, e: syn.Indexed, tensor: Tensor, used: str) -> Expr:
