@@ -467,3 +467,19 @@ def test_every_map_power_and_reduction_warns_of_a_lone_sum_saying_what_it_comput
 def test_a_map_whose_argument_sums_no_leg_of_a_single_factor_does_not_warn(statement):
     body = f"{statement}\nY[n f] = {'Z[n m] X[m f]' if 'Z[n m]' in statement else 'Z[n] X[n f]'}\noutput Y"
     assert not map_sum_warnings(load(body))
+
+
+@pytest.mark.parametrize(
+    ("statement", "suggested"),
+    [
+        ("Z[n] = max[m](X[m f] X[n f] X[n g])", "E[n g] = max[m](X[m f] X[n f] X[n g])"),
+        (
+            "Z[n m] = relu[m, mask = causal(n, m)](X[m g] X[n f] X[m f])",
+            "E[m n g] = relu[m, mask = causal(n, m)](X[m g] X[n f] X[m f])",
+        ),
+    ],
+)
+def test_a_lone_sum_warning_suggests_a_statement_over_the_legs_the_call_gives(statement, suggested):
+    use = "Z[n m] X[m f]" if "Z[n m]" in statement else "Z[n] X[n f]"
+    (warning,) = map_sum_warnings(load(f"{statement}\nY[n f] = {use}\noutput Y"))
+    assert f"write it as its own statement: {suggested}, then use" in warning.hint

@@ -291,10 +291,11 @@ class BoxesAndMaps:
             )
         return factors
 
-    def elementwise_map(self, e: syn.Call, keep: set[str]) -> Expr:
+    def elementwise_map(self, e: syn.Call, keep: set[str], written: syn.Call | None = None) -> Expr:
+        """A map; `written` is the call as the file has it, when `e` is that call less its masks."""
         if e.legs is not None or e.options:
             along = {leg for option in e.options for leg in _available(option.value, self.b.tensors)}
-            masked = self.elementwise_map(dataclasses.replace(e, legs=None, options=()), keep | along)
+            masked = self.elementwise_map(dataclasses.replace(e, legs=None, options=()), keep | along, e)
             factors = self._map_masks(e, masked)
             if not factors:
                 return masked
@@ -314,7 +315,7 @@ class BoxesAndMaps:
             self.b.error(f"{e.name} takes {1 + extra} argument(s), got {len(args)}", e.span, hint=usage)
             return self.poison(e)
         operand = self.inside(args[0], keep)
-        self.warn_lone_sums(e, args[0], operand)
+        self.warn_lone_sums(written or e, args[0], operand)
         params = tuple(self.b._scalar(a) for a in args[1:])
         return ElementwiseMap(operand.legs, e.span, e.name, operand, params)
 

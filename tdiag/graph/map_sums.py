@@ -14,6 +14,7 @@ from ..errors import Diagnostic, Span
 from ..ir import CausalFactor, Contraction, ElementwiseMap, Expr, Reduction, SoftmaxBox, SquaredDistance, Tensor
 from ..ir import TensorRef as Ref
 from .syntax import _syntax_nodes, _syntax_text
+from .vocabulary import REDUCTIONS
 
 # nodes that apply the leg rule at their own boundary: a sum inside them is theirs, not the map's
 _BOUNDARIES = (ElementwiseMap, SoftmaxBox, Reduction, SquaredDistance)
@@ -57,9 +58,8 @@ def map_sum_warning(
         where, computes = call.name, _syntax_text(dataclasses.replace(call, args=(placeholder, *call.args[1:])))
     text = _syntax_text(call)
     name = next(n for n in ("E", *(f"E{k}" for k in range(1, len(taken) + 2))) if n not in taken)
-    reduced = (
-        {leg.name for item in call.legs or () for leg in _item_legs(item)} if isinstance(call, syn.Call) else set()
-    )
+    is_reduction = isinstance(call, syn.Call) and call.name in REDUCTIONS
+    reduced = {leg.name for item in call.legs or () for leg in _item_legs(item)} if is_reduction else set()
     result = f"{name}[{' '.join((*(leg for leg in operand.legs if leg not in reduced), *legs))}]"
     return Diagnostic(
         f"{text} sums {' and '.join(legs)} inside {where}: it computes {computes}",
@@ -84,8 +84,8 @@ def _summed_text(e: syn.Expr, legs: list[str]) -> str:
         right = _summed_text(e.right, here)
         return f"{_summed_text(e.left, here)} {e.op} {f'({right})' if e.op == '-' and right.startswith('Σ') else right}"
     if isinstance(e, syn.BinOp) and e.op == "/":
-        left, right = (_written_legs(side) for side in (e.left, e.right))
-        if left and right and not any(leg in left and leg in right for leg in here):
+        numerator, denominator = _written_legs(e.left), _written_legs(e.right)
+        if numerator and denominator and not any(leg in numerator and leg in denominator for leg in here):
             sides = [_summed_text(side, here) for side in (e.left, e.right)]
             return " / ".join(
                 f"({t})" if t.startswith("Σ") or isinstance(side, syn.BinOp) else t
