@@ -1,6 +1,8 @@
 """The design graph: legs bound to sizes, contractions and batch legs, boxes (Tuformer App. A-B,
 spec tuformer.md §1-2), reshapes, derivation, and the networkx dataflow view."""
 
+import itertools
+
 import networkx as nx
 import pytest
 import sympy
@@ -245,3 +247,12 @@ def test_a_refused_slice_read_before_its_leg_is_reported_once():
         tdiag.loads(ORDER_BASE + "Y[n f] = causal(n, l) Tab[h, n: N, l: 10] X[l f]\noutput Y\n")
     (diag,) = caught.value.diagnostics
     assert diag.message.startswith("slice l: 10 = 10 is longer than axis j of Tab")
+
+
+@pytest.mark.parametrize("reader", ["causal(n, l)", "index(l)", "Rel[h, r = clamp(l - n, -1, 1) + 1]"])
+def test_a_leg_bound_only_by_another_statement_is_found_whatever_the_order_of_statements(reader):
+    statements = [f"Y[h n] = {reader} X[n f] W[f h]", "Z[l h] = LF[l h]", "LF[k h] = X[k f] W[f h]"]
+    head = ORDER_BASE.split("LF[k h]")[0]
+    for order in itertools.permutations(statements):
+        design = tdiag.loads(head + "\n".join(order) + "\noutput Y, Z\n")
+        assert design.legs["l"] == sympy.Symbol("N", positive=True), order
