@@ -256,3 +256,8 @@ def test_a_leg_bound_only_by_another_statement_is_found_whatever_the_order_of_st
     for order in itertools.permutations(statements):
         design = tdiag.loads(head + "\n".join(order) + "\noutput Y, Z\n")
         assert design.legs["l"] == sympy.Symbol("N", positive=True), order
+
+
+def test_a_reshape_whose_pieces_only_a_later_statement_sizes_is_split_by_those_sizes():
+    design = tdiag.loads(ORDER_BASE + "Y[n a b] = X[n (a b)]\nZ[a b] = G[a b]\noutput Y\n")
+    assert (design.legs["a"], design.legs["b"]) == sympy.symbols("P Q", positive=True)

@@ -74,7 +74,8 @@ class Products:
         """Bind every leg that a tensor use anywhere in statement `e` gives a size (plain legs,
         slices, a gathered axis, `index(p, P)`; then reshape pieces the other legs determine)
         before the statement is built, so that `causal(n, l) LF[l h]`, `index(l)` or `X[n (p q)]`
-        read a leg's size whatever the order of the factors. Only unbound legs are bound here, and
+        read a leg's size whatever the order of the factors (pieces of a reshape that no factor sizes
+        come from their uses elsewhere, as index does). Only unbound legs are bound here, and
         nothing is reported: a mistake is reported where the statement is built."""
         groups: list[tuple[syn.LegGroup, Axis, str]] = []
         for node in sorted(_syntax_nodes(e), key=lambda n: (n.span.line, n.span.column)):
@@ -98,13 +99,18 @@ class Products:
                     self._bind_quietly(item.name, partial(self._slice, item, axis, tensor), item.span, tensor.name)
                 elif item.name not in self.b.legs:
                     self.b._bind(item.name, axis.size, item.span, tensor.name)
+        groups = [g for g in groups if self._unsized(g[0])]
         while groups:
-            ready = [g for g in groups if sum(leg.name not in self.b.legs for leg in g[0].legs) == 1]
-            if not ready:
-                return
+            ready = [g for g in groups if len(self._unsized(g[0])) == 1]
+            if not ready:  # two pieces unknown here: size them from their uses elsewhere in the file
+                if not any([self.b.find_leg(piece) for g in groups for piece in self._unsized(g[0])]):
+                    return
             for group, axis, name in ready:
                 self._bind_group(group, axis, name, name)
-            groups = [g for g in groups if g not in ready]
+            groups = [g for g in groups if self._unsized(g[0])]
+
+    def _unsized(self, group: syn.LegGroup) -> list[str]:
+        return [leg.name for leg in group.legs if leg.name not in self.b.legs]
 
     def _bind_quietly(self, leg: str, size: Callable[[], sympy.Expr | None], span: Span, where: str) -> None:
         """Bind an unbound leg to the size `size()` reads; a size with a mistake (None or
