@@ -25,6 +25,10 @@ from .sizes import SizeTable, _same_size, size_symbol
 from .syntax import _cycles, _group_name, _leg_names, _place, _place_line, _syntax_nodes, _tensor_names
 from .vocabulary import FUNCTIONS, POISON_SIZE, SCALAR_FUNCTIONS
 
+# how many legs deep find_leg follows tensors not built yet (T[a] = U[a], U[b] = ...) before it
+# gives up and the leg is reported unbound: a bound on the recursion, far beyond any design's chain
+MAX_LEG_SEARCH = 64
+
 
 class _Builder(Declarations):
     """Builds one DesignGraph; `diagnostics` collects every error and warning on the way."""
@@ -234,7 +238,7 @@ class _Builder(Declarations):
         if leg in self.legs:
             known = self.legs[leg]
             return known.size, known.span, known.bound_by
-        if leg in visiting:
+        if leg in visiting or len(visiting) > MAX_LEG_SEARCH:
             return None
         visiting.add(leg)
         for item in self.items:
