@@ -483,3 +483,16 @@ def test_a_lone_sum_warning_suggests_a_statement_over_the_legs_the_call_gives(st
     use = "Z[n m] X[m f]" if "Z[n m]" in statement else "Z[n] X[n f]"
     (warning,) = map_sum_warnings(load(f"{statement}\nY[n f] = {use}\noutput Y"))
     assert f"write it as its own statement: {suggested}, then use" in warning.hint
+
+
+def test_softpick_written_with_a_statement_for_its_summed_map_computes_softpick():
+    design = load(
+        "S[n m] = X[n f] X[m f]\nP[n k] = abs(exp(S[n k]) - 1)\n"
+        "A[n m] = relu(exp(S[n m]) - 1) / (P[n k] + 1e-6)\nY[n f] = A[n m] X[m f]\noutput Y"
+    )
+    assert not map_sum_warnings(design)
+    x = x_input(2)
+    compiled, reference, _ = run_both(design, x)
+    s = (x @ x.transpose(-1, -2)).exp() - 1
+    close(compiled, (s.relu() / (s.abs().sum(-1, keepdim=True) + 1e-6)) @ x)
+    close(reference, compiled)
