@@ -261,3 +261,22 @@ def test_a_leg_bound_only_by_another_statement_is_found_whatever_the_order_of_st
 def test_a_reshape_whose_pieces_only_a_later_statement_sizes_is_split_by_those_sizes():
     design = tdiag.loads(ORDER_BASE + "Y[n a b] = X[n (a b)]\nZ[a b] = G[a b]\noutput Y\n")
     assert (design.legs["a"], design.legs["b"]) == sympy.symbols("P Q", positive=True)
+
+
+# ---- extends: the derived file's outputs stand for the base's ---------------------------------
+
+EXTENDED_BASE = "design base\nsize N, F = 4\ninput X[n: N, f: F]\noutput Y\nY[n f] = X[n f]\nZ[n f] = 2 X[n f]\n"
+
+
+def test_a_replace_after_a_derived_output_replaces_the_named_statement(write_td):
+    write_td(EXTENDED_BASE, "base.td")
+    path = write_td("design d extends base\noutput Y, Z\nreplace Y[n f] = 3 X[n f]\n", "d.td")
+    design = tdiag.load(path)
+    assert design.graph.outputs == ["Y", "Z"]
+    assert [s.expr.coefficient for s in design.graph.statements if s.target == "Y"] == [3]
+
+
+def test_every_output_line_of_a_derived_design_counts_and_none_of_the_base(write_td):
+    write_td(EXTENDED_BASE, "base.td")
+    path = write_td("design d extends base\noutput Z\noutput X\n", "d.td")
+    assert tdiag.load(path).graph.outputs == ["Z", "X"]

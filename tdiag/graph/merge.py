@@ -105,6 +105,9 @@ def _design_file(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
 
 
 def _merge(base: list[syn.Item], derived: list[syn.Item]) -> list[syn.Item]:
+    """The base's items with the derived file's: a `replace` takes the place of the base item of
+    its name, anything else is added, and the derived file's `output` lines (all of them) stand for
+    the base's."""
     items = list(base)
     position = {_item_name(i): k for k, i in enumerate(items) if _item_name(i)}
     problems: list[Diagnostic] = []
@@ -122,11 +125,11 @@ def _merge(base: list[syn.Item], derived: list[syn.Item]) -> list[syn.Item]:
                 continue
             items[position[name]] = item
         else:
-            if isinstance(item, syn.Output):
-                items = [i for i in items if not isinstance(i, syn.Output)]
             items.append(item)
             if name and name not in position:
                 position[name] = len(items) - 1
     if problems:
         raise TdiagError(problems)
+    if any(isinstance(i, syn.Output) for i in derived):
+        return [i for k, i in enumerate(items) if not (k < len(base) and isinstance(i, syn.Output))]
     return items
