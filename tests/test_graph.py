@@ -280,3 +280,24 @@ def test_every_output_line_of_a_derived_design_counts_and_none_of_the_base(write
     write_td(EXTENDED_BASE, "base.td")
     path = write_td("design d extends base\noutput Z\noutput X\n", "d.td")
     assert tdiag.load(path).graph.outputs == ["Z", "X"]
+
+
+UPDATED_BASE = (
+    "design base\nsize N, F = 4\ninput X[n: N, f: F]\nbuffer b[f: F] = zeros\nY[n f] = X[n f] + b[f]\n"
+    "update b[f] = b[f] + 1\noutput Y\n"
+)
+
+
+def test_a_second_update_rule_for_a_buffer_is_refused_at_both_rules(write_td):
+    with pytest.raises(TdiagError) as caught:
+        tdiag.load(write_td(UPDATED_BASE.replace("output Y", "update b[f] = b[f] + 10\noutput Y")))
+    (diag,) = caught.value.diagnostics
+    assert diag.message == "buffer 'b' has two update rules (line 6 and here)"
+    assert [(span.line, span.column) for span in diag.spans] == [(7, 8), (6, 8)]
+
+
+def test_a_derived_design_s_update_rule_stands_for_the_base_s(write_td):
+    write_td(UPDATED_BASE, "base.td")
+    design = tdiag.load(write_td("design d extends base\nupdate b[f] = b[f] + 10\n", "d.td"))
+    (rule,) = design.graph.updates
+    assert rule.span.file.endswith("d.td")

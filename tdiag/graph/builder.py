@@ -166,6 +166,15 @@ class _Builder(Declarations):
                 or "declare it first: buffer NAME[leg: SIZE] = fill(...)",
             )
             return
+        first = next((rule for rule in self.updates if rule.target == name), None)
+        if first is not None:
+            self.error(
+                f"buffer '{name}' has two update rules ({_place_line(first.span, u.span)} and here)",
+                u.target.name_span,
+                first.target_span,
+                hint="a buffer has one rule: write both changes in one update",
+            )
+            return
         groups = self._target_groups(u.target)
         expr = _ExprBuilder(self).statement(u.expr, groups, u.target)
         if len(groups) != len(buffer.axes):
