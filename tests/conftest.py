@@ -7,6 +7,32 @@ DESIGNS = ROOT / "designs"
 DESIGN_FILES = sorted(DESIGNS.glob("*.td"))
 
 
+# A design whose legs l, p and q no declaration or earlier statement binds, and statements in which
+# a construct reads such a leg's size before or after the factor that binds it.
+ORDER_BASE = (
+    "design t\nsize N, P = 2, Q = 3, F = P * Q, H = 2, R = 3, L = 8\ninput X[n: N, f: F]\nparam W[f: F, h: H]\n"
+    "param Tab[h: H, i: L, j: L] = normal(std = 1)\nparam Rel[h: H, r: R] = normal(std = 1)\n"
+    "param Gp[s: P, t: Q] = normal(std = 1)\nLF[k h] = X[k f] W[f h]\nG[u v] = Gp[u v]\n"
+)
+# (construct that reads a leg's size, factor that binds it, statement): l, p and q are bound by
+# no declaration and no earlier statement
+LEG_READERS = {
+    "causal factor": ("causal(n, l)", "LF[l h]", "Y[n h] = {} {} X[n f] W[f h]"),
+    "index": ("index(l)", "LF[l h]", "Y[n h] = {} {} X[n f] W[f h]"),
+    "gather position": ("Rel[h, r = clamp(l - n, -1, 1) + 1]", "LF[l h]", "Y[h n] = {} {} X[n f] W[f h]"),
+    "slice": ("causal(n, l)", "Tab[h, n: N, l: N]", "Y[h n] = {} {} X[n f] W[f h]"),
+    "reshape": ("X[n (p q)]", "G[p q]", "Y[n p q] = {} {}"),
+    "gather in a map": ("exp(Rel[h, r = clamp(l - n, -1, 1) + 1])", "LF[l h]", "Y[h n] = {} {} X[n f] W[f h]"),
+    "map mask": ("relu[l, mask = causal(n, l)](LF[l h] X[n f] W[f h])", "LF[l h]", "Y[n h] = {} {}"),
+}
+
+
+def order_variants(construct: str) -> list[str]:
+    """The statement of `construct` with its leg reader first, then with its binder first."""
+    reader, binder, statement = LEG_READERS[construct]
+    return [ORDER_BASE + statement.format(*pair) + "\noutput Y\n" for pair in ((reader, binder), (binder, reader))]
+
+
 def visible(n: int, causal: bool):
     """Which keys each query may see: all, or m <= n (the causal mask), as an n x n bool tensor."""
     import torch

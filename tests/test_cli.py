@@ -41,6 +41,14 @@ def test_check_reports_mistakes_with_exit_code_1(capsys, write_td):
     assert "    4 | Y[n] = X[n] Z[n]\n      |             ^" in err
 
 
+def test_check_shows_a_sum_inside_a_map_as_a_warning_with_a_caret_and_succeeds(capsys, write_td):
+    path = write_td("design t\nsize N, H = 2\ninput S[h: H, n: N, k: N]\nY[h n] = exp(S[h n k])\noutput Y\n")
+    code, out, err = run(capsys, "check", str(path))
+    assert code == 0 and ": ok (" in out
+    assert f"{path}:4:20: warning: exp(S[h n k]) sums k inside exp: it computes exp(Σ_k S[h n k])" in err
+    assert "    4 | Y[h n] = exp(S[h n k])\n      |                    ^\n" in err
+
+
 def test_missing_file_is_an_error_not_a_traceback(capsys):
     code, _, err = run(capsys, "check", "no/such/file.td")
     assert code == 1 and "no such design file 'no/such/file.td'" in err

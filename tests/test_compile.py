@@ -9,7 +9,7 @@ import pytest
 import sympy
 import torch
 import torch.nn.functional as functional
-from conftest import DESIGN_FILES, DESIGNS, gradcheck_parameters, standalone_module
+from conftest import DESIGN_FILES, DESIGNS, gradcheck_parameters, order_variants, standalone_module
 
 import tdiag
 from tdiag.plan import reads
@@ -96,6 +96,27 @@ def test_module_accepts_any_leading_batch_dims():
     x = x_input(2, 3)
     assert mhsa(x).shape == (2, 3, 5, 8)
     assert torch.allclose(mhsa(x)[1, 2], mhsa(x[1, 2]), atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+def test_an_input_named_as_an_output_is_given_back_beside_a_computed_output(impl):
+    design = tdiag.loads(
+        "design echo\nsize N, F = 3\ninput X[n: N, f: F]\nparam W[f: F, g: F]\nY[n g] = X[n f] W[f g]\noutput X, Y\n"
+    )
+    module = design.module(seed=0, impl=impl, dtype=torch.float64)
+    x = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
+    echoed, y = module(x)
+    torch.testing.assert_close(echoed, x, rtol=0, atol=0)
+    torch.testing.assert_close(y, x @ module.W, rtol=0, atol=1e-12)
+    echoed.sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones_like(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("construct", ["causal factor", "gather position", "slice", "reshape", "map mask"])
+def test_the_order_of_factors_does_not_change_the_value(construct):
+    x = torch.randn(2, 5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    first, second = (tdiag.loads(t).module(seed=0, dtype=torch.float64)(x) for t in order_variants(construct))
+    torch.testing.assert_close(first, second, rtol=0, atol=1e-12)
 
 
 # ---- the plan computes each value once and reads everything it computes ----------------------

@@ -1,10 +1,12 @@
 """The design graph: legs bound to sizes, contractions and batch legs, boxes (Tuformer App. A-B,
 spec tuformer.md §1-2), reshapes, derivation, and the networkx dataflow view."""
 
+import itertools
+
 import networkx as nx
 import pytest
 import sympy
-from conftest import DESIGNS
+from conftest import DESIGNS, LEG_READERS, ORDER_BASE, order_variants
 
 import tdiag
 from tdiag import TdiagError
@@ -199,3 +201,103 @@ def test_every_box_is_listed_with_its_statement():
     assert [(s.target, type(b)) for s, b in design.graph.boxes()] == [
         (s.target, SoftmaxBox) for s, _ in design.graph.boxes()
     ]
+
+
+@pytest.mark.parametrize(
+    ("declaration", "what"),
+    [
+        ("mask P[a: N, c: N]", "a mask input"),
+        ("param P[a: F, c: F]", "a param"),
+        ("const P[a: F, c: F] = identity", "a const"),
+        ("random P[a: N, c: F] = normal(mode = always)", "random noise"),
+        ("buffer P[a: F, c: F] = fill(2)", "a buffer"),
+    ],
+)
+def test_output_naming_a_declared_tensor_other_than_an_input_is_refused_at_the_output(write_td, declaration, what):
+    path = write_td(f"design t\nsize N, F = 4\ninput X[n: N, f: F]\n{declaration}\nY[n f] = X[n f]\noutput Y, P\n")
+    with pytest.raises(TdiagError) as caught:
+        tdiag.load(path)
+    (diag,) = caught.value.diagnostics
+    assert diag.message == f"output 'P' is {what}, not computed from an input"
+    assert (diag.spans[0].line, diag.spans[0].column) == (6, 11)
+
+
+# ---- a leg's size comes from any factor of its statement, whatever their order ---------------
+
+
+@pytest.mark.parametrize("construct", LEG_READERS)
+def test_a_leg_is_bound_from_a_later_factor_of_its_statement(construct):
+    first, second = (tdiag.loads(text) for text in order_variants(construct))
+    assert first.legs == second.legs
+    assert {first.legs[leg] for leg in ("l", "p", "q") if leg in first.legs} <= set(
+        sympy.symbols("N P Q", positive=True)
+    )
+
+
+def test_a_leg_no_factor_binds_is_still_refused_at_its_use():
+    with pytest.raises(TdiagError) as caught:
+        tdiag.loads(ORDER_BASE + "Y[n h] = causal(n, z) LF[l h] X[n f] W[f h]\noutput Y\n")
+    (diag,) = caught.value.diagnostics
+    assert diag.message == "causal mask leg 'z' is not bound to a size"
+    assert (diag.spans[0].line, diag.spans[0].column) == (10, 20)
+
+
+def test_a_refused_slice_read_before_its_leg_is_reported_once():
+    with pytest.raises(TdiagError) as caught:
+        tdiag.loads(ORDER_BASE + "Y[n f] = causal(n, l) Tab[h, n: N, l: 10] X[l f]\noutput Y\n")
+    (diag,) = caught.value.diagnostics
+    assert diag.message.startswith("slice l: 10 = 10 is longer than axis j of Tab")
+
+
+@pytest.mark.parametrize("reader", ["causal(n, l)", "index(l)", "Rel[h, r = clamp(l - n, -1, 1) + 1]"])
+def test_a_leg_bound_only_by_another_statement_is_found_whatever_the_order_of_statements(reader):
+    statements = [f"Y[h n] = {reader} X[n f] W[f h]", "Z[l h] = LF[l h]", "LF[k h] = X[k f] W[f h]"]
+    head = ORDER_BASE.split("LF[k h]")[0]
+    for order in itertools.permutations(statements):
+        design = tdiag.loads(head + "\n".join(order) + "\noutput Y, Z\n")
+        assert design.legs["l"] == sympy.Symbol("N", positive=True), order
+
+
+def test_a_reshape_whose_pieces_only_a_later_statement_sizes_is_split_by_those_sizes():
+    design = tdiag.loads(ORDER_BASE + "Y[n a b] = X[n (a b)]\nZ[a b] = G[a b]\noutput Y\n")
+    assert (design.legs["a"], design.legs["b"]) == sympy.symbols("P Q", positive=True)
+
+
+# ---- extends: the derived file's outputs stand for the base's ---------------------------------
+
+EXTENDED_BASE = "design base\nsize N, F = 4\ninput X[n: N, f: F]\noutput Y\nY[n f] = X[n f]\nZ[n f] = 2 X[n f]\n"
+
+
+def test_a_replace_after_a_derived_output_replaces_the_named_statement(write_td):
+    write_td(EXTENDED_BASE, "base.td")
+    path = write_td("design d extends base\noutput Y, Z\nreplace Y[n f] = 3 X[n f]\n", "d.td")
+    design = tdiag.load(path)
+    assert design.graph.outputs == ["Y", "Z"]
+    assert [s.expr.coefficient for s in design.graph.statements if s.target == "Y"] == [3]
+
+
+def test_every_output_line_of_a_derived_design_counts_and_none_of_the_base(write_td):
+    write_td(EXTENDED_BASE, "base.td")
+    path = write_td("design d extends base\noutput Z\noutput X\n", "d.td")
+    assert tdiag.load(path).graph.outputs == ["Z", "X"]
+
+
+UPDATED_BASE = (
+    "design base\nsize N, F = 4\ninput X[n: N, f: F]\nbuffer b[f: F] = zeros\nY[n f] = X[n f] + b[f]\n"
+    "update b[f] = b[f] + 1\noutput Y\n"
+)
+
+
+def test_a_second_update_rule_for_a_buffer_is_refused_at_both_rules(write_td):
+    with pytest.raises(TdiagError) as caught:
+        tdiag.load(write_td(UPDATED_BASE.replace("output Y", "update b[f] = b[f] + 10\noutput Y")))
+    (diag,) = caught.value.diagnostics
+    assert diag.message == "buffer 'b' has two update rules (line 6 and here)"
+    assert [(span.line, span.column) for span in diag.spans] == [(7, 8), (6, 8)]
+
+
+def test_a_derived_design_s_update_rule_stands_for_the_base_s(write_td):
+    write_td(UPDATED_BASE, "base.td")
+    design = tdiag.load(write_td("design d extends base\nupdate b[f] = b[f] + 10\n", "d.td"))
+    (rule,) = design.graph.updates
+    assert rule.span.file.endswith("d.td")

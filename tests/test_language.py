@@ -391,3 +391,108 @@ def test_a_mask_without_batch_dims_broadcasts_over_the_batch():
     expected = (x @ x.transpose(-1, -2)).masked_fill(~hidden, -math.inf).softmax(-1) @ x
     close(compiled, expected)
     close(reference, expected)
+
+
+# ---- a leg summed inside a map that one factor alone carries ---------------------------------
+
+SINK = (
+    "param sink[h: H] = zeros\nS[h n m] = X[n f] X[m f] + sink[h]\n"
+    "A[h n m] = exp(S[h n m]) / (exp(sink[h]) + exp(S[h n k]))\nY[n f] = A[h n m] X[m f]\noutput Y"
+)
+
+
+def map_sum_warnings(design: tdiag.Design) -> list:
+    return [w for w in design.warnings if "inside" in w.message and "it computes" in w.message]
+
+
+def test_a_leg_one_factor_carries_summed_inside_a_map_warns_with_both_readings():
+    (warning,) = map_sum_warnings(load(SINK))
+    assert warning.message == "exp(S[h n k]) sums k inside exp: it computes exp(Σ_k S[h n k])"
+    assert warning.hint == (
+        "to sum the values instead, Σ_k exp(S[h n k]), write it as its own statement: "
+        "E[h n k] = exp(S[h n k]), then use E[h n k]"
+    )
+    (span,) = warning.spans
+    assert (span.line, span.column, span.end_column) == (7, 54, 55)
+
+
+def test_a_map_sum_warning_does_not_stop_the_design_from_compiling_as_the_rule_says():
+    design = load(SINK)
+    x = x_input(2)
+    compiled, reference, _ = run_both(design, x)
+    s = x @ x.transpose(-1, -2)
+    a = s.exp() / (1 + s.sum(-1, keepdim=True).exp())  # exp(Σ_k S): the leg rule, as warned
+    close(compiled, torch.einsum("bnm,bmf->bnf", 2 * a, x))
+    close(reference, compiled)
+
+
+def test_summing_a_map_s_values_as_the_warning_suggests_computes_the_attention_sink():
+    design = load(SINK.replace("exp(S[h n k]))", "E[h n k])\nE[h n k] = exp(S[h n k])"))
+    assert not map_sum_warnings(design)
+    x = x_input(2)
+    compiled, reference, _ = run_both(design, x)
+    s = x @ x.transpose(-1, -2)
+    a = s.exp() / (1 + s.exp().sum(-1, keepdim=True))
+    close(compiled, torch.einsum("bnm,bmf->bnf", 2 * a, x))
+    close(reference, compiled)
+
+
+@pytest.mark.parametrize(
+    ("statement", "computes"),
+    [
+        ("Z[n] = X[n f] ^ 2", "(Σ_f X[n f]) ^ 2"),
+        ("Z[n] = clamp(X[n f], -1, 1)", "clamp(Σ_f X[n f], -1, 1)"),
+        ("Z[n] = relu(2 X[n f] + 1)", "relu(Σ_f (2 X[n f]) + 1)"),
+        ("Z[n] = exp(P[n m] X[m f] X[n f] W[f])", "exp(Σ_m (P[n m] X[m f] X[n f] W[f]))"),
+        ("Z[n] = mean[m](X[m f] X[n f] X[n g])", "mean[m](Σ_g (X[m f] X[n f] X[n g]))"),
+    ],
+)
+def test_every_map_power_and_reduction_warns_of_a_lone_sum_saying_what_it_computes(statement, computes):
+    body = f"mask P[n: N, m: N]\nparam W[f: F]\n{statement}\nY[n f] = Z[n] X[n f]\noutput Y"
+    (warning,) = map_sum_warnings(load(body))
+    assert warning.message.endswith(f"it computes {computes}")
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "Z[n m] = elu1(X[n f] X[m f])",  # a contraction between factors: d summed inside the map
+        "Z[n] = sqrt(X[n f] X[n f])",  # a norm
+        "Z[n m] = exp(X[n f] X[m f])",  # nothing summed alone
+        "Z[n] = exp(X[n f]) X[n f]",  # f leaves the map
+        "Z[n] = relu[m, mask = causal(n, m)](X[n f] X[m f])",  # the map's key leg is summed outside it
+        "Z[n] = exp(mean[f](X[n f]))",  # the reduction is written out
+    ],
+)
+def test_a_map_whose_argument_sums_no_leg_of_a_single_factor_does_not_warn(statement):
+    body = f"{statement}\nY[n f] = {'Z[n m] X[m f]' if 'Z[n m]' in statement else 'Z[n] X[n f]'}\noutput Y"
+    assert not map_sum_warnings(load(body))
+
+
+@pytest.mark.parametrize(
+    ("statement", "suggested"),
+    [
+        ("Z[n] = max[m](X[m f] X[n f] X[n g])", "E[n g] = max[m](X[m f] X[n f] X[n g])"),
+        (
+            "Z[n m] = relu[m, mask = causal(n, m)](X[m g] X[n f] X[m f])",
+            "E[m n g] = relu[m, mask = causal(n, m)](X[m g] X[n f] X[m f])",
+        ),
+    ],
+)
+def test_a_lone_sum_warning_suggests_a_statement_over_the_legs_the_call_gives(statement, suggested):
+    use = "Z[n m] X[m f]" if "Z[n m]" in statement else "Z[n] X[n f]"
+    (warning,) = map_sum_warnings(load(f"{statement}\nY[n f] = {use}\noutput Y"))
+    assert f"write it as its own statement: {suggested}, then use" in warning.hint
+
+
+def test_softpick_written_with_a_statement_for_its_summed_map_computes_softpick():
+    design = load(
+        "S[n m] = X[n f] X[m f]\nP[n k] = abs(exp(S[n k]) - 1)\n"
+        "A[n m] = relu(exp(S[n m]) - 1) / (P[n k] + 1e-6)\nY[n f] = A[n m] X[m f]\noutput Y"
+    )
+    assert not map_sum_warnings(design)
+    x = x_input(2)
+    compiled, reference, _ = run_both(design, x)
+    s = (x @ x.transpose(-1, -2)).exp() - 1
+    close(compiled, (s.relu() / (s.abs().sum(-1, keepdim=True) + 1e-6)) @ x)
+    close(reference, compiled)

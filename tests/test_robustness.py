@@ -223,6 +223,14 @@ def test_a_long_extends_chain_loads(tmp_path):
     assert tdiag.load(tmp_path / "d1499.td").size_values["S1499"] == 2
 
 
+def test_a_long_chain_of_statements_sizing_a_leg_ends_in_a_positioned_error_not_a_recursion():
+    # index(a0) reads a leg only the chain T0[a0] = T1[a0], T1[a1] = T2[a1], ... sizes, in statements
+    # built after it: following the chain is bounded, and beyond the bound the leg is unbound
+    chain = "".join(f"T{k}[a{k}] = T{k + 1}[a{k}]\n" for k in range(1000))
+    text = HEAD + f"Y[n f] = index(a0) X[n f]\n{chain}T1000[a1000] = X[a1000 f]\noutput Y\n"
+    assert "leg 'a0' of index(...) is not bound to a size" in positioned_error(text)
+
+
 def test_an_extends_cycle_is_a_positioned_error(tmp_path):
     (tmp_path / "a.td").write_text("design a extends b\n")
     (tmp_path / "b.td").write_text("design b extends a\n")

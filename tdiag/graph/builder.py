@@ -25,6 +25,10 @@ from .sizes import SizeTable, _same_size, size_symbol
 from .syntax import _cycles, _group_name, _leg_names, _place, _place_line, _syntax_nodes, _tensor_names
 from .vocabulary import FUNCTIONS, POISON_SIZE, SCALAR_FUNCTIONS
 
+# how many legs deep find_leg follows tensors not built yet (T[a] = U[a], U[b] = ...) before it
+# gives up and the leg is reported unbound: a bound on the recursion, far beyond any design's chain
+MAX_LEG_SEARCH = 64
+
 
 class _Builder(Declarations):
     """Builds one DesignGraph; `diagnostics` collects every error and warning on the way."""
@@ -162,6 +166,15 @@ class _Builder(Declarations):
                 or "declare it first: buffer NAME[leg: SIZE] = fill(...)",
             )
             return
+        first = next((rule for rule in self.updates if rule.target == name), None)
+        if first is not None:
+            self.error(
+                f"buffer '{name}' has two update rules ({_place_line(first.span, u.span)} and here)",
+                u.target.name_span,
+                first.target_span,
+                hint="a buffer has one rule: write both changes in one update",
+            )
+            return
         groups = self._target_groups(u.target)
         expr = _ExprBuilder(self).statement(u.expr, groups, u.target)
         if len(groups) != len(buffer.axes):
@@ -203,27 +216,64 @@ class _Builder(Declarations):
                     )
                 elif name.name in self.outputs:
                     self.error(f"'{name.name}' is listed as an output twice", name.span)
+                elif self.tensors[name.name].kind not in ("input", "derived"):
+                    tensor = self.tensors[name.name]
+                    what = {"random": "random noise", "mask": "a mask input"}.get(tensor.kind, a_or_an(tensor.kind))
+                    self.error(
+                        f"output '{name.name}' is {what}, not computed from an input",
+                        name.span,
+                        tensor.span,
+                        hint="an output is an input or the result of a statement that reads one",
+                    )
                 else:
                     self.outputs.append(name.name)
 
     # -- legs --
     def find_leg(self, leg: str) -> bool:
-        """Bind `leg`, not bound yet, from a use elsewhere in the file of a tensor whose axes are
-        known (`index(m)` or a position `m - n` in a statement before the one that uses X[m f])."""
+        """Bind `leg`, not bound yet, from a use elsewhere in the file (`index(m)` or a position
+        `m - n` in a statement built before the one that uses X[m f]), whatever the order of the
+        statements: a tensor not built yet has the sizes of its result's legs, found the same way."""
         if leg in self.legs:
             return True
+        found = self._size_from_uses(leg, set())
+        if found is None:
+            return False
+        self._bind(leg, *found)
+        return True
+
+    def _size_from_uses(self, leg: str, visiting: set[str]) -> tuple[sympy.Expr, Span, str] | None:
+        """(size, span, tensor) of the first plain use of `leg` on a tensor axis whose size is known
+        or can be found; `visiting` holds the legs being looked for, so a cycle ends."""
+        if leg in self.legs:
+            known = self.legs[leg]
+            return known.size, known.span, known.bound_by
+        if leg in visiting or len(visiting) > MAX_LEG_SEARCH:
+            return None
+        visiting.add(leg)
         for item in self.items:
             if not isinstance(item, syn.Statement | syn.Update):
                 continue
             for node in _syntax_nodes(item.expr):
-                tensor = self.tensors.get(node.name) if isinstance(node, syn.Indexed) else None
-                if tensor is None or node.options or len(node.legs) != len(tensor.axes):
+                if not isinstance(node, syn.Indexed) or node.options:
                     continue
-                for use, axis in zip(node.legs, tensor.axes, strict=True):
+                for position, use in enumerate(node.legs):
                     if isinstance(use, syn.Leg) and not isinstance(use, syn.SlicedLeg) and use.name == leg:
-                        self._bind(leg, axis.size, use.span, tensor.name)
-                        return True
-        return False
+                        size = self._axis_size(node.name, position, len(node.legs), visiting)
+                        if size is not None:
+                            return size, use.span, node.name
+        return None
+
+    def _axis_size(self, name: str, axis: int, used_with: int, visiting: set[str]) -> sympy.Expr | None:
+        """The size of axis `axis` of tensor `name` used with `used_with` legs: declared or built,
+        or from the legs of the result of its statement, not built yet."""
+        tensor = self.tensors.get(name)
+        if tensor is not None:
+            return tensor.axes[axis].size if len(tensor.axes) == used_with else None
+        statement = next((i for i in self.items if isinstance(i, syn.Statement) and i.target.name == name), None)
+        if statement is None or len(statement.target.legs) != used_with:
+            return None
+        sizes = [self._size_from_uses(piece, visiting) for piece in _leg_names(statement.target.legs[axis])]
+        return None if None in sizes else sympy.Mul(*(found[0] for found in sizes))  # type: ignore[index]
 
     def _bind(self, leg: str, size: sympy.Expr, span: Span, where: str) -> None:
         """Bind a leg to a size; a leg has one size throughout the file."""

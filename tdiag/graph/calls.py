@@ -26,7 +26,8 @@ from ..ir import (
     SquaredDistance,
     TensorRef,
 )
-from .syntax import _available, _is_scalar_syntax, _ordered_union
+from .map_sums import lone_sums, map_sum_warning
+from .syntax import _available, _is_scalar_syntax, _ordered_union, _statement_targets
 from .vocabulary import (
     BOX_OPTIONS,
     BOXES,
@@ -246,7 +247,7 @@ class BoxesAndMaps:
             self.b.error("causal takes a query leg and a key leg", e.span, hint="causal(n, m)")
             return self.poison(e)
         for leg, arg in zip(legs, e.args, strict=True):
-            if leg not in self.b.legs:
+            if not self.b.find_leg(leg):
                 self.b.error(
                     f"causal mask leg '{leg}' is not bound to a size",
                     arg.span,
@@ -282,10 +283,11 @@ class BoxesAndMaps:
             )
         return factors
 
-    def elementwise_map(self, e: syn.Call, keep: set[str]) -> Expr:
+    def elementwise_map(self, e: syn.Call, keep: set[str], written: syn.Call | None = None) -> Expr:
+        """A map; `written` is the call as the file has it, when `e` is that call less its masks."""
         if e.legs is not None or e.options:
             along = {leg for option in e.options for leg in _available(option.value, self.b.tensors)}
-            masked = self.elementwise_map(dataclasses.replace(e, legs=None, options=()), keep | along)
+            masked = self.elementwise_map(dataclasses.replace(e, legs=None, options=()), keep | along, e)
             factors = self._map_masks(e, masked)
             if not factors:
                 return masked
@@ -305,8 +307,17 @@ class BoxesAndMaps:
             self.b.error(f"{e.name} takes {1 + extra} argument(s), got {len(args)}", e.span, hint=usage)
             return self.poison(e)
         operand = self.inside(args[0], keep)
+        self.warn_lone_sums(written or e, args[0], operand)
         params = tuple(self.b._scalar(a) for a in args[1:])
         return ElementwiseMap(operand.legs, e.span, e.name, operand, params)
+
+    def warn_lone_sums(self, call: syn.Call | syn.BinOp, argument: syn.Expr, operand: Expr) -> None:
+        """Warn of a leg summed inside a map, reduction or power that one factor of its argument alone
+        carries: `exp(S[h n k])` is exp(Σ_k S), not Σ_k exp(S) (map_sums.py)."""
+        legs = lone_sums(operand, self.b.tensors)
+        if legs:
+            taken = {*self.b.tensors, *self.b.sizes, *_statement_targets(self.b.items)}
+            self.b.diagnostics.append(map_sum_warning(call, argument, operand, legs, taken))
 
     def reduction(self, e: syn.Call, keep: set[str]) -> Expr:
         over = self._legs_of(e)
@@ -317,6 +328,7 @@ class BoxesAndMaps:
             return self.poison(e)
         along = {leg for option in e.options for leg in _available(option.value, self.b.tensors)}
         operand = self.inside(argument, keep | set(over) | along)
+        self.warn_lone_sums(e, argument, operand)
         available = sorted(_available(argument, self.b.tensors))
         for leg, item in zip(over, e.legs or (), strict=False):
             if leg not in operand.legs:

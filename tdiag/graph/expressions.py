@@ -37,6 +37,7 @@ class _ExprBuilder(Products, Positions, BoxesAndMaps):
     def statement(self, e: syn.Expr, groups: tuple[tuple[str, ...], ...], target: syn.Target) -> Expr:
         result = [leg for g in groups for leg in g]
         errors_before = self._errors()
+        self.bind_factor_legs(e)
         expr = self.inside(e, set(result))
         if self._errors() > errors_before:
             return expr  # a mistake inside already explains any missing result leg

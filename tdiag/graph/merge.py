@@ -127,6 +127,9 @@ def _design_file(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
 
 
 def _merge(base: list[syn.Item], derived: list[syn.Item]) -> list[syn.Item]:
+    """The base's items with the derived file's: a `replace` takes the place of the base item of
+    its name, anything else is added, and the derived file's `output` lines (all of them) stand for
+    the base's, as its update rule for a buffer stands for the base's rule for it."""
     items = list(base)
     position = {_item_name(i): k for k, i in enumerate(items) if _item_name(i)}
     problems: list[Diagnostic] = []
@@ -144,11 +147,19 @@ def _merge(base: list[syn.Item], derived: list[syn.Item]) -> list[syn.Item]:
                 continue
             items[position[name]] = item
         else:
-            if isinstance(item, syn.Output):
-                items = [i for i in items if not isinstance(i, syn.Output)]
             items.append(item)
             if name and name not in position:
                 position[name] = len(items) - 1
     if problems:
         raise TdiagError(problems)
-    return items
+    has_outputs = any(isinstance(i, syn.Output) for i in derived)
+    updated = {i.target.name for i in derived if isinstance(i, syn.Update)}
+    return [i for k, i in enumerate(items) if k >= len(base) or not _stood_for(i, has_outputs, updated)]
+
+
+def _stood_for(item: syn.Item, has_outputs: bool, updated: set[str]) -> bool:
+    """Whether a base item gives way to the derived file's: its output lines when it has any, and
+    the update rule of a buffer it gives a rule of its own."""
+    return (has_outputs and isinstance(item, syn.Output)) or (
+        isinstance(item, syn.Update) and item.target.name in updated
+    )

@@ -5,7 +5,8 @@ it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING
 
 import sympy
@@ -22,8 +23,9 @@ from .syntax import (
     _leg_names,
     _ordered_union,
     _statement_targets,
+    _syntax_nodes,
 )
-from .vocabulary import FUNCTIONS
+from .vocabulary import FUNCTIONS, POISON_SIZE
 
 if TYPE_CHECKING:
     from .builder import _Builder
@@ -67,6 +69,59 @@ class Products:
         legs = tuple(leg for g in groups for leg in g)
         sliced = tuple(slices) if any(k is not None for k in slices) else ()
         return TensorRef(legs, e.span, e.name, groups, sliced)
+
+    def bind_factor_legs(self, e: syn.Expr) -> None:
+        """Bind every leg that a tensor use anywhere in statement `e` gives a size (plain legs,
+        slices, a gathered axis, `index(p, P)`; then reshape pieces the other legs determine)
+        before the statement is built, so that `causal(n, l) LF[l h]`, `index(l)` or `X[n (p q)]`
+        read a leg's size whatever the order of the factors (pieces of a reshape that no factor sizes
+        come from their uses elsewhere, as index does). Only unbound legs are bound here, and
+        nothing is reported: a mistake is reported where the statement is built."""
+        groups: list[tuple[syn.LegGroup, Axis, str]] = []
+        for node in sorted(_syntax_nodes(e), key=lambda n: (n.span.line, n.span.column)):
+            if isinstance(node, syn.Call) and node.name == "index" and len(node.args) == 2:
+                leg, size = node.args
+                if isinstance(leg, syn.Name):
+                    self._bind_quietly(leg.name, partial(self.b._scalar, size, sizes_only=True), leg.span, "index")
+                continue
+            tensor = self.b.tensors.get(node.name) if isinstance(node, syn.Indexed | syn.Call) else None
+            if tensor is None or node.name in FUNCTIONS or node.legs is None:  # type: ignore[union-attr]
+                continue
+            if isinstance(node, syn.Call) and node.options:
+                continue  # not a tensor use; reported where the statement is built
+            items = getattr(node, "items", ()) or (*node.legs, *node.options)  # type: ignore[union-attr]
+            if len(items) != len(tensor.axes):
+                continue
+            for item, axis in zip(items, tensor.axes, strict=True):
+                if isinstance(item, syn.LegGroup):
+                    groups.append((item, axis, tensor.name))
+                elif isinstance(item, syn.SlicedLeg):
+                    self._bind_quietly(item.name, partial(self._slice, item, axis, tensor), item.span, tensor.name)
+                elif item.name not in self.b.legs:
+                    self.b._bind(item.name, axis.size, item.span, tensor.name)
+        groups = [g for g in groups if self._unsized(g[0])]
+        while groups:
+            ready = [g for g in groups if len(self._unsized(g[0])) == 1]
+            if not ready:  # two pieces unknown here: size them from their uses elsewhere in the file
+                if not any([self.b.find_leg(piece) for g in groups for piece in self._unsized(g[0])]):
+                    return
+            for group, axis, name in ready:
+                self._bind_group(group, axis, name, name)
+            groups = [g for g in groups if self._unsized(g[0])]
+
+    def _unsized(self, group: syn.LegGroup) -> list[str]:
+        return [leg.name for leg in group.legs if leg.name not in self.b.legs]
+
+    def _bind_quietly(self, leg: str, size: Callable[[], sympy.Expr | None], span: Span, where: str) -> None:
+        """Bind an unbound leg to the size `size()` reads; a size with a mistake (None or
+        poisoned) binds nothing, and its error is reported where the statement is built."""
+        if leg in self.b.legs:
+            return
+        before = len(self.b.diagnostics)
+        value = size()
+        del self.b.diagnostics[before:]
+        if value is not None and POISON_SIZE not in value.free_symbols:
+            self.b._bind(leg, value, span, where)
 
     def wrong_axis_count(self, e: syn.Indexed, tensor: Tensor, used: str) -> Expr:
         """A use names more or fewer axes than the declaration has (`used` says how many)."""
@@ -194,6 +249,7 @@ class Products:
             self.b.error("an exponent is a number or size, not a tensor", e.right.span)
             return self.poison(e)
         base = self.inside(e.left, keep)
+        self.warn_lone_sums(e, e.left, base)
         return ElementwiseMap(base.legs, e.span, "pow", base, (self.b._scalar(e.right),))
 
 

@@ -214,3 +214,50 @@ def _ordered_union(leg_lists: Iterable[Iterable[str]]) -> tuple[str, ...]:
         for leg in legs:
             seen.setdefault(leg, None)
     return tuple(seen)
+
+
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "juxt": 2, "^": 4}
+
+
+def _syntax_text(e: syn.Expr) -> str:
+    """A syntax expression written back as `.td` text (spacing normalized, parentheses only
+    where precedence needs them), to quote the user's construct in a message."""
+    if isinstance(e, syn.Number):
+        return str(e.value)
+    if isinstance(e, syn.Name):
+        return e.name
+    if isinstance(e, syn.Neg):
+        return "-" + _operand_text(e.operand, 3)
+    if isinstance(e, syn.Indexed):
+        return f"{e.name}[{_items_text(e.items or (*e.legs, *e.options))}]"
+    if isinstance(e, syn.Call):
+        bracket = "" if e.legs is None else f"[{_items_text((*e.legs, *e.options))}]"
+        args = [_syntax_text(a) for a in e.args] + [f"{k.name} = {_syntax_text(k.value)}" for k in e.keywords]
+        return f"{e.name}{bracket}({', '.join(args)})"
+    precedence = _PRECEDENCE[e.op]
+    left = _operand_text(e.left, precedence + (e.op == "^"))
+    right = _operand_text(e.right, precedence + (e.op in "-/"))
+    return f"{left} {right}" if e.op == "juxt" else f"{left} {e.op} {right}"
+
+
+def _operand_text(e: syn.Expr, least: int) -> str:
+    """An operand, parenthesized when it binds less tightly than `least`."""
+    text = _syntax_text(e)
+    if (isinstance(e, syn.BinOp) and _PRECEDENCE[e.op] < least) or (isinstance(e, syn.Neg) and least > 3):
+        return f"({text})"
+    return text
+
+
+def _items_text(items: Iterable[syn.Leg | syn.LegGroup | syn.Option]) -> str:
+    parts = []
+    for item in items:
+        if isinstance(item, syn.LegGroup):
+            parts.append("(" + " ".join(leg.name for leg in item.legs) + ")")
+        elif isinstance(item, syn.SlicedLeg):
+            parts.append(f"{item.name}: {_syntax_text(item.size)}")
+        elif isinstance(item, syn.Option):
+            parts.append(f"{item.name} = {_syntax_text(item.value)}")
+        else:
+            parts.append(item.name)
+    separator = ", " if any(isinstance(i, syn.Option | syn.SlicedLeg) for i in items) else " "
+    return separator.join(parts)

@@ -6,6 +6,7 @@ import sympy
 
 from ..design import DEFAULT_OBJECTIVE, OBJECTIVES
 from ..graph import DesignGraph
+from ..ir import Expr, TensorRef
 from .base import LoweringBase, _all_legs
 from .boxes import BoxLowering
 from .chunked import ChunkedCausal
@@ -79,12 +80,14 @@ def build_plan(
     lowering.lower_design()
     plan = Plan(graph, dict(sizes), lowering.leg_sizes, steps=lowering.steps)
     for name in graph.outputs:
+        expr, groups = _output_expression(graph, name)
+        if name not in lowering.values:  # an input given back as it is: read like a factor
+            lowering.values[name] = lowering.lower(expr, lowering.identity_renaming(expr.legs))
         value = lowering.expand_broadcast(lowering.values[name], set(lowering.values[name].broadcast))
-        statement = graph.tensors[name].statement
-        if not value.is_batched and lowering.is_batched(statement.expr):  # type: ignore[union-attr]
+        if not value.is_batched and lowering.is_batched(expr):
             value = lowering.materialize(value, (BATCH, *value.legs))  # it reads the input, shifted away
         order = [BATCH] if value.is_batched else []
-        order += [p for group in statement.groups for leg in group for p in lowering.expand(leg)]  # type: ignore[union-attr]
+        order += [p for group in groups for leg in group for p in lowering.expand(leg)]
         plan.outputs.append((name, _reorder(lowering, value, order)))
     lowering.target = plan.update_steps
     for update in graph.updates:
@@ -111,6 +114,16 @@ def build_plan(
     plan.attributes = frozenset(lowering.attributes)
     mark_training_only(plan)
     return plan
+
+
+def _output_expression(graph: DesignGraph, name: str) -> tuple[Expr, tuple[tuple[str, ...], ...]]:
+    """What an output evaluates and its axes' legs: a statement's expression, or for a declared
+    input named as an output (`output X`) the input itself over its declared legs."""
+    tensor = graph.tensors[name]
+    if tensor.statement is not None:
+        return tensor.statement.expr, tensor.statement.groups
+    groups = tuple((leg,) for leg in tensor.legs)
+    return TensorRef(tensor.legs, tensor.span, name, groups), groups
 
 
 def _express_chunks(plan: Plan, sizes: Mapping[sympy.Symbol, sympy.Expr]) -> None:
