@@ -452,6 +452,65 @@ def test_p13_thsa_with_twice_the_rank_has_150_percent_of_mhsa_at_that_rank():
 # ---- what a training script relies on --------------------------------------------------------
 
 
+REGROUPED = {
+    # grouped-query heads: a computed tensor's head axis h read as (key head g, query head i)
+    "computed": """
+design regrouped
+size F = 8, G = 2, Hg = 2, H = G * Hg, D = 4
+size N
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D]
+param WK[f: F, g: G, d: D]
+param WV[f: F, g: G, e: D]
+param WO[g: G, i: Hg, e: D, o: F]
+E[n h d]   = exp(X[n f] WQ[f h d])
+A[g i n m] = softmax[m](E[n (g i) d] X[m f] WK[f g d])
+Y[n o]     = A[g i n m] X[m f] WV[f g e] WO[g i e o]
+output Y
+""",
+    # the same with a single-use product, which is otherwise folded into its consumer
+    "inlined": """
+design regrouped
+size F = 8, G = 2, Hg = 2, H = G * Hg, D = 4
+size N
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D]
+param WK[f: F, g: G, d: D]
+param WV[f: F, g: G, e: D]
+param WO[g: G, i: Hg, e: D, o: F]
+Q[n h d]   = X[n f] WQ[f h d]
+A[g i n m] = softmax[m](Q[n (g i) d] X[m f] WK[f g d])
+Y[n o]     = A[g i n m] X[m f] WV[f g e] WO[g i e o]
+output Y
+""",
+    # values constant along a regrouped axis (all of it, and one piece of it)
+    "broadcast": """
+design regrouped
+size F = 8, G = 2, I = 2, H = G * I, C = 3, E = I * C
+size N
+input X[n: N, f: F]
+param w[f: F]
+param u[c: C]
+param P[g: G, i: I, e: E]
+const J[h: H] = ones
+S[n h]        = relu(X[n f] w[f]) J[h]
+T[n (a c)]    = relu(X[n f] w[f] u[c]) J[a]
+Y[n g i e k]  = S[n (g i)] T[n (g e)] P[g i e] X[n k]
+output Y
+""",
+}
+
+
+@pytest.mark.parametrize("case", sorted(REGROUPED))
+def test_computed_tensor_used_with_its_axis_grouped_otherwise_equals_reference(case, write_td):
+    design = tdiag.load(write_td(REGROUPED[case]))
+    module = design.module(N=5, dtype=torch.float64)
+    reference = design.module(dtype=torch.float64, impl="reference")
+    reference.load_state_dict(module.state_dict(), strict=False)
+    x = x_input(2)
+    torch.testing.assert_close(module(x), reference(x), rtol=0, atol=TOL)
+
+
 def test_state_dict_round_trip():
     a, b = build("fish", seed=1), build("fish", seed=2)
     b.load_state_dict(a.state_dict())

@@ -332,6 +332,26 @@ A[g i n m]      = softmax[m, scale = 1 / sqrt(D)](Qr[n g i d] Kr[m g d])
 Y[n o]          = A[g i n m] V[m g e] WO[g i e o]
 output Y
 """,
+    # grouped query heads, then the G key heads read at offset H + g, the G value heads at H + G + g
+    "grouped_at_offsets": """
+design grouped_at_offsets
+size F = 16, G = 2, Hg = 2, H = G * Hg, D = 4, P = D / 2, J = H + 2 * G
+size N
+input X[n: N, f: F]
+param Wqkv[f: F, j: J, d: D] = normal(std = 1 / sqrt(F))
+param WO[g: G, i: Hg, e: D, o: F] = normal(std = 1 / sqrt(F))
+const R[s: 2, t: 2] = values(0, -1, 1, 0)
+theta[p]        = exp(-2 index(p, P) / D * log(10000))
+Ang[n p]        = index(n) theta[p]
+Q[n h d]        = X[n f] Wqkv[f, h: H, d]
+K[m g d]        = X[m f] Wqkv[f, j = H + g, d]
+V[m g e]        = X[m f] Wqkv[f, j = H + G + g, e]
+Qr[n g i (s p)] = cos(Ang[n p]) Q[n (g i) (s p)] + sin(Ang[n p]) R[s t] Q[n (g i) (t p)]
+Kr[m g (s p)]   = cos(Ang[m p]) K[m g (s p)] + sin(Ang[m p]) R[s t] K[m g (t p)]
+A[g i n m]      = softmax[m, scale = 1 / sqrt(D)](Qr[n g i d] Kr[m g d])
+Y[n o]          = A[g i n m] V[m g e] WO[g i e o]
+output Y
+""",
     # GPT-NeoX: Q, K and V interleaved per head ([f, h, 3, d]), read at offsets 0, 1, 2
     "interleaved": """
 design interleaved
