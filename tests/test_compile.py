@@ -528,6 +528,41 @@ def test_autocast_bfloat16_runs_close_to_float32():
     assert torch.allclose(low.float(), module(x), atol=5e-2, rtol=5e-2)
 
 
+def bfloat16_error(design: tdiag.Design, n: int, width: int, seed: int = 1) -> float:
+    """‖y_bf16 − y_f32‖ / ‖y_f32‖ of the module under CPU bfloat16 autocast, for a standard
+    normal input."""
+    module = design.module(N=n, seed=0).eval()
+    x = [torch.randn(2, n, width, generator=torch.Generator().manual_seed(seed))] * len(design.graph.inputs)
+    with torch.no_grad():
+        exact = module(*x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = module(*x)
+    return float((low.float() - exact).norm() / exact.norm())
+
+
+def test_normalize_box_is_computed_in_float32_under_autocast():
+    """A ratio of sums of a polynomial kernel, (q·k)² / Σ (q·k)², needs the relative precision of
+    small scores that bfloat16 projections do not carry (this case was 4.4% off float32)."""
+    design = tdiag.load(DESIGNS / "thsa_poly.td", F=16, H=2).with_causal_mask()
+    assert "torch.autocast(X.device.type, enabled=False)" in design.source(N=32)
+    assert bfloat16_error(design, n=32, width=16) <= 0.02
+
+
+def test_softmax_box_stays_under_autocast():
+    assert "enabled=False" not in tdiag.load(DESIGNS / "mhsa.td", **SMALL).source(N=8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
+def test_design_under_bfloat16_autocast_is_within_two_percent_of_float32(path, causal):
+    sizes = {"F": 32, "H": 4, **({"D": 4} if "mgk" in path.stem or "mlk" in path.stem else {})}
+    sizes |= {"N": 16} if path.stem == "mgk_softe" else {}
+    design = tdiag.load(path, **sizes)
+    design = design.with_causal_mask() if causal else design
+    assert bfloat16_error(design, n=16, width=32) <= 0.02
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "causal", "objective", "planned"),

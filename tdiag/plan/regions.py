@@ -56,7 +56,13 @@ class RegionLowering:
         leaves: list[_Leaf] = []
         coefficient = self.collect(e, ren, leaves) * scale
         out = tuple(p for leg in e.legs for p in ren[leg])
-        return self.contract(leaves, out, coefficient, var)
+        kept, self.stabilized = self.stabilized, None
+        try:
+            if kept is not None:
+                leaves = self.stabilize_exponents(leaves, kept)
+            return self.contract(leaves, out, coefficient, var)
+        finally:
+            self.stabilized = kept
 
     def collect(
         self, e: Expr, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf], *, expand_powers: bool = False
@@ -79,6 +85,14 @@ class RegionLowering:
             return coefficient
         if isinstance(e, TensorRef):
             return self.collect_tensor(e, ren, leaves)
+        if self.stabilized is not None and isinstance(e, ElementwiseMap) and e.name == "exp":
+            kept, self.stabilized = self.stabilized, None
+            try:
+                argument = self.lower(e.operand, ren)  # type: ignore[arg-type]
+            finally:
+                self.stabilized = kept
+            leaves += [_Leaf(argument.legs, value=argument, exponent=True), *_constant_along(argument.broadcast)]
+            return sympy.Integer(1)
         if not isinstance(e, TensorRef):
             constant = self.constant_value(e)
             if constant is not None:
