@@ -231,8 +231,16 @@ output Y
 """
 
 
-def test_a_users_exp_feature_attention_is_stabilized_and_exact(write_td):
-    loaded = tdiag.load(write_td(EXP_FEATURES))
+EXP_STATEMENTS = EXP_FEATURES.replace(
+    "A[h n m] = normalize[m](exp(X[n f] WQ[f h d]) exp(X[m f] WK[f h d]))",
+    "P[n h d]  = exp(X[n f] WQ[f h d])\nPk[m h d] = exp(X[m f] WK[f h d])\nA[h n m] = normalize[m](P[n h d] Pk[m h d])",
+)
+
+
+@pytest.mark.parametrize("text", [EXP_FEATURES, EXP_STATEMENTS], ids=["inline", "statements"])
+def test_a_users_exp_feature_attention_is_stabilized_and_exact(text, write_td):
+    assert text.count("exp(") == 2
+    loaded = tdiag.load(write_td(text))
     module = loaded.module(N=N, dtype=F64)
     perturbed(module)
     reference = loaded.module(dtype=F64, impl="reference")

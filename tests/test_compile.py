@@ -552,15 +552,31 @@ def test_softmax_box_stays_under_autocast():
     assert "enabled=False" not in tdiag.load(DESIGNS / "mhsa.td", **SMALL).source(N=8)
 
 
+def numerics_design(path, causal: bool) -> tdiag.Design:
+    """A bundled design at width 32 with 4 heads, plain or causal."""
+    sizes = {"F": 32, "H": 4, **({"D": 4} if "mgk" in path.stem or "mlk" in path.stem else {})}
+    sizes |= {"N": 16} if path.stem == "mgk_softe" else {}
+    design = tdiag.load(path, **sizes)
+    return design.with_causal_mask() if causal else design
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
 @pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
 def test_design_under_bfloat16_autocast_is_within_two_percent_of_float32(path, causal):
-    sizes = {"F": 32, "H": 4, **({"D": 4} if "mgk" in path.stem or "mlk" in path.stem else {})}
-    sizes |= {"N": 16} if path.stem == "mgk_softe" else {}
-    design = tdiag.load(path, **sizes)
-    design = design.with_causal_mask() if causal else design
-    assert bfloat16_error(design, n=16, width=32) <= 0.02
+    assert bfloat16_error(numerics_design(path, causal), n=16, width=32) <= 0.02
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
+def test_design_is_finite_at_inputs_times_1e4(path, causal):
+    """Performer's features exp(w·x − |x|²/2) overflowed here before their shifts (stabilize.py)."""
+    design = numerics_design(path, causal)
+    module = design.module(N=16, seed=0).eval()
+    x = [1e4 * torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(1))] * len(design.graph.inputs)
+    with torch.no_grad():
+        assert torch.isfinite(module(*x)).all()
 
 
 @pytest.mark.slow

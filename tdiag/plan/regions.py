@@ -48,6 +48,8 @@ class RegionLowering:
             return False
         if isinstance(statement.expr, SoftmaxBox | SumNode):
             return self.uses[name] == 1  # its consumer may fuse it (SDPA, linear-time order, P11)
+        if name in self.exp_factors:
+            return True  # an exp factor of a normalize box: shifted there (stabilize.py)
         if not isinstance(statement.expr, Contraction | TensorRef):
             return False
         return tensor.is_constant or self.uses[name] == 1

@@ -15,12 +15,39 @@ read the same shifted factors."""
 
 from __future__ import annotations
 
+import functools
+
+from ..ir import Contraction, ElementwiseMap, Expr, TensorRef
 from .base import _Leaf, _renamed
 from .program import BATCH, Map, Reduce, Step, Value, show_legs
 
 
 class ExponentStabilization:
     """Shifts the exp factors of a normalize box's content by their maxima."""
+
+    @functools.cached_property
+    def exp_factors(self) -> frozenset[str]:
+        """Single-use statements `P[...] = exp(...)` that are factors of a normalize box without
+        eps (through products folded into it): folded into the box, so their exp is shifted."""
+        found: set[str] = set()
+
+        def visit(e: Expr) -> None:
+            if isinstance(e, Contraction):
+                for factor in e.factors:
+                    visit(factor)
+            elif isinstance(e, TensorRef) and not e.is_sliced and self.uses[e.name] == 1:
+                statement = self.g.tensors[e.name].statement
+                if statement is None or e.name in self.g.outputs:
+                    return
+                if isinstance(statement.expr, ElementwiseMap) and statement.expr.name == "exp":
+                    found.add(e.name)
+                elif isinstance(statement.expr, Contraction | TensorRef):
+                    visit(statement.expr)
+
+        for _, box in self.g.boxes():
+            if not box.is_exp and box.eps == 0:
+                visit(box.content)  # type: ignore[arg-type]
+        return frozenset(found)
 
     def stabilize_exponents(self, leaves: list[_Leaf], kept: frozenset[str]) -> list[_Leaf]:
         """`leaves` with each exponent leaf (exp of its value, collected under a normalize box
