@@ -157,11 +157,12 @@ class LinearOrder:
         )
         present = tuple(leg for leg in numerator.legs)
         name = self.names.fresh("normalized")
+        guard = self.stabilizations > shifted
         step = Step(
             "quotient",
-            Ratio(numerator, align(denominator, present), self.runtime(box.eps), self.stabilizations > shifted),
+            Ratio(numerator, align(denominator, present), self.runtime(box.eps), guard),
             Value(name, present),
-            "numerator / (denominator + eps)",
+            "numerator / denominator, 0 where both are 0" if guard else "numerator / (denominator + eps)",
             elementwise=self.numel(present),
             divisions=self.numel(present),
             inputs=(numerator, denominator),

@@ -50,8 +50,8 @@ class PositionLowering:
         key = ("slice pieces", tensor.name, ref.slices, tuple(self.shape(axis) for axis in axes))
         if key not in self.memo:
             out = Value(self.names.fresh(f"{tensor.name}_view"), legs)
-            shown = " ".join(legs)
-            self.emit(Step("view", Reshape(whole, self.shape(legs)), out, f"view {whole.var} with legs {shown}"))
+            shown = " ".join(show_legs(legs))
+            self.emit(Step("view", Reshape(whole, self.shape(legs)), out, f"view {tensor.name} with legs {shown}"))
             self.memo[key] = (out, legs)
         value, earlier = self.memo[key]
         return _renamed(value, dict(zip(earlier, legs, strict=True)))
