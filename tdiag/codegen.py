@@ -8,6 +8,7 @@ import keyword
 import math
 import re
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from functools import singledispatch
 
 import sympy
@@ -91,6 +92,17 @@ def _identity(shape, scale=1.0):
     value = torch.zeros(shape, dtype=torch.float64)
     value[(torch.arange(shape[0]),) * len(shape) if shape else ()] = scale
     return value
+
+
+def _nonzero(x):
+    """x with its zeros read as 1: where a normalize box's shifted exp factors all underflowed,
+    its numerator is 0 too, and the quotient 0 rather than 0 / 0."""
+    return x.masked_fill(x == 0, 1)
+
+
+def _wide(x):
+    """x in float32 where autocast left it in float16 or bfloat16, else as it is."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 '''
 
 
@@ -335,11 +347,12 @@ def _body(plan: Plan) -> list[str]:
     k = 0
     while k < len(plan.steps):
         if k not in starts:
-            lines += _step_lines(plan.steps[k], plan)
-            k += 1
+            end = min([start for start in starts if start > k], default=len(plan.steps))
+            lines += _steps_lines(plan.steps[k:end], plan)
+            k = end
             continue
         end = starts[k]
-        inner = [line for step in plan.steps[k : end + 1] for line in _step_lines(step, plan)]
+        inner = _steps_lines(plan.steps[k : end + 1], plan)
         results = _escaping(plan, k, end)
         name = _fresh(f"_box_{k}", plan)
         lines.append(f"        def {name}():  # recomputed in the backward pass instead of kept")
@@ -458,17 +471,43 @@ def _known(graph: DesignGraph) -> dict:
     return {graph.sizes[k].symbol: v for k, v in graph.size_values().items()}
 
 
+def _steps_lines(steps: Sequence[Step], plan: Plan) -> list[str]:
+    """The lines of consecutive steps; a run of steps computed in float32 (a normalize box's)
+    goes under one `torch.autocast(..., enabled=False)`, its operands from outside widened."""
+    lines: list[str] = []
+    k = 0
+    while k < len(steps):
+        if not steps[k].wide:
+            lines += _step_lines(steps[k], plan)
+            k += 1
+            continue
+        inputs = [source(plan.names[t.name], "name") for t in plan.graph.inputs]
+        device = f"{inputs[0]}.device.type" if inputs else '"cpu"'
+        lines.append(
+            f"        with torch.autocast({device}, enabled=False):  # a normalize box, in float32 under autocast"
+        )
+        while k < len(steps) and steps[k].wide:
+            lines += ["    " + line for line in _step_lines(steps[k], plan)]
+            k += 1
+    return lines
+
+
 def _step_lines(step: Step, plan: Plan) -> list[str]:
     legs = " ".join(show_legs(step.out.legs)) if step.out else ""
     cost = ""
     if step.flops != 0:
         cost = f"; {sympy.sstr(sympy.factor(step.flops.subs(BATCH_SIZE, 1)))} flops"
     comment = "  # " + source(f"{step.description} [{legs}]{cost}", "comment") if step.description else ""
-    code = _op(step.op, plan.attributes)
-    if step.training_only:  # zero in eval mode: neither computed nor allocated there
-        code = f"{code} if self.training else None"
-    elif step.eval_op is not None:  # the same sum without its train-mode noise terms
-        code = f"{code} if self.training else {_op(step.eval_op, plan.attributes)}"
+    wide = {s.out.var for s in plan.steps if s.wide and s.out is not None} | set(plan.causal.values())
+    widened = _WIDENED.set(frozenset(v.var for v in reads(step.op) if v.var not in wide) if step.wide else frozenset())
+    try:
+        code = _op(step.op, plan.attributes)
+        if step.training_only:  # zero in eval mode: neither computed nor allocated there
+            code = f"{code} if self.training else None"
+        elif step.eval_op is not None:  # the same sum without its train-mode noise terms
+            code = f"{code} if self.training else {_op(step.eval_op, plan.attributes)}"
+    finally:
+        _WIDENED.reset(widened)
     if step.out is not None:
         code = f"{source(step.out.var, 'name')} = {code}"
     return [*_slice_checks(step), f"        {code}{comment}"]
@@ -527,9 +566,15 @@ def _dims(dims: Sequence[int]) -> str:
     return str(dims[0]) if len(dims) == 1 else "(" + ", ".join(map(str, dims)) + ")"
 
 
+# while a step computed in float32 under autocast is printed: the variables it reads through _wide
+_WIDENED: ContextVar[frozenset[str]] = ContextVar("widened", default=frozenset())
+
+
 def _var(value: Value, attributes: frozenset[str]) -> str:
     name = source(value.var, "name")
-    return f"self.{name}" if name in attributes else name
+    if name in attributes:
+        return f"self.{name}"  # stored in the module's dtype
+    return f"_wide({name})" if value.var in _WIDENED.get() else name
 
 
 def _read(operand: Operand, attributes: frozenset[str]) -> str:
@@ -613,6 +658,8 @@ def _(op: Softmax, attributes: frozenset[str]) -> str:
 def _(op: Normalize, attributes: frozenset[str]) -> str:
     code = _read(op.x, attributes)
     dims = ", ".join(str(-1 - k) for k in range(op.count))
+    if op.guard:
+        return f"{code} / _nonzero({code}.sum(dim=({dims},), keepdim=True))"
     return f"{code} / ({code}.sum(dim=({dims},), keepdim=True) + {_scalar(op.eps)})"
 
 
@@ -675,6 +722,8 @@ def _(op: Elementwise, attributes: frozenset[str]) -> str:
 
 @_op.register
 def _(op: Ratio, attributes: frozenset[str]) -> str:
+    if op.guard:
+        return f"{_var(op.numerator, attributes)} / _nonzero({_read(op.denominator, attributes)})"
     return f"{_var(op.numerator, attributes)} / ({_read(op.denominator, attributes)} + {_scalar(op.eps)})"
 
 

@@ -182,3 +182,75 @@ def test_torch_compile_fullgraph(name):
     compiled = torch.compile(module, fullgraph=True, backend="eager")
     x = torch.randn(2, 11, 8)
     torch.testing.assert_close(compiled(x), module(x), rtol=1e-6, atol=1e-6)
+
+
+# ---- exp features far from 1: the normalize box's shifts --------------------------------------
+
+
+def performer_in_the_log_domain(p, x):
+    """Performer's eq. 5 at any scale: Σ_r exp(z_q[n r] + z_k[m r]) normalized over (m, r) is a
+    softmax over the pairs (m, r), summed over r; computed with logsumexp, it never overflows."""
+    d = p["WQ"].shape[-1]
+    q, k, v = project(x, p["WQ"]) / d**0.25, project(x, p["WK"]) / d**0.25, project(x, p["WV"])
+    zq = q @ p["W"] - (q * q).sum(-1, keepdim=True) / 2
+    zk = k @ p["W"] - (k * k).sum(-1, keepdim=True) / 2
+    pairs = zq.unsqueeze(-2) + zk.unsqueeze(-3)  # [..., h, n, m, r]
+    a = pairs.flatten(-2).softmax(-1).unflatten(-1, pairs.shape[-2:]).sum(-1)
+    return torch.einsum("...hnm,...hme,heg->...ng", a, v, p["WO"])
+
+
+@pytest.mark.parametrize("planned", [N, 512], ids=["materialized", "linear_order"])
+def test_performer_at_inputs_times_1e4_equals_its_equation_in_the_log_domain(planned):
+    """Without the shifts the features exp(w·x − |x|²/2) overflow (inf / inf); the float64
+    paper formula overflows too."""
+    module = design("performer").module(N=planned, dtype=F64)
+    params = perturbed(module) | dict(module.named_buffers())
+    x = 1e4 * x_input(2)
+    torch.testing.assert_close(module(x), performer_in_the_log_domain(params, x), rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize("planned", [N, 512], ids=["materialized", "linear_order"])
+def test_causal_performer_at_inputs_times_1e4_is_finite(planned):
+    module = design("performer", causal=True).module(N=planned, dtype=F64)
+    perturbed(module)
+    assert torch.isfinite(module(1e4 * x_input(2))).all()
+
+
+EXP_FEATURES = """
+design exp_features
+size F = 8, H = 2, D = F / H
+size N
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D]
+param WK[f: F, h: H, d: D]
+param WV[f: F, h: H, e: D]
+param WO[h: H, e: D, g: F]
+A[h n m] = normalize[m](exp(X[n f] WQ[f h d]) exp(X[m f] WK[f h d]))
+Y[n g]   = A[h n m] X[m f] WV[f h e] WO[h e g]
+output Y
+"""
+
+
+EXP_STATEMENTS = EXP_FEATURES.replace(
+    "A[h n m] = normalize[m](exp(X[n f] WQ[f h d]) exp(X[m f] WK[f h d]))",
+    "P[n h d]  = exp(X[n f] WQ[f h d])\nPk[m h d] = exp(X[m f] WK[f h d])\nA[h n m] = normalize[m](P[n h d] Pk[m h d])",
+)
+
+
+@pytest.mark.parametrize("text", [EXP_FEATURES, EXP_STATEMENTS], ids=["inline", "statements"])
+def test_a_users_exp_feature_attention_is_stabilized_and_exact(text, write_td):
+    assert text.count("exp(") == 2
+    loaded = tdiag.load(write_td(text))
+    module = loaded.module(N=N, dtype=F64)
+    perturbed(module)
+    reference = loaded.module(dtype=F64, impl="reference")
+    reference.load_state_dict(module.state_dict())
+    x = x_input(2)
+    torch.testing.assert_close(module(x), reference(x), rtol=0, atol=1e-10)
+    assert torch.isfinite(module(1e4 * x)).all() and not torch.isfinite(reference(1e4 * x)).all()
+
+
+def test_exp_factors_of_a_normalize_box_with_eps_are_not_shifted(write_td):
+    """num / (den + eps): a shift would change the result, so none is taken."""
+    text = EXP_FEATURES.replace("normalize[m]", "normalize[m, eps = 1e-6]")
+    assert "shifted by its max" not in tdiag.load(write_td(text)).source(N=N)

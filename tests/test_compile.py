@@ -473,6 +473,65 @@ def test_p13_thsa_with_twice_the_rank_has_150_percent_of_mhsa_at_that_rank():
 # ---- what a training script relies on --------------------------------------------------------
 
 
+REGROUPED = {
+    # grouped-query heads: a computed tensor's head axis h read as (key head g, query head i)
+    "computed": """
+design regrouped
+size F = 8, G = 2, Hg = 2, H = G * Hg, D = 4
+size N
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D]
+param WK[f: F, g: G, d: D]
+param WV[f: F, g: G, e: D]
+param WO[g: G, i: Hg, e: D, o: F]
+E[n h d]   = exp(X[n f] WQ[f h d])
+A[g i n m] = softmax[m](E[n (g i) d] X[m f] WK[f g d])
+Y[n o]     = A[g i n m] X[m f] WV[f g e] WO[g i e o]
+output Y
+""",
+    # the same with a single-use product, which is otherwise folded into its consumer
+    "inlined": """
+design regrouped
+size F = 8, G = 2, Hg = 2, H = G * Hg, D = 4
+size N
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D]
+param WK[f: F, g: G, d: D]
+param WV[f: F, g: G, e: D]
+param WO[g: G, i: Hg, e: D, o: F]
+Q[n h d]   = X[n f] WQ[f h d]
+A[g i n m] = softmax[m](Q[n (g i) d] X[m f] WK[f g d])
+Y[n o]     = A[g i n m] X[m f] WV[f g e] WO[g i e o]
+output Y
+""",
+    # values constant along a regrouped axis (all of it, and one piece of it)
+    "broadcast": """
+design regrouped
+size F = 8, G = 2, I = 2, H = G * I, C = 3, E = I * C
+size N
+input X[n: N, f: F]
+param w[f: F]
+param u[c: C]
+param P[g: G, i: I, e: E]
+const J[h: H] = ones
+S[n h]        = relu(X[n f] w[f]) J[h]
+T[n (a c)]    = relu(X[n f] w[f] u[c]) J[a]
+Y[n g i e k]  = S[n (g i)] T[n (g e)] P[g i e] X[n k]
+output Y
+""",
+}
+
+
+@pytest.mark.parametrize("case", sorted(REGROUPED))
+def test_computed_tensor_used_with_its_axis_grouped_otherwise_equals_reference(case, write_td):
+    design = tdiag.load(write_td(REGROUPED[case]))
+    module = design.module(N=5, dtype=torch.float64)
+    reference = design.module(dtype=torch.float64, impl="reference")
+    reference.load_state_dict(module.state_dict(), strict=False)
+    x = x_input(2)
+    torch.testing.assert_close(module(x), reference(x), rtol=0, atol=TOL)
+
+
 def test_state_dict_round_trip():
     a, b = build("fish", seed=1), build("fish", seed=2)
     b.load_state_dict(a.state_dict())
@@ -488,6 +547,57 @@ def test_autocast_bfloat16_runs_close_to_float32():
         low = module(x)
     assert low.dtype == torch.bfloat16
     assert torch.allclose(low.float(), module(x), atol=5e-2, rtol=5e-2)
+
+
+def bfloat16_error(design: tdiag.Design, n: int, width: int, seed: int = 1) -> float:
+    """‖y_bf16 − y_f32‖ / ‖y_f32‖ of the module under CPU bfloat16 autocast, for a standard
+    normal input."""
+    module = design.module(N=n, seed=0).eval()
+    x = [torch.randn(2, n, width, generator=torch.Generator().manual_seed(seed))] * len(design.graph.inputs)
+    with torch.no_grad():
+        exact = module(*x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = module(*x)
+    return float((low.float() - exact).norm() / exact.norm())
+
+
+def test_normalize_box_is_computed_in_float32_under_autocast():
+    """A ratio of sums of a polynomial kernel, (q·k)² / Σ (q·k)², needs the relative precision of
+    small scores that bfloat16 projections do not carry (this case was 4.4% off float32)."""
+    design = tdiag.load(DESIGNS / "thsa_poly.td", F=16, H=2).with_causal_mask()
+    assert "torch.autocast(X.device.type, enabled=False)" in design.source(N=32)
+    assert bfloat16_error(design, n=32, width=16) <= 0.02
+
+
+def test_softmax_box_stays_under_autocast():
+    assert "enabled=False" not in tdiag.load(DESIGNS / "mhsa.td", **SMALL).source(N=8)
+
+
+def numerics_design(path, causal: bool) -> tdiag.Design:
+    """A bundled design at width 32 with 4 heads, plain or causal."""
+    sizes = {"F": 32, "H": 4, **({"D": 4} if "mgk" in path.stem or "mlk" in path.stem else {})}
+    sizes |= {"N": 16} if path.stem == "mgk_softe" else {}
+    design = tdiag.load(path, **sizes)
+    return design.with_causal_mask() if causal else design
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
+def test_design_under_bfloat16_autocast_is_within_two_percent_of_float32(path, causal):
+    assert bfloat16_error(numerics_design(path, causal), n=16, width=32) <= 0.02
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
+def test_design_is_finite_at_inputs_times_1e4(path, causal):
+    """Performer's features exp(w·x − |x|²/2) overflowed here before their shifts (stabilize.py)."""
+    design = numerics_design(path, causal)
+    module = design.module(N=16, seed=0).eval()
+    x = [1e4 * torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(1))] * len(design.graph.inputs)
+    with torch.no_grad():
+        assert torch.isfinite(module(*x)).all()
 
 
 @pytest.mark.slow

@@ -284,3 +284,166 @@ def test_cost_counts_positions_and_gathers_as_elementwise_not_flops():
     plain = tdiag.load(DESIGNS / "mhsa.td", **SIZES).cost(N=64)
     assert report.at(N=64)["flops"] == plain.at(N=64)["flops"]
     assert report.at(N=64)["elementwise"] > plain.at(N=64)["elementwise"]
+
+
+# ---- fused weights: slices and offset reads of one stored table, then RoPE ------------------
+
+FALCON = """
+# Falcon-7B as its checkpoint stores it: one fused weight [f, (H query heads, K, V), d], one
+# key/value head (multi-query), rotate-half RoPE on the first and second halves of the head.
+design falcon
+size F = 16, H = 2, D = F / H, P = D / 2, J = H + 2
+size N
+input X[n: N, f: F]
+param Wqkv[f: F, j: J, d: D] = normal(std = 1 / sqrt(F))
+param WO[h: H, e: D, g: F] = normal(std = 1 / sqrt(F))
+const R[s: 2, t: 2] = values(0, -1, 1, 0)
+theta[p]      = exp(-2 index(p, P) / D * log(10000))
+Ang[n p]      = index(n) theta[p]
+Q[n h d]      = X[n f] Wqkv[f, h: H, d]
+K[m d]        = X[m f] Wqkv[f, j = H, d]
+V[m e]        = X[m f] Wqkv[f, j = H + 1, e]
+Qr[n h (s p)] = cos(Ang[n p]) Q[n h (s p)] + sin(Ang[n p]) R[s t] Q[n h (t p)]
+Kr[m (s p)]   = cos(Ang[m p]) K[m (s p)] + sin(Ang[m p]) R[s t] K[m (t p)]
+A[h n m]      = softmax[m, scale = 1 / sqrt(D)](Qr[n h d] Kr[m d])
+Y[n g]        = A[h n m] V[m e] WO[h e g]
+output Y
+"""
+
+FUSED_LAYOUTS = {
+    "falcon": FALCON,
+    # Falcon-40B: per key/value group, its Hg query heads then its K and V ([f, g, (Hg + 2), d])
+    "grouped": """
+design grouped
+size F = 16, G = 2, Hg = 2, D = 8, P = D / 2, J = Hg + 2
+size N
+input X[n: N, f: F]
+param Wqkv[f: F, g: G, j: J, d: D] = normal(std = 1 / sqrt(F))
+param WO[g: G, i: Hg, e: D, o: F] = normal(std = 1 / sqrt(F))
+const R[s: 2, t: 2] = values(0, -1, 1, 0)
+theta[p]        = exp(-2 index(p, P) / D * log(10000))
+Ang[n p]        = index(n) theta[p]
+Q[n g i d]      = X[n f] Wqkv[f, g, i: Hg, d]
+K[m g d]        = X[m f] Wqkv[f, g, j = Hg, d]
+V[m g e]        = X[m f] Wqkv[f, g, j = Hg + 1, e]
+Qr[n g i (s p)] = cos(Ang[n p]) Q[n g i (s p)] + sin(Ang[n p]) R[s t] Q[n g i (t p)]
+Kr[m g (s p)]   = cos(Ang[m p]) K[m g (s p)] + sin(Ang[m p]) R[s t] K[m g (t p)]
+A[g i n m]      = softmax[m, scale = 1 / sqrt(D)](Qr[n g i d] Kr[m g d])
+Y[n o]          = A[g i n m] V[m g e] WO[g i e o]
+output Y
+""",
+    # grouped query heads, then the G key heads read at offset H + g, the G value heads at H + G + g
+    "grouped_at_offsets": """
+design grouped_at_offsets
+size F = 16, G = 2, Hg = 2, H = G * Hg, D = 4, P = D / 2, J = H + 2 * G
+size N
+input X[n: N, f: F]
+param Wqkv[f: F, j: J, d: D] = normal(std = 1 / sqrt(F))
+param WO[g: G, i: Hg, e: D, o: F] = normal(std = 1 / sqrt(F))
+const R[s: 2, t: 2] = values(0, -1, 1, 0)
+theta[p]        = exp(-2 index(p, P) / D * log(10000))
+Ang[n p]        = index(n) theta[p]
+Q[n h d]        = X[n f] Wqkv[f, h: H, d]
+K[m g d]        = X[m f] Wqkv[f, j = H + g, d]
+V[m g e]        = X[m f] Wqkv[f, j = H + G + g, e]
+Qr[n g i (s p)] = cos(Ang[n p]) Q[n (g i) (s p)] + sin(Ang[n p]) R[s t] Q[n (g i) (t p)]
+Kr[m g (s p)]   = cos(Ang[m p]) K[m g (s p)] + sin(Ang[m p]) R[s t] K[m g (t p)]
+A[g i n m]      = softmax[m, scale = 1 / sqrt(D)](Qr[n g i d] Kr[m g d])
+Y[n o]          = A[g i n m] V[m g e] WO[g i e o]
+output Y
+""",
+    # GPT-NeoX: Q, K and V interleaved per head ([f, h, 3, d]), read at offsets 0, 1, 2
+    "interleaved": """
+design interleaved
+size F = 16, H = 2, D = F / H, P = D / 2
+size N
+input X[n: N, f: F]
+param Wqkv[f: F, h: H, t: 3, d: D] = normal(std = 1 / sqrt(F))
+param WO[h: H, e: D, g: F] = normal(std = 1 / sqrt(F))
+const R[s: 2, u: 2] = values(0, -1, 1, 0)
+theta[p]      = exp(-2 index(p, P) / D * log(10000))
+Ang[n p]      = index(n) theta[p]
+Q[n h d]      = X[n f] Wqkv[f, h, t = 0, d]
+K[m h d]      = X[m f] Wqkv[f, h, t = 1, d]
+V[m h e]      = X[m f] Wqkv[f, h, t = 2, e]
+Qr[n h (s p)] = cos(Ang[n p]) Q[n h (s p)] + sin(Ang[n p]) R[s u] Q[n h (u p)]
+Kr[m h (s p)] = cos(Ang[m p]) K[m h (s p)] + sin(Ang[m p]) R[s u] K[m h (u p)]
+A[h n m]      = softmax[m, scale = 1 / sqrt(D)](Qr[n h d] Kr[m h d])
+Y[n g]        = A[h n m] V[m h e] WO[h e g]
+output Y
+""",
+    # partial rotary on a slice: the first Dr dims of each head rotate (q·k over all dims, minus
+    # the unrotated first Dr, plus the rotated ones); the sliced axis itself is split into (s p)
+    "partial_on_slice": """
+design partial_on_slice
+size F = 16, H = 2, D = F / H, Dr = D / 2, P = Dr / 2
+size N
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D] = normal(std = 1 / sqrt(F))
+param WK[f: F, h: H, d: D] = normal(std = 1 / sqrt(F))
+param WV[f: F, h: H, e: D] = normal(std = 1 / sqrt(F))
+param WO[h: H, e: D, g: F] = normal(std = 1 / sqrt(F))
+const R[s: 2, t: 2] = values(0, -1, 1, 0)
+theta[p]      = exp(-2 index(p, P) / Dr * log(10000))
+Ang[n p]      = index(n) theta[p]
+Qc[n h c]     = X[n f] WQ[f, h, c: Dr]
+Kc[m h c]     = X[m f] WK[f, h, c: Dr]
+Qr[n h (s p)] = cos(Ang[n p]) Qc[n h (s p)] + sin(Ang[n p]) R[s t] Qc[n h (t p)]
+Kr[m h (s p)] = cos(Ang[m p]) Kc[m h (s p)] + sin(Ang[m p]) R[s t] Kc[m h (t p)]
+A[h n m]      = softmax[m, scale = 1 / sqrt(D)](X[n f] WQ[f h d] X[m f2] WK[f2 h d]
+                                                - Qc[n h c] Kc[m h c] + Qr[n h c] Kr[m h c])
+Y[n g]        = A[h n m] X[m f] WV[f h e] WO[h e g]
+output Y
+""",
+}
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """GPT-NeoX / Falcon RoPE: dims i and i + d/2 form a pair rotated by position · θ_i, θ_i =
+    10000^(−2i/d): x · cos + (−x₂, x₁) · sin with x₁, x₂ the two halves."""
+    n, d = x.shape[-2], x.shape[-1]
+    theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=F64) / d)
+    angle = torch.arange(n, dtype=F64)[:, None] * theta[None, :]
+    cos, sin = angle.cos().repeat(1, 2), angle.sin().repeat(1, 2)
+    first, second = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-second, first], -1) * sin
+
+
+def falcon(p, x, allowed):
+    """Falcon-7B's attention from its fused query_key_value weight: one matmul, split into H
+    query heads, one key and one value head; rotate-half RoPE on queries and keys."""
+    w = p["Wqkv"]
+    heads, width = w.shape[1] - 2, w.shape[2]
+    qkv = (x @ w.reshape(w.shape[0], -1)).unflatten(-1, (heads + 2, width))
+    q, k, v = qkv[..., :heads, :].transpose(-2, -3), qkv[..., heads, :], qkv[..., heads + 1, :]
+    q, k = rotate_half(q), rotate_half(k)
+    logits = q @ k.transpose(-1, -2).unsqueeze(-3) / math.sqrt(width)
+    return attend(logits, allowed, v.unsqueeze(-3).expand_as(q), p["WO"])
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_falcon_fused_qkv_with_rotate_half_rope_equals_torch_values_and_gradients(causal, write_td):
+    loaded = tdiag.load(write_td(FALCON, "falcon.td"))
+    module = (loaded.with_causal_mask() if causal else loaded).module(N=N, dtype=F64)
+    params = {name: value.clone().requires_grad_() for name, value in perturbed(module).items()}
+    x = x_input(2).requires_grad_()
+    got, want = module(x), falcon(params, x, visible(N, causal))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    weight = torch.randn(got.shape, dtype=F64, generator=torch.Generator().manual_seed(2))
+    got_grads = torch.autograd.grad((got * weight).sum(), [x, module.Wqkv, module.WO])
+    want_grads = torch.autograd.grad((want * weight).sum(), [x, params["Wqkv"], params["WO"]])
+    for got_grad, want_grad in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("layout", sorted(FUSED_LAYOUTS))
+def test_fused_weight_layout_with_rope_equals_the_reference_evaluator(layout, causal, write_td):
+    loaded = tdiag.load(write_td(FUSED_LAYOUTS[layout], f"{layout}.td"))
+    loaded = loaded.with_causal_mask() if causal else loaded
+    module = loaded.module(N=N, dtype=F64)
+    perturbed(module)
+    reference = loaded.module(dtype=F64, impl="reference")
+    reference.load_state_dict(module.state_dict(), strict=False)
+    x = x_input(2, n=7)  # a length other than the planned N
+    torch.testing.assert_close(module(x), reference(x), rtol=0, atol=1e-10)

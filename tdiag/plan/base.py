@@ -77,6 +77,7 @@ class _Leaf:
     view: tuple[tuple[str, ...], ...] = ()  # for stored tensors: region legs of each axis
     box: tuple[SoftmaxBox, dict[str, tuple[str, ...]]] | None = None  # a box its consumer may fuse
     constant: sympy.Expr | None = None  # a sub-expression that is one number at every index
+    exponent: bool = False  # the factor is exp(value), its shift decided with the box's other factors
 
 
 def _constant_along(legs: Iterable[str]) -> list[_Leaf]:
@@ -155,6 +156,14 @@ class LoweringBase:
         # a term constant along them shifts every row equally and changes nothing (softmax(x + c))
         self.shift_invariant: frozenset[str] | None = None
         self.box_depth = 0  # > 0 while a softmax box's argument is being computed
+        # > 0 while a normalize box is computed: its steps run in float32 under autocast, since a
+        # ratio of sums of a kernel (a polynomial: (q·k)^p / Σ (q·k)^p) loses the relative
+        # precision of small scores that bfloat16 inputs cannot carry
+        self.wide_depth = 0
+        # the region legs a normalize box (without eps) keeps, while its content's product is
+        # collected: an exp factor there is shifted by its max over the other legs (stabilize.py)
+        self.stabilized: frozenset[str] | None = None
+        self.stabilizations = 0  # exp factors shifted so far: a box that shifted one guards 0 / 0
         self.memo: dict[tuple, tuple[Value, tuple[str, ...]]] = {}  # nonlinear values of the current target
         self.chunk_counts: dict[tuple[sympy.Expr, int], sympy.Symbol] = {}  # (extent, C) -> ⌈N / C⌉
         self.chunk_values: dict[sympy.Symbol, sympy.Integer] = {}  # ... at the planned sizes
@@ -191,6 +200,7 @@ class LoweringBase:
 
     def emit(self, step: Step) -> Value | None:
         step.in_box = step.in_box or self.box_depth > 0
+        step.wide = step.wide or self.wide_depth > 0
         self.target.append(step)
         return step.out
 
@@ -256,10 +266,11 @@ class LoweringBase:
         tensors, whatever its legs are called in the region) reads the earlier value. A region
         reaches its nonlinear factors here, not through `lower`, so the same shift rule applies."""
         context, self.shift_invariant = self.shift_invariant, self.inner_shift_invariance(e, ren)
+        kept, self.stabilized = self.stabilized, None  # a factor's inside is no factor of the box
         try:
             return self.memoized(e, ren, lambda: self._lower_nonlinear(e, ren, var))
         finally:
-            self.shift_invariant = context
+            self.shift_invariant, self.stabilized = context, kept
 
     def memoized(self, e: Expr, ren: dict[str, tuple[str, ...]], build) -> Value:
         legs = tuple(p for leg in sorted(e.legs) for p in ren[leg])

@@ -59,7 +59,12 @@ class BoxLowering:
         """`prefer`: legs the consumer shares with other factors (its batch legs), laid out first so
         that the consumer's matmul reads the box without a copy."""
         start = len(self.target)
-        value = self._lower_box(e, ren, var, prefer)
+        wide = 0 if e.is_exp else 1
+        self.wide_depth += wide
+        try:
+            value = self._lower_box(e, ren, var, prefer)
+        finally:
+            self.wide_depth -= wide
         if self.target is self.steps:
             self.box_segments.append((start, len(self.steps) - 1, value.var))
         return value
@@ -68,12 +73,15 @@ class BoxLowering:
         scale = e.scale if e.is_exp else sympy.Integer(1)
         normalized = tuple(p for leg in e.normalized for p in ren[leg])
         context, self.shift_invariant = self.shift_invariant, frozenset(normalized) if e.is_exp else None
+        stabilized, self.stabilized = self.stabilized, self.kept_by(e, ren)
+        shifted = self.stabilizations
         self.box_depth += 1
         try:
             content = self.lower(e.content, ren, None, scale)  # type: ignore[arg-type]
         finally:
-            self.shift_invariant = context
+            self.shift_invariant, self.stabilized = context, stabilized
             self.box_depth -= 1
+        guard = self.stabilizations > shifted
         content = self.maskable(content, e, ren, set(normalized))
         name = self.names.fresh(var or ("attention" if e.is_exp else "normalized"))
         masked = content
@@ -103,7 +111,7 @@ class BoxLowering:
         else:
             step = Step(
                 "normalize",
-                Normalize(read, count, self.runtime(e.eps)),
+                Normalize(read, count, self.runtime(e.eps), guard),
                 Value(name, tuple(moved), content.broadcast),
                 f"normalize over {' '.join(show_legs(normalized))}",
                 divisions=entries,
@@ -112,6 +120,14 @@ class BoxLowering:
                 inputs=(content,),
             )
         return self.emit(step)  # type: ignore[return-value]
+
+    def kept_by(self, e: SoftmaxBox, ren: dict[str, tuple[str, ...]]) -> frozenset[str] | None:
+        """The region legs a normalize box without eps keeps (and the batch): its content's exp
+        factors may be shifted along any other leg (stabilize.py); None for other boxes."""
+        if e.is_exp or e.eps != 0:
+            return None
+        normalized = {p for leg in e.normalized for p in ren[leg]}
+        return frozenset(p for leg in e.legs for p in ren[leg] if p not in normalized) | {BATCH}
 
     def causal_mask(self, query: str, key: str) -> str:
         """The forward's boolean [query, key] triangle (True above the diagonal: the future), one per

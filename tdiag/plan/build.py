@@ -32,6 +32,7 @@ from .program import (
 from .regions import RegionLowering
 from .sdpa import FusedAttention
 from .sdpa_match import AttentionMatch
+from .stabilize import ExponentStabilization
 from .timing import TimeModel
 from .training import mark_training_only
 
@@ -50,6 +51,7 @@ class _Lowering(
     FusedAttention,
     FlexLowering,
     PositionLowering,
+    ExponentStabilization,
     TimeModel,
     LoweringBase,
 ):

@@ -84,7 +84,11 @@ class LinearOrder:
             self.lowered.append(
                 f"normalize box over {' '.join(show_legs(normalized))} evaluated in the linear-time order{how}"
             )
-        return self.hoist(box, ren, *best, out)
+        self.wide_depth += 1  # as the materialized box: in float32 under autocast
+        try:
+            return self.hoist(box, ren, *best, out)
+        finally:
+            self.wide_depth -= 1
 
     def prefix_legs(self, box: SoftmaxBox, ren) -> tuple[str, str] | None:
         """(query, key) region legs when the box's only masks are causal ones over its single
@@ -114,12 +118,24 @@ class LinearOrder:
         """Like collect, with x ^ p of a contraction written as p copies of it."""
         return self.collect(e, ren, leaves, expand_powers=True)
 
+    def collect_stabilized(self, e, ren, leaves: list[_Leaf], kept: frozenset[str] | None) -> sympy.Expr:
+        """collect_expanded of a normalize box's content, its exp factors shifted (stabilize.py)."""
+        stabilized, self.stabilized = self.stabilized, kept
+        try:
+            found: list[_Leaf] = []
+            coefficient = self.collect_expanded(e, ren, found)
+        finally:
+            self.stabilized = stabilized
+        leaves += found if kept is None else self.stabilize_exponents(found, kept)
+        return coefficient
+
     def hoist(self, box: SoftmaxBox, ren, values: list[_Leaf], rest: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
         """Emit numerator and denominator contractions and their quotient; return the region's
         leaves with the quotient standing in for the box and its value side."""
         normalized = {p for leg in box.normalized for p in ren[leg]}
+        kept_by_box, shifted = self.kept_by(box, ren), self.stabilizations
         content: list[_Leaf] = []
-        coefficient = self.collect_expanded(box.content, ren, content)  # type: ignore[arg-type]
+        coefficient = self.collect_stabilized(box.content, ren, content, kept_by_box)
         kept = tuple(p for leg in box.legs for p in ren[leg] if p not in normalized)
         batch = (BATCH,) if any(BATCH in c.legs for c in [*content, *values]) else ()
         needed = set(out) | {leg for r in rest for leg in r.legs}
@@ -132,7 +148,7 @@ class LinearOrder:
         contract = self.contract if causal is None else functools.partial(self.causal_contract, *causal)
         numerator = contract([*content, *values], (*batch, *kept, *extra), coefficient, "numerator")
         den_content: list[_Leaf] = []
-        den_coefficient = self.collect_expanded(box.content, ren, den_content)  # type: ignore[arg-type]
+        den_coefficient = self.collect_stabilized(box.content, ren, den_content, kept_by_box)
         denominator = contract(
             den_content,
             tuple(leg for leg in (BATCH, *kept) if any(leg in c.legs for c in den_content)),
@@ -141,11 +157,12 @@ class LinearOrder:
         )
         present = tuple(leg for leg in numerator.legs)
         name = self.names.fresh("normalized")
+        guard = self.stabilizations > shifted
         step = Step(
             "quotient",
-            Ratio(numerator, align(denominator, present), self.runtime(box.eps)),
+            Ratio(numerator, align(denominator, present), self.runtime(box.eps), guard),
             Value(name, present),
-            "numerator / (denominator + eps)",
+            "numerator / denominator, 0 where both are 0" if guard else "numerator / (denominator + eps)",
             elementwise=self.numel(present),
             divisions=self.numel(present),
             inputs=(numerator, denominator),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..ir import Gather, Position, Tensor, TensorRef
 from .base import _renamed
-from .program import GatherAt, Operand, Positions, PositionTensor, Slice, Step, Value, show_legs
+from .program import GatherAt, Operand, Positions, PositionTensor, Reshape, Slice, Step, Value, show_legs
 
 
 class PositionLowering:
@@ -40,10 +40,24 @@ class PositionLowering:
         return _renamed(value, dict(zip(earlier, legs, strict=True)))
 
     def sliced(self, tensor: Tensor, ref: TensorRef, axes: tuple[tuple[str, ...], ...]) -> Value:
-        """`P[n: N, f]`: the first N entries of P's axis, a view of the stored table."""
+        """`P[n: N, f]`: the first N entries of P's axis, a view of the stored table; an axis the
+        design splits into pieces (RoPE's `(s p)` on a slice of a fused weight) is cut first, then
+        viewed as its pieces, head-major, as an unsliced table is."""
         legs = tuple(p for axis in axes for p in axis)
-        if any(len(axis) != 1 for axis in axes):
-            raise AssertionError("a sliced use is never split into pieces")
+        whole = self.table_slice(tensor, ref)
+        if all(len(axis) == 1 for axis in axes):
+            return _renamed(whole, dict(zip(whole.legs, legs, strict=True)))
+        key = ("slice pieces", tensor.name, ref.slices, tuple(self.shape(axis) for axis in axes))
+        if key not in self.memo:
+            out = Value(self.names.fresh(f"{tensor.name}_view"), legs)
+            shown = " ".join(show_legs(legs))
+            self.emit(Step("view", Reshape(whole, self.shape(legs)), out, f"view {tensor.name} with legs {shown}"))
+            self.memo[key] = (out, legs)
+        value, earlier = self.memo[key]
+        return _renamed(value, dict(zip(earlier, legs, strict=True)))
+
+    def table_slice(self, tensor: Tensor, ref: TensorRef) -> Value:
+        """The slice of a stored table that `ref` reads, one leg per axis, made once per program."""
         key = ("slice", tensor.name, ref.slices)
         if key not in self.memo:
             base = self.tensor_var(tensor)
@@ -52,6 +66,10 @@ class PositionLowering:
                 for k, (extent, axis) in enumerate(zip(ref.slices, tensor.axes, strict=True))
                 if extent is not None
             )
+            legs = tuple(
+                self.new_leg(axis.leg, axis.size if extent is None else extent)
+                for extent, axis in zip(ref.slices, tensor.axes, strict=True)
+            )
             name = self.names.fresh(f"{tensor.name}_first")
             shown = ", ".join(f"{tensor.axes[k].leg}: {extent}" for k, extent, _ in dims)
             labels = tuple((tensor.axes[k].leg, str(ref.slices[k]), str(tensor.axes[k].size)) for k, _, _ in dims)
@@ -59,8 +77,7 @@ class PositionLowering:
             op = Slice(Value(base, ()), dims, tensor.name, labels)
             self.emit(Step("slice", op, out, f"{tensor.name}[{shown}]"))
             self.memo[key] = (out, legs)
-        value, earlier = self.memo[key]
-        return _renamed(value, dict(zip(earlier, legs, strict=True)))
+        return self.memo[key][0]
 
     def position_tensor(self, position: Position, ren: dict[str, tuple[str, ...]]) -> Value:
         """The integer position over its region legs."""

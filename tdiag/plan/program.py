@@ -170,6 +170,7 @@ class Normalize:
     x: Operand
     count: int
     eps: sympy.Expr
+    guard: bool = False  # a zero sum reads as 1: stabilized exp factors that all underflowed give 0
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,7 @@ class Ratio:
     numerator: Value
     denominator: Operand
     eps: sympy.Expr
+    guard: bool = False  # a zero denominator reads as 1 (as Normalize's guard)
 
 
 @dataclass(frozen=True)
@@ -605,6 +607,7 @@ class Step:
     inputs: tuple[Value, ...] = ()
     training_only: bool = False  # zero in eval mode (a factor is train-mode noise): run in training only
     eval_op: Op | None = None  # a sum's op in eval mode, its train-mode noise terms left out
+    wide: bool = False  # computed in float32 at least under autocast (a normalize box's content)
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,11 @@ from .program import (
     BATCH_SIZE,
     MaskNumbers,
     Operand,
+    Permute,
     Reshape,
     Step,
     Value,
+    show_legs,
 )
 
 
@@ -46,6 +48,8 @@ class RegionLowering:
             return False
         if isinstance(statement.expr, SoftmaxBox | SumNode):
             return self.uses[name] == 1  # its consumer may fuse it (SDPA, linear-time order, P11)
+        if name in self.exp_factors:
+            return True  # an exp factor of a normalize box: shifted there (stabilize.py)
         if not isinstance(statement.expr, Contraction | TensorRef):
             return False
         return tensor.is_constant or self.uses[name] == 1
@@ -54,7 +58,13 @@ class RegionLowering:
         leaves: list[_Leaf] = []
         coefficient = self.collect(e, ren, leaves) * scale
         out = tuple(p for leg in e.legs for p in ren[leg])
-        return self.contract(leaves, out, coefficient, var)
+        kept, self.stabilized = self.stabilized, None
+        try:
+            if kept is not None:
+                leaves = self.stabilize_exponents(leaves, kept)
+            return self.contract(leaves, out, coefficient, var)
+        finally:
+            self.stabilized = kept
 
     def collect(
         self, e: Expr, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf], *, expand_powers: bool = False
@@ -77,6 +87,14 @@ class RegionLowering:
             return coefficient
         if isinstance(e, TensorRef):
             return self.collect_tensor(e, ren, leaves)
+        if self.stabilized is not None and isinstance(e, ElementwiseMap) and e.name == "exp":
+            kept, self.stabilized = self.stabilized, None
+            try:
+                argument = self.lower(e.operand, ren)  # type: ignore[arg-type]
+            finally:
+                self.stabilized = kept
+            leaves += [_Leaf(argument.legs, value=argument, exponent=True), *_constant_along(argument.broadcast)]
+            return sympy.Integer(1)
         if not isinstance(e, TensorRef):
             constant = self.constant_value(e)
             if constant is not None:
@@ -112,7 +130,13 @@ class RegionLowering:
         inner = self.definition_renaming(statement, axes) if self.is_inlined(e.name) else None
         if inner is not None:
             return self.collect(statement.expr, inner, leaves)
+        if e.name not in self.values:  # inlined, but this use groups its axes otherwise
+            ren = self.identity_renaming(_all_legs(statement.expr))
+            self.values[e.name] = self.lower(statement.expr, ren, var=statement.target)
         value = self.values[e.name]
+        if self.align_definition(statement, axes) is None:
+            leaves.extend(_value_leaves(self.regrouped(value, statement, axes)))
+            return sympy.Integer(1)
         leaves.append(_Leaf(self.rename_value_legs(value, statement, axes), value=value))
         leaves.extend(_constant_along(self.rename_value_legs(value, statement, axes, sorted(value.broadcast))))
         return sympy.Integer(1)
@@ -149,6 +173,36 @@ class RegionLowering:
                 mapping.setdefault(leg, ())
                 mapping[leg] = (*mapping[leg], target)
         return mapping
+
+    def regrouped(self, value: Value, statement: Statement, axes: tuple[tuple[str, ...], ...]) -> Value:
+        """A computed tensor used with an axis grouped otherwise than its definition has it
+        (`E[n (g i) d]` of `E[n h d] = ...`, grouped-query heads): the definition's pieces of each
+        axis laid out in order, then reshaped to the use's pieces (a view where the layout
+        allows). An axis the value is constant along stays a broadcast leg of the use."""
+        order, legs, broadcast = [], [], set()
+        for group, use in zip(statement.groups, axes, strict=True):
+            pieces = [p for leg in group for p in self.expand(leg)]
+            if all(p in value.broadcast for p in pieces):
+                broadcast.update(use)
+                continue
+            order += pieces
+            legs += use
+        batch = [BATCH] if value.is_batched else []
+        order, legs = [*batch, *order], [*batch, *legs]
+        if any(p not in value.legs for p in order):
+            value = self.materialize(value, tuple(order))
+        elif list(value.legs) != order:
+            permuted = Value(self.names.fresh(f"{value.var}_laid"), tuple(order))
+            permutation = tuple(value.legs.index(p) for p in order)
+            step = Step("permute", Permute(value, permutation), permuted, "reorder legs", inputs=(value,))
+            value = self.emit(step)  # type: ignore[assignment]
+        shape = (BATCH_SIZE,) * len(batch) + self.shape(legs[len(batch) :])
+        if shape == (BATCH_SIZE,) * len(batch) + self.shape(order[len(batch) :]):
+            return Value(value.var, tuple(legs), frozenset(broadcast))  # only broadcast axes regrouped
+        out = Value(self.names.fresh(f"{value.var}_view"), tuple(legs), frozenset(broadcast))
+        shown = " ".join(show_legs(legs))
+        step = Step("view", Reshape(value, shape), out, f"view {statement.target} with legs {shown}", inputs=(value,))
+        return self.emit(step)  # type: ignore[return-value]
 
     def rename_value_legs(
         self,
