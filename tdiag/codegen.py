@@ -92,18 +92,24 @@ def _identity(shape, scale=1.0):
     value = torch.zeros(shape, dtype=torch.float64)
     value[(torch.arange(shape[0]),) * len(shape) if shape else ()] = scale
     return value
+'''
 
+# helpers printed only into a module whose forward calls them
+CALLED_HELPERS = {
+    "_nonzero": '''
 
 def _nonzero(x):
     """x with its zeros read as 1: where a normalize box's shifted exp factors all underflowed,
     its numerator is 0 too, and the quotient 0 rather than 0 / 0."""
     return x.masked_fill(x == 0, 1)
-
+''',
+    "_wide": '''
 
 def _wide(x):
     """x in float32 where autocast left it in float16 or bfloat16, else as it is."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-'''
+''',
+}
 
 
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "'": "\\'", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -212,6 +218,8 @@ def generate(plan: Plan, *, source_name: str = "") -> str:
     name = class_name(graph.name)
     origin = f" from {source(source_name, 'text')}" if source_name else ""
     sizes = ", ".join(f"{source(k, 'text')}={source(v, 'text')}" for k, v in plan.sizes.items() if k != "B")
+    forward = _forward(plan)
+    called = "".join(text for helper, text in CALLED_HELPERS.items() if f"{helper}(" in "\n".join(forward))
     lines = [
         f'"""{name}: the `{source(graph.name, "text")}` design compiled by tdiag{origin}.',
         "",
@@ -224,7 +232,7 @@ def generate(plan: Plan, *, source_name: str = "") -> str:
         "import torch",
         "from torch import nn",
         *(_FLEX_IMPORT if any(isinstance(step.op, FlexAttention) for step in plan.steps) else []),
-        HELPERS,
+        HELPERS + called,
         "",
         f"class {name}(nn.Module):",
         f'    """{_docstring(graph)}"""',
@@ -235,7 +243,7 @@ def generate(plan: Plan, *, source_name: str = "") -> str:
         "",
         *_extra_repr(plan),
         "",
-        *_forward(plan),
+        *forward,
     ]
     return "\n".join(lines).rstrip() + "\n"
 
