@@ -42,13 +42,28 @@ def load_items(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
     """Parse `path` and, when it `extends` a base design, merge it into the base's items. The
     chain of bases is followed in a loop, not by recursion, so its length has no limit. A bundled
     design may be named instead of a path (`fish`)."""
+    chain = [(head, body) for _, head, body in _chain(path)]
+    items = chain[-1][1]
+    for _, body in reversed(chain[:-1]):
+        items = _merge(items, body)
+    return chain[0][0], items
+
+
+def design_chain(path: str) -> list[Path]:
+    """The files a design is read from: its own, then each base it `extends`, in order; a run
+    folder keeps copies of them all so that the design can be read again from there."""
+    return [Path(file) for file, _, _ in _chain(path)]
+
+
+def _chain(path: str) -> list[tuple[str, syn.DesignDecl, list[syn.Item]]]:
+    """Each file of the `extends` chain with its `design` line and its other items."""
     path = str(design_file(path))
-    chain: list[tuple[syn.DesignDecl, list[syn.Item]]] = []
+    chain: list[tuple[str, syn.DesignDecl, list[syn.Item]]] = []
     seen = {Path(path).resolve()}
     current = path
     while True:
         head, body = _design_file(current)
-        chain.append((head, body))
+        chain.append((current, head, body))
         if head.base is None:
             break
         base_path = str(Path(current).parent / f"{head.base}.td")
@@ -67,10 +82,7 @@ def load_items(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
             )
         seen.add(Path(base_path).resolve())
         current = base_path
-    items = chain[-1][1]
-    for _, body in reversed(chain[:-1]):
-        items = _merge(items, body)
-    return chain[0][0], items
+    return chain
 
 
 def _design_file(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
