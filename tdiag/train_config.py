@@ -206,7 +206,8 @@ class _Given(argparse.Action):
 
 def given_settings(args: argparse.Namespace) -> dict[str, object]:
     """The TrainConfig settings the user gave explicitly on the command line, by field name."""
-    given = {name: getattr(args, name) for name in getattr(args, "given", ())}
+    named = getattr(args, "given", ())
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if f.name in named}
     if args.sizes:
         given["sizes"] = dict(args.sizes)
     return given

@@ -435,6 +435,19 @@ def test_a_finished_run_releases_its_folder(corpus_file, tmp_path):
     holder.wait()
 
 
+def test_compare_claims_every_designs_folder_before_the_first_design_trains(corpus_file, tmp_path, capsys):
+    holder = _held_by_another_process(tmp_path / "cmp" / "thsa")
+    try:
+        argv = ["train", "--compare", "mhsa", "thsa", "--data", str(corpus_file), "--layers", "1", "--width", "16"]
+        argv += ["--heads", "2", "--context", "16", "--batch", "4", "--steps", "2", "--out", str(tmp_path / "cmp")]
+        assert main([*argv, "--no-progress"]) == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    assert "is in use: another tdiag train holds it" in capsys.readouterr().err
+    assert not (tmp_path / "cmp" / "mhsa" / "checkpoint.pt").exists()
+
+
 # ---- Ctrl-C, SIGTERM and resume: the same steps as an uninterrupted run --------------------------
 
 
