@@ -500,7 +500,7 @@ def _resumed_config(args: argparse.Namespace) -> TrainConfig:
         if given:
             raise _UsageError(f"tdiag train: error: --resume continues one run; {flag} cannot go with it")
     folder = Path(args.resume)
-    config, _ = read_run_config(folder)
+    config, _, _ = read_run_config(folder)
     wanted = given_settings(args)
     if "data" in wanted:
         wanted["data"] = str(Path(str(wanted["data"])).resolve())

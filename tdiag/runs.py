@@ -217,23 +217,28 @@ def _copy_problems(record: object) -> list[str]:
     for name, digest in digests.items():
         if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
             return [f"design_copy names {name!r}, not a file name"]
-        if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        if not _is_sha256(digest):
             return [f"design_copy.sha256[{name!r}] is not a sha256"]
     return []
+
+
+def _is_sha256(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 # ---- config.json ---------------------------------------------------------------------------------
 
 
-def config_text(config: TrainConfig, copy: dict, summary: dict) -> bytes:
-    """config.json: the settings, the design copy's record and the model's summary."""
+def config_text(config: TrainConfig, copy: dict, data_sha256: str, summary: dict) -> bytes:
+    """config.json: the settings, the design copy's record, the data's sha256 and the model's summary."""
     import dataclasses
 
-    return json.dumps(dataclasses.asdict(config) | {"design_copy": copy, "summary": summary}, indent=2).encode()
+    record = {"design_copy": copy, "data_sha256": data_sha256, "summary": summary}
+    return json.dumps(dataclasses.asdict(config) | record, indent=2).encode()
 
 
-def read_run_config(folder: Path) -> tuple[TrainConfig, dict]:
-    """The settings and the design copy's record in a run folder's config.json, held to the rules
+def read_run_config(folder: Path) -> tuple[TrainConfig, dict, str]:
+    """The settings, the design copy's record and the data's sha256 in a run folder's config.json, held to the rules
     of the flags; a missing, broken or edited-into-nonsense file is a one-line error naming the
     file and the field (and is left as it was)."""
     path = folder / "config.json"
@@ -248,12 +253,14 @@ def read_run_config(folder: Path) -> tuple[TrainConfig, dict]:
     if not isinstance(saved, dict):
         raise TdiagError(Diagnostic(f"'{path}' is not a run config (expected a JSON object)", hint=hint))
     saved.pop("summary", None)
-    copy = saved.pop("design_copy", None)
+    copy, data_sha256 = saved.pop("design_copy", None), saved.pop("data_sha256", None)
     problems = config_problems(saved, complete=True) + (_copy_problems(copy) if copy is not None else [])
     if copy is None:
         problems.append("missing setting 'design_copy' (a run folder written before tdiag kept design copies)")
+    if not _is_sha256(data_sha256):
+        problems.append(f"data_sha256 is {data_sha256!r}, not a sha256")
     if problems:
         raise TdiagError(Diagnostic(f"'{path}' is not a valid run config: {'; '.join(problems)}", hint=hint))
     config = TrainConfig(**saved)
     config.out = str(folder)
-    return config, copy
+    return config, copy, data_sha256

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import gzip
+import hashlib
 import json
 import math
 import os
@@ -55,6 +56,7 @@ class Corpus:
     chars: list[str]
     train: torch.Tensor
     val: torch.Tensor
+    sha256: str = ""  # of the file's bytes: a resumed run must read the text its run was started with
 
     @property
     def vocab(self) -> int:
@@ -81,9 +83,7 @@ def read_corpus(path: str, context: int) -> Corpus:
         )
     try:
         raw = file.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        text = raw.decode("utf-8")
+        text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode("utf-8")
     except (OSError, UnicodeDecodeError, EOFError) as error:
         raise TdiagError(Diagnostic(f"cannot read '{path}' as UTF-8 text: {error}")) from None
     if not text.strip():
@@ -92,7 +92,7 @@ def read_corpus(path: str, context: int) -> Corpus:
     index = {c: i for i, c in enumerate(chars)}
     ids = torch.tensor([index[c] for c in text], dtype=torch.long)
     split = int(0.9 * len(ids))
-    corpus = Corpus(chars, ids[:split], ids[split:])
+    corpus = Corpus(chars, ids[:split], ids[split:], hashlib.sha256(raw).hexdigest())
     if len(corpus.val) <= context + 1:
         raise TdiagError(
             Diagnostic(
@@ -350,7 +350,7 @@ def _train(config: TrainConfig, folder: Path, device: torch.device, *, resume: b
     corpus = read_corpus(config.data, config.context)
     source, copy = config.design, None
     if resume:  # every check before anything is written
-        source, copy = _resumed_design(folder, config)
+        source, copy = _resumed_design(folder, config, corpus)
     model, design = build_model(config, corpus.vocab, device, source)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
     if resume:
@@ -382,7 +382,7 @@ def _train(config: TrainConfig, folder: Path, device: torch.device, *, resume: b
         if copy is None:
             copy = copy_design(source, folder)
         with writing(folder / "config.json"):
-            write_atomically(folder / "config.json", config_text(config, copy, summary))
+            write_atomically(folder / "config.json", config_text(config, copy, corpus.sha256, summary))
         if not resume:  # a run killed before its first evaluation resumes from its start
             _save_checkpoint(folder, model, optimizer, done, config)
     run = _Run(config, folder, device, dist, corpus, model, optimizer, summary)
@@ -404,14 +404,21 @@ def _train(config: TrainConfig, folder: Path, device: torch.device, *, resume: b
     return summary | {"log": done.log, "folder": str(folder)}
 
 
-def _resumed_design(folder: Path, config: TrainConfig) -> tuple[str, dict]:
+def _resumed_design(folder: Path, config: TrainConfig, corpus: Corpus) -> tuple[str, dict]:
     """The run's design, read from its copy in the run folder, once `config` is found to be the
-    run's own (only RESUMABLE settings may differ from config.json's)."""
-    started, copy = read_run_config(folder)
+    run's own (only RESUMABLE settings may differ from config.json's) and its data the same text."""
+    started, copy, data_sha256 = read_run_config(folder)
     wanted = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
     refusals = resume_refusals(started, wanted)
     if refusals:
         raise TdiagError([Diagnostic(f"cannot resume the run in '{folder}': {r}") for r in refusals])
+    if corpus.sha256 != data_sha256:
+        raise TdiagError(
+            Diagnostic(
+                f"data file '{config.data}' differs from the text the run in '{folder}' was started with",
+                hint="restore that text, or start a new run on this one",
+            )
+        )
     return str(design_copy(folder, copy)), copy
 
 

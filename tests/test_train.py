@@ -608,6 +608,7 @@ def test_a_crafted_checkpoint_is_refused_naming_the_file_and_the_field(corpus_fi
         (lambda c: c.update(steps="many"), "steps is 'many', not a whole number"),
         (lambda c: c.update(compile="yes"), "compile is 'yes', not true or false"),
         (lambda c: c.pop("design_copy"), "missing setting 'design_copy'"),
+        (lambda c: c.update(data_sha256=7), "data_sha256 is 7, not a sha256"),
         (lambda c: c["design_copy"].update(file="../../x.td"), "design_copy.sha256 does not list design_copy.file"),
     ],
 )
@@ -650,6 +651,13 @@ def test_an_edited_design_copy_is_refused_on_resume(corpus_file, tmp_path, capsy
     copy.write_text(copy.read_text() + "\n# edited\n")
     assert _resume(tmp_path / "run", "--steps", "4") == 1
     assert f"the run's design copy '{copy}' differs from the design the run was started with" in capsys.readouterr().err
+
+
+def test_a_data_file_changed_since_the_run_started_is_refused_on_resume(corpus_file, tmp_path, capsys):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    corpus_file.write_bytes(gzip.compress((TEXT + " And by opposing end them.").encode()))
+    assert _resume(tmp_path / "run", "--steps", "4") == 1
+    assert f"data file '{corpus_file}' differs from the text the run in" in capsys.readouterr().err
 
 
 # ---- file-system failures: one line naming the path and the cause, the last checkpoint kept ----
