@@ -455,6 +455,7 @@ def _train(args: argparse.Namespace) -> int:
     from . import train as training
 
     _available_device("train", args.device)
+    resumed_config = _resumed_config(args) if args.resume else None  # refused flags: once, before torchrun
 
     if args.nproc > 1 and "RANK" not in os.environ:
         argv = [a for a in sys.argv[2:] if a != "--nproc" and not a.startswith("--nproc=")]
@@ -463,9 +464,8 @@ def _train(args: argparse.Namespace) -> int:
             argv = sys.argv[2:index] + sys.argv[index + 2 :]
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}"]
         return subprocess.call([*command, "-m", "tdiag.train", *argv])
-    if args.resume:
-        config = _resumed_config(args)
-        result = training.train(config, resume=True, progress=not args.no_progress)
+    if resumed_config is not None:
+        result = training.train(resumed_config, resume=True, progress=not args.no_progress)
         return _report_training(result)
     if not args.designs:
         raise _UsageError("tdiag train: error: give a design file, e.g. tdiag train designs/mhsa.td")
