@@ -483,54 +483,73 @@ class _Run:
     model: LanguageModel
     optimizer: torch.optim.Optimizer
     summary: dict
+    updating: bool = False  # inside a step's update: the model and optimizer are neither before nor after it
 
     def steps(self, network: nn.Module, done: Progress, progress: bool) -> tuple[Progress, _Pace]:
         """Train from `done` to the last step. A step changes nothing that is kept (model,
         optimizer, generators' record) until its update, and Ctrl-C or SIGTERM during the update
         wait for it to end: the checkpoint written on interrupt is the last completed step."""
-        config, model, optimizer = self.config, self.model, self.optimizer
+        generator = self._restore_generators(done)
+        peak = peak_flops(self.device, self.config.peak_tflops) * self.dist.world
+        pace = _Pace(self.summary["flops_per_step"], self.config.batch * self.config.context, peak)
+        saved = done.step
+        bar = _progress(self.config, done.step, enabled=progress and self.dist.is_main)
+        try:
+            with _Interrupts() as interrupts:
+                while done.step < self.config.steps:
+                    started = time.perf_counter()
+                    loss = self._gradients(network, generator)
+                    with interrupts.held():
+                        done, train_loss = self._update(done, loss, generator, pace, started)
+                        bar.update(1)
+                        bar.set_postfix(**self._postfix(train_loss, done, pace))
+                        if done.log and done.log[-1]["step"] == done.step and self.dist.is_main:
+                            _save_checkpoint(self.folder, self.model, self.optimizer, done, self.config)
+                            _write_log(self.folder, done.log)
+                            saved = done.step
+        except KeyboardInterrupt:
+            raise self._interrupted(done, saved) from None
+        finally:
+            bar.close()
+        return done, pace
+
+    def _restore_generators(self, done: Progress) -> torch.Generator:
+        """The batch generator, and torch's own generators, as of the last completed step."""
         generator = torch.Generator()
         generator.set_state(done.batches)
         torch.set_rng_state(done.noise)
         if done.noise_cuda is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(done.noise_cuda, self.device)
-        peak = peak_flops(self.device, config.peak_tflops) * self.dist.world
-        pace = _Pace(self.summary["flops_per_step"], config.batch * config.context, peak)
-        saved, updating = done.step, False
-        bar = _progress(config, done.step, enabled=progress and self.dist.is_main)
-        try:
-            with _Interrupts() as interrupts:
-                while done.step < config.steps:
-                    started = time.perf_counter()
-                    x, y = global_batch(generator, self.corpus.train, config, self.dist.rank, self.dist.world)
-                    loss = loss_of(network, x, y, self.device)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                    with interrupts.held():
-                        updating = True
-                        for group in optimizer.param_groups:
-                            group["lr"] = learning_rate(done.step, config)
-                        optimizer.step()
-                        train_loss = float(loss.detach())  # waits for the device: the step's time is complete
-                        pace.add(time.perf_counter() - started)
-                        step = done.step + 1
-                        log = done.log
-                        if step % config.eval_every == 0 or step == config.steps:
-                            log = [*log, self._entry(step, train_loss, pace)]
-                        done = Progress(step, log, generator.get_state(), *_noise_state(self.device))
-                        updating = False
-                        bar.update(1)
-                        bar.set_postfix(**self._postfix(train_loss, log, step, pace))
-                        if log and log[-1]["step"] == step and self.dist.is_main:
-                            _save_checkpoint(self.folder, model, optimizer, done, config)
-                            _write_log(self.folder, done.log)
-                            saved = step
-        except KeyboardInterrupt:
-            raise self._interrupted(done, saved, updating) from None
-        finally:
-            bar.close()
-        return done, pace
+        return generator
+
+    def _gradients(self, network: nn.Module, generator: torch.Generator) -> torch.Tensor:
+        """Draw the step's batch and compute its gradients (clipped); the loss, still on the device."""
+        config = self.config
+        x, y = global_batch(generator, self.corpus.train, config, self.dist.rank, self.dist.world)
+        loss = loss_of(network, x, y, self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        return loss
+
+    def _update(
+        self, done: Progress, loss: torch.Tensor, generator: torch.Generator, pace: _Pace, started: float
+    ) -> tuple[Progress, float]:
+        """Apply the step's update, evaluate when due, and record the step as completed: the only
+        part of a step that changes what is kept (`updating` says when it was cut short)."""
+        self.updating = True
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(done.step, self.config)
+        self.optimizer.step()
+        train_loss = float(loss.detach())  # waits for the device: the step's time is complete
+        pace.add(time.perf_counter() - started)
+        step = done.step + 1
+        log = done.log
+        if step % self.config.eval_every == 0 or step == self.config.steps:
+            log = [*log, self._entry(step, train_loss, pace)]
+        done = Progress(step, log, generator.get_state(), *_noise_state(self.device))
+        self.updating = False
+        return done, train_loss
 
     def _entry(self, step: int, train_loss: float, pace: _Pace) -> dict:
         return {
@@ -543,17 +562,17 @@ class _Run:
             "flops": pace.flops_per_step * step,
         }
 
-    def _postfix(self, train_loss: float, log: list[dict], step: int, pace: _Pace) -> dict[str, str]:
+    def _postfix(self, train_loss: float, done: Progress, pace: _Pace) -> dict[str, str]:
         shown = {"train": f"{train_loss:.3f}"}
-        if log and log[-1]["step"] == step:
-            shown["val"] = f"{log[-1]['val_loss']:.3f}"
+        if done.log and done.log[-1]["step"] == done.step:
+            shown["val"] = f"{done.log[-1]['val_loss']:.3f}"
         return shown | {"tok_s": f"{pace.rate:,.0f}"} | _mfu_postfix(pace.achieved, pace.peak)
 
-    def _interrupted(self, done: Progress, saved: int, updating: bool) -> TdiagError:
+    def _interrupted(self, done: Progress, saved: int) -> TdiagError:
         """Checkpoint the last completed step (unless an update was cut in half: then the
         checkpoint already written is the last whole state) and say where the run stands."""
         folder = self.folder
-        if updating:
+        if self.updating:
             message = (
                 f"training interrupted inside the update of step {done.step + 1}; "
                 f"the checkpoint in '{folder}' holds step {saved}"
