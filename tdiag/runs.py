@@ -58,16 +58,16 @@ class FolderLock:
 
 
 def _acquire(folder: Path) -> int:
+    """The descriptor of the folder's lock file, flocked by this process and naming it."""
     import fcntl
 
-    path = folder / LOCK_FILE
     try:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        descriptor = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as error:
-        raise TdiagError(Diagnostic(f"cannot lock run folder '{folder}': {error.strerror or error}")) from None
+        raise _cannot_lock(folder, error) from None
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except BlockingIOError:
         holder = os.read(descriptor, 32).decode(errors="replace").strip()
         os.close(descriptor)
         by = f" (process {holder})" if holder.isdigit() else ""
@@ -77,9 +77,20 @@ def _acquire(folder: Path) -> int:
                 hint="wait for that run to end (or stop it), or choose another --out",
             )
         ) from None
-    os.ftruncate(descriptor, 0)
-    os.write(descriptor, f"{os.getpid()}\n".encode())
+    except OSError as error:  # a file system without locks
+        os.close(descriptor)
+        raise _cannot_lock(folder, error) from None
+    try:
+        os.ftruncate(descriptor, 0)
+        os.write(descriptor, f"{os.getpid()}\n".encode())
+    except OSError as error:
+        os.close(descriptor)
+        raise _cannot_lock(folder, error) from None
     return descriptor
+
+
+def _cannot_lock(folder: Path, error: OSError) -> TdiagError:
+    return TdiagError(Diagnostic(f"cannot lock run folder '{folder}': {error.strerror or error}"))
 
 
 def claim_folder(folder: Path, *, resume: bool, overwrite: bool) -> FolderLock:

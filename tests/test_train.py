@@ -435,6 +435,20 @@ def test_a_finished_run_releases_its_folder(corpus_file, tmp_path):
     holder.wait()
 
 
+def test_a_file_system_without_locks_is_a_one_line_error_not_a_folder_in_use(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    from tdiag.train import claim_folder
+
+    def no_locks(descriptor, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(TdiagError, match=f"cannot lock run folder '{tmp_path / 'run'}': No locks available"):
+        claim_folder(tmp_path / "run", resume=False, overwrite=False)
+
+
 def test_compare_claims_every_designs_folder_before_the_first_design_trains(corpus_file, tmp_path, capsys):
     holder = _held_by_another_process(tmp_path / "cmp" / "thsa")
     try:
