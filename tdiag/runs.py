@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -129,12 +128,20 @@ def _clear(folder: Path, *, resume: bool, overwrite: bool) -> None:
         )
     try:
         for name in held:
-            if (folder / name).is_dir():
-                shutil.rmtree(folder / name)
+            if name == DESIGN_FOLDER:
+                _remove_design_copy(folder / name)
             else:
                 (folder / name).unlink()
     except OSError as error:
         raise TdiagError(Diagnostic(f"cannot replace the run in '{folder}': {error.strerror or error}")) from None
+
+
+def _remove_design_copy(copy: Path) -> None:
+    """The copied .td files and their folder; anything else a user put there is left in place."""
+    for file in copy.glob("*.td"):
+        file.unlink()
+    if not any(copy.iterdir()):
+        copy.rmdir()
 
 
 # ---- writing -----------------------------------------------------------------------------------

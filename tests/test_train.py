@@ -659,6 +659,12 @@ def test_a_run_started_with_a_relative_design_path_resumes_from_elsewhere_after_
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["design"] == "fish"
 
 
+def test_overwrite_replaces_the_design_copy_with_the_new_designs_files(corpus_file, tmp_path):
+    train(tiny("fish.td", corpus_file, tmp_path, steps=1), progress=False)
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=1), overwrite=True, progress=False)
+    assert sorted(p.name for p in (tmp_path / "run" / "design").iterdir()) == ["mhsa.td"]
+
+
 def test_an_edited_design_copy_is_refused_on_resume(corpus_file, tmp_path, capsys):
     train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
     copy = tmp_path / "run" / "design" / "mhsa.td"
