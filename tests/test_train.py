@@ -665,6 +665,13 @@ def test_overwrite_replaces_the_design_copy_with_the_new_designs_files(corpus_fi
     assert sorted(p.name for p in (tmp_path / "run" / "design").iterdir()) == ["mhsa.td"]
 
 
+def test_a_bundled_design_is_recorded_by_name(corpus_file, tmp_path):
+    config = tiny("mhsa.td", corpus_file, tmp_path, steps=1)
+    config.design = "mhsa"
+    train(config, progress=False)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["design"] == "mhsa"
+
+
 def test_an_edited_design_copy_is_refused_on_resume(corpus_file, tmp_path, capsys):
     train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
     copy = tmp_path / "run" / "design" / "mhsa.td"
