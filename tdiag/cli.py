@@ -15,7 +15,15 @@ from .design import COST_OBJECTIVE, DEFAULT_OBJECTIVE, OBJECTIVES, Design, load
 from .errors import Diagnostic, TdiagError, format_diagnostic
 from .files import OutputRefusedError, check_output, one_command, write_output
 from .resources import bundled_designs, design_file
-from .train_config import TrainConfig, add_arguments, config_from, config_problems, device_name
+from .train_config import (
+    TrainConfig,
+    add_arguments,
+    config_from,
+    device_name,
+    given_settings,
+    resume_refusals,
+    resumed,
+)
 
 RENDER_FORMATS = ("dot", "pdf", "png", "svg")
 DESIGN_HELP = "a .td file, or a bundled design's name (e.g. fish)"
@@ -424,6 +432,7 @@ def _train(args: argparse.Namespace) -> int:
     from . import train as training
 
     _available_device("train", args.device)
+    resumed_config = _resumed_config(args) if args.resume else None  # refused flags: once, before torchrun
 
     if args.nproc > 1 and "RANK" not in os.environ:
         argv = [a for a in sys.argv[2:] if a != "--nproc" and not a.startswith("--nproc=")]
@@ -432,13 +441,8 @@ def _train(args: argparse.Namespace) -> int:
             argv = sys.argv[2:index] + sys.argv[index + 2 :]
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}"]
         return subprocess.call([*command, "-m", "tdiag.train", *argv])
-    if args.resume:
-        if args.overwrite:
-            raise _UsageError("tdiag train: error: --resume continues a run and --overwrite replaces it; give one")
-        config = _saved_config(Path(args.resume))
-        if args.steps != TrainConfig.steps:  # given explicitly: the new total
-            config.steps = args.steps
-        result = training.train(config, resume=True, progress=not args.no_progress)
+    if resumed_config is not None:
+        result = training.train(resumed_config, resume=True, progress=not args.no_progress)
         return _report_training(result)
     if not args.designs:
         raise _UsageError("tdiag train: error: give a design file, e.g. tdiag train designs/mhsa.td")
@@ -463,29 +467,30 @@ def _train(args: argparse.Namespace) -> int:
     return _report_training(result)
 
 
-def _saved_config(folder: Path) -> TrainConfig:
-    """The TrainConfig in a run folder's config.json, held to the rules of the flags; a missing,
-    broken or edited-into-nonsense file is a clear error (and is left as it was)."""
-    import json
+def _resumed_config(args: argparse.Namespace) -> TrainConfig:
+    """The settings of the run in --resume's folder with the flags given explicitly applied: each
+    either may change (RESUMABLE: steps, evaluation, device, ...) or must equal the run's own, else
+    it is refused by name; none is ignored."""
+    from .runs import read_run_config, recorded_design
 
-    path = folder / "config.json"
-    if not path.is_file():
-        raise TdiagError(Diagnostic(f"'{folder}' is not a run folder (no config.json)"))
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise TdiagError(
-            Diagnostic(f"cannot read '{path}': {error}", hint="the run cannot be resumed from this config")
-        ) from None
-    if not isinstance(saved, dict):
-        raise TdiagError(Diagnostic(f"'{path}' is not a run config (expected a JSON object)"))
-    saved.pop("summary", None)
-    problems = config_problems(saved)
-    if problems:
-        raise TdiagError(Diagnostic(f"'{path}' is not a valid run config: {'; '.join(problems)}"))
-    config = TrainConfig(**saved)
-    config.out = str(folder)
-    return config
+    for flag, given in (("--overwrite", args.overwrite), ("--compare", args.compare)):
+        if given:
+            raise _UsageError(f"tdiag train: error: --resume continues one run; {flag} cannot go with it")
+    folder = Path(args.resume)
+    config, _, _ = read_run_config(folder)
+    wanted = given_settings(args)
+    if "data" in wanted:
+        wanted["data"] = str(Path(str(wanted["data"])).resolve())
+    if args.designs:
+        wanted["design"] = recorded_design(args.designs[0]) if len(args.designs) == 1 else ",".join(args.designs)
+    refusals = resume_refusals(config, wanted)
+    if args.out and Path(args.out).resolve() != folder.resolve():
+        refusals.append(f"--out cannot change on resume: the run's folder is {folder}")
+    if any(":" in name for name, _ in args.sizes):
+        refusals.append("--set DESIGN:NAME=N is for --compare, not --resume")
+    if refusals:
+        raise _UsageError("\n".join(f"tdiag train: error: {refusal}" for refusal in refusals))
+    return resumed(config, wanted)
 
 
 def _design_sizes(file: str, designs: dict[str, Design], settings: list[tuple[str, int]]) -> dict[str, int]:

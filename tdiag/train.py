@@ -1,7 +1,9 @@
 """Train any design as the attention of a small decoder-only character language model
 (design notes §7). One process or data-parallel under torchrun (gloo on CPU, NCCL on GPU).
-Each run writes a folder: config.json, log.csv and log.jsonl (every evaluation), checkpoint.pt
-(resumable, written at every evaluation and on Ctrl-C), loss.png and sample.txt.
+Each run writes a folder (locked while it runs, see tdiag.runs): config.json, a copy of the
+design's files, log.csv and log.jsonl (every evaluation), checkpoint.pt (resumable, written at
+the start, at every evaluation and on Ctrl-C or SIGTERM: always the state of a completed step, so
+that a resumed run takes the steps an uninterrupted one takes), loss.png and sample.txt.
 
     tdiag train designs/fish.td
     tdiag train --compare designs/mhsa.td designs/thsa.td designs/fish.td
@@ -12,11 +14,15 @@ from __future__ import annotations
 import csv
 import dataclasses
 import gzip
+import hashlib
 import json
 import math
 import os
+import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +34,17 @@ import tdiag
 
 from .device import data_sheet
 from .errors import Diagnostic, TdiagError
-from .train_config import TrainConfig
+from .runs import (
+    claim_folder,
+    config_text,
+    copy_design,
+    design_copy,
+    read_run_config,
+    recorded_design,
+    write_atomically,
+    writing,
+)
+from .train_config import RESUMABLE, TrainConfig, resume_refusals
 
 # ---- data ------------------------------------------------------------------------------------
 
@@ -40,6 +56,7 @@ class Corpus:
     chars: list[str]
     train: torch.Tensor
     val: torch.Tensor
+    sha256: str = ""  # of the file's bytes: a resumed run must read the text its run was started with
 
     @property
     def vocab(self) -> int:
@@ -66,9 +83,7 @@ def read_corpus(path: str, context: int) -> Corpus:
         )
     try:
         raw = file.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        text = raw.decode("utf-8")
+        text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode("utf-8")
     except (OSError, UnicodeDecodeError, EOFError) as error:
         raise TdiagError(Diagnostic(f"cannot read '{path}' as UTF-8 text: {error}")) from None
     if not text.strip():
@@ -77,7 +92,7 @@ def read_corpus(path: str, context: int) -> Corpus:
     index = {c: i for i, c in enumerate(chars)}
     ids = torch.tensor([index[c] for c in text], dtype=torch.long)
     split = int(0.9 * len(ids))
-    corpus = Corpus(chars, ids[:split], ids[split:])
+    corpus = Corpus(chars, ids[:split], ids[split:], hashlib.sha256(raw).hexdigest())
     if len(corpus.val) <= context + 1:
         raise TdiagError(
             Diagnostic(
@@ -127,9 +142,11 @@ class LanguageModel(nn.Module):
         return self.head(self.norm(x))
 
 
-def design_for(config: TrainConfig) -> tdiag.Design:
-    """The causal design at the model's sizes; its input and output width must be the model's."""
-    base = tdiag.load(config.design)
+def design_for(config: TrainConfig, source: str | None = None) -> tdiag.Design:
+    """The causal design at the model's sizes; its input and output width must be the model's.
+    `source`: the file to read it from (a resumed run's copy), else `config.design`."""
+    source = source or config.design
+    base = tdiag.load(source)
     graph = base.graph
     if len(graph.inputs) != 1 or len(graph.outputs) != 1:
         inputs = ", ".join(t.name for t in graph.inputs) or "none"
@@ -150,7 +167,7 @@ def design_for(config: TrainConfig) -> tdiag.Design:
         sizes["H"] = config.heads
     if "N" in base.graph.sizes and not base.graph.sizes["N"].is_free:
         sizes["N"] = config.context
-    design = tdiag.load(config.design, **sizes).with_causal_mask()
+    design = tdiag.load(source, **sizes).with_causal_mask()
     graph = design.graph
     x, y = graph.inputs[0], graph.tensors[graph.outputs[0]]
     widths = {int(graph.evaluate(x.axes[-1].size)), int(graph.evaluate(y.axes[-1].size))}
@@ -165,8 +182,10 @@ def design_for(config: TrainConfig) -> tdiag.Design:
     return design
 
 
-def build_model(config: TrainConfig, vocab: int, device: torch.device) -> tuple[LanguageModel, tdiag.Design]:
-    design = design_for(config)
+def build_model(
+    config: TrainConfig, vocab: int, device: torch.device, source: str | None = None
+) -> tuple[LanguageModel, tdiag.Design]:
+    design = design_for(config, source)
     attentions = [
         design.module(seed=config.seed + k, N=config.context, device=device, objective=config.objective)
         for k in range(config.layers)
@@ -300,46 +319,51 @@ def run_folder(config: TrainConfig) -> Path:
     return Path(config.out or f"runs/{Path(config.design).stem}-seed{config.seed}")
 
 
-RUN_FILES = ("config.json", "checkpoint.pt", "log.csv", "log.jsonl", "loss.png", "sample.txt", "summary.json")
+def recorded(config: TrainConfig) -> TrainConfig:
+    """The settings as a run records them: the design by bundled name or absolute path and the
+    data by absolute path, so that they mean the same from whatever folder the run is resumed."""
+    return dataclasses.replace(config, design=recorded_design(config.design), data=str(Path(config.data).resolve()))
 
 
-def claim_folder(folder: Path, *, resume: bool, overwrite: bool) -> None:
-    """A run folder that holds a run is continued (`resume`) or replaced (`overwrite`), never
-    silently overwritten; replacing it first removes the old run's files, so a run killed before
-    its first checkpoint cannot leave one design's config beside another's checkpoint."""
-    if folder.exists() and not folder.is_dir():
-        raise TdiagError(Diagnostic(f"run folder '{folder}' is a file", hint="choose another --out"))
-    held = [name for name in RUN_FILES if (folder / name).exists()]
-    if resume or not held:
-        return
-    if not overwrite:
-        raise TdiagError(
-            Diagnostic(
-                f"run folder '{folder}' already holds a run ({', '.join(held)})",
-                hint=f"continue it with: tdiag train --resume {folder}; or choose another --out, "
-                "or pass --overwrite to replace it",
-            )
-        )
-    for name in held:
-        (folder / name).unlink()
+def _is_main_process() -> bool:
+    """Under torchrun only rank 0 owns the run folder: it locks it and writes it."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
-    """Train, evaluate every `eval_every` steps, checkpoint, and return the final summary. A
-    folder holding another run is refused unless `resume` (continue it) or `overwrite`."""
+    """Train, evaluate every `eval_every` steps, checkpoint, and return the final summary. The run
+    folder is locked for the run's life. A folder holding another run is refused unless `resume`
+    (continue it: `config` may change only the RESUMABLE settings of the run in it) or `overwrite`."""
+    folder = run_folder(config)
+    config = recorded(config)
     device = resolve_device(config.device)
-    if os.environ.get("RANK", "0") == "0":
-        claim_folder(run_folder(config), resume=resume, overwrite=overwrite)
+    with ExitStack() as held:
+        if _is_main_process():
+            held.enter_context(claim_folder(folder, resume=resume, overwrite=overwrite))
+        return _train(config, folder, device, resume=resume, progress=progress)
+
+
+def _train(config: TrainConfig, folder: Path, device: torch.device, *, resume: bool, progress: bool) -> dict:
     dist = setup_distributed(device)
     if config.batch % dist.world:
         raise TdiagError(Diagnostic(f"--batch {config.batch} does not split over {dist.world} processes"))
     corpus = read_corpus(config.data, config.context)
-    folder = run_folder(config)
-    model, design = build_model(config, corpus.vocab, device)
+    source, copy = config.design, None
+    if resume:  # every check before anything is written
+        source, copy = _resumed_design(folder, config, corpus)
+    model, design = build_model(config, corpus.vocab, device, source)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
-    state = {"step": 0, "log": [], "generator": torch.Generator().manual_seed(config.seed).get_state()}
     if resume:
-        state = _load_checkpoint(folder, model, optimizer, config)
+        done = _load_checkpoint(folder, model, optimizer, config)
+        if done.step > config.steps:
+            raise TdiagError(
+                Diagnostic(
+                    f"the run in '{folder}' has completed {done.step} steps, more than --steps {config.steps}",
+                    hint=f"give --steps {done.step} or more",
+                )
+            )
+    else:
+        done = Progress(0, [], torch.Generator().manual_seed(config.seed).get_state(), *_noise_state(device))
     network = model
     if dist.world > 1:
         network = nn.parallel.DistributedDataParallel(
@@ -347,107 +371,262 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
         )
     if config.compile:
         network = torch.compile(network)
-    generator = torch.Generator()
-    generator.set_state(state["generator"])
-    per_step = flops_per_step(config, design, corpus.vocab)
     summary = {
         "design": design.name,
         "parameters": sum(p.numel() for p in model.parameters()),
         "attention_parameters": sum(p.numel() for b in model.blocks for p in b.attention.parameters()),
-        "flops_per_step": per_step,
+        "flops_per_step": flops_per_step(config, design, corpus.vocab),
         "unigram_val_loss": corpus.unigram_loss(),
     }
     if dist.is_main:
-        folder.mkdir(parents=True, exist_ok=True)
-        config_text = json.dumps(dataclasses.asdict(config) | {"summary": summary}, indent=2)
-        write_atomically(folder / "config.json", config_text.encode())
-    bar = _progress(config, state["step"], enabled=progress and dist.is_main)
-    peak = peak_flops(device, config.peak_tflops) * dist.world
-    tokens, seconds, rate, achieved = 0, 0.0, 0.0, 0.0
-    previous_handler = _stop_on_sigterm()
-    step = state["step"]
+        if copy is None:
+            copy = copy_design(source, folder)
+        with writing(folder / "config.json"):
+            write_atomically(folder / "config.json", config_text(config, copy, corpus.sha256, summary))
+        if not resume:  # a run killed before its first evaluation resumes from its start
+            _save_checkpoint(folder, model, optimizer, done, config)
+    run = _Run(config, folder, device, dist, corpus, model, optimizer, summary)
     completed = False
     try:
-        while step < config.steps:
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, config)
-            started = time.perf_counter()
-            x, y = global_batch(generator, corpus.train, config, dist.rank, dist.world)
-            loss = loss_of(network, x, y, device)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            loss = float(loss.detach())  # waits for the device: the step's time is complete
-            seconds += time.perf_counter() - started
-            step += 1
-            tokens += config.batch * config.context
-            rate = tokens / seconds
-            achieved = per_step * rate / (config.batch * config.context)  # model FLOP/s
-            bar.update(1)
-            bar.set_postfix(train=f"{loss:.3f}", tok_s=f"{rate:,.0f}", **_mfu_postfix(achieved, peak))
-            if step % config.eval_every == 0 or step == config.steps:
-                val = evaluate(model, corpus, config, device)
-                entry = {
-                    "step": step,
-                    "train_loss": loss,
-                    "val_loss": val,
-                    "tokens_per_s": rate,
-                    "model_flops_per_s": achieved,
-                    "mfu": achieved / peak if peak else None,
-                    "flops": per_step * step,
-                }
-                state["log"].append(entry)
-                bar.set_postfix(
-                    train=f"{loss:.3f}", val=f"{val:.3f}", tok_s=f"{rate:,.0f}", **_mfu_postfix(achieved, peak)
-                )
-                if dist.is_main:
-                    _save_checkpoint(folder, model, optimizer, step, state["log"], generator, config)
-                    _write_log(folder, state["log"])
-    except KeyboardInterrupt:
-        if dist.is_main:
-            _save_checkpoint(folder, model, optimizer, step, state["log"], generator, config)
-        message = f"training interrupted at step {step}; the checkpoint in '{folder}' holds every completed step"
-        raise TdiagError(Diagnostic(message, hint=f"resume with: tdiag train --resume {folder}")) from None
-    else:
+        done, pace = run.steps(network, done, progress)
         completed = True
     finally:
-        bar.close()
-        _restore_sigterm(previous_handler)
         network = None  # DDP's reducer holds gloo work; it goes before the group
         teardown_distributed(dist, wait=completed)
-    summary |= {
-        "final_val_loss": state["log"][-1]["val_loss"] if state["log"] else None,
-        "tokens_per_s": rate,
-        "model_flops_per_s": achieved,
-        "peak_flops_per_s": peak or None,
-        "mfu": achieved / peak if peak else None,
-    }
+    summary |= {"final_val_loss": done.log[-1]["val_loss"] if done.log else None, **pace.report()}
     if dist.is_main:
-        (folder / "sample.txt").write_text(sample(model, corpus, config, device))
-        (folder / "summary.json").write_text(json.dumps(summary, indent=2))
-        _plot(folder, state["log"], design.name)
-    return summary | {"log": state["log"], "folder": str(folder)}
+        with writing(folder / "sample.txt"):
+            write_atomically(folder / "sample.txt", sample(model, corpus, config, device).encode())
+        with writing(folder / "summary.json"):
+            write_atomically(folder / "summary.json", json.dumps(summary, indent=2).encode())
+        with writing(folder / "loss.png"):
+            _plot(folder, done.log, design.name)
+    return summary | {"log": done.log, "folder": str(folder)}
 
 
-def _stop_on_sigterm():
-    """`kill` (SIGTERM) stops a run like Ctrl-C does: the checkpoint is written first."""
-    import signal
+def _resumed_design(folder: Path, config: TrainConfig, corpus: Corpus) -> tuple[str, dict]:
+    """The run's design, read from its copy in the run folder, once `config` is found to be the
+    run's own (only RESUMABLE settings may differ from config.json's) and its data the same text."""
+    started, copy, data_sha256 = read_run_config(folder)
+    wanted = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    refusals = resume_refusals(started, wanted)
+    if refusals:
+        raise TdiagError([Diagnostic(f"cannot resume the run in '{folder}': {r}") for r in refusals])
+    if corpus.sha256 != data_sha256:
+        raise TdiagError(
+            Diagnostic(
+                f"data file '{config.data}' differs from the text the run in '{folder}' was started with",
+                hint="restore that text, or start a new run on this one",
+            )
+        )
+    return str(design_copy(folder, copy)), copy
 
-    def interrupt(signum, frame):
+
+@dataclass
+class Progress:
+    """The state of a run as of its last completed step, besides the model and the optimizer:
+    what a checkpoint holds, so that a resumed run takes the very steps an uninterrupted one would."""
+
+    step: int
+    log: list[dict]
+    batches: torch.Tensor  # the batch generator's state: the next step's batch is drawn from it
+    noise: torch.Tensor  # torch's own generator, which the designs' `random` tensors draw from
+    noise_cuda: torch.Tensor | None  # the device's generator, on CUDA
+
+
+def _noise_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+@dataclass
+class _Pace:
+    """Tokens per second and model FLOP/s of the training steps so far (evaluations excluded)."""
+
+    flops_per_step: int
+    tokens_per_step: int
+    peak: float  # the devices' peak FLOP/s; 0 where unknown (MFU not reported)
+    steps: int = 0
+    seconds: float = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.steps += 1
+        self.seconds += seconds
+
+    @property
+    def rate(self) -> float:
+        return self.steps * self.tokens_per_step / self.seconds if self.seconds else 0.0
+
+    @property
+    def achieved(self) -> float:
+        return self.flops_per_step * self.steps / self.seconds if self.seconds else 0.0
+
+    def report(self) -> dict:
+        mfu = self.achieved / self.peak if self.peak else None
+        return {
+            "tokens_per_s": self.rate,
+            "model_flops_per_s": self.achieved,
+            "peak_flops_per_s": self.peak or None,
+            "mfu": mfu,
+        }
+
+
+@dataclass
+class _Run:
+    """One run's fixed parts, for the loop over its steps."""
+
+    config: TrainConfig
+    folder: Path
+    device: torch.device
+    dist: Distributed
+    corpus: Corpus
+    model: LanguageModel
+    optimizer: torch.optim.Optimizer
+    summary: dict
+    updating: bool = False  # inside a step's update: the model and optimizer are neither before nor after it
+
+    def steps(self, network: nn.Module, done: Progress, progress: bool) -> tuple[Progress, _Pace]:
+        """Train from `done` to the last step. A step changes nothing that is kept (model,
+        optimizer, generators' record) until its update, and Ctrl-C or SIGTERM during the update
+        wait for it to end: the checkpoint written on interrupt is the last completed step."""
+        generator = self._restore_generators(done)
+        peak = peak_flops(self.device, self.config.peak_tflops) * self.dist.world
+        pace = _Pace(self.summary["flops_per_step"], self.config.batch * self.config.context, peak)
+        saved = done.step
+        bar = _progress(self.config, done.step, enabled=progress and self.dist.is_main)
+        try:
+            with _Interrupts() as interrupts:
+                while done.step < self.config.steps:
+                    started = time.perf_counter()
+                    loss = self._gradients(network, generator)
+                    with interrupts.held():
+                        done, train_loss = self._update(done, loss, generator, pace, started)
+                        bar.update(1)
+                        bar.set_postfix(**self._postfix(train_loss, done, pace))
+                        if done.log and done.log[-1]["step"] == done.step and self.dist.is_main:
+                            _save_checkpoint(self.folder, self.model, self.optimizer, done, self.config)
+                            _write_log(self.folder, done.log)
+                            saved = done.step
+        except KeyboardInterrupt:
+            raise self._interrupted(done, saved) from None
+        finally:
+            bar.close()
+        return done, pace
+
+    def _restore_generators(self, done: Progress) -> torch.Generator:
+        """The batch generator, and torch's own generators, as of the last completed step."""
+        generator = torch.Generator()
+        generator.set_state(done.batches)
+        torch.set_rng_state(done.noise)
+        if done.noise_cuda is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(done.noise_cuda, self.device)
+        return generator
+
+    def _gradients(self, network: nn.Module, generator: torch.Generator) -> torch.Tensor:
+        """Draw the step's batch and compute its gradients (clipped); the loss, still on the device."""
+        config = self.config
+        x, y = global_batch(generator, self.corpus.train, config, self.dist.rank, self.dist.world)
+        loss = loss_of(network, x, y, self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        return loss
+
+    def _update(
+        self, done: Progress, loss: torch.Tensor, generator: torch.Generator, pace: _Pace, started: float
+    ) -> tuple[Progress, float]:
+        """Apply the step's update, evaluate when due, and record the step as completed: the only
+        part of a step that changes what is kept (`updating` says when it was cut short)."""
+        self.updating = True
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(done.step, self.config)
+        self.optimizer.step()
+        train_loss = float(loss.detach())  # waits for the device: the step's time is complete
+        pace.add(time.perf_counter() - started)
+        step = done.step + 1
+        log = done.log
+        if step % self.config.eval_every == 0 or step == self.config.steps:
+            log = [*log, self._entry(step, train_loss, pace)]
+        done = Progress(step, log, generator.get_state(), *_noise_state(self.device))
+        self.updating = False
+        return done, train_loss
+
+    def _entry(self, step: int, train_loss: float, pace: _Pace) -> dict:
+        return {
+            "step": step,
+            "train_loss": train_loss,
+            "val_loss": evaluate(self.model, self.corpus, self.config, self.device),
+            "tokens_per_s": pace.rate,
+            "model_flops_per_s": pace.achieved,
+            "mfu": pace.achieved / pace.peak if pace.peak else None,
+            "flops": pace.flops_per_step * step,
+        }
+
+    def _postfix(self, train_loss: float, done: Progress, pace: _Pace) -> dict[str, str]:
+        shown = {"train": f"{train_loss:.3f}"}
+        if done.log and done.log[-1]["step"] == done.step:
+            shown["val"] = f"{done.log[-1]['val_loss']:.3f}"
+        return shown | {"tok_s": f"{pace.rate:,.0f}"} | _mfu_postfix(pace.achieved, pace.peak)
+
+    def _interrupted(self, done: Progress, saved: int) -> TdiagError:
+        """Checkpoint the last completed step (unless an update was cut in half: then the
+        checkpoint already written is the last whole state) and say where the run stands."""
+        folder = self.folder
+        if self.updating:
+            message = (
+                f"training interrupted inside the update of step {done.step + 1}; "
+                f"the checkpoint in '{folder}' holds step {saved}"
+            )
+        else:
+            if self.dist.is_main and done.step != saved:
+                _save_checkpoint(folder, self.model, self.optimizer, done, self.config)
+                if done.log:
+                    _write_log(folder, done.log)
+            message = (
+                f"training interrupted at step {done.step}; the checkpoint in '{folder}' holds every completed step"
+            )
+        return TdiagError(Diagnostic(message, hint=f"resume with: tdiag train --resume {folder}"))
+
+
+class _Interrupts:
+    """Ctrl-C (SIGINT) and `kill` (SIGTERM) while training. Between updates they stop the run at
+    once (KeyboardInterrupt); during one (`held`) just after it, so that no step is half applied.
+    A second signal during an update stops the run at once."""
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.pending = False
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self) -> _Interrupts:
+        for number in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self.previous[number] = signal.signal(number, self._signalled)
+            except ValueError:  # not the main thread: signals are left as they are
+                pass
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for number, handler in self.previous.items():
+            if handler is not None:
+                signal.signal(number, handler)  # type: ignore[arg-type]
+
+    def _signalled(self, signum: int, frame: object) -> None:
+        if self.holding and not self.pending:
+            self.pending = True
+            return
         raise KeyboardInterrupt
 
-    try:
-        return signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread: leave signals alone
-        return None
-
-
-def _restore_sigterm(previous) -> None:
-    import signal
-
-    if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
 
 
 def _progress(config: TrainConfig, start: int, enabled: bool):
@@ -463,85 +642,141 @@ def _progress(config: TrainConfig, start: int, enabled: bool):
     )
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, flush it to disk, then rename it over
-    `path`: a killed process or a full disk leaves the old file or the new one, never half."""
-    temporary = path.with_name(path.name + ".tmp")
-    try:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
-def _save_checkpoint(folder, model, optimizer, step, log, generator, config) -> None:
+def _save_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, done: Progress, config) -> None:
     """Tensors and plain data only (dicts, lists, numbers, text), so resuming loads it with
-    `weights_only=True` and a checkpoint can never run code."""
+    `weights_only=True` and a checkpoint can never run code. A failed write keeps the old one."""
     import io
 
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "log": log}
-    state |= {"generator": generator.get_state(), "config": dataclasses.asdict(config)}
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done.step, "log": done.log}
+    state |= {"generator": done.batches, "rng": done.noise, "rng_cuda": done.noise_cuda}
+    state |= {"config": dataclasses.asdict(config)}
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    write_atomically(folder / "checkpoint.pt", buffer.getvalue())
-
-
-CHECKPOINT_KEYS = {
-    "model": dict,
-    "optimizer": dict,
-    "step": int,
-    "log": list,
-    "generator": torch.Tensor,
-    "config": dict,
-}
-
-
-def _load_checkpoint(folder: Path, model, optimizer, config: TrainConfig) -> dict:
-    """The saved state, loaded as tensors and plain data only (never unpickled code); a truncated,
-    foreign or mismatched checkpoint is a clear error and the file is left as it was."""
     path = folder / "checkpoint.pt"
+    with writing(path):
+        write_atomically(path, buffer.getvalue())
+
+
+LOG_FIELDS = ("step", "train_loss", "val_loss", "tokens_per_s", "model_flops_per_s", "mfu", "flops")
+
+
+def _load_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig) -> Progress:
+    """The saved state, loaded as tensors and plain data only (never unpickled code) and checked
+    field by field before any of it is used; a truncated, foreign, crafted or mismatched checkpoint
+    is a one-line error naming the file and the field, and the file is left as it was."""
+    path = folder / "checkpoint.pt"
+    hint = "the run cannot be resumed from it; start again with --overwrite (the file is left as it was)"
     if not path.is_file():
         raise TdiagError(
             Diagnostic(f"no checkpoint to resume in '{folder}'", hint="train first, or check the run folder")
         )
-    hint = "the run cannot be resumed from it; start again with --overwrite (the file is left as it was)"
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many kinds for a damaged or foreign file
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise TdiagError(Diagnostic(f"cannot read checkpoint '{path}': {reason[:200]}", hint=hint)) from None
-    wrong = [
-        k for k, kind in CHECKPOINT_KEYS.items() if not isinstance(state, dict) or not isinstance(state.get(k), kind)
+    problem = _checkpoint_problem(state, config)
+    if problem is None:
+        problem = _load_states(state, model, optimizer)
+    if problem is not None:
+        raise TdiagError(Diagnostic(f"checkpoint '{path}': {problem}", hint=hint))
+    return Progress(state["step"], state["log"], state["generator"], state["rng"], state["rng_cuda"])
+
+
+CHECKPOINT_KEYS = {"model", "optimizer", "step", "log", "generator", "rng", "rng_cuda", "config"}
+
+
+def _checkpoint_problem(state: object, config: TrainConfig) -> str | None:
+    """What is wrong with a loaded checkpoint's fields (not yet its model and optimizer states)."""
+    if not isinstance(state, dict) or set(state) != CHECKPOINT_KEYS:
+        found = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+        return f"not a tdiag checkpoint (expected the fields {', '.join(sorted(CHECKPOINT_KEYS))}; found {found})"
+    for name in ("model", "optimizer", "config"):
+        if not isinstance(state[name], dict):
+            return f"{name} is not a mapping"
+    step = state["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return f"step is {step!r}, not a whole number >= 0"
+    problem = _log_problem(state["log"], step)
+    for name, reference in (("generator", torch.Generator().get_state()), ("rng", torch.get_rng_state())):
+        problem = problem or _state_problem(name, state[name], reference)
+    if state["rng_cuda"] is not None:
+        problem = problem or _state_problem("rng_cuda", state["rng_cuda"], None)
+    if problem:
+        return problem
+    changed = [
+        f"{k}: {state['config'].get(k)!r} in the checkpoint, {getattr(config, k)!r} in config.json"
+        for k in (f.name for f in dataclasses.fields(TrainConfig))
+        if k not in (*RESUMABLE, "out") and state["config"].get(k) != getattr(config, k)
     ]
+    if changed:
+        return f"the checkpoint and config.json in '{run_folder(config)}' are of different runs ({'; '.join(changed)})"
+    return None
+
+
+def _log_problem(log: object, step: int) -> str | None:
+    if not isinstance(log, list):
+        return f"log is a {type(log).__name__}, not a list"
+    previous = 0
+    for index, entry in enumerate(log):
+        if not isinstance(entry, dict) or tuple(entry) != LOG_FIELDS:
+            return f"log[{index}] is not an evaluation record ({', '.join(LOG_FIELDS)})"
+        numbers = [v for k, v in entry.items() if not (k == "mfu" and v is None)]
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in numbers):
+            return f"log[{index}] holds a value that is not a number"
+        if not isinstance(entry["step"], int) or not previous < entry["step"] <= step:
+            return f"log[{index}] is of step {entry['step']!r}, out of order or after the checkpoint's step {step}"
+        previous = entry["step"]
+    return None
+
+
+def _state_problem(name: str, value: object, reference: torch.Tensor | None) -> str | None:
+    """A generator state: a byte tensor of the size torch's generator has (`reference`)."""
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.dim() != 1:
+        return f"{name} is not a generator state (a 1-d byte tensor)"
+    if reference is not None and value.shape != reference.shape:
+        return f"{name} is a generator state of {value.numel()} bytes, not {reference.numel()}"
+    return None
+
+
+def _load_states(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
+    """Load the model and optimizer states, or say why they do not fit this run's model."""
+    expected = model.state_dict()
+    wrong = [k for k, v in state["model"].items() if k in expected and (not isinstance(v, torch.Tensor)
+             or v.shape != expected[k].shape or v.dtype != expected[k].dtype)]  # fmt: skip
     if wrong:
-        raise TdiagError(Diagnostic(f"'{path}' is not a tdiag checkpoint (no {', '.join(wrong)})", hint=hint))
-    saved = {k: state["config"].get(k) for k in ("design", "sizes", "layers", "width", "heads", "context")}
-    current = {k: getattr(config, k) for k in saved}
-    if saved != current:
-        changed = ", ".join(f"{k}: {saved[k]!r} in the checkpoint, {current[k]!r} in config.json" for k in saved
-                            if saved[k] != current[k])  # fmt: skip
-        raise TdiagError(
-            Diagnostic(f"checkpoint and config.json in '{folder}' are of different runs ({changed})", hint=hint)
-        )
+        return f"model entry '{wrong[0]}' is not a {tuple(expected[wrong[0]].shape)} {expected[wrong[0]].dtype} tensor"
+    settings = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in optimizer.param_groups]
     try:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-    except (RuntimeError, ValueError, KeyError) as error:
-        reason = str(error).strip().splitlines()[0]
-        raise TdiagError(Diagnostic(f"checkpoint '{path}' does not fit the model: {reason[:200]}", hint=hint)) from None
-    return state
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return f"does not fit the model: {reason[:200]}"
+    loaded = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in optimizer.param_groups]
+    if loaded != settings:
+        return f"optimizer settings {loaded} are not the run's {settings}"
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            for name, value in optimizer.state.get(parameter, {}).items():
+                size = torch.Size([]) if name == "step" else parameter.shape
+                if not isinstance(value, torch.Tensor) or value.shape != size:
+                    return f"optimizer state '{name}' of a {tuple(parameter.shape)} parameter has the wrong shape"
+    return None
 
 
 def _write_log(folder: Path, log: list[dict]) -> None:
-    (folder / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
-    with (folder / "log.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(log[0]))
-        writer.writeheader()
-        writer.writerows(log)
+    """log.jsonl and log.csv: every evaluation so far, each file replaced whole."""
+    import io
+
+    with writing(folder / "log.jsonl"):
+        write_atomically(folder / "log.jsonl", "".join(json.dumps(e) + "\n" for e in log).encode())
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=list(log[0]))
+    writer.writeheader()
+    writer.writerows(log)
+    with writing(folder / "log.csv"):
+        write_atomically(folder / "log.csv", table.getvalue().encode())
 
 
 def _plot(folder: Path, log: list[dict], name: str) -> None:
@@ -561,8 +796,10 @@ def _plot(folder: Path, log: list[dict], name: str) -> None:
     ax.set_title(name)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(folder / "loss.png", dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(folder / "loss.png", dpi=120)
+    finally:
+        plt.close(fig)
 
 
 # ---- comparing designs --------------------------------------------------------------------------
@@ -586,20 +823,22 @@ def _mfu_postfix(achieved: float, peak: float) -> dict[str, str]:
 
 
 def compare(configs: list[TrainConfig], out: Path, progress: bool = True, overwrite: bool = False) -> list[dict]:
-    """Train each design with the same seed and data; one plot against step and FLOPs, one table."""
-    main_process = os.environ.get("RANK", "0") == "0"
-    if main_process:
-        for config in configs:  # refuse before the first design trains, not after it
-            claim_folder(run_folder(config), resume=overwrite, overwrite=False)
-    dist = setup_distributed(resolve_device(configs[0].device))  # one group for every design
-    completed = False
-    try:
-        results = [train(c, progress=progress, overwrite=overwrite) for c in configs]
-        completed = True
-    finally:
-        teardown_distributed(dist, wait=completed)
-    if main_process:
-        write_comparison(out, results)
+    """Train each design with the same seed and data; one plot against step and FLOPs, one table.
+    Every design's run folder is claimed (locked) before the first design trains, not after it."""
+    with ExitStack() as held:
+        if _is_main_process():
+            for config in configs:
+                held.enter_context(claim_folder(run_folder(config), resume=False, overwrite=overwrite))
+        dist = setup_distributed(resolve_device(configs[0].device))  # one group for every design
+        completed = False
+        try:
+            results = [train(c, progress=progress, overwrite=overwrite) for c in configs]
+            completed = True
+        finally:
+            teardown_distributed(dist, wait=completed)
+    if _is_main_process():
+        with writing(out):
+            write_comparison(out, results)
     return results
 
 

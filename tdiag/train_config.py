@@ -9,6 +9,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .design import DEFAULT_OBJECTIVE, OBJECTIVES
 from .resources import default_corpus
@@ -73,6 +74,20 @@ def natural_float(text: str) -> float:
     return value
 
 
+def objective_name(text: str) -> str:
+    """A planning objective: time, flops or memory."""
+    if text not in OBJECTIVES:
+        raise argparse.ArgumentTypeError(f"unknown objective '{text}'; expected one of: {', '.join(OBJECTIVES)}")
+    return text
+
+
+def design_name(text: str) -> str:
+    """A design: a .td file or a bundled design's name (whether it exists is checked on loading)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a design file or a bundled design's name, got nothing")
+    return text
+
+
 DEVICE = re.compile(r"auto|cpu|mps|(cuda|xpu|hpu|npu|privateuseone)(:[0-9]+)?")
 
 
@@ -114,14 +129,19 @@ RULES: dict[str, Callable[[str], object]] = {
     "lr": positive_float,
     "peak_tflops": natural_float,
     "device": device_name,
+    "objective": objective_name,
+    "design": design_name,
 }
 
 
-def config_problems(saved: Mapping[str, object]) -> list[str]:
-    """What is wrong with a saved run config (config.json), one line per field; [] when it is good."""
+def config_problems(saved: Mapping[str, object], *, complete: bool = False) -> list[str]:
+    """What is wrong with a saved run config (config.json), one line per field; [] when it is good.
+    `complete`: every setting must be there (tdiag writes them all; one left out would silently
+    take today's default, not the value the run was started with)."""
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     problems = [f"unknown setting '{k}'" for k in saved if k not in fields]
-    problems += [f"missing setting '{k}'" for k in ("design",) if k not in saved]
+    required = fields if complete else ("design",)
+    problems += [f"missing setting '{k}'" for k in required if k not in saved]
     for name, value in saved.items():
         if name not in fields:
             continue
@@ -141,6 +161,56 @@ def config_problems(saved: Mapping[str, object]) -> list[str]:
     ):
         problems.append(f"sizes is {sizes!r}, not a mapping of size names to positive whole numbers")
     return problems
+
+
+# ---- resuming: what a flag may change in a run already under way ----------------------------------
+
+# Settings that do not alter the steps already taken: how many steps in all, how often and how
+# thoroughly to evaluate, and where and how fast to run them. Every other setting is the run's.
+RESUMABLE = ("steps", "eval_every", "eval_batches", "device", "compile", "peak_tflops")
+
+
+def resume_refusals(started: TrainConfig, wanted: Mapping[str, object]) -> list[str]:
+    """One line for each setting in `wanted` that differs from the run's and may not change on
+    resume (a setting equal to the run's is fine); [] when every one may be applied."""
+    refusals = []
+    for name, value in wanted.items():
+        if name in RESUMABLE or name == "out" or value == getattr(started, name):
+            continue
+        flag = {"sizes": "--set", "design": "the design"}.get(name, "--" + name.replace("_", "-"))
+        refusals.append(
+            f"{flag} cannot change on resume: the run was started with {name}={_shown(getattr(started, name))}"
+        )
+    return refusals
+
+
+def resumed(started: TrainConfig, wanted: Mapping[str, Any]) -> TrainConfig:
+    """The run's settings with the resumable ones of `wanted` applied (refuse the others first)."""
+    return dataclasses.replace(started, **{k: v for k, v in wanted.items() if k in RESUMABLE})
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items()) or "(none)"
+    return str(value)
+
+
+class _Given(argparse.Action):
+    """Store a flag's value and note in `given` that the user gave it: --resume must tell a flag
+    given at its default value (`--steps 2000`) from one left out."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[override]
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        namespace.given = {*getattr(namespace, "given", ()), self.dest}
+
+
+def given_settings(args: argparse.Namespace) -> dict[str, object]:
+    """The TrainConfig settings the user gave explicitly on the command line, by field name."""
+    named = getattr(args, "given", ())
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if f.name in named}
+    if args.sizes:
+        given["sizes"] = dict(args.sizes)
+    return given
 
 
 def a_type(name: str) -> str:
@@ -164,6 +234,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data",
         default=defaults.data,
+        action=_Given,
         metavar="TEXT",
         help="UTF-8 text to model, plain or gzipped (default: the bundled Shakespeare corpus, %(default)s)",
     )
@@ -179,24 +250,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "seed": "seed of parameters, batches and sampling",
     }
     for name, text in helps.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=RULES[name], default=getattr(defaults, name), help=text)
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=RULES[name], default=getattr(defaults, name), action=_Given, help=text
+        )
     parser.add_argument(
-        "--lr", type=positive_float, default=defaults.lr, help="AdamW peak learning rate (cosine decay, 50 warm-up)"
+        "--lr",
+        type=positive_float,
+        default=defaults.lr,
+        action=_Given,
+        help="AdamW peak learning rate (cosine decay, 50 warm-up)",
     )
     parser.add_argument(
-        "--device", type=device_name, default=defaults.device, help="cpu, cuda, cuda:N, mps; auto: cuda when available"
+        "--device",
+        type=device_name,
+        default=defaults.device,
+        action=_Given,
+        help="cpu, cuda, cuda:N, mps; auto: cuda when available",
     )
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--compile", action=_Given, nargs=0, const=True, default=False, help="torch.compile the model")
     parser.add_argument(
         "--peak-tflops",
         type=natural_float,
         default=0.0,
+        action=_Given,
         help="device peak for MFU; 0: a known GPU's bf16 data-sheet figure",
     )
     parser.add_argument(
         "--objective",
         choices=OBJECTIVES,
         default=DEFAULT_OBJECTIVE,
+        action=_Given,
         help="planning objective: time (estimated step time), flops or memory (fused attention kernels)",
     )
     parser.add_argument(

@@ -388,3 +388,335 @@ def test_a_failed_checkpoint_write_leaves_the_previous_checkpoint(tmp_path, monk
         write_atomically(path, b"next")
     assert path.read_bytes() == b"previous"
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+# ---- one run per folder: the lock --------------------------------------------------------------
+
+HOLD_FOLDER = """
+import sys, time
+from pathlib import Path
+from tdiag.runs import claim_folder
+claim_folder(Path(sys.argv[1]), resume=True, overwrite=False)
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def _held_by_another_process(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-c", HOLD_FOLDER, str(folder)]
+    holder = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_folder_another_process_holds_is_refused_by_name_and_free_once_that_process_is_killed(
+    corpus_file, tmp_path, capsys
+):
+    folder = tmp_path / "run"
+    holder = _held_by_another_process(folder)
+    try:
+        argv = ["train", str(DESIGNS / "mhsa.td"), "--data", str(corpus_file), "--out", str(folder), "--no-progress"]
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert f"run folder '{folder}' is in use: another tdiag train holds it (process {holder.pid})" in err
+        assert "Traceback" not in err and not (folder / "config.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)  # SIGKILL released the lock
+    assert (folder / "checkpoint.pt").exists()
+
+
+def test_a_finished_run_releases_its_folder(corpus_file, tmp_path):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    holder = _held_by_another_process(tmp_path / "run")
+    holder.kill()
+    holder.wait()
+
+
+def test_a_file_system_without_locks_is_a_one_line_error_not_a_folder_in_use(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    from tdiag.train import claim_folder
+
+    def no_locks(descriptor, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(TdiagError, match=f"cannot lock run folder '{tmp_path / 'run'}': No locks available"):
+        claim_folder(tmp_path / "run", resume=False, overwrite=False)
+
+
+def test_compare_claims_every_designs_folder_before_the_first_design_trains(corpus_file, tmp_path, capsys):
+    holder = _held_by_another_process(tmp_path / "cmp" / "thsa")
+    try:
+        argv = ["train", "--compare", "mhsa", "thsa", "--data", str(corpus_file), "--layers", "1", "--width", "16"]
+        argv += ["--heads", "2", "--context", "16", "--batch", "4", "--steps", "2", "--out", str(tmp_path / "cmp")]
+        assert main([*argv, "--no-progress"]) == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    assert "is in use: another tdiag train holds it" in capsys.readouterr().err
+    assert not (tmp_path / "cmp" / "mhsa" / "checkpoint.pt").exists()
+
+
+# ---- Ctrl-C, SIGTERM and resume: the same steps as an uninterrupted run --------------------------
+
+
+def _final(folder):
+    state = torch.load(folder / "checkpoint.pt", weights_only=True)
+    log = [{k: e[k] for k in ("step", "train_loss", "val_loss", "flops")} for e in state["log"]]
+    return state["model"], log
+
+
+def _interrupt_on_call(function, call):
+    """`function`, raising KeyboardInterrupt once, on its `call`-th call, after it has done its work."""
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        result = function(*args, **kwargs)
+        calls.append(None)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return result
+
+    return interrupted
+
+
+@pytest.mark.parametrize(
+    ("target", "call", "kept"),
+    [
+        ("tdiag.train.global_batch", 4, 3),  # the batch of step 4 drawn, nothing updated
+        ("torch.nn.utils.clip_grad_norm_", 3, 2),  # the gradients of step 3 computed
+        ("tdiag.train.evaluate", 2, 2),  # step 4 updated, its evaluation cut: the last whole state is step 2
+    ],
+    ids=["after-drawing-a-batch", "after-backward", "inside-an-evaluation"],
+)
+def test_interrupted_and_resumed_equals_uninterrupted_bit_for_bit(
+    corpus_file, tmp_path, monkeypatch, target, call, kept
+):
+    straight = tiny("fish.td", corpus_file, tmp_path, out=str(tmp_path / "straight"), steps=6)
+    train(straight, progress=False)  # fish draws Gaussian noise from torch's generator in every step
+    config = tiny("fish.td", corpus_file, tmp_path, out=str(tmp_path / "cut"), steps=6)
+    module, name = target.rsplit(".", 1)
+    with monkeypatch.context() as patch:
+        patch.setattr(f"{module}.{name}", _interrupt_on_call(getattr(__import__(module, fromlist=[name]), name), call))
+        with pytest.raises(TdiagError, match="training interrupted"):
+            train(config, progress=False)
+    assert torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["step"] == kept
+    train(config, resume=True, progress=False)
+    (resumed, resumed_log), (uninterrupted, log) = _final(tmp_path / "cut"), _final(tmp_path / "straight")
+    assert resumed_log == log
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
+
+
+def test_a_signal_during_an_update_stops_the_run_only_once_the_update_is_done():
+    import signal
+
+    from tdiag.train import _Interrupts
+
+    finished = []
+    with _Interrupts() as interrupts, pytest.raises(KeyboardInterrupt):
+        with interrupts.held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            finished.append("update")
+        finished.append("next step")
+    assert finished == ["update"]
+
+
+# ---- resume: every flag given is applied or refused by name -------------------------------------
+
+
+def _resume(folder, *flags):
+    return main(["train", "--resume", str(folder), "--no-progress", *flags])
+
+
+def test_a_resumable_flag_given_at_its_default_value_is_applied(corpus_file, tmp_path):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2, eval_every=1), progress=False)
+    assert _resume(tmp_path / "run", "--steps", "4", "--eval-every", "200") == 0  # 200: the flag's default
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in log] == [1, 2, 4]
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["eval_every"] == 200
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--lr", "0.001"], "--lr cannot change on resume: the run was started with lr=0.003"),
+        (["--seed", "0", "--batch", "8"], "--batch cannot change on resume: the run was started with batch=4"),
+        (["--set", "F=32"], "--set cannot change on resume: the run was started with sizes=(none)"),
+        (["--objective", "memory"], "--objective cannot change on resume: the run was started with objective=time"),
+        (["thsa"], "the design cannot change on resume: the run was started with design="),
+        (["--out", "elsewhere"], "--out cannot change on resume: the run's folder is"),
+        (["--overwrite"], "--overwrite cannot go with it"),
+    ],
+)
+def test_a_flag_that_would_change_a_run_on_resume_is_refused_by_name(corpus_file, tmp_path, capsys, flags, message):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
+    assert _resume(tmp_path / "run", *flags) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()} == before
+
+
+def test_a_flag_equal_to_the_runs_own_value_is_accepted_on_resume(corpus_file, tmp_path):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    flags = ["--lr", "0.003", "--batch", "4", "--data", str(corpus_file), "--steps", "4", str(DESIGNS / "mhsa.td")]
+    assert _resume(tmp_path / "run", *flags) == 0
+
+
+def test_fewer_steps_than_the_run_has_completed_is_refused_on_resume(corpus_file, tmp_path, capsys):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=4), progress=False)
+    assert _resume(tmp_path / "run", "--steps", "2") == 1
+    assert "has completed 4 steps, more than --steps 2" in capsys.readouterr().err
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["steps"] == 4
+
+
+# ---- crafted or damaged run files: one line naming the file and the field, nothing written ----
+
+
+def _edit_checkpoint(folder, edit):
+    path = folder / "checkpoint.pt"
+    state = torch.load(path, weights_only=True)
+    edit(state)
+    torch.save(state, path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda s: s.update(generator=s["generator"][:100]), "generator is a generator state of 100 bytes"),
+        (lambda s: s.update(rng="seed"), "rng is not a generator state"),
+        (lambda s: s.update(step=-3), "step is -3, not a whole number >= 0"),
+        (lambda s: s.update(step="2"), "step is '2', not a whole number >= 0"),
+        (lambda s: s.update(log=[{"step": 2}]), "log[0] is not an evaluation record"),
+        (lambda s: s.update(log={"step": 2}), "log is a dict, not a list"),
+        (lambda s: s["log"][0].update(val_loss="low"), "log[0] holds a value that is not a number"),
+        (lambda s: s["log"][0].update(step=9), "log[0] is of step 9, out of order or after the checkpoint's step 2"),
+        (lambda s: s.pop("rng"), "not a tdiag checkpoint"),
+        (lambda s: s.update(extra=1), "not a tdiag checkpoint"),
+        (lambda s: s["config"].update(lr=0.1), "are of different runs (lr: 0.1 in the checkpoint"),
+        (lambda s: s["model"].update({"head.weight": s["model"]["head.weight"].double()}), "model entry 'head.weight'"),
+        (lambda s: s["optimizer"]["param_groups"][0].update(weight_decay=0.5), "optimizer settings"),
+        (lambda s: s["optimizer"]["state"][0].update(exp_avg=torch.zeros(3)), "optimizer state 'exp_avg'"),
+    ],
+)
+def test_a_crafted_checkpoint_is_refused_naming_the_file_and_the_field(corpus_file, tmp_path, capsys, edit, message):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    _edit_checkpoint(tmp_path / "run", edit)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
+    assert _resume(tmp_path / "run", "--steps", "4") == 1
+    err = capsys.readouterr().err
+    assert f"checkpoint '{tmp_path / 'run' / 'checkpoint.pt'}': " in err and message in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda c: c.update(objective="bogus"), "objective: unknown objective 'bogus'"),
+        (lambda c: c.pop("lr"), "missing setting 'lr'"),
+        (lambda c: c.update(steps="many"), "steps is 'many', not a whole number"),
+        (lambda c: c.update(compile="yes"), "compile is 'yes', not true or false"),
+        (lambda c: c.pop("design_copy"), "missing setting 'design_copy'"),
+        (lambda c: c.update(data_sha256=7), "data_sha256 is 7, not a sha256"),
+        (lambda c: c["design_copy"].update(file="../../x.td"), "design_copy.sha256 does not list design_copy.file"),
+    ],
+)
+def test_an_edited_config_json_is_refused_naming_the_field(corpus_file, tmp_path, capsys, edit, message):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    path = tmp_path / "run" / "config.json"
+    saved = json.loads(path.read_text())
+    edit(saved)
+    path.write_text(json.dumps(saved))
+    assert _resume(tmp_path / "run", "--steps", "4") == 1
+    err = capsys.readouterr().err
+    assert f"'{path}' is not a valid run config" in err and message in err and "Traceback" not in err
+    assert json.loads(path.read_text()) == saved
+
+
+# ---- the design travels with the run -----------------------------------------------------------
+
+
+def test_a_run_started_with_a_relative_design_path_resumes_from_elsewhere_after_the_design_moved(
+    corpus_file, tmp_path, monkeypatch
+):
+    source = tmp_path / "mine"
+    source.mkdir()
+    for name in ("fish.td", "hard_fish.td"):  # fish extends hard_fish: the run keeps both
+        (source / name).write_text((DESIGNS / name).read_text())
+    monkeypatch.chdir(source)
+    argv = ["train", "fish.td", "--data", str(corpus_file), "--layers", "1", "--width", "16", "--heads", "2"]
+    argv += ["--context", "16", "--batch", "4", "--steps", "2", "--out", str(tmp_path / "run"), "--no-progress"]
+    assert main(argv) == 0
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["design"] == str(source / "fish.td")
+    source.rename(tmp_path / "moved")
+    monkeypatch.chdir(tmp_path)
+    assert _resume(tmp_path / "run", "--steps", "4") == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["design"] == "fish"
+
+
+def test_overwrite_replaces_the_design_copy_with_the_new_designs_files(corpus_file, tmp_path):
+    train(tiny("fish.td", corpus_file, tmp_path, steps=1), progress=False)
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=1), overwrite=True, progress=False)
+    assert sorted(p.name for p in (tmp_path / "run" / "design").iterdir()) == ["mhsa.td"]
+
+
+def test_a_bundled_design_is_recorded_by_name(corpus_file, tmp_path):
+    config = tiny("mhsa.td", corpus_file, tmp_path, steps=1)
+    config.design = "mhsa"
+    train(config, progress=False)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["design"] == "mhsa"
+
+
+def test_an_edited_design_copy_is_refused_on_resume(corpus_file, tmp_path, capsys):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    copy = tmp_path / "run" / "design" / "mhsa.td"
+    copy.write_text(copy.read_text() + "\n# edited\n")
+    assert _resume(tmp_path / "run", "--steps", "4") == 1
+    assert f"the run's design copy '{copy}' differs from the design the run was started with" in capsys.readouterr().err
+
+
+def test_a_data_file_changed_since_the_run_started_is_refused_on_resume(corpus_file, tmp_path, capsys):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    corpus_file.write_bytes(gzip.compress((TEXT + " And by opposing end them.").encode()))
+    assert _resume(tmp_path / "run", "--steps", "4") == 1
+    assert f"data file '{corpus_file}' differs from the text the run in" in capsys.readouterr().err
+
+
+# ---- file-system failures: one line naming the path and the cause, the last checkpoint kept ----
+
+
+def test_a_run_folder_under_a_regular_file_is_a_one_line_error(corpus_file, tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "run"
+    argv = ["train", str(DESIGNS / "mhsa.td"), "--data", str(corpus_file), "--out", str(out), "--no-progress"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"cannot create run folder '{out}': Not a directory" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("number", "reason"), [(28, "No space left on device"), (27, "File too large")])
+def test_a_full_disk_while_checkpointing_is_a_one_line_error_and_keeps_the_last_checkpoint(
+    corpus_file, tmp_path, monkeypatch, capsys, number, reason
+):
+    real_fsync, checkpoints = os.fsync, []
+
+    def fsync(descriptor):
+        if os.readlink(f"/proc/self/fd/{descriptor}").endswith("checkpoint.pt.tmp"):
+            checkpoints.append(descriptor)
+            if len(checkpoints) > 2:  # the checkpoints of steps 0 and 2 are written, that of step 4 is not
+                raise OSError(number, os.strerror(number))
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    argv = ["train", str(DESIGNS / "mhsa.td"), "--data", str(corpus_file), "--layers", "1", "--width", "16"]
+    argv += ["--heads", "2", "--context", "16", "--batch", "4", "--steps", "4", "--eval-every", "2"]
+    assert main([*argv, "--out", str(tmp_path / "run"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot write '{tmp_path / 'run' / 'checkpoint.pt'}': {reason}" in err and "Traceback" not in err
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["step"] == 2
+    assert not list((tmp_path / "run").glob("*.tmp"))

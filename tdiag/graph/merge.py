@@ -44,15 +44,28 @@ def load_items(path: str) -> tuple[syn.DesignDecl, list[syn.Item], tuple[str, ..
     return the files read (the design's, then its bases'), which a command must never write over.
     The chain of bases is followed in a loop, not by recursion, so its length has no limit. A
     bundled design may be named instead of a path (`fish`)."""
+    chain = _chain(path)
+    items = chain[-1][2]
+    for _, _, body in reversed(chain[:-1]):
+        items = _merge(items, body)
+    return chain[0][1], items, tuple(file for file, _, _ in chain)
+
+
+def design_chain(path: str) -> list[Path]:
+    """The files a design is read from: its own, then each base it `extends`, in order; a run
+    folder keeps copies of them all so that the design can be read again from there."""
+    return [Path(file) for file, _, _ in _chain(path)]
+
+
+def _chain(path: str) -> list[tuple[str, syn.DesignDecl, list[syn.Item]]]:
+    """Each file of the `extends` chain with its `design` line and its other items."""
     path = str(design_file(path))
-    chain: list[tuple[syn.DesignDecl, list[syn.Item]]] = []
+    chain: list[tuple[str, syn.DesignDecl, list[syn.Item]]] = []
     seen = {os.path.realpath(path)}
     current = path
-    files = []
     while True:
-        files.append(current)
-        head, body = _design_file(current) if not chain else _base_file(current, chain[-1][0])
-        chain.append((head, body))
+        head, body = _design_file(current) if not chain else _base_file(current, chain[-1][1])
+        chain.append((current, head, body))
         if head.base is None:
             break
         base_path = str(Path(current).parent / f"{head.base}.td")
@@ -71,10 +84,7 @@ def load_items(path: str) -> tuple[syn.DesignDecl, list[syn.Item], tuple[str, ..
             )
         seen.add(os.path.realpath(base_path))
         current = base_path
-    items = chain[-1][1]
-    for _, body in reversed(chain[:-1]):
-        items = _merge(items, body)
-    return chain[0][0], items, tuple(files)
+    return chain
 
 
 def _base_file(path: str, derived: syn.DesignDecl) -> tuple[syn.DesignDecl, list[syn.Item]]:
