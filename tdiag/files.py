@@ -233,13 +233,16 @@ def write_output(
     target = Path(os.path.realpath(path))
     payload = data.encode("utf-8") if isinstance(data, str) else data
     try:
-        _replace_atomically(target, payload)
+        replace_atomically(target, payload)
     except OSError as error:
         raise TdiagError(Diagnostic(f"cannot write '{path}': {_cause(error)}")) from None
     return Path(path)
 
 
-def _replace_atomically(target: Path, payload: bytes) -> None:
+def replace_atomically(target: Path, payload: bytes) -> None:
+    """Write `payload` into a new temporary file beside `target`, flush it to disk, then rename it
+    over `target` (keeping its permissions): a killed process or a full disk leaves the old file
+    or the new one, never half of one, and no temporary file. OSError passes through."""
     try:
         mode = stat.S_IMODE(os.stat(target).st_mode)
     except FileNotFoundError:

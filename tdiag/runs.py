@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import Diagnostic, TdiagError
+from .files import replace_atomically
 from .resources import bundled_designs, design_file
 from .train_config import TrainConfig, config_problems
 
@@ -151,19 +152,7 @@ def write_atomically(path: Path, data: bytes) -> None:
     """Write `data` to a temporary file beside `path`, flush it to disk, then rename it over
     `path`: a killed process or a full disk leaves the old file or the new one, never half, and
     no temporary file."""
-    temporary = path.with_name(path.name + ".tmp")
-    try:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            temporary.unlink(missing_ok=True)
-        except OSError:  # the folder itself is unusable: the write's own error says why
-            pass
-        raise
+    replace_atomically(path, data)
 
 
 @contextmanager
