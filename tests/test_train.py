@@ -706,7 +706,8 @@ def test_a_full_disk_while_checkpointing_is_a_one_line_error_and_keeps_the_last_
     real_fsync, checkpoints = os.fsync, []
 
     def fsync(descriptor):
-        if os.readlink(f"/proc/self/fd/{descriptor}").endswith("checkpoint.pt.tmp"):
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{descriptor}"))
+        if name.startswith(".checkpoint.pt.") and name.endswith(".tmp"):  # the temporary beside it
             checkpoints.append(descriptor)
             if len(checkpoints) > 2:  # the checkpoints of steps 0 and 2 are written, that of step 4 is not
                 raise OSError(number, os.strerror(number))
