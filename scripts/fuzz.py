@@ -81,6 +81,17 @@ NOISE += ["param", "input", "mask", "output", "extends", "replace", "update", "0
 NOISE += ["\u2028", "\ufeff", "\x00", "class", "self", "B", "torch", "__init__", "scale", "eps", "causal", "mean"]
 
 
+def _commit() -> str:
+    """The checkout's commit, with '+changes' when its tracked files differ from it; '' outside git."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD")
+    return head + ("+changes" if head and git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def mutate(text: str, rng: random.Random) -> str:
     """One to four byte or token edits: delete, duplicate, swap, insert noise, flip a byte, truncate."""
     for _ in range(rng.randint(1, 4)):
@@ -141,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def record(mode: str, outcome: str, detail: str, text: str, extra: dict | None = None) -> None:
         counts[mode][outcome] = counts[mode].get(outcome, 0) + 1
+        tried = sum(sum(c.values()) for c in counts.values())
+        if tried % 1000 == 0:  # progress for a long run, on stderr
+            bad = sum(c.get(o, 0) for c in counts.values() for o in ("crash", "unpositioned", "hang"))
+            print(f"{tried} inputs, {time.monotonic() - started:.0f} s, {bad} failures", file=sys.stderr, flush=True)
         if outcome in ("crash", "unpositioned", "hang") and len(failures) < 200:
             failures.append({"mode": mode, "outcome": outcome, "detail": detail, "input": text, **(extra or {})})
 
@@ -195,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         "hangs": total("hang"),
         "machine": f"{platform.machine()} Python {platform.python_version()} torch {torch.__version__}",
         "tdiag": tdiag.__version__,
+        "commit": _commit(),
         "failures": failures,
     }
     out = Path(args.out)
