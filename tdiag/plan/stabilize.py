@@ -10,8 +10,10 @@ queries, then a max over the features per query: the FAVOR+ authors' stabilizer,
 side's max kept per feature, so that every query's denominator (without a mask) has a term
 exp(0) · Σ_m exp(≤ 0) ≥ 1 and neither overflows nor underflows to 0 / 0.
 Guarantees: exact in exact arithmetic (the shifts cancel); applied only to a box without eps
-(num / (den + eps) does not cancel); the numerator and denominator of the linear-time order
-read the same shifted factors."""
+(num / (den + eps) does not cancel) and without masks (a max over keys a mask hides, the future
+keys of a causal box, would make every visible term underflow in early rows: silently wrong
+rows, where the unshifted box overflows or divides 0 by 0 loudly); the numerator and denominator
+of the linear-time order read the same shifted factors."""
 
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ class ExponentStabilization:
                     visit(statement.expr)
 
         for _, box in self.g.boxes():
-            if not box.is_exp and box.eps == 0:
+            if not box.is_exp and box.eps == 0 and not box.masks:
                 visit(box.content)  # type: ignore[arg-type]
         return frozenset(found)
 
