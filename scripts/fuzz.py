@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     designs = {p.name: p.read_text() for p in sorted((ROOT / "designs").glob("*.td"))}
     counts = {"grammar": {}, "mutation": {}}
     failures: list[dict] = []
+    commit = _commit()  # the code under test is the code at the start
     started = time.monotonic()
 
     def record(mode: str, outcome: str, detail: str, text: str, extra: dict | None = None) -> None:
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         "hangs": total("hang"),
         "machine": f"{platform.machine()} Python {platform.python_version()} torch {torch.__version__}",
         "tdiag": tdiag.__version__,
-        "commit": _commit(),
+        "commit": commit,
         "failures": failures,
     }
     out = Path(args.out)
