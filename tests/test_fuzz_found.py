@@ -314,3 +314,20 @@ def test_a_max_inside_a_softmax_and_the_same_max_outside_are_each_computed_whole
     x = torch.randn(2, 4, 3, dtype=torch.float64)
     inner = (x[:, :, None, :] * x[:, None, :, :] + (x * x).sum(-1)[:, :, None, None]).amax(-1)
     torch.testing.assert_close(module(text, impl)(x), inner.softmax(-1) + inner, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_softmax_around_a_product_keeps_the_constant_term_of_a_factor(impl):
+    # causal(n, m)·(x + 3) inlined into a softmax over (m, n): the 3 is not constant along the
+    # normalized legs once multiplied by the mask; it was dropped (fuzz seed 40)
+    text = (
+        "design product_constant\nsize N = 3, F = 2\ninput X[n: N, f: F]\nconst I[n: N, m: N] = identity\n"
+        "T[m n] = causal(n, m) (I[n m] + X[n f] + 3)\n"
+        "Y[n m] = softmax[m n](sqrt(2) * T[m n])\n"
+        "output Y\n"
+    )
+    x = torch.randn(2, 3, 2, dtype=torch.float64)
+    visible = torch.ones(3, 3, dtype=torch.bool).tril()  # [n, m]
+    scores = 2**0.5 * visible.double() * (torch.eye(3, dtype=torch.float64) + x.sum(-1)[:, :, None] + 3)  # [b n m]
+    expected = scores.flatten(1).softmax(-1).unflatten(1, (3, 3))
+    torch.testing.assert_close(module(text, impl)(x), expected, rtol=0, atol=1e-12)

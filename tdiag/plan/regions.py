@@ -23,7 +23,7 @@ from ..ir import (
     TensorRef,
     walk,
 )
-from .base import _all_legs, _constant_along, _Leaf, _renamed, _value_leaves
+from .base import _all_legs, _constant_along, _is_scaling, _Leaf, _renamed, _value_leaves
 from .program import (
     BATCH,
     BATCH_SIZE,
@@ -82,8 +82,15 @@ class RegionLowering:
         if isinstance(e, Contraction):
             inner = self.with_fresh_legs(ren, e.summed)
             coefficient = e.coefficient
-            for factor in e.factors:
-                coefficient *= self.collect(factor, inner, leaves, expand_powers=expand_powers)
+            # a softmax around a product lets no factor drop a constant term: causal(n, m)·(x + 3)
+            # is not causal(n, m)·x plus a constant (found by fuzzing, an inlined statement)
+            context = self.shift_invariant if _is_scaling(e) else None
+            context, self.shift_invariant = self.shift_invariant, context
+            try:
+                for factor in e.factors:
+                    coefficient *= self.collect(factor, inner, leaves, expand_powers=expand_powers)
+            finally:
+                self.shift_invariant = context
             return coefficient
         if isinstance(e, TensorRef):
             return self.collect_tensor(e, ren, leaves)
