@@ -359,6 +359,46 @@ def test_with_causal_mask_on_a_causal_design_returns_it_unchanged():
     assert causal_once.with_causal_mask().source() == causal_once.source()
 
 
+def test_with_causal_mask_refuses_a_factored_linear_attention_at_its_sum_over_keys():
+    # Σ_m K[m] V[m] without the query leg: no causal factor can go there, every query sees every key
+    design = load(ATTENTION + "KV[h d e] = K[m h d] V[m h e]\nY[n g] = Q[n h d] KV[h d e] WO[h e g]\noutput Y")
+    with pytest.raises(TdiagError, match="cannot mask the sum over key leg 'm': it has no query leg 'n'") as error:
+        design.with_causal_mask()
+    assert "t.td:13:13" in str(error.value)
+
+
+def test_with_causal_mask_refuses_a_mean_over_keys_beside_an_attention_it_would_mask():
+    # the softmax box is masked, but the mean of the values over every key would reach each query
+    body = (
+        "A[h n m] = softmax[m](Q[n h d] K[m h d])\nVm[h e] = mean[m](V[m h e])\n"
+        "Y[n g] = (A[h n m] V[m h e] - Vm[h e]) WO[h e g]\noutput Y"
+    )
+    with pytest.raises(TdiagError, match="cannot mask the mean over key leg 'm'") as error:
+        load(ATTENTION + body).with_causal_mask()
+    assert "t.td:14:11" in str(error.value)
+
+
+def test_with_causal_mask_refuses_a_box_normalized_over_the_query_leg():
+    body = "A[h n m] = softmax[n](Q[n h d] K[m h d])\nY[n g] = A[h n m] V[m h e] WO[h e g]\noutput Y"
+    with pytest.raises(TdiagError, match="box normalized over query leg 'n': each query would see the later"):
+        load(ATTENTION + body).with_causal_mask()
+
+
+def test_with_causal_mask_keeps_a_sum_over_key_positions_that_reads_no_input():
+    # Σ_m index(m) mixes no later token: the attention beside it is masked as usual
+    body = (
+        "c[] = index(m) / N\nA[h n m] = softmax[m](Q[n h d] K[m h d] + c[])\n"
+        "Y[n g] = A[h n m] V[m h e] WO[h e g]\noutput Y"
+    )
+    design = load(ATTENTION + body).with_causal_mask()
+    x = x_input(2)
+    compiled, reference, module = run_both(design, x)
+    q, k, v = heads(module, x)
+    expected = out(module, (q @ k.transpose(-1, -2)).masked_fill(~causal(N), -math.inf).softmax(-1), v)
+    close(compiled, expected)
+    close(reference, expected)
+
+
 def test_with_causal_mask_without_an_attention_over_the_key_leg_is_an_error():
     with pytest.raises(TdiagError, match="no attention over leg 'm'"):
         load("Y[n f] = exp(X[n f])\noutput Y").with_causal_mask()

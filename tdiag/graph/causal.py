@@ -2,7 +2,9 @@
 after building (`tdiag show --causal`, Design.causal()): a mask on each box normalized over the key
 and on each reduction over it,
 a causal factor in each contraction that sums it beside the query; the masking is traced through
-earlier statements so nothing is masked twice."""
+earlier statements so nothing is masked twice. A sum, reduction or box that mixes the keys of an
+input without the query leg (Σ_m K[m] V[m] of a factored linear attention, a mean over keys, a
+softmax over queries) has no causal form and is refused at its position."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from ..ir import (
     Reduction,
     Scalar,
     SoftmaxBox,
+    SquaredDistance,
     SumNode,
     TensorRef,
     walk,
@@ -96,6 +99,69 @@ def _position_legs(expr: Expr, query: str, key: str, roles: Mapping[str, dict[in
     return queries - both, keys - both
 
 
+def _mixes_positions(expr: Expr, queries: set[str], keys: set[str], graph: DesignGraph) -> Diagnostic | None:
+    """Why `expr` cannot be made causal, at the node that mixes the positions of an input: a
+    contraction, reduction, box or distance over a key leg without a query leg beside it (each
+    query would see every key), or a box normalized over a query leg beside a key leg (each query
+    would see the later queries)."""
+    for node in walk(expr):
+        over = _reduced_legs(node)
+        if not over or not _reads_an_input(node, graph):
+            continue
+        mixed_keys = sorted(keys & set(over))
+        if mixed_keys and not queries & set(node.legs):
+            (query, *_), what = sorted(queries), _construct(node)
+            return Diagnostic(
+                f"with_causal_mask cannot mask {what} over key leg '{mixed_keys[0]}': it has no query leg"
+                f" '{query}', so every query would see every key",
+                (node.span,),
+                f"keep the query leg beside the keys (Σ_{mixed_keys[0]} causal({query}, {mixed_keys[0]}) ...)"
+                " or write the causal design yourself",
+            )
+        mixed_queries = sorted(queries & set(over))
+        if isinstance(node, SoftmaxBox) and mixed_queries and keys & set(node.legs):
+            return Diagnostic(
+                f"with_causal_mask cannot mask a box normalized over query leg '{mixed_queries[0]}':"
+                " each query would see the later queries",
+                (node.span,),
+                "normalize over the key leg, or write the causal design yourself",
+            )
+    return None
+
+
+def _reduced_legs(node: Expr) -> tuple[str, ...]:
+    """The legs a node sums, reduces or normalizes over."""
+    if isinstance(node, Contraction):
+        return node.summed
+    if isinstance(node, Reduction | SquaredDistance):
+        return node.over
+    if isinstance(node, SoftmaxBox):
+        return node.normalized
+    return ()
+
+
+def _construct(node: Expr) -> str:
+    """The node as the user wrote it, in a word or two."""
+    if isinstance(node, Reduction):
+        return f"the {node.name}"
+    if isinstance(node, SoftmaxBox):
+        return "the box"
+    if isinstance(node, SquaredDistance):
+        return "the sqdist"
+    return "the sum"
+
+
+def _reads_an_input(expr: Expr, graph: DesignGraph) -> bool:
+    """Whether `expr` depends on an input, mask or noise (a sum of parameters or positions over
+    a key leg mixes nothing that arrives later)."""
+    for node in walk(expr):
+        if isinstance(node, TensorRef):
+            tensor = graph.tensors[node.name]
+            if tensor.is_batched or (tensor.statement is not None and _reads_an_input(tensor.statement.expr, graph)):
+                return True
+    return False
+
+
 def _already_causal(graph: DesignGraph, query: str, key: str) -> bool:
     """Whether the design masks `key` by `query` somewhere already (a causal box or factor)."""
     for statement in graph.statements:
@@ -116,11 +182,14 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
     bundled designs use n for queries and m for keys. A leg that names a query or key axis of an
     earlier statement's tensor under another name counts as one (`Σ_k E[h n k]` over E[h n m]).
     A design causal already is returned as it is."""
-    statements, total = [], 0
+    statements, total, mixing = [], 0, []
     hidden: dict[str, set[tuple[int, int]]] = {}
     roles: dict[str, dict[int, str]] = {}
     for statement in graph.statements:
         queries, keys = _position_legs(statement.expr, query, key, roles)
+        problem = _mixes_positions(statement.expr, queries, keys, graph)
+        if problem is not None:
+            mixing.append(problem)
         expr = statement.expr
         for q, k in dict.fromkeys([(query, key), *((q, k) for q in queries for k in keys if q != k)]):
             expr, count = _masked(expr, q, k, statement.span, hidden)
@@ -138,6 +207,8 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
             }
     if not total and _already_causal(graph, query, key):
         return graph
+    if mixing:
+        raise TdiagError(mixing)
     if not total:
         raise TdiagError(
             Diagnostic(
