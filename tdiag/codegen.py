@@ -427,10 +427,13 @@ def _entry(plan: Plan) -> list[str]:
             lines.append(f"if {var}.shape[{position}] != {expected}:")
             leg = source(f"input {t.name}: leg {axis.leg} has size {axis.size} = ", "fstring")
             lines.append(f'    raise ValueError(f"{leg}{{{expected}}}, got {{{var}.shape[{position}]}}")')
+    masks = graph.tensors_of_kind("mask") if graph.inputs else []
+    for t in masks:
+        lines += _mask_checks(plan, t, bound)
     for t in graph.inputs:
         var = source(plan.names[t.name], "name")
         shape = ", ".join(_size(graph, a.size) for a in t.axes)
-        if several:
+        if several or masks:
             lines.append(f"{var} = {var}.expand(*batch_shape, {shape}).reshape(-1, {shape})")
         else:
             lines.append(f"{var} = {var}.reshape(-1, {shape})")
@@ -467,6 +470,34 @@ def _entry(plan: Plan) -> list[str]:
             + {"always": noise, "never": zeros}.get(str(mode), f"{noise} if self.training else {zeros}")
             + f"  # noise, mode {source(mode, 'comment')}"
         )
+    return lines
+
+
+def _mask_checks(plan: Plan, t: Tensor, bound: set[str]) -> list[str]:
+    """Check a mask given at run time as the reference evaluator does (bool, its trailing axes
+    at their sizes) and broadcast its batch dims with the inputs': an int mask's `~` would flip
+    bits, not hide entries, and a mask with batch dims of its own serves the inputs' sequences."""
+    graph = plan.graph
+    var = source(plan.names[t.name], "name")
+    rank = len(t.axes)
+    lines = [f"if {var} is not None:"]
+    lines.append(f"    if {var}.dtype != torch.bool:")
+    boolean = source(f"mask {t.name} must be a bool tensor (True = attend), got ", "fstring")
+    lines.append(f'        raise ValueError(f"{boolean}{{{var}.dtype}}")')
+    lines.append(f"    if {var}.dim() < {rank}:")
+    needs = source(f"mask {t.name} needs {rank} trailing axes ({' '.join(t.legs)}), got shape ", "fstring")
+    lines.append(f'        raise ValueError(f"{needs}{{tuple({var}.shape)}}")')
+    for k, axis in enumerate(t.axes):
+        position = k - rank
+        if axis.size.is_Symbol and graph.sizes[str(axis.size)].is_free and str(axis.size) not in bound:
+            lines.append(f"    {source(str(axis.size), 'name')} = {var}.shape[{position}]")
+            bound.add(str(axis.size))
+            continue
+        expected = _size(graph, axis.size)
+        lines.append(f"    if {var}.shape[{position}] != {expected}:")
+        leg = source(f"mask {t.name}: leg {axis.leg} has size {axis.size} = ", "fstring")
+        lines.append(f'        raise ValueError(f"{leg}{{{expected}}}, got {{{var}.shape[{position}]}}")')
+    lines.append(f"    batch_shape = torch.broadcast_shapes(batch_shape, {var}.shape[: {var}.dim() - {rank}])")
     return lines
 
 

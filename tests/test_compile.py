@@ -655,6 +655,24 @@ def test_an_empty_sequence_is_refused_naming_the_leg(impl):
         module(torch.ones(2, 0, 8))
 
 
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.float64])
+def test_a_mask_that_is_not_bool_is_refused_by_name(impl, dtype):
+    # the compiled module hid entries with `~pad`: on an int mask that flips bits, hiding every key
+    module = tdiag.load(DESIGNS / "cross_attention.td", F=8, H=2).module(impl=impl, dtype=torch.float64)
+    x, z = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 4, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=rf"mask pad must be a bool tensor \(True = attend\), got {dtype}"):
+        module(x, z, pad=torch.ones(2, 4, dtype=dtype))
+
+
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+def test_a_mask_of_the_wrong_length_names_the_leg_and_sizes(impl):
+    module = tdiag.load(DESIGNS / "cross_attention.td", F=8, H=2).module(impl=impl, dtype=torch.float64)
+    x, z = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 4, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"mask pad: leg m has size M = 4, got 5"):
+        module(x, z, pad=torch.ones(2, 5, dtype=torch.bool))
+
+
 def test_width_not_divisible_by_heads_is_a_tdiag_error():
     with pytest.raises(tdiag.TdiagError, match=r"size D = F/H is 512/3"):
         tdiag.load(DESIGNS / "mhsa.td", H=3).module()

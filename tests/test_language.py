@@ -433,6 +433,21 @@ def test_a_mask_without_batch_dims_broadcasts_over_the_batch():
     close(reference, expected)
 
 
+@pytest.mark.parametrize("objective", ["time", "flops", "memory"])
+def test_a_mask_with_batch_dims_of_its_own_broadcasts_the_input_over_them(objective):
+    # one sequence X[n f], a padding mask per batch element: the compiled module expanded the mask
+    # to the input's batch dims (a RuntimeError) where the reference broadcast them together
+    design = load("mask pad[m: N]\nA[n m] = softmax[m, mask = pad[m]](X[n f] X[m f])\nY[n f] = A[n m] X[m f]\noutput Y")
+    x, pad = x_input(1), torch.tensor([[True, False, True, True, False], [False] * 5, [True] * 5])
+    compiled = design.module(N=N, dtype=F64, objective=objective)(x, pad=pad[None])
+    reference = design.module(N=N, dtype=F64, impl="reference")(x, pad=pad[None])
+    lowest = torch.finfo(F64).min
+    expected = (x @ x.transpose(-1, -2)).masked_fill(~pad[:, None, :], lowest).softmax(-1) @ x
+    assert compiled.shape == (1, 3, N, 4)
+    close(compiled, expected[None])
+    close(reference, expected[None])
+
+
 # ---- a leg summed inside a map that one factor alone carries ---------------------------------
 
 SINK = (
