@@ -673,6 +673,25 @@ def test_a_mask_of_the_wrong_length_names_the_leg_and_sizes(impl):
         module(x, z, pad=torch.ones(2, 5, dtype=torch.bool))
 
 
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+@pytest.mark.parametrize("batch", [(3,), ()])
+def test_a_scalar_input_keeps_its_batch_dims(impl, batch):
+    # `input s[]` has no trailing axes: its batch dims were read as s.shape[:-0], which is empty
+    module = tdiag.loads("design scalar\ninput s[]\nY[] = 2 s[] + exp(s[])\noutput Y\n").module(impl=impl)
+    s = torch.randn(batch, dtype=torch.float64)
+    torch.testing.assert_close(module(s), 2 * s + s.exp(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+def test_a_scalar_mask_hides_whole_sequences(impl):
+    # `mask p[]`, one flag per batch element: the generated code read torch.ones(B, , ...)
+    text = "design flag\nsize F = 3\nsize N\ninput X[n: N, f: F]\nmask p[]\nY[n f] = X[n f] p[]\noutput Y\n"
+    module = tdiag.loads(text).module(impl=impl, dtype=torch.float64)
+    x, p = torch.randn(2, 4, 3, dtype=torch.float64), torch.tensor([True, False])
+    torch.testing.assert_close(module(x, p=p), x * p[:, None, None], rtol=0, atol=0)
+    torch.testing.assert_close(module(x), x, rtol=0, atol=0)
+
+
 def test_width_not_divisible_by_heads_is_a_tdiag_error():
     with pytest.raises(tdiag.TdiagError, match=r"size D = F/H is 512/3"):
         tdiag.load(DESIGNS / "mhsa.td", H=3).module()
