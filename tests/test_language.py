@@ -384,6 +384,32 @@ def test_with_causal_mask_refuses_a_box_normalized_over_the_query_leg():
         load(ATTENTION + body).with_causal_mask()
 
 
+def test_with_causal_mask_masks_a_sum_over_another_position_leg_beside_the_query():
+    # Z[n f] = Σ_l X[n c] X[l c] X[l f] is an un-normalized attention over positions l, named
+    # neither m nor after a key axis: it was left unmasked, and each query saw every later token
+    body = (
+        "Z[n f] = X[n c] X[l c] X[l f]\nA[h n m] = softmax[m](Q[n h d] K[m h d])\n"
+        "Y[n g] = A[h n m] V[m h e] WO[h e g] + Z[n g]\noutput Y"
+    )
+    design = load(ATTENTION + body).with_causal_mask()
+    x = x_input(2)
+    compiled, reference, module = run_both(design, x)
+    q, k, v = heads(module, x)
+    attention = out(module, (q @ k.transpose(-1, -2)).masked_fill(~causal(N), -math.inf).softmax(-1), v)
+    expected = attention + ((x @ x.transpose(-1, -2)) * causal(N)) @ x
+    close(compiled, expected)
+    close(reference, expected)
+
+
+def test_with_causal_mask_refuses_a_sum_over_another_position_leg_without_the_query():
+    body = (
+        "V2[m h e] = V[m h e] + X[l f] WV[f h e] / N\nA[h n m] = softmax[m](Q[n h d] K[m h d])\n"
+        "Y[n g] = A[h n m] V2[m h e] WO[h e g]\noutput Y"
+    )
+    with pytest.raises(TdiagError, match="cannot mask the sum over key leg 'l': it has no query leg 'n'"):
+        load(ATTENTION + body).with_causal_mask()
+
+
 def test_with_causal_mask_keeps_a_sum_over_key_positions_that_reads_no_input():
     # Σ_m index(m) mixes no later token: the attention beside it is masked as usual
     body = (

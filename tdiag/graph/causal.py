@@ -85,18 +85,27 @@ def _hidden_pairs(expr: Expr, hidden: Mapping[str, set[tuple[int, int]]]) -> set
     return set()
 
 
-def _position_legs(expr: Expr, query: str, key: str, roles: Mapping[str, dict[int, str]]) -> tuple[set[str], set[str]]:
+def _position_legs(
+    expr: Expr, query: str, key: str, roles: Mapping[str, dict[int, str]], graph: DesignGraph
+) -> tuple[set[str], set[str]]:
     """The legs of a statement that run over queries and over keys: `query` and `key` by name,
     and any leg naming an earlier statement's query or key axis under another name (the
     denominator Σ_k E[h n k] of an attention E[h n m] written out). A leg that would be both is
-    neither."""
+    neither. Any other leg of the key's size that the statement sums, reduces or normalizes runs
+    over key positions too (Σ_l X[l f] beside the values mixes every position)."""
     queries, keys = {query}, {key}
     for node in walk(expr):
         if isinstance(node, TensorRef) and not node.is_reshaped and node.name in roles:
             for axis, role in roles[node.name].items():
                 (queries if role == "query" else keys).add(node.legs[axis])
     both = queries & keys
-    return queries - both, keys - both
+    queries, keys = queries - both, keys - both
+    if key in graph.legs:
+        size = graph.legs[key].size
+        for node in walk(expr):
+            keys.update(leg for leg in _reduced_legs(node) if leg in graph.legs and graph.legs[leg].size == size)
+        keys -= queries | both
+    return queries, keys
 
 
 def _mixes_positions(expr: Expr, queries: set[str], keys: set[str], graph: DesignGraph) -> Diagnostic | None:
@@ -186,7 +195,7 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
     hidden: dict[str, set[tuple[int, int]]] = {}
     roles: dict[str, dict[int, str]] = {}
     for statement in graph.statements:
-        queries, keys = _position_legs(statement.expr, query, key, roles)
+        queries, keys = _position_legs(statement.expr, query, key, roles, graph)
         problem = _mixes_positions(statement.expr, queries, keys, graph)
         if problem is not None:
             mixing.append(problem)
