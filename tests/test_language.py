@@ -410,6 +410,16 @@ def test_with_causal_mask_refuses_a_sum_over_another_position_leg_without_the_qu
         load(ATTENTION + body).with_causal_mask()
 
 
+def test_with_causal_mask_refuses_a_mean_over_the_query_leg_that_drops_it():
+    # a bias from the mean query reaches every query from the later ones; it was left as written
+    body = (
+        "qm[h d] = mean[n](Q[n h d])\nA[h n m] = softmax[m](Q[n h d] K[m h d] + qm[h d] K[m h d])\n"
+        "Y[n g] = A[h n m] V[m h e] WO[h e g]\noutput Y"
+    )
+    with pytest.raises(TdiagError, match="cannot mask the mean over query leg 'n': each query would see the later"):
+        load(ATTENTION + body).with_causal_mask()
+
+
 def test_with_causal_mask_keeps_a_sum_over_key_positions_that_reads_no_input():
     # Σ_m index(m) mixes no later token: the attention beside it is masked as usual
     body = (

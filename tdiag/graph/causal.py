@@ -135,6 +135,13 @@ def _mixes_positions(expr: Expr, queries: set[str], keys: set[str], graph: Desig
                 (node.span,),
                 "normalize over the key leg, or write the causal design yourself",
             )
+        if not isinstance(node, SoftmaxBox) and mixed_queries and not queries & set(node.legs):
+            return Diagnostic(
+                f"with_causal_mask cannot mask {_construct(node)} over query leg '{mixed_queries[0]}':"
+                " each query would see the later queries",
+                (node.span,),
+                "keep the query leg in the result, or write the causal design yourself",
+            )
     return None
 
 
