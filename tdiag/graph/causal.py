@@ -224,7 +224,7 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
     if not total and _already_causal(graph, query, key):
         return graph
     if mixing:
-        raise TdiagError(mixing)
+        raise TdiagError(sorted(mixing, key=lambda d: (d.spans[0].line, d.spans[0].column)))
     if not total:
         raise TdiagError(
             Diagnostic(
