@@ -342,8 +342,8 @@ def _forward(plan: Plan) -> list[str]:
     for name, value in plan.outputs:
         tensor = graph.tensors[name]
         shape = ", ".join(_size(graph, a.size) for a in tensor.axes)
-        batch = "*batch_shape, " if value.is_batched else ""
-        outs.append(f"{source(value.var, 'name')}.reshape({batch}{shape})")
+        batch = "*batch_shape" if value.is_batched else ""
+        outs.append(f"{source(value.var, 'name')}.reshape({_shape_args(batch, shape)})")
     lines.append(f"        return {', '.join(outs)}")
     return lines
 
@@ -408,10 +408,10 @@ def _entry(plan: Plan) -> list[str]:
         floating = source(f"input {t.name} must be a floating-point tensor, got ", "fstring")
         lines.append(f'    raise TypeError(f"{floating}{{{var}.dtype}}")')
         if first:
-            lines.append(f"batch_shape = {var}.shape[:-{rank}]")
+            lines.append(f"batch_shape = {_batch_dims(var, rank)}")
             first = False
         elif several:
-            lines.append(f"batch_shape = torch.broadcast_shapes(batch_shape, {var}.shape[:-{rank}])")
+            lines.append(f"batch_shape = torch.broadcast_shapes(batch_shape, {_batch_dims(var, rank)})")
         for k, axis in enumerate(t.axes):
             position = k - rank
             size = axis.size
@@ -427,20 +427,26 @@ def _entry(plan: Plan) -> list[str]:
             lines.append(f"if {var}.shape[{position}] != {expected}:")
             leg = source(f"input {t.name}: leg {axis.leg} has size {axis.size} = ", "fstring")
             lines.append(f'    raise ValueError(f"{leg}{{{expected}}}, got {{{var}.shape[{position}]}}")')
+    masks = graph.tensors_of_kind("mask") if graph.inputs else []
+    for t in masks:
+        lines += _mask_checks(plan, t, bound)
     for t in graph.inputs:
         var = source(plan.names[t.name], "name")
         shape = ", ".join(_size(graph, a.size) for a in t.axes)
-        if several:
-            lines.append(f"{var} = {var}.expand(*batch_shape, {shape}).reshape(-1, {shape})")
+        if several or masks:
+            lines.append(
+                f"{var} = {var}.expand({_shape_args('*batch_shape', shape)}).reshape({_shape_args('-1', shape)})"
+            )
         else:
-            lines.append(f"{var} = {var}.reshape(-1, {shape})")
+            lines.append(f"{var} = {var}.reshape({_shape_args('-1', shape)})")
     first_input = source(plan.names[graph.inputs[0].name], "name") if graph.inputs else None
     lines.append(f"B = {first_input}.shape[0]" if first_input else "B = 1")
     for t in graph.tensors_of_kind("mask"):
         var = source(plan.names[t.name], "name")
         shape = ", ".join(_size(graph, a.size) for a in t.axes)
         lines.append(
-            f"{var} = torch.ones(B, {shape}, dtype=torch.bool, device={first_input}.device) if {var} is None else {var}.expand(*batch_shape, {shape}).reshape(B, {shape})"
+            f"{var} = torch.ones({_shape_args('B', shape)}, dtype=torch.bool, device={first_input}.device) if {var} is None"
+            f" else {var}.expand({_shape_args('*batch_shape', shape)}).reshape({_shape_args('B', shape)})"
         )
     device = first_input or "None"
     for t in graph.tensors_of_kind("buffer"):  # read as it was: the update below must not touch saved tensors
@@ -460,14 +466,56 @@ def _entry(plan: Plan) -> list[str]:
         shape = ", ".join(_size(graph, a.size) for a in t.axes)
         mode = t.init.param("mode", "train") if t.init else "train"
         like = f"dtype={device}.dtype, device={device}.device"
-        noise = f"torch.randn(B, {shape}, {like})"
-        zeros = "None" if var in plan.training_noise else f"torch.zeros(B, {shape}, {like})"
+        noise = f"torch.randn({_shape_args('B', shape)}, {like})"
+        zeros = "None" if var in plan.training_noise else f"torch.zeros({_shape_args('B', shape)}, {like})"
         lines.append(
             f"{var} = "
             + {"always": noise, "never": zeros}.get(str(mode), f"{noise} if self.training else {zeros}")
             + f"  # noise, mode {source(mode, 'comment')}"
         )
     return lines
+
+
+def _mask_checks(plan: Plan, t: Tensor, bound: set[str]) -> list[str]:
+    """Check a mask given at run time as the reference evaluator does (bool, its trailing axes
+    at their sizes) and broadcast its batch dims with the inputs': an int mask's `~` would flip
+    bits, not hide entries, and a mask with batch dims of its own serves the inputs' sequences."""
+    graph = plan.graph
+    var = source(plan.names[t.name], "name")
+    rank = len(t.axes)
+    lines = [f"if {var} is not None:"]
+    lines.append(f"    if {var}.dtype != torch.bool:")
+    boolean = source(f"mask {t.name} must be a bool tensor (True = attend), got ", "fstring")
+    lines.append(f'        raise ValueError(f"{boolean}{{{var}.dtype}}")')
+    lines.append(f"    if {var}.dim() < {rank}:")
+    needs = source(f"mask {t.name} needs {rank} trailing axes ({' '.join(t.legs)}), got shape ", "fstring")
+    lines.append(f'        raise ValueError(f"{needs}{{tuple({var}.shape)}}")')
+    for k, axis in enumerate(t.axes):
+        position = k - rank
+        if axis.size.is_Symbol and graph.sizes[str(axis.size)].is_free and str(axis.size) not in bound:
+            lines.append(f"    {source(str(axis.size), 'name')} = {var}.shape[{position}]")
+            bound.add(str(axis.size))
+            continue
+        expected = _size(graph, axis.size)
+        lines.append(f"    if {var}.shape[{position}] != {expected}:")
+        leg = source(f"mask {t.name}: leg {axis.leg} has size {axis.size} = ", "fstring")
+        lines.append(f'        raise ValueError(f"{leg}{{{expected}}}, got {{{var}.shape[{position}]}}")')
+    lines.append(f"    batch_shape = torch.broadcast_shapes(batch_shape, {_batch_dims(var, rank)})")
+    return lines
+
+
+def _batch_dims(var: str, rank: int) -> str:
+    """The leading batch dims of a tensor with `rank` trailing axes (all of them for a scalar:
+    `shape[:-0]` would be empty)."""
+    return f"{var}.shape[:-{rank}]" if rank else f"{var}.shape"
+
+
+def _shape_args(first: str, shape: str) -> str:
+    """Arguments of reshape, expand, ones or randn: `first` (B, -1 or *batch_shape) and the
+    trailing sizes; a scalar's batch shape alone is passed as the tuple it is."""
+    if not shape:
+        return "batch_shape" if first == "*batch_shape" else first or "()"
+    return f"{first}, {shape}" if first else shape
 
 
 def _size(graph: DesignGraph, expr: sympy.Expr) -> str:

@@ -660,6 +660,43 @@ def test_an_empty_sequence_is_refused_naming_the_leg(impl):
         module(torch.ones(2, 0, 8))
 
 
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.float64])
+def test_a_mask_that_is_not_bool_is_refused_by_name(impl, dtype):
+    # the compiled module hid entries with `~pad`: on an int mask that flips bits, hiding every key
+    module = tdiag.load(DESIGNS / "cross_attention.td", F=8, H=2).module(impl=impl, dtype=torch.float64)
+    x, z = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 4, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=rf"mask pad must be a bool tensor \(True = attend\), got {dtype}"):
+        module(x, z, pad=torch.ones(2, 4, dtype=dtype))
+
+
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+def test_a_mask_of_the_wrong_length_names_the_leg_and_sizes(impl):
+    module = tdiag.load(DESIGNS / "cross_attention.td", F=8, H=2).module(impl=impl, dtype=torch.float64)
+    x, z = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 4, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"mask pad: leg m has size M = 4, got 5"):
+        module(x, z, pad=torch.ones(2, 5, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+@pytest.mark.parametrize("batch", [(3,), ()])
+def test_a_scalar_input_keeps_its_batch_dims(impl, batch):
+    # `input s[]` has no trailing axes: its batch dims were read as s.shape[:-0], which is empty
+    module = tdiag.loads("design scalar\ninput s[]\nY[] = 2 s[] + exp(s[])\noutput Y\n").module(impl=impl)
+    s = torch.randn(batch, dtype=torch.float64)
+    torch.testing.assert_close(module(s), 2 * s + s.exp(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+def test_a_scalar_mask_hides_whole_sequences(impl):
+    # `mask p[]`, one flag per batch element: the generated code read torch.ones(B, , ...)
+    text = "design flag\nsize F = 3\nsize N\ninput X[n: N, f: F]\nmask p[]\nY[n f] = X[n f] p[]\noutput Y\n"
+    module = tdiag.loads(text).module(impl=impl, dtype=torch.float64)
+    x, p = torch.randn(2, 4, 3, dtype=torch.float64), torch.tensor([True, False])
+    torch.testing.assert_close(module(x, p=p), x * p[:, None, None], rtol=0, atol=0)
+    torch.testing.assert_close(module(x), x, rtol=0, atol=0)
+
+
 def test_width_not_divisible_by_heads_is_a_tdiag_error():
     with pytest.raises(tdiag.TdiagError, match=r"size D = F/H is 512/3"):
         tdiag.load(DESIGNS / "mhsa.td", H=3).module()

@@ -331,3 +331,26 @@ def test_a_softmax_around_a_product_keeps_the_constant_term_of_a_factor(impl):
     scores = 2**0.5 * visible.double() * (torch.eye(3, dtype=torch.float64) + x.sum(-1)[:, :, None] + 3)  # [b n m]
     expected = scores.flatten(1).softmax(-1).unflatten(1, (3, 3))
     torch.testing.assert_close(module(text, impl)(x), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("objective", ["flops", "time", "memory"])
+def test_grouped_query_heads_read_from_a_computed_tensor_are_computed_under_every_objective(objective):
+    # Q[n (g r) d] of Q[n h d] lowers Q where it is first read; under "flops" that was inside a trial
+    # plan whose steps are dropped, and the real plan then read Q without computing it (NameError)
+    text = (
+        "design gqa_regrouped\nsize F = 4, H = 4, G = 2, R = H / G, D = 2\nsize N\ninput X[n: N, f: F]\n"
+        "param WQ[f: F, h: H, d: D]\nparam WK[f: F, g: G, d: D]\nparam WV[f: F, g: G, e: D]\n"
+        "Q[n h d] = X[n f] WQ[f h d]\nK[m g d] = X[m f] WK[f g d]\nV[m g e] = X[m f] WV[f g e]\n"
+        "A[g r n m] = softmax[m](Q[n (g r) d] K[m g d])\nY[n g r e] = A[g r n m] V[m g e]\noutput Y\n"
+    )
+    model = tdiag.loads(text).module(dtype=torch.float64, objective=objective)
+    x = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    y = model(x)
+    q = torch.einsum("bnf,fhd->bnhd", x, model.WQ).reshape(2, 5, 2, 2, 2)
+    k, v = torch.einsum("bmf,fgd->bmgd", x, model.WK), torch.einsum("bmf,fge->bmge", x, model.WV)
+    expected = torch.einsum("bgrnm,bmge->bngre", torch.einsum("bngrd,bmgd->bgrnm", q, k).softmax(-1), v)
+    torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)
+    weights = torch.randn_like(y)
+    (gradient,) = torch.autograd.grad((y * weights).sum(), x)
+    (expected_gradient,) = torch.autograd.grad((expected * weights).sum(), x)
+    torch.testing.assert_close(gradient, expected_gradient, rtol=1e-12, atol=1e-12)

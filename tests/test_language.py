@@ -359,6 +359,82 @@ def test_with_causal_mask_on_a_causal_design_returns_it_unchanged():
     assert causal_once.with_causal_mask().source() == causal_once.source()
 
 
+def test_with_causal_mask_refuses_a_factored_linear_attention_at_its_sum_over_keys():
+    # Σ_m K[m] V[m] without the query leg: no causal factor can go there, every query sees every key
+    design = load(ATTENTION + "KV[h d e] = K[m h d] V[m h e]\nY[n g] = Q[n h d] KV[h d e] WO[h e g]\noutput Y")
+    with pytest.raises(TdiagError, match="cannot mask the sum over key leg 'm': it has no query leg 'n'") as error:
+        design.with_causal_mask()
+    assert "t.td:13:13" in str(error.value)
+
+
+def test_with_causal_mask_refuses_a_mean_over_keys_beside_an_attention_it_would_mask():
+    # the softmax box is masked, but the mean of the values over every key would reach each query
+    body = (
+        "A[h n m] = softmax[m](Q[n h d] K[m h d])\nVm[h e] = mean[m](V[m h e])\n"
+        "Y[n g] = (A[h n m] V[m h e] - Vm[h e]) WO[h e g]\noutput Y"
+    )
+    with pytest.raises(TdiagError, match="cannot mask the mean over key leg 'm'") as error:
+        load(ATTENTION + body).with_causal_mask()
+    assert "t.td:14:11" in str(error.value)
+
+
+def test_with_causal_mask_refuses_a_box_normalized_over_the_query_leg():
+    body = "A[h n m] = softmax[n](Q[n h d] K[m h d])\nY[n g] = A[h n m] V[m h e] WO[h e g]\noutput Y"
+    with pytest.raises(TdiagError, match="box normalized over query leg 'n': each query would see the later"):
+        load(ATTENTION + body).with_causal_mask()
+
+
+def test_with_causal_mask_masks_a_sum_over_another_position_leg_beside_the_query():
+    # Z[n f] = Σ_l X[n c] X[l c] X[l f] is an un-normalized attention over positions l, named
+    # neither m nor after a key axis: it was left unmasked, and each query saw every later token
+    body = (
+        "Z[n f] = X[n c] X[l c] X[l f]\nA[h n m] = softmax[m](Q[n h d] K[m h d])\n"
+        "Y[n g] = A[h n m] V[m h e] WO[h e g] + Z[n g]\noutput Y"
+    )
+    design = load(ATTENTION + body).with_causal_mask()
+    x = x_input(2)
+    compiled, reference, module = run_both(design, x)
+    q, k, v = heads(module, x)
+    attention = out(module, (q @ k.transpose(-1, -2)).masked_fill(~causal(N), -math.inf).softmax(-1), v)
+    expected = attention + ((x @ x.transpose(-1, -2)) * causal(N)) @ x
+    close(compiled, expected)
+    close(reference, expected)
+
+
+def test_with_causal_mask_refuses_a_sum_over_another_position_leg_without_the_query():
+    body = (
+        "V2[m h e] = V[m h e] + X[l f] WV[f h e] / N\nA[h n m] = softmax[m](Q[n h d] K[m h d])\n"
+        "Y[n g] = A[h n m] V2[m h e] WO[h e g]\noutput Y"
+    )
+    with pytest.raises(TdiagError, match="cannot mask the sum over key leg 'l': it has no query leg 'n'"):
+        load(ATTENTION + body).with_causal_mask()
+
+
+def test_with_causal_mask_refuses_a_mean_over_the_query_leg_that_drops_it():
+    # a bias from the mean query reaches every query from the later ones; it was left as written
+    body = (
+        "qm[h d] = mean[n](Q[n h d])\nA[h n m] = softmax[m](Q[n h d] K[m h d] + qm[h d] K[m h d])\n"
+        "Y[n g] = A[h n m] V[m h e] WO[h e g]\noutput Y"
+    )
+    with pytest.raises(TdiagError, match="cannot mask the mean over query leg 'n': each query would see the later"):
+        load(ATTENTION + body).with_causal_mask()
+
+
+def test_with_causal_mask_keeps_a_sum_over_key_positions_that_reads_no_input():
+    # Σ_m index(m) mixes no later token: the attention beside it is masked as usual
+    body = (
+        "c[] = index(m) / N\nA[h n m] = softmax[m](Q[n h d] K[m h d] + c[])\n"
+        "Y[n g] = A[h n m] V[m h e] WO[h e g]\noutput Y"
+    )
+    design = load(ATTENTION + body).with_causal_mask()
+    x = x_input(2)
+    compiled, reference, module = run_both(design, x)
+    q, k, v = heads(module, x)
+    expected = out(module, (q @ k.transpose(-1, -2)).masked_fill(~causal(N), -math.inf).softmax(-1), v)
+    close(compiled, expected)
+    close(reference, expected)
+
+
 def test_with_causal_mask_without_an_attention_over_the_key_leg_is_an_error():
     with pytest.raises(TdiagError, match="no attention over leg 'm'"):
         load("Y[n f] = exp(X[n f])\noutput Y").with_causal_mask()
@@ -391,6 +467,21 @@ def test_a_mask_without_batch_dims_broadcasts_over_the_batch():
     expected = (x @ x.transpose(-1, -2)).masked_fill(~hidden, -math.inf).softmax(-1) @ x
     close(compiled, expected)
     close(reference, expected)
+
+
+@pytest.mark.parametrize("objective", ["time", "flops", "memory"])
+def test_a_mask_with_batch_dims_of_its_own_broadcasts_the_input_over_them(objective):
+    # one sequence X[n f], a padding mask per batch element: the compiled module expanded the mask
+    # to the input's batch dims (a RuntimeError) where the reference broadcast them together
+    design = load("mask pad[m: N]\nA[n m] = softmax[m, mask = pad[m]](X[n f] X[m f])\nY[n f] = A[n m] X[m f]\noutput Y")
+    x, pad = x_input(1), torch.tensor([[True, False, True, True, False], [False] * 5, [True] * 5])
+    compiled = design.module(N=N, dtype=F64, objective=objective)(x, pad=pad[None])
+    reference = design.module(N=N, dtype=F64, impl="reference")(x, pad=pad[None])
+    lowest = torch.finfo(F64).min
+    expected = (x @ x.transpose(-1, -2)).masked_fill(~pad[:, None, :], lowest).softmax(-1) @ x
+    assert compiled.shape == (1, 3, N, 4)
+    close(compiled, expected[None])
+    close(reference, expected[None])
 
 
 # ---- a leg summed inside a map that one factor alone carries ---------------------------------

@@ -2,7 +2,9 @@
 after building (`tdiag show --causal`, Design.causal()): a mask on each box normalized over the key
 and on each reduction over it,
 a causal factor in each contraction that sums it beside the query; the masking is traced through
-earlier statements so nothing is masked twice."""
+earlier statements so nothing is masked twice. A sum, reduction or box that mixes the keys of an
+input without the query leg (Σ_m K[m] V[m] of a factored linear attention, a mean over keys, a
+softmax over queries) has no causal form and is refused at its position."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from ..ir import (
     Reduction,
     Scalar,
     SoftmaxBox,
+    SquaredDistance,
     SumNode,
     TensorRef,
     walk,
@@ -82,18 +85,97 @@ def _hidden_pairs(expr: Expr, hidden: Mapping[str, set[tuple[int, int]]]) -> set
     return set()
 
 
-def _position_legs(expr: Expr, query: str, key: str, roles: Mapping[str, dict[int, str]]) -> tuple[set[str], set[str]]:
+def _position_legs(
+    expr: Expr, query: str, key: str, roles: Mapping[str, dict[int, str]], graph: DesignGraph
+) -> tuple[set[str], set[str]]:
     """The legs of a statement that run over queries and over keys: `query` and `key` by name,
     and any leg naming an earlier statement's query or key axis under another name (the
     denominator Σ_k E[h n k] of an attention E[h n m] written out). A leg that would be both is
-    neither."""
+    neither. Any other leg of the key's size that the statement sums, reduces or normalizes runs
+    over key positions too (Σ_l X[l f] beside the values mixes every position)."""
     queries, keys = {query}, {key}
     for node in walk(expr):
         if isinstance(node, TensorRef) and not node.is_reshaped and node.name in roles:
             for axis, role in roles[node.name].items():
                 (queries if role == "query" else keys).add(node.legs[axis])
     both = queries & keys
-    return queries - both, keys - both
+    queries, keys = queries - both, keys - both
+    if key in graph.legs:
+        size = graph.legs[key].size
+        for node in walk(expr):
+            keys.update(leg for leg in _reduced_legs(node) if leg in graph.legs and graph.legs[leg].size == size)
+        keys -= queries | both
+    return queries, keys
+
+
+def _mixes_positions(expr: Expr, queries: set[str], keys: set[str], graph: DesignGraph) -> Diagnostic | None:
+    """Why `expr` cannot be made causal, at the node that mixes the positions of an input: a
+    contraction, reduction, box or distance over a key leg without a query leg beside it (each
+    query would see every key), or a box normalized over a query leg beside a key leg (each query
+    would see the later queries)."""
+    for node in walk(expr):
+        over = _reduced_legs(node)
+        if not over or not _reads_an_input(node, graph):
+            continue
+        mixed_keys = sorted(keys & set(over))
+        if mixed_keys and not queries & set(node.legs):
+            (query, *_), what = sorted(queries), _construct(node)
+            return Diagnostic(
+                f"with_causal_mask cannot mask {what} over key leg '{mixed_keys[0]}': it has no query leg"
+                f" '{query}', so every query would see every key",
+                (node.span,),
+                f"keep the query leg beside the keys (Σ_{mixed_keys[0]} causal({query}, {mixed_keys[0]}) ...)"
+                " or write the causal design yourself",
+            )
+        mixed_queries = sorted(queries & set(over))
+        if isinstance(node, SoftmaxBox) and mixed_queries and keys & set(node.legs):
+            return Diagnostic(
+                f"with_causal_mask cannot mask a box normalized over query leg '{mixed_queries[0]}':"
+                " each query would see the later queries",
+                (node.span,),
+                "normalize over the key leg, or write the causal design yourself",
+            )
+        if not isinstance(node, SoftmaxBox) and mixed_queries and not queries & set(node.legs):
+            return Diagnostic(
+                f"with_causal_mask cannot mask {_construct(node)} over query leg '{mixed_queries[0]}':"
+                " each query would see the later queries",
+                (node.span,),
+                "keep the query leg in the result, or write the causal design yourself",
+            )
+    return None
+
+
+def _reduced_legs(node: Expr) -> tuple[str, ...]:
+    """The legs a node sums, reduces or normalizes over."""
+    if isinstance(node, Contraction):
+        return node.summed
+    if isinstance(node, Reduction | SquaredDistance):
+        return node.over
+    if isinstance(node, SoftmaxBox):
+        return node.normalized
+    return ()
+
+
+def _construct(node: Expr) -> str:
+    """The node as the user wrote it, in a word or two."""
+    if isinstance(node, Reduction):
+        return f"the {node.name}"
+    if isinstance(node, SoftmaxBox):
+        return "the box"
+    if isinstance(node, SquaredDistance):
+        return "the sqdist"
+    return "the sum"
+
+
+def _reads_an_input(expr: Expr, graph: DesignGraph) -> bool:
+    """Whether `expr` depends on an input, mask or noise (a sum of parameters or positions over
+    a key leg mixes nothing that arrives later)."""
+    for node in walk(expr):
+        if isinstance(node, TensorRef):
+            tensor = graph.tensors[node.name]
+            if tensor.is_batched or (tensor.statement is not None and _reads_an_input(tensor.statement.expr, graph)):
+                return True
+    return False
 
 
 def _already_causal(graph: DesignGraph, query: str, key: str) -> bool:
@@ -116,11 +198,14 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
     bundled designs use n for queries and m for keys. A leg that names a query or key axis of an
     earlier statement's tensor under another name counts as one (`Σ_k E[h n k]` over E[h n m]).
     A design causal already is returned as it is."""
-    statements, total = [], 0
+    statements, total, mixing = [], 0, []
     hidden: dict[str, set[tuple[int, int]]] = {}
     roles: dict[str, dict[int, str]] = {}
     for statement in graph.statements:
-        queries, keys = _position_legs(statement.expr, query, key, roles)
+        queries, keys = _position_legs(statement.expr, query, key, roles, graph)
+        problem = _mixes_positions(statement.expr, queries, keys, graph)
+        if problem is not None:
+            mixing.append(problem)
         expr = statement.expr
         for q, k in dict.fromkeys([(query, key), *((q, k) for q in queries for k in keys if q != k)]):
             expr, count = _masked(expr, q, k, statement.span, hidden)
@@ -138,6 +223,8 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
             }
     if not total and _already_causal(graph, query, key):
         return graph
+    if mixing:
+        raise TdiagError(sorted(mixing, key=lambda d: (d.spans[0].line, d.spans[0].column)))
     if not total:
         raise TdiagError(
             Diagnostic(

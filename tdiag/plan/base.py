@@ -323,14 +323,17 @@ class LoweringBase:
 
     @contextlib.contextmanager
     def scratch(self):
-        """Emit into a list of its own, whose values are forgotten afterwards."""
+        """Emit into a list of its own, whose values are forgotten afterwards: also the
+        statements lowered on the way (a computed tensor read with its axes grouped otherwise,
+        `Q[n (g r) d]`), whose steps the trial drops."""
         saved, self.target = self.target, []
         memo, self.memo = self.memo, dict(self.memo)
         masks, self.causal_masks = self.causal_masks, dict(self.causal_masks)
+        values, self.values = self.values, dict(self.values)
         try:
             yield self.target
         finally:
-            self.target, self.memo, self.causal_masks = saved, memo, masks
+            self.target, self.memo, self.causal_masks, self.values = saved, memo, masks, values
 
 
 def _planned_flops(step: Step) -> sympy.Expr:
