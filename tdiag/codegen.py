@@ -698,7 +698,9 @@ def _(op: Einsum, attributes: frozenset[str]) -> str:
 
 @_op.register
 def _(op: MaskFill, attributes: frozenset[str]) -> str:
-    fill = f"torch.finfo({_var(op.x, attributes)}.dtype).min" if op.fill == "lowest" else "0.0"
+    fill = {"lowest": f"torch.finfo({_var(op.x, attributes)}.dtype).min", "-inf": 'float("-inf")', "zero": "0.0"}[
+        op.fill
+    ]
     return f"{_var(op.x, attributes)}.masked_fill({_read(op.mask, attributes)}, {fill})"
 
 
@@ -818,11 +820,16 @@ def _(op: ScoreMask, attributes: frozenset[str]) -> str:
     like = _var(op.like, attributes)
     terms = [_read(b, attributes) for b in op.bias]
     if not op.hidden:
-        return " + ".join(terms)
-    hidden = _hidden(op.hidden, attributes)
-    if terms:  # where, not a sum: a hidden score passes no gradient to the bias
-        return f"torch.where({hidden}, torch.finfo({like}.dtype).min, {' + '.join(terms)})"
-    return f"{hidden}.to({like}.dtype) * torch.finfo({like}.dtype).min"
+        code = " + ".join(terms)
+    elif terms:  # where, not a sum: a hidden score passes no gradient to the bias
+        code = f"torch.where({_hidden(op.hidden, attributes)}, torch.finfo({like}.dtype).min, {' + '.join(terms)})"
+    else:
+        code = f"{_hidden(op.hidden, attributes)}.to({like}.dtype) * torch.finfo({like}.dtype).min"
+    if op.future is not None:
+        future = _read(op.future, attributes)
+        base = code or f"torch.zeros((), dtype={like}.dtype, device={like}.device)"
+        code = f'torch.where({future}, float("-inf"), {base})'
+    return code
 
 
 def _hidden(hidden: tuple[Operand, ...], attributes: frozenset[str]) -> str:
@@ -867,9 +874,11 @@ def _(op: FlexAttention, attributes: frozenset[str]) -> str:
     arguments = [f"{_read(x, attributes)}.contiguous()" for x in (op.q, op.k, op.v)]
     score, b, h, q, kv = (source(name, "name") for name in op.arguments)
     body = score if op.score is None else f"{score} + {_score_term(op.score, score, attributes)}"
-    visible = [_score_read(r, attributes) for r in op.visible] + ([f"({q} >= {kv})"] if op.causal else [])
-    if visible:  # masked scores at the lowest number, as the materialized box: never an empty row
+    visible = [_score_read(r, attributes) for r in op.visible]
+    if visible:  # padded scores at the lowest number, as the materialized box: never an empty row
         body = f"torch.where({' & '.join(visible)}, {body}, torch.finfo({score}.dtype).min)"
+    if op.causal:  # the future at -inf, even in a row whose past is all padding
+        body = f'torch.where({q} >= {kv}, {body}, float("-inf"))'
     if body != score:
         arguments.append(f"score_mod=lambda {score}, {b}, {h}, {q}, {kv}: {body}")
     if op.block_mask is not None:
@@ -886,6 +895,14 @@ def _live_rows(op: Attention | FlexAttention, call: str, v: str, attributes: fro
     if op.live is None:
         return call
     mean = f"{v}.mean(-2, keepdim=True)"
+    if op.future is not None:  # the values the row may see: its past and itself
+        seen = f"(~{_read(op.future, attributes)}).to({v}.dtype)"
+        # (vᵀ seenᵀ)ᵀ with v's batch folded into one matrix: the product keeps only the
+        # [queries, keys] matrix for backward, not a copy of it per head
+        seen_sum = f"({v}.mT.flatten(0, -2) @ {seen}.mT).unflatten(0, {v}.mT.shape[:-1]).mT"
+        if op.future.index is not None or len(op.future.value.legs) != 2:  # read over every group
+            seen_sum = f"({seen} @ {v})"
+        mean = f"({seen_sum} / {seen}.sum(-1, keepdim=True))"
     if op.group != 1:
         mean += f".repeat_interleave({_expr(op.group)}, dim=-3)"
     return f"torch.where({_var(op.live, attributes)}, {call}, {mean})"

@@ -383,8 +383,9 @@ def quotient(node: Quotient, frame: Frame) -> torch.Tensor:
 
 
 def softmax_box(node: SoftmaxBox, frame: Frame) -> torch.Tensor:
-    """softmax (is_exp): softmax of scale * content jointly over the normalized legs, masked
-    logits set to the dtype's lowest finite value. normalize: content with masked entries 0,
+    """softmax (is_exp): softmax of scale * content jointly over the normalized legs, logits a
+    padding mask hides set to the dtype's lowest finite value (a row of them averages the values)
+    and those a causal mask hides to -inf (the future never takes weight). normalize: content with masked entries 0,
     divided by its sum over the normalized legs plus eps."""
     assert node.content is not None
     x = align(evaluate(node.content, frame), node.content.legs, node.legs)
@@ -392,8 +393,12 @@ def softmax_box(node: SoftmaxBox, frame: Frame) -> torch.Tensor:
     dims = leg_dims(node.normalized, node.legs)
     if node.is_exp:
         x = frame.number(node.scale) * x
-        if allowed is not None:
-            x = torch.where(allowed, x, torch.finfo(x.dtype).min)
+        padded = masks_allowed([m for m in node.masks if isinstance(m, PaddingMask)], node.legs, frame)
+        causal = masks_allowed([m for m in node.masks if isinstance(m, CausalMask)], node.legs, frame)
+        if padded is not None:
+            x = torch.where(padded, x, torch.finfo(x.dtype).min)
+        if causal is not None:  # the future takes no weight, even in a row whose past is all padding
+            x = torch.where(causal, x, float("-inf"))
         return joint_softmax(x, dims)
     if allowed is not None:
         x = torch.where(allowed, x, 0.0)

@@ -74,13 +74,14 @@ def test_padding_mask_matches_torch_and_a_missing_mask_attends_everywhere(write_
     torch.testing.assert_close(module(x), mha(x, x, x)[0], rtol=0, atol=1e-10)
 
 
-def test_fully_masked_row_is_uniform_not_nan(write_td):
+def test_fully_masked_row_is_uniform_over_the_keys_it_may_see_not_nan(write_td):
     module = reference(write_td(mhsa_text("mask = causal(n, m)", "mask = pad[m]", extra="mask pad[m: N]")))
-    pad = torch.tensor([False, True, True, True, True])  # query 0 may see only key 0, which is padding
+    pad = torch.tensor([False, False, True, True, True])  # queries 0 and 1 may see only padding
     y, values = module(inputs(2), pad=pad, return_intermediates=True)
     assert torch.isfinite(y).all()
-    torch.testing.assert_close(values["A"][..., 0, :], torch.full((2, H, N), 1 / N, dtype=F64))
-    assert (values["A"][..., 1:, 0] == 0).all()
+    past = torch.tensor([[1, 0, 0, 0, 0], [0.5, 0.5, 0, 0, 0]], dtype=F64)  # never the future
+    torch.testing.assert_close(values["A"][..., :2, :], past.expand(2, H, 2, N))
+    assert (values["A"][..., 2:, :2] == 0).all()
 
 
 def test_mgk_matches_hand_written_gaussian_attention():

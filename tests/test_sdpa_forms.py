@@ -64,17 +64,17 @@ def x_input(n: int = N, f: int = 8) -> torch.Tensor:
 
 
 def attend(q, k, v, scale, *, causal=False, hidden=None, bias=None):
-    """softmax(scale·q·kᵀ + bias) v over (batch, heads, queries, keys), the hidden logits set to
-    the dtype's lowest number (the box's masked_fill, docs/language.md)."""
+    """softmax(scale·q·kᵀ + bias) v over (batch, heads, queries, keys), the padded logits set to
+    the dtype's lowest number (the box's masked_fill, docs/language.md) and the future to -inf."""
     scores = scale * q @ k.transpose(-1, -2)
     if bias is not None:
         scores = scores + bias
     lowest = torch.finfo(scores.dtype).min
-    if causal:
-        n, m = scores.shape[-2:]
-        scores = scores.masked_fill(torch.ones(n, m, dtype=torch.bool).triu(1), lowest)
     if hidden is not None:
         scores = scores.masked_fill(hidden, lowest)
+    if causal:
+        n, m = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(n, m, dtype=torch.bool).triu(1), float("-inf"))
     return scores.softmax(-1) @ v
 
 
@@ -444,3 +444,19 @@ def test_padded_attention_gradcheck_with_a_row_whose_keys_are_all_hidden(write_t
     pad = torch.tensor([[True, False, True], [False, False, False]])
     x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
     assert gradcheck_parameters(module, (x,), {"pad": pad})
+
+
+@pytest.mark.parametrize("form", ["sdpa", "flex", "reference"])
+def test_a_causal_row_whose_past_is_all_padding_never_sees_the_future(write_td, form):
+    """Left padding hides every key a first query may see; its row averages the values it may
+    see (its past and itself), so no later token changes it (the future took weight before)."""
+    design = padded_design(write_td, True)
+    kwargs = {"impl": "reference"} if form == "reference" else {"attention": form}
+    module = design.module(dtype=torch.float64, seed=2, N=N, **kwargs)
+    pad = torch.ones(B, N, dtype=torch.bool)
+    pad[:, :3] = False
+    x = x_input()
+    later = x.clone()
+    later[:, 3:] += 5
+    with torch.no_grad():
+        assert torch.equal(module(x, pad=pad)[:, :3], module(later, pad=pad)[:, :3])

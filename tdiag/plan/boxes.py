@@ -85,7 +85,7 @@ class BoxLowering:
         content = self.maskable(content, e, ren, set(normalized))
         name = self.names.fresh(var or ("attention" if e.is_exp else "normalized"))
         masked = content
-        for mask in e.masks:
+        for mask in sorted(e.masks, key=lambda m: isinstance(m, CausalMask)):  # padding first
             masked = self.apply_mask(masked, mask, ren, e.is_exp)
         kept = [leg for leg in content.legs if leg not in normalized]
         kept.sort(key=lambda leg: (leg != BATCH, leg not in prefer))
@@ -154,7 +154,7 @@ class BoxLowering:
         """The box content with the entries a mask hides filled before normalizing."""
         hidden = self.hidden_operand(mask, ren, content.legs)
         masked = Value(self.names.fresh("masked"), content.legs, content.broadcast)
-        fill = "lowest" if is_exp else "zero"
+        fill = ("-inf" if isinstance(mask, CausalMask) else "lowest") if is_exp else "zero"
         self.emit(Step("mask", MaskFill(content, hidden, fill), masked, inputs=(content,)))
         return masked
 

@@ -118,7 +118,9 @@ class FlexLowering:
             for var, legs in pads
         )
         tensors = tuple(dict.fromkeys([*(r.value for r in score_reads(score)), *(r.value for r in visible)]))
-        live = self.live_rows(fused, [batch, query_heads, [sequence], keys]) if pads else None
+        score_groups = [batch, query_heads, [sequence], keys]
+        live = self.live_rows(fused, score_groups) if pads else None
+        future = self.seen_operand(fused, score_groups) if pads else None
         group = self.runtime(self.numel([leg for leg in queries if leg != sequence])) if grouped else sympy.Integer(1)
         attention = FlexAttention(
             self.arrange(q, [batch, query_heads, [sequence], latent]),
@@ -135,6 +137,7 @@ class FlexLowering:
             bool(fused["masks"]) and bool(pads),
             group,
             live,
+            future,
         )
         entries = self.numel([*heads, *queries, *keys])
         latent_size = self.numel(latent)

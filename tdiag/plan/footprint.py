@@ -315,7 +315,8 @@ class _Interpreter(AbstractMachine):
     @op.register
     def _(self, op: ScoreMask, step: Step) -> Meta:
         hidden, bias = [self.read(h) for h in op.hidden], [self.read(b) for b in op.bias]
-        metas = [*hidden, *bias]
+        future = self.read(op.future) if op.future is not None else None
+        metas = [*hidden, *bias, *([future] if future is not None else [])]
         rank = max(len(m.shape) for m in metas)
         shape = tuple(max(d) for d in zip(*(padded(m.shape, (1,) * rank) for m in metas), strict=True))
         grad = any(b.grad for b in bias)
@@ -323,6 +324,8 @@ class _Interpreter(AbstractMachine):
             rank = max(len(m.shape) for m in hidden)
             where = tuple(max(d) for d in zip(*(padded(m.shape, (1,) * rank) for m in hidden), strict=True))
             self.save(self.fresh(where, sympy.Integer(math.prod(where)), False, "hidden scores", BOOL))
+        if future is not None and grad:  # torch.where(future, -inf, ...) keeps the triangle itself
+            self.save(future)
         return self.fresh(shape, self.numel(step.out.legs), grad, step.out.var)  # type: ignore[union-attr]
 
     @op.register
@@ -430,7 +433,21 @@ class _Interpreter(AbstractMachine):
     def live_rows(self, op: Attention | FlexAttention, q: Meta, v: Meta, out: Meta) -> Meta:
         """torch.where(live, attention, mean of the values): the mean (repeated per query head when
         grouped) and a new output; the where keeps its boolean condition."""
-        mean = self.fresh((*v.shape[:-2], 1, v.shape[-1]), v.numel / v.shape[-2], v.grad, "mean of the values")
+        if op.future is not None:  # (visible @ v) / count over the rows: the visible triangle is kept
+            future = self.read(op.future)
+            seen = self.fresh(future.shape, sympy.Integer(math.prod(future.shape)), False, "visible keys")
+            if v.grad:
+                self.save(seen)
+            rows = q.shape[-2]
+            count = self.fresh((*future.shape[:-1], 1), sympy.Integer(math.prod(future.shape[:-1])), False, "count")
+            self.fresh(
+                (*v.shape[:-2], rows, v.shape[-1]), v.numel / v.shape[-2] * rows, v.grad, "sum of the seen values"
+            )
+            if v.grad:
+                self.save(count)
+            mean = self.fresh((*v.shape[:-2], rows, v.shape[-1]), v.numel / v.shape[-2] * rows, v.grad, "mean")
+        else:
+            mean = self.fresh((*v.shape[:-2], 1, v.shape[-1]), v.numel / v.shape[-2], v.grad, "mean of the values")
         if op.group != 1:
             self.fresh((*q.shape[:-2], 1, v.shape[-1]), mean.numel * op.group, v.grad, "mean of the values repeated")
         if out.grad:

@@ -151,7 +151,7 @@ class MaskFill:
 
     x: Value
     mask: Operand
-    fill: str  # "lowest" or "zero"
+    fill: str  # "lowest", "-inf" (a causal mask before a softmax) or "zero"
 
 
 @dataclass(frozen=True)
@@ -286,6 +286,7 @@ class ScoreMask:
     hidden: tuple[Operand, ...]
     bias: tuple[Operand, ...]
     like: Value  # the dtype and device of the scores
+    future: Operand | None = None  # a causal triangle: -inf there, even over a padded row
 
 
 @dataclass(frozen=True)
@@ -307,7 +308,8 @@ class Attention:
     and grouped-query attention), `group` query heads per key head. With `live` (LiveRows) a
     row whose keys are all hidden is the mean of the values, taken apart from the kernel: its
     backward, from a log-sum-exp of lowest numbers, weighs every value 1 instead of 1/M, and the
-    row's output must pass no gradient to q, k or a bias (they do not change it)."""
+    row's output must pass no gradient to q, k or a bias (they do not change it). Under a causal
+    mask (`future`, True above the diagonal) the mean is over the keys the row may see."""
 
     q: Operand
     k: Operand
@@ -323,6 +325,7 @@ class Attention:
     grouped: bool = False
     group: sympy.Expr = ONE
     live: Value | None = None
+    future: Operand | None = None
 
 
 @dataclass(frozen=True)
@@ -501,6 +504,7 @@ class FlexAttention:
     causal: bool = False
     group: sympy.Expr = ONE
     live: Value | None = None
+    future: Operand | None = None
 
 
 @dataclass(frozen=True)

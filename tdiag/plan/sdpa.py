@@ -137,8 +137,10 @@ class FusedAttention:
         causal, visible, live = False, None, None
         if fused["pads"] or score_bias:
             visible = self.score_mask(fused, score_groups, score_bias, q)
+        future = None
         if fused["pads"]:
             live = self.live_rows(fused, score_groups)
+            future = self.seen_operand(fused, score_groups)
         elif fused["masks"] and keys == [fused["masks"][0][1]]:
             causal = True
         elif fused["masks"]:
@@ -160,6 +162,7 @@ class FusedAttention:
             grouped=grouped,
             group=self.runtime(self.numel(query_heads)) if grouped else sympy.Integer(1),
             live=live,
+            future=future,
         )
         entries = self.numel([*heads, *queries, *keys])
         latent_size = self.numel(latent) + (1 if bias is not None else 0)
@@ -269,32 +272,47 @@ class FusedAttention:
         """The float attn_mask of padding masks, a causal triangle that is_causal cannot say (with
         padding or a bias, SDPA takes one or the other) and additive biases, each read over
         SDPA's (batch, heads, queries, keys) axes as `groups`, broadcast where it lacks a group."""
-        hidden = self.hidden_operands(fused, groups)
+        hidden = self.hidden_operands(fused, groups, causal=False)
+        future = self.future_operand(fused, groups)
         bias = [self.score_operand(b, groups) for b in biases]
         name = self.names.fresh("score_mask")
-        legs = tuple(
-            dict.fromkeys(leg for g in groups for leg in g if any(leg in o.value.legs for o in (*hidden, *bias)))
-        )
+        read = (*hidden, *bias, *([future] if future is not None else []))
+        legs = tuple(dict.fromkeys(leg for g in groups for leg in g if any(leg in o.value.legs for o in read)))
         entries = self.numel(legs)
+        shown = (["lowest where padded"] if hidden else []) + (["the additive bias"] if bias else [])
         step = Step(
             "mask",
-            ScoreMask(tuple(hidden), tuple(bias), like),
+            ScoreMask(tuple(hidden), tuple(bias), like, future),
             Value(name, legs),
-            "SDPA's float attn_mask: "
-            + ", ".join((["lowest where masked"] if hidden else []) + (["the additive bias"] if bias else [])),
-            elementwise=entries * (len(hidden) + len(bias)),
+            "SDPA's float attn_mask: " + ", ".join(shown + (["-inf in the future"] if future is not None else [])),
+            elementwise=entries * len(read),
             inputs=tuple(b.value for b in bias),
         )
         self.emit(step)
         return step.out  # type: ignore[return-value]
 
-    def hidden_operands(self, fused: dict, groups: list[list[str]]) -> list[Operand]:
+    def hidden_operands(self, fused: dict, groups: list[list[str]], causal: bool = True) -> list[Operand]:
         """The boolean operands that are True where a score is hidden: each padding mask inverted
-        and the causal triangle, read over SDPA's axes `groups`."""
+        and (with `causal`) the causal triangle, read over SDPA's axes `groups`."""
         hidden = [self.score_operand(Value(var, (BATCH, *legs)), groups, invert=True) for var, legs in fused["pads"]]
+        future = self.future_operand(fused, groups) if causal else None
+        return hidden + ([future] if future is not None else [])
+
+    def future_operand(self, fused: dict, groups: list[list[str]]) -> Operand | None:
+        """The causal triangle (True where the key is in the query's future) read over `groups`, or
+        None without a causal mask."""
         for query, key in fused["masks"][:1]:
-            hidden.append(self.score_operand(Value(self.causal_mask(query, key), (query, key)), groups))
-        return hidden
+            return self.score_operand(Value(self.causal_mask(query, key), (query, key)), groups)
+        return None
+
+    def seen_operand(self, fused: dict, groups: list[list[str]]) -> Operand | None:
+        """The causal triangle for the mean of the values a row may see: a [queries, keys] matrix
+        where the rows and keys are one leg each (matmul then keeps no per-head copy of it), else
+        read over all of `groups`; None without a causal mask."""
+        for query, key in fused["masks"][:1]:
+            if groups[-2:] == [[query], [key]]:
+                return align(Value(self.causal_mask(query, key), (query, key)), (query, key))
+        return self.future_operand(fused, groups)
 
     def live_rows(self, fused: dict, groups: list[list[str]]) -> Value:
         """The rows of the scores that keep a visible key (LiveRows), over every group but the keys,
@@ -306,7 +324,7 @@ class FusedAttention:
             "mask",
             LiveRows(tuple(hidden)),
             Value(self.names.fresh("live"), legs),
-            "rows with a visible key (a row whose keys are all hidden averages the values)",
+            "rows with a visible key (a row whose keys are all hidden averages the values it may see)",
             elementwise=self.numel([leg for g in groups for leg in g if any(leg in h.value.legs for h in hidden)])
             * len(hidden),
             inputs=(),
