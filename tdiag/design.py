@@ -160,6 +160,7 @@ class Design:
         from .check import too_big
 
         dtype = dtype or torch.float32
+        _check_module_options(seed, dtype, device)
         sizes = checked_sizes(self.graph, {**(sizes or {}), **more})
         problems = too_big(self.graph, sizes, element=torch.empty((), dtype=dtype).element_size())
         if problems:
@@ -243,6 +244,30 @@ class Design:
         for title, header, rows, right in _tables(self, formula_latex):
             parts.append(f"{title}\n\n" + markdown_table(header, rows, right=right))
         return "\n\n".join(parts)
+
+
+def _check_module_options(seed: object, dtype: object, device: object) -> None:
+    """`module()`'s seed, dtype and device, refused by name before anything is built: a seed is a
+    whole number, a dtype a floating-point torch.dtype, a device one that torch has here."""
+    import operator
+
+    import torch
+
+    try:
+        operator.index(seed)  # an int, a numpy integer, ...; not a float, a string or a bool
+    except TypeError:
+        raise TypeError(f"seed must be a whole number, got {seed!r}") from None
+    if isinstance(seed, bool):
+        raise TypeError(f"seed must be a whole number, got {seed!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype such as torch.float32, got {dtype!r}")
+    if device is None:
+        return
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, TypeError, ValueError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"device {device!r} cannot hold tensors here: {reason}") from None
 
 
 def checked_sizes(graph: DesignGraph | None, sizes: Mapping[str, object]) -> dict[str, int]:
