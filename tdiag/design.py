@@ -10,6 +10,7 @@ import sympy
 
 from .check import check
 from .errors import Diagnostic, Span, TdiagError
+from .files import check_path
 from .graph import LIMITS, DesignGraph, build_graph, load_items
 from .ir import (
     CausalFactor,
@@ -299,6 +300,7 @@ def load(path: str | Path, sizes: Mapping[str, int] | None = None, /, **more: in
     """Parse, build and check a `.td` file; `sizes` (a mapping, or keywords) override the file's
     size defaults. Raises TdiagError listing every mistake."""
     sizes = checked_sizes(None, {**(sizes or {}), **more})
+    check_path(path)
     head, items, files = load_items(str(path))
     graph = build_graph(head, items, sizes)
     graph.sources = files
