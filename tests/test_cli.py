@@ -345,6 +345,8 @@ MHSA = str(DESIGNS / "mhsa.td")
         (["--heads", "0"], "--heads"),
         (["--nproc", "0"], "--nproc"),
         (["--seed", "-1"], "--seed"),
+        (["--seed", str(10**40)], "--seed"),
+        (["--resume", ""], "--resume"),
         (["--peak-tflops", "inf"], "--peak-tflops"),
         (["--device", "cuda:99"], "--device"),
     ],
