@@ -255,7 +255,7 @@ def _check_module_options(seed: object, dtype: object, device: object) -> None:
     import torch
 
     try:
-        operator.index(seed)  # an int, a numpy integer, ...; not a float, a string or a bool
+        operator.index(seed)  # type: ignore[arg-type]  # an int, a numpy integer, ...; not a float, a string or a bool
     except TypeError:
         raise TypeError(f"seed must be a whole number, got {seed!r}") from None
     if isinstance(seed, bool):
@@ -265,7 +265,7 @@ def _check_module_options(seed: object, dtype: object, device: object) -> None:
     if device is None:
         return
     try:
-        torch.empty(0, device=device)
+        torch.empty(0, device=device)  # type: ignore[call-overload]
     except (RuntimeError, AssertionError, TypeError, ValueError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(f"device {device!r} cannot hold tensors here: {reason}") from None
