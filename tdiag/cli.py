@@ -14,6 +14,7 @@ from . import __version__
 from .design import COST_OBJECTIVE, DEFAULT_OBJECTIVE, OBJECTIVES, Design, load
 from .errors import Diagnostic, TdiagError, format_diagnostic
 from .files import OutputRefusedError, check_output, one_command, write_output
+from .graph import LIMITS
 from .resources import bundled_designs, design_file
 from .train_config import (
     TrainConfig,
@@ -76,6 +77,8 @@ def _size_setting(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(f"size {name} must be a whole number, got '{value}'") from None
     if number <= 0:
         raise argparse.ArgumentTypeError(f"size {name} must be positive, got {number}")
+    if number > LIMITS.max_size:
+        raise argparse.ArgumentTypeError(f"size {name} = {number:,} is over the limit of {LIMITS.max_size:,}")
     return name.strip(), number
 
 
@@ -115,8 +118,13 @@ def _objective_list(text: str) -> str:
 
 
 def _size_list(text: str) -> dict[str, int]:
-    """`N=1024,F=512` -> {"N": 1024, "F": 512}."""
-    return dict(_design_size(part.strip()) for part in text.split(",") if part.strip())
+    """`N=1024,F=512` -> {"N": 1024, "F": 512}; a size given twice is refused."""
+    sizes: dict[str, int] = {}
+    for name, value in (_design_size(part.strip()) for part in text.split(",") if part.strip()):
+        if name in sizes:
+            raise argparse.ArgumentTypeError(f"size {name} is given twice ({name}={sizes[name]}, {name}={value})")
+        sizes[name] = value
+    return sizes
 
 
 def _parser() -> _Parser:

@@ -103,6 +103,32 @@ def _nonzero(x):
     its numerator is 0 too, and the quotient 0 rather than 0 / 0."""
     return x.masked_fill(x == 0, 1)
 ''',
+    "_input": '''
+
+def _input(x, name, like, like_name):
+    """Refuse an input that is not a floating-point tensor on the device and of the dtype of `like`
+    (the module's first stored tensor, or its first input); autocast may mix the dtypes."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if like is None:
+        return
+    if x.device != like.device:
+        raise ValueError(f"{name} is on {x.device} but {like_name} is on {like.device}; move them to one device")
+    if x.dtype != like.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"{name} is {x.dtype} but {like_name} is {like.dtype}; convert one to the other (or use autocast)")
+''',
+    "_batch": '''
+
+def _batch(batch_shape, x, rank, name):
+    """The batch axes of the inputs so far broadcast with those of `x` (all but its `rank` last)."""
+    try:
+        return torch.broadcast_shapes(batch_shape, x.shape[: x.dim() - rank])
+    except RuntimeError:
+        axes = tuple(x.shape[: x.dim() - rank])
+        raise ValueError(f"{name}: batch axes {axes} do not broadcast with the inputs' {tuple(batch_shape)}") from None
+''',
     "_wide": '''
 
 def _wide(x):
@@ -389,6 +415,16 @@ def _escaping(plan: Plan, start: int, end: int) -> list[str]:
     return [var for var in dict.fromkeys(defined) if var in read]
 
 
+def _reference_tensor(plan: Plan) -> tuple[str, str]:
+    """The stored tensor whose dtype and device the inputs must have (its code and its name as a
+    string literal), or ("None", "None") for a design that stores none."""
+    stored = _stored(plan)
+    if not stored:
+        return "None", "None"
+    name = source(stored[0].name, "name")
+    return f"self.{name}", _quoted(f"{stored[0].kind} {stored[0].name}")
+
+
 def _entry(plan: Plan) -> list[str]:
     """Read the inputs: bind run-time sizes from their shapes, check them, flatten the batch. With
     several inputs their leading batch dims broadcast (an input over (n, m) without batch dims
@@ -398,20 +434,22 @@ def _entry(plan: Plan) -> list[str]:
     first = True
     bound: set[str] = set()
     several = len(graph.inputs) > 1
+    like, like_name = _reference_tensor(plan)
     for t in graph.inputs:
         var = source(plan.names[t.name], "name")
         rank = len(t.axes)
+        what = _quoted(f"input {t.name}")
+        lines.append(f"_input({var}, {what}, {like}, {like_name})")
+        if like == "None":  # a design without stored tensors: the first input sets dtype and device
+            like, like_name = var, what
         lines.append(f"if {var}.dim() < {rank}:")
         needs = source(f"input {t.name} needs {rank} trailing axes ({' '.join(t.legs)}), got shape ", "fstring")
         lines.append(f'    raise ValueError(f"{needs}{{tuple({var}.shape)}}")')
-        lines.append(f"if not {var}.is_floating_point():")
-        floating = source(f"input {t.name} must be a floating-point tensor, got ", "fstring")
-        lines.append(f'    raise TypeError(f"{floating}{{{var}.dtype}}")')
         if first:
             lines.append(f"batch_shape = {_batch_dims(var, rank)}")
             first = False
         elif several:
-            lines.append(f"batch_shape = torch.broadcast_shapes(batch_shape, {_batch_dims(var, rank)})")
+            lines.append(f"batch_shape = _batch(batch_shape, {var}, {rank}, {what})")
         for k, axis in enumerate(t.axes):
             position = k - rank
             size = axis.size
@@ -483,7 +521,11 @@ def _mask_checks(plan: Plan, t: Tensor, bound: set[str]) -> list[str]:
     graph = plan.graph
     var = source(plan.names[t.name], "name")
     rank = len(t.axes)
+    what = _quoted(f"mask {t.name}")
     lines = [f"if {var} is not None:"]
+    lines.append(f"    if not isinstance({var}, torch.Tensor):")
+    tensor = source(f"mask {t.name} must be a torch.Tensor of booleans (True = attend), got ", "fstring")
+    lines.append(f'        raise TypeError(f"{tensor}{{type({var}).__name__}}")')
     lines.append(f"    if {var}.dtype != torch.bool:")
     boolean = source(f"mask {t.name} must be a bool tensor (True = attend), got ", "fstring")
     lines.append(f'        raise ValueError(f"{boolean}{{{var}.dtype}}")')
@@ -500,7 +542,11 @@ def _mask_checks(plan: Plan, t: Tensor, bound: set[str]) -> list[str]:
         lines.append(f"    if {var}.shape[{position}] != {expected}:")
         leg = source(f"mask {t.name}: leg {axis.leg} has size {axis.size} = ", "fstring")
         lines.append(f'        raise ValueError(f"{leg}{{{expected}}}, got {{{var}.shape[{position}]}}")')
-    lines.append(f"    batch_shape = torch.broadcast_shapes(batch_shape, {_batch_dims(var, rank)})")
+    first = source(plan.names[plan.graph.inputs[0].name], "name")
+    lines.append(f"    if {var}.device != {first}.device:")
+    device = source(f"mask {t.name} is on ", "fstring")
+    lines.append(f'        raise ValueError(f"{device}{{{var}.device}} but the inputs are on {{{first}.device}}")')
+    lines.append(f"    batch_shape = _batch(batch_shape, {var}, {rank}, {what})")
     return lines
 
 

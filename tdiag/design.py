@@ -10,6 +10,7 @@ import sympy
 
 from .check import check
 from .errors import Diagnostic, Span, TdiagError
+from .files import check_path
 from .graph import LIMITS, DesignGraph, build_graph, load_items
 from .ir import (
     CausalFactor,
@@ -160,6 +161,7 @@ class Design:
         from .check import too_big
 
         dtype = dtype or torch.float32
+        _check_module_options(seed, dtype, device)
         sizes = checked_sizes(self.graph, {**(sizes or {}), **more})
         problems = too_big(self.graph, sizes, element=torch.empty((), dtype=dtype).element_size())
         if problems:
@@ -245,6 +247,30 @@ class Design:
         return "\n\n".join(parts)
 
 
+def _check_module_options(seed: object, dtype: object, device: object) -> None:
+    """`module()`'s seed, dtype and device, refused by name before anything is built: a seed is a
+    whole number, a dtype a floating-point torch.dtype, a device one that torch has here."""
+    import operator
+
+    import torch
+
+    try:
+        operator.index(seed)  # type: ignore[arg-type]  # an int, a numpy integer, ...; not a float, a string or a bool
+    except TypeError:
+        raise TypeError(f"seed must be a whole number, got {seed!r}") from None
+    if isinstance(seed, bool):
+        raise TypeError(f"seed must be a whole number, got {seed!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype such as torch.float32, got {dtype!r}")
+    if device is None:
+        return
+    try:
+        torch.empty(0, device=device)  # type: ignore[call-overload]
+    except (RuntimeError, AssertionError, TypeError, ValueError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"device {device!r} cannot hold tensors here: {reason}") from None
+
+
 def checked_sizes(graph: DesignGraph | None, sizes: Mapping[str, object]) -> dict[str, int]:
     """Sizes given through the Python API: positive whole numbers within LIMITS.max_size, each a
     size of the design (or B, the batch size a plan assumes); anything else is a TdiagError."""
@@ -274,6 +300,7 @@ def load(path: str | Path, sizes: Mapping[str, int] | None = None, /, **more: in
     """Parse, build and check a `.td` file; `sizes` (a mapping, or keywords) override the file's
     size defaults. Raises TdiagError listing every mistake."""
     sizes = checked_sizes(None, {**(sizes or {}), **more})
+    check_path(path)
     head, items, files = load_items(str(path))
     graph = build_graph(head, items, sizes)
     graph.sources = files

@@ -54,8 +54,24 @@ class OutputRefusedError(TdiagError):
     cannot hold a file. A usage mistake, found before any work where the command can."""
 
 
+def check_path(path: str | Path, kind: str = "design") -> None:
+    """Refuse a path no file can have (one holding a NUL byte, which the OS would not take)."""
+    if "\0" in str(path):
+        raise TdiagError(Diagnostic(f"no {kind} file can be named {str(path)!r}: a file name holds no NUL byte"))
+
+
 def _cause(error: OSError) -> str:
     return os.strerror(error.errno) if error.errno else str(error)
+
+
+def node_kind(path: str | Path) -> str | None:
+    """What `path` is when it is there but not a regular file ("a folder", "a FIFO (named pipe)",
+    ...), without opening it; None for a regular file or nothing at all."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else _node_kind(mode)
 
 
 def _node_kind(mode: int) -> str:
@@ -70,6 +86,7 @@ def read_source(path: str | Path, kind: str = "design", missing: Callable[[str],
     `missing(path)` when given; anything but a regular file, a file over MAX_SOURCE_BYTES or a
     byte that is not UTF-8 (positioned) is a TdiagError naming the path."""
     file = str(path)
+    check_path(file, kind)
     read = _READ.get()
     if read is not None:
         read.append(file)
@@ -148,6 +165,8 @@ def check_output(
 
     if not str(path):
         raise refuse("is empty; give a file name" if not folder else "is empty; give a folder")
+    if "\0" in str(path):
+        raise refuse("holds a NUL byte, which no file name can")
     if not folder and str(path).endswith(("/", os.sep)):
         raise refuse("ends with a slash, as a folder does; give a file name")
     try:

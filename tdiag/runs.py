@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import Diagnostic, TdiagError
-from .files import replace_atomically
+from .files import read_regular, replace_atomically
 from .resources import bundled_designs, design_file
 from .train_config import TrainConfig, config_problems
 
@@ -200,7 +200,7 @@ def design_copy(folder: Path, record: dict) -> Path:
     for name, digest in record["sha256"].items():
         path = target / name
         try:
-            data = path.read_bytes()
+            data = read_regular(str(path))  # a FIFO put in its place would block a plain read
         except OSError as error:
             raise TdiagError(
                 Diagnostic(f"cannot read the run's design copy '{path}': {error.strerror or error}")

@@ -34,6 +34,7 @@ import tdiag
 
 from .device import data_sheet
 from .errors import Diagnostic, TdiagError
+from .files import node_kind
 from .runs import (
     claim_folder,
     config_text,
@@ -77,6 +78,9 @@ def read_corpus(path: str, context: int) -> Corpus:
     """A UTF-8 text file as character ids, split 90/10; gzipped files (by their magic bytes,
     whatever their name) are decompressed."""
     file = Path(path)
+    kind = node_kind(file)
+    if kind is not None:  # a FIFO or a device would block a read or never end
+        raise TdiagError(Diagnostic(f"cannot read data file '{path}': it is {kind}, not a text file"))
     if not file.is_file():
         raise TdiagError(
             Diagnostic(f"no data file '{path}'", hint="pass --data PATH to a UTF-8 text file (.txt or .gz)")
@@ -186,13 +190,33 @@ def build_model(
     config: TrainConfig, vocab: int, device: torch.device, source: str | None = None
 ) -> tuple[LanguageModel, tdiag.Design]:
     design = design_for(config, source)
-    attentions = [
+    first = design.module(seed=config.seed, N=config.context, device=device, objective=config.objective)
+    _check_model_fits(config, vocab, sum(p.numel() for p in first.parameters()))
+    attentions = [first] + [
         design.module(seed=config.seed + k, N=config.context, device=device, objective=config.objective)
-        for k in range(config.layers)
+        for k in range(1, config.layers)
     ]
     torch.manual_seed(config.seed)
     model = LanguageModel(attentions, vocab, config.width, config.context).to(device)
     return model, design
+
+
+def _check_model_fits(config: TrainConfig, vocab: int, attention_parameters: int) -> None:
+    """Refuse, before the layers are built, a model whose parameters, gradients and AdamW's two
+    moments (four float32 copies) would not fit in memory (tdiag.LIMITS, the machine's own)."""
+    width = config.width
+    block = attention_parameters + 8 * width * width + 9 * width  # + the 4x MLP and two LayerNorms
+    parameters = config.layers * block + (2 * vocab + config.context + 2) * width
+    needed, limit = 4 * 4 * parameters, tdiag.LIMITS.bytes_limit()
+    if needed > limit:
+        raise TdiagError(
+            Diagnostic(
+                f"the model ({config.layers:,} layers of width {width:,}, {parameters:,} parameters) would need "
+                f"{needed / 2**30:,.1f} GiB for its parameters, gradients and optimizer state, more than the "
+                f"{limit / 2**30:,.1f} GiB available",
+                hint="use fewer --layers, a smaller --width or --context (or raise tdiag.LIMITS.max_bytes)",
+            )
+        )
 
 
 def flops_per_step(config: TrainConfig, design: tdiag.Design, vocab: int) -> int:
@@ -292,19 +316,27 @@ def evaluate(model: nn.Module, corpus: Corpus, config: TrainConfig, device: torc
 
 @torch.no_grad()
 def sample(model: LanguageModel, corpus: Corpus, config: TrainConfig, device: torch.device, length: int = 400) -> str:
+    """Text drawn from the model; where its outputs are not finite numbers (a diverged run), the
+    text so far and a line saying so."""
     model.eval()
     generator = torch.Generator(device="cpu").manual_seed(config.seed)
     ids = corpus.train[: config.context].tolist()
     out: list[int] = []
+    ending = ""
     for _ in range(length):
         window = torch.tensor(ids[-config.context :], device=device)[None]
         logits = model(torch.cat([window, window.new_zeros(1, config.context - window.shape[1])], 1))
         probabilities = logits[0, window.shape[1] - 1].float().softmax(-1).cpu()
+        if not torch.isfinite(probabilities).all():
+            ending = (
+                "\n[sampling stopped: the model's outputs are not finite numbers; the run diverged, try a lower --lr]\n"
+            )
+            break
         token = int(torch.multinomial(probabilities, 1, generator=generator))
         ids.append(token)
         out.append(token)
     model.train()
-    return corpus.decode(out)
+    return corpus.decode(out) + ending
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:
@@ -353,7 +385,8 @@ def _train(config: TrainConfig, folder: Path, device: torch.device, *, resume: b
         source, copy = _resumed_design(folder, config, corpus)
     model, design = build_model(config, corpus.vocab, device, source)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
-    if resume:
+    started = resume and _killed_before_first_checkpoint(folder)
+    if resume and not started:
         done = _load_checkpoint(folder, model, optimizer, config)
         if done.step > config.steps:
             raise TdiagError(
@@ -383,7 +416,7 @@ def _train(config: TrainConfig, folder: Path, device: torch.device, *, resume: b
             copy = copy_design(source, folder)
         with writing(folder / "config.json"):
             write_atomically(folder / "config.json", config_text(config, copy, corpus.sha256, summary))
-        if not resume:  # a run killed before its first evaluation resumes from its start
+        if not resume or started:  # a run killed before its first evaluation resumes from its start
             _save_checkpoint(folder, model, optimizer, done, config)
     run = _Run(config, folder, device, dist, corpus, model, optimizer, summary)
     completed = False
@@ -420,6 +453,13 @@ def _resumed_design(folder: Path, config: TrainConfig, corpus: Corpus) -> tuple[
             )
         )
     return str(design_copy(folder, copy)), copy
+
+
+def _killed_before_first_checkpoint(folder: Path) -> bool:
+    """A run folder with a config (checked already) but neither a checkpoint nor a log: its run
+    was stopped between writing config.json and its step-0 checkpoint, so it resumes from step 0.
+    A folder with a log but no checkpoint lost its checkpoint: that is an error, not a restart."""
+    return not any((folder / name).exists() for name in ("checkpoint.pt", "log.jsonl", "log.csv"))
 
 
 @dataclass
@@ -674,7 +714,9 @@ def _load_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Opti
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many kinds for a damaged or foreign file
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise TdiagError(Diagnostic(f"cannot read checkpoint '{path}': {reason[:200]}", hint=hint)) from None
+        raise TdiagError(
+            Diagnostic(f"cannot read checkpoint '{path}': it is damaged or truncated ({reason[:200]})", hint=hint)
+        ) from None
     problem = _checkpoint_problem(state, config)
     if problem is None:
         problem = _load_states(state, model, optimizer)

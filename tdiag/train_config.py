@@ -58,6 +58,24 @@ def natural_int(text: str) -> int:
     return value
 
 
+MAX_SEED = 2**63 - 1 - 2**20  # torch seeds a generator with a 64-bit number; each layer takes seed + its index
+
+
+def seed_int(text: str) -> int:
+    """A seed: a whole number from 0 to MAX_SEED."""
+    value = natural_int(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a whole number at most {MAX_SEED:,}, got {value:,}")
+    return value
+
+
+def run_folder_name(text: str) -> str:
+    """--resume's run folder: a path, not nothing."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a run folder, got nothing")
+    return text
+
+
 def positive_float(text: str) -> float:
     """A finite number > 0 (`nan` and `inf` are refused: a learning rate of nan trains nothing)."""
     value = _float(text)
@@ -125,7 +143,7 @@ RULES: dict[str, Callable[[str], object]] = {
     "steps": positive_int,
     "eval_every": positive_int,
     "eval_batches": positive_int,
-    "seed": natural_int,
+    "seed": seed_int,
     "lr": positive_float,
     "peak_tflops": natural_float,
     "device": device_name,
@@ -227,7 +245,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--compare", action="store_true", help="train every design given with the same data and seed, and compare"
     )
     parser.add_argument(
-        "--resume", metavar="RUN", help="continue the run in this folder from its checkpoint (default: a new run)"
+        "--resume",
+        type=run_folder_name,
+        metavar="RUN",
+        help="continue the run in this folder from its checkpoint (default: a new run)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a run already in the run folder")
     parser.add_argument("--nproc", type=positive_int, default=1, help="data-parallel processes (runs torchrun)")

@@ -71,6 +71,26 @@ def test_usage_mistakes_exit_2(capsys, argv):
     assert code == 2 and "error" in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["check", "mhsa", "--set", f"F={2**31}"],
+            "argument --set: size F = 2,147,483,648 is over the limit of 2,147,483,647",
+        ),
+        (
+            ["cost", "mhsa", "--at", f"N={10**20}"],
+            "argument --at: size N = 100,000,000,000,000,000,000 is over the limit",
+        ),
+        (["cost", "mhsa", "--at", "N=4,N=5"], "argument --at: size N is given twice (N=4, N=5)"),
+    ],
+    ids=["set-over-limit", "at-over-limit", "at-twice"],
+)
+def test_a_size_flag_over_the_limit_or_given_twice_is_a_usage_error(capsys, argv, message):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and message in err
+
+
 def test_set_overrides_a_size(capsys):
     code, out, _ = run(capsys, "check", str(DESIGNS / "mhsa.td"), "--set", "F=256", "--set", "H=4")
     assert code == 0 and "F=256, H=4, D=64" in out
@@ -325,6 +345,8 @@ MHSA = str(DESIGNS / "mhsa.td")
         (["--heads", "0"], "--heads"),
         (["--nproc", "0"], "--nproc"),
         (["--seed", "-1"], "--seed"),
+        (["--seed", str(10**40)], "--seed"),
+        (["--resume", ""], "--resume"),
         (["--peak-tflops", "inf"], "--peak-tflops"),
         (["--device", "cuda:99"], "--device"),
     ],

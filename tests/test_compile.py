@@ -697,6 +697,104 @@ def test_a_scalar_mask_hides_whole_sequences(impl):
     torch.testing.assert_close(module(x), x, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("given", [[[1.0] * 8], "X", None], ids=["list", "str", "None"])
+def test_an_input_that_is_not_a_tensor_is_refused_by_name(given):
+    module = tdiag.load(DESIGNS / "mhsa.td", F=8, H=2).module()
+    with pytest.raises(TypeError, match=r"input X must be a torch.Tensor, got (list|str|NoneType)"):
+        module(given)
+
+
+def test_an_input_of_another_dtype_than_the_parameters_is_refused_naming_both():
+    module = tdiag.load(DESIGNS / "mhsa.td", F=8, H=2).module()
+    with pytest.raises(TypeError, match=r"input X is torch.float64 but param WQ is torch.float32"):
+        module(torch.randn(2, 5, 8, dtype=torch.float64))
+
+
+def test_an_input_on_another_device_than_the_parameters_is_refused_naming_both():
+    module = tdiag.load(DESIGNS / "mhsa.td", F=8, H=2).module()
+    with pytest.raises(ValueError, match=r"input X is on meta but param WQ is on cpu"):
+        module(torch.randn(2, 5, 8, device="meta"))
+
+
+def test_inputs_whose_batch_axes_do_not_broadcast_are_refused_naming_the_input():
+    module = tdiag.load(DESIGNS / "cross_attention.td", F=8, H=2).module()
+    with pytest.raises(ValueError, match=r"input Z: batch axes \(3,\) do not broadcast with the inputs' \(2,\)"):
+        module(torch.randn(2, 5, 8), torch.randn(3, 7, 8))
+
+
+MASK_MISTAKES = [  # the mask, the error and its message
+    (
+        "short",
+        torch.ones(2, 6, dtype=torch.bool),
+        ValueError,
+        r"mask pad: leg m has size M = 7, got 6",
+    ),
+    ("scalar", torch.tensor(True), ValueError, r"mask pad needs 1 trailing axes \(m\), got shape \(\)"),
+    ("float", torch.ones(2, 7), ValueError, r"mask pad must be a bool tensor \(True = attend\), got torch.float32"),
+    (
+        "int",
+        torch.ones(2, 7, dtype=torch.long),
+        ValueError,
+        r"mask pad must be a bool tensor \(True = attend\), got torch.int64",
+    ),
+    ("list", [True] * 7, TypeError, r"mask pad must be a torch.Tensor of booleans \(True = attend\), got list"),
+    (
+        "batch",
+        torch.ones(3, 7, dtype=torch.bool),
+        ValueError,
+        r"mask pad: batch axes \(3,\) do not broadcast with the inputs' \(2,\)",
+    ),
+    (
+        "device",
+        torch.ones(2, 7, dtype=torch.bool, device="meta"),
+        ValueError,
+        r"mask pad is on meta but the inputs are on cpu",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("pad", "error", "message"), [case[1:] for case in MASK_MISTAKES], ids=[c[0] for c in MASK_MISTAKES]
+)
+def test_a_mask_of_the_wrong_length_dtype_batch_or_device_is_refused_by_name(pad, error, message):
+    module = tdiag.load(DESIGNS / "cross_attention.td", F=8, H=2).module()
+    with pytest.raises(error, match=message):
+        module(torch.randn(2, 5, 8), torch.randn(2, 7, 8), pad=pad)
+
+
+def test_a_mask_broadcast_over_the_batch_is_accepted():
+    module = tdiag.load(DESIGNS / "cross_attention.td", F=8, H=2).module()
+    X, Z, pad = torch.randn(2, 5, 8), torch.randn(2, 7, 8), torch.tensor([True] * 6 + [False])
+    assert torch.equal(module(X, Z, pad=pad), module(X, Z, pad=pad.expand(2, 7)))
+
+
+def test_the_standalone_file_checks_its_inputs_without_tdiag(tmp_path):
+    design = tdiag.load(DESIGNS / "cross_attention.td", F=8, H=2)
+    module = standalone_module(design.source(), "cross_attention_checks", tmp_path).CrossAttention()
+    with pytest.raises(ValueError, match=r"mask pad must be a bool tensor"):
+        module(torch.randn(2, 5, 8), torch.randn(2, 7, 8), pad=torch.ones(2, 7))
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"seed": "a"}, TypeError, r"seed must be a whole number, got 'a'"),
+        ({"seed": 1.5}, TypeError, r"seed must be a whole number, got 1.5"),
+        (
+            {"dtype": "float32"},
+            TypeError,
+            r"dtype must be a floating-point torch.dtype such as torch.float32, got 'float32'",
+        ),
+        ({"dtype": torch.int64}, TypeError, r"dtype must be a floating-point torch.dtype"),
+        ({"device": "nowhere"}, ValueError, r"device 'nowhere' cannot hold tensors here: "),
+    ],
+    ids=["seed-str", "seed-float", "dtype-str", "dtype-int", "device-unknown"],
+)
+def test_module_options_of_the_wrong_kind_are_refused_by_name(options, error, message):
+    with pytest.raises(error, match=message):
+        tdiag.load(DESIGNS / "mhsa.td", F=8, H=2).module(**options)
+
+
 def test_width_not_divisible_by_heads_is_a_tdiag_error():
     with pytest.raises(tdiag.TdiagError, match=r"size D = F/H is 512/3"):
         tdiag.load(DESIGNS / "mhsa.td", H=3).module()

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+import tdiag
 from tdiag import TdiagError, files
 from tdiag.files import (
     OutputRefusedError,
@@ -117,6 +118,14 @@ def test_a_symbolic_link_loop_names_the_cause(tmp_path):
     with pytest.raises(TdiagError) as error:
         read_source(tmp_path / "a.td")
     assert message(error) == f"cannot read '{tmp_path / 'a.td'}': Too many levels of symbolic links"
+
+
+def test_a_path_with_a_nul_byte_is_refused_by_name_for_a_source_and_for_tdiag_load():
+    with pytest.raises(TdiagError) as error:
+        read_source("a\0b.td")
+    assert message(error) == "no design file can be named 'a\\x00b.td': a file name holds no NUL byte"
+    with pytest.raises(TdiagError, match="a file name holds no NUL byte"):
+        tdiag.load("a\0b.td")
 
 
 def test_a_missing_file_gives_the_error_the_caller_chose(tmp_path):
@@ -284,6 +293,12 @@ def test_an_empty_output_name_is_refused():
     with pytest.raises(OutputRefusedError) as error:
         check_output("", flag="-o")
     assert message(error) == "-o '': is empty; give a file name"
+
+
+def test_an_output_name_with_a_nul_byte_is_refused(tmp_path):
+    with pytest.raises(OutputRefusedError) as error:
+        write_output(tmp_path / "a\0.py", "x")
+    assert message(error).endswith(": holds a NUL byte, which no file name can")
 
 
 def test_an_output_on_a_file_system_that_takes_no_files_names_the_cause():

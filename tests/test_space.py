@@ -253,3 +253,22 @@ def test_a_base_beside_the_space_that_is_not_a_file_is_an_error_not_the_bundled_
     (tmp_path / "mgk_harde.td").mkdir()  # the base the space extends
     with pytest.raises(TdiagError, match="it is a folder, not a design file"):
         load_space(tmp_path / "mgk.tds")
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        ("--overwrite", "--overwrite"),
+        ("--resume runs/x", "--resume"),
+        ("--nproc 2", "--nproc"),
+        ("--out x", "--out"),
+    ],
+)
+def test_train_args_that_would_choose_the_run_folder_or_processes_are_refused_not_ignored(
+    capsys, tmp_path, flags, named
+):
+    argv = ["space", str(SPACES / "fish.tds"), "--at", "N=32", "--train", "--out", str(tmp_path / "runs")]
+    assert main([*argv, f"--train-args={flags}"]) == 2
+    err = capsys.readouterr().err
+    assert f"argument --train-args: {named} cannot go in --train-args" in err
+    assert not any((tmp_path / "runs").glob("*/checkpoint.pt"))

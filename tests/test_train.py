@@ -4,6 +4,7 @@ import gzip
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from conftest import DESIGNS, ROOT
 
 from tdiag import TdiagError
 from tdiag.cli import main
-from tdiag.train import TrainConfig, build_model, global_batch, loss_of, peak_flops, read_corpus, train
+from tdiag.train import TrainConfig, build_model, global_batch, loss_of, peak_flops, read_corpus, sample, train
 
 pytestmark = pytest.mark.slow  # every test here trains or builds a model; `make test-fast` leaves them out
 
@@ -137,6 +138,13 @@ def test_missing_and_empty_data_files_are_clear_errors(tmp_path):
     (tmp_path / "empty.txt").write_text("  \n")
     with pytest.raises(TdiagError, match="is empty"):
         read_corpus(str(tmp_path / "empty.txt"), 16)
+
+
+@pytest.mark.parametrize(("make", "kind"), [(os.mkdir, "a folder"), (os.mkfifo, "a FIFO (named pipe)")])
+def test_a_data_path_that_is_not_a_regular_file_is_refused_without_being_opened(tmp_path, make, kind):
+    make(tmp_path / "data")
+    with pytest.raises(TdiagError, match=rf"cannot read data file '.*data': it is {re.escape(kind)}, not a text file"):
+        read_corpus(str(tmp_path / "data"), 16)
 
 
 def test_context_longer_than_the_data_is_a_clear_error(corpus_file):
@@ -343,7 +351,7 @@ def test_a_damaged_checkpoint_is_a_clear_error_and_is_left_as_it_was(corpus_file
     damaged = checkpoint.read_bytes()
     assert main(["train", "--resume", str(tmp_path / "run"), "--no-progress"]) == 1
     err = capsys.readouterr().err
-    assert "checkpoint" in err and "Traceback" not in err
+    assert f"cannot read checkpoint '{checkpoint}': it is damaged or truncated" in err and "Traceback" not in err
     assert checkpoint.read_bytes() == damaged
 
 
@@ -621,6 +629,7 @@ def test_a_crafted_checkpoint_is_refused_naming_the_file_and_the_field(corpus_fi
         (lambda c: c.pop("lr"), "missing setting 'lr'"),
         (lambda c: c.update(steps="many"), "steps is 'many', not a whole number"),
         (lambda c: c.update(compile="yes"), "compile is 'yes', not true or false"),
+        (lambda c: c.update(seed=10**40), "seed: expected a whole number at most"),
         (lambda c: c.pop("design_copy"), "missing setting 'design_copy'"),
         (lambda c: c.update(data_sha256=7), "data_sha256 is 7, not a sha256"),
         (lambda c: c["design_copy"].update(file="../../x.td"), "design_copy.sha256 does not list design_copy.file"),
@@ -670,6 +679,57 @@ def test_a_bundled_design_is_recorded_by_name(corpus_file, tmp_path):
     config.design = "mhsa"
     train(config, progress=False)
     assert json.loads((tmp_path / "run" / "config.json").read_text())["design"] == "mhsa"
+
+
+def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_zero(corpus_file, tmp_path):
+    straight = tiny("mhsa.td", corpus_file, tmp_path, out=str(tmp_path / "straight"))
+    train(straight, progress=False)
+    train(tiny("mhsa.td", corpus_file, tmp_path), progress=False)
+    folder = tmp_path / "run"
+    for path in folder.iterdir():  # as a run killed after writing config.json and its design copy leaves it
+        if path.is_file() and path.name != "config.json":
+            path.unlink()
+    assert _resume(folder) == 0
+    model, log = _final(folder)
+    expected_model, expected_log = _final(tmp_path / "straight")
+    assert log == expected_log and all(torch.equal(model[k], expected_model[k]) for k in expected_model)
+
+
+def test_a_run_whose_checkpoint_is_gone_but_whose_log_remains_is_not_restarted(corpus_file, tmp_path, capsys):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    (tmp_path / "run" / "checkpoint.pt").unlink()
+    log = (tmp_path / "run" / "log.jsonl").read_bytes()
+    assert _resume(tmp_path / "run", "--steps", "4") == 1
+    assert f"no checkpoint to resume in '{tmp_path / 'run'}'" in capsys.readouterr().err
+    assert (tmp_path / "run" / "log.jsonl").read_bytes() == log
+
+
+def test_a_design_copy_replaced_by_a_fifo_is_refused_without_blocking(corpus_file, tmp_path, capsys):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    copy = tmp_path / "run" / "design" / "mhsa.td"
+    copy.unlink()
+    os.mkfifo(copy)
+    assert _resume(tmp_path / "run", "--steps", "4") == 1
+    assert f"cannot read '{copy}': it is a FIFO (named pipe)" in capsys.readouterr().err
+
+
+def test_a_diverged_model_samples_until_its_outputs_are_not_finite_and_says_so(corpus_file, tmp_path):
+    config = tiny("mhsa.td", corpus_file, tmp_path)
+    corpus = read_corpus(config.data, config.context)
+    model, _ = build_model(config, corpus.vocab, torch.device("cpu"))
+    with torch.no_grad():
+        model.head.weight.fill_(math.nan)
+    assert sample(model, corpus, config, torch.device("cpu")) == (
+        "\n[sampling stopped: the model's outputs are not finite numbers; the run diverged, try a lower --lr]\n"
+    )
+
+
+def test_a_model_too_large_for_memory_is_refused_before_its_layers_are_built(corpus_file, tmp_path, capsys):
+    argv = ["train", "mhsa", "--data", str(corpus_file), "--out", str(tmp_path / "run"), "--no-progress"]
+    assert main([*argv, "--layers", str(10**12), "--width", "16", "--heads", "2", "--context", "16"]) == 1
+    err = capsys.readouterr().err
+    assert "the model (1,000,000,000,000 layers of width 16, " in err and "more than the" in err
+    assert "use fewer --layers" in err and "Traceback" not in err
 
 
 def test_an_edited_design_copy_is_refused_on_resume(corpus_file, tmp_path, capsys):

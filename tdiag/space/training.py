@@ -48,6 +48,7 @@ def train_points(args: argparse.Namespace, space, rows: list, at: dict) -> int:
     files = [str(write_output(folder / f"{row.point.name}.td", row.point.text())) for row in picked]
     flags = ["train", *files, "--compare", "--steps", str(args.steps), *shlex.split(args.train_args)]
     train_args = _parser().parse_args(flags)
+    _refuse_run_flags(args, train_args, len(files))
     results = []
     for row, file in zip(picked, files, strict=True):
         config = config_from(train_args, file, {})
@@ -64,6 +65,24 @@ def train_points(args: argparse.Namespace, space, rows: list, at: dict) -> int:
     print((out / "front.md").read_text())
     print(f"wrote {out}/compare.md, compare.csv, compare.json, compare.png, front.md, front.png")
     return 0
+
+
+def _refuse_run_flags(args: argparse.Namespace, train_args: argparse.Namespace, points: int) -> None:
+    """`tdiag space` chooses each point's run folder, resumes a point that has a checkpoint and
+    trains in one process: --train-args that would choose otherwise are refused, never ignored."""
+    given = {
+        "--resume": train_args.resume is not None,
+        "--out": bool(train_args.out),
+        "--overwrite": train_args.overwrite,
+        "--nproc": train_args.nproc != 1,
+        "a design file": len(train_args.designs) != points,
+    }
+    refused = [flag for flag, is_given in given.items() if is_given]
+    if refused:
+        raise args.usage_error(
+            f"tdiag space: error: argument --train-args: {', '.join(refused)} cannot go in --train-args "
+            "(tdiag space names each point's run folder under --out and resumes a point that has a checkpoint)"
+        )
 
 
 def _write_front(out: Path, results: list[dict]) -> None:
