@@ -385,11 +385,10 @@ def quotient(node: Quotient, frame: Frame) -> torch.Tensor:
 def softmax_box(node: SoftmaxBox, frame: Frame) -> torch.Tensor:
     """softmax (is_exp): softmax of scale * content jointly over the normalized legs, logits a
     padding mask hides set to the dtype's lowest finite value (a row of them averages the values)
-    and those a causal mask hides to -inf (the future never takes weight). normalize: content with masked entries 0,
-    divided by its sum over the normalized legs plus eps."""
+    and those a causal mask hides to -inf (the future never takes weight). normalize: content
+    with masked entries 0, divided by its sum over the normalized legs plus eps."""
     assert node.content is not None
     x = align(evaluate(node.content, frame), node.content.legs, node.legs)
-    allowed = box_mask(node, frame)
     dims = leg_dims(node.normalized, node.legs)
     if node.is_exp:
         x = frame.number(node.scale) * x
@@ -400,6 +399,7 @@ def softmax_box(node: SoftmaxBox, frame: Frame) -> torch.Tensor:
         if causal is not None:  # the future takes no weight, even in a row whose past is all padding
             x = torch.where(causal, x, float("-inf"))
         return joint_softmax(x, dims)
+    allowed = masks_allowed(node.masks, node.legs, frame)
     if allowed is not None:
         x = torch.where(allowed, x, 0.0)
     return x / (x.sum(dim=dims, keepdim=True) + frame.number(node.eps))
@@ -412,11 +412,6 @@ def joint_softmax(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
     moved = x.movedim(dims, end)
     flat = moved.flatten(x.dim() - len(dims)).softmax(dim=-1)  # flatten: also for an empty batch
     return flat.reshape(moved.shape).movedim(end, dims)
-
-
-def box_mask(node: SoftmaxBox, frame: Frame) -> torch.Tensor | None:
-    """True where the box attends (all masks and-ed), over the box's legs; None when unmasked."""
-    return masks_allowed(node.masks, node.legs, frame)
 
 
 def masks_allowed(masks: Sequence[Mask], legs: Sequence[str], frame: Frame) -> torch.Tensor | None:

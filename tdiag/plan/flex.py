@@ -119,8 +119,11 @@ class FlexLowering:
         )
         tensors = tuple(dict.fromkeys([*(r.value for r in score_reads(score)), *(r.value for r in visible)]))
         score_groups = [batch, query_heads, [sequence], keys]
-        live = self.live_rows(fused, score_groups) if pads else None
-        future = self.seen_operand(fused, score_groups) if pads else None
+        live = future = None
+        if pads:
+            padded, hidden_future = self.hidden_operands(fused, score_groups)
+            live = self.live_rows([*padded, *([hidden_future] if hidden_future is not None else [])], score_groups)
+            future = self.seen_operand(fused, score_groups, hidden_future)
         group = self.runtime(self.numel([leg for leg in queries if leg != sequence])) if grouped else sympy.Integer(1)
         attention = FlexAttention(
             self.arrange(q, [batch, query_heads, [sequence], latent]),

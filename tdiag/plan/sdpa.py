@@ -134,13 +134,13 @@ class FusedAttention:
                 pad_value, width = query_width - value_width, value_width
             elif value_width > query_width:
                 pad_query_key = value_width - query_width
-        causal, visible, live = False, None, None
+        causal, visible, live, future = False, None, None, None
         if fused["pads"] or score_bias:
-            visible = self.score_mask(fused, score_groups, score_bias, q)
-        future = None
+            padded, hidden_future = self.hidden_operands(fused, score_groups)
+            visible = self.score_mask(padded, hidden_future, score_groups, score_bias, q)
         if fused["pads"]:
-            live = self.live_rows(fused, score_groups)
-            future = self.seen_operand(fused, score_groups)
+            live = self.live_rows([*padded, *([hidden_future] if hidden_future is not None else [])], score_groups)
+            future = self.seen_operand(fused, score_groups, hidden_future)
         elif fused["masks"] and keys == [fused["masks"][0][1]]:
             causal = True
         elif fused["masks"]:
@@ -268,12 +268,18 @@ class FusedAttention:
         factor = sympy.simplify(weight * fused["box_scale"])
         return self.scale(value, factor) if factor != 1 else value
 
-    def score_mask(self, fused: dict, groups: list[list[str]], biases: list[Value], like: Value) -> Value:
-        """The float attn_mask of padding masks, a causal triangle that is_causal cannot say (with
-        padding or a bias, SDPA takes one or the other) and additive biases, each read over
-        SDPA's (batch, heads, queries, keys) axes as `groups`, broadcast where it lacks a group."""
-        hidden = self.hidden_operands(fused, groups, causal=False)
-        future = self.future_operand(fused, groups)
+    def score_mask(
+        self,
+        hidden: list[Operand],
+        future: Operand | None,
+        groups: list[list[str]],
+        biases: list[Value],
+        like: Value,
+    ) -> Value:
+        """The float attn_mask of the padding masks `hidden`, the causal triangle `future` that
+        is_causal cannot say (with padding or a bias, SDPA takes one or the other) and additive
+        biases, each read over SDPA's (batch, heads, queries, keys) axes as `groups`, broadcast
+        where it lacks a group."""
         bias = [self.score_operand(b, groups) for b in biases]
         name = self.names.fresh("score_mask")
         read = (*hidden, *bias, *([future] if future is not None else []))
@@ -291,33 +297,28 @@ class FusedAttention:
         self.emit(step)
         return step.out  # type: ignore[return-value]
 
-    def hidden_operands(self, fused: dict, groups: list[list[str]], causal: bool = True) -> list[Operand]:
-        """The boolean operands that are True where a score is hidden: each padding mask inverted
-        and (with `causal`) the causal triangle, read over SDPA's axes `groups`."""
-        hidden = [self.score_operand(Value(var, (BATCH, *legs)), groups, invert=True) for var, legs in fused["pads"]]
-        future = self.future_operand(fused, groups) if causal else None
-        return hidden + ([future] if future is not None else [])
-
-    def future_operand(self, fused: dict, groups: list[list[str]]) -> Operand | None:
-        """The causal triangle (True where the key is in the query's future) read over `groups`, or
-        None without a causal mask."""
+    def hidden_operands(self, fused: dict, groups: list[list[str]]) -> tuple[list[Operand], Operand | None]:
+        """The boolean operands that are True where a score is hidden, read over SDPA's axes
+        `groups` once per box: each padding mask inverted, and the causal triangle (True where the
+        key is in the query's future) or None without a causal mask."""
+        padded = [self.score_operand(Value(var, (BATCH, *legs)), groups, invert=True) for var, legs in fused["pads"]]
+        future = None
         for query, key in fused["masks"][:1]:
-            return self.score_operand(Value(self.causal_mask(query, key), (query, key)), groups)
-        return None
+            future = self.score_operand(Value(self.causal_mask(query, key), (query, key)), groups)
+        return padded, future
 
-    def seen_operand(self, fused: dict, groups: list[list[str]]) -> Operand | None:
+    def seen_operand(self, fused: dict, groups: list[list[str]], future: Operand | None) -> Operand | None:
         """The causal triangle for the mean of the values a row may see: a [queries, keys] matrix
         where the rows and keys are one leg each (matmul then keeps no per-head copy of it), else
-        read over all of `groups`; None without a causal mask."""
+        `future`, the triangle read over all of `groups`."""
         for query, key in fused["masks"][:1]:
             if groups[-2:] == [[query], [key]]:
                 return align(Value(self.causal_mask(query, key), (query, key)), (query, key))
-        return self.future_operand(fused, groups)
+        return future
 
-    def live_rows(self, fused: dict, groups: list[list[str]]) -> Value:
-        """The rows of the scores that keep a visible key (LiveRows), over every group but the keys,
-        where a hidden operand varies."""
-        hidden = self.hidden_operands(fused, groups)
+    def live_rows(self, hidden: list[Operand], groups: list[list[str]]) -> Value:
+        """The rows of the scores that keep a visible key (LiveRows) where the boolean operands
+        `hidden` hide scores, over every group but the keys, where a hidden operand varies."""
         rows = groups[:-1]
         legs = tuple(dict.fromkeys(leg for g in rows for leg in g if any(leg in h.value.legs for h in hidden)))
         step = Step(
