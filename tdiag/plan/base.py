@@ -21,6 +21,7 @@ import keyword
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import sympy
 
@@ -54,6 +55,9 @@ from .program import (
     Value,
     show_legs,
 )
+
+if TYPE_CHECKING:
+    from .forms.base import BoxChoice
 
 OPTIMAL_UP_TO = 5
 # names the generated module uses for itself: a forward local of the design (an input, a mask,
@@ -151,6 +155,7 @@ class LoweringBase:
         self.stored_used: set[str] = set()
         self.lowered: list[str] = []
         self.refused: list[str] = []
+        self.choices: list[BoxChoice] = []  # each box's candidate forms and the one taken (forms/)
         self.box_segments: list[tuple[int, int, str]] = []  # (first step, box step, box value)
         # the normalized legs of the softmax whose argument the current expression is added into:
         # a term constant along them shifts every row equally and changes nothing (softmax(x + c))
@@ -318,8 +323,12 @@ class LoweringBase:
             build()
             if self.objective == "time":
                 return self.estimated_time(steps)
-            total = sum((_planned_flops(s) for s in steps), sympy.Integer(0)).xreplace(self.chunk_values)
-            return int(self.g.evaluate(total, **self.sizes).xreplace({BATCH_SIZE: self.sizes.get("B", 1)}))
+            return self.counted_flops(steps)
+
+    def counted_flops(self, steps: list[Step]) -> int:
+        """The FLOPs of `steps` at the planned sizes, as the rewrites compare them (_planned_flops)."""
+        total = sum((_planned_flops(s) for s in steps), sympy.Integer(0)).xreplace(self.chunk_values)
+        return int(self.g.evaluate(total, **self.sizes).xreplace({BATCH_SIZE: self.sizes.get("B", 1)}))
 
     @contextlib.contextmanager
     def scratch(self):

@@ -11,7 +11,8 @@ from ..ir import (
     Reduction,
     SoftmaxBox,
 )
-from .base import _Leaf, _value_leaves
+from . import forms
+from .base import _Leaf
 from .program import (
     BATCH,
     Expand,
@@ -31,27 +32,8 @@ class BoxLowering:
     """Computes softmax and normalize boxes as materialized tensors."""
 
     def resolve_boxes(self, leaves: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
-        """Each box leaf of a region becomes SDPA with its value side when that costs no more
-        than the materialized box and its consumer; otherwise the box is computed as such."""
-        while any(leaf.box is not None for leaf in leaves):
-            k = next(i for i, leaf in enumerate(leaves) if leaf.box is not None)
-            box, ren = leaves[k].box  # type: ignore[misc]
-            others = leaves[:k] + leaves[k + 1 :]
-            if not box.is_exp:
-                leaves = self.resolve_normalize(box, ren, k, others, out)
-                continue
-            fused = self.fusable(box, ren, leaves[k], others, out)
-            if fused is not None and not self.cheaper_fused(box, ren, leaves[k], others, out, fused):
-                keys = " ".join(show_legs(fused["keys"]))
-                self.refuse(f"softmax box over {keys}: SDPA refused: {self.dearer} the materialized box")
-                fused = None
-            if fused is not None:
-                leaves = self.fuse(box, ren, others, fused)
-            else:
-                prefer = {leg for o in others for leg in o.legs}
-                value = self.memoized(box, ren, lambda b=box, r=ren, p=prefer: self.lower_box(b, r, None, p))
-                leaves = [*others[:k], *_value_leaves(value), *others[k:]]
-        return leaves
+        """Each box leaf of a region replaced by the candidate form the chooser takes (forms/)."""
+        return forms.resolve_boxes(self, leaves, out)  # type: ignore[arg-type]
 
     def lower_box(
         self, e: SoftmaxBox, ren: dict[str, tuple[str, ...]], var: str | None, prefer: set[str] = frozenset()

@@ -106,6 +106,7 @@ def build_plan(
     plan.names = lowering.input_vars
     plan.lowered = lowering.lowered
     plan.refused = lowering.refused
+    plan.choices = lowering.choices
     if checkpoint_boxes:
         plan.segments = _checkpoint_segments(lowering.steps, lowering.box_segments)
     plan.causal = lowering.causal_masks

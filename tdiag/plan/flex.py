@@ -7,8 +7,8 @@ Guarantees: a term of the scores that varies along both the queries and the keys
 score_mod arithmetic over tensors that vary along at most one of them (ALiBi's slope[h] times
 |q − kv|, a relative bias table read at clamp(kv − q, −C, C) + C), so no bias over (heads,
 queries, keys) is built unless the design stores one (a sliced absolute table is read in
-place). Taken wherever the pattern allows when the plan is asked for FlexAttention; where it does
-not, the plan says why and the box goes to SDPA or is materialized as usual."""
+place). Taken wherever the pattern allows when the plan is asked for FlexAttention (the form in
+forms/flex.py); where it does not, the plan says why and another form is chosen."""
 
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ from .program import (
     score_reads,
     show_legs,
 )
+from .sdpa_match import MatchedAttention
 
 ATTENTION_KERNELS = ("sdpa", "flex")  # what a fusable softmax box is lowered to
 
@@ -54,35 +55,35 @@ class FlexLowering:
 
     attention = "sdpa"  # or "flex": build_plan sets it
 
-    def flex_roles(self, fused: dict) -> dict[str, int]:
+    def flex_roles(self, fused: MatchedAttention) -> dict[str, int]:
         """The plan legs FlexAttention indexes: 0 batch, 1 head (one head leg, not grouped),
         2 query, 3 key."""
-        heads = fused["heads"]
-        roles = {fused["sequence"]: 2, fused["keys"][0]: 3}
+        heads = fused.heads
+        roles = {fused.sequence: 2, fused.keys[0]: 3}
         if BATCH in heads:
             roles[BATCH] = 0
         rest = [leg for leg in heads if leg != BATCH]
-        if len(rest) == 1 and not fused.get("grouped", False):
+        if len(rest) == 1 and not fused.grouped:
             roles[rest[0]] = 1
         return roles
 
-    def flex_refusal(self, fused: dict) -> str | None:
+    def flex_refusal(self, fused: MatchedAttention) -> str | None:
         """Why the matched box cannot be one flex_attention call, or None."""
-        if len(fused["keys"]) != 1:
-            keys = " ".join(show_legs(fused["keys"]))
+        if len(fused.keys) != 1:
+            keys = " ".join(show_legs(fused.keys))
             return f"several key legs {keys} (the kernel has one key index)"
-        if len(fused["queries"]) != 1 and not fused.get("grouped", False):
+        if len(fused.queries) != 1 and not fused.grouped:
             return "query legs folded into the query rows (the kernel's query index would not be the position)"
         roles = self.flex_roles(fused)
-        ren = fused["ren"]
-        terms = [e for kind, _, e in (*fused["biases"], *fused["score_biases"]) if kind != "norm"]
+        ren = fused.ren
+        terms = [e for kind, _, e in (*fused.biases, *fused.score_biases) if kind != "norm"]
         legs = [leg for e in terms for leg in e.legs]
         for leg in legs:
             if len(ren[leg]) != 1:
                 return f"a term of the scores along {leg}, which the plan splits into pieces"
-        legs = [ren[leg][0] for leg in legs] + [leg for _, pad in fused["pads"] for leg in pad]
-        if any(kind == "norm" for kind, _, _ in fused["biases"]):
-            key_value, over = fused["key_norm"]
+        legs = [ren[leg][0] for leg in legs] + [leg for _, pad in fused.pads for leg in pad]
+        if any(kind == "norm" for kind, _, _ in fused.biases):
+            key_value, over = fused.key_norm
             legs += [leg for leg in key_value.legs if leg not in over]
         for leg in legs:
             if leg not in roles:
@@ -92,10 +93,10 @@ class FlexLowering:
                 )
         return None
 
-    def fuse_flex(self, box: SoftmaxBox, ren, others: list[_Leaf], fused: dict) -> list[_Leaf]:
+    def fuse_flex(self, box: SoftmaxBox, ren, others: list[_Leaf], fused: MatchedAttention) -> list[_Leaf]:
         """Emit q, k, v, the block mask and the flex_attention call; return the region's leaves
         with the attention output standing in for the box and its value side."""
-        heads, queries, keys, latent, features = (fused[k] for k in ("heads", "queries", "keys", "latent", "features"))
+        heads, queries, keys, latent, features = (fused.heads, fused.queries, fused.keys, fused.latent, fused.features)
         self.emit_prelude(fused)
         self.box_depth += 1
         q, k, latent = self.query_and_key(fused)
@@ -103,16 +104,16 @@ class FlexLowering:
         roles = {leg: arguments[1 + r] for leg, r in self.flex_roles(fused).items()}
         score = self.score_mod(fused, roles)
         self.box_depth -= 1
-        v = self.contract(fused["value"], tuple(heads + keys + features), sympy.Integer(1), "v")
+        v = self.contract(fused.value, tuple(heads + keys + features), sympy.Integer(1), "v")
         v = self.expand_broadcast(v, set(keys))
-        grouped = fused.get("grouped", False)
-        sequence = fused["sequence"]
+        grouped = fused.grouped
+        sequence = fused.sequence
         batch = [BATCH] if BATCH in heads else []
         rest = [leg for leg in heads if leg != BATCH]
         query_heads = [*rest, *(leg for leg in queries if leg != sequence)] if grouped else rest
         legs = tuple([*batch, *query_heads, sequence, *features])
-        pads = fused["pads"]
-        block_mask = self.block_mask(fused) if fused["masks"] and not pads else None
+        pads = fused.pads
+        block_mask = self.block_mask(fused) if fused.masks and not pads else None
         visible = tuple(
             ScoreRead(Value(var, (BATCH, *legs)), tuple(Position("leg", name=roles[leg]) for leg in (BATCH, *legs)))
             for var, legs in pads
@@ -129,7 +130,7 @@ class FlexLowering:
             self.arrange(q, [batch, query_heads, [sequence], latent]),
             self.arrange(k, [batch, rest, keys, latent]),
             self.arrange(v, [batch, rest, keys, features]),
-            self.runtime(fused["scale"]),
+            self.runtime(fused.scale),
             score,
             block_mask,
             arguments,  # type: ignore[arg-type]
@@ -137,7 +138,7 @@ class FlexLowering:
             grouped,
             self.shape(legs) if not batch or len(query_heads) != 1 or len(features) != 1 else None,
             visible,
-            bool(fused["masks"]) and bool(pads),
+            bool(fused.masks) and bool(pads),
             group,
             live,
             future,
@@ -148,14 +149,14 @@ class FlexLowering:
         if score is not None:
             read = ", ".join(f"{r.value.var}[{' '.join(show_legs(r.value.legs))}]" for r in score_reads(score))
             notes.append(f"score_mod adds the terms of the scores per entry{' from ' + read if read else ''}")
-        if len(fused["sides"]) > 1:
-            notes.append(f"{len(fused['sides'])} query·key products as one: q and k concatenated along the features")
+        if len(fused.sides) > 1:
+            notes.append(f"{len(fused.sides)} query·key products as one: q and k concatenated along the features")
         if grouped:
             notes.append("query heads grouped over the key heads (enable_gqa)")
         if block_mask is not None:
             notes.append("causal mask as a block mask")
         if pads:
-            masks = "padding and causal masks" if fused["masks"] else "padding mask"
+            masks = "padding and causal masks" if fused.masks else "padding mask"
             notes.append(f"{masks} in score_mod (a row whose keys are all masked averages the values)")
         how = f" ({'; '.join(notes)})" if notes else ""
         description = f"flex_attention over {' '.join(show_legs(keys))}, heads {' '.join(show_legs(heads))}{how}"
@@ -179,22 +180,22 @@ class FlexLowering:
         )
         if self.target is self.steps:
             self.lowered.append(f"softmax box over {' '.join(show_legs(keys))} lowered to flex_attention{how}")
-        rest_leaves = [o for o in others if o not in fused["value"]]
+        rest_leaves = [o for o in others if o not in fused.value]
         return [*rest_leaves, *_value_leaves(value)]  # type: ignore[arg-type]
 
-    def score_mod(self, fused: dict, roles: dict[str, str]) -> ScoreTerm | None:
+    def score_mod(self, fused: MatchedAttention, roles: dict[str, str]) -> ScoreTerm | None:
         """Σ weight · term over the additive terms of the scores (the key biases of MGK P17 and
         the position biases alike), each times the box's scale: score_mod adds after scaling."""
-        positions = frozenset((fused["sequence"], fused["keys"][0]))  # what a score_mod term may span
+        positions = frozenset((fused.sequence, fused.keys[0]))  # what a score_mod term may span
         terms = []
-        for kind, weight, e in (*fused["biases"], *fused["score_biases"]):
+        for kind, weight, e in (*fused.biases, *fused.score_biases):
             if kind == "norm":
-                key_value, over = fused["key_norm"]
+                key_value, over = fused.key_norm
                 kept = tuple(leg for leg in key_value.legs if leg not in over)
                 term = self.score_read(self.squared_norm(key_value, kept), roles)
             else:
-                term = self.score_term(e, fused["ren"], roles, positions)
-            factor = self.runtime(sympy.simplify(weight * fused["box_scale"]))
+                term = self.score_term(e, fused.ren, roles, positions)
+            factor = self.runtime(sympy.simplify(weight * fused.box_scale))
             terms.append(term if factor == 1 else ScoreArith("*", ScoreNumber(factor), term))
         return reduce(lambda a, b: ScoreArith("+", a, b), terms) if terms else None
 
@@ -249,11 +250,11 @@ class FlexLowering:
         value = self.as_missing_legs(value)
         return ScoreRead(value, tuple(Position("leg", name=roles[leg]) for leg in value.legs))
 
-    def block_mask(self, fused: dict) -> Value:
+    def block_mask(self, fused: MatchedAttention) -> Value:
         """The block mask of the box's causal mask, made once per call: every query sees its first
         key, so no row is empty and skipping the blocks above the diagonal changes nothing."""
         arguments = tuple(self.names.fresh(stem) for stem in ("b", "h", "q_idx", "kv_idx"))
-        sequence, key = fused["sequence"], fused["keys"][0]
+        sequence, key = fused.sequence, fused.keys[0]
         op = BlockMask(self.group_size([sequence]), self.group_size([key]), arguments, self.like_input())  # type: ignore[arg-type]
         out = Value(self.names.fresh("block_mask"), ())
         self.emit(Step("mask", op, out, "FlexAttention block mask: causal", inputs=()))

@@ -1,11 +1,10 @@
 """Normalize boxes in the linear-time order: Σ_m (x / Σ_m x) v = (Σ_m x v) / (Σ_m x) when the
-content is multilinear (Tuformer §3.3, MGK P12). Applies when a trial plan costs fewer FLOPs than
-the materialized box; causal boxes take chunked prefix sums (chunked.py)."""
+content is multilinear (Tuformer §3.3, MGK P12); causal boxes take chunked prefix sums
+(chunked.py). Whether it applies and pays is the form's decision (forms/linear.py)."""
 
 from __future__ import annotations
 
 import functools
-import itertools
 
 import sympy
 
@@ -18,77 +17,18 @@ from ..ir import (
     SoftmaxBox,
     TensorRef,
 )
-from .base import _Leaf, _value_leaves
-from .chunked import NotPrefixSumError
+from .base import _Leaf
 from .program import (
     BATCH,
     Ratio,
     Step,
     Value,
     align,
-    show_legs,
 )
 
 
 class LinearOrder:
     """Evaluates normalize boxes in the linear-time order (MGK P12)."""
-
-    def resolve_normalize(self, box: SoftmaxBox, ren, k: int, others: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
-        """Σ_m (x / Σ_m x) v = (Σ_m x v) / (Σ_m x): with the content multilinear (powers of a
-        contraction expanded into copies), both sides are contractions that opt_einsum can order
-        so that N·M never appears (linear attention, Tuformer §3.3, MGK P12). Taken when a trial
-        plan is cheaper than the materialized box."""
-
-        def materialized() -> list[_Leaf]:
-            value = self.memoized(box, ren, lambda: self.lower_box(box, ren, None))
-            return [*others[:k], *_value_leaves(value), *others[k:]]
-
-        normalized = tuple(p for leg in box.normalized for p in ren[leg])
-
-        def refuse(why: str) -> list[_Leaf]:
-            self.refuse(f"normalize box over {' '.join(show_legs(normalized))}: linear-time order refused: {why}")
-            return materialized()
-
-        if any(leg in out for leg in normalized):
-            return refuse("the normalized legs are kept in the result")
-        if not self.is_multilinear(box.content):
-            return refuse("the box's content is not multilinear (a map other than an integer power)")
-        if box.masks and self.prefix_legs(box, ren) is None:
-            return refuse("a mask other than one causal mask over the normalized leg")
-        fixed = [o for o in others if set(normalized) & set(o.legs)]
-        optional = [o for o in others if o not in fixed]
-        if not fixed:
-            return refuse("no value side is contracted over the normalized legs")
-        if len(optional) > 6:
-            return refuse("more than six factors to place on the value side")
-        best, best_cost = None, self.trial(lambda: self.contract(materialized(), out, sympy.Integer(1), None))
-        not_prefix = None
-        for choice in itertools.product((0, 1), repeat=len(optional)):
-            values = fixed + [o for o, c in zip(optional, choice, strict=True) if c]
-            rest = [o for o in others if o not in values]
-            try:
-                cost = self.trial(
-                    lambda v=values, r=rest: self.contract(self.hoist(box, ren, v, r, out), out, sympy.Integer(1), None)
-                )
-            except NotPrefixSumError as why:
-                not_prefix = str(why)
-                continue
-            if cost < best_cost:
-                best, best_cost = (values, rest), cost
-        if best is None and not_prefix is not None:
-            return refuse(f"no causal prefix sum: {not_prefix} of the content or value side")
-        if best is None:
-            return refuse(f"{self.dearer} the materialized box")
-        if self.target is self.steps:
-            how = " with causal prefix sums over chunks" if box.masks else ""
-            self.lowered.append(
-                f"normalize box over {' '.join(show_legs(normalized))} evaluated in the linear-time order{how}"
-            )
-        self.wide_depth += 1  # as the materialized box: in float32 under autocast
-        try:
-            return self.hoist(box, ren, *best, out)
-        finally:
-            self.wide_depth -= 1
 
     def prefix_legs(self, box: SoftmaxBox, ren) -> tuple[str, str] | None:
         """(query, key) region legs when the box's only masks are causal ones over its single

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import sympy
 
 from ..graph import DesignGraph
 from ..ir import ONE, ZERO, Position
+
+if TYPE_CHECKING:
+    from .forms.base import BoxChoice
 
 BATCH = "#b"
 BATCH_SIZE = sympy.Symbol("B", positive=True)
@@ -636,6 +640,7 @@ class Plan:
     outputs: list[tuple[str, Value]] = field(default_factory=list)
     lowered: list[str] = field(default_factory=list)  # rewrites taken, e.g. boxes lowered to SDPA
     refused: list[str] = field(default_factory=list)  # rewrites not taken, and why
+    choices: list[BoxChoice] = field(default_factory=list)  # each box's candidate forms, costed (forms/)
     names: dict[str, str] = field(default_factory=dict)  # .td input/mask/noise name -> variable
     attributes: frozenset[str] = frozenset()  # variables that are the module's stored tensors
     causal: dict[tuple[sympy.Expr, sympy.Expr], str] = field(default_factory=dict)  # (N, M) -> mask

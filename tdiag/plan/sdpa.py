@@ -2,7 +2,8 @@
 (heads, positions, features), key biases as one more feature (MGK P17), causal masks as
 is_causal or a boolean attn_mask, padding masks and biases along the queries as a float
 attn_mask, query heads that share key heads (MQA, GQA) grouped with enable_gqa or folded into
-the query rows. Taken when no dearer than the materialized box."""
+the query rows. Whether a box is fused, and how, is decided by the forms (forms/sdpa.py,
+forms/sdpa_grouped.py); this module emits the chosen form."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from ..ir import (
     SoftmaxBox,
 )
 from .base import _Leaf, _value_leaves
-from .footprint import footprint
 from .program import (
     BATCH,
     Attention,
@@ -28,89 +28,30 @@ from .program import (
     align,
     show_legs,
 )
+from .sdpa_match import MatchedAttention
 
 
 class FusedAttention:
     """Emits a matched softmax box and its consumer as one SDPA call."""
 
-    def cheaper_fused(self, box, ren, leaf: _Leaf, others: list[_Leaf], out, fused) -> bool:
-        fused["grouped"] = self.grouped_form(box, ren, others, out, fused)
-        if self.attention == "flex":
-            reason = self.flex_refusal(fused)
-            if reason is None:
-                return True  # asked for: FlexAttention is taken wherever it applies
-            keys = " ".join(show_legs(fused["keys"]))
-            self.refuse(f"softmax box over {keys}: FlexAttention refused: {reason}")
-
-        def materialized() -> None:
-            value = self.lower_box(box, ren, None)
-            self.contract([*others, *_value_leaves(value)], out, sympy.Integer(1), None)
-
-        def as_sdpa() -> None:
-            self.contract(self.fuse(box, ren, others, fused), out, sympy.Integer(1), None)
-
-        if self.objective == "memory":
-            return True  # the fused kernel never materializes the box's entries
-        return self.trial(as_sdpa) <= self.trial(materialized)
-
-    def grouped_form(self, box, ren, others: list[_Leaf], out, fused) -> bool:
-        """With several query legs (query heads sharing key heads: MQA, GQA), whether the query
-        legs other than the sequence leg go to SDPA's head axis over the key heads (enable_gqa)
-        rather than being folded into its query rows. A causal mask needs the grouped form (in
-        the folded rows it is no triangle); otherwise the objective's cost decides, then the
-        bytes kept for backward (the folded rows are 3-D: SDPA's math kernel keeps the scores)."""
-        if len(fused["queries"]) == 1:
-            return False
-        if fused["masks"] or self.attention == "flex":  # FlexAttention indexes the positions as rows
-            return True
-
-        def form(grouped: bool):
-            def build() -> None:
-                self.contract(self.fuse(box, ren, others, fused | {"grouped": grouped}), out, sympy.Integer(1), None)
-
-            with self.scratch() as steps:
-                build()
-                saved = footprint(self.context(steps)).saved_bytes
-            cost = self.trial(build)
-            kept = self.at_planned_sizes(saved)
-            return (kept, cost) if self.objective == "memory" else (cost, kept)
-
-        grouped, folded = form(True), form(False)
-        keys = " ".join(show_legs(fused["keys"]))
-        heads = " ".join(show_legs(leg for leg in fused["queries"] if leg != fused["sequence"]))
-        if grouped <= folded:
-            self.refuse(
-                f"softmax box over {keys}: query heads {heads} folded into the query rows refused: "
-                f"{self.dearer if grouped[0] < folded[0] else 'keeps more for backward than'} grouped key heads"
-            )
-            return True
-        self.refuse(
-            f"softmax box over {keys}: grouped key heads (enable_gqa) refused: "
-            f"{self.dearer if folded[0] < grouped[0] else 'keeps more for backward than'} query heads {heads} folded "
-            "into the query rows"
-        )
-        return False
-
-    def fuse(self, box: SoftmaxBox, ren, others: list[_Leaf], fused: dict) -> list[_Leaf]:
+    def fuse(self, box: SoftmaxBox, ren, others: list[_Leaf], fused: MatchedAttention) -> list[_Leaf]:
         """Emit q, k, v and the SDPA call; return the region's leaves with the attention output
         standing in for the box and its value side."""
-        if self.attention == "flex" and self.flex_refusal(fused) is None:
-            return self.fuse_flex(box, ren, others, fused)
-        heads, queries, keys, latent, features = (fused[k] for k in ("heads", "queries", "keys", "latent", "features"))
+        heads, queries, keys, latent, features = (fused.heads, fused.queries, fused.keys, fused.latent, fused.features)
         self.emit_prelude(fused)
         self.box_depth += 1
         q, k, latent = self.query_and_key(fused)
-        bias = self.key_bias(fused) if fused["biases"] else None
-        score_bias = [self.score_bias(fused, weight, e) for _, weight, e in fused["score_biases"]]
+        bias = self.key_bias(fused) if fused.biases else None
+        score_bias = [self.score_bias(fused, weight, e) for _, weight, e in fused.score_biases]
         self.box_depth -= 1
-        v = self.contract(fused["value"], tuple(heads + keys + features), sympy.Integer(1), "v")
+        v = self.contract(fused.value, tuple(heads + keys + features), sympy.Integer(1), "v")
         v = self.expand_broadcast(v, set(keys))  # values tied across a key leg (MGK's r, P17)
         # a lone batch leg stays 3-D: SDPA then runs its math kernel (bmm, softmax), which at one
         # wide head (single-head, F features) is faster on CPU than the fused kernel of a unit
         # head axis (1.07-2.3x slower measured at N = F = 256, batch 8)
-        grouped = fused.get("grouped", False)
+        grouped = fused.grouped
         if grouped:  # query heads over key heads, head-major: query head i reads key head i // G
-            sequence = fused["sequence"]
+            sequence = fused.sequence
             query_heads = [leg for leg in queries if leg != sequence]
             lead = [[BATCH]] if BATCH in heads else []
             rest = [leg for leg in heads if leg != BATCH]
@@ -126,7 +67,7 @@ class FusedAttention:
         bias_operand, pad_value, pad_query_key, width = None, 0, 0, None
         if bias is not None:
             bias_operand = self.arrange(bias, [*k_groups, keys])
-        if bias is not None or len(fused["sides"]) > 1:
+        if bias is not None or len(fused.sides) > 1:
             # the fused kernels want one head width for q, k and v: zero features change nothing
             query_width = self.numel_number(latent) + (1 if bias is not None else 0)
             value_width = self.numel_number(features)
@@ -135,23 +76,23 @@ class FusedAttention:
             elif value_width > query_width:
                 pad_query_key = value_width - query_width
         causal, visible, live, future = False, None, None, None
-        if fused["pads"] or score_bias:
+        if fused.pads or score_bias:
             padded, hidden_future = self.hidden_operands(fused, score_groups)
             visible = self.score_mask(padded, hidden_future, score_groups, score_bias, q)
-        if fused["pads"]:
+        if fused.pads:
             live = self.live_rows([*padded, *([hidden_future] if hidden_future is not None else [])], score_groups)
             future = self.seen_operand(fused, score_groups, hidden_future)
-        elif fused["masks"] and keys == [fused["masks"][0][1]]:
+        elif fused.masks and keys == [fused.masks[0][1]]:
             causal = True
-        elif fused["masks"]:
-            visible = self.causal_attention_mask(fused["masks"][0], fused["masks"][0][0], keys)
+        elif fused.masks:
+            visible = self.causal_attention_mask(fused.masks[0], fused.masks[0][0], keys)
         name = self.names.fresh("attended")
         regrouped = grouped and (len(q_groups[len(lead)]) != 1 or len(features) != 1)
         attention = Attention(
             self.arrange(q, [*q_groups, latent]),
             self.arrange(k, [*k_groups, keys, latent]),
             self.arrange(v, [*k_groups, keys, features]),
-            self.runtime(fused["scale"]),
+            self.runtime(fused.scale),
             causal=causal,
             mask=visible,
             bias=bias_operand,
@@ -171,10 +112,10 @@ class FusedAttention:
             f"scaled_dot_product_attention over {' '.join(show_legs(keys))}, heads {' '.join(show_legs(heads))}"
         )
         notes = []
-        if len(fused["sides"]) > 1:
-            parts = " | ".join(" ".join(show_legs(s[2])) for s in fused["sides"])
+        if len(fused.sides) > 1:
+            parts = " | ".join(" ".join(show_legs(s[2])) for s in fused.sides)
             notes.append(
-                f"{len(fused['sides'])} query·key products over {parts} as one: q and k concatenated along the features"
+                f"{len(fused.sides)} query·key products over {parts} as one: q and k concatenated along the features"
             )
         if grouped:
             notes.append(f"query heads {' '.join(show_legs(query_heads))} grouped over the key heads (enable_gqa)")
@@ -184,11 +125,11 @@ class FusedAttention:
             notes.append("key bias as one more feature (MGK P17)")
         if score_bias:
             notes.append("additive bias as a float attn_mask")
-        if fused["pads"]:
+        if fused.pads:
             notes.append("padding mask as attn_mask")
         if causal:
             notes.append("is_causal")
-        elif fused["masks"]:
+        elif fused.masks:
             notes.append("causal mask as attn_mask")
         description += "".join(", " + note for note in notes)
         value = self.emit(
@@ -214,34 +155,34 @@ class FusedAttention:
             self.lowered.append(
                 f"softmax box over {' '.join(show_legs(keys))} lowered to scaled_dot_product_attention{how}"
             )
-        rest = [o for o in others if o not in fused["value"]]
+        rest = [o for o in others if o not in fused.value]
         return [*rest, *_value_leaves(value)]  # type: ignore[arg-type]
 
-    def emit_prelude(self, fused: dict) -> None:
+    def emit_prelude(self, fused: MatchedAttention) -> None:
         """The content's computed factors, which the match built on trial (kept once fused)."""
-        prelude, memo = fused["prelude"]
+        prelude, memo = fused.prelude
         for step in prelude:
             self.emit(step)
         self.memo.update(memo)
 
-    def query_and_key(self, fused: dict) -> tuple[Value, Value, list[str]]:
+    def query_and_key(self, fused: MatchedAttention) -> tuple[Value, Value, list[str]]:
         """q over (heads, queries, latent) and k over (heads, keys, latent), and the latent legs:
         one query·key product, or the concatenated sides of several."""
-        if len(fused["sides"]) > 1:
+        if len(fused.sides) > 1:
             return self.concatenated_sides(fused)
-        heads, latent = fused["heads"], fused["latent"]
-        sign = sympy.Integer(fused["query_sign"])
-        q = self.contract(fused["query"], tuple(heads + fused["queries"] + latent), sign, "q")
-        k = self.contract(fused["key"], tuple(heads + fused["keys"] + latent), sympy.Integer(1), "k")
+        heads, latent = fused.heads, fused.latent
+        sign = sympy.Integer(fused.query_sign)
+        q = self.contract(fused.query, tuple(heads + fused.queries + latent), sign, "q")
+        k = self.contract(fused.key, tuple(heads + fused.keys + latent), sympy.Integer(1), "k")
         return q, k, latent
 
-    def concatenated_sides(self, fused: dict) -> tuple[Value, Value, list[str]]:
+    def concatenated_sides(self, fused: MatchedAttention) -> tuple[Value, Value, list[str]]:
         """Σ_i w_i q_i·k_i over contracted legs c_i (one product per term of the scores) as one
         product [w_1 q_1, w_2 q_2, ...]·[k_1, k_2, ...]: each side laid out (heads, positions,
         c_i) and concatenated along a feature leg of size Σ_i |c_i|, the first weight being the
         SDPA scale. Returns q, k and the one latent leg."""
-        heads, queries, keys = fused["heads"], fused["queries"], fused["keys"]
-        sides = fused["sides"]
+        heads, queries, keys = fused.heads, fused.queries, fused.keys
+        sides = fused.sides
         width = sympy.Add(*(self.numel(latent) for _, _, latent, _ in sides))
         feature = self.new_leg("joined", width)
         result = []
@@ -261,11 +202,11 @@ class FusedAttention:
             result.append(self.emit(step))
         return result[0], result[1], [feature]  # type: ignore[return-value]
 
-    def score_bias(self, fused: dict, weight: sympy.Expr, e) -> Value:
+    def score_bias(self, fused: MatchedAttention, weight: sympy.Expr, e) -> Value:
         """An additive term of the scores that varies along the queries (a relative or absolute
         position bias), times its weight and the box's scale: SDPA adds attn_mask after scaling."""
-        value = self.as_missing_legs(self.lower(e, fused["ren"]))
-        factor = sympy.simplify(weight * fused["box_scale"])
+        value = self.as_missing_legs(self.lower(e, fused.ren))
+        factor = sympy.simplify(weight * fused.box_scale)
         return self.scale(value, factor) if factor != 1 else value
 
     def score_mask(
@@ -297,21 +238,21 @@ class FusedAttention:
         self.emit(step)
         return step.out  # type: ignore[return-value]
 
-    def hidden_operands(self, fused: dict, groups: list[list[str]]) -> tuple[list[Operand], Operand | None]:
+    def hidden_operands(self, fused: MatchedAttention, groups: list[list[str]]) -> tuple[list[Operand], Operand | None]:
         """The boolean operands that are True where a score is hidden, read over SDPA's axes
         `groups` once per box: each padding mask inverted, and the causal triangle (True where the
         key is in the query's future) or None without a causal mask."""
-        padded = [self.score_operand(Value(var, (BATCH, *legs)), groups, invert=True) for var, legs in fused["pads"]]
+        padded = [self.score_operand(Value(var, (BATCH, *legs)), groups, invert=True) for var, legs in fused.pads]
         future = None
-        for query, key in fused["masks"][:1]:
+        for query, key in fused.masks[:1]:
             future = self.score_operand(Value(self.causal_mask(query, key), (query, key)), groups)
         return padded, future
 
-    def seen_operand(self, fused: dict, groups: list[list[str]], future: Operand | None) -> Operand | None:
+    def seen_operand(self, fused: MatchedAttention, groups: list[list[str]], future: Operand | None) -> Operand | None:
         """The causal triangle for the mean of the values a row may see: a [queries, keys] matrix
         where the rows and keys are one leg each (matmul then keeps no per-head copy of it), else
         `future`, the triangle read over all of `groups`."""
-        for query, key in fused["masks"][:1]:
+        for query, key in fused.masks[:1]:
             if groups[-2:] == [[query], [key]]:
                 return align(Value(self.causal_mask(query, key), (query, key)), (query, key))
         return future
@@ -344,19 +285,19 @@ class FusedAttention:
         read = self.arrange(value, [g if set(g) <= set(value.legs) else [] for g in groups])
         return dataclasses.replace(read, invert=invert)
 
-    def key_bias(self, fused: dict) -> Value:
+    def key_bias(self, fused: MatchedAttention) -> Value:
         """Σ of the bias terms (each along heads and keys only) divided by the SDPA scale, so that
         [q, 1]·[k, bias] = q·k + bias/scale: the augmented keys of MGK P17."""
-        heads, keys = fused["heads"], fused["keys"]
+        heads, keys = fused.heads, fused.keys
         parts = []
-        for kind, weight, e in fused["biases"]:
+        for kind, weight, e in fused.biases:
             if kind == "norm":
-                key_value, over = fused["key_norm"]
+                key_value, over = fused.key_norm
                 kept = tuple(leg for leg in key_value.legs if leg not in over)
                 value = self.squared_norm(key_value, kept)
             else:
-                value = self.lower(e, fused["ren"])
-            factor = sympy.simplify(weight * fused["box_scale"] / fused["scale"])
+                value = self.lower(e, fused.ren)
+            factor = sympy.simplify(weight * fused.box_scale / fused.scale)
             if factor != 1:
                 value = self.scale(value, factor)
             parts.append((1, self.as_missing_legs(value)))

@@ -5,6 +5,7 @@ Refuses (returns None) wherever the pattern does not hold."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import sympy
 
@@ -24,15 +25,53 @@ from ..ir import (
 from .base import _is_scaling, _Leaf
 from .program import (
     BATCH,
-    show_legs,
+    Step,
+    Value,
 )
+
+# a term of the scores: its kind ("term", or "norm" for the ‖k‖² of a squared distance), its
+# weight and its expression (None for "norm")
+ScoreTerm = tuple[str, sympy.Expr, Expr | None]
+
+
+@dataclass(frozen=True, eq=False)
+class MatchedAttention:
+    """A softmax box and its consumer read as one attention (what `AttentionMatch.fusable`
+    finds): the query, key and value sides as the region's factors and the legs they meet in.
+    The forms that fuse it (SDPA folded or grouped, FlexAttention) emit from this record;
+    `grouped` is the one field a form sets (`dataclasses.replace`), the rest is the match."""
+
+    query: list[_Leaf]  # the query side's factors (of the first query·key product)
+    key: list[_Leaf]  # the key side's factors
+    value: list[_Leaf]  # the consumer's factors joined with the box along the keys
+    heads: list[str]  # legs of both sides, kept (BATCH first when batched)
+    queries: list[str]  # legs of the query side only
+    keys: list[str]  # the normalized legs
+    latent: list[str]  # legs both sides carry and the product contracts
+    # each query·key product: (query side, key side, its contracted legs, weight relative to the first)
+    sides: list[tuple[list[_Leaf], list[_Leaf], list[str], sympy.Expr]]
+    features: list[str]  # the value side's legs the result keeps
+    scale: sympy.Expr  # SDPA's scale: positive, the sign moved into q
+    query_sign: int
+    box_scale: sympy.Expr  # the box's own scale (biases are multiplied by it)
+    biases: list[ScoreTerm]  # terms along heads and keys only: one more feature (MGK P17)
+    key_norm: tuple[Value | None, tuple[str, ...] | None]  # a squared distance's key side and its legs
+    ren: dict[str, tuple[str, ...]]  # the box's renaming into region legs
+    masks: list[tuple[str, str]]  # causal masks as (query leg, key leg)
+    pads: list[tuple[str, tuple[str, ...]]]  # padding masks as (variable, region legs)
+    score_biases: list[ScoreTerm]  # terms along the queries too: an additive attn_mask
+    sequence: str  # the query leg that is the position (the causal mask's, else the longest)
+    prelude: tuple[list[Step], dict]  # the content's computed factors, built on trial, and their memo
+    grouped: bool = False  # query legs other than `sequence` grouped over the key heads (enable_gqa)
 
 
 class AttentionMatch:
     """Finds the query, key and value sides of a fusable softmax box."""
 
-    def fusable(self, box: SoftmaxBox, ren, leaf: _Leaf, others: list[_Leaf], out: tuple[str, ...]):
-        """The query, key and value sides of an attention, or None when the pattern does not hold:
+    def fusable(
+        self, box: SoftmaxBox, ren, leaf: _Leaf, others: list[_Leaf], out: tuple[str, ...]
+    ) -> MatchedAttention | str:
+        """The query, key and value sides of an attention, or why the pattern does not hold:
         content = per-head dot product (or squared distance) of a query side and a key side, or a
         sum of such products over different contracted legs (Σ_i q_i·k_i = [q_1, q_2]·[k_1, k_2]:
         partial RoPE's rotated and passed-through dims, GPT-NeoX §2.1.1), plus bias terms that
@@ -44,17 +83,14 @@ class AttentionMatch:
         longest; the others become query heads grouped over the key heads."""
         keys = tuple(p for leg in box.normalized for p in ren[leg])
 
-        def refuse(why: str) -> None:
-            self.refuse(f"softmax box over {' '.join(show_legs(keys))}: SDPA refused: {why}")
-
         if any(k in out for k in keys):
-            return refuse("the normalized legs are kept in the result")
+            return "the normalized legs are kept in the result"
         items = self.score_items(box.content, ren, set(keys))  # type: ignore[arg-type]
         if items is None:
-            return refuse("the scores are not query·key products plus terms along heads and keys")
+            return "the scores are not query·key products plus terms along heads and keys"
         crosses, biases = items
         if len(crosses) > 1 and any(kind != "term" for kind, _, _ in crosses):
-            return refuse("the scores add a squared distance to another query·key product")
+            return "the scores add a squared distance to another query·key product"
         (kind, coefficient, cross) = crosses[0]
         distance_weight = coefficient  # of Σ_d (q − k)², whose ‖k‖² becomes a bias
         contents: list[tuple[list[_Leaf], sympy.Expr]] = []
@@ -79,82 +115,82 @@ class AttentionMatch:
         for content, weight in contents:
             content, folded_legs, weight = self.fold_constants(content, box_legs, weight)
             if weight == 0:
-                return refuse("a query·key product times 0 (the scores are their other terms)")
+                return "a query·key product times 0 (the scores are their other terms)"
             if folded_legs != box_legs:
-                return refuse("a constant of the scores joins two of their legs")
+                return "a constant of the scores joins two of their legs"
             if any(c.box is not None or (c.value is not None and c.value.broadcast) for c in content):
-                return refuse("the scores hold a box or a factor constant along some of their legs")
+                return "the scores hold a box or a factor constant along some of their legs"
             split = self.split_sides(content, box_legs, keys, others, out)
             if split is None:
-                return refuse("no split into query, key and value sides that meet only in heads")
+                return "no split into query, key and value sides that meet only in heads"
             if not set(keys) <= {leg for c in split[1] for leg in c.legs}:
-                return refuse("a normalized leg that only a bias carries, not the key side")
+                return "a normalized leg that only a bias carries, not the key side"
             if terms and (split[2], split[3], split[4], split[6]) != tuple(terms[0][1][k] for k in (2, 3, 4, 6)):
-                return refuse("its query·key products split into different heads, queries or values")
+                return "its query·key products split into different heads, queries or values"
             terms.append((content, split, weight))
         content, split, coefficient = terms[0]
         query_side, key_side, values, heads, queries, latent, features = split
         if kind == "sqdist" and (query_side, key_side) != (content[:1], content[1:]):
-            return refuse("the squared distance's sides are not a query side and a key side")
+            return "the squared distance's sides are not a query side and a key side"
         # SDPA's kernels mask with -inf before or after scaling: a scale of either sign other than
         # positive turns masked scores into NaN (CPU, is_causal), so the sign goes into q
         sign = self.scale_sign(coefficient * box.scale)
         if sign is None:
-            return refuse("the scale of its query·key product is zero or of unknown sign")
+            return "the scale of its query·key product is zero or of unknown sign"
         # several products Σ_i q_i·k_i (partial RoPE: rotated and passed-through dims) are one
         # product of the concatenated sides; each q_i carries its weight relative to the first
         sides = [(s[0], s[1], s[5], sign * w / coefficient) for _, s, w in terms]
         batched = any(self.is_batched(e) for _, _, e in biases) or any(isinstance(m, PaddingMask) for m in box.masks)
         if batched and BATCH not in heads:
-            return refuse("a term or mask of the scores varies along the batch, the query·key product does not")
+            return "a term or mask of the scores varies along the batch, the query·key product does not"
         bias_items, score_biases = [], []
         for bias_kind, weight, e in biases:
             legs = {p for leg in e.legs for p in ren[leg]}
             if not legs <= set(heads) | set(queries) | set(keys):
-                return refuse("a term of the scores varies along a leg that is not a head, query or key")
+                return "a term of the scores varies along a leg that is not a head, query or key"
             (bias_items if legs <= set(heads) | set(keys) else score_biases).append((bias_kind, weight, e))
         if kind == "sqdist":
             bias_items.append(("norm", distance_weight, None))
         causal = [m for m in box.masks if isinstance(m, CausalMask)]
         for mask in causal:
             if len(ren[mask.query]) != 1 or ren[mask.query][0] not in queries:
-                return refuse("a causal mask whose query leg is not a query leg of the scores")
+                return "a causal mask whose query leg is not a query leg of the scores"
             if len(ren[mask.key]) != 1 or ren[mask.key][0] not in keys:
-                return refuse("a causal mask that is not between the query leg and a key leg")
+                return "a causal mask that is not between the query leg and a key leg"
         if len({ren[m.query][0] for m in causal}) > 1:
-            return refuse("causal masks over two different query legs")
+            return "causal masks over two different query legs"
         pads = []
         for mask in box.masks:
             if isinstance(mask, PaddingMask):
                 legs = tuple(p for leg in mask.tensor.legs for p in ren[leg])
                 if not set(legs) <= set(heads) | set(queries) | set(keys):
-                    return refuse("a padding mask over a leg that is not a head, query or key of the scores")
+                    return "a padding mask over a leg that is not a head, query or key of the scores"
                 pads.append((self.input_vars[mask.tensor.name], legs))
         sequence = (
             ren[causal[0].query][0] if causal else max(queries, key=lambda leg: (self.number(leg), queries.index(leg)))
         )
-        return {
-            "query": query_side,
-            "key": key_side,
-            "value": values,
-            "heads": heads,
-            "queries": queries,
-            "keys": list(keys),
-            "latent": latent,
-            "sides": sides,
-            "features": features,
-            "scale": sign * coefficient * box.scale,
-            "query_sign": sign,
-            "box_scale": box.scale,
-            "biases": bias_items,
-            "key_norm": (key_value, over),
-            "ren": ren,
-            "masks": [(ren[m.query][0], ren[m.key][0]) for m in causal],
-            "pads": pads,
-            "score_biases": score_biases,
-            "sequence": sequence,
-            "prelude": (prelude, memo),
-        }
+        return MatchedAttention(
+            query=query_side,
+            key=key_side,
+            value=values,
+            heads=heads,
+            queries=queries,
+            keys=list(keys),
+            latent=latent,
+            sides=sides,
+            features=features,
+            scale=sign * coefficient * box.scale,
+            query_sign=sign,
+            box_scale=box.scale,
+            biases=bias_items,
+            key_norm=(key_value, over),
+            ren=ren,
+            masks=[(ren[m.query][0], ren[m.key][0]) for m in causal],
+            pads=pads,
+            score_biases=score_biases,
+            sequence=sequence,
+            prelude=(prelude, memo),
+        )
 
     @staticmethod
     def scale_sign(scale: sympy.Expr) -> int | None:

@@ -1,0 +1,71 @@
+"""One cost model and one chooser for the candidate forms of a box.
+
+`cost` emits a candidate on trial (the lowering's scratch, whose steps are dropped) and prices
+the trial steps three ways at the planned sizes: the estimated seconds of a training step on the
+planning device (timing.py's roofline, forward and backward), the bytes autograd keeps for
+backward (footprint.py: storages first saved by the trial steps) and the FLOPs as the rewrites
+count them (base.counted_flops). `choose` orders priced candidates by the objective:
+
+- `time`:   (time, kept, flops)
+- `flops`:  (flops, time)
+- `memory`: (kept, time, flops)
+
+and takes the least; of equal ones the first listed (FORMS order), so a choice is stable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+import sympy
+
+from ..footprint import footprint
+from .base import Cost
+
+if TYPE_CHECKING:
+    from ..build import _Lowering
+
+T = TypeVar("T")
+
+ORDER: dict[str, tuple[str, ...]] = {
+    "time": ("time", "kept", "flops"),
+    "flops": ("flops", "time"),
+    "memory": ("kept", "time", "flops"),
+}
+WORSE = {"time": "is estimated slower than", "kept": "keeps more for backward than", "flops": "costs more FLOPs than"}
+
+
+def cost(ctx: _Lowering, build: Callable[[], object]) -> Cost:
+    """What `build` would cost, emitted after the program so far, without keeping its steps."""
+    with ctx.scratch() as steps:
+        build()
+        seconds = ctx.estimated_time(steps)
+        fp = footprint(ctx.context(steps))
+        start = len(ctx.steps)
+        first: dict[int, int] = {}
+        for k, record in enumerate(fp.steps):
+            for storage in record.saved:
+                first.setdefault(storage, k)
+        kept = sympy.Add(*(fp.storages[s].bytes for s in fp.saved if first.get(s, -1) >= start))
+        return Cost(seconds, ctx.at_planned_sizes(kept), ctx.counted_flops(steps))
+
+
+def key(objective: str, price: Cost) -> tuple[float, ...]:
+    """The objective's order of a cost's figures (ORDER)."""
+    return tuple(getattr(price, name) for name in ORDER[objective])
+
+
+def choose(objective: str, costed: Sequence[tuple[T, Cost]]) -> T:
+    """The item of least cost in the objective's order; of equal ones the first."""
+    if not costed:
+        raise ValueError("no candidate to choose from")
+    return min(costed, key=lambda item: key(objective, item[1]))[0]
+
+
+def worse(objective: str, loser: Cost, winner: Cost) -> str:
+    """How a candidate not taken compares with the one taken: by the first figure of the
+    objective's order in which it is worse."""
+    for name in ORDER[objective]:
+        if getattr(loser, name) > getattr(winner, name):
+            return WORSE[name]
+    return "costs the same as (and is listed after)"

@@ -1,0 +1,43 @@
+"""FlexAttention (flex.py): the matched box as one flex_attention call whose score_mod computes
+the terms of the scores in the kernel. Only when the user asks for it (`attention="flex"`), and
+then taken wherever it applies, whatever it costs (`asked`). Several query legs are grouped
+over the key heads: the kernel's query index is the position."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from ..base import _Leaf
+from ..sdpa_match import MatchedAttention
+from .base import BoxSite, Form, Unfit
+
+if TYPE_CHECKING:
+    from ..build import _Lowering
+
+
+def _as_flex(match: MatchedAttention) -> MatchedAttention:
+    return dataclasses.replace(match, grouped=len(match.queries) > 1)
+
+
+class Flex(Form):
+    name = "flex"
+    fused = True
+
+    def label(self, site: BoxSite) -> str:
+        return "FlexAttention"
+
+    def asked(self, ctx: _Lowering) -> bool:
+        return ctx.attention == "flex"
+
+    def refusal(self, ctx: _Lowering, site: BoxSite) -> str | None:
+        if site.kind != "softmax":
+            return Unfit("a normalize box (FlexAttention fuses a softmax)")
+        if not self.asked(ctx):
+            return Unfit(f"not asked for (attention={ctx.attention!r})")
+        if site.attention is None:
+            return site.mismatch
+        return ctx.flex_refusal(_as_flex(site.attention))
+
+    def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
+        return ctx.fuse_flex(site.box, site.ren, site.others, _as_flex(site.attention))  # type: ignore[arg-type]

@@ -1,0 +1,41 @@
+"""SDPA with the query legs folded into its query rows (sdpa.py): one scaled_dot_product_attention
+call over the matched box and its value side. With one query leg this is plain SDPA; with
+several (query heads sharing key heads: MQA, GQA) they become the rows of a 3-D or 4-D call,
+which runs SDPA's math kernel and keeps the scores (the grouped form, sdpa_grouped.py, does not)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from ..base import _Leaf
+from ..program import show_legs
+from .base import BoxSite, Form, Unfit
+
+if TYPE_CHECKING:
+    from ..build import _Lowering
+
+
+class Sdpa(Form):
+    name = "sdpa"
+    fused = True
+
+    def label(self, site: BoxSite) -> str:
+        match = site.attention
+        if match is None or len(match.queries) == 1:
+            return "SDPA"
+        heads = " ".join(show_legs(leg for leg in match.queries if leg != match.sequence))
+        return f"SDPA with query heads {heads} folded into the query rows"
+
+    def refusal(self, ctx: _Lowering, site: BoxSite) -> str | None:
+        if site.kind != "softmax":
+            return Unfit("a normalize box (SDPA fuses a softmax)")
+        if site.attention is None:
+            return site.mismatch
+        if len(site.attention.queries) > 1 and site.attention.masks:
+            return "a causal mask is no triangle over query rows folded from several legs (the grouped form takes it)"
+        return None
+
+    def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
+        match = dataclasses.replace(site.attention, grouped=False)  # type: ignore[type-var]
+        return ctx.fuse(site.box, site.ren, site.others, match)
