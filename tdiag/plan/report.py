@@ -1,6 +1,7 @@
 """The lowered program as a table a person reads, like opt_einsum's PathInfo: one row per op with
 its result and layout, FLOPs, bytes moved, bytes kept for backward and copies it makes, then the
-totals and the rewrites taken and refused (and why)."""
+totals, each box's candidate forms (forms/: predicted time, bytes kept, FLOPs, the one taken,
+why the others do not apply) and the rewrites taken and refused (and why)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,50 @@ def _show(value: int) -> str:
     return f"{value:,}" if value else "-"
 
 
+def _bytes(count: float) -> str:
+    """Bytes in decimal units, three digits: `4.21 MB`."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= size:
+            return f"{count / size:.3g} {unit}"
+    return f"{count:.0f} B"
+
+
+CHOICE_HEADER = ("", "form", "time (ms)", "kept", "FLOPs", "")
+CHOICE_RIGHT = (2, 3, 4)
+TAKEN = "*"
+
+
+@dataclass
+class _Choice:
+    """One box's candidates as rows: mark, form, time, kept, FLOPs, and `taken` or the reason."""
+
+    title: str
+    rows: list[tuple[str, ...]]
+
+
+def _choices(plan: Plan) -> list[_Choice]:
+    """Each box decision of the plan (its `choices`), applicable forms first in FORMS order."""
+    shown = []
+    for choice in plan.choices:
+        rows = []
+        for c in sorted(choice.candidates, key=lambda c: c.cost is None):
+            mark = TAKEN if c.form == choice.taken else ""
+            if c.cost is None:
+                rows.append((mark, c.form, "-", "-", "-", f"does not apply: {c.refusal}"))
+                continue
+            note = "taken" if c.form == choice.taken else ""
+            cost = c.cost
+            rows.append((mark, c.form, f"{cost.time * 1e3:.3f}", _bytes(cost.kept), f"{cost.flops:,}", note))
+        rule = f"; {choice.rule}" if choice.rule else ""
+        shown.append(_Choice(f"{choice.site} (objective {choice.objective}{rule})", rows))
+    return shown
+
+
+def _choices_title(plan: Plan) -> str:
+    at = ", ".join(f"{k}={v}" for k, v in plan.sizes.items())
+    return f"box forms at the sizes planned for ({at}), a training step (forward and backward), {TAKEN} taken:"
+
+
 @dataclass
 class _Table:
     """The plan's rows and totals at some sizes, before they are formatted as text, HTML or Markdown."""
@@ -34,6 +79,7 @@ class _Table:
     total: str
     lowered: list[str]
     refused: list[str]
+    choices: list[_Choice]
 
 
 HEADER = ("#", "op", "result [layout]", "FLOPs", "bytes moved", "bytes saved", "what")
@@ -83,6 +129,7 @@ def _table(plan: Plan, sizes: Mapping[str, int] | None) -> _Table:
         ),
         lowered=list(plan.lowered),
         refused=list(plan.refused),
+        choices=_choices(plan),
     )
 
 
@@ -98,9 +145,25 @@ def plan_table(plan: Plan, sizes: Mapping[str, int] | None = None) -> str:
     lines = [table.title, ""]
     lines += [line(HEADER), *map(line, table.rows), ""]
     lines.append(table.total)
+    if table.choices:
+        lines += ["", _choices_title(plan)]
+        for choice in table.choices:
+            lines += [f"  {choice.title}", *_aligned(choice.rows)]
     lines += ["", "rewrites taken:"] + [f"  {note}" for note in table.lowered or ["none"]]
     lines += ["rewrites refused:"] + [f"  {note}" for note in table.refused or ["none"]]
     return "\n".join(lines)
+
+
+def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    """Candidate rows as text columns, under their header, indented under the box."""
+    every = [CHOICE_HEADER, *rows]
+    widths = [max(len(r[c]) for r in every) for c in range(len(CHOICE_HEADER) - 1)]
+
+    def line(row: tuple[str, ...]) -> str:
+        cells = [row[c].rjust(w) if c in CHOICE_RIGHT else row[c].ljust(w) for c, w in enumerate(widths)]
+        return ("    " + "  ".join([*cells, row[-1]])).rstrip()
+
+    return [line(row) for row in every]
 
 
 def _with_formulas(table: _Table, show) -> tuple[tuple[str, ...], list[tuple[str, ...]], list[int]]:
@@ -120,8 +183,18 @@ def plan_html(plan: Plan, sizes: Mapping[str, int] | None = None) -> str:
         f"<p>{html.escape(name)}: {html.escape('; '.join(items) or 'none')}</p>"
         for name, items in (("rewrites taken", table.lowered), ("rewrites refused", table.refused))
     )
+    choices = ""
+    if table.choices:
+        choices = f"<p>{html.escape(_choices_title(plan))}</p>" + "".join(
+            f"<p>{html.escape(c.title)}</p>" + html_table(CHOICE_HEADER, c.rows, right=CHOICE_RIGHT)
+            for c in table.choices
+        )
     return (
-        heading_html(table.title) + html_table(header, rows, right=right) + f"<p>{html.escape(table.total)}</p>" + notes
+        heading_html(table.title)
+        + html_table(header, rows, right=right)
+        + f"<p>{html.escape(table.total)}</p>"
+        + choices
+        + notes
     )
 
 
@@ -133,6 +206,10 @@ def plan_markdown(plan: Plan, sizes: Mapping[str, int] | None = None) -> str:
     header, rows, right = _with_formulas(table, formula_latex)
     lines = [f"**{markdown_text(table.title)}**", "", markdown_table(header, rows, right=right), ""]
     lines += [markdown_text(table.total), ""]
+    if table.choices:
+        lines += [markdown_text(_choices_title(plan)), ""]
+        for c in table.choices:
+            lines += [markdown_text(c.title), "", markdown_table(CHOICE_HEADER, c.rows, right=CHOICE_RIGHT), ""]
     lines.append(markdown_text("rewrites taken: " + ("; ".join(table.lowered) or "none")))
     lines.append("")
     lines.append(markdown_text("rewrites refused: " + ("; ".join(table.refused) or "none")))
