@@ -50,7 +50,7 @@ def _choices(plan: Plan) -> list[_Choice]:
     """Each box decision of the plan (its `choices`), applicable forms first in FORMS order."""
     shown = []
     for choice in plan.choices:
-        rows = []
+        rows: list[tuple[str, ...]] = []
         for c in sorted(choice.candidates, key=lambda c: c.cost is None):
             mark = TAKEN if c.form == choice.taken else ""
             if c.cost is None:

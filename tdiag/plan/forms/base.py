@@ -59,6 +59,12 @@ class BoxSite:
         """The normalized region legs."""
         return tuple(p for leg in self.box.normalized for p in self.ren[leg])
 
+    def matched(self) -> MatchedAttention:
+        """The attention match, for a form whose refusal found that there is one."""
+        if self.attention is None:
+            raise AssertionError(f"no attention match at the {self.describe()}: {self.mismatch}")
+        return self.attention
+
     def describe(self) -> str:
         """`softmax box over m`: how notes and the candidate table name the site."""
         return f"{self.kind} box over {' '.join(show_legs(self.keys))}"

@@ -40,4 +40,4 @@ class Flex(Form):
         return ctx.flex_refusal(_as_flex(site.attention))
 
     def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
-        return ctx.fuse_flex(site.box, site.ren, site.others, _as_flex(site.attention))  # type: ignore[arg-type]
+        return ctx.fuse_flex(site.box, site.ren, site.others, _as_flex(site.matched()))

@@ -37,5 +37,5 @@ class Sdpa(Form):
         return None
 
     def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
-        match = dataclasses.replace(site.attention, grouped=False)  # type: ignore[type-var]
+        match = dataclasses.replace(site.matched(), grouped=False)
         return ctx.fuse(site.box, site.ren, site.others, match)

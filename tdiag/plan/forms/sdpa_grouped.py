@@ -32,5 +32,5 @@ class SdpaGrouped(Form):
         return None
 
     def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
-        match = dataclasses.replace(site.attention, grouped=True)  # type: ignore[type-var]
+        match = dataclasses.replace(site.matched(), grouped=True)
         return ctx.fuse(site.box, site.ren, site.others, match)
