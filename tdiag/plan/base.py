@@ -122,6 +122,7 @@ class LoweringBase:
     def __init__(self, graph: DesignGraph, sizes: Mapping[str, int], objective: str = "flops"):
         self.g = graph
         self.objective = objective
+        self.attention = "sdpa"  # what a fusable softmax box is lowered to ("flex": build_plan sets it)
         self.sizes = dict(sizes)
         self.steps: list[Step] = []
         # made in forward: a const over a run-time size (N), at the size read from the input;

@@ -14,9 +14,8 @@ from .constants import ConstantFolding
 from .contraction import ContractionOrder
 from .distance import DistanceExpansion
 from .elementwise import ElementwiseLowering
-from .flex import ATTENTION_KERNELS, FlexLowering
+from .flex import ATTENTION_KERNELS
 from .layout import Sizes, assign_layouts
-from .linear import LinearOrder
 from .literals import LiteralUnrolling
 from .positions import PositionLowering
 from .program import (
@@ -45,17 +44,17 @@ class _Lowering(
     BoxLowering,
     ElementwiseLowering,
     DistanceExpansion,
-    LinearOrder,
     ChunkedCausal,
     AttentionMatch,
     FusedAttention,
-    FlexLowering,
     PositionLowering,
     ExponentStabilization,
     TimeModel,
     LoweringBase,
 ):
-    """Walks the design graph once, emitting Steps; each base class is one pass."""
+    """Walks the design graph once, emitting Steps; each base class is one pass. The forms of a
+    box (forms/) are not base classes: they and the emission of FlexAttention (flex.py) and of
+    the linear-time order (linear.py) take the lowering as an argument."""
 
 
 def build_plan(

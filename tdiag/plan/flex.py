@@ -8,11 +8,13 @@ score_mod arithmetic over tensors that vary along at most one of them (ALiBi's s
 |q − kv|, a relative bias table read at clamp(kv − q, −C, C) + C), so no bias over (heads,
 queries, keys) is built unless the design stores one (a sliced absolute table is read in
 place). Taken wherever the pattern allows when the plan is asked for FlexAttention (the form in
-forms/flex.py); where it does not, the plan says why and another form is chosen."""
+forms/flex.py); where it does not, the plan says why and another form is chosen. These functions
+emit it through the lowering, passed as `ctx`."""
 
 from __future__ import annotations
 
 from functools import reduce
+from typing import TYPE_CHECKING
 
 import sympy
 
@@ -47,218 +49,223 @@ from .program import (
 )
 from .sdpa_match import MatchedAttention
 
+if TYPE_CHECKING:
+    from .build import _Lowering
+
 ATTENTION_KERNELS = ("sdpa", "flex")  # what a fusable softmax box is lowered to
 
 
-class FlexLowering:
-    """Emits a matched softmax box and its consumer as one flex_attention call."""
+def flex_roles(ctx: _Lowering, fused: MatchedAttention) -> dict[str, int]:
+    """The plan legs FlexAttention indexes: 0 batch, 1 head (one head leg, not grouped),
+    2 query, 3 key."""
+    heads = fused.heads
+    roles = {fused.sequence: 2, fused.keys[0]: 3}
+    if BATCH in heads:
+        roles[BATCH] = 0
+    rest = [leg for leg in heads if leg != BATCH]
+    if len(rest) == 1 and not fused.grouped:
+        roles[rest[0]] = 1
+    return roles
 
-    attention = "sdpa"  # or "flex": build_plan sets it
 
-    def flex_roles(self, fused: MatchedAttention) -> dict[str, int]:
-        """The plan legs FlexAttention indexes: 0 batch, 1 head (one head leg, not grouped),
-        2 query, 3 key."""
-        heads = fused.heads
-        roles = {fused.sequence: 2, fused.keys[0]: 3}
-        if BATCH in heads:
-            roles[BATCH] = 0
-        rest = [leg for leg in heads if leg != BATCH]
-        if len(rest) == 1 and not fused.grouped:
-            roles[rest[0]] = 1
-        return roles
-
-    def flex_refusal(self, fused: MatchedAttention) -> str | None:
-        """Why the matched box cannot be one flex_attention call, or None."""
-        if len(fused.keys) != 1:
-            keys = " ".join(show_legs(fused.keys))
-            return f"several key legs {keys} (the kernel has one key index)"
-        if len(fused.queries) != 1 and not fused.grouped:
-            return "query legs folded into the query rows (the kernel's query index would not be the position)"
-        roles = self.flex_roles(fused)
-        ren = fused.ren
-        terms = [e for kind, _, e in (*fused.biases, *fused.score_biases) if kind != "norm"]
-        legs = [leg for e in terms for leg in e.legs]
-        for leg in legs:
-            if len(ren[leg]) != 1:
-                return f"a term of the scores along {leg}, which the plan splits into pieces"
-        legs = [ren[leg][0] for leg in legs] + [leg for _, pad in fused.pads for leg in pad]
-        if any(kind == "norm" for kind, _, _ in fused.biases):
-            key_value, over = fused.key_norm
-            legs += [leg for leg in key_value.legs if leg not in over]
-        for leg in legs:
-            if leg not in roles:
-                return (
-                    f"a term or mask of the scores along {' '.join(show_legs([leg]))}, which is not the batch, "
-                    "the one head leg, the query or the key"
-                )
-        return None
-
-    def fuse_flex(self, box: SoftmaxBox, ren, others: list[_Leaf], fused: MatchedAttention) -> list[_Leaf]:
-        """Emit q, k, v, the block mask and the flex_attention call; return the region's leaves
-        with the attention output standing in for the box and its value side."""
-        heads, queries, keys, latent, features = (fused.heads, fused.queries, fused.keys, fused.latent, fused.features)
-        self.emit_prelude(fused)
-        self.box_depth += 1
-        q, k, latent = self.query_and_key(fused)
-        arguments = tuple(self.names.fresh(stem) for stem in ("score", "b", "h", "q_idx", "kv_idx"))
-        roles = {leg: arguments[1 + r] for leg, r in self.flex_roles(fused).items()}
-        score = self.score_mod(fused, roles)
-        self.box_depth -= 1
-        v = self.contract(fused.value, tuple(heads + keys + features), sympy.Integer(1), "v")
-        v = self.expand_broadcast(v, set(keys))
-        grouped = fused.grouped
-        sequence = fused.sequence
-        batch = [BATCH] if BATCH in heads else []
-        rest = [leg for leg in heads if leg != BATCH]
-        query_heads = [*rest, *(leg for leg in queries if leg != sequence)] if grouped else rest
-        legs = tuple([*batch, *query_heads, sequence, *features])
-        pads = fused.pads
-        block_mask = self.block_mask(fused) if fused.masks and not pads else None
-        visible = tuple(
-            ScoreRead(Value(var, (BATCH, *legs)), tuple(Position("leg", name=roles[leg]) for leg in (BATCH, *legs)))
-            for var, legs in pads
-        )
-        tensors = tuple(dict.fromkeys([*(r.value for r in score_reads(score)), *(r.value for r in visible)]))
-        score_groups = [batch, query_heads, [sequence], keys]
-        live = future = None
-        if pads:
-            padded, hidden_future = self.hidden_operands(fused, score_groups)
-            live = self.live_rows([*padded, *([hidden_future] if hidden_future is not None else [])], score_groups)
-            future = self.seen_operand(fused, score_groups, hidden_future)
-        group = self.runtime(self.numel([leg for leg in queries if leg != sequence])) if grouped else sympy.Integer(1)
-        attention = FlexAttention(
-            self.arrange(q, [batch, query_heads, [sequence], latent]),
-            self.arrange(k, [batch, rest, keys, latent]),
-            self.arrange(v, [batch, rest, keys, features]),
-            self.runtime(fused.scale),
-            score,
-            block_mask,
-            arguments,  # type: ignore[arg-type]
-            tensors,
-            grouped,
-            self.shape(legs) if not batch or len(query_heads) != 1 or len(features) != 1 else None,
-            visible,
-            bool(fused.masks) and bool(pads),
-            group,
-            live,
-            future,
-        )
-        entries = self.numel([*heads, *queries, *keys])
-        latent_size = self.numel(latent)
-        notes = []
-        if score is not None:
-            read = ", ".join(f"{r.value.var}[{' '.join(show_legs(r.value.legs))}]" for r in score_reads(score))
-            notes.append(f"score_mod adds the terms of the scores per entry{' from ' + read if read else ''}")
-        if len(fused.sides) > 1:
-            notes.append(f"{len(fused.sides)} query·key products as one: q and k concatenated along the features")
-        if grouped:
-            notes.append("query heads grouped over the key heads (enable_gqa)")
-        if block_mask is not None:
-            notes.append("causal mask as a block mask")
-        if pads:
-            masks = "padding and causal masks" if fused.masks else "padding mask"
-            notes.append(f"{masks} in score_mod (a row whose keys are all masked averages the values)")
-        how = f" ({'; '.join(notes)})" if notes else ""
-        description = f"flex_attention over {' '.join(show_legs(keys))}, heads {' '.join(show_legs(heads))}{how}"
-        value = self.emit(
-            Step(
-                "flex",
-                attention,
-                Value(self.names.fresh("attended"), legs),
-                description,
-                tuple(keys),
-                2 * entries * (latent_size + self.numel(features)),
-                exps=entries,
-                divisions=entries,
-                entries=entries,
-                elementwise=entries * _arithmetic(score),
-                inputs=tuple(x for x in (q, k, v, *tensors, block_mask) if x is not None),
-                paper=entries * (2 * latent_size - 1) + self.numel(legs) * (2 * self.numel(keys) - 1),
-                score_flops=2 * entries * latent_size,
-                score_paper=entries * (2 * latent_size - 1),
+def flex_refusal(ctx: _Lowering, fused: MatchedAttention) -> str | None:
+    """Why the matched box cannot be one flex_attention call, or None."""
+    if len(fused.keys) != 1:
+        keys = " ".join(show_legs(fused.keys))
+        return f"several key legs {keys} (the kernel has one key index)"
+    if len(fused.queries) != 1 and not fused.grouped:
+        return "query legs folded into the query rows (the kernel's query index would not be the position)"
+    roles = flex_roles(ctx, fused)
+    ren = fused.ren
+    terms = [e for kind, _, e in (*fused.biases, *fused.score_biases) if kind != "norm"]
+    legs = [leg for e in terms for leg in e.legs]
+    for leg in legs:
+        if len(ren[leg]) != 1:
+            return f"a term of the scores along {leg}, which the plan splits into pieces"
+    legs = [ren[leg][0] for leg in legs] + [leg for _, pad in fused.pads for leg in pad]
+    if any(kind == "norm" for kind, _, _ in fused.biases):
+        key_value, over = fused.key_norm
+        legs += [leg for leg in key_value.legs if leg not in over]
+    for leg in legs:
+        if leg not in roles:
+            return (
+                f"a term or mask of the scores along {' '.join(show_legs([leg]))}, which is not the batch, "
+                "the one head leg, the query or the key"
             )
+    return None
+
+
+def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: MatchedAttention) -> list[_Leaf]:
+    """Emit q, k, v, the block mask and the flex_attention call; return the region's leaves
+    with the attention output standing in for the box and its value side."""
+    heads, queries, keys, latent, features = (fused.heads, fused.queries, fused.keys, fused.latent, fused.features)
+    ctx.emit_prelude(fused)
+    ctx.box_depth += 1
+    q, k, latent = ctx.query_and_key(fused)
+    arguments = tuple(ctx.names.fresh(stem) for stem in ("score", "b", "h", "q_idx", "kv_idx"))
+    roles = {leg: arguments[1 + r] for leg, r in flex_roles(ctx, fused).items()}
+    score = score_mod(ctx, fused, roles)
+    ctx.box_depth -= 1
+    v = ctx.contract(fused.value, tuple(heads + keys + features), sympy.Integer(1), "v")
+    v = ctx.expand_broadcast(v, set(keys))
+    grouped = fused.grouped
+    sequence = fused.sequence
+    batch = [BATCH] if BATCH in heads else []
+    rest = [leg for leg in heads if leg != BATCH]
+    query_heads = [*rest, *(leg for leg in queries if leg != sequence)] if grouped else rest
+    legs = tuple([*batch, *query_heads, sequence, *features])
+    pads = fused.pads
+    block_mask = causal_block_mask(ctx, fused) if fused.masks and not pads else None
+    visible = tuple(
+        ScoreRead(Value(var, (BATCH, *legs)), tuple(Position("leg", name=roles[leg]) for leg in (BATCH, *legs)))
+        for var, legs in pads
+    )
+    tensors = tuple(dict.fromkeys([*(r.value for r in score_reads(score)), *(r.value for r in visible)]))
+    score_groups = [batch, query_heads, [sequence], keys]
+    live = future = None
+    if pads:
+        padded, hidden_future = ctx.hidden_operands(fused, score_groups)
+        live = ctx.live_rows([*padded, *([hidden_future] if hidden_future is not None else [])], score_groups)
+        future = ctx.seen_operand(fused, score_groups, hidden_future)
+    group = ctx.runtime(ctx.numel([leg for leg in queries if leg != sequence])) if grouped else sympy.Integer(1)
+    attention = FlexAttention(
+        ctx.arrange(q, [batch, query_heads, [sequence], latent]),
+        ctx.arrange(k, [batch, rest, keys, latent]),
+        ctx.arrange(v, [batch, rest, keys, features]),
+        ctx.runtime(fused.scale),
+        score,
+        block_mask,
+        arguments,  # type: ignore[arg-type]
+        tensors,
+        grouped,
+        ctx.shape(legs) if not batch or len(query_heads) != 1 or len(features) != 1 else None,
+        visible,
+        bool(fused.masks) and bool(pads),
+        group,
+        live,
+        future,
+    )
+    entries = ctx.numel([*heads, *queries, *keys])
+    latent_size = ctx.numel(latent)
+    notes = []
+    if score is not None:
+        read = ", ".join(f"{r.value.var}[{' '.join(show_legs(r.value.legs))}]" for r in score_reads(score))
+        notes.append(f"score_mod adds the terms of the scores per entry{' from ' + read if read else ''}")
+    if len(fused.sides) > 1:
+        notes.append(f"{len(fused.sides)} query·key products as one: q and k concatenated along the features")
+    if grouped:
+        notes.append("query heads grouped over the key heads (enable_gqa)")
+    if block_mask is not None:
+        notes.append("causal mask as a block mask")
+    if pads:
+        masks = "padding and causal masks" if fused.masks else "padding mask"
+        notes.append(f"{masks} in score_mod (a row whose keys are all masked averages the values)")
+    how = f" ({'; '.join(notes)})" if notes else ""
+    description = f"flex_attention over {' '.join(show_legs(keys))}, heads {' '.join(show_legs(heads))}{how}"
+    value = ctx.emit(
+        Step(
+            "flex",
+            attention,
+            Value(ctx.names.fresh("attended"), legs),
+            description,
+            tuple(keys),
+            2 * entries * (latent_size + ctx.numel(features)),
+            exps=entries,
+            divisions=entries,
+            entries=entries,
+            elementwise=entries * _arithmetic(score),
+            inputs=tuple(x for x in (q, k, v, *tensors, block_mask) if x is not None),
+            paper=entries * (2 * latent_size - 1) + ctx.numel(legs) * (2 * ctx.numel(keys) - 1),
+            score_flops=2 * entries * latent_size,
+            score_paper=entries * (2 * latent_size - 1),
         )
-        if self.target is self.steps:
-            self.lowered.append(f"softmax box over {' '.join(show_legs(keys))} lowered to flex_attention{how}")
-        rest_leaves = [o for o in others if o not in fused.value]
-        return [*rest_leaves, *_value_leaves(value)]  # type: ignore[arg-type]
+    )
+    if ctx.target is ctx.steps:
+        ctx.lowered.append(f"softmax box over {' '.join(show_legs(keys))} lowered to flex_attention{how}")
+    rest_leaves = [o for o in others if o not in fused.value]
+    return [*rest_leaves, *_value_leaves(value)]  # type: ignore[arg-type]
 
-    def score_mod(self, fused: MatchedAttention, roles: dict[str, str]) -> ScoreTerm | None:
-        """Σ weight · term over the additive terms of the scores (the key biases of MGK P17 and
-        the position biases alike), each times the box's scale: score_mod adds after scaling."""
-        positions = frozenset((fused.sequence, fused.keys[0]))  # what a score_mod term may span
-        terms = []
-        for kind, weight, e in (*fused.biases, *fused.score_biases):
-            if kind == "norm":
-                key_value, over = fused.key_norm
-                kept = tuple(leg for leg in key_value.legs if leg not in over)
-                term = self.score_read(self.squared_norm(key_value, kept), roles)
+
+def score_mod(ctx: _Lowering, fused: MatchedAttention, roles: dict[str, str]) -> ScoreTerm | None:
+    """Σ weight · term over the additive terms of the scores (the key biases of MGK P17 and
+    the position biases alike), each times the box's scale: score_mod adds after scaling."""
+    positions = frozenset((fused.sequence, fused.keys[0]))  # what a score_mod term may span
+    terms = []
+    for kind, weight, e in (*fused.biases, *fused.score_biases):
+        if kind == "norm":
+            key_value, over = fused.key_norm
+            kept = tuple(leg for leg in key_value.legs if leg not in over)
+            term = score_read(ctx, ctx.squared_norm(key_value, kept), roles)
+        else:
+            term = score_term(ctx, e, fused.ren, roles, positions)
+        factor = ctx.runtime(sympy.simplify(weight * fused.box_scale))
+        terms.append(term if factor == 1 else ScoreArith("*", ScoreNumber(factor), term))
+    return reduce(lambda a, b: ScoreArith("+", a, b), terms) if terms else None
+
+
+def score_term(ctx: _Lowering, e: Expr, ren, roles: dict[str, str], positions: frozenset[str]) -> ScoreTerm:
+    """`e` as score_mod arithmetic: what varies along both the query and the key is taken
+    apart into sums, products, quotients, maps, positions and gathers; everything else is
+    lowered as usual to a tensor the kernel reads at its indices."""
+    if isinstance(e, Scalar):
+        return ScoreNumber(ctx.runtime(e.value))
+    if isinstance(e, PositionIndex):
+        return ScoreIndex(Position("leg", name=roles[ren[e.leg][0]]))
+    legs = {p for leg in e.legs for p in ren[leg]}
+    if not positions <= legs:  # along at most one of the query and the key
+        return score_read(ctx, ctx.lower(e, ren), roles)
+    if isinstance(e, Contraction) and not e.summed:
+        factors = [score_term(ctx, f, ren, roles, positions) for f in e.factors]
+        coefficient = ctx.runtime(e.coefficient)
+        if coefficient != 1:
+            factors.insert(0, ScoreNumber(coefficient))
+        return reduce(lambda a, b: ScoreArith("*", a, b), factors)
+    if isinstance(e, SumNode):
+        total: ScoreTerm | None = None
+        for term, sign in zip(e.terms, e.signs, strict=True):
+            part = score_term(ctx, term, ren, roles, positions)
+            if total is None:
+                total = part if sign > 0 else ScoreArith("*", ScoreNumber(sympy.Integer(-1)), part)
             else:
-                term = self.score_term(e, fused.ren, roles, positions)
-            factor = self.runtime(sympy.simplify(weight * fused.box_scale))
-            terms.append(term if factor == 1 else ScoreArith("*", ScoreNumber(factor), term))
-        return reduce(lambda a, b: ScoreArith("+", a, b), terms) if terms else None
+                total = ScoreArith("+" if sign > 0 else "-", total, part)
+        return total  # type: ignore[return-value]
+    if isinstance(e, Quotient):
+        one = ScoreNumber(sympy.Integer(1))
+        numerator = score_term(ctx, e.numerator, ren, roles, positions) if e.numerator is not None else one
+        return ScoreArith("/", numerator, score_term(ctx, e.denominator, ren, roles, positions))  # type: ignore[arg-type]
+    if isinstance(e, ElementwiseMap):
+        params = tuple(ctx.runtime(p) for p in e.params)
+        return ScoreMap(e.name, score_term(ctx, e.operand, ren, roles, positions), params)  # type: ignore[arg-type]
+    if isinstance(e, Gather):
+        return score_gather(ctx, e, ren, roles)
+    return score_read(ctx, ctx.lower(e, ren), roles)
 
-    def score_term(self, e: Expr, ren, roles: dict[str, str], positions: frozenset[str]) -> ScoreTerm:
-        """`e` as score_mod arithmetic: what varies along both the query and the key is taken
-        apart into sums, products, quotients, maps, positions and gathers; everything else is
-        lowered as usual to a tensor the kernel reads at its indices."""
-        if isinstance(e, Scalar):
-            return ScoreNumber(self.runtime(e.value))
-        if isinstance(e, PositionIndex):
-            return ScoreIndex(Position("leg", name=roles[ren[e.leg][0]]))
-        legs = {p for leg in e.legs for p in ren[leg]}
-        if not positions <= legs:  # along at most one of the query and the key
-            return self.score_read(self.lower(e, ren), roles)
-        if isinstance(e, Contraction) and not e.summed:
-            factors = [self.score_term(f, ren, roles, positions) for f in e.factors]
-            coefficient = self.runtime(e.coefficient)
-            if coefficient != 1:
-                factors.insert(0, ScoreNumber(coefficient))
-            return reduce(lambda a, b: ScoreArith("*", a, b), factors)
-        if isinstance(e, SumNode):
-            total: ScoreTerm | None = None
-            for term, sign in zip(e.terms, e.signs, strict=True):
-                part = self.score_term(term, ren, roles, positions)
-                if total is None:
-                    total = part if sign > 0 else ScoreArith("*", ScoreNumber(sympy.Integer(-1)), part)
-                else:
-                    total = ScoreArith("+" if sign > 0 else "-", total, part)
-            return total  # type: ignore[return-value]
-        if isinstance(e, Quotient):
-            one = ScoreNumber(sympy.Integer(1))
-            numerator = self.score_term(e.numerator, ren, roles, positions) if e.numerator is not None else one
-            return ScoreArith("/", numerator, self.score_term(e.denominator, ren, roles, positions))  # type: ignore[arg-type]
-        if isinstance(e, ElementwiseMap):
-            params = tuple(self.runtime(p) for p in e.params)
-            return ScoreMap(e.name, self.score_term(e.operand, ren, roles, positions), params)  # type: ignore[arg-type]
-        if isinstance(e, Gather):
-            return self.score_gather(e, ren, roles)
-        return self.score_read(self.lower(e, ren), roles)
 
-    def score_gather(self, e: Gather, ren, roles: dict[str, str]) -> ScoreRead:
-        """A table read along its axis at a position of the query and key indices, in the kernel:
-        one read per entry, no table over (query, key) built."""
-        table = self.as_missing_legs(self.lower(e.source, ren))  # type: ignore[arg-type]
-        axis = ren[e.axis][0]
-        names = {leg: roles[ren[leg][0]] for leg in e.position.legs()}  # type: ignore[union-attr]
-        position = _rename_position(e.position, names, self.runtime)  # type: ignore[arg-type]
-        index = tuple(position if leg == axis else Position("leg", name=roles[leg]) for leg in table.legs)
-        return ScoreRead(table, index)
+def score_gather(ctx: _Lowering, e: Gather, ren, roles: dict[str, str]) -> ScoreRead:
+    """A table read along its axis at a position of the query and key indices, in the kernel:
+    one read per entry, no table over (query, key) built."""
+    table = ctx.as_missing_legs(ctx.lower(e.source, ren))  # type: ignore[arg-type]
+    axis = ren[e.axis][0]
+    names = {leg: roles[ren[leg][0]] for leg in e.position.legs()}  # type: ignore[union-attr]
+    position = _rename_position(e.position, names, ctx.runtime)  # type: ignore[arg-type]
+    index = tuple(position if leg == axis else Position("leg", name=roles[leg]) for leg in table.legs)
+    return ScoreRead(table, index)
 
-    def score_read(self, value: Value, roles: dict[str, str]) -> ScoreRead:
-        value = self.as_missing_legs(value)
-        return ScoreRead(value, tuple(Position("leg", name=roles[leg]) for leg in value.legs))
 
-    def block_mask(self, fused: MatchedAttention) -> Value:
-        """The block mask of the box's causal mask, made once per call: every query sees its first
-        key, so no row is empty and skipping the blocks above the diagonal changes nothing."""
-        arguments = tuple(self.names.fresh(stem) for stem in ("b", "h", "q_idx", "kv_idx"))
-        sequence, key = fused.sequence, fused.keys[0]
-        op = BlockMask(self.group_size([sequence]), self.group_size([key]), arguments, self.like_input())  # type: ignore[arg-type]
-        out = Value(self.names.fresh("block_mask"), ())
-        self.emit(Step("mask", op, out, "FlexAttention block mask: causal", inputs=()))
-        return out
+def score_read(ctx: _Lowering, value: Value, roles: dict[str, str]) -> ScoreRead:
+    value = ctx.as_missing_legs(value)
+    return ScoreRead(value, tuple(Position("leg", name=roles[leg]) for leg in value.legs))
+
+
+def causal_block_mask(ctx: _Lowering, fused: MatchedAttention) -> Value:
+    """The block mask of the box's causal mask, made once per call: every query sees its first
+    key, so no row is empty and skipping the blocks above the diagonal changes nothing."""
+    arguments = tuple(ctx.names.fresh(stem) for stem in ("b", "h", "q_idx", "kv_idx"))
+    sequence, key = fused.sequence, fused.keys[0]
+    op = BlockMask(ctx.group_size([sequence]), ctx.group_size([key]), arguments, ctx.like_input())  # type: ignore[arg-type]
+    out = Value(ctx.names.fresh("block_mask"), ())
+    ctx.emit(Step("mask", op, out, "FlexAttention block mask: causal", inputs=()))
+    return out
 
 
 def _arithmetic(term: ScoreTerm | None) -> int:

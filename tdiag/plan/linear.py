@@ -1,10 +1,12 @@
 """Normalize boxes in the linear-time order: Σ_m (x / Σ_m x) v = (Σ_m x v) / (Σ_m x) when the
 content is multilinear (Tuformer §3.3, MGK P12); causal boxes take chunked prefix sums
-(chunked.py). Whether it applies and pays is the form's decision (forms/linear.py)."""
+(chunked.py). Whether it applies and pays is the form's decision (forms/linear.py); these
+functions emit it through the lowering, passed as `ctx`."""
 
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import sympy
 
@@ -26,86 +28,94 @@ from .program import (
     align,
 )
 
+if TYPE_CHECKING:
+    from .build import _Lowering
 
-class LinearOrder:
-    """Evaluates normalize boxes in the linear-time order (MGK P12)."""
 
-    def prefix_legs(self, box: SoftmaxBox, ren) -> tuple[str, str] | None:
-        """(query, key) region legs when the box's only masks are causal ones over its single
-        normalized leg, between legs of one size: then Σ_{m ≤ n} is a prefix sum."""
-        normalized = tuple(p for leg in box.normalized for p in ren[leg])
-        pairs = set()
-        for mask in box.masks:
-            if not isinstance(mask, CausalMask) or len(ren[mask.query]) != 1 or ren[mask.key] != normalized:
-                return None
-            pairs.add((ren[mask.query][0], normalized[0]))
-        if len(pairs) != 1:
+def prefix_legs(ctx: _Lowering, box: SoftmaxBox, ren) -> tuple[str, str] | None:
+    """(query, key) region legs when the box's only masks are causal ones over its single
+    normalized leg, between legs of one size: then Σ_{m ≤ n} is a prefix sum."""
+    normalized = tuple(p for leg in box.normalized for p in ren[leg])
+    pairs = set()
+    for mask in box.masks:
+        if not isinstance(mask, CausalMask) or len(ren[mask.query]) != 1 or ren[mask.key] != normalized:
             return None
-        query, key = pairs.pop()
-        if sympy.simplify(self.g.expand(self.size(query) - self.size(key))) != 0:
-            return None
-        return query, key
+        pairs.add((ren[mask.query][0], normalized[0]))
+    if len(pairs) != 1:
+        return None
+    query, key = pairs.pop()
+    if sympy.simplify(ctx.g.expand(ctx.size(query) - ctx.size(key))) != 0:
+        return None
+    return query, key
 
-    def is_multilinear(self, e: Expr) -> bool:
-        if isinstance(e, ElementwiseMap) and e.name == "pow":
-            exponent = e.params[0]
-            return exponent.is_Integer and 1 <= int(exponent) <= 4 and self.is_multilinear(e.operand)  # type: ignore[arg-type]
-        if isinstance(e, Contraction):
-            return all(self.is_multilinear(f) or not isinstance(f, ElementwiseMap) for f in e.factors)
-        return isinstance(e, TensorRef | Scalar | ElementwiseMap)
 
-    def collect_expanded(self, e: Expr, ren, leaves: list[_Leaf]) -> sympy.Expr:
-        """Like collect, with x ^ p of a contraction written as p copies of it."""
-        return self.collect(e, ren, leaves, expand_powers=True)
+def is_multilinear(e: Expr) -> bool:
+    """A content the linear-time order can split: products of stored tensors and maps, and
+    integer powers 1..4 of such products (expanded into copies)."""
+    if isinstance(e, ElementwiseMap) and e.name == "pow":
+        exponent = e.params[0]
+        return exponent.is_Integer and 1 <= int(exponent) <= 4 and is_multilinear(e.operand)  # type: ignore[arg-type]
+    if isinstance(e, Contraction):
+        return all(is_multilinear(f) or not isinstance(f, ElementwiseMap) for f in e.factors)
+    return isinstance(e, TensorRef | Scalar | ElementwiseMap)
 
-    def collect_stabilized(self, e, ren, leaves: list[_Leaf], kept: frozenset[str] | None) -> sympy.Expr:
-        """collect_expanded of a normalize box's content, its exp factors shifted (stabilize.py)."""
-        stabilized, self.stabilized = self.stabilized, kept
-        try:
-            found: list[_Leaf] = []
-            coefficient = self.collect_expanded(e, ren, found)
-        finally:
-            self.stabilized = stabilized
-        leaves += found if kept is None else self.stabilize_exponents(found, kept)
-        return coefficient
 
-    def hoist(self, box: SoftmaxBox, ren, values: list[_Leaf], rest: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
-        """Emit numerator and denominator contractions and their quotient; return the region's
-        leaves with the quotient standing in for the box and its value side."""
-        normalized = {p for leg in box.normalized for p in ren[leg]}
-        kept_by_box, shifted = self.kept_by(box, ren), self.stabilizations
-        content: list[_Leaf] = []
-        coefficient = self.collect_stabilized(box.content, ren, content, kept_by_box)
-        kept = tuple(p for leg in box.legs for p in ren[leg] if p not in normalized)
-        batch = (BATCH,) if any(BATCH in c.legs for c in [*content, *values]) else ()
-        needed = set(out) | {leg for r in rest for leg in r.legs}
-        extra = tuple(
-            leg
-            for leg in dict.fromkeys(leg for v in values for leg in v.legs)
-            if leg in needed and leg not in kept and leg != BATCH
-        )
-        causal = self.prefix_legs(box, ren) if box.masks else None
-        contract = self.contract if causal is None else functools.partial(self.causal_contract, *causal)
-        numerator = contract([*content, *values], (*batch, *kept, *extra), coefficient, "numerator")
-        den_content: list[_Leaf] = []
-        den_coefficient = self.collect_stabilized(box.content, ren, den_content, kept_by_box)
-        denominator = contract(
-            den_content,
-            tuple(leg for leg in (BATCH, *kept) if any(leg in c.legs for c in den_content)),
-            den_coefficient,
-            "denominator",
-        )
-        present = tuple(leg for leg in numerator.legs)
-        name = self.names.fresh("normalized")
-        guard = self.stabilizations > shifted
-        step = Step(
-            "quotient",
-            Ratio(numerator, align(denominator, present), self.runtime(box.eps), guard),
-            Value(name, present),
-            "numerator / denominator, 0 where both are 0" if guard else "numerator / (denominator + eps)",
-            elementwise=self.numel(present),
-            divisions=self.numel(present),
-            inputs=(numerator, denominator),
-        )
-        value = self.emit(step)
-        return [*rest, _Leaf(value.legs, value=value)]  # type: ignore[union-attr]
+def collect_expanded(ctx: _Lowering, e: Expr, ren, leaves: list[_Leaf]) -> sympy.Expr:
+    """Like collect, with x ^ p of a contraction written as p copies of it."""
+    return ctx.collect(e, ren, leaves, expand_powers=True)
+
+
+def collect_stabilized(ctx: _Lowering, e, ren, leaves: list[_Leaf], kept: frozenset[str] | None) -> sympy.Expr:
+    """collect_expanded of a normalize box's content, its exp factors shifted (stabilize.py)."""
+    stabilized, ctx.stabilized = ctx.stabilized, kept
+    try:
+        found: list[_Leaf] = []
+        coefficient = collect_expanded(ctx, e, ren, found)
+    finally:
+        ctx.stabilized = stabilized
+    leaves += found if kept is None else ctx.stabilize_exponents(found, kept)
+    return coefficient
+
+
+def hoist(
+    ctx: _Lowering, box: SoftmaxBox, ren, values: list[_Leaf], rest: list[_Leaf], out: tuple[str, ...]
+) -> list[_Leaf]:
+    """Emit numerator and denominator contractions and their quotient; return the region's
+    leaves with the quotient standing in for the box and its value side."""
+    normalized = {p for leg in box.normalized for p in ren[leg]}
+    kept_by_box, shifted = ctx.kept_by(box, ren), ctx.stabilizations
+    content: list[_Leaf] = []
+    coefficient = collect_stabilized(ctx, box.content, ren, content, kept_by_box)
+    kept = tuple(p for leg in box.legs for p in ren[leg] if p not in normalized)
+    batch = (BATCH,) if any(BATCH in c.legs for c in [*content, *values]) else ()
+    needed = set(out) | {leg for r in rest for leg in r.legs}
+    extra = tuple(
+        leg
+        for leg in dict.fromkeys(leg for v in values for leg in v.legs)
+        if leg in needed and leg not in kept and leg != BATCH
+    )
+    causal = prefix_legs(ctx, box, ren) if box.masks else None
+    contract = ctx.contract if causal is None else functools.partial(ctx.causal_contract, *causal)
+    numerator = contract([*content, *values], (*batch, *kept, *extra), coefficient, "numerator")
+    den_content: list[_Leaf] = []
+    den_coefficient = collect_stabilized(ctx, box.content, ren, den_content, kept_by_box)
+    denominator = contract(
+        den_content,
+        tuple(leg for leg in (BATCH, *kept) if any(leg in c.legs for c in den_content)),
+        den_coefficient,
+        "denominator",
+    )
+    present = tuple(leg for leg in numerator.legs)
+    name = ctx.names.fresh("normalized")
+    guard = ctx.stabilizations > shifted
+    step = Step(
+        "quotient",
+        Ratio(numerator, align(denominator, present), ctx.runtime(box.eps), guard),
+        Value(name, present),
+        "numerator / denominator, 0 where both are 0" if guard else "numerator / (denominator + eps)",
+        elementwise=ctx.numel(present),
+        divisions=ctx.numel(present),
+        inputs=(numerator, denominator),
+    )
+    value = ctx.emit(step)
+    return [*rest, _Leaf(value.legs, value=value)]  # type: ignore[union-attr]

@@ -9,6 +9,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from ..base import _Leaf
+from ..flex import flex_refusal, fuse_flex
 from ..sdpa_match import MatchedAttention
 from .base import BoxSite, Form, Unfit
 
@@ -37,7 +38,7 @@ class Flex(Form):
             return Unfit(f"not asked for (attention={ctx.attention!r})")
         if site.attention is None:
             return site.mismatch
-        return ctx.flex_refusal(_as_flex(site.attention))
+        return flex_refusal(ctx, _as_flex(site.attention))
 
     def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
-        return ctx.fuse_flex(site.box, site.ren, site.others, _as_flex(site.matched()))
+        return fuse_flex(ctx, site.box, site.ren, site.others, _as_flex(site.matched()))

@@ -14,6 +14,7 @@ import sympy
 
 from ..base import _Leaf
 from ..chunked import NotPrefixSumError
+from ..linear import hoist, is_multilinear, prefix_legs
 from .base import BoxSite, Form, FormRefusedError, Unfit
 from .cost import choose, cost
 
@@ -35,9 +36,9 @@ class LinearOrder(Form):
             return Unfit("a softmax box (the linear-time order is for normalize boxes)")
         if any(leg in site.out for leg in site.keys):
             return "the normalized legs are kept in the result"
-        if not ctx.is_multilinear(box.content):
+        if not is_multilinear(box.content):
             return "the box's content is not multilinear (a map other than an integer power)"
-        if box.masks and ctx.prefix_legs(box, site.ren) is None:
+        if box.masks and prefix_legs(ctx, box, site.ren) is None:
             return "a mask other than one causal mask over the normalized leg"
         fixed, optional = _sides(site)
         if not fixed:
@@ -52,7 +53,7 @@ class LinearOrder(Form):
         values, rest = site.found[self.name]
         ctx.wide_depth += 1  # as the materialized box: in float32 under autocast
         try:
-            leaves = ctx.hoist(site.box, site.ren, values, rest, site.out)
+            leaves = hoist(ctx, site.box, site.ren, values, rest, site.out)
         except NotPrefixSumError as why:
             raise FormRefusedError(f"no causal prefix sum: {why} of the content or value side") from None
         finally:
@@ -84,7 +85,7 @@ def _value_side(ctx: _Lowering, site: BoxSite) -> tuple[list[_Leaf], list[_Leaf]
     for values, rest in placements:
 
         def build(v: list[_Leaf] = values, r: list[_Leaf] = rest) -> None:
-            ctx.contract(ctx.hoist(site.box, site.ren, v, r, site.out), site.out, sympy.Integer(1), None)
+            ctx.contract(hoist(ctx, site.box, site.ren, v, r, site.out), site.out, sympy.Integer(1), None)
 
         try:
             costed.append(((values, rest), cost(ctx, build)))
