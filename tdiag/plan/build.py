@@ -29,7 +29,6 @@ from .program import (
     reads,
 )
 from .regions import RegionLowering
-from .sdpa import FusedAttention
 from .sdpa_match import AttentionMatch
 from .stabilize import ExponentStabilization
 from .timing import TimeModel
@@ -46,15 +45,14 @@ class _Lowering(
     DistanceExpansion,
     ChunkedCausal,
     AttentionMatch,
-    FusedAttention,
     PositionLowering,
     ExponentStabilization,
     TimeModel,
     LoweringBase,
 ):
     """Walks the design graph once, emitting Steps; each base class is one pass. The forms of a
-    box (forms/) are not base classes: they and the emission of FlexAttention (flex.py) and of
-    the linear-time order (linear.py) take the lowering as an argument."""
+    box (forms/) are not base classes: they and the emission of SDPA (sdpa.py), FlexAttention
+    (flex.py) and the linear-time order (linear.py) take the lowering as an argument."""
 
 
 def build_plan(

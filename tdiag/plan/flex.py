@@ -47,6 +47,7 @@ from .program import (
     score_reads,
     show_legs,
 )
+from .sdpa import emit_prelude, hidden_operands, live_rows, query_and_key, seen_operand
 from .sdpa_match import MatchedAttention
 
 if TYPE_CHECKING:
@@ -99,9 +100,9 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
     """Emit q, k, v, the block mask and the flex_attention call; return the region's leaves
     with the attention output standing in for the box and its value side."""
     heads, queries, keys, latent, features = (fused.heads, fused.queries, fused.keys, fused.latent, fused.features)
-    ctx.emit_prelude(fused)
+    emit_prelude(ctx, fused)
     ctx.box_depth += 1
-    q, k, latent = ctx.query_and_key(fused)
+    q, k, latent = query_and_key(ctx, fused)
     arguments = tuple(ctx.names.fresh(stem) for stem in ("score", "b", "h", "q_idx", "kv_idx"))
     roles = {leg: arguments[1 + r] for leg, r in flex_roles(ctx, fused).items()}
     score = score_mod(ctx, fused, roles)
@@ -124,9 +125,9 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
     score_groups = [batch, query_heads, [sequence], keys]
     live = future = None
     if pads:
-        padded, hidden_future = ctx.hidden_operands(fused, score_groups)
-        live = ctx.live_rows([*padded, *([hidden_future] if hidden_future is not None else [])], score_groups)
-        future = ctx.seen_operand(fused, score_groups, hidden_future)
+        padded, hidden_future = hidden_operands(ctx, fused, score_groups)
+        live = live_rows(ctx, [*padded, *([hidden_future] if hidden_future is not None else [])], score_groups)
+        future = seen_operand(ctx, fused, score_groups, hidden_future)
     group = ctx.runtime(ctx.numel([leg for leg in queries if leg != sequence])) if grouped else sympy.Integer(1)
     attention = FlexAttention(
         ctx.arrange(q, [batch, query_heads, [sequence], latent]),

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..base import _Leaf
 from ..program import show_legs
+from ..sdpa import fuse
 from .base import BoxSite, Form, Unfit
 
 if TYPE_CHECKING:
@@ -38,4 +39,4 @@ class Sdpa(Form):
 
     def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
         match = dataclasses.replace(site.matched(), grouped=False)
-        return ctx.fuse(site.box, site.ren, site.others, match)
+        return fuse(ctx, site.box, site.ren, site.others, match)

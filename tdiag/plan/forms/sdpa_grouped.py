@@ -9,6 +9,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from ..base import _Leaf
+from ..sdpa import fuse
 from .base import BoxSite, Form, Unfit
 
 if TYPE_CHECKING:
@@ -33,4 +34,4 @@ class SdpaGrouped(Form):
 
     def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
         match = dataclasses.replace(site.matched(), grouped=True)
-        return ctx.fuse(site.box, site.ren, site.others, match)
+        return fuse(ctx, site.box, site.ren, site.others, match)
