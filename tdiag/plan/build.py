@@ -65,11 +65,12 @@ def build_plan(
 ) -> Plan:
     """Lower every statement, then the outputs and the state updates. With `checkpoint_boxes`,
     each box, its content and its first consumer are recomputed in the backward pass instead of
-    being kept (Tuformer §4.3, spec §3.4). `objective="flops"` takes a fused attention only when
-    it costs no more FLOPs; `"memory"` takes it wherever the pattern holds, since it never stores
-    the box (MGK P17 multiplies the value contraction by M but keeps no N²·M scores).
+    being kept (Tuformer §4.3, spec §3.4). Each box takes one of its candidate forms (forms/):
+    the least costly in the objective's order (`time`, `flops`, `memory`: forms/cost.py), except
+    that `"memory"` takes a fused attention wherever the pattern holds, since it never stores the
+    box (MGK P17 multiplies the value contraction by M but keeps no N²·M scores), and
     `attention="flex"` lowers each fusable softmax box to FlexAttention where it applies (flex.py)
-    instead of SDPA, whatever the objective."""
+    instead of SDPA, whatever the objective. `Plan.choices` records every decision."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if attention not in ATTENTION_KERNELS:
