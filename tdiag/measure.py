@@ -134,8 +134,10 @@ def _storage_key(t: torch.Tensor) -> tuple[int, int] | None:
     return (storage.data_ptr(), storage.nbytes()) if storage.nbytes() else None
 
 
-def _as_data(values: Iterable[object]) -> list[object]:
-    return [v.detach() if isinstance(v, torch.Tensor) else v for v in values]
+def _as_inputs(values: Iterable[object]) -> list[object]:
+    """Tensors detached from any graph they came from; floating-point ones then need a gradient,
+    as the input of a layer inside a network does (INPUT_CONVENTION)."""
+    return [v.detach().requires_grad_(v.is_floating_point()) if isinstance(v, torch.Tensor) else v for v in values]
 
 
 def saved_for_backward(module: nn.Module, *inputs: object, **kw: object) -> SavedMemory:
@@ -150,7 +152,7 @@ def saved_for_backward(module: nn.Module, *inputs: object, **kw: object) -> Save
     Saved tensors are found with saved_tensors_hooks, so those saved inside torch.utils.checkpoint
     (its own hooks take precedence) are reported as `recomputed`, and the inputs that checkpoint
     keeps for the recomputation are counted only where another op saves them too."""
-    args, kwargs = _as_data(inputs), dict(zip(kw, _as_data(kw.values()), strict=True))
+    args, kwargs = _as_inputs(inputs), dict(zip(kw, _as_inputs(kw.values()), strict=True))
     held = {
         key
         for t in [*module.parameters(), *module.buffers(), *_tensors(args), *_tensors(kwargs.values())]

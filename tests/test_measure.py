@@ -47,9 +47,17 @@ def test_parameters_buffers_and_inputs_are_not_counted():
     assert saved.total_bytes == 0 and saved.storages == []
 
 
-def test_an_input_that_requires_grad_is_taken_as_data():
-    saved = saved_for_backward(Lambda(lambda m, x: x.exp() + m.W.sum()), x().requires_grad_())
-    assert saved.total_bytes == 0  # exp would save its result if the input needed a gradient
+def test_an_input_needs_a_gradient_as_inside_a_network_whether_or_not_the_tensor_given_does():
+    for given in (x(), x().requires_grad_()):
+        saved = saved_for_backward(Lambda(lambda m, x: x.exp() + m.W.sum()), given)
+        assert saved.total_bytes == B * N * F * FLOAT  # exp keeps its result for the input's gradient
+
+
+def test_a_boolean_input_is_passed_as_it_is():
+    """A mask cannot need a gradient; masked_fill keeps it, but as an input it is held anyway."""
+    keep = torch.ones(B, N, G) > 0
+    saved = saved_for_backward(Lambda(lambda m, x, keep: (x @ m.W).masked_fill(keep, 0)), x(), keep)
+    assert saved.tensors == 0 and saved.total_bytes == 0
 
 
 def test_a_storage_saved_by_two_ops_counts_once():

@@ -14,6 +14,7 @@ design's sizes and B; `copies` the elements each step copies that the program do
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from functools import singledispatchmethod
 
 import sympy
@@ -357,7 +358,7 @@ class _Interpreter(AbstractMachine):
             k = self.widened(k, op.pad_query_key, keys * latent, "k padded")
         grad = q.grad or k.grad or v.grad
         shape = (*q.shape[:-1], v.shape[-1])
-        mask = self.value(op.mask) if op.mask is not None else None
+        mask = self.kernel_mask(self.value(op.mask)) if op.mask is not None else None
         flash = (
             len(q.shape) == len(k.shape) == len(v.shape) == 4
             and q.shape[-1] == k.shape[-1] == v.shape[-1]
@@ -394,10 +395,18 @@ class _Interpreter(AbstractMachine):
         if op.live is not None:
             out = self.live_rows(op, q, v, out)
         if op.width is not None:
-            out = Meta((*out.shape[:-1], op.width), out.strides, out.storage, out.grad, out.numel)
+            out = Meta((*out.shape[:-1], op.width), out.strides, out.storage, out.grad, rows * op.width)
         if op.shape is not None:
             out = self.reshape(out, self.output(step)[0], step.out.var)  # type: ignore[union-attr]
         return out
+
+    def kernel_mask(self, mask: Meta) -> Meta:
+        """The attn_mask as SDPA's kernels use it: a boolean mask is first converted to a float one
+        of its shape (0 where visible, -inf where hidden; torch's convert_boolean_attn_mask), which
+        the CPU flash kernel then keeps for backward: 4 bytes an entry, not 1."""
+        if mask.storage is None or self.storages[mask.storage].itemsize != BOOL:
+            return mask
+        return self.fresh(mask.shape, mask.numel, mask.grad, "attn_mask as float")
 
     @op.register
     def _(self, op: FlexAttention, step: Step) -> Meta:
@@ -556,6 +565,7 @@ def _matrix_if_unit_batch(m: Meta) -> Meta:
     return m
 
 
-def footprint(plan: Plan) -> Footprint:
-    """The storages the plan's forward allocates and keeps for backward (see the module doc)."""
-    return _Interpreter(plan).run()
+def footprint(plan: Plan, sizes: Mapping[str, int] | None = None) -> Footprint:
+    """The storages the plan's forward allocates and keeps for backward (see the module doc), when
+    its code runs at `sizes` (default: the sizes it was planned for; B, the batch, defaults to 1)."""
+    return _Interpreter(plan, sizes).run()
