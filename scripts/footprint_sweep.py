@@ -17,6 +17,7 @@ import argparse
 import csv
 import gc
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -87,7 +88,9 @@ def measured_bytes(design, n: int, batch: int, objective: str, plan_batch: int |
     return saved_for_backward(module, *inputs).total_bytes
 
 
-def run_case(path: Path, causal: bool, n: int, batch: int, objective: str, limit: float, plan_batch: int | None) -> Case:
+def run_case(
+    path: Path, causal: bool, n: int, batch: int, objective: str, limit: float, plan_batch: int | None
+) -> Case:
     start = time.perf_counter()
     design = load(path, causal, SIZES | {"N": n})  # N too, where a design fixes it (mgk_softe)
     if path.stem in MAX_LENGTH and design.size_values[MAX_LENGTH[path.stem]] < n:
@@ -100,7 +103,31 @@ def run_case(path: Path, causal: bool, n: int, batch: int, objective: str, limit
     return Case(path.stem, causal, n, modelled, measured, time.perf_counter() - start)
 
 
+HEADER = f"{'design':<24}{'mask':<8}{'N':>6}{'model MB':>12}{'measured MB':>13}{'ratio':>8}{'s':>7}"
+
+
+def line(case: Case) -> str:
+    """The case as a row under HEADER."""
+    ratio = f"{case.ratio:.3f}" if case.ratio else "-"
+    model = f"{case.modelled / 1e6:.2f}" if case.modelled else "-"
+    measured = f"{case.measured / 1e6:.2f}" if case.measured else "-"
+    mask = "causal" if case.causal else "plain"
+    return f"{case.design:<24}{mask:<8}{case.n:>6}{model:>12}{measured:>13}{ratio:>8}{case.seconds:>7.1f} {case.note}"
+
+
+def write(cases: list[Case], out: Path, meta: dict[str, object]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [asdict(c) | {"ratio": c.ratio} for c in cases]
+    with open(out / "footprint.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / "footprint.json").write_text(json.dumps({"meta": meta, "cases": rows}, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
+    import torch
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("designs", nargs="*", help="design names (default: every bundled design)")
     parser.add_argument("--n", default="256,1024,4096", help="lengths, comma-separated")
@@ -115,10 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.designs:
         paths = [p for p in paths if p.stem in args.designs]
     masks = {"plain": [False], "causal": [True], "both": [False, True]}[args.mask]
-    lengths = [int(n) for n in args.n.split(",")]
     cases: list[Case] = []
-    print(f"{'design':<24}{'mask':<8}{'N':>6}{'model MB':>12}{'measured MB':>13}{'ratio':>8}{'s':>7}", flush=True)
-    for n in lengths:
+    print(HEADER, flush=True)
+    for n in (int(n) for n in args.n.split(",")):
         for path in paths:
             for causal in masks:
                 try:
@@ -126,25 +152,13 @@ def main(argv: list[str] | None = None) -> int:
                 except (MemoryError, RuntimeError, ValueError) as error:
                     case = Case(path.stem, causal, n, None, None, 0.0, f"failed: {type(error).__name__}: {error}"[:200])
                 cases.append(case)
-                ratio = f"{case.ratio:.3f}" if case.ratio else "-"
-                model = f"{case.modelled / 1e6:.2f}" if case.modelled else "-"
-                measured = f"{case.measured / 1e6:.2f}" if case.measured else "-"
-                mask = "causal" if causal else "plain"
-                print(
-                    f"{path.stem:<24}{mask:<8}{n:>6}{model:>12}{measured:>13}{ratio:>8}{case.seconds:>7.1f} {case.note}",
-                    flush=True,
-                )
+                print(line(case), flush=True)
     off = [c for c in cases if c.ratio is not None and abs(c.ratio - 1) > 0.1]
     print(f"{len(cases)} cases, {len(off)} off by more than 10%, {sum(c.ratio is None for c in cases)} not measured")
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        rows = [asdict(c) | {"ratio": c.ratio} for c in cases]
-        with open(args.out / "footprint.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        meta = {"command": " ".join(sys.argv), "sizes": SIZES, "batch": args.batch, "plan_batch": args.plan_batch, "objective": args.objective}
-        (args.out / "footprint.json").write_text(json.dumps({"meta": meta, "cases": rows}, indent=1) + "\n")
+        device = {k: v for k, v in os.environ.items() if k.startswith("TDIAG_DEVICE")}
+        meta = {"command": " ".join(sys.argv), "sizes": SIZES, "torch": torch.__version__, "device": device}
+        write(cases, args.out, meta | {k: getattr(args, k) for k in ("batch", "plan_batch", "objective", "limit_gb")})
     return 0
 
 

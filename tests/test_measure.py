@@ -1,6 +1,9 @@
 """tdiag.measure: the bytes autograd saves for backward, by storage and by the op that saves them,
 without parameters, buffers and inputs; and the wall time of training steps."""
 
+import gc
+import weakref
+
 import torch
 from conftest import DESIGNS
 from torch import nn
@@ -157,3 +160,18 @@ def test_bench_rounds_start_at_each_implementation_in_turn():
     timed = calls[6:15]  # after two warm-up steps of each
     assert [timed[0], timed[3], timed[6]] == ["a", "b", "c"]
     assert sorted(timed) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+
+
+def test_what_autograd_saved_is_freed_when_the_measurement_returns():
+    """The graph's hooks hold the record of saved tensors, which holds the graph: a cycle Python's
+    collector cannot break unless the record is emptied."""
+    outputs = []
+
+    def body(m, x):
+        y = (x @ m.W).softmax(-1)
+        outputs.append(weakref.ref(y))
+        return y
+
+    saved_for_backward(Lambda(body), x())
+    gc.collect()
+    assert outputs[0]() is None

@@ -108,9 +108,11 @@ class AbstractMachine:
     def fresh(self, shape: tuple[int, ...], numel: sympy.Expr, grad: bool, what: str, itemsize: int = FLOAT) -> Meta:
         return Meta(shape, contiguous(shape), self.allocate(numel, what, itemsize), grad, numel)
 
-    def like(self, shape: tuple[int, ...], operands: Sequence[Meta], numel, grad: bool, what: str) -> Meta:
+    def like(
+        self, shape: tuple[int, ...], operands: Sequence[Meta], numel, grad: bool, what: str, itemsize: int = FLOAT
+    ) -> Meta:
         """A new elementwise result laid out as torch lays it out."""
-        return Meta(shape, elementwise_strides(shape, operands), self.allocate(numel, what), grad, numel)
+        return Meta(shape, elementwise_strides(shape, operands), self.allocate(numel, what, itemsize), grad, numel)
 
     def save(self, *metas: Meta) -> None:
         if self.step in self.checkpointed or self.step >= len(self.plan.steps):
@@ -160,8 +162,7 @@ class AbstractMachine:
     def read(self, operand: Operand) -> Meta:
         m = self.value(operand.value)
         if operand.invert:
-            m = self.like(m.shape, [m], m.numel, False, f"~{operand.value.var}")
-            self.storages[m.storage].itemsize = BOOL  # type: ignore[index]
+            m = self.like(m.shape, [m], m.numel, False, f"~{operand.value.var}", BOOL)
         if operand.permutation is not None:
             p = operand.permutation
             m = Meta(tuple(m.shape[k] for k in p), tuple(m.strides[k] for k in p), m.storage, m.grad, m.numel)

@@ -1,11 +1,17 @@
 """Memory footprint of a lowered program: which storages each op allocates, copies and saves for
-the backward pass, found by running the program abstractly on shapes and strides (at the planned
-sizes) with PyTorch's own rules: elementwise results keep their operands' memory order, reductions,
+the backward pass, found by running the program abstractly on shapes and strides (at the sizes it
+runs at) with PyTorch's own rules: elementwise results keep their operands' memory order, reductions,
 softmax and matmul results are contiguous, a reshape is a view exactly when torch's stride rule
 allows it (else a copy), torch.matmul folds batch legs and saves the operands it multiplies, and
 each autograd node saves what its backward reads (softmax and exp their result; log, pow, clamp,
 elu their input; division both operands; masked_fill its mask; SDPA q, k, v, its output and the
-log-sum-exp, or on the math fallback the whole attention).
+log-sum-exp, or on the math fallback the whole attention; a boolean attn_mask converted to float).
+The rules depend on the sizes the code runs at (a batch of one is a matrix to torch.matmul), so
+the footprint is found at those sizes, not only at the ones planned for.
+
+Input convention: the design's inputs need a gradient, as the input of a layer inside a network
+does (tdiag.measure.INPUT_CONVENTION, which the measurement follows); their own storage is not
+counted, as parameters' and buffers' is not.
 
 Guarantees: `Footprint.saved` lists every activation storage autograd keeps after the forward
 pass (parameters, buffers and inputs excluded), each once, with its size as a formula in the
@@ -201,9 +207,19 @@ class _Interpreter(AbstractMachine):
         kept = x.shape[: len(x.shape) - op.count]
         rows = x.numel / sympy.Mul(*self.trailing(step, op.count))
         total = self.fresh((*kept, *[1] * op.count), rows, x.grad, "normalizer")
+        if op.guard:
+            total = self.guarded(total)
         if x.grad:
             self.save(x, total)
         return self.like(x.shape, [x, total], x.numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    def guarded(self, total: Meta) -> Meta:
+        """`_nonzero(total)`, total.masked_fill(total == 0, 1): masked_fill keeps its boolean mask
+        when total needs a gradient; the filled total is a new tensor."""
+        zero = self.like(total.shape, [total], total.numel, False, "zero denominators", BOOL)
+        if total.grad:
+            self.save(zero)
+        return self.like(total.shape, [total], total.numel, total.grad, "denominator, zeros read as 1")
 
     def trailing(self, step: Step, count: int) -> list[sympy.Expr]:
         return [self.plan.leg_sizes[leg] for leg in step.out.legs[len(step.out.legs) - count :]]  # type: ignore[union-attr]
@@ -272,7 +288,13 @@ class _Interpreter(AbstractMachine):
     @op.register
     def _(self, op: Ratio, step: Step) -> Meta:
         numerator, denominator = self.value(op.numerator), self.read(op.denominator)
-        plus = self.like(denominator.shape, [denominator], self.value(op.denominator.value).numel, denominator.grad, "")
+        numel = self.value(op.denominator.value).numel
+        if op.guard:
+            plus = self.guarded(
+                Meta(denominator.shape, denominator.strides, denominator.storage, denominator.grad, numel)
+            )
+        else:
+            plus = self.like(denominator.shape, [denominator], numel, denominator.grad, "denominator + eps")
         if plus.grad:
             self.save(numerator)
         if numerator.grad or plus.grad:
