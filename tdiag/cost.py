@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sympy
 
@@ -59,6 +59,7 @@ class CostReport:
     softmax_entries: sympy.Expr
     saved_bytes: sympy.Expr  # kept for backward with float32 activations, for a batch of B
     sizes: dict[str, int]
+    plan: Plan | None = field(default=None, compare=False)  # the plan costed, for its footprint at other sizes
 
     @property
     def peak_memory(self) -> sympy.Expr:
@@ -70,8 +71,13 @@ class CostReport:
         return sympy.nsimplify(value.xreplace({BATCH_SIZE: sizes.get("B", 1)}))
 
     def saved_bytes_at(self, **sizes: int) -> int:
-        """Bytes kept for backward at `sizes`, the batch B included (default 1)."""
-        return int(self._number(self.saved_bytes, self.sizes | sizes))
+        """Bytes kept for backward when the plan's code runs at `sizes`, the batch B included
+        (default 1). torch's layout rules depend on the sizes (a batch of one is a matrix to
+        torch.matmul, a unit axis lets a reshape be a view), so the footprint is found again at
+        these sizes rather than read off the formula found at the planned ones."""
+        at = self.sizes | sizes
+        saved = self.saved_bytes if self.plan is None else footprint(self.plan, at | {"B": at.get("B", 1)}).saved_bytes
+        return int(self._number(saved, at))
 
     def formulas(self) -> dict[str, sympy.Expr]:
         return {
@@ -191,6 +197,7 @@ def cost_report(plan: Plan, convention: str = "flop") -> CostReport:
         softmax_entries=total([s.entries for s in steps if s.kind in ("softmax", "sdpa")]),
         saved_bytes=sympy.factor(sympy.expand(footprint(plan).saved_bytes)),
         sizes={k: v for k, v in plan.sizes.items() if k != "B"},
+        plan=plan,
     )
 
 

@@ -2,7 +2,9 @@
 pass (by storage, with the graph node that saves each and the line that ran it) and the wall time
 of training steps. The cost model's predictions are checked against these numbers.
 
-    python -m tdiag.measure designs/mhsa.td --set F=64 --set H=4 --n 128"""
+    python -m tdiag.measure designs/mhsa.td --set F=64 --set H=4 --n 128
+
+The input convention (INPUT_CONVENTION) is the footprint model's (tdiag/plan/footprint.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,14 @@ import torch
 from torch import nn
 
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+
+INPUT_CONVENTION = (
+    "Input convention: inputs need a gradient, as the input of a layer inside a network does (even the first attention "
+    "layer reads a learned embedding): floating-point inputs are detached from the graph they came from "
+    "and set to require grad, so that ops keep what the input's gradient needs; the inputs' own storage "
+    "is not counted (the layer before holds it). The footprint model (tdiag/plan/footprint.py, "
+    "`tdiag plan`) takes the same convention."
+)
 
 
 @dataclass(frozen=True)
@@ -134,23 +144,25 @@ def _storage_key(t: torch.Tensor) -> tuple[int, int] | None:
     return (storage.data_ptr(), storage.nbytes()) if storage.nbytes() else None
 
 
-def _as_data(values: Iterable[object]) -> list[object]:
-    return [v.detach() if isinstance(v, torch.Tensor) else v for v in values]
+def _as_inputs(values: Iterable[object]) -> list[object]:
+    """Tensors detached from any graph they came from; floating-point ones then need a gradient,
+    as the input of a layer inside a network does (INPUT_CONVENTION)."""
+    return [v.detach().requires_grad_(v.is_floating_point()) if isinstance(v, torch.Tensor) else v for v in values]
 
 
 def saved_for_backward(module: nn.Module, *inputs: object, **kw: object) -> SavedMemory:
     """Run one forward pass of `module` with grad enabled and return what autograd saved for
     backward, deduplicated by storage, without the storages of its parameters, buffers and
-    inputs. Inputs are data: they are detached (no gradient), as a training batch is; parameters
-    keep their own requires_grad. Only tensors the output's graph still references count: a
-    branch whose result is dropped frees what it saved.
+    inputs. Floating-point inputs need a gradient whatever the tensors given (INPUT_CONVENTION:
+    a layer inside a network); parameters keep their own requires_grad. Only tensors the output's
+    graph still references count: a branch whose result is dropped frees what it saved.
 
     Bytes are `untyped_storage().nbytes()`: what a saved view keeps alive, as the program asked
     for it; allocators round each block up (64 bytes on CPU, 512 on CUDA), which is not counted.
     Saved tensors are found with saved_tensors_hooks, so those saved inside torch.utils.checkpoint
     (its own hooks take precedence) are reported as `recomputed`, and the inputs that checkpoint
     keeps for the recomputation are counted only where another op saves them too."""
-    args, kwargs = _as_data(inputs), dict(zip(kw, _as_data(kw.values()), strict=True))
+    args, kwargs = _as_inputs(inputs), dict(zip(kw, _as_inputs(kw.values()), strict=True))
     held = {
         key
         for t in [*module.parameters(), *module.buffers(), *_tensors(args), *_tensors(kwargs.values())]
@@ -167,9 +179,19 @@ def saved_for_backward(module: nn.Module, *inputs: object, **kw: object) -> Save
     def unpack(packed: _Packed) -> torch.Tensor:
         return saved[packed.index]
 
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        outputs = module(*args, **kwargs)
-    savers, recomputed = _savers(_tensors([outputs]))
+    try:
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            outputs = module(*args, **kwargs)
+        return _summary(saved, places, _tensors([outputs]), held)
+    finally:  # the graph's hooks hold `unpack`, hence `saved`, whose tensors hold the graph: a cycle
+        saved.clear()  # through autograd's C++ objects that Python's collector cannot break
+
+
+def _summary(
+    saved: Sequence[torch.Tensor], places: Sequence[str], outputs: Sequence[torch.Tensor], held: set[tuple[int, int]]
+) -> SavedMemory:
+    """The storages of the tensors the graph behind `outputs` still saves, those `held` left out."""
+    savers, recomputed = _savers(outputs)
     result = SavedMemory(recomputed=recomputed)
     storages: dict[tuple[int, int], SavedStorage] = {}
     for index in sorted(savers):
@@ -279,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .design import DEFAULT_OBJECTIVE, OBJECTIVES
 
-    parser = argparse.ArgumentParser(prog="python -m tdiag.measure", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tdiag.measure", description=main.__doc__, epilog=INPUT_CONVENTION)
     parser.add_argument("design", metavar="FILE.td")
     parser.add_argument("--set", action="append", default=[], metavar="SIZE=VALUE", help="a size of the design")
     parser.add_argument("--n", type=int, default=128, help="sequence length")

@@ -1,6 +1,9 @@
 """tdiag.measure: the bytes autograd saves for backward, by storage and by the op that saves them,
 without parameters, buffers and inputs; and the wall time of training steps."""
 
+import gc
+import weakref
+
 import torch
 from conftest import DESIGNS
 from torch import nn
@@ -47,9 +50,17 @@ def test_parameters_buffers_and_inputs_are_not_counted():
     assert saved.total_bytes == 0 and saved.storages == []
 
 
-def test_an_input_that_requires_grad_is_taken_as_data():
-    saved = saved_for_backward(Lambda(lambda m, x: x.exp() + m.W.sum()), x().requires_grad_())
-    assert saved.total_bytes == 0  # exp would save its result if the input needed a gradient
+def test_an_input_needs_a_gradient_as_inside_a_network_whether_or_not_the_tensor_given_does():
+    for given in (x(), x().requires_grad_()):
+        saved = saved_for_backward(Lambda(lambda m, x: x.exp() + m.W.sum()), given)
+        assert saved.total_bytes == B * N * F * FLOAT  # exp keeps its result for the input's gradient
+
+
+def test_a_boolean_input_is_passed_as_it_is():
+    """A mask cannot need a gradient; masked_fill keeps it, but as an input it is held anyway."""
+    keep = torch.ones(B, N, G) > 0
+    saved = saved_for_backward(Lambda(lambda m, x, keep: (x @ m.W).masked_fill(keep, 0)), x(), keep)
+    assert saved.tensors == 0 and saved.total_bytes == 0
 
 
 def test_a_storage_saved_by_two_ops_counts_once():
@@ -149,3 +160,18 @@ def test_bench_rounds_start_at_each_implementation_in_turn():
     timed = calls[6:15]  # after two warm-up steps of each
     assert [timed[0], timed[3], timed[6]] == ["a", "b", "c"]
     assert sorted(timed) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+
+
+def test_what_autograd_saved_is_freed_when_the_measurement_returns():
+    """The graph's hooks hold the record of saved tensors, which holds the graph: a cycle Python's
+    collector cannot break unless the record is emptied."""
+    outputs = []
+
+    def body(m, x):
+        y = (x @ m.W).softmax(-1)
+        outputs.append(weakref.ref(y))
+        return y
+
+    saved_for_backward(Lambda(body), x())
+    gc.collect()
+    assert outputs[0]() is None

@@ -4,7 +4,7 @@ copies and masks as torch does."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import sympy
@@ -77,8 +77,9 @@ class AbstractMachine:
     """Runs a plan on Metas, recording storages, copies and saved tensors per step; the op
     rules are footprint._Interpreter's."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, sizes: Mapping[str, int] | None = None):
         self.plan = plan
+        self.sizes = {**plan.sizes, **(sizes or {})}  # torch's layout rules depend on the sizes run at
         self.g = plan.graph
         self.storages: list[Storage] = []
         self.env: dict[str, Meta] = {}
@@ -107,9 +108,11 @@ class AbstractMachine:
     def fresh(self, shape: tuple[int, ...], numel: sympy.Expr, grad: bool, what: str, itemsize: int = FLOAT) -> Meta:
         return Meta(shape, contiguous(shape), self.allocate(numel, what, itemsize), grad, numel)
 
-    def like(self, shape: tuple[int, ...], operands: Sequence[Meta], numel, grad: bool, what: str) -> Meta:
+    def like(
+        self, shape: tuple[int, ...], operands: Sequence[Meta], numel, grad: bool, what: str, itemsize: int = FLOAT
+    ) -> Meta:
         """A new elementwise result laid out as torch lays it out."""
-        return Meta(shape, elementwise_strides(shape, operands), self.allocate(numel, what), grad, numel)
+        return Meta(shape, elementwise_strides(shape, operands), self.allocate(numel, what, itemsize), grad, numel)
 
     def save(self, *metas: Meta) -> None:
         if self.step in self.checkpointed or self.step >= len(self.plan.steps):
@@ -122,7 +125,7 @@ class AbstractMachine:
     def value(self, v: Value) -> Meta:
         if v.var not in self.env:
             shape = tuple(self.number(leg) for leg in v.legs)
-            meta = Meta(shape, contiguous(shape), None, self.is_parameter(v.var), self.numel(v.legs))
+            meta = Meta(shape, contiguous(shape), None, self.needs_grad(v.var), self.numel(v.legs))
             if v.var in self.plan.causal.values():
                 meta = self.fresh(shape, self.numel(v.legs), False, f"causal mask {v.var}", BOOL)
             elif v.var in self.noise:
@@ -134,9 +137,15 @@ class AbstractMachine:
             self.kept.append(meta.storage)  # a checkpointed segment keeps what it reads
         return meta
 
-    def is_parameter(self, var: str) -> bool:
+    def needs_grad(self, var: str) -> bool:
+        """Parameters, and the design's inputs: the input convention (footprint.py's doc) is a
+        layer inside a network, whose input needs a gradient."""
         tensor = self.g.tensors.get(var)
-        return var in self.plan.attributes and tensor is not None and tensor.kind == "param"
+        return (var in self.plan.attributes and tensor is not None and tensor.kind == "param") or var in self.inputs
+
+    @property
+    def inputs(self) -> set[str]:
+        return {self.plan.names[t.name] for t in self.g.inputs}
 
     @property
     def noise(self) -> set[str]:
@@ -153,8 +162,7 @@ class AbstractMachine:
     def read(self, operand: Operand) -> Meta:
         m = self.value(operand.value)
         if operand.invert:
-            m = self.like(m.shape, [m], m.numel, False, f"~{operand.value.var}")
-            self.storages[m.storage].itemsize = BOOL  # type: ignore[index]
+            m = self.like(m.shape, [m], m.numel, False, f"~{operand.value.var}", BOOL)
         if operand.permutation is not None:
             p = operand.permutation
             m = Meta(tuple(m.shape[k] for k in p), tuple(m.strides[k] for k in p), m.storage, m.grad, m.numel)
@@ -166,9 +174,9 @@ class AbstractMachine:
         return m
 
     def integer(self, expr: sympy.Expr) -> int:
-        sizes = {k: v for k, v in self.plan.sizes.items() if k in self.g.sizes}
+        sizes = {k: v for k, v in self.sizes.items() if k in self.g.sizes}
         symbols = {s: sympy.Integer(self.chunk_count(str(s))) for s in expr.free_symbols if str(s).startswith("chunks")}
-        value = self.g.evaluate(expr.xreplace(symbols), **sizes).xreplace({BATCH_SIZE: self.plan.sizes.get("B", 1)})
+        value = self.g.evaluate(expr.xreplace(symbols), **sizes).xreplace({BATCH_SIZE: self.sizes.get("B", 1)})
         return int(sympy.ceiling(value))
 
     def chunk_count(self, name: str) -> int:

@@ -1,11 +1,17 @@
 """Memory footprint of a lowered program: which storages each op allocates, copies and saves for
-the backward pass, found by running the program abstractly on shapes and strides (at the planned
-sizes) with PyTorch's own rules: elementwise results keep their operands' memory order, reductions,
+the backward pass, found by running the program abstractly on shapes and strides (at the sizes it
+runs at) with PyTorch's own rules: elementwise results keep their operands' memory order, reductions,
 softmax and matmul results are contiguous, a reshape is a view exactly when torch's stride rule
 allows it (else a copy), torch.matmul folds batch legs and saves the operands it multiplies, and
 each autograd node saves what its backward reads (softmax and exp their result; log, pow, clamp,
 elu their input; division both operands; masked_fill its mask; SDPA q, k, v, its output and the
-log-sum-exp, or on the math fallback the whole attention).
+log-sum-exp, or on the math fallback the whole attention; a boolean attn_mask converted to float).
+The rules depend on the sizes the code runs at (a batch of one is a matrix to torch.matmul), so
+the footprint is found at those sizes, not only at the ones planned for.
+
+Input convention: the design's inputs need a gradient, as the input of a layer inside a network
+does (tdiag.measure.INPUT_CONVENTION, which the measurement follows); their own storage is not
+counted, as parameters' and buffers' is not.
 
 Guarantees: `Footprint.saved` lists every activation storage autograd keeps after the forward
 pass (parameters, buffers and inputs excluded), each once, with its size as a formula in the
@@ -14,6 +20,7 @@ design's sizes and B; `copies` the elements each step copies that the program do
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from functools import singledispatchmethod
 
 import sympy
@@ -200,9 +207,19 @@ class _Interpreter(AbstractMachine):
         kept = x.shape[: len(x.shape) - op.count]
         rows = x.numel / sympy.Mul(*self.trailing(step, op.count))
         total = self.fresh((*kept, *[1] * op.count), rows, x.grad, "normalizer")
+        if op.guard:
+            total = self.guarded(total)
         if x.grad:
             self.save(x, total)
         return self.like(x.shape, [x, total], x.numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    def guarded(self, total: Meta) -> Meta:
+        """`_nonzero(total)`, total.masked_fill(total == 0, 1): masked_fill keeps its boolean mask
+        when total needs a gradient; the filled total is a new tensor."""
+        zero = self.like(total.shape, [total], total.numel, False, "zero denominators", BOOL)
+        if total.grad:
+            self.save(zero)
+        return self.like(total.shape, [total], total.numel, total.grad, "denominator, zeros read as 1")
 
     def trailing(self, step: Step, count: int) -> list[sympy.Expr]:
         return [self.plan.leg_sizes[leg] for leg in step.out.legs[len(step.out.legs) - count :]]  # type: ignore[union-attr]
@@ -271,7 +288,13 @@ class _Interpreter(AbstractMachine):
     @op.register
     def _(self, op: Ratio, step: Step) -> Meta:
         numerator, denominator = self.value(op.numerator), self.read(op.denominator)
-        plus = self.like(denominator.shape, [denominator], self.value(op.denominator.value).numel, denominator.grad, "")
+        numel = self.value(op.denominator.value).numel
+        if op.guard:
+            plus = self.guarded(
+                Meta(denominator.shape, denominator.strides, denominator.storage, denominator.grad, numel)
+            )
+        else:
+            plus = self.like(denominator.shape, [denominator], numel, denominator.grad, "denominator + eps")
         if plus.grad:
             self.save(numerator)
         if numerator.grad or plus.grad:
@@ -357,7 +380,7 @@ class _Interpreter(AbstractMachine):
             k = self.widened(k, op.pad_query_key, keys * latent, "k padded")
         grad = q.grad or k.grad or v.grad
         shape = (*q.shape[:-1], v.shape[-1])
-        mask = self.value(op.mask) if op.mask is not None else None
+        mask = self.kernel_mask(self.value(op.mask)) if op.mask is not None else None
         flash = (
             len(q.shape) == len(k.shape) == len(v.shape) == 4
             and q.shape[-1] == k.shape[-1] == v.shape[-1]
@@ -394,10 +417,18 @@ class _Interpreter(AbstractMachine):
         if op.live is not None:
             out = self.live_rows(op, q, v, out)
         if op.width is not None:
-            out = Meta((*out.shape[:-1], op.width), out.strides, out.storage, out.grad, out.numel)
+            out = Meta((*out.shape[:-1], op.width), out.strides, out.storage, out.grad, rows * op.width)
         if op.shape is not None:
             out = self.reshape(out, self.output(step)[0], step.out.var)  # type: ignore[union-attr]
         return out
+
+    def kernel_mask(self, mask: Meta) -> Meta:
+        """The attn_mask as SDPA's kernels use it: a boolean mask is first converted to a float one
+        of its shape (0 where visible, -inf where hidden; torch's convert_boolean_attn_mask), which
+        the CPU flash kernel then keeps for backward: 4 bytes an entry, not 1."""
+        if mask.storage is None or self.storages[mask.storage].itemsize != BOOL:
+            return mask
+        return self.fresh(mask.shape, mask.numel, mask.grad, "attn_mask as float")
 
     @op.register
     def _(self, op: FlexAttention, step: Step) -> Meta:
@@ -556,6 +587,7 @@ def _matrix_if_unit_batch(m: Meta) -> Meta:
     return m
 
 
-def footprint(plan: Plan) -> Footprint:
-    """The storages the plan's forward allocates and keeps for backward (see the module doc)."""
-    return _Interpreter(plan).run()
+def footprint(plan: Plan, sizes: Mapping[str, int] | None = None) -> Footprint:
+    """The storages the plan's forward allocates and keeps for backward (see the module doc), when
+    its code runs at `sizes` (default: the sizes it was planned for; B, the batch, defaults to 1)."""
+    return _Interpreter(plan, sizes).run()

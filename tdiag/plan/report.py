@@ -88,7 +88,7 @@ RIGHT = (0, 3, 4, 5)
 
 def _table(plan: Plan, sizes: Mapping[str, int] | None) -> _Table:
     at = {k: v for k, v in plan.sizes.items() if k != "B"} | dict(sizes or {})
-    fp = footprint(plan)
+    fp = footprint(plan, at | {"B": at.get("B", 1)})
     rows = []
     steps = [*plan.steps, *plan.update_steps]
     for k, (step, record) in enumerate(zip(steps, fp.steps, strict=True)):
