@@ -38,6 +38,15 @@ class DeviceModel:
     bandwidth: float
     overhead: float = 0.0
     kinds: tuple[tuple[str, float], ...] = ()  # measured time / roofline time, per op kind
+    threads: int | None = None  # the CPU threads torch ran the measurement with
+
+    def describe(self) -> str:
+        """The name and figures, as a plan report's header shows them."""
+        threads = f", {self.threads} thread{'s' * (self.threads != 1)}" if self.threads else ""
+        return (
+            f"{self.name}{threads}: peak {self.peak_flops:.3g} FLOP/s, bandwidth {self.bandwidth:.3g} B/s, "
+            f"{self.overhead * 1e6:.3g} µs per op"
+        )
 
     def estimate(self, flops: float, bytes: float) -> float:
         """Seconds for an op of `flops` arithmetic that moves `bytes` to and from memory."""
@@ -131,9 +140,10 @@ NOMINAL_CPU = DeviceModel("cpu (nominal)", 100e9, 10e9, 5e-6)
 
 def planning_device() -> DeviceModel:
     """The device the `time` objective plans for, without importing torch: a CUDA device name
-    in TDIAG_DEVICE (its data sheet), else the local CPU's cached measurement (`local_cpu`, made
-    by `tdiag bench` or the first module built for `time`), else a nominal CPU; the
-    TDIAG_DEVICE_* figures override."""
+    in TDIAG_DEVICE (its data sheet), else the local CPU's cached measurement for the thread
+    count torch will use (`planning_threads`; the file `local_cpu` writes, made by `tdiag bench`),
+    else a nominal CPU; the TDIAG_DEVICE_* figures override. Which file is read depends only on
+    the machine and the thread count, never on which measurement was made last."""
     name = os.environ.get(DEVICE_ENV, "cpu")
     given = _overrides(None, None, None)
     if name != "cpu":
@@ -142,16 +152,42 @@ def planning_device() -> DeviceModel:
             known = ", ".join(d.name for d in DATA_SHEETS)
             raise DeviceSettingError(Diagnostic(f"{DEVICE_ENV}={name!r}: no data sheet (known: cpu, {known})"))
         return dataclasses.replace(sheet, **given)
-    cached = sorted(_cache_dir().glob(f"device-{_machine()}-*-v2.json"), key=_modified)
-    measured = _read(cached[-1]) if cached else None
+    measured = _read(_cache_file(planning_threads()))
     return dataclasses.replace(measured or NOMINAL_CPU, **given)
 
 
-def _modified(path: Path) -> float:
-    try:
-        return os.path.getmtime(path)
-    except OSError:  # a dangling link: read last, and refused there
-        return 0.0
+def planning_threads() -> int:
+    """The intra-op thread count torch will start with, predicted without importing torch as
+    torch 2.x on x86 sets it (ATen `init_num_threads` takes MKL's `mkl_get_max_threads`):
+    MKL_NUM_THREADS, else OMP_NUM_THREADS, when a positive integer, at most the physical cores
+    (MKL's dynamic adjustment, unless MKL_DYNAMIC=false; builds without MKL, off x86, take the
+    variable as it is); else the physical cores (`physical_cores`). Checked against
+    torch.get_num_threads() for each case in tests/test_device.py. A program that calls
+    torch.set_num_threads plans for the default all the same."""
+    cores = physical_cores()
+    capped = platform.machine().lower() in ("x86_64", "amd64") and os.environ.get("MKL_DYNAMIC", "").lower() not in (
+        "false",
+        "0",
+    )
+    for variable in ("MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(variable, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return min(int(value), cores) if capped else int(value)
+    return cores
+
+
+def physical_cores() -> int:
+    """The CPU's physical cores (distinct core and package ids in sysfs, as cpuinfo counts
+    them), else the logical CPUs."""
+    cores = set()
+    for topology in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology"):
+        try:
+            cores.add(
+                ((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip())
+            )
+        except OSError:
+            continue
+    return len(cores) or os.cpu_count() or 1
 
 
 def _cache_dir() -> Path:
@@ -171,7 +207,11 @@ def cache_path() -> Path:
     peak depends on both."""
     import torch
 
-    return _cache_dir() / f"device-{_machine()}-{torch.get_num_threads()}threads-v2.json"
+    return _cache_file(torch.get_num_threads())
+
+
+def _cache_file(threads: int) -> Path:
+    return _cache_dir() / f"device-{_machine()}-{threads}threads-v2.json"
 
 
 def local_cpu(
@@ -204,6 +244,8 @@ def _read(path: Path) -> DeviceModel | None:
     except (OSError, TdiagError, ValueError, TypeError, AttributeError):
         return None
     figures = (model.peak_flops, model.bandwidth, model.overhead)
+    if model.threads is not None and not isinstance(model.threads, int):
+        return None
     return model if all(isinstance(f, int | float) and f >= 0 for f in figures) and model.peak_flops else None
 
 
@@ -222,7 +264,7 @@ def measure_cpu(*, matmul: int = 2048, copy_bytes: int = 64 * 2**20, repeats: in
     add = 3 * copy_bytes / _best(lambda: torch.add(x, y, out=z), repeats)
     one = torch.ones(1)
     overhead = _best(lambda: torch.add(one, one, out=one), 200)
-    model = DeviceModel("cpu", flops, max(copy, add), overhead)
+    model = DeviceModel("cpu", flops, max(copy, add), overhead, threads=torch.get_num_threads())
     return dataclasses.replace(model, kinds=measure_kinds(model, repeats=max(repeats, 5)))
 
 

@@ -18,6 +18,7 @@ from .flex import ATTENTION_KERNELS, FlexLowering
 from .layout import Sizes, assign_layouts
 from .linear import LinearOrder
 from .literals import LiteralUnrolling
+from .objective import fastest_plan
 from .positions import PositionLowering
 from .program import (
     BATCH,
@@ -115,6 +116,15 @@ def build_plan(
     plan.stored = sorted(lowering.stored_used)
     plan.attributes = frozenset(lowering.attributes)
     mark_training_only(plan)
+    if objective == "time":
+        return fastest_plan(
+            plan,
+            lowering.device,
+            lowering.estimates > 0,
+            lambda other: build_plan(
+                graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=other, attention=attention
+            ),
+        )
     return plan
 
 

@@ -32,6 +32,7 @@ from .base import _Leaf, _value_leaves
 from .positions import _rename_position
 from .program import (
     BATCH,
+    FLEX_BLOCK,
     BlockMask,
     FlexAttention,
     ScoreArith,
@@ -42,6 +43,7 @@ from .program import (
     ScoreTerm,
     Step,
     Value,
+    causal_kernel_flops,
     score_reads,
     show_legs,
 )
@@ -144,6 +146,7 @@ class FlexLowering:
         )
         entries = self.numel([*heads, *queries, *keys])
         latent_size = self.numel(latent)
+        flops = 2 * entries * (latent_size + self.numel(features))
         notes = []
         if score is not None:
             read = ", ".join(f"{r.value.var}[{' '.join(show_legs(r.value.legs))}]" for r in score_reads(score))
@@ -166,7 +169,7 @@ class FlexLowering:
                 Value(self.names.fresh("attended"), legs),
                 description,
                 tuple(keys),
-                2 * entries * (latent_size + self.numel(features)),
+                flops,
                 exps=entries,
                 divisions=entries,
                 entries=entries,
@@ -175,6 +178,9 @@ class FlexLowering:
                 paper=entries * (2 * latent_size - 1) + self.numel(legs) * (2 * self.numel(keys) - 1),
                 score_flops=2 * entries * latent_size,
                 score_paper=entries * (2 * latent_size - 1),
+                kernel_flops=None
+                if block_mask is None
+                else causal_kernel_flops(flops, self.numel(keys), sympy.Integer(FLEX_BLOCK)),
             )
         )
         if self.target is self.steps:

@@ -95,12 +95,21 @@ def plan_table(plan: Plan, sizes: Mapping[str, int] | None = None) -> str:
         cells = [row[c].rjust(w) if c in RIGHT else row[c].ljust(w) for c, w in enumerate(widths)]
         return "  ".join([*cells, row[-1]]).rstrip()
 
-    lines = [table.title, ""]
+    lines = [table.title, *_device_lines(plan), ""]
     lines += [line(HEADER), *map(line, table.rows), ""]
     lines.append(table.total)
     lines += ["", "rewrites taken:"] + [f"  {note}" for note in table.lowered or ["none"]]
     lines += ["rewrites refused:"] + [f"  {note}" for note in table.refused or ["none"]]
     return "\n".join(lines)
+
+
+def _device_lines(plan: Plan) -> list[str]:
+    """The device the `time` objective planned on, and the whole plans it compared (objective.py)."""
+    from .objective import comparison_text
+
+    if plan.device is None:
+        return []
+    return [f"planning device: {plan.device.describe()}", comparison_text(plan)]
 
 
 def _with_formulas(table: _Table, show) -> tuple[tuple[str, ...], list[tuple[str, ...]], list[int]]:

@@ -26,6 +26,8 @@ from .program import (
     Value,
     VisibleMask,
     align,
+    causal_kernel_flops,
+    sdpa_query_block,
     show_legs,
 )
 
@@ -206,6 +208,9 @@ class FusedAttention:
                 paper=entries * (2 * latent_size - 1) + self.numel(legs) * (2 * self.numel(keys) - 1),
                 score_flops=2 * entries * latent_size,
                 score_paper=entries * (2 * latent_size - 1),
+                kernel_flops=causal_kernel_flops(flops, self.numel(keys), sdpa_query_block(self.numel(keys)))
+                if causal
+                else None,
             )
         )
         if self.target is self.steps:

@@ -21,6 +21,7 @@ from .program import (
     Scale,
     Softmax,
     Step,
+    executed_flops,
 )
 
 FORWARD_AND_BACKWARD = 3  # a backward pass costs about twice the forward's arithmetic and traffic
@@ -63,7 +64,7 @@ def plan_time(plan: Plan, device: DeviceModel, **sizes: int) -> float:
 
     records = footprint(plan).steps
     return sum(
-        step_time(device, number(step.flops), number(record.moved), op_kind(step.op))
+        step_time(device, number(executed_flops(step)), number(record.moved), op_kind(step.op))
         for step, record in zip([*plan.steps, *plan.update_steps], records, strict=True)
     )
 
@@ -72,6 +73,7 @@ class TimeModel:
     """Estimates a lowering's training-step time on the planning device."""
 
     _device: DeviceModel | None = None
+    estimates = 0  # trial estimates made: none means no choice the objective could change
 
     @property
     def device(self) -> DeviceModel:
@@ -95,10 +97,14 @@ class TimeModel:
 
     def estimated_time(self, steps: list[Step]) -> float:
         """Seconds a training step spends in `steps`, appended to the program so far."""
+        self.estimates += 1
         records = footprint(self.context(steps)).steps[len(self.steps) :]
         return sum(
             step_time(
-                self.device, self.at_planned_sizes(step.flops), self.at_planned_sizes(record.moved), op_kind(step.op)
+                self.device,
+                self.at_planned_sizes(executed_flops(step)),
+                self.at_planned_sizes(record.moved),
+                op_kind(step.op),
             )
             for step, record in zip(steps, records, strict=True)
         )
