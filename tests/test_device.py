@@ -1,6 +1,7 @@
 """tdiag.device: the roofline estimate, GPUs' data sheets by CUDA device name, and the local CPU
 measured once, cached, and overridden by arguments or the environment."""
 
+import dataclasses
 import json
 import math
 import os
@@ -155,3 +156,63 @@ def test_a_wrong_device_setting_is_a_one_line_error_of_the_command(capsys, monke
     assert main(["plan", "mhsa", "--at", "N=64"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"tdiag: error: {message}") and len(err.splitlines()) == 1
+
+
+# ---- the planning device: chosen by machine and thread count ---------------------------------
+
+
+def _cached(threads: int, peak: float, age: float) -> None:
+    """A cache file for `threads` threads with peak `peak`, modified `age` seconds ago."""
+    path = device._cache_file(threads)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = DeviceModel("cpu", peak, 1e10, 1e-6, threads=threads)
+    path.write_text(json.dumps(dataclasses.asdict(model)))
+    stamp = path.stat().st_mtime - age
+    os.utime(path, (stamp, stamp))
+
+
+@pytest.fixture
+def threads(cache, monkeypatch):
+    """A 4-core CPU whose thread count is set by OMP_NUM_THREADS alone."""
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_DYNAMIC", raising=False)
+    monkeypatch.setattr(device, "physical_cores", lambda: 4)
+    return lambda count: monkeypatch.setenv("OMP_NUM_THREADS", str(count))
+
+
+@pytest.mark.parametrize(("count", "newest"), [(1, 2), (2, 1)])
+def test_the_planning_device_is_the_measurement_of_the_thread_count_torch_will_use_whatever_is_newest(
+    threads, count, newest
+):
+    _cached(1, 1e11, age=100 if newest == 2 else 0)
+    _cached(2, 2e11, age=100 if newest == 1 else 0)
+    threads(count)
+    assert device.planning_device().peak_flops == count * 1e11
+
+
+def test_the_planning_device_without_a_measurement_of_its_thread_count_is_the_nominal_cpu(threads):
+    _cached(1, 1e11, age=0)
+    threads(3)
+    assert device.planning_device() == device.NOMINAL_CPU
+
+
+@pytest.mark.parametrize(
+    "environment",
+    [{}, {"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "64"}],
+)
+def test_the_predicted_thread_count_is_torchs(environment):
+    """torch's own count, read in a new process started with the variables, equals the prediction."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DYNAMIC")}
+    code = "import torch; from tdiag.device import planning_threads; print(torch.get_num_threads(), planning_threads())"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env | environment, cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    torch_count, predicted = result.stdout.split()
+    assert predicted == torch_count
+
+
+def test_a_measurement_records_its_thread_count():
+    import torch
+
+    model = device.measure_cpu(matmul=64, copy_bytes=2**16, repeats=1)
+    assert model.threads == torch.get_num_threads()

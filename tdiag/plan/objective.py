@@ -51,11 +51,14 @@ def _ms(seconds: float) -> str:
 
 
 def comparison_text(plan: Plan) -> str:
-    """`time objective: 12.3 ms (flops plan 13.0 ms, memory plan 15.1 ms)`: each compared plan's
-    estimated training-step time, the one taken first; empty when none was compared."""
+    """`time objective, a step at B=8: 12.3 ms (flops plan 13.0 ms, memory plan 15.1 ms)`: each
+    compared plan's estimated training-step time at the planned batch, the one taken first;
+    empty when none was compared."""
     if not plan.compared:
         return ""
     taken = taken_objective(plan)
     others = [f"{objective} plan {_ms(seconds)}" for objective, seconds in plan.compared.items() if objective != taken]
-    text = f"time objective: {_ms(plan.compared[taken])}" + (f", the {taken} plan" if taken != "time" else "")
+    text = f"time objective, a step at B={plan.sizes.get('B', 1)}: {_ms(plan.compared[taken])}" + (
+        f", the {taken} plan" if taken != "time" else ""
+    )
     return text + (f" ({', '.join(others)})" if others else " (no choice the objective decides: no other plan)")

@@ -209,7 +209,7 @@ class FusedAttention:
                 score_flops=2 * entries * latent_size,
                 score_paper=entries * (2 * latent_size - 1),
                 kernel_flops=causal_kernel_flops(flops, self.numel(keys), sdpa_query_block(self.numel(keys)))
-                if causal
+                if causal and visible is None  # with an attn_mask, the triangle is in the mask: no skipping
                 else None,
             )
         )
