@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import platform
 import re
@@ -39,6 +40,7 @@ class DeviceModel:
     overhead: float = 0.0
     kinds: tuple[tuple[str, float], ...] = ()  # measured time / roofline time, per op kind
     threads: int | None = None  # the CPU threads torch ran the measurement with
+    large_kinds: tuple[tuple[str, float], ...] = ()  # the same at LARGE_KIND_SHAPE, beyond the caches
 
     def describe(self) -> str:
         """The name and figures, as a plan report's header shows them."""
@@ -52,10 +54,25 @@ class DeviceModel:
         """Seconds for an op of `flops` arithmetic that moves `bytes` to and from memory."""
         return max(flops / self.peak_flops, bytes / self.bandwidth) + self.overhead
 
-    def factor(self, kind: str | None) -> float:
+    def factor(self, kind: str | None, moved: float | None = None) -> float:
         """How much longer than its roofline an op of `kind` takes forward and backward on this
-        device (`measure_kinds`); 1 for a kind not measured."""
-        return dict(self.kinds).get(kind, 1.0) if kind else 1.0
+        device (`measure_kinds`); 1 for a kind not measured. Given the bytes the op moves
+        forward, the factor measured at KIND_SHAPE (in the caches) holds up to that size, the one
+        measured at LARGE_KIND_SHAPE (beyond them) from that size on, and between the two it
+        goes linearly in log(bytes): an elementwise op on a score tensor of 16M entries costs
+        two to four times more per entry than on one of 2M (measured on the project CPU)."""
+        if not kind:
+            return 1.0
+        small = dict(self.kinds).get(kind, 1.0)
+        large = dict(self.large_kinds).get(kind)
+        if large is None or moved is None or kind not in PASSES:
+            return small
+        low, high = (PASSES[kind] * math.prod(shape) * 4 for shape in (KIND_SHAPE, LARGE_KIND_SHAPE))
+        if moved <= low:
+            return small
+        if moved >= high:
+            return large
+        return small + (large - small) * math.log(moved / low) / math.log(high / low)
 
     @property
     def ridge(self) -> float:
@@ -239,7 +256,8 @@ def local_cpu(
 def _read(path: Path) -> DeviceModel | None:
     try:
         fields = json.loads(read_regular(str(path), "device cache"))
-        fields["kinds"] = tuple((str(k), float(v)) for k, v in fields.get("kinds", ()))
+        for key in ("kinds", "large_kinds"):
+            fields[key] = tuple((str(k), float(v)) for k, v in fields.get(key, ()))
         model = DeviceModel(**fields)
     except (OSError, TdiagError, ValueError, TypeError, AttributeError):
         return None
@@ -249,10 +267,19 @@ def _read(path: Path) -> DeviceModel | None:
     return model if all(isinstance(f, int | float) and f >= 0 for f in figures) and model.peak_flops else None
 
 
-def measure_cpu(*, matmul: int = 2048, copy_bytes: int = 64 * 2**20, repeats: int = 3) -> DeviceModel:
+def measure_cpu(
+    *,
+    matmul: int = 2048,
+    copy_bytes: int = 64 * 2**20,
+    repeats: int = 3,
+    kind_shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+) -> DeviceModel:
     """Measure the CPU: float32 `matmul`-square products for peak FLOP/s, copying and adding
     `copy_bytes` arrays (well beyond the caches) for bandwidth, a one-element add for the per-op
-    overhead. Each figure is the best of `repeats`, the machine's capability rather than its noise."""
+    overhead, and each elementwise kind's factor in the caches and beyond them (`measure_kinds` at
+    `kind_shapes`, default KIND_SHAPE and LARGE_KIND_SHAPE, the sizes `DeviceModel.factor`
+    interpolates between). Each figure is the best of `repeats`, the machine's capability rather
+    than its noise."""
     import torch
 
     a, b = torch.randn(matmul, matmul), torch.randn(matmul, matmul)
@@ -265,13 +292,19 @@ def measure_cpu(*, matmul: int = 2048, copy_bytes: int = 64 * 2**20, repeats: in
     one = torch.ones(1)
     overhead = _best(lambda: torch.add(one, one, out=one), 200)
     model = DeviceModel("cpu", flops, max(copy, add), overhead, threads=torch.get_num_threads())
-    return dataclasses.replace(model, kinds=measure_kinds(model, repeats=max(repeats, 5)))
+    small, large = kind_shapes or (KIND_SHAPE, LARGE_KIND_SHAPE)
+    return dataclasses.replace(
+        model,
+        kinds=measure_kinds(model, shape=small, repeats=max(repeats, 5)),
+        large_kinds=measure_kinds(model, shape=large, repeats=max(repeats, 3)),
+    )
 
 
 # A forward and backward pass costs three forward passes on the roofline (plan/timing.py); the
 # ops below are measured against that at the size of a score tensor (batch 8, 4 heads, 256 × 256),
 # each as the generated module writes it, the result fresh and a gradient flowing back.
 KIND_SHAPE = (8, 4, 256, 256)
+LARGE_KIND_SHAPE = (1, 4, 2048, 2048)  # 64 MiB a tensor: beyond the last-level cache
 PASSES = {"normalize": 2, "softmax": 2, "mask": 2, "map": 2, "scale": 2, "sum": 3}  # forward reads + writes
 
 

@@ -100,7 +100,7 @@ def test_a_gpu_data_sheet_takes_overrides_too(monkeypatch):
 
 
 def test_a_real_measurement_gives_positive_finite_figures():
-    model = device.measure_cpu(matmul=128, copy_bytes=2**20, repeats=1)
+    model = device.measure_cpu(matmul=128, copy_bytes=2**20, repeats=1, kind_shapes=((2, 2, 16, 16), (2, 2, 32, 32)))
     assert all(0 < f < math.inf for f in (model.peak_flops, model.bandwidth, model.overhead))
 
 
@@ -214,5 +214,22 @@ def test_the_predicted_thread_count_is_torchs(environment):
 def test_a_measurement_records_its_thread_count():
     import torch
 
-    model = device.measure_cpu(matmul=64, copy_bytes=2**16, repeats=1)
+    model = device.measure_cpu(matmul=64, copy_bytes=2**16, repeats=1, kind_shapes=((2, 2, 16, 16), (2, 2, 32, 32)))
     assert model.threads == torch.get_num_threads()
+
+
+def test_an_op_beyond_the_caches_costs_the_factor_measured_there():
+    model = DeviceModel("toy", 1e9, 1e9, kinds=(("mask", 2.0),), large_kinds=(("mask", 6.0),))
+    small, large = (device.PASSES["mask"] * math.prod(s) * 4 for s in (device.KIND_SHAPE, device.LARGE_KIND_SHAPE))
+    assert model.factor("mask", small / 2) == 2.0
+    assert model.factor("mask", large * 2) == 6.0
+    assert model.factor("mask", math.sqrt(small * large)) == pytest.approx(4.0)
+    assert model.factor("mask") == 2.0
+
+
+def test_a_measurement_calibrates_each_kind_in_and_beyond_the_caches(cache, monkeypatch):
+    measured = DeviceModel("cpu", 1e11, 1e10, 1e-6, kinds=(("mask", 2.3),), large_kinds=(("mask", 5.1),))
+    monkeypatch.setattr(device, "measure_cpu", lambda: measured)
+    local_cpu()
+    (path,) = (device._cache_dir()).glob("device-*-v2.json")
+    assert device._read(path) == measured

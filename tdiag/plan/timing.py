@@ -40,9 +40,9 @@ KERNELS_PER_OP = 2  # one kernel forward, about one backward
 
 def step_time(device: DeviceModel, flops: float, moved: float, kind: str | None = None) -> float:
     """Seconds of one op in a training step: its forward and backward on the roofline, times the
-    device's measured factor for the op's kind (`op_kind`)."""
+    device's measured factor for the op's kind (`op_kind`) at the bytes it moves."""
     seconds = device.estimate(FORWARD_AND_BACKWARD * flops, FORWARD_AND_BACKWARD * moved)
-    return (seconds + (KERNELS_PER_OP - 1) * device.overhead) * device.factor(kind)
+    return (seconds + (KERNELS_PER_OP - 1) * device.overhead) * device.factor(kind, moved)
 
 
 SOFTMAX_PASSES = 2  # a softmax reads and writes its entries once forward (device.PASSES)
