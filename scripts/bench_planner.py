@@ -16,7 +16,9 @@ prints side by side:
     python scripts/bench_planner.py mhsa --n 1024 --masks causal --repeat 5
 
 Single thread by default (--threads; OMP_NUM_THREADS is set before torch starts, so the
-planner's device, keyed by that thread count, is the one timed), batch 1, F=256, H=4. Writes
+planner's device, keyed by that thread count, is the one timed), batch 1, F=256, H=4; each
+module is planned at the sizes it is timed at, the batch included (the time objective's choices
+depend on it: a score tensor of batch 8 no longer fits in the caches). Writes
 planner.json, planner.csv and (with matplotlib) planner.png in --out.
 """
 
@@ -110,11 +112,11 @@ def measure(design: str, causal: bool, n: int, objectives: list[str], args: argp
     model = local_cpu()
     loaded = tdiag.load(_file(design), **_sizes_for(_file(design), args.width, args.heads))
     loaded = loaded.with_causal_mask() if causal else loaded
-    lengths = {k: n for k, size in loaded.graph.sizes.items() if size.is_free}
+    lengths = {k: n for k, size in loaded.graph.sizes.items() if size.is_free} | {"B": args.batch}  # planned as timed
     modules = [loaded.module(lengths, objective=o) for o in objectives]
     mhsa = tdiag.load(_file("mhsa"), **_sizes_for(_file("mhsa"), args.width, args.heads))
     mhsa = mhsa.with_causal_mask() if causal else mhsa
-    sdpa = SdpaAttention(mhsa.module({"N": n}, objective="time"))
+    sdpa = SdpaAttention(mhsa.module({"N": n, "B": args.batch}, objective="time"))
     x = torch.randn(args.batch, n, args.width)
     timings = measure_all([*modules, sdpa], x, causal, args.repeat, other_inputs(loaded, args.batch, n, "cpu"))
     result = Result(Path(design).stem, causal, n)
@@ -130,7 +132,7 @@ def measure(design: str, causal: bool, n: int, objectives: list[str], args: argp
         result.ratio[name] = statistics.median(per_round)
         result.ratio_min[name], result.ratio_max[name] = min(per_round), max(per_round)
     result.kernel_flops = float(cost_report(plans[0]).at()["kernel_flops"])
-    result.mhsa_kernel_flops = float(cost_report(mhsa.plan(N=n, objective="time")).at()["kernel_flops"])
+    result.mhsa_kernel_flops = float(cost_report(mhsa.plan(N=n, B=args.batch, objective="time")).at()["kernel_flops"])
     result.efficiency = (result.ms[objectives[0]] / result.ms["sdpa"]) / (
         result.kernel_flops / result.mhsa_kernel_flops
     )
