@@ -228,7 +228,9 @@ def cache_path() -> Path:
 
 
 def _cache_file(threads: int) -> Path:
-    return _cache_dir() / f"device-{_machine()}-{threads}threads-v2.json"
+    return (
+        _cache_dir() / f"device-{_machine()}-{threads}threads-v3.json"
+    )  # v3: threads and large_kinds, which v2 readers refuse
 
 
 def local_cpu(
