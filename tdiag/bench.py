@@ -315,6 +315,7 @@ def run(
         if causal:
             design = design.with_causal_mask()
         lengths = {k: n for k, size in design.graph.sizes.items() if size.is_free}  # planned as timed: N, M at n
+        lengths["B"] = batch  # and the batch: the time objective's choices depend on it
         compiled = [design.module(lengths, device=device, objective=o) for o in objectives]
         x = torch.randn(batch, n, width, device=device)
         labels = ["tdiag compiled"] + [f"tdiag compiled ({o})" for o in objectives[1:]]

@@ -186,6 +186,11 @@ def _parser() -> _Parser:
     )
     p.add_argument("--format", choices=("table", "json"), default="table", help="a text table or JSON")
     p.add_argument(
+        "--causal",
+        action="store_true",
+        help="mask the future: causal(n, m) on every box over m (also the FLOPs a block-skipping kernel does)",
+    )
+    p.add_argument(
         "--convention",
         choices=("flop", "mac", "paper"),
         default="flop",
@@ -353,6 +358,7 @@ def _cost(args: argparse.Namespace) -> int:
         if fixed:
             design = load(design.graph.file, **fixed)
         runtime = {k: v for k, v in own.items() if design.graph.sizes[k].is_free}
+        design = design.with_causal_mask() if args.causal else design
         reports.append(cost_report(design.plan(objective=args.objective, **runtime), args.convention))
     print(to_json(reports, args.at) if args.format == "json" else table(reports, args.at))
     return 0

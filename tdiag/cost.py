@@ -12,7 +12,12 @@ Conventions for contractions (FiSH App. D, MGK App. B count differently from opt
 Softmax exponentials and divisions, and other elementwise work, are reported apart: every
 elementwise map (exp log relu elu1 sigmoid tanh softplus silu gelu sin cos sqrt abs clamp pow)
 counts one elementwise operation per element it produces, whatever its inner arithmetic, in
-`elementwise`, never in `flops`; so does each addition of a sum node and each scaling."""
+`elementwise`, never in `flops`; so does each addition of a sum node and each scaling.
+
+`flops` counts every entry of a causal attention, the papers' convention; `kernel_flops` counts
+what a kernel that skips the key blocks above the diagonal does (SDPA's is_causal, a
+FlexAttention causal block mask: about half at long N, plan/program.py `causal_kernel_flops`),
+which the `time` objective's model uses. The two differ only where a causal box is fused so."""
 
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import sympy
 from .graph import DesignGraph
 from .plan import BATCH_SIZE, Plan, Step
 from .plan.footprint import FLOAT, footprint
+from .plan.program import executed_flops
 
 CONVENTIONS = ("flop", "mac", "paper")
 METRICS = ("params", "flops", "softmax_entries", "peak_memory")
@@ -33,6 +39,7 @@ METRICS = ("params", "flops", "softmax_entries", "peak_memory")
 METRIC_TEXT = {
     "params": "parameters",
     "flops": "FLOPs",
+    "kernel_flops": "FLOPs a block-skipping kernel does",
     "score_flops": "FLOPs of the box arguments",
     "exps": "exponentials",
     "divisions": "divisions",
@@ -52,6 +59,7 @@ class CostReport:
     convention: str
     params: sympy.Expr
     flops: sympy.Expr
+    kernel_flops: sympy.Expr  # causal boxes fused so that the kernel skips the masked blocks
     score_flops: sympy.Expr  # only the computation of the softmax boxes' arguments (attention scores)
     exps: sympy.Expr
     divisions: sympy.Expr
@@ -83,6 +91,7 @@ class CostReport:
         return {
             "params": self.params,
             "flops": self.flops,
+            "kernel_flops": self.kernel_flops,
             "score_flops": self.score_flops,
             "exps": self.exps,
             "divisions": self.divisions,
@@ -107,7 +116,16 @@ class CostReport:
 
     def _rows(self, show) -> list[list[str]]:
         numbers = self.at()
-        return [[METRIC_TEXT[key], show(expr), _show_number(numbers[key])] for key, expr in self.formulas().items()]
+        return [
+            [METRIC_TEXT[key], show(expr), _show_number(numbers[key])]
+            for key, expr in self.formulas().items()
+            if key != "kernel_flops" or self.skips_blocks
+        ]
+
+    @property
+    def skips_blocks(self) -> bool:
+        """Whether a kernel of the plan skips masked blocks, so that its FLOPs differ from `flops`."""
+        return sympy.simplify(self.kernel_flops - self.flops) != 0
 
     def _title(self) -> str:
         return (
@@ -168,6 +186,13 @@ def _paper_cost(step: Step, plan: Plan) -> sympy.Expr:
     return outputs * (2 * summed - 1)
 
 
+def kernel_cost(step: Step, plan: Plan, convention: str) -> sympy.Expr:
+    """`step_cost` for the entries the step's kernel computes (a block-skipping causal kernel's)."""
+    if step.kernel_flops is None:
+        return step_cost(step, plan, convention)
+    return step_cost(step, plan, convention) * executed_flops(step) / step.flops
+
+
 def score_cost(step: Step, plan: Plan, convention: str) -> sympy.Expr:
     """The part of a step that computes a softmax box's argument (FiSH App. D.1's scope)."""
     if step.kind == "sdpa":
@@ -190,6 +215,7 @@ def cost_report(plan: Plan, convention: str = "flop") -> CostReport:
         convention=convention,
         params=graph.parameter_count(),
         flops=total([step_cost(s, plan, convention) for s in steps]),
+        kernel_flops=total([kernel_cost(s, plan, convention) for s in steps]),
         score_flops=total([score_cost(s, plan, convention) for s in steps]),
         exps=total([s.exps for s in steps]),
         divisions=total([s.divisions for s in steps]),
@@ -217,7 +243,16 @@ def _show_number(value: float | int) -> str:
 def table(reports: Sequence[CostReport], sizes: Mapping[str, int]) -> str:
     """Numbers side by side with ratios to the first design, then each design's formulas."""
     numbers = [r.at(**{k: v for k, v in sizes.items() if k in r.graph.sizes}) for r in reports]
-    metrics = (*METRICS, "score_flops", "exps", "divisions", "elementwise")
+    skipping = any(r.skips_blocks for r in reports)
+    metrics = (
+        *METRICS[:2],
+        *(["kernel_flops"] * skipping),
+        *METRICS[2:],
+        "score_flops",
+        "exps",
+        "divisions",
+        "elementwise",
+    )
     cells = {}
     for metric in metrics:
         base = numbers[0][metric]
@@ -237,6 +272,8 @@ def table(reports: Sequence[CostReport], sizes: Mapping[str, int]) -> str:
     for r in reports:
         lines.append(f"  {r.design}")
         for key, expr in r.formulas().items():
+            if key == "kernel_flops" and not r.skips_blocks:
+                continue
             lines.append(f"    {key:<16} {sympy.sstr(expr)}")
     return "\n".join(lines)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import platform
 import re
@@ -38,15 +39,40 @@ class DeviceModel:
     bandwidth: float
     overhead: float = 0.0
     kinds: tuple[tuple[str, float], ...] = ()  # measured time / roofline time, per op kind
+    threads: int | None = None  # the CPU threads torch ran the measurement with
+    large_kinds: tuple[tuple[str, float], ...] = ()  # the same at LARGE_KIND_SHAPE, beyond the caches
+
+    def describe(self) -> str:
+        """The name and figures, as a plan report's header shows them."""
+        threads = f", {self.threads} thread{'s' * (self.threads != 1)}" if self.threads else ""
+        return (
+            f"{self.name}{threads}: peak {self.peak_flops:.3g} FLOP/s, bandwidth {self.bandwidth:.3g} B/s, "
+            f"{self.overhead * 1e6:.3g} µs per op"
+        )
 
     def estimate(self, flops: float, bytes: float) -> float:
         """Seconds for an op of `flops` arithmetic that moves `bytes` to and from memory."""
         return max(flops / self.peak_flops, bytes / self.bandwidth) + self.overhead
 
-    def factor(self, kind: str | None) -> float:
+    def factor(self, kind: str | None, moved: float | None = None) -> float:
         """How much longer than its roofline an op of `kind` takes forward and backward on this
-        device (`measure_kinds`); 1 for a kind not measured."""
-        return dict(self.kinds).get(kind, 1.0) if kind else 1.0
+        device (`measure_kinds`); 1 for a kind not measured. Given the bytes the op moves
+        forward, the factor measured at KIND_SHAPE (in the caches) holds up to that size, the one
+        measured at LARGE_KIND_SHAPE (beyond them) from that size on, and between the two it
+        goes linearly in log(bytes): an elementwise op on a score tensor of 16M entries costs
+        two to four times more per entry than on one of 2M (measured on the project CPU)."""
+        if not kind:
+            return 1.0
+        small = dict(self.kinds).get(kind, 1.0)
+        large = dict(self.large_kinds).get(kind)
+        if large is None or moved is None or kind not in PASSES:
+            return small
+        low, high = (PASSES[kind] * math.prod(shape) * 4 for shape in (KIND_SHAPE, LARGE_KIND_SHAPE))
+        if moved <= low:
+            return small
+        if moved >= high:
+            return large
+        return small + (large - small) * math.log(moved / low) / math.log(high / low)
 
     @property
     def ridge(self) -> float:
@@ -131,9 +157,10 @@ NOMINAL_CPU = DeviceModel("cpu (nominal)", 100e9, 10e9, 5e-6)
 
 def planning_device() -> DeviceModel:
     """The device the `time` objective plans for, without importing torch: a CUDA device name
-    in TDIAG_DEVICE (its data sheet), else the local CPU's cached measurement (`local_cpu`, made
-    by `tdiag bench` or the first module built for `time`), else a nominal CPU; the
-    TDIAG_DEVICE_* figures override."""
+    in TDIAG_DEVICE (its data sheet), else the local CPU's cached measurement for the thread
+    count torch will use (`planning_threads`; the file `local_cpu` writes, made by `tdiag bench`),
+    else a nominal CPU; the TDIAG_DEVICE_* figures override. Which file is read depends only on
+    the machine and the thread count, never on which measurement was made last."""
     name = os.environ.get(DEVICE_ENV, "cpu")
     given = _overrides(None, None, None)
     if name != "cpu":
@@ -142,16 +169,42 @@ def planning_device() -> DeviceModel:
             known = ", ".join(d.name for d in DATA_SHEETS)
             raise DeviceSettingError(Diagnostic(f"{DEVICE_ENV}={name!r}: no data sheet (known: cpu, {known})"))
         return dataclasses.replace(sheet, **given)
-    cached = sorted(_cache_dir().glob(f"device-{_machine()}-*-v2.json"), key=_modified)
-    measured = _read(cached[-1]) if cached else None
+    measured = _read(_cache_file(planning_threads()))
     return dataclasses.replace(measured or NOMINAL_CPU, **given)
 
 
-def _modified(path: Path) -> float:
-    try:
-        return os.path.getmtime(path)
-    except OSError:  # a dangling link: read last, and refused there
-        return 0.0
+def planning_threads() -> int:
+    """The intra-op thread count torch will start with, predicted without importing torch as
+    torch 2.x on x86 sets it (ATen `init_num_threads` takes MKL's `mkl_get_max_threads`):
+    MKL_NUM_THREADS, else OMP_NUM_THREADS, when a positive integer, at most the physical cores
+    (MKL's dynamic adjustment, unless MKL_DYNAMIC=false; builds without MKL, off x86, take the
+    variable as it is); else the physical cores (`physical_cores`). Checked against
+    torch.get_num_threads() for each case in tests/test_device.py. A program that calls
+    torch.set_num_threads plans for the default all the same."""
+    cores = physical_cores()
+    capped = platform.machine().lower() in ("x86_64", "amd64") and os.environ.get("MKL_DYNAMIC", "").lower() not in (
+        "false",
+        "0",
+    )
+    for variable in ("MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(variable, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return min(int(value), cores) if capped else int(value)
+    return cores
+
+
+def physical_cores() -> int:
+    """The CPU's physical cores (distinct core and package ids in sysfs, as cpuinfo counts
+    them), else the logical CPUs."""
+    cores = set()
+    for topology in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology"):
+        try:
+            cores.add(
+                ((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip())
+            )
+        except OSError:
+            continue
+    return len(cores) or os.cpu_count() or 1
 
 
 def _cache_dir() -> Path:
@@ -171,7 +224,13 @@ def cache_path() -> Path:
     peak depends on both."""
     import torch
 
-    return _cache_dir() / f"device-{_machine()}-{torch.get_num_threads()}threads-v2.json"
+    return _cache_file(torch.get_num_threads())
+
+
+def _cache_file(threads: int) -> Path:
+    return (
+        _cache_dir() / f"device-{_machine()}-{threads}threads-v3.json"
+    )  # v3: threads and large_kinds, which v2 readers refuse
 
 
 def local_cpu(
@@ -199,18 +258,30 @@ def local_cpu(
 def _read(path: Path) -> DeviceModel | None:
     try:
         fields = json.loads(read_regular(str(path), "device cache"))
-        fields["kinds"] = tuple((str(k), float(v)) for k, v in fields.get("kinds", ()))
+        for key in ("kinds", "large_kinds"):
+            fields[key] = tuple((str(k), float(v)) for k, v in fields.get(key, ()))
         model = DeviceModel(**fields)
     except (OSError, TdiagError, ValueError, TypeError, AttributeError):
         return None
     figures = (model.peak_flops, model.bandwidth, model.overhead)
+    if model.threads is not None and not isinstance(model.threads, int):
+        return None
     return model if all(isinstance(f, int | float) and f >= 0 for f in figures) and model.peak_flops else None
 
 
-def measure_cpu(*, matmul: int = 2048, copy_bytes: int = 64 * 2**20, repeats: int = 3) -> DeviceModel:
+def measure_cpu(
+    *,
+    matmul: int = 2048,
+    copy_bytes: int = 64 * 2**20,
+    repeats: int = 3,
+    kind_shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+) -> DeviceModel:
     """Measure the CPU: float32 `matmul`-square products for peak FLOP/s, copying and adding
     `copy_bytes` arrays (well beyond the caches) for bandwidth, a one-element add for the per-op
-    overhead. Each figure is the best of `repeats`, the machine's capability rather than its noise."""
+    overhead, and each elementwise kind's factor in the caches and beyond them (`measure_kinds` at
+    `kind_shapes`, default KIND_SHAPE and LARGE_KIND_SHAPE, the sizes `DeviceModel.factor`
+    interpolates between). Each figure is the best of `repeats`, the machine's capability rather
+    than its noise."""
     import torch
 
     a, b = torch.randn(matmul, matmul), torch.randn(matmul, matmul)
@@ -222,14 +293,20 @@ def measure_cpu(*, matmul: int = 2048, copy_bytes: int = 64 * 2**20, repeats: in
     add = 3 * copy_bytes / _best(lambda: torch.add(x, y, out=z), repeats)
     one = torch.ones(1)
     overhead = _best(lambda: torch.add(one, one, out=one), 200)
-    model = DeviceModel("cpu", flops, max(copy, add), overhead)
-    return dataclasses.replace(model, kinds=measure_kinds(model, repeats=max(repeats, 5)))
+    model = DeviceModel("cpu", flops, max(copy, add), overhead, threads=torch.get_num_threads())
+    small, large = kind_shapes or (KIND_SHAPE, LARGE_KIND_SHAPE)
+    return dataclasses.replace(
+        model,
+        kinds=measure_kinds(model, shape=small, repeats=max(repeats, 5)),
+        large_kinds=measure_kinds(model, shape=large, repeats=max(repeats, 3)),
+    )
 
 
 # A forward and backward pass costs three forward passes on the roofline (plan/timing.py); the
 # ops below are measured against that at the size of a score tensor (batch 8, 4 heads, 256 × 256),
 # each as the generated module writes it, the result fresh and a gradient flowing back.
 KIND_SHAPE = (8, 4, 256, 256)
+LARGE_KIND_SHAPE = (1, 4, 2048, 2048)  # 64 MiB a tensor: beyond the last-level cache
 PASSES = {"normalize": 2, "softmax": 2, "mask": 2, "map": 2, "scale": 2, "sum": 3}  # forward reads + writes
 
 

@@ -139,3 +139,73 @@ def test_mgk_query_norm_is_never_computed():
     plan = tdiag.load(DESIGNS / "mgk.td").plan()
     norms = [s for s in plan.steps if s.kind == "norm"]
     assert len(norms) == 1 and "r" in norms[0].description
+
+
+# ---- causal boxes: the dense count and what a block-skipping kernel does ---------------------
+
+
+def attention_step(plan, kind: str = "sdpa"):
+    (step,) = [s for s in plan.steps if s.kind == kind]
+    return step
+
+
+def mhsa(**sizes) -> tdiag.Design:
+    return tdiag.load(DESIGNS / "mhsa.td", F=256, H=4, **sizes)
+
+
+def test_causal_sdpa_does_the_triangle_at_the_cpu_kernels_block_of_256_queries():
+    """Of N² score entries the CPU flash kernel computes N(N + 256)/2 at N=1024: 0.625 of them."""
+    from tdiag.plan.program import BATCH_SIZE, executed_flops
+
+    plan = mhsa().with_causal_mask().plan(N=1024, objective="flops")
+    step = attention_step(plan)
+    dense, kernel = (
+        float(plan.graph.evaluate(f, N=1024).subs(BATCH_SIZE, 1)) for f in (step.flops, executed_flops(step))
+    )
+    assert kernel / dense == pytest.approx((1024 + 256) / 2048)
+
+
+def test_causal_kernel_flops_are_about_half_the_dense_ones_for_mhsa_at_n_1024():
+    report = mhsa().with_causal_mask().cost(N=1024).at()
+    attention = 2 * 4 * 1024**2 * (64 + 64)
+    assert report["flops"] - report["kernel_flops"] == pytest.approx(attention * (1 - 1280 / 2048))
+
+
+def test_plain_kernel_flops_are_the_dense_ones():
+    report = mhsa().cost(N=1024).at()
+    assert report["kernel_flops"] == report["flops"]
+
+
+@pytest.mark.parametrize(("name", "objective"), [("mgk", "memory"), ("alibi", "flops")])
+def test_a_causal_mask_given_in_an_attn_mask_skips_nothing(name, objective):
+    """With the keys over two legs (MGK's m r) the triangle is a boolean attn_mask; with an additive
+    bias (ALiBi) it is in the float attn_mask: the kernel computes every entry of either."""
+    plan = tdiag.load(DESIGNS / f"{name}.td").with_causal_mask().plan(N=512, objective=objective)
+    step = attention_step(plan)
+    assert step.op.mask is not None and step.kernel_flops is None
+
+
+def test_a_causal_flex_block_mask_does_the_triangle_at_its_block_of_128():
+    from tdiag.plan.program import BATCH_SIZE, executed_flops
+
+    plan = mhsa().with_causal_mask().plan(N=1024, attention="flex")
+    step = attention_step(plan, "flex")
+    dense, kernel = (
+        float(plan.graph.evaluate(f, N=1024).subs(BATCH_SIZE, 1)) for f in (step.flops, executed_flops(step))
+    )
+    assert kernel / dense == pytest.approx((1024 + 128) / 2048)
+
+
+def test_cost_causal_prints_the_dense_and_the_kernel_flops(capsys):
+    from tdiag.cli import main
+
+    assert main(["cost", str(DESIGNS / "mhsa.td"), "--causal", "--at", "N=1024,F=256,H=4"]) == 0
+    rows = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()[3:9] if line.strip()}
+    assert rows["flops"] == "1,610,612,736" and rows["kernel_flops"] == "1,207,959,552"
+
+
+def test_cost_of_a_plain_design_prints_no_kernel_flops(capsys):
+    from tdiag.cli import main
+
+    assert main(["cost", str(DESIGNS / "mhsa.td"), "--at", "N=1024"]) == 0
+    assert "kernel_flops" not in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """tdiag.device: the roofline estimate, GPUs' data sheets by CUDA device name, and the local CPU
 measured once, cached, and overridden by arguments or the environment."""
 
+import dataclasses
 import json
 import math
 import os
@@ -99,7 +100,7 @@ def test_a_gpu_data_sheet_takes_overrides_too(monkeypatch):
 
 
 def test_a_real_measurement_gives_positive_finite_figures():
-    model = device.measure_cpu(matmul=128, copy_bytes=2**20, repeats=1)
+    model = device.measure_cpu(matmul=128, copy_bytes=2**20, repeats=1, kind_shapes=((2, 2, 16, 16), (2, 2, 32, 32)))
     assert all(0 < f < math.inf for f in (model.peak_flops, model.bandwidth, model.overhead))
 
 
@@ -119,7 +120,7 @@ def test_the_measured_op_kinds_are_kept_in_the_cache_file(cache, monkeypatch):
     measured = DeviceModel("cpu", 1e11, 1e10, 1e-6, kinds=(("normalize", 4.2), ("mask", 2.3)))
     monkeypatch.setattr(device, "measure_cpu", lambda: measured)
     local_cpu()
-    (path,) = (device._cache_dir()).glob("device-*-v2.json")
+    (path,) = (device._cache_dir()).glob("device-*-v3.json")
     assert json.loads(path.read_text())["kinds"] == [["normalize", 4.2], ["mask", 2.3]]
     assert device._read(path) == measured
 
@@ -155,3 +156,80 @@ def test_a_wrong_device_setting_is_a_one_line_error_of_the_command(capsys, monke
     assert main(["plan", "mhsa", "--at", "N=64"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"tdiag: error: {message}") and len(err.splitlines()) == 1
+
+
+# ---- the planning device: chosen by machine and thread count ---------------------------------
+
+
+def _cached(threads: int, peak: float, age: float) -> None:
+    """A cache file for `threads` threads with peak `peak`, modified `age` seconds ago."""
+    path = device._cache_file(threads)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = DeviceModel("cpu", peak, 1e10, 1e-6, threads=threads)
+    path.write_text(json.dumps(dataclasses.asdict(model)))
+    stamp = path.stat().st_mtime - age
+    os.utime(path, (stamp, stamp))
+
+
+@pytest.fixture
+def threads(cache, monkeypatch):
+    """A 4-core CPU whose thread count is set by OMP_NUM_THREADS alone."""
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_DYNAMIC", raising=False)
+    monkeypatch.setattr(device, "physical_cores", lambda: 4)
+    return lambda count: monkeypatch.setenv("OMP_NUM_THREADS", str(count))
+
+
+@pytest.mark.parametrize(("count", "newest"), [(1, 2), (2, 1)])
+def test_the_planning_device_is_the_measurement_of_the_thread_count_torch_will_use_whatever_is_newest(
+    threads, count, newest
+):
+    _cached(1, 1e11, age=100 if newest == 2 else 0)
+    _cached(2, 2e11, age=100 if newest == 1 else 0)
+    threads(count)
+    assert device.planning_device().peak_flops == count * 1e11
+
+
+def test_the_planning_device_without_a_measurement_of_its_thread_count_is_the_nominal_cpu(threads):
+    _cached(1, 1e11, age=0)
+    threads(3)
+    assert device.planning_device() == device.NOMINAL_CPU
+
+
+@pytest.mark.parametrize(
+    "environment",
+    [{}, {"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "64"}],
+)
+def test_the_predicted_thread_count_is_torchs(environment):
+    """torch's own count, read in a new process started with the variables, equals the prediction."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DYNAMIC")}
+    code = "import torch; from tdiag.device import planning_threads; print(torch.get_num_threads(), planning_threads())"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env | environment, cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    torch_count, predicted = result.stdout.split()
+    assert predicted == torch_count
+
+
+def test_a_measurement_records_its_thread_count():
+    import torch
+
+    model = device.measure_cpu(matmul=64, copy_bytes=2**16, repeats=1, kind_shapes=((2, 2, 16, 16), (2, 2, 32, 32)))
+    assert model.threads == torch.get_num_threads()
+
+
+def test_an_op_beyond_the_caches_costs_the_factor_measured_there():
+    model = DeviceModel("toy", 1e9, 1e9, kinds=(("mask", 2.0),), large_kinds=(("mask", 6.0),))
+    small, large = (device.PASSES["mask"] * math.prod(s) * 4 for s in (device.KIND_SHAPE, device.LARGE_KIND_SHAPE))
+    assert model.factor("mask", small / 2) == 2.0
+    assert model.factor("mask", large * 2) == 6.0
+    assert model.factor("mask", math.sqrt(small * large)) == pytest.approx(4.0)
+    assert model.factor("mask") == 2.0
+
+
+def test_a_measurement_calibrates_each_kind_in_and_beyond_the_caches(cache, monkeypatch):
+    measured = DeviceModel("cpu", 1e11, 1e10, 1e-6, kinds=(("mask", 2.3),), large_kinds=(("mask", 5.1),))
+    monkeypatch.setattr(device, "measure_cpu", lambda: measured)
+    local_cpu()
+    (path,) = (device._cache_dir()).glob("device-*-v3.json")
+    assert device._read(path) == measured

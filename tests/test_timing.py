@@ -123,3 +123,51 @@ def test_a_device_whose_normalize_is_dear_takes_the_chunked_causal_order(cpu, mo
     assert not chunked(causal_mlk().plan(N=128, objective="time"))
     monkeypatch.setattr(timing, "planning_device", planning_device_with(4.0))
     assert chunked(causal_mlk().plan(N=128, objective="time"))
+
+
+# ---- fused attention in the time model ---------------------------------------------------------
+
+
+def attention_time(plan, model):
+    """The estimated seconds of the plan's one SDPA step, and its inputs to the roofline."""
+    from tdiag.plan.footprint import footprint
+    from tdiag.plan.program import BATCH_SIZE
+    from tdiag.plan.timing import op_time
+
+    records = footprint(plan).steps
+    (k,) = [k for k, s in enumerate(plan.steps) if s.kind == "sdpa"]
+
+    def number(expr):
+        return float(plan.graph.evaluate(expr, **{"N": plan.sizes["N"]}).xreplace({BATCH_SIZE: plan.sizes["B"]}))
+
+    return op_time(model, plan.steps[k], records[k], number), plan.steps[k], records[k], number
+
+
+def test_a_causal_sdpa_is_timed_for_the_flops_its_kernel_does():
+    model = device.DeviceModel("toy", 1e9, 1e15, 0.0)  # arithmetic alone counts
+    plain = tdiag.load(DESIGNS / "mhsa.td", F=256, H=4).plan(N=1024, objective="flops")
+    causal = tdiag.load(DESIGNS / "mhsa.td", F=256, H=4).with_causal_mask().plan(N=1024, objective="flops")
+    assert attention_time(causal, model)[0] / attention_time(plain, model)[0] == pytest.approx((1024 + 256) / 2048)
+
+
+def test_a_fused_attention_pays_the_softmax_of_its_entries():
+    """The kernel stores no scores but still exponentiates and normalizes each, forward and backward."""
+    from tdiag.plan.timing import softmax_seconds, step_time
+
+    model = device.DeviceModel("toy", 1e11, 1e10, 0.0, kinds=(("softmax", 2.0),))
+    plan = tdiag.load(DESIGNS / "mhsa.td", F=256, H=4).plan(N=512, objective="flops")
+    seconds, step, record, number = attention_time(plan, model)
+    roofline = step_time(model, number(step.flops), number(record.moved))
+    assert seconds == pytest.approx(roofline + softmax_seconds(model, number(step.entries)))
+    assert softmax_seconds(model, 1e6) == pytest.approx(2 * softmax_seconds(device.DeviceModel("toy", 1e11, 1e10), 1e6))
+
+
+def test_sdpa_on_its_math_kernel_adds_its_arithmetic_and_its_traffic():
+    from tdiag.plan.timing import softmax_seconds, step_time
+
+    model = device.DeviceModel("toy", 1e11, 1e10, 0.0)
+    plan = tdiag.load(DESIGNS / "hard_fish.td", F=256, H=4).plan(N=512, objective="memory")  # folded: 3-D
+    seconds, step, record, number = attention_time(plan, model)
+    assert record.kernel.startswith("math")
+    arithmetic, traffic = step_time(model, number(step.flops), 0.0), step_time(model, 0.0, number(record.moved))
+    assert seconds == pytest.approx(arithmetic + traffic + softmax_seconds(model, number(step.entries)))

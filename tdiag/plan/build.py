@@ -17,6 +17,7 @@ from .elementwise import ElementwiseLowering
 from .flex import ATTENTION_KERNELS
 from .layout import Sizes, assign_layouts
 from .literals import LiteralUnrolling
+from .objective import fastest_plan
 from .positions import PositionLowering
 from .program import (
     BATCH,
@@ -114,6 +115,15 @@ def build_plan(
     plan.stored = sorted(lowering.stored_used)
     plan.attributes = frozenset(lowering.attributes)
     mark_training_only(plan)
+    if objective == "time":
+        return fastest_plan(
+            plan,
+            lowering.device,
+            lowering.estimates > 0,
+            lambda other: build_plan(
+                graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=other, attention=attention
+            ),
+        )
     return plan
 
 

@@ -34,6 +34,7 @@ from .base import _Leaf, _value_leaves
 from .positions import _rename_position
 from .program import (
     BATCH,
+    FLEX_BLOCK,
     BlockMask,
     FlexAttention,
     ScoreArith,
@@ -44,6 +45,7 @@ from .program import (
     ScoreTerm,
     Step,
     Value,
+    causal_kernel_flops,
     score_reads,
     show_legs,
 )
@@ -148,6 +150,7 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
     )
     entries = ctx.numel([*heads, *queries, *keys])
     latent_size = ctx.numel(latent)
+    flops = 2 * entries * (latent_size + ctx.numel(features))
     notes = []
     if score is not None:
         read = ", ".join(f"{r.value.var}[{' '.join(show_legs(r.value.legs))}]" for r in score_reads(score))
@@ -170,7 +173,7 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
             Value(ctx.names.fresh("attended"), legs),
             description,
             tuple(keys),
-            2 * entries * (latent_size + ctx.numel(features)),
+            flops,
             exps=entries,
             divisions=entries,
             entries=entries,
@@ -179,6 +182,9 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
             paper=entries * (2 * latent_size - 1) + ctx.numel(legs) * (2 * ctx.numel(keys) - 1),
             score_flops=2 * entries * latent_size,
             score_paper=entries * (2 * latent_size - 1),
+            kernel_flops=None
+            if block_mask is None
+            else causal_kernel_flops(flops, ctx.numel(keys), sympy.Integer(FLEX_BLOCK)),
         )
     )
     if ctx.target is ctx.steps:

@@ -142,7 +142,7 @@ def plan_table(plan: Plan, sizes: Mapping[str, int] | None = None) -> str:
         cells = [row[c].rjust(w) if c in RIGHT else row[c].ljust(w) for c, w in enumerate(widths)]
         return "  ".join([*cells, row[-1]]).rstrip()
 
-    lines = [table.title, ""]
+    lines = [table.title, *_device_lines(plan), ""]
     lines += [line(HEADER), *map(line, table.rows), ""]
     lines.append(table.total)
     if table.choices:
@@ -164,6 +164,15 @@ def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
         return ("    " + "  ".join([*cells, row[-1]])).rstrip()
 
     return [line(row) for row in every]
+
+
+def _device_lines(plan: Plan) -> list[str]:
+    """The device the `time` objective planned on, and the whole plans it compared (objective.py)."""
+    from .objective import comparison_text
+
+    if plan.device is None:
+        return []
+    return [f"planning device: {plan.device.describe()}", comparison_text(plan)]
 
 
 def _with_formulas(table: _Table, show) -> tuple[tuple[str, ...], list[tuple[str, ...]], list[int]]:

@@ -28,6 +28,8 @@ from .program import (
     Value,
     VisibleMask,
     align,
+    causal_kernel_flops,
+    sdpa_query_block,
     show_legs,
 )
 from .sdpa_match import MatchedAttention
@@ -147,6 +149,9 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
             paper=entries * (2 * latent_size - 1) + ctx.numel(legs) * (2 * ctx.numel(keys) - 1),
             score_flops=2 * entries * latent_size,
             score_paper=entries * (2 * latent_size - 1),
+            kernel_flops=causal_kernel_flops(flops, ctx.numel(keys), sdpa_query_block(ctx.numel(keys)))
+            if causal and visible is None  # with an attn_mask, the triangle is in the mask: no skipping
+            else None,
         )
     )
     if ctx.target is ctx.steps:

@@ -1,18 +1,28 @@
 """The `time` objective: a trial plan's training-step time estimated op by op on a roofline of
 the planning device (device.py): each op takes the longer of its FLOPs at the device's peak and
 the bytes it moves (copies included, from the footprint pass) at its bandwidth, plus a per-op
-overhead; forward and backward together count three forward passes and two overheads."""
+overhead; forward and backward together count three forward passes and two overheads.
+
+A fused attention (SDPA, FlexAttention) is costed for the FLOPs its kernel does (a causal one
+skips the blocks above the diagonal: program.py `causal_kernel_flops`) plus the softmax of the
+score entries it computes, which it never stores but still exponentiates and normalizes forward
+and again backward, at the device's measured softmax rate per entry (`softmax_seconds`); SDPA
+on its math kernel (footprint.py's `kernel`) is a matmul, a stored softmax and a matmul in turn,
+so its arithmetic and its traffic add up instead of overlapping."""
 
 from __future__ import annotations
 
 import sympy
 
 from ..device import DeviceModel, planning_device
+from .abstract import FLOAT, StepFootprint
 from .footprint import footprint
 from .program import (
     BATCH_SIZE,
+    Attention,
     ChunkCount,
     Elementwise,
+    FlexAttention,
     Map,
     MaskFill,
     Normalize,
@@ -21,6 +31,7 @@ from .program import (
     Scale,
     Softmax,
     Step,
+    executed_flops,
 )
 
 FORWARD_AND_BACKWARD = 3  # a backward pass costs about twice the forward's arithmetic and traffic
@@ -29,9 +40,32 @@ KERNELS_PER_OP = 2  # one kernel forward, about one backward
 
 def step_time(device: DeviceModel, flops: float, moved: float, kind: str | None = None) -> float:
     """Seconds of one op in a training step: its forward and backward on the roofline, times the
-    device's measured factor for the op's kind (`op_kind`)."""
+    device's measured factor for the op's kind (`op_kind`) at the bytes it moves."""
     seconds = device.estimate(FORWARD_AND_BACKWARD * flops, FORWARD_AND_BACKWARD * moved)
-    return (seconds + (KERNELS_PER_OP - 1) * device.overhead) * device.factor(kind)
+    return (seconds + (KERNELS_PER_OP - 1) * device.overhead) * device.factor(kind, moved)
+
+
+SOFTMAX_PASSES = 2  # a softmax reads and writes its entries once forward (device.PASSES)
+
+
+def softmax_seconds(device: DeviceModel, entries: float) -> float:
+    """Seconds of a training step's softmax over `entries` score entries (exponentials and the
+    normalization, forward and backward) at the device's measured softmax rate, no overhead."""
+    return FORWARD_AND_BACKWARD * SOFTMAX_PASSES * FLOAT * entries / device.bandwidth * device.factor("softmax")
+
+
+def op_time(device: DeviceModel, step: Step, record: StepFootprint, number) -> float:
+    """Seconds of one step of the plan in a training step; `number` evaluates its formulas."""
+    flops, moved = number(executed_flops(step)), number(record.moved)
+    if not isinstance(step.op, Attention | FlexAttention):
+        return step_time(device, flops, moved, op_kind(step.op))
+    dense = number(step.flops)
+    entries = number(step.entries) * (flops / dense if dense else 1.0)
+    if record.kernel.startswith("math"):
+        seconds = step_time(device, flops, 0.0) + step_time(device, 0.0, moved) - KERNELS_PER_OP * device.overhead
+    else:
+        seconds = step_time(device, flops, moved)
+    return seconds + softmax_seconds(device, entries)
 
 
 def op_kind(op: object) -> str | None:
@@ -63,7 +97,7 @@ def plan_time(plan: Plan, device: DeviceModel, **sizes: int) -> float:
 
     records = footprint(plan).steps
     return sum(
-        step_time(device, number(step.flops), number(record.moved), op_kind(step.op))
+        op_time(device, step, record, number)
         for step, record in zip([*plan.steps, *plan.update_steps], records, strict=True)
     )
 
@@ -72,6 +106,7 @@ class TimeModel:
     """Estimates a lowering's training-step time on the planning device."""
 
     _device: DeviceModel | None = None
+    estimates = 0  # trial estimates made: none means no choice the objective could change
 
     @property
     def device(self) -> DeviceModel:
@@ -95,11 +130,10 @@ class TimeModel:
 
     def estimated_time(self, steps: list[Step]) -> float:
         """Seconds a training step spends in `steps`, appended to the program so far."""
+        self.estimates += 1
         records = footprint(self.context(steps)).steps[len(self.steps) :]
         return sum(
-            step_time(
-                self.device, self.at_planned_sizes(step.flops), self.at_planned_sizes(record.moved), op_kind(step.op)
-            )
+            op_time(self.device, step, record, self.at_planned_sizes)
             for step, record in zip(steps, records, strict=True)
         )
 
