@@ -21,6 +21,11 @@ from .program import (
 )
 
 CHUNK_SIZES = (4, 8, 16, 32, 64, 128, 256)  # the chunk sizes tried, each a power of two
+# where a factor carrying neither the query nor the key leg may go: in both the within-chunk
+# product and the query side of the across-chunk one, in the key side's per-chunk state, or
+# applied once to the sum of the two parts (a factor common to both, contracted once: a core
+# C[r s] in THSA's denominator)
+PLACEMENTS = ("both", "state", "after")
 
 
 def _cost(cost: float, objective: str) -> str:
@@ -81,28 +86,45 @@ class ChunkedCausal:
         )
 
     def cheapest_chunked(self, query, key, leaves, out, coefficient, var) -> Value:
-        """chunked_contract with the factors carrying neither leg placed on the side (the key
-        side's state or the query side) where the objective's cost is least."""
+        """chunked_contract with each factor carrying neither leg placed where the objective's
+        cost is least, over every combination for up to four such factors (PLACEMENTS); more
+        stay in both parts."""
         free = [leaf for leaf in leaves if key not in leaf.legs and query not in leaf.legs]
-        best, best_cost = [], None
-        choices = itertools.product((0, 1), repeat=len(free)) if len(free) <= 4 else [(0,) * len(free)]
+        choices = itertools.product(PLACEMENTS, repeat=len(free)) if len(free) <= 4 else [("both",) * len(free)]
+        best, best_cost = {}, None
         for choice in choices:
-            joined = [leaf for leaf, c in zip(free, choice, strict=True) if c]
-            cost = self.trial(lambda j=joined: self.chunked_contract(query, key, leaves, j, out, coefficient, var))
+            placed = dict(zip(map(id, free), choice, strict=True))
+            cost = self.trial(lambda p=placed: self.placed_contract(query, key, leaves, p, out, coefficient, var))
             if best_cost is None or cost < best_cost:
-                best, best_cost = joined, cost
+                best, best_cost = placed, cost
         if self.target is self.steps and (query, key) in self.chunk_notes:
             note = self.chunk_notes[(query, key)]
             if note not in self.lowered:
                 self.lowered.append(note)
-        return self.chunked_contract(query, key, leaves, best, out, coefficient, var)
+        return self.placed_contract(query, key, leaves, best, out, coefficient, var)
 
-    def chunked_contract(self, query, key, leaves, joined, out, coefficient, var) -> Value:
-        """causal_contract with the factors `joined` (carrying neither leg) in the key side's state."""
+    def placed_contract(self, query, key, leaves, placed, out, coefficient, var) -> Value:
+        """chunked_contract of `leaves` with the free factors placed as `placed` (by id) says."""
+        joined = [leaf for leaf in leaves if placed.get(id(leaf)) == "state"]
+        after = [leaf for leaf in leaves if placed.get(id(leaf)) == "after"]
+        return self.chunked_contract(query, key, leaves, joined, out, coefficient, var, after)
+
+    def chunked_contract(self, query, key, leaves, joined, out, coefficient, var, after=()) -> Value:
+        """causal_contract with the factors `joined` (carrying neither leg) in the key side's
+        state and the factors `after` applied once to the sum of the within- and across-chunk
+        parts."""
         chunks, within_query, within_key, size = self.chunk_pairs[(query, key)]
         rename = {query: (chunks, within_query), key: (chunks, within_key)}
-        chunked = [self.chunk_leaf(leaf, rename) for leaf in leaves]
+        chunked = [self.chunk_leaf(leaf, rename) for leaf in leaves if all(leaf is not a for a in after)]
+        leaves = [leaf for leaf in leaves if all(leaf is not a for a in after)]
         out_chunked = tuple(p for leg in out for p in rename.get(leg, (leg,)))
+        final = out_chunked
+        if after:
+            inner = {g for leaf in chunked for g in leaf.legs}
+            out_chunked = (
+                *out_chunked,
+                *dict.fromkeys(g for a in after for g in a.legs if g in inner and g not in final),
+            )
         some = self.leaf_value(chunked[0])
         triangle = self.names.fresh("triangle")
         self.emit(
@@ -137,6 +159,8 @@ class ChunkedCausal:
         )
         across = self.contract([*rest, _Leaf(earlier.legs, value=earlier)], out_chunked, coefficient, None)  # type: ignore[union-attr]
         total = self.combine("sum", [(1, within), (1, across)], out_chunked, None)
+        if after:
+            total = self.contract([_Leaf(total.legs, value=total), *after], final, sympy.Integer(1), None)
         order = [leg for leg in total.legs if leg != within_query]
         position = order.index(chunks)
         order.insert(position + 1, within_query)
