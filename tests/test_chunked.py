@@ -139,3 +139,11 @@ def test_the_exclusive_prefix_sum_over_chunks_is_the_sum_of_the_chunks_before_ea
 def test_the_exclusive_prefix_sum_over_chunks_passes_gradcheck():
     x = torch.randn(2, 6, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: earlier_helper()(t, 1), (x,))
+
+
+def test_a_causal_box_whose_chunked_form_is_tried_and_not_taken_binds_no_chunk_count(cpu):
+    cpu(1e11, 1e10, 1.0)  # each op dear: the materialized box wins
+    design = tdiag.load(DESIGNS / "mlk.td", F=64, H=2, D=16).with_causal_mask()
+    plan = design.plan(N=1024, objective="time")
+    assert not any(step.kind == "prefix" for step in plan.steps)
+    assert plan.chunks == [] and "chunks_" not in design.source(N=1024, objective="time")
