@@ -129,6 +129,37 @@ def _batch(batch_shape, x, rank, name):
         axes = tuple(x.shape[: x.dim() - rank])
         raise ValueError(f"{name}: batch axes {axes} do not broadcast with the inputs' {tuple(batch_shape)}") from None
 ''',
+    "_earlier": '''
+
+class _Earlier(torch.autograd.Function):
+    """The exclusive prefix sum along an axis by one vector add per chunk, forward and backward
+    (the suffix sum): a CPU's cumsum along an outer axis, and its flipped backward, run several
+    times slower than these adds."""
+
+    @staticmethod
+    def forward(ctx, x, dim):
+        ctx.dim = dim
+        return torch.stack(_running(x.unbind(dim)), dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.stack(_running(grad.unbind(ctx.dim)[::-1])[::-1], ctx.dim), None
+
+
+def _running(parts):
+    """The sums of the parts before each, the first 0."""
+    total = torch.zeros_like(parts[0])
+    sums = [total]
+    for part in parts[:-1]:
+        total = total + part
+        sums.append(total)
+    return sums
+
+
+def _earlier(x, dim):
+    """The exclusive prefix sum of x along `dim`: the states of the chunks before each."""
+    return _Earlier.apply(x, dim)
+''',
     "_wide": '''
 
 def _wide(x):
@@ -833,8 +864,7 @@ def _(op: Ratio, attributes: frozenset[str]) -> str:
 
 @_op.register
 def _(op: PrefixSum, attributes: frozenset[str]) -> str:
-    x = _var(op.x, attributes)
-    return f"{x}.cumsum({op.axis}) - {x}"
+    return f"_earlier({_var(op.x, attributes)}, {op.axis})"
 
 
 @_op.register

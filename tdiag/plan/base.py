@@ -175,6 +175,7 @@ class LoweringBase:
         self.chunk_values: dict[sympy.Symbol, sympy.Integer] = {}  # ... at the planned sizes
         self.chunk_sizes: dict[sympy.Symbol, sympy.Expr] = {}  # ... as N / C in cost formulas
         self.chunk_pairs: dict[tuple[str, str], tuple[str, str, str, int]] = {}
+        self.chunk_notes: dict[tuple[str, str], str] = {}  # the chunk size each pair took, and why
 
     def size(self, leg: str) -> sympy.Expr:
         return self.leg_sizes[leg]

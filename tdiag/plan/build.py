@@ -25,6 +25,7 @@ from .program import (
     ChunkCount,
     Permute,
     Plan,
+    SplitChunks,
     Step,
     Value,
     reads,
@@ -109,8 +110,10 @@ def build_plan(
     if checkpoint_boxes:
         plan.segments = _checkpoint_segments(lowering.steps, lowering.box_segments)
     plan.causal = lowering.causal_masks
+    split = {op.count for op in (step.op for step in plan.steps) if isinstance(op, SplitChunks)}
     for (extent, size), symbol in lowering.chunk_counts.items():
-        plan.chunks.append(ChunkCount(str(symbol), extent, size))
+        if symbol in split:  # not the counts of a chunked form tried and not taken
+            plan.chunks.append(ChunkCount(str(symbol), extent, size))
     _express_chunks(plan, lowering.chunk_sizes)
     plan.stored = sorted(lowering.stored_used)
     plan.attributes = frozenset(lowering.attributes)

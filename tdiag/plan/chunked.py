@@ -4,7 +4,6 @@ exclusive prefix sum of per-chunk states across them (MGK P12, spec mgk §6.6)."
 from __future__ import annotations
 
 import itertools
-import math
 
 import sympy
 
@@ -21,6 +20,18 @@ from .program import (
     show_legs,
 )
 
+CHUNK_SIZES = (4, 8, 16, 32, 64, 128, 256)  # the chunk sizes tried, each a power of two
+# where a factor carrying neither the query nor the key leg may go: in both the within-chunk
+# product and the query side of the across-chunk one, in the key side's per-chunk state, or
+# applied once to the sum of the two parts (a factor common to both, contracted once: a core
+# C[r s] in THSA's denominator)
+PLACEMENTS = ("both", "state", "after")
+
+
+def _cost(cost: float, objective: str) -> str:
+    """A trial's cost for the plan note: seconds under `time` (3 significant digits), else FLOPs."""
+    return f"{cost:.3g}" if objective == "time" else f"{int(cost):,}"
+
 
 class NotPrefixSumError(Exception):
     """A causal box whose query and key legs meet on one factor: Σ_{m ≤ n} of it is no prefix
@@ -36,26 +47,84 @@ class ChunkedCausal:
         """Σ_{m ≤ n} of a product, chunked (causal linear attention in O(N·C + N·D·E/C)): both
         legs split into chunks of C; within a chunk the product is masked by a C×C triangle,
         across chunks the key side is summed per chunk into a state whose exclusive prefix sum
-        over chunks the query side reads (MGK P12, spec mgk §6.6; Katharopoulos et al. §3.3)."""
+        over chunks the query side reads (MGK P12, spec mgk §6.6; Katharopoulos et al. §3.3).
+        C is chosen by the objective on trial (`choose_chunk_size`) at the pair's first
+        contraction and shared by the later ones (the numerator's and the denominator's)."""
         leaves = self.resolve_boxes(leaves, out)
         if any(query in leaf.legs and key in leaf.legs for leaf in leaves):
             raise NotPrefixSumError(f"{' and '.join(show_legs([query, key]))} are legs of one factor")
-        free = [leaf for leaf in leaves if key not in leaf.legs and query not in leaf.legs]
-        best, best_cost = [], None
-        choices = itertools.product((0, 1), repeat=len(free)) if len(free) <= 4 else [(0,) * len(free)]
-        for choice in choices:
-            joined = [leaf for leaf, c in zip(free, choice, strict=True) if c]
-            cost = self.trial(lambda j=joined: self.chunked_contract(query, key, leaves, j, out, coefficient, var))
-            if best_cost is None or cost < best_cost:
-                best, best_cost = joined, cost
-        return self.chunked_contract(query, key, leaves, best, out, coefficient, var)
+        if (query, key) not in self.chunk_pairs:
+            self.choose_chunk_size(query, key, leaves, out, coefficient, var)
+        return self.cheapest_chunked(query, key, leaves, out, coefficient, var)
 
-    def chunked_contract(self, query, key, leaves, joined, out, coefficient, var) -> Value:
-        """causal_contract with the factors `joined` (carrying neither leg) in the key side's state."""
-        chunks, within_query, within_key, size = self.chunk_legs(query, key)
+    def choose_chunk_size(
+        self, query: str, key: str, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None
+    ) -> None:
+        """The chunk size C for the pair (query, key): of the powers of two from 4 to 256 (none
+        above the planned length's), the one whose chunked contraction costs least under the
+        objective. Larger chunks mean fewer, larger matmuls and fewer states to sum over chunks,
+        at C·N entries within the chunks: the balance depends on the design's widths. The
+        chunk counts of the sizes not taken are forgotten (no run-time binding of them)."""
+        planned = self.number(query)
+        candidates = [size for size in CHUNK_SIZES if size < 2 * planned] or [CHUNK_SIZES[0]]
+        before = set(self.chunk_counts)
+        legs, costs = {}, {}
+        for size in candidates:
+            self.chunk_pairs[(query, key)] = legs[size] = self.chunk_legs(query, key, size)
+            costs[size] = self.trial(lambda: self.cheapest_chunked(query, key, leaves, out, coefficient, var))
+        size = min(candidates, key=lambda c: costs[c])
+        self.chunk_pairs[(query, key)] = legs[size]
+        extent = self.runtime(self.size(query))
+        for count_key in set(self.chunk_counts) - before - {(extent, size)}:
+            symbol = self.chunk_counts.pop(count_key)
+            del self.chunk_values[symbol], self.chunk_sizes[symbol]
+        measure = "estimated time (s)" if self.objective == "time" else "FLOPs"
+        tried = ", ".join(f"{c}: {_cost(costs[c], self.objective)}" for c in candidates)
+        self.chunk_notes[(query, key)] = (
+            f"causal prefix sums over {show_legs([query])[0]} in chunks of C = {size},"
+            f" the least {measure} of the first contraction over them at C = {tried}"
+        )
+
+    def cheapest_chunked(self, query, key, leaves, out, coefficient, var) -> Value:
+        """chunked_contract with each factor carrying neither leg placed where the objective's
+        cost is least, over every combination for up to four such factors (PLACEMENTS); more
+        stay in both parts."""
+        free = [leaf for leaf in leaves if key not in leaf.legs and query not in leaf.legs]
+        choices = itertools.product(PLACEMENTS, repeat=len(free)) if len(free) <= 4 else [("both",) * len(free)]
+        best, best_cost = {}, None
+        for choice in choices:
+            placed = dict(zip(map(id, free), choice, strict=True))
+            cost = self.trial(lambda p=placed: self.placed_contract(query, key, leaves, p, out, coefficient, var))
+            if best_cost is None or cost < best_cost:
+                best, best_cost = placed, cost
+        if self.target is self.steps and (query, key) in self.chunk_notes:
+            note = self.chunk_notes[(query, key)]
+            if note not in self.lowered:
+                self.lowered.append(note)
+        return self.placed_contract(query, key, leaves, best, out, coefficient, var)
+
+    def placed_contract(self, query, key, leaves, placed, out, coefficient, var) -> Value:
+        """chunked_contract of `leaves` with the free factors placed as `placed` (by id) says."""
+        joined = [leaf for leaf in leaves if placed.get(id(leaf)) == "state"]
+        after = [leaf for leaf in leaves if placed.get(id(leaf)) == "after"]
+        return self.chunked_contract(query, key, leaves, joined, out, coefficient, var, after)
+
+    def chunked_contract(self, query, key, leaves, joined, out, coefficient, var, after=()) -> Value:
+        """causal_contract with the factors `joined` (carrying neither leg) in the key side's
+        state and the factors `after` applied once to the sum of the within- and across-chunk
+        parts."""
+        chunks, within_query, within_key, size = self.chunk_pairs[(query, key)]
         rename = {query: (chunks, within_query), key: (chunks, within_key)}
-        chunked = [self.chunk_leaf(leaf, rename) for leaf in leaves]
+        chunked = [self.chunk_leaf(leaf, rename) for leaf in leaves if all(leaf is not a for a in after)]
+        leaves = [leaf for leaf in leaves if all(leaf is not a for a in after)]
         out_chunked = tuple(p for leg in out for p in rename.get(leg, (leg,)))
+        final = out_chunked
+        if after:
+            inner = {g for leaf in chunked for g in leaf.legs}
+            out_chunked = (
+                *out_chunked,
+                *dict.fromkeys(g for a in after for g in a.legs if g in inner and g not in final),
+            )
         some = self.leaf_value(chunked[0])
         triangle = self.names.fresh("triangle")
         self.emit(
@@ -90,6 +159,8 @@ class ChunkedCausal:
         )
         across = self.contract([*rest, _Leaf(earlier.legs, value=earlier)], out_chunked, coefficient, None)  # type: ignore[union-attr]
         total = self.combine("sum", [(1, within), (1, across)], out_chunked, None)
+        if after:
+            total = self.contract([_Leaf(total.legs, value=total), *after], final, sympy.Integer(1), None)
         order = [leg for leg in total.legs if leg != within_query]
         position = order.index(chunks)
         order.insert(position + 1, within_query)
@@ -108,15 +179,10 @@ class ChunkedCausal:
             )
         )  # type: ignore[return-value]
 
-    def chunk_legs(self, query: str, key: str) -> tuple[str, str, str, int]:
-        """Legs for chunks of C positions (C a power of two, at most 64 and about a quarter of
-        the planned length): the chunk count, a run-time ⌈N / C⌉ bound in forward, and the
-        query's and key's position within a chunk. The same legs for every causal contraction
-        over this pair, so that their chunked factors and products are shared."""
-        if (query, key) in self.chunk_pairs:
-            return self.chunk_pairs[(query, key)]
+    def chunk_legs(self, query: str, key: str, size: int) -> tuple[str, str, str, int]:
+        """Legs for chunks of `size` positions: the chunk count, a run-time ⌈N / C⌉ bound in
+        forward, and the query's and key's position within a chunk."""
         planned = self.number(query)
-        size = max(4, min(64, 2 ** max(0, int(math.log2(max(planned, 1) / 4)))))
         extent = self.runtime(self.size(query))
         count_key = (extent, size)
         if count_key not in self.chunk_counts:
@@ -130,8 +196,7 @@ class ChunkedCausal:
             self.new_leg(query, sympy.Integer(size)),
             self.new_leg(key, sympy.Integer(size)),
         )
-        self.chunk_pairs[(query, key)] = (*legs, size)
-        return self.chunk_pairs[(query, key)]
+        return (*legs, size)
 
     def chunk_leaf(self, leaf: _Leaf, rename: dict[str, tuple[str, str]]) -> _Leaf:
         """A factor with its query or key leg split into (chunk, position within the chunk),
