@@ -11,6 +11,7 @@ from ..ir import (
     Reduction,
     SoftmaxBox,
 )
+from . import global_heads
 from .base import _Leaf, _value_leaves
 from .program import (
     BATCH,
@@ -47,6 +48,8 @@ class BoxLowering:
                 fused = None
             if fused is not None:
                 leaves = self.fuse(box, ren, others, fused)
+            elif (form := global_heads.taken(self, box, ren, others, out)) is not None:
+                leaves = global_heads.emit(self, form)
             else:
                 prefer = {leg for o in others for leg in o.legs}
                 value = self.memoized(box, ren, lambda b=box, r=ren, p=prefer: self.lower_box(b, r, None, p))
