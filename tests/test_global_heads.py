@@ -155,11 +155,11 @@ def test_global_head_form_keeps_no_heads_by_n_squared_tensor(write_td, causal):
         ("gfish", "random eps[k n m] on the scores"),
         ("mish", "random eps[h n m] on the scores"),
         ("hard_gfish", "the scores are not one query·key product"),
-        ("talking_heads", "no local heads: the key side carries every head"),
+        ("lfish", "no local heads: the key side carries every head"),
     ],
 )
 def test_plan_says_why_the_global_head_form_is_refused(name, reason):
-    design = tdiag.load(DESIGNS / f"{name}.td", F=8, H=4, **({} if name == "talking_heads" else {"M": 2}))
+    design = tdiag.load(DESIGNS / f"{name}.td", F=8, H=4, M=2)
     plan = design.plan(N=64, objective="flops")
     assert any("global-head form refused: " + reason in note for note in plan.refused)
 
