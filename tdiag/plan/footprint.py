@@ -394,7 +394,7 @@ class _Interpreter(AbstractMachine):
         if op.live is not None:
             out = self.live_rows(op, q, v, out)
         if op.width is not None:
-            out = Meta((*out.shape[:-1], op.width), out.strides, out.storage, out.grad, out.numel)
+            out = Meta((*out.shape[:-1], op.width), out.strides, out.storage, out.grad, rows * op.width)
         if op.shape is not None:
             out = self.reshape(out, self.output(step)[0], step.out.var)  # type: ignore[union-attr]
         return out
