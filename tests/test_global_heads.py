@@ -174,3 +174,28 @@ def test_a_padding_mask_is_refused_to_the_ordinary_match(write_td):
 def test_a_costlier_global_head_form_is_refused_with_the_objective(write_td):
     plan = relu_values(write_td, False).plan(N=64, objective="flops")
     assert any("global-head form refused: costs more FLOPs than the materialized box" in n for n in plan.refused)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_hard_fish_under_memory_takes_the_global_head_form_over_the_math_kernel_fold(causal):
+    plan = family("hard_fish", causal).plan(N=64, objective="memory")
+    assert any("global-head form" in note for note in plan.lowered)
+    if not causal:
+        assert any("SDPA refused: keeps more for backward than the global-head form" in n for n in plan.refused)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_hard_fish_in_the_global_head_form_equals_its_reference(causal):
+    module, reference = compiled_and_reference(family("hard_fish", causal), objective="memory")
+    assert global_head_ops(module)
+    assert_same(module, reference, x_input())
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_hard_fish_in_the_global_head_form_keeps_what_the_footprint_predicts(causal):
+    n = 64
+    design = family("hard_fish", causal)
+    module = design.module(N=n, B=B, objective="memory")
+    assert global_head_ops(module)
+    measured = saved_for_backward(module, torch.randn(B, n, 8)).total_bytes
+    assert measured == design.cost(objective="memory", N=n, B=B).saved_bytes_at(N=n, B=B)

@@ -46,10 +46,10 @@ class BoxLowering:
                 keys = " ".join(show_legs(fused["keys"]))
                 self.refuse(f"softmax box over {keys}: SDPA refused: {self.dearer} the materialized box")
                 fused = None
-            if fused is not None:
-                leaves = self.fuse(box, ren, others, fused)
-            elif (form := global_heads.taken(self, box, ren, others, out)) is not None:
+            if (form := global_heads.taken(self, box, ren, others, out, fused)) is not None:
                 leaves = global_heads.emit(self, form)
+            elif fused is not None:
+                leaves = self.fuse(box, ren, others, fused)
             else:
                 prefer = {leg for o in others for leg in o.legs}
                 value = self.memoized(box, ren, lambda b=box, r=ren, p=prefer: self.lower_box(b, r, None, p))

@@ -37,6 +37,7 @@ import sympy
 
 from ..ir import CausalMask, PaddingMask, SoftmaxBox, TensorRef, walk
 from .base import _Leaf, _value_leaves
+from .footprint import footprint
 from .program import BATCH, Attention, Expand, Step, Value, show_legs
 
 
@@ -280,26 +281,46 @@ def emit(ctx, form: GlobalHeads) -> list[_Leaf]:
     return [*form.rest, *_value_leaves(value)]
 
 
-def taken(ctx, box: SoftmaxBox, ren, others: list[_Leaf], out: tuple[str, ...]) -> GlobalHeads | None:
-    """The global-head form of `box` where it applies and its trial plan costs no more than the
-    materialized box under the objective (under `memory` wherever it applies: it keeps no N×N
-    tensor); otherwise None, with the refusal noted."""
+def taken(
+    ctx, box: SoftmaxBox, ren, others: list[_Leaf], out: tuple[str, ...], fused: dict | None
+) -> GlobalHeads | None:
+    """The global-head form of `box` where it applies and its trial plan beats the form that
+    would be taken otherwise: the ordinary SDPA form `fused` when there is one (strictly cheaper,
+    so that a tie keeps the plan as it was), else the materialized box (no dearer). Under
+    `memory` the bytes kept for backward decide, then the FLOPs; under `time` and `flops` the
+    objective's trial cost. Otherwise None, with the refusal noted."""
     keys = " ".join(show_legs(p for leg in box.normalized for p in ren[leg]))
     form = recognise(ctx, box, ren, others, out)
     if isinstance(form, str):
         ctx.refuse(f"softmax box over {keys}: global-head form refused: {form}")
         return None
-    if ctx.objective == "memory":
-        return form
 
-    def materialized() -> None:
-        value = ctx.lower_box(box, ren, None)
-        ctx.contract([*others, *_value_leaves(value)], out, sympy.Integer(1), None)
+    def rival() -> None:
+        if fused is not None:
+            ctx.contract(ctx.fuse(box, ren, others, fused), out, sympy.Integer(1), None)
+        else:
+            value = ctx.lower_box(box, ren, None)
+            ctx.contract([*others, *_value_leaves(value)], out, sympy.Integer(1), None)
 
-    def fused() -> None:
+    def global_form() -> None:
         ctx.contract(emit(ctx, form), out, sympy.Integer(1), None)
 
-    if ctx.trial(fused) <= ctx.trial(materialized):
+    def cost(build) -> tuple:
+        if ctx.objective != "memory":
+            return (ctx.trial(build),)
+        with ctx.scratch() as steps:
+            build()
+            kept = ctx.at_planned_sizes(footprint(ctx.context(steps)).saved_bytes)
+        return (kept, ctx.trial(build))
+
+    def worse(a: tuple, b: tuple) -> str:
+        return "keeps more for backward than" if ctx.objective == "memory" and a[0] > b[0] else ctx.dearer
+
+    mine, theirs = cost(global_form), cost(rival)
+    if mine < theirs or (fused is None and mine == theirs):
+        if fused is not None:
+            ctx.refuse(f"softmax box over {keys}: SDPA refused: {worse(theirs, mine)} the global-head form")
         return form
-    ctx.refuse(f"softmax box over {keys}: global-head form refused: {ctx.dearer} the materialized box")
+    what = "the SDPA form" if fused is not None else "the materialized box"
+    ctx.refuse(f"softmax box over {keys}: global-head form refused: {worse(mine, theirs)} {what}")
     return None
