@@ -53,8 +53,9 @@ def x_input(n: int = N) -> torch.Tensor:
     return torch.randn(B, n, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
 
 
-def compiled_and_reference(design: tdiag.Design, objective: str = "time"):
-    module = design.module(dtype=torch.float64, seed=2, N=N, objective=objective)
+def compiled_and_reference(design: tdiag.Design, objective: str = "time", planned: int = N):
+    """The compiled module planned at `planned` (it runs at any N) and the reference."""
+    module = design.module(dtype=torch.float64, seed=2, N=planned, objective=objective)
     reference = design.module(impl="reference", dtype=torch.float64, N=N)
     reference.load_state_dict(module.state_dict())
     return module, reference
@@ -111,7 +112,7 @@ def test_global_head_form_is_taken_where_the_ordinary_match_refuses(write_td, ca
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
 def test_global_head_form_equals_the_reference_in_value_and_gradient(write_td, causal):
-    module, reference = compiled_and_reference(relu_values(write_td, causal), objective="memory")
+    module, reference = compiled_and_reference(relu_values(write_td, causal), objective="memory", planned=64)
     (op,) = global_head_ops(module)
     assert op.causal == causal and op.mask is None
     assert_same(module, reference, x_input())
@@ -119,7 +120,7 @@ def test_global_head_form_equals_the_reference_in_value_and_gradient(write_td, c
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
 def test_global_head_form_gradcheck(write_td, causal):
-    module = relu_values(write_td, causal).module(dtype=torch.float64, N=3, objective="memory")
+    module = relu_values(write_td, causal).module(dtype=torch.float64, N=64, objective="memory")  # run at N=3
     assert global_head_ops(module)
     x = torch.randn(1, 3, 8, dtype=torch.float64, requires_grad=True)
     assert gradcheck_parameters(module, (x,))
@@ -133,7 +134,7 @@ def test_global_head_form_pads_the_values_to_the_width_of_the_global_keys(write_
 
 def test_global_head_form_with_a_negative_scale_moves_the_sign_into_q(write_td):
     design = relu_values(write_td, True, scale="-1 / sqrt(D)")
-    module, reference = compiled_and_reference(design, objective="memory")
+    module, reference = compiled_and_reference(design, objective="memory", planned=64)
     (op,) = global_head_ops(module)
     assert op.scale > 0
     assert_same(module, reference, x_input())
@@ -186,7 +187,7 @@ def test_hard_fish_under_memory_takes_the_global_head_form_over_the_math_kernel_
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
 def test_hard_fish_in_the_global_head_form_equals_its_reference(causal):
-    module, reference = compiled_and_reference(family("hard_fish", causal), objective="memory")
+    module, reference = compiled_and_reference(family("hard_fish", causal), objective="memory", planned=64)
     assert global_head_ops(module)
     assert_same(module, reference, x_input())
 

@@ -186,7 +186,8 @@ def _split(ctx, content: list[_Leaf], others: list[_Leaf], box_legs, keys, out):
         if (v_legs - set(heads) - set(local) - set(keys)) & (q_legs | k_legs):
             reason = "the values share a contracted leg with the query or key side"
             continue
-        latent = tuple(sorted((q_legs & k_legs) - set(box_legs) - {BATCH}))
+        shared = (q_legs & k_legs) - set(box_legs) - {BATCH}
+        latent = tuple(leg for leg in dict.fromkeys(leg for c in key_side for leg in c.legs) if leg in shared)
         needed = needed_out | {leg for o in rest for leg in o.legs}
         features = tuple(
             leg
@@ -203,6 +204,15 @@ def _split(ctx, content: list[_Leaf], others: list[_Leaf], box_legs, keys, out):
     return reason if best is None else best
 
 
+def _dense(ctx, leaves: list[_Leaf], legs: tuple[str, ...], last: int, sign: int, stem: str) -> Value:
+    """The contraction of `leaves` over `legs`, copied into that order where the contraction
+    laid out its `last` legs (the features) other than trailing in that order: the fused kernel
+    needs a last axis of stride 1, which a permuted view of such a layout lacks (it then runs
+    the math kernel, which keeps the whole attention)."""
+    value = ctx.contract(leaves, legs, sympy.Integer(sign), stem)
+    return value if value.legs[-last:] == legs[-last:] else ctx.materialize(value, legs)
+
+
 def emit(ctx, form: GlobalHeads) -> list[_Leaf]:
     """Emit q (heads, local heads, queries, latent), k (heads, keys, latent) broadcast over the
     local heads as a view, v (heads, local heads, keys, features), the padding to one head width
@@ -217,8 +227,8 @@ def emit(ctx, form: GlobalHeads) -> list[_Leaf]:
     )
     queries = [form.sequence]
     ctx.box_depth += 1
-    q = ctx.contract(list(form.query), tuple(heads + local + queries + latent), sympy.Integer(form.sign), "q")
-    k = ctx.contract(list(form.key), tuple(heads + keys + latent), sympy.Integer(1), "k")
+    q = _dense(ctx, list(form.query), tuple(heads + local + queries + latent), len(latent), form.sign, "q")
+    k = _dense(ctx, list(form.key), tuple(heads + keys + latent), len(latent), 1, "k")
     ctx.box_depth -= 1
     shared = ctx.emit(
         Step(
@@ -229,11 +239,12 @@ def emit(ctx, form: GlobalHeads) -> list[_Leaf]:
             inputs=(k,),
         )
     )
-    v = ctx.contract(list(form.value), tuple(heads + local + keys + features), sympy.Integer(1), "v")
+    v = _dense(ctx, list(form.value), tuple(heads + local + keys + features), len(features), 1, "v")
     query_width, value_width = ctx.numel_number(latent), ctx.numel_number(features)
     pad_value = max(query_width - value_width, 0)
     pad_query_key = max(value_width - query_width, 0)
     width = max(query_width, value_width)
+    padded = ctx.numel(latent) if query_width >= value_width else ctx.numel(features)  # width, as a formula
     flat = [[h] for h in heads]
     legs = tuple(heads + local + queries + features)
     attention = Attention(
@@ -262,21 +273,21 @@ def emit(ctx, form: GlobalHeads) -> list[_Leaf]:
             Value(ctx.names.fresh("attended"), legs),
             description,
             tuple(keys),
-            4 * entries * width,
+            4 * entries * padded,
             exps=entries,
             divisions=entries,
             entries=entries,
             inputs=(q, shared, v),
-            paper=entries * (2 * query_width - 1) + ctx.numel(legs) * (2 * ctx.numel(keys) - 1),
-            score_flops=2 * entries * width,
-            score_paper=entries * (2 * query_width - 1),
+            paper=entries * (2 * ctx.numel(latent) - 1) + ctx.numel(legs) * (2 * ctx.numel(keys) - 1),
+            score_flops=2 * entries * padded,
+            score_paper=entries * (2 * ctx.numel(latent) - 1),
         )
     )
     if ctx.target is ctx.steps:
         ctx.lowered.append(
             f"softmax box over {' '.join(show_legs(keys))} lowered to scaled_dot_product_attention (global-head "
             f"form: k over {' '.join(show_legs(latent))} shared by the local heads {' '.join(show_legs(local))}, "
-            "no N×N tensor)"
+            "each operand dense with its features last, for the fused kernel)"
         )
     return [*form.rest, *_value_leaves(value)]
 
