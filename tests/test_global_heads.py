@@ -200,3 +200,13 @@ def test_hard_fish_in_the_global_head_form_keeps_what_the_footprint_predicts(cau
     assert global_head_ops(module)
     measured = saved_for_backward(module, torch.randn(B, n, 8)).total_bytes
     assert measured == design.cost(objective="memory", N=n, B=B).saved_bytes_at(N=n, B=B)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_talking_heads_in_the_global_head_form_equals_its_reference(causal):
+    """Talking heads (Shazeer et al. 2020): its softmax heads k are the local heads, the key side
+    holds every key head h side by side, its values carry the weights mixing k into l."""
+    design = tdiag.load(DESIGNS / "talking_heads.td", F=8, H=4)
+    module, reference = compiled_and_reference(design.with_causal_mask() if causal else design, "memory", 64)
+    assert global_head_ops(module)
+    assert_same(module, reference, x_input())

@@ -11,9 +11,20 @@ view, no copy) and v (h, m, e). No N×N tensor is stored. The ordinary match (sd
 refuses this box: its key side lacks the local head h, so h is a query leg there, and the values
 must not vary along a query leg.
 
+The same form fuses talking-heads attention (Shazeer et al. 2020): its softmax heads are the
+local heads, the key side holds every key head side by side (the logit mixing is on the query
+side), and the values carry the weight mixing. It is not the post-softmax mixture
+Σ_g c[h,g] softmax_g(...) V_h that issue 22 sketched for FiSH: FiSH mixes before the softmax, and
+a post-softmax mixture with an n,m-free coefficient is already an SDPA form of sdpa_match.py (the
+coefficient joins the value side).
+
 The fused CPU kernel wants one head width for q, k and v: the narrower side is zero-padded (zero
-features change no score and no output; the output is sliced back). Causal masks go to
-`is_causal`; padding masks and additive biases are refused (the ordinary match handles those).
+features change no score and no output; the output is sliced back), and a last axis of stride 1
+(q, k, v are copied into their order where the contraction chose another layout). Causal masks
+go to `is_causal`; padding masks and additive biases are refused (the ordinary match handles
+those). Cost: the padded width, 2·(heads·queries·keys)·width per product; the form competes with
+the ordinary SDPA form (strictly cheaper) or else the materialized box (no dearer) under the
+objective, under `memory` by the bytes kept for backward.
 
 Where this form does not apply in the FiSH family, and why (the module refuses with a reason):
 - noise on the scores (fish eq. 9, gfish eq. 12', mish eq. 11: eps[k n m] or eps[h n m]) varies
@@ -25,8 +36,9 @@ Where this form does not apply in the FiSH family, and why (the module refuses w
   every local score entry: there is no query·key product to fuse.
 
 `recognise` and `emit` take the lowering as an explicit context `ctx` (the Lowering object of
-build.py) and use only its public helpers: collect, fold_constants, score_items, contract,
-arrange, emit, scratch."""
+build.py) and use its helpers: score_items, collect, fold_constants, scale_sign, contract,
+materialize, arrange, emit, scratch, trial, fuse, lower_box, refuse. `taken` is the chooser's
+hook (boxes.resolve_boxes)."""
 
 from __future__ import annotations
 
