@@ -11,6 +11,7 @@ comes before the linear-time order: at equal cost the box is not rewritten into 
 
 - sdpa_grouped: SDPA with query heads grouped over the key heads (enable_gqa), several query legs
 - sdpa: SDPA with the query legs folded into the query rows (plain SDPA for one query leg)
+- global_heads: SDPA in the global-head form (k over the global heads shared by local heads)
 - flex: FlexAttention, when asked for (`attention="flex"`)
 - materialized: the box computed as such
 - linear: the linear-time order of a normalize box (chunked prefix sums under a causal mask)
@@ -33,6 +34,7 @@ from . import choice
 from .base import BoxChoice, BoxSite, Candidate, Cost, Form, FormRefusedError, Unfit
 from .cost import choose, cost
 from .flex import Flex
+from .global_heads import GlobalHeadSdpa
 from .linear import LinearOrder
 from .materialized import Materialized
 from .sdpa import Sdpa
@@ -41,7 +43,7 @@ from .sdpa_grouped import SdpaGrouped
 if TYPE_CHECKING:
     from ..build import _Lowering
 
-FORMS: list[Form] = [SdpaGrouped(), Sdpa(), Flex(), Materialized(), LinearOrder()]
+FORMS: list[Form] = [SdpaGrouped(), Sdpa(), GlobalHeadSdpa(), Flex(), Materialized(), LinearOrder()]
 
 
 def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
