@@ -44,7 +44,7 @@ def candidate(choice, form: str):
 
 def test_the_registry_lists_every_form_once():
     names = [form.name for form in FORMS]
-    assert names == ["sdpa_grouped", "sdpa", "flex", "materialized", "linear"]
+    assert names == ["sdpa_grouped", "sdpa", "global_heads", "flex", "materialized", "linear"]
 
 
 def test_every_decision_lists_every_registered_form():
@@ -102,7 +102,8 @@ def test_the_grouped_form_is_refused_for_one_query_leg():
 
 def test_refusals_that_only_say_a_form_is_for_other_boxes_stay_out_of_the_notes():
     plan = tdiag.load("mhsa").plan(N=64)
-    assert plan.refused == []
+    unfit = [c.refusal for choice in plan.choices for c in choice.candidates if isinstance(c.refusal, Unfit)]
+    assert unfit and not any(reason in note for note in plan.refused for reason in unfit)
 
 
 # ---- the record -----------------------------------------------------------------------------
@@ -117,7 +118,7 @@ def test_each_candidate_has_a_cost_or_a_refusal_reason():
 def test_the_record_costs_every_applicable_form():
     choice = choice_of("grouped_query", N=64)
     costed = {c.form for c in choice.candidates if c.cost is not None}
-    assert costed == {"sdpa_grouped", "sdpa", "materialized"}
+    assert costed == {"sdpa_grouped", "sdpa", "global_heads", "materialized"}
 
 
 def test_only_the_real_plan_records_its_decisions_not_the_trial_plans():
@@ -201,7 +202,7 @@ def test_flex_asked_for_is_taken_wherever_it_applies():
 
 def test_objective_memory_takes_a_fused_form_wherever_one_applies():
     choice = choice_of("hard_fish", N=256, objective="memory")
-    assert choice.taken in ("sdpa", "sdpa_grouped") and choice.rule == MEMORY
+    assert choice.taken in ("sdpa", "sdpa_grouped", "global_heads") and choice.rule == MEMORY
 
 
 def test_a_form_that_lost_on_cost_is_noted_with_how_it_compares():
