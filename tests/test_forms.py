@@ -205,6 +205,12 @@ def test_objective_memory_takes_a_fused_form_wherever_one_applies():
     assert choice.taken in ("sdpa", "sdpa_grouped", "global_heads") and choice.rule == MEMORY
 
 
+def test_among_the_fused_forms_objective_memory_takes_the_one_keeping_least():
+    choice = choice_of("hard_fish", N=256, objective="memory")
+    folded, grouped = candidate(choice, "sdpa").cost, candidate(choice, "sdpa_grouped").cost
+    assert folded.kept < grouped.kept and choice.taken == "sdpa"
+
+
 def test_a_form_that_lost_on_cost_is_noted_with_how_it_compares():
     plan = tdiag.load("mlk").plan(N=16, objective="flops")
     assert "normalize box over m: linear-time order refused: costs more FLOPs than the materialized box" in plan.refused

@@ -55,7 +55,8 @@ def test_plan_tables_have_a_row_per_op_with_its_flops_formula_and_number():
     rows = [line for line in markdown.splitlines() if re.match(r"\| \d+ \|", line)]
     assert len(rows) == len(plan.steps)
     assert "| $4 D H N^{2}$ | 2,147,483,648 |" in rows[3]
-    assert html.count("<tr>") == len(plan.steps) + 1 and "4·D·H·N²" in html
+    ops = html.split("</table>")[0]  # the candidate forms of each box follow in tables of their own
+    assert ops.count("<tr>") == len(plan.steps) + 1 and "4·D·H·N²" in ops
 
 
 def test_plan_str_is_the_plan_table():
