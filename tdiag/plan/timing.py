@@ -107,6 +107,7 @@ class TimeModel:
 
     _device: DeviceModel | None = None
     estimates = 0  # trial estimates made: none means no choice the objective could change
+    fusion_estimates = 0  # those of a fused attention: the only choices `memory` makes otherwise than `flops`
 
     @property
     def device(self) -> DeviceModel:
@@ -131,11 +132,20 @@ class TimeModel:
     def estimated_time(self, steps: list[Step]) -> float:
         """Seconds a training step spends in `steps`, appended to the program so far."""
         self.estimates += 1
+        self.fusion_estimates += any(isinstance(step.op, Attention | FlexAttention) for step in steps)
         records = footprint(self.context(steps)).steps[len(self.steps) :]
         return sum(
             op_time(self.device, step, record, self.at_planned_sizes)
             for step, record in zip(steps, records, strict=True)
         )
+
+    def rival_objectives(self) -> tuple[str, ...]:
+        """The objectives whose plans may differ from this lowering's (made for `time`): none
+        where no choice was estimated, `flops` where no fused attention was (`memory` then
+        chooses as `flops` does: by FLOPs, trial() in base.py), else both."""
+        if not self.estimates:
+            return ()
+        return ("flops", "memory") if self.fusion_estimates else ("flops",)
 
     def at_planned_sizes(self, expr: sympy.Expr) -> float:
         value = self.g.evaluate(sympy.sympify(expr).xreplace(self.chunk_values), **self.sizes)
