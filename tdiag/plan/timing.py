@@ -12,6 +12,8 @@ so its arithmetic and its traffic add up instead of overlapping."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import sympy
 
 from ..device import DeviceModel, planning_device
@@ -54,7 +56,7 @@ def softmax_seconds(device: DeviceModel, entries: float) -> float:
     return FORWARD_AND_BACKWARD * SOFTMAX_PASSES * FLOAT * entries / device.bandwidth * device.factor("softmax")
 
 
-def op_time(device: DeviceModel, step: Step, record: StepFootprint, number) -> float:
+def op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Callable[[sympy.Expr], float]) -> float:
     """Seconds of one step of the plan in a training step; `number` evaluates its formulas."""
     flops, moved = number(executed_flops(step)), number(record.moved)
     if not isinstance(step.op, Attention | FlexAttention):
