@@ -23,10 +23,12 @@ from .program import (
     BATCH_SIZE,
     Attention,
     ChunkCount,
+    Einsum,
     Elementwise,
     FlexAttention,
     Map,
     MaskFill,
+    Matmul,
     Normalize,
     Plan,
     Ratio,
@@ -47,6 +49,12 @@ def step_time(device: DeviceModel, flops: float, moved: float, kind: str | None 
     return (seconds + (KERNELS_PER_OP - 1) * device.overhead) * device.factor(kind, moved)
 
 
+# A matmul whose FLOPs per byte moved are below this fraction of the device's ridge is thin (a
+# small inner size and a small outer one, such as a mixing of a few heads over a score tensor):
+# bound by memory, and at the rate device.measure_kinds measures for one ("thin"), not the
+# roofline's bandwidth.
+THIN = 0.25
+
 SOFTMAX_PASSES = 2  # a softmax reads and writes its entries once forward (device.PASSES)
 
 
@@ -59,6 +67,8 @@ def softmax_seconds(device: DeviceModel, entries: float) -> float:
 def op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Callable[[sympy.Expr], float]) -> float:
     """Seconds of one step of the plan in a training step; `number` evaluates its formulas."""
     flops, moved = number(executed_flops(step)), number(record.moved)
+    if isinstance(step.op, Matmul | Einsum) and flops < THIN * device.ridge * moved:
+        return step_time(device, flops, moved, "thin")
     if not isinstance(step.op, Attention | FlexAttention):
         return step_time(device, flops, moved, op_kind(step.op))
     dense = number(step.flops)
