@@ -220,9 +220,12 @@ def write(results: list[Result], objectives: list[str], args: argparse.Namespace
         worst = [max(r.ratio.values(), default=1.0) for r in points]
         low = [max(r.ratio_min.values(), default=1.0) for r in points]
         high = [max(r.ratio_max.values(), default=1.0) for r in points]
-        line = axes[0].plot(ns, worst, marker="o", label=label)[0]
-        axes[0].fill_between(ns, low, high, color=line.get_color(), alpha=0.15)
-        axes[1].plot(ns, [r.efficiency for r in points], marker="o", label=label)
+        style = "--" if causal else "-"
+        line = axes[0].plot(ns, worst, marker="o", linestyle=style, label=label)[0]
+        axes[0].fill_between(ns, low, high, color=line.get_color(), alpha=0.1)
+        axes[1].plot(
+            ns, [r.efficiency for r in points], marker="o", linestyle=style, color=line.get_color(), label=label
+        )
     axes[0].axhline(1.0, color="grey", lw=0.8)
     axes[0].set(
         xscale="log", xlabel="N", ylabel="default time / best other objective", title="default objective vs others"

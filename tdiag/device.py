@@ -307,20 +307,32 @@ def measure_cpu(
 # each as the generated module writes it, the result fresh and a gradient flowing back.
 KIND_SHAPE = (8, 4, 256, 256)
 LARGE_KIND_SHAPE = (1, 4, 2048, 2048)  # 64 MiB a tensor: beyond the last-level cache
-PASSES = {"normalize": 2, "softmax": 2, "mask": 2, "map": 2, "scale": 2, "sum": 3}  # forward reads + writes
+PASSES = {
+    "normalize": 2,
+    "softmax": 2,
+    "mask": 2,
+    "map": 2,
+    "scale": 2,
+    "sum": 3,
+    "thin": 1.5,
+}  # forward reads + writes
 
 
 def measure_kinds(model: DeviceModel, *, shape: tuple[int, ...] = KIND_SHAPE, repeats: int = 5) -> tuple:
     """Per elementwise op kind, its measured forward + backward time over the roofline's estimate
     (three forward passes of its bytes at `model.bandwidth`): the normalize box's division, whose
     backward reads and writes the tensor about four times more than its forward, and a boolean
-    mask fill are several times their roofline on a CPU; a matmul is not measured here."""
+    mask fill are several times their roofline on a CPU. A matmul is measured only where it is
+    thin ("thin": an inner size and one outer size of 2 and 4, FiSH's mixing of global heads,
+    which moves far more bytes than it computes and runs well below the bandwidth)."""
     import torch
 
     x = torch.rand(shape).add_(0.5).requires_grad_()
     y = torch.rand(shape).requires_grad_()
     mask = torch.ones(shape[-2:], dtype=torch.bool).triu(1)
     grad = torch.ones(shape)
+    mixing = torch.rand(4, 2).requires_grad_()  # FiSH's M = 2 global heads mixed into H = 4
+    rows = torch.rand(2, math.prod(shape) // 4).requires_grad_()
     ops = {
         "normalize": lambda: x / (x.sum(-1, keepdim=True) + 1e-6),
         "softmax": lambda: x.softmax(-1),
@@ -328,6 +340,7 @@ def measure_kinds(model: DeviceModel, *, shape: tuple[int, ...] = KIND_SHAPE, re
         "map": lambda: x.exp(),
         "scale": lambda: x * 0.5,
         "sum": lambda: x + y,
+        "thin": lambda: (mixing @ rows).view(shape),
     }
     size = x.numel() * x.element_size()
     kinds = []

@@ -1,6 +1,9 @@
 """Cost formulas against the papers' own counts (FiSH App. D, MGK App. B) and the specs'
 re-derived forms (spec fishformer.md §4, mgk.md §2), with each documented difference pinned."""
 
+import subprocess
+import sys
+
 import pytest
 import sympy
 from conftest import DESIGNS
@@ -209,3 +212,14 @@ def test_cost_of_a_plain_design_prints_no_kernel_flops(capsys):
 
     assert main(["cost", str(DESIGNS / "mhsa.td"), "--at", "N=1024"]) == 0
     assert "kernel_flops" not in capsys.readouterr().out
+
+
+def test_cost_causal_imports_no_torch():
+    code = (
+        "import sys; from tdiag.cli import main; "
+        "code = main(['cost', 'mhsa', '--causal', '--at', 'N=1024']); "
+        "assert 'torch' not in sys.modules; sys.exit(code)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "kernel_flops" in result.stdout

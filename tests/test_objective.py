@@ -64,13 +64,13 @@ def test_the_fastest_whole_plan_is_taken_and_said_so():
     built = plans("hard_fish")
     slow, fast = built["memory"], built["flops"]
     assert plan_time(slow, NOMINAL_CPU) > plan_time(fast, NOMINAL_CPU)
-    taken = fastest_plan(slow, NOMINAL_CPU, True, lambda objective: fast)
+    taken = fastest_plan(slow, NOMINAL_CPU, ["flops"], lambda objective: fast)
     assert taken is fast and "whole plan: the flops objective's plan taken" in taken.lowered[-1]
 
 
 def test_on_a_tie_the_time_plan_is_kept():
     built = plans("mhsa")
-    assert fastest_plan(built["time"], NOMINAL_CPU, True, lambda objective: built["flops"]) is built["time"]
+    assert fastest_plan(built["time"], NOMINAL_CPU, ["flops"], lambda objective: built["flops"]) is built["time"]
 
 
 def test_plan_prints_the_device_and_the_compared_plans(capsys):
@@ -82,3 +82,9 @@ def test_plan_prints_the_device_and_the_compared_plans(capsys):
         and "flops plan" in lines[2]
         and "memory plan" in lines[2]
     )
+
+
+def test_a_design_whose_boxes_cannot_be_fused_compares_the_flops_plan_alone():
+    """lfish's boxes match no fused attention: `memory` would choose as `flops` does."""
+    plan = tdiag.load(DESIGNS / "lfish.td").with_causal_mask().plan(N=256, objective="time")
+    assert list(plan.compared) == ["time", "flops"]

@@ -122,7 +122,7 @@ def build_plan(
         return fastest_plan(
             plan,
             lowering.device,
-            lowering.estimates > 0,
+            lowering.rival_objectives(),
             lambda other: build_plan(
                 graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=other, attention=attention
             ),

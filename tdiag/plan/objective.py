@@ -1,32 +1,29 @@
 """The whole-plan guard of the `time` objective: the planner decides box by box, each choice
 estimated in the context of the program so far, and such local choices interact (a form that
 is cheaper where it is met can make a later one dearer). So under `time` the plans of the
-`flops` and `memory` objectives are built too, each whole plan's training-step time is
-estimated on the planning device (timing.plan_time), and the fastest is taken, the time plan
-on a tie. The default objective's plan is then never estimated slower than the other two."""
+`flops` and `memory` objectives are built too (those that can differ), each whole plan's
+training-step time is estimated on the planning device (timing.plan_time), and the fastest is
+taken, the time plan on a tie. The default objective's plan is then never estimated slower than
+the other two."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..device import DeviceModel
 from .program import Plan
 from .timing import plan_time
 
-COMPARED = ("flops", "memory")  # the objectives whose plans the time plan is compared with
 
-
-def fastest_plan(plan: Plan, device: DeviceModel, decided: bool, build: Callable[[str], Plan]) -> Plan:
+def fastest_plan(plan: Plan, device: DeviceModel, rivals: Sequence[str], build: Callable[[str], Plan]) -> Plan:
     """The fastest on `device` of `plan` (made for `time`) and the plans `build` makes for the
-    `COMPARED` objectives, with the device and each compared plan's estimated seconds recorded
-    (`Plan.compared`). Where the lowering met no choice the objective decides (`decided` false:
-    no trial estimate was made), the other objectives lower to the same plan and none is built."""
+    `rivals` objectives (timing.TimeModel.rival_objectives: those whose plans may differ; none
+    where the lowering met no choice the objective decides), with the device and each compared
+    plan's estimated seconds recorded (`Plan.compared`)."""
     plan.device = device
     plan.compared = {"time": plan_time(plan, device)}
-    if not decided:
-        return plan
     best, taken = plan, "time"
-    for objective in COMPARED:
+    for objective in rivals:
         other = build(objective)
         plan.compared[objective] = plan_time(other, device)
         if plan.compared[objective] < plan.compared[taken]:

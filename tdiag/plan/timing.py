@@ -12,6 +12,8 @@ so its arithmetic and its traffic add up instead of overlapping."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import sympy
 
 from ..device import DeviceModel, planning_device
@@ -21,10 +23,12 @@ from .program import (
     BATCH_SIZE,
     Attention,
     ChunkCount,
+    Einsum,
     Elementwise,
     FlexAttention,
     Map,
     MaskFill,
+    Matmul,
     Normalize,
     Plan,
     Ratio,
@@ -45,6 +49,12 @@ def step_time(device: DeviceModel, flops: float, moved: float, kind: str | None 
     return (seconds + (KERNELS_PER_OP - 1) * device.overhead) * device.factor(kind, moved)
 
 
+# A matmul whose FLOPs per byte moved are below this fraction of the device's ridge is thin (a
+# small inner size and a small outer one, such as a mixing of a few heads over a score tensor):
+# bound by memory, and at the rate device.measure_kinds measures for one ("thin"), not the
+# roofline's bandwidth.
+THIN = 0.25
+
 SOFTMAX_PASSES = 2  # a softmax reads and writes its entries once forward (device.PASSES)
 
 
@@ -54,9 +64,11 @@ def softmax_seconds(device: DeviceModel, entries: float) -> float:
     return FORWARD_AND_BACKWARD * SOFTMAX_PASSES * FLOAT * entries / device.bandwidth * device.factor("softmax")
 
 
-def op_time(device: DeviceModel, step: Step, record: StepFootprint, number) -> float:
+def op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Callable[[sympy.Expr], float]) -> float:
     """Seconds of one step of the plan in a training step; `number` evaluates its formulas."""
     flops, moved = number(executed_flops(step)), number(record.moved)
+    if isinstance(step.op, Matmul | Einsum) and flops < THIN * device.ridge * moved:
+        return step_time(device, flops, moved, "thin")
     if not isinstance(step.op, Attention | FlexAttention):
         return step_time(device, flops, moved, op_kind(step.op))
     dense = number(step.flops)
@@ -107,6 +119,7 @@ class TimeModel:
 
     _device: DeviceModel | None = None
     estimates = 0  # trial estimates made: none means no choice the objective could change
+    fusion_estimates = 0  # those of a fused attention: the only choices `memory` makes otherwise than `flops`
 
     @property
     def device(self) -> DeviceModel:
@@ -131,11 +144,20 @@ class TimeModel:
     def estimated_time(self, steps: list[Step]) -> float:
         """Seconds a training step spends in `steps`, appended to the program so far."""
         self.estimates += 1
+        self.fusion_estimates += any(isinstance(step.op, Attention | FlexAttention) for step in steps)
         records = footprint(self.context(steps)).steps[len(self.steps) :]
         return sum(
             op_time(self.device, step, record, self.at_planned_sizes)
             for step, record in zip(steps, records, strict=True)
         )
+
+    def rival_objectives(self) -> tuple[str, ...]:
+        """The objectives whose plans may differ from this lowering's (made for `time`): none
+        where no choice was estimated, `flops` where no fused attention was (`memory` then
+        chooses as `flops` does: by FLOPs, trial() in base.py), else both."""
+        if not self.estimates:
+            return ()
+        return ("flops", "memory") if self.fusion_estimates else ("flops",)
 
     def at_planned_sizes(self, expr: sympy.Expr) -> float:
         value = self.g.evaluate(sympy.sympify(expr).xreplace(self.chunk_values), **self.sizes)
