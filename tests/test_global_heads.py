@@ -211,3 +211,19 @@ def test_talking_heads_in_the_global_head_form_equals_its_reference(causal):
     module, reference = compiled_and_reference(design.with_causal_mask() if causal else design, "memory", 64)
     assert global_head_ops(module)
     assert_same(module, reference, x_input())
+
+
+@pytest.mark.parametrize(
+    ("name", "causal"), [("kronecker", True), ("trainable_heads_only", False), ("trainable_heads_only", True)]
+)
+def test_other_bundled_designs_in_the_global_head_form_equal_their_reference(name, causal):
+    """The designs beyond the FiSH family that take the form under memory, at their own sizes."""
+    design = tdiag.load(DESIGNS / f"{name}.td")
+    design = design.with_causal_mask() if causal else design
+    module = design.module(dtype=torch.float64, seed=2, objective="memory")
+    reference = design.module(impl="reference", dtype=torch.float64, N=N)
+    reference.load_state_dict(module.state_dict())
+    assert global_head_ops(module)
+    width = int(design.graph.evaluate(design.graph.inputs[0].axes[-1].size))
+    x = torch.randn(B, N, width, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    assert_same(module, reference, x)

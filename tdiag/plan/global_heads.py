@@ -313,8 +313,10 @@ def taken(
     `memory` the bytes kept for backward decide, then the FLOPs; under `time` and `flops` the
     objective's trial cost. Otherwise None, with the refusal noted."""
     keys = " ".join(show_legs(p for leg in box.normalized for p in ren[leg]))
+    names = _names(ctx)
     form = recognise(ctx, box, ren, others, out)
     if isinstance(form, str):
+        _restore_names(ctx, names)
         ctx.refuse(f"softmax box over {keys}: global-head form refused: {form}")
         return None
 
@@ -344,6 +346,20 @@ def taken(
         if fused is not None:
             ctx.refuse(f"softmax box over {keys}: SDPA refused: {worse(theirs, mine)} the global-head form")
         return form
+    _restore_names(ctx, names)
     what = "the SDPA form" if fused is not None else "the materialized box"
     ctx.refuse(f"softmax box over {keys}: global-head form refused: {worse(mine, theirs)} {what}")
     return None
+
+
+def _names(ctx) -> tuple[set[str], int, int]:
+    """The state of the lowering's fresh variable and leg names (the counters read without
+    advancing them), so that a refused form leaves the generated code's names as they were."""
+    variable, leg = next(ctx.names.counter), next(ctx.fresh_legs)
+    ctx.names.counter, ctx.fresh_legs = itertools.count(variable), itertools.count(leg)
+    return set(ctx.names.used), variable, leg
+
+
+def _restore_names(ctx, state: tuple[set[str], int, int]) -> None:
+    used, variable, leg = state
+    ctx.names.used, ctx.names.counter, ctx.fresh_legs = used, itertools.count(variable), itertools.count(leg)
