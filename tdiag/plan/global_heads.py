@@ -37,8 +37,8 @@ Where this form does not apply in the FiSH family, and why (the module refuses w
 
 `recognise` and `emit` take the lowering as an explicit context `ctx` (the Lowering object of
 build.py) and use its helpers: score_items, collect, fold_constants, scale_sign, contract,
-materialize, arrange, emit, scratch, trial, fuse, lower_box, refuse. `taken` is the chooser's
-hook (boxes.resolve_boxes)."""
+materialize, arrange, emit, scratch. The candidate form forms/global_heads.py wraps them; the
+chooser (forms/choice.py) costs it against the other forms."""
 
 from __future__ import annotations
 
@@ -49,7 +49,6 @@ import sympy
 
 from ..ir import CausalMask, PaddingMask, SoftmaxBox, TensorRef, walk
 from .base import _Leaf, _value_leaves
-from .footprint import footprint
 from .program import BATCH, Attention, Expand, Step, Value, show_legs
 
 
@@ -302,64 +301,3 @@ def emit(ctx, form: GlobalHeads) -> list[_Leaf]:
             "each operand dense with its features last, for the fused kernel)"
         )
     return [*form.rest, *_value_leaves(value)]
-
-
-def taken(
-    ctx, box: SoftmaxBox, ren, others: list[_Leaf], out: tuple[str, ...], fused: dict | None
-) -> GlobalHeads | None:
-    """The global-head form of `box` where it applies and its trial plan beats the form that
-    would be taken otherwise: the ordinary SDPA form `fused` when there is one (strictly cheaper,
-    so that a tie keeps the plan as it was), else the materialized box (no dearer). Under
-    `memory` the bytes kept for backward decide, then the FLOPs; under `time` and `flops` the
-    objective's trial cost. Otherwise None, with the refusal noted."""
-    keys = " ".join(show_legs(p for leg in box.normalized for p in ren[leg]))
-    names = _names(ctx)
-    form = recognise(ctx, box, ren, others, out)
-    if isinstance(form, str):
-        _restore_names(ctx, names)
-        ctx.refuse(f"softmax box over {keys}: global-head form refused: {form}")
-        return None
-
-    def rival() -> None:
-        if fused is not None:
-            ctx.contract(ctx.fuse(box, ren, others, fused), out, sympy.Integer(1), None)
-        else:
-            value = ctx.lower_box(box, ren, None)
-            ctx.contract([*others, *_value_leaves(value)], out, sympy.Integer(1), None)
-
-    def global_form() -> None:
-        ctx.contract(emit(ctx, form), out, sympy.Integer(1), None)
-
-    def cost(build) -> tuple:
-        if ctx.objective != "memory":
-            return (ctx.trial(build),)
-        with ctx.scratch() as steps:
-            build()
-            kept = ctx.at_planned_sizes(footprint(ctx.context(steps)).saved_bytes)
-        return (kept, ctx.trial(build))
-
-    def worse(a: tuple, b: tuple) -> str:
-        return "keeps more for backward than" if ctx.objective == "memory" and a[0] > b[0] else ctx.dearer
-
-    mine, theirs = cost(global_form), cost(rival)
-    if mine < theirs or (fused is None and mine == theirs):
-        if fused is not None:
-            ctx.refuse(f"softmax box over {keys}: SDPA refused: {worse(theirs, mine)} the global-head form")
-        return form
-    _restore_names(ctx, names)
-    what = "the SDPA form" if fused is not None else "the materialized box"
-    ctx.refuse(f"softmax box over {keys}: global-head form refused: {worse(mine, theirs)} {what}")
-    return None
-
-
-def _names(ctx) -> tuple[set[str], int, int]:
-    """The state of the lowering's fresh variable and leg names (the counters read without
-    advancing them), so that a refused form leaves the generated code's names as they were."""
-    variable, leg = next(ctx.names.counter), next(ctx.fresh_legs)
-    ctx.names.counter, ctx.fresh_legs = itertools.count(variable), itertools.count(leg)
-    return set(ctx.names.used), variable, leg
-
-
-def _restore_names(ctx, state: tuple[set[str], int, int]) -> None:
-    used, variable, leg = state
-    ctx.names.used, ctx.names.counter, ctx.fresh_legs = used, itertools.count(variable), itertools.count(leg)
