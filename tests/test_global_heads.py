@@ -7,6 +7,7 @@ applies and keeps no heads x N² tensor; each refusal says why."""
 import math
 
 import pytest
+import sympy
 import torch
 from conftest import DESIGNS, gradcheck_parameters
 
@@ -227,3 +228,13 @@ def test_other_bundled_designs_in_the_global_head_form_equal_their_reference(nam
     width = int(design.graph.evaluate(design.graph.inputs[0].axes[-1].size))
     x = torch.randn(B, N, width, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     assert_same(module, reference, x)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_the_global_head_form_is_credited_with_the_blocks_a_causal_kernel_skips(causal):
+    plan = family("hard_fish", causal).plan(N=1024, objective="memory")
+    step = next(s for s in plan.steps if "global-head form" in s.description)
+    assert (step.kernel_flops is not None) == causal
+    if causal:
+        dense, skipping = (plan.graph.evaluate(f, **plan.sizes) for f in (step.flops, step.kernel_flops))
+        assert skipping == dense * sympy.Rational(1280, 2048)
