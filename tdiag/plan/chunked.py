@@ -87,10 +87,12 @@ class ChunkedCausal:
 
     def cheapest_chunked(self, query, key, leaves, out, coefficient, var) -> Value:
         """chunked_contract with each factor carrying neither leg placed where the objective's
-        cost is least, over every combination for up to four such factors (PLACEMENTS); more
-        stay in both parts."""
+        cost is least, over every combination of PLACEMENTS for up to two such factors, of the
+        first two for up to four (as many trials as the planning time allows, each size of
+        chunk tried over them); more stay in both parts."""
         free = [leaf for leaf in leaves if key not in leaf.legs and query not in leaf.legs]
-        choices = itertools.product(PLACEMENTS, repeat=len(free)) if len(free) <= 4 else [("both",) * len(free)]
+        places = PLACEMENTS if len(free) <= 2 else PLACEMENTS[:2] if len(free) <= 4 else PLACEMENTS[:1]
+        choices = itertools.product(places, repeat=len(free))
         best, best_cost = {}, None
         for choice in choices:
             placed = dict(zip(map(id, free), choice, strict=True))
