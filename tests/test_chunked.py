@@ -62,6 +62,16 @@ def test_the_plan_note_names_the_chunk_size_taken_and_the_cost_of_each_size_trie
     assert any(step.op.__class__.__name__ == "SplitChunks" and step.op.size == chunk_size(plan) for step in plan.steps)
 
 
+def test_counting_flops_the_largest_chunk_size_within_a_tenth_of_the_fewest_flops_is_taken():
+    """FLOPs fall as C shrinks to a few positions, where each chunk's small matmuls run slowly."""
+    plan = causal("lfish", F=64, H=4).plan(N=1024, objective="flops")
+    costs = {
+        int(c): int(v.replace(",", ""))
+        for c, v in re.findall(r"(\d+): ([\d,]+)", chunk_note(plan).split(" at C = ")[1])
+    }
+    assert chunk_size(plan) == max(c for c, v in costs.items() if v <= 1.1 * min(costs.values())) > min(costs)
+
+
 def test_no_chunk_size_above_the_planned_length_is_tried():
     assert tried(causal("mlk").plan(N=16, objective="flops")) == [4, 8, 16]
 
