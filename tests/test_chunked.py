@@ -62,6 +62,25 @@ def test_the_plan_note_names_the_chunk_size_taken_and_the_cost_of_each_size_trie
     assert any(step.op.__class__.__name__ == "SplitChunks" and step.op.size == chunk_size(plan) for step in plan.steps)
 
 
+def test_counting_flops_the_largest_chunk_size_within_a_tenth_of_the_fewest_flops_is_taken():
+    """FLOPs fall as C shrinks to a few positions, where each chunk's small matmuls run slowly."""
+    plan = causal("lfish", F=64, H=4).plan(N=1024, objective="flops")
+    costs = {
+        int(c): int(v.replace(",", ""))
+        for c, v in re.findall(r"(\d+): ([\d,]+)", chunk_note(plan).split(" at C = ")[1])
+    }
+    assert chunk_size(plan) == max(c for c, v in costs.items() if v <= 1.1 * min(costs.values())) > min(costs)
+
+
+def test_by_time_the_largest_chunk_size_within_a_twentieth_of_the_least_estimate_is_taken(cpu):
+    """Many small chunks cost more than the roofline sees (an add per chunk, small matmuls)."""
+    cpu(5.57e10, 1.12e10, 1e-6)
+    plan = causal("performer", F=64, H=4).plan(N=1024, objective="time")
+    costs = {int(c): float(v) for c, v in re.findall(r"(\d+): ([\d.e+-]+)", chunk_note(plan).split(" at C = ")[1])}
+    least = min(costs, key=costs.get)
+    assert chunk_size(plan) == max(c for c, v in costs.items() if v <= 1.05 * costs[least]) != least
+
+
 def test_no_chunk_size_above_the_planned_length_is_tried():
     assert tried(causal("mlk").plan(N=16, objective="flops")) == [4, 8, 16]
 
@@ -74,16 +93,14 @@ def test_a_device_where_memory_traffic_dominates_takes_larger_chunks_than_one_wh
     arithmetic = chunk_size(design().plan(N=1024, objective="time"))
     memory_bound(cpu)
     memory = chunk_size(design().plan(N=1024, objective="time"))
-    assert (arithmetic, memory) == (4, 32)
+    assert arithmetic == 4 < 32 <= memory
 
 
 def test_different_planned_lengths_take_different_chunk_sizes(cpu):
     memory_bound(cpu)
     design = causal("thsa_elu")
-    assert (chunk_size(design.plan(N=64, objective="time")), chunk_size(design.plan(N=256, objective="time"))) == (
-        4,
-        64,
-    )
+    sizes = [chunk_size(design.plan(N=n, objective="time")) for n in (64, 256)]
+    assert sizes == [64, 128]
 
 
 def test_only_the_chunk_count_of_the_size_taken_is_bound_at_run_time():
