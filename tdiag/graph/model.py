@@ -36,6 +36,7 @@ class Limits:
 
 
 LIMITS = Limits()
+EVALUATIONS_KEPT = 200_000  # sizes evaluated per design graph before the memo starts over
 
 
 @dataclass
@@ -56,6 +57,7 @@ class DesignGraph:
     warnings: list[Diagnostic] = field(default_factory=list)
     sources: tuple[str, ...] = ()  # the files read to build it: the design's, then its bases' (none from text)
     _size_values: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
+    _evaluated: dict[tuple, sympy.Expr] = field(default_factory=dict, init=False, repr=False, compare=False)
     _forward: nx.MultiDiGraph | None = field(default=None, init=False, repr=False, compare=False)
 
     # sizes
@@ -74,6 +76,17 @@ class DesignGraph:
         return self.evaluate_at(expr, at)
 
     def evaluate_at(self, expr: sympy.Expr, at: Mapping[str, int]) -> sympy.Expr:
+        """Remembered per expression and sizes: the planner prices every candidate of every box
+        at the same sizes, over and over (the sizes of a design never change)."""
+        key = (expr, tuple(sorted(at.items())))
+        known = self._evaluated.get(key)
+        if known is None:
+            if len(self._evaluated) > EVALUATIONS_KEPT:
+                self._evaluated.clear()
+            known = self._evaluated[key] = self._evaluate_at(expr, at)
+        return known
+
+    def _evaluate_at(self, expr: sympy.Expr, at: Mapping[str, int]) -> sympy.Expr:
         values = self.size_values() | dict(at)
         subs = {self.sizes[k].symbol: sympy.sympify(v) for k, v in values.items() if k in self.sizes}
         value = self.expand(sympy.sympify(expr)).xreplace(subs)

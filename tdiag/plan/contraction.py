@@ -4,6 +4,7 @@ Guarantees: fewest FLOPs among the orders opt_einsum considers, ties to the smal
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import opt_einsum
@@ -112,17 +113,8 @@ class ContractionOrder:
             + "->"
             + "".join(symbol[leg] for leg in out)
         )
-        shapes = [tuple(self.number(leg) for leg in v.legs) for v in values]
-        strategies = [
-            "optimal" if len(values) <= OPTIMAL_UP_TO else "dp",
-            opt_einsum.paths.DynamicProgramming(minimize="size"),
-        ]
-        candidates = []
-        for strategy in strategies:
-            path, info = opt_einsum.contract_path(equation, *shapes, shapes=True, optimize=strategy)
-            candidates.append((int(info.opt_cost), int(info.largest_intermediate), path))
-        _, _, path = min(candidates, key=lambda c: (c[0], c[1]))  # fewest FLOPs, then the smaller intermediate
-        return [tuple(sorted(p)) for p in path]
+        shapes = tuple(tuple(self.number(leg) for leg in v.legs) for v in values)
+        return list(_cheapest_path(equation, shapes))
 
     def pairwise(self, a: Value, b: Value, needed: set[str], var: str | None) -> Value:
         """One pairwise contraction, computed once per emit target (the chunks of a causal
@@ -236,3 +228,21 @@ class ContractionOrder:
                 inputs=tuple(values),
             )
         )  # type: ignore[return-value]
+
+
+@functools.lru_cache(maxsize=65536)
+def _cheapest_path(equation: str, shapes: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """opt_einsum's order of pairwise contractions for `equation` at `shapes`: 'optimal' up to
+    OPTIMAL_UP_TO operands ('dp' beyond) or the dynamic program minimizing the largest
+    intermediate, whichever costs fewer FLOPs (then the smaller intermediate). Remembered: the
+    planner orders the same contraction for every candidate form it prices."""
+    strategies = [
+        "optimal" if len(shapes) <= OPTIMAL_UP_TO else "dp",
+        opt_einsum.paths.DynamicProgramming(minimize="size"),
+    ]
+    candidates = []
+    for strategy in strategies:
+        path, info = opt_einsum.contract_path(equation, *shapes, shapes=True, optimize=strategy)
+        candidates.append((int(info.opt_cost), int(info.largest_intermediate), path))
+    _, _, path = min(candidates, key=lambda c: (c[0], c[1]))
+    return tuple(tuple(sorted(p)) for p in path)

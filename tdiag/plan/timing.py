@@ -17,7 +17,7 @@ from collections.abc import Callable
 import sympy
 
 from ..device import DeviceModel, planning_device
-from .abstract import FLOAT, StepFootprint
+from .abstract import FLOAT, Footprint, StepFootprint
 from .footprint import footprint
 from .program import (
     BATCH_SIZE,
@@ -141,11 +141,12 @@ class TimeModel:
             chunks=chunks,
         )
 
-    def estimated_time(self, steps: list[Step]) -> float:
-        """Seconds a training step spends in `steps`, appended to the program so far."""
+    def estimated_time(self, steps: list[Step], fp: Footprint | None = None) -> float:
+        """Seconds a training step spends in `steps`, appended to the program so far (`fp`: the
+        footprint of that program, when the caller has it already)."""
         self.estimates += 1
         self.fusion_estimates += any(isinstance(step.op, Attention | FlexAttention) for step in steps)
-        records = footprint(self.context(steps)).steps[len(self.steps) :]
+        records = (fp or footprint(self.context(steps))).steps[len(self.steps) :]
         return sum(
             op_time(self.device, step, record, self.at_planned_sizes)
             for step, record in zip(steps, records, strict=True)

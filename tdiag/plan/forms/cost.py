@@ -39,8 +39,8 @@ def cost(ctx: _Lowering, build: Callable[[], object]) -> Cost:
     """What `build` would cost, emitted after the program so far, without keeping its steps."""
     with ctx.scratch() as steps:
         build()
-        seconds = ctx.estimated_time(steps)
         fp = footprint(ctx.context(steps))
+        seconds = ctx.estimated_time(steps, fp)
         start = len(ctx.steps)
         first: dict[int, int] = {}
         for k, record in enumerate(fp.steps):
