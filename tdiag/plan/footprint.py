@@ -421,7 +421,13 @@ class _Interpreter(AbstractMachine):
         if repeat != 1:  # out[..., R − 1 :: R, :]: every R-th row, a view
             rows /= op.repeat
             strides = (*out.strides[:-2], out.strides[-2] * repeat, out.strides[-1])
-            out = Meta((*out.shape[:-2], out.shape[-2] // repeat, out.shape[-1]), strides, out.storage, out.grad, rows * features)
+            out = Meta(
+                (*out.shape[:-2], out.shape[-2] // repeat, out.shape[-1]),
+                strides,
+                out.storage,
+                out.grad,
+                rows * features,
+            )
         if op.live is not None:
             out = self.live_rows(op, q, v, out)
         if op.width is not None:
