@@ -14,9 +14,9 @@ import time
 import torch
 
 import tdiag
+from tdiag.measure import saved_for_backward
 from tdiag.plan import BATCH_SIZE, forms
 from tdiag.plan.footprint import footprint
-from tdiag.measure import saved_for_backward
 
 
 def build(form_left_out: str, n: int, design: str):
@@ -62,9 +62,8 @@ def main() -> None:
         base = times["sdpa (attn_mask)"]
         for name, ts in times.items():
             ratios = [t / b for t, b in zip(ts, base, strict=True)]
-            print(
-                f"N={n} {name}: {min(ts) * 1e3:.0f}–{max(ts) * 1e3:.0f} ms, ratio to attn_mask {min(ratios):.2f}–{max(ratios):.2f}"
-            )
+            spread = f"{min(ts) * 1e3:.0f}–{max(ts) * 1e3:.0f} ms"
+            print(f"N={n} {name}: {spread}, ratio to attn_mask {min(ratios):.2f}–{max(ratios):.2f}")
 
 
 if __name__ == "__main__":
