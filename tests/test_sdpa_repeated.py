@@ -176,3 +176,20 @@ def test_refused_with_a_padding_mask(write_td):
     text = text.replace("softmax[m r](", "softmax[m r, mask = pad[m]](")
     design = tdiag.load(write_td(text, "mgk_padded.td"), **SMALL).with_causal_mask()
     assert refusal(design, N=8).startswith("a padding mask needs a float attn_mask")
+
+
+# ---- the time model's charge for a boolean attn_mask -------------------------------------------
+
+
+def sdpa_record(design: tdiag.Design, **sizes: int):
+    plan = design.plan(objective="memory", **sizes)
+    (k,) = [k for k, step in enumerate(plan.steps) if step.kind == "sdpa"]
+    return footprint(plan).steps[k]
+
+
+def test_a_boolean_attn_mask_is_recorded_as_converted_to_floats():
+    assert sdpa_record(causal("mgk", F=256, H=4), N=1024).converted_mask
+
+
+def test_a_float_attn_mask_is_not_recorded_as_converted():
+    assert not sdpa_record(tdiag.load(DESIGNS / "absolute_bias.td"), N=256).converted_mask

@@ -442,6 +442,7 @@ class _Interpreter(AbstractMachine):
         the CPU flash kernel then keeps for backward: 4 bytes an entry, not 1."""
         if mask.storage is None or self.storages[mask.storage].itemsize != BOOL:
             return mask
+        self.record.converted_mask = True
         return self.fresh(mask.shape, mask.numel, mask.grad, "attn_mask as float")
 
     @op.register
