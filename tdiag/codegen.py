@@ -929,12 +929,16 @@ def _(op: Attention, attributes: frozenset[str]) -> str:
     if op.pad_query_key:
         q = f"torch.nn.functional.pad({q}, (0, {op.pad_query_key}))"
         k = f"torch.nn.functional.pad({k}, (0, {op.pad_query_key}))"
+    if op.repeat != 1:
+        q = f"{q}.repeat_interleave({_expr(op.repeat)}, dim=-2)"
     mask = ", is_causal=True" if op.causal else ""
     if op.mask is not None:
         mask = f", attn_mask={_var(op.mask, attributes)}"
     if op.grouped:
         mask += ", enable_gqa=True"
     call = f"torch.nn.functional.scaled_dot_product_attention({q}, {k}, {v}, scale={_scalar(op.scale)}{mask})"
+    if op.repeat != 1:
+        call += f"[..., {_expr(op.repeat - 1)}::{_expr(op.repeat)}, :]"
     call = _live_rows(op, call, v, attributes)
     if op.width is not None:
         call += f"[..., :{op.width}]"

@@ -10,7 +10,7 @@ from conftest import DESIGN_FILES
 
 import tdiag
 from tdiag.measure import saved_for_backward
-from tdiag.plan import BATCH_SIZE
+from tdiag.plan import BATCH_SIZE, forms
 from tdiag.plan.footprint import Meta, footprint
 from tdiag.plan.program import Matmul
 from tdiag.plan.strides import contiguous, elementwise_strides, view_strides
@@ -99,9 +99,10 @@ def design_named(name: str, causal: bool = False, n: int = 64) -> tdiag.Design:
     return design_at(next(p for p in DESIGN_FILES if p.stem == name), causal, n)
 
 
-def test_a_boolean_attn_mask_is_kept_by_sdpa_as_a_float_mask():
-    """Causal MGK hands SDPA a boolean (N, M·N) mask; torch converts it to float before the CPU
-    flash kernel, which keeps the float one: 4 bytes an entry."""
+def test_a_boolean_attn_mask_is_kept_by_sdpa_as_a_float_mask(monkeypatch):
+    """Causal MGK in the ordinary SDPA form hands SDPA a boolean (N, M·N) mask; torch converts it
+    to float before the CPU flash kernel, which keeps the float one: 4 bytes an entry."""
+    monkeypatch.setattr(forms, "FORMS", [form for form in forms.FORMS if form.name != "sdpa_repeated"])
     design = design_named("mgk", causal=True, n=256)
     fp = footprint(design.plan(N=256, B=1), {"B": 1})
     kept = [fp.storages[s] for s in fp.saved]

@@ -50,6 +50,7 @@ class StepFootprint:
     copies: sympy.Expr = ZERO
     saved: list[int] = field(default_factory=list)
     kernel: str = ""  # for SDPA: "flash" or "math"
+    converted_mask: bool = False  # for SDPA: its boolean attn_mask converted to a float one
     moved: sympy.Expr = ZERO  # bytes read and written, copies included
 
 

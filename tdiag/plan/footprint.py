@@ -378,6 +378,10 @@ class _Interpreter(AbstractMachine):
             latent += op.pad_query_key
             q = self.widened(q, op.pad_query_key, rows * latent, "q padded")
             k = self.widened(k, op.pad_query_key, keys * latent, "k padded")
+        repeat = self.integer(op.repeat)
+        if repeat != 1:  # q.repeat_interleave(R, dim=-2): a new q of R times the rows
+            rows *= op.repeat
+            q = self.fresh((*q.shape[:-2], q.shape[-2] * repeat, q.shape[-1]), rows * latent, q.grad, "q repeated")
         grad = q.grad or k.grad or v.grad
         shape = (*q.shape[:-1], v.shape[-1])
         mask = self.kernel_mask(self.value(op.mask)) if op.mask is not None else None
@@ -414,6 +418,16 @@ class _Interpreter(AbstractMachine):
                 self.save(attention)
             if scores:
                 self.save(v)
+        if repeat != 1:  # out[..., R − 1 :: R, :]: every R-th row, a view
+            rows /= op.repeat
+            strides = (*out.strides[:-2], out.strides[-2] * repeat, out.strides[-1])
+            out = Meta(
+                (*out.shape[:-2], out.shape[-2] // repeat, out.shape[-1]),
+                strides,
+                out.storage,
+                out.grad,
+                rows * features,
+            )
         if op.live is not None:
             out = self.live_rows(op, q, v, out)
         if op.width is not None:
@@ -428,6 +442,7 @@ class _Interpreter(AbstractMachine):
         the CPU flash kernel then keeps for backward: 4 bytes an entry, not 1."""
         if mask.storage is None or self.storages[mask.storage].itemsize != BOOL:
             return mask
+        self.record.converted_mask = True
         return self.fresh(mask.shape, mask.numel, mask.grad, "attn_mask as float")
 
     @op.register

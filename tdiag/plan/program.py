@@ -314,7 +314,10 @@ class Attention:
     row whose keys are all hidden is the mean of the values, taken apart from the kernel: its
     backward, from a log-sum-exp of lowest numbers, weighs every value 1 instead of 1/M, and the
     row's output must pass no gradient to q, k or a bias (they do not change it). Under a causal
-    mask (`future`, True above the diagonal) the mean is over the keys the row may see."""
+    mask (`future`, True above the diagonal) the mean is over the keys the row may see. With
+    `repeat` R > 1 each query row is repeated R times (rows n·R .. n·R + R − 1), the call is
+    causal over the square of N·R rows and keys (key j = m·R + r) and the output keeps the rows
+    n·R + R − 1, which see exactly the keys of the positions m ≤ n (forms/sdpa_repeated.py)."""
 
     q: Operand
     k: Operand
@@ -331,6 +334,7 @@ class Attention:
     group: sympy.Expr = ONE
     live: Value | None = None
     future: Operand | None = None
+    repeat: sympy.Expr = ONE
 
 
 @dataclass(frozen=True)

@@ -86,10 +86,11 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
     if fused.pads:
         live = live_rows(ctx, [*padded, *([hidden_future] if hidden_future is not None else [])], score_groups)
         future = seen_operand(ctx, fused, score_groups, hidden_future)
-    elif fused.masks and keys == [fused.masks[0][1]]:
+    elif fused.masks and (keys == [fused.masks[0][1]] or fused.repeated):
         causal = True
     elif fused.masks:
         visible = causal_attention_mask(ctx, fused.masks[0], fused.masks[0][0], keys)
+    repeat = ctx.numel(keys[1:]) if fused.repeated else sympy.Integer(1)
     name = ctx.names.fresh("attended")
     regrouped = grouped and (len(q_groups[len(lead)]) != 1 or len(features) != 1)
     attention = Attention(
@@ -108,6 +109,7 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
         group=ctx.runtime(ctx.numel(query_heads)) if grouped else sympy.Integer(1),
         live=live,
         future=future,
+        repeat=ctx.runtime(repeat),
     )
     entries = ctx.numel([*heads, *queries, *keys])
     latent_size = ctx.numel(latent) + (1 if bias is not None else 0)
@@ -129,7 +131,9 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
         notes.append("additive bias as a float attn_mask")
     if fused.pads:
         notes.append("padding mask as attn_mask")
-    if causal:
+    if fused.repeated:
+        notes.append(f"each query repeated over the {' '.join(show_legs(keys[1:]))} keys of a position, is_causal")
+    elif causal:
         notes.append("is_causal")
     elif fused.masks:
         notes.append("causal mask as attn_mask")
@@ -149,7 +153,7 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
             paper=entries * (2 * latent_size - 1) + ctx.numel(legs) * (2 * ctx.numel(keys) - 1),
             score_flops=2 * entries * latent_size,
             score_paper=entries * (2 * latent_size - 1),
-            kernel_flops=causal_kernel_flops(flops, ctx.numel(keys), sdpa_query_block(ctx.numel(keys)))
+            kernel_flops=causal_kernel_flops(flops * repeat, ctx.numel(keys), sdpa_query_block(ctx.numel(keys)))
             if causal and visible is None  # with an attn_mask, the triangle is in the mask: no skipping
             else None,
         )

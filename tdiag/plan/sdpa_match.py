@@ -39,7 +39,8 @@ class MatchedAttention:
     """A softmax box and its consumer read as one attention (what `AttentionMatch.fusable`
     finds): the query, key and value sides as the region's factors and the legs they meet in.
     The forms that fuse it (SDPA folded or grouped, FlexAttention) emit from this record;
-    `grouped` is the one field a form sets (`dataclasses.replace`), the rest is the match."""
+    `grouped` and `repeated` are the fields a form sets (`dataclasses.replace`), the rest is the
+    match."""
 
     query: list[_Leaf]  # the query side's factors (of the first query·key product)
     key: list[_Leaf]  # the key side's factors
@@ -63,6 +64,9 @@ class MatchedAttention:
     sequence: str  # the query leg that is the position (the causal mask's, else the longest)
     prelude: tuple[list[Step], dict]  # the content's computed factors, built on trial, and their memo
     grouped: bool = False  # query legs other than `sequence` grouped over the key heads (enable_gqa)
+    # each query repeated over the keys of one position, the causal mask is_causal on those rows
+    # (forms/sdpa_repeated.py): keys[0] is the masked position leg, the rest its keys per position
+    repeated: bool = False
 
 
 class AttentionMatch:

@@ -56,12 +56,20 @@ def step_time(device: DeviceModel, flops: float, moved: float, kind: str | None 
 THIN = 0.25
 
 SOFTMAX_PASSES = 2  # a softmax reads and writes its entries once forward (device.PASSES)
+# an SDPA given a boolean attn_mask converts it to a float one (footprint.py `kernel_mask`) and
+# adds an entry of it to each score, forward and again backward: one more pass over the entries
+# (measured on torch 2.13's CPU kernel at N=2048, one thread: a boolean triangle as attn_mask takes
+# 1.08 of the time without a mask, this 1.12 on the nominal device), the cost that the
+# repeated-query form (forms/sdpa_repeated.py) saves. A float attn_mask (padding, an additive
+# bias) is left at the softmax's passes: its forms were measured a tie with the materialized box.
+MASK_PASSES = 1
 
 
-def softmax_seconds(device: DeviceModel, entries: float) -> float:
+def softmax_seconds(device: DeviceModel, entries: float, passes: int = SOFTMAX_PASSES) -> float:
     """Seconds of a training step's softmax over `entries` score entries (exponentials and the
-    normalization, forward and backward) at the device's measured softmax rate, no overhead."""
-    return FORWARD_AND_BACKWARD * SOFTMAX_PASSES * FLOAT * entries / device.bandwidth * device.factor("softmax")
+    normalization, forward and backward, `passes` over the entries each) at the device's measured
+    softmax rate, no overhead."""
+    return FORWARD_AND_BACKWARD * passes * FLOAT * entries / device.bandwidth * device.factor("softmax")
 
 
 def op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Callable[[sympy.Expr], float]) -> float:
@@ -77,7 +85,8 @@ def op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Call
         seconds = step_time(device, flops, 0.0) + step_time(device, 0.0, moved) - KERNELS_PER_OP * device.overhead
     else:
         seconds = step_time(device, flops, moved)
-    return seconds + softmax_seconds(device, entries)
+    passes = SOFTMAX_PASSES + (MASK_PASSES if record.converted_mask else 0)
+    return seconds + softmax_seconds(device, entries, passes)
 
 
 def op_kind(op: object) -> str | None:
