@@ -81,18 +81,41 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(d, m == "causal", n) for d in args.designs for m in args.masks for n in args.n]
     results = []
     started = time.perf_counter()
+    skipped = []
     for k, (design, causal, n) in enumerate(cases):
         label = f"{Path(design).stem} {'causal' if causal else 'plain'} N={n}"
         print(f"[{k + 1}/{len(cases)}] {label} ...", end="", flush=True)
-        result = measure(design, causal, n, objectives, args)
+        fixed = fixed_length(design)
+        if fixed is not None and fixed != n:
+            skipped.append(f"{label}: the design fixes N = {fixed}")
+            print(f" skipped: the design fixes N = {fixed}", flush=True)
+            continue
+        try:
+            result = measure(design, causal, n, objectives, args)
+        except (RuntimeError, ValueError, MemoryError) as error:  # one case lost, not the run
+            skipped.append(f"{label}: {type(error).__name__}: {str(error).splitlines()[0]}")
+            print(f" failed: {skipped[-1]}", flush=True)
+            continue
         results.append(result)
         print(f" {result.ms[objectives[0]]:.1f} ms ({time.perf_counter() - started:.0f} s so far)", flush=True)
+        if args.out is not None:
+            write(results, objectives, args, plot=False)  # what is measured survives a later failure
     print()
     print(table(results, objectives))
+    for line in skipped:
+        print(f"not measured: {line}")
     if args.out is not None:
         for path in write(results, objectives, args):
             print(f"wrote {path}")
     return 0
+
+
+def fixed_length(design: str) -> int | None:
+    """N where the design fixes it (a buffer over the positions, as MGK's EM prior), else None."""
+    import tdiag
+
+    size = tdiag.load(_file(design)).graph.sizes.get("N")
+    return None if size is None or size.is_free else int(size.definition)
 
 
 def _file(design: str) -> str:
@@ -176,7 +199,8 @@ def table(results: list[Result], objectives: list[str]) -> str:
     return "\n".join(lines)
 
 
-def write(results: list[Result], objectives: list[str], args: argparse.Namespace) -> list[Path]:
+def write(results: list[Result], objectives: list[str], args: argparse.Namespace, plot: bool = True) -> list[Path]:
+    """planner.json and planner.csv in args.out, and with `plot` (and matplotlib) planner.png."""
     import torch
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -214,6 +238,8 @@ def write(results: list[Result], objectives: list[str], args: argparse.Namespace
         row |= {"kernel_flops": r.kernel_flops, "mhsa_kernel_flops": r.mhsa_kernel_flops, "efficiency": r.efficiency}
         writer.writerow(row)
     paths[1].write_text(flat.getvalue())
+    if not plot:
+        return paths
     try:
         import matplotlib
 
