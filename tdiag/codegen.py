@@ -39,6 +39,7 @@ from .plan.program import (
     Matmul,
     Multiply,
     Normalize,
+    OnesColumn,
     Operand,
     Permute,
     Positions,
@@ -857,9 +858,20 @@ def _(op: Elementwise, attributes: frozenset[str]) -> str:
 
 @_op.register
 def _(op: Ratio, attributes: frozenset[str]) -> str:
+    numerator, denominator = _var(op.numerator, attributes), _read(op.denominator, attributes)
+    if op.column is not None:
+        stored = [leg for leg in op.numerator.legs if leg not in op.numerator.broadcast]
+        lead = "..., " if op.column == len(stored) - 1 else ":, " * op.column
+        numerator, denominator = f"{numerator}[{lead}:-1]", f"{numerator}[{lead}-1:]"
     if op.guard:
-        return f"{_var(op.numerator, attributes)} / _nonzero({_read(op.denominator, attributes)})"
-    return f"{_var(op.numerator, attributes)} / ({_read(op.denominator, attributes)} + {_scalar(op.eps)})"
+        return f"{numerator} / _nonzero({denominator})"
+    return f"{numerator} / ({denominator} + {_scalar(op.eps)})"
+
+
+@_op.register
+def _(op: OnesColumn, attributes: frozenset[str]) -> str:
+    pads = "0, 0, " * op.trailing + "0, 1"
+    return f"torch.nn.functional.pad({_var(op.x, attributes)}, ({pads}), value=1.0)"
 
 
 @_op.register

@@ -48,6 +48,7 @@ from .program import (
     Matmul,
     Multiply,
     Normalize,
+    OnesColumn,
     Operand,
     Permute,
     Plan,
@@ -289,6 +290,9 @@ class _Interpreter(AbstractMachine):
     def _(self, op: Ratio, step: Step) -> Meta:
         numerator, denominator = self.value(op.numerator), self.read(op.denominator)
         numel = self.value(op.denominator.value).numel
+        if op.column is not None:  # views of the one [values, denominator] result
+            numerator, denominator = self.columns(numerator, op.column)
+            numel = denominator.numel
         if op.guard:
             plus = self.guarded(
                 Meta(denominator.shape, denominator.strides, denominator.storage, denominator.grad, numel)
@@ -300,6 +304,21 @@ class _Interpreter(AbstractMachine):
         if numerator.grad or plus.grad:
             self.save(plus)
         return self.like(numerator.shape, [numerator, plus], numerator.numel, numerator.grad or plus.grad, "ratio")
+
+    def columns(self, m: Meta, axis: int) -> tuple[Meta, Meta]:
+        """The views m[..., :-1] and m[..., -1:] along `axis`."""
+        width = m.shape[axis]
+        metas = []
+        for kept in (width - 1, 1):
+            shape = (*m.shape[:axis], kept, *m.shape[axis + 1 :])
+            metas.append(Meta(shape, m.strides, m.storage, m.grad, m.numel * kept / width))
+        return metas[0], metas[1]
+
+    @op.register
+    def _(self, op: OnesColumn, step: Step) -> Meta:
+        x = self.value(op.x)  # constant padding saves nothing for backward
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
 
     @op.register
     def _(self, op: PrefixSum, step: Step) -> Meta:

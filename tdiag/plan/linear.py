@@ -22,10 +22,13 @@ from ..ir import (
 from .base import _Leaf
 from .program import (
     BATCH,
+    OnesColumn,
+    Operand,
     Ratio,
     Step,
     Value,
     align,
+    show_legs,
 )
 
 if TYPE_CHECKING:
@@ -96,6 +99,13 @@ def hoist(
     )
     causal = prefix_legs(ctx, box, ren) if box.masks else None
     contract = ctx.contract if causal is None else functools.partial(ctx.causal_contract, *causal)
+    widened = widened_leg(values, content, extra) if causal is not None else None
+    if widened is not None:
+        value = folded_quotient(
+            ctx, box, content, values, coefficient, (*batch, *kept, *extra), widened, contract, shifted
+        )
+        if value is not None:
+            return [*rest, _Leaf(value.legs, value=value)]
     numerator = contract([*content, *values], (*batch, *kept, *extra), coefficient, "numerator")
     den_content: list[_Leaf] = []
     den_coefficient = collect_stabilized(ctx, box.content, ren, den_content, kept_by_box)
@@ -119,3 +129,74 @@ def hoist(
     )
     value = ctx.emit(step)
     return [*rest, _Leaf(value.legs, value=value)]  # type: ignore[union-attr]
+
+
+def widened_leg(values: list[_Leaf], content: list[_Leaf], extra: tuple[str, ...]) -> str | None:
+    """The value side's leg that takes the denominator as one more entry: the last leg the
+    output keeps that the box's content does not carry (the value width e), or None."""
+    inside = {leg for c in content for leg in c.legs}
+    found = [leg for leg in extra if leg not in inside and any(leg in v.legs for v in values)]
+    return found[-1] if found else None
+
+
+def folded_quotient(
+    ctx: _Lowering,
+    box: SoftmaxBox,
+    content: list[_Leaf],
+    values: list[_Leaf],
+    coefficient: sympy.Expr,
+    legs: tuple[str, ...],
+    widened: str,
+    contract,
+    shifted: int,
+) -> Value | None:
+    """The quotient with numerator and denominator from one contraction: the value side v laid
+    out with `widened` last and widened to [v, 1], so that Σ_m x [v, 1] holds the numerator and,
+    in its last entry, the denominator Σ_m x (Katharopoulos et al. §3.2). Under causal prefix
+    sums the chunked factors, the triangle, the within-chunk scores and the prefix sum of the
+    states are then shared. The value side's legs are those the numerator keeps or the content
+    carries, so the column of ones is summed over exactly the legs the denominator is. None
+    where `widened` is a broadcast leg of v (nothing to append to). `shifted`: the lowering's
+    count of stabilized exponents before the content was collected (a shift means the guard)."""
+    inside = {leg for c in content for leg in c.legs} | set(legs)
+    side = [leg for leg in dict.fromkeys(leg for v in values for leg in v.legs) if leg in inside and leg != widened]
+    value = ctx.contract(values, (*side, widened), sympy.Integer(1), "values")
+    if widened in value.broadcast:
+        return None
+    stored = [leg for leg in value.legs if leg not in value.broadcast]
+    axis = stored.index(widened)
+    wide = ctx.new_leg(widened, ctx.size(widened) + 1)
+    ones = ctx.emit(
+        Step(
+            "concat",
+            OnesColumn(value, axis, len(stored) - 1 - axis),
+            Value(
+                ctx.names.fresh("values_ones"),
+                tuple(wide if leg == widened else leg for leg in value.legs),
+                value.broadcast,
+            ),
+            f"values [v, 1] over {show_legs([widened])[0]}: the denominator as one more column",
+            elementwise=ctx.numel(value.legs),
+            inputs=(value,),
+        )
+    )
+    numerator = contract(
+        [*content, _Leaf(ones.legs, value=ones)],  # type: ignore[union-attr]
+        tuple(wide if leg == widened else leg for leg in legs),
+        coefficient,
+        "numerator",
+    )
+    guard = ctx.stabilizations > shifted
+    stored = [leg for leg in numerator.legs if leg not in numerator.broadcast]
+    present = tuple(widened if leg == wide else leg for leg in numerator.legs)
+    step = Step(
+        "quotient",
+        Ratio(numerator, Operand(numerator), ctx.runtime(box.eps), guard, stored.index(wide)),
+        Value(ctx.names.fresh("normalized"), present),
+        ("numerator / denominator, 0 where both are 0" if guard else "numerator / (denominator + eps)")
+        + f", the denominator the last entry over {show_legs([widened])[0]}",
+        elementwise=ctx.numel(present),
+        divisions=ctx.numel(present),
+        inputs=(numerator,),
+    )
+    return ctx.emit(step)  # type: ignore[return-value]

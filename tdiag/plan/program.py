@@ -231,6 +231,18 @@ class Ratio:
     denominator: Operand
     eps: sympy.Expr
     guard: bool = False  # a zero denominator reads as 1 (as Normalize's guard)
+    column: int | None = None  # the numerator's axis holding [values, denominator]: its last entry divides the others
+
+
+@dataclass(frozen=True)
+class OnesColumn:
+    """x with one entry of ones appended along axis `axis` (`trailing` axes after it): values
+    [v, 1], whose contraction with a normalize box's content gives its numerator and, in the
+    last column, its denominator in one pass (Katharopoulos et al. §3.2)."""
+
+    x: Value
+    axis: int
+    trailing: int
 
 
 @dataclass(frozen=True)
@@ -549,6 +561,7 @@ Op = (
     | Reduce
     | Elementwise
     | Ratio
+    | OnesColumn
     | PrefixSum
     | Triangle
     | SplitChunks
