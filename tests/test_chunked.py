@@ -119,6 +119,25 @@ def test_a_core_common_to_both_parts_of_a_causal_thsa_denominator_is_applied_onc
     assert len([step for step in plan.steps[numerator:denominator] if "self.C[" in step.description]) == 1
 
 
+def test_a_causal_linear_box_takes_numerator_and_denominator_from_one_chunked_pass_over_values_and_ones():
+    """Σ_{m ≤ n} x [v, 1] holds the numerator and, in its last entry, the denominator: one
+    prefix sum, one triangle, and the quotient reading the last column."""
+    plan = causal("lfish", F=64, H=4).plan(N=1024, objective="flops")
+    (ones,) = [step for step in plan.steps if type(step.op).__name__ == "OnesColumn"]
+    (ratio,) = [step.op for step in plan.steps if type(step.op).__name__ == "Ratio"]
+    assert [step.kind for step in plan.steps].count("prefix") == 1
+    assert [type(step.op).__name__ for step in plan.steps].count("Triangle") == 1
+    assert ratio.column is not None and ratio.denominator.value == ratio.numerator
+    assert plan.leg_sizes[ratio.numerator.legs[ratio.column]] == plan.leg_sizes[ones.op.x.legs[ones.op.axis]] + 1
+
+
+def test_a_causal_box_whose_value_side_has_no_leg_of_its_own_keeps_a_separate_denominator():
+    """THSA-elu's values are indexed by r, a leg of the content's core C[r s]: no column to widen."""
+    plan = causal("thsa_elu", F=64, H=4).plan(N=1024, objective="flops")
+    assert not any(type(step.op).__name__ == "OnesColumn" for step in plan.steps)
+    assert [step.kind for step in plan.steps].count("prefix") == 2
+
+
 @pytest.mark.parametrize("n", [3, 5, 37], ids=["shorter-than-a-chunk", "one-partial-chunk", "not-a-multiple"])
 @pytest.mark.parametrize("name", CHUNKED)
 def test_values_and_gradients_equal_the_masked_quadratic_form(cpu, name, n):
