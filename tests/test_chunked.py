@@ -131,6 +131,23 @@ def test_a_causal_linear_box_takes_numerator_and_denominator_from_one_chunked_pa
     assert plan.leg_sizes[ratio.numerator.legs[ratio.column]] == plan.leg_sizes[ones.op.x.legs[ones.op.axis]] + 1
 
 
+def test_a_denominator_column_on_an_inner_axis_is_read_there(cpu, monkeypatch):
+    """lfish with its head mixing placed after the chunked sums gets a numerator whose widened
+    value leg is not its last axis: the quotient divides by the last entry along that axis."""
+    from tdiag.plan import chunked
+
+    monkeypatch.setattr(chunked, "PLACEMENTS", ("after",))
+    memory_bound(cpu)
+    design = causal("lfish")
+    module = design.module(dtype=torch.float64, N=64, objective="flops")
+    (ratio,) = [step.op for step in module.tdiag_plan.steps if type(step.op).__name__ == "Ratio"]
+    assert ratio.column < len(ratio.numerator.legs) - 1
+    reference = design.module(impl="reference", dtype=torch.float64, N=37)
+    reference.load_state_dict(module.state_dict())
+    x = torch.randn(2, 37, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(module(x), reference(x), atol=TOL, rtol=0)
+
+
 def test_a_causal_box_whose_value_side_has_no_leg_of_its_own_keeps_a_separate_denominator():
     """THSA-elu's values are indexed by r, a leg of the content's core C[r s]: no column to widen."""
     plan = causal("thsa_elu", F=64, H=4).plan(N=1024, objective="flops")
