@@ -96,13 +96,6 @@ def test_a_device_where_memory_traffic_dominates_takes_larger_chunks_than_one_wh
     assert arithmetic == 4 < 32 <= memory
 
 
-def test_different_planned_lengths_take_different_chunk_sizes(cpu):
-    memory_bound(cpu)
-    design = causal("thsa_elu")
-    sizes = [chunk_size(design.plan(N=n, objective="time")) for n in (64, 256)]
-    assert sizes == [64, 128]
-
-
 def test_only_the_chunk_count_of_the_size_taken_is_bound_at_run_time():
     plan = causal("lfish").plan(N=1024, objective="flops")
     assert [chunk.size for chunk in plan.chunks] == [chunk_size(plan)]

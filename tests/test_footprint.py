@@ -11,7 +11,7 @@ from conftest import DESIGN_FILES
 import tdiag
 from tdiag.measure import saved_for_backward
 from tdiag.plan import BATCH_SIZE, forms
-from tdiag.plan.footprint import Meta, footprint
+from tdiag.plan.footprint import Meta, _loops, footprint
 from tdiag.plan.program import Matmul
 from tdiag.plan.strides import contiguous, elementwise_strides, view_strides
 
@@ -238,3 +238,33 @@ def test_a_matrix_times_a_batched_operand_counts_the_copy_of_its_result():
 
     for step, record in mixes:
         assert number(record.copies) >= number(sympy.Mul(*(plan.leg_sizes[leg] for leg in step.out.legs)))
+
+
+def _bmm_operand(kind: str, batch: int, rows: int, cols: int) -> torch.Tensor:
+    """A 3-D operand whose matrices are row-major, column-major, or neither (batch innermost)."""
+    if kind == "row":
+        return torch.rand(batch, rows, cols)
+    if kind == "column":
+        return torch.rand(batch, cols, rows).transpose(1, 2)
+    return torch.rand(rows, cols, batch).permute(2, 0, 1)
+
+
+def _matrix_products(a: torch.Tensor, b: torch.Tensor) -> int:
+    with torch.profiler.profile() as prof:
+        torch.bmm(a, b)
+    selects = sum(event.count for event in prof.key_averages() if event.key == "aten::select")
+    return selects // 3  # the result's matrix and each operand's, selected per matrix
+
+
+@pytest.mark.parametrize(
+    ("kind_a", "kind_b"), [("row", "row"), ("column", "row"), ("neither", "row"), ("row", "neither")]
+)
+def test_a_batched_matmul_is_run_matrix_by_matrix_exactly_when_an_operand_is_neither_row_nor_column_major(
+    kind_a, kind_b
+):
+    """torch's CPU bmm falls back to one addmm per matrix (ATen `bmm_out_or_baddbmm_`): the
+    footprint's rule, which charges the per-matrix overheads and copies, agrees with torch."""
+    batch, rows, inner, cols = 16, 8, 8, 8  # 512 multiply-adds a matrix: not torch's small-matrix loop
+    a, b = _bmm_operand(kind_a, batch, rows, inner), _bmm_operand(kind_b, batch, inner, cols)
+    meta = [Meta(tuple(t.shape), t.stride(), None, False, sympy.Integer(t.numel())) for t in (a, b)]
+    assert _loops(*meta) == (_matrix_products(a, b) == batch)

@@ -120,9 +120,9 @@ def test_a_device_whose_normalize_is_dear_takes_the_chunked_causal_order(cpu, mo
 
     cpu(1e11, 1e10, 1e-6)
     monkeypatch.setattr(timing, "planning_device", planning_device_with(1.0))
-    assert not chunked(causal_mlk().plan(N=128, objective="time"))
+    assert not chunked(causal_mlk().plan(N=96, objective="time"))
     monkeypatch.setattr(timing, "planning_device", planning_device_with(4.0))
-    assert chunked(causal_mlk().plan(N=128, objective="time"))
+    assert chunked(causal_mlk().plan(N=96, objective="time"))
 
 
 # ---- fused attention in the time model ---------------------------------------------------------

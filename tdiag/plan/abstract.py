@@ -14,6 +14,7 @@ from .program import BATCH_SIZE, Operand, Plan, Step, Value, reads
 from .strides import contiguous, elementwise_strides, view_strides
 
 FLOAT, BOOL, LONG = 4, 1, 8  # bytes per entry, with float32 activations; int64 positions
+CACHE_LINE = 64  # bytes a CPU reads to fetch one entry that shares no line with its neighbours
 
 
 @dataclass
@@ -51,6 +52,7 @@ class StepFootprint:
     saved: list[int] = field(default_factory=list)
     kernel: str = ""  # for SDPA: "flash" or "math"
     converted_mask: bool = False  # for SDPA: its boolean attn_mask converted to a float one
+    looped: int = 0  # for a batched matmul: matrices torch multiplies one by one (footprint.py `_loops`)
     moved: sympy.Expr = ZERO  # bytes read and written, copies included
 
 

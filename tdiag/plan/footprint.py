@@ -25,7 +25,7 @@ from functools import singledispatchmethod
 
 import sympy
 
-from .abstract import BOOL, FLOAT, LONG, AbstractMachine, Footprint, Meta
+from .abstract import BOOL, CACHE_LINE, FLOAT, LONG, AbstractMachine, Footprint, Meta
 from .program import (
     Attention,
     Binary,
@@ -149,6 +149,12 @@ class _Interpreter(AbstractMachine):
             a, b = _broadcast_batch(a, batch), _broadcast_batch(b, batch)  # torch.matmul expands, then folds
             a = self.reshape(a, (math.prod(a.shape[:-2]), *a.shape[-2:]), "matmul operand")
             b = self.reshape(b, (math.prod(b.shape[:-2]), *b.shape[-2:]), "matmul operand")
+            if _loops(a, b):
+                self.record.looped += a.shape[0]
+                for m in (a, b):
+                    if not _blas_ready(m):
+                        self.record.copies += m.numel
+                        self.record.moved += m.numel * (CACHE_LINE + FLOAT)
         if b.grad:
             self.save(a)
         if a.grad:
@@ -612,6 +618,30 @@ def _broadcast_batch(m: Meta, batch: tuple[int, ...]) -> Meta:
         if have == 1 and want != 1:
             strides[k] = 0
     return Meta(shape, tuple(strides), m.storage, m.grad, sympy.Integer(math.prod(shape)))
+
+
+# torch's CPU bmm below this many multiply-adds per matrix runs its own loop over the entries
+# (ATen LinearAlgebra.cpp `bmm_out_or_baddbmm_`), whatever the strides.
+SMALL_MATRIX = 400
+
+
+def _blas_ready(m: Meta) -> bool:
+    """The matrices of a 3-D bmm operand are row- or column-major, as BLAS takes them (ATen's
+    `batch_items_contiguous_or_transposed`; a unit axis's stride does not matter)."""
+    _, rows, cols = m.shape
+    _, row_stride, col_stride = m.strides
+    return (col_stride == 1 and (rows == 1 or row_stride >= cols)) or (
+        row_stride == 1 and (cols == 1 or col_stride >= rows)
+    )
+
+
+def _loops(a: Meta, b: Meta) -> bool:
+    """torch's CPU bmm multiplies matrix by matrix, one addmm each, when an operand's matrices
+    are neither row- nor column-major (and are not small): each such matrix is then copied to a
+    contiguous one, entry by entry from its own cache line. A layout that puts a long leg on the
+    batch axis and the matrix legs far apart (a mixing of heads over chunked scores) costs this."""
+    _, rows, inner = a.shape
+    return inner * rows * b.shape[-1] >= SMALL_MATRIX and not (_blas_ready(a) and _blas_ready(b))
 
 
 def _matrix_if_unit_batch(m: Meta) -> Meta:

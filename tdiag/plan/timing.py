@@ -55,6 +55,12 @@ def step_time(device: DeviceModel, flops: float, moved: float, kind: str | None 
 # roofline's bandwidth.
 THIN = 0.25
 
+# A batched matmul that torch runs matrix by matrix (footprint.py `_loops`) pays a select and an
+# addmm per matrix, forward and in each backward product: about two op overheads a matrix
+# (measured on torch 2.13's CPU build, one thread: 1.9-2.1 µs a matrix over a BLAS-ready bmm of
+# 4096 matrices of 64x2 by 2x4 or 8x8 by 8x8, with an op overhead of 1.0 µs).
+LOOP_OVERHEADS = 2
+
 SOFTMAX_PASSES = 2  # a softmax reads and writes its entries once forward (device.PASSES)
 # an SDPA given a boolean attn_mask converts it to a float one (footprint.py `kernel_mask`) and
 # adds an entry of it to each score, forward and again backward: one more pass over the entries
@@ -75,10 +81,11 @@ def softmax_seconds(device: DeviceModel, entries: float, passes: int = SOFTMAX_P
 def op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Callable[[sympy.Expr], float]) -> float:
     """Seconds of one step of the plan in a training step; `number` evaluates its formulas."""
     flops, moved = number(executed_flops(step)), number(record.moved)
+    looping = FORWARD_AND_BACKWARD * LOOP_OVERHEADS * record.looped * device.overhead
     if isinstance(step.op, Matmul | Einsum) and flops < THIN * device.ridge * moved:
-        return step_time(device, flops, moved, "thin")
+        return step_time(device, flops, moved, "thin") + looping
     if not isinstance(step.op, Attention | FlexAttention):
-        return step_time(device, flops, moved, op_kind(step.op))
+        return step_time(device, flops, moved, op_kind(step.op)) + looping
     dense = number(step.flops)
     entries = number(step.entries) * (flops / dense if dense else 1.0)
     if record.kernel.startswith("math"):
