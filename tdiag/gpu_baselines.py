@@ -12,6 +12,21 @@ from torch import nn
 from .bench import Reference
 
 
+class Autocast(nn.Module):
+    """A module run under bfloat16 autocast with float32 parameters, as `tdiag train` runs its
+    model on CUDA; takes `causal` when the module does."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+        self.takes_causal = getattr(module, "takes_causal", False)
+
+    def forward(self, *args: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        device = next(self.module.parameters()).device.type
+        with torch.autocast(device, dtype=torch.bfloat16):
+            return self.module(*args, **kwargs)
+
+
 class FlexAttentionMhsa(Reference):
     """Multi-head self-attention through `flex_attention` with a causal block mask, compiled on
     CUDA (its fused kernel) and eager elsewhere (its reference path; on CPU forward only)."""

@@ -54,7 +54,7 @@ class Settings:
     heads: int  # H of the benchmarked layers
     repeat: int  # timed round-robin rounds per case
     masks: tuple[str, ...]  # "plain", "causal"
-    dtype: str  # of the benchmarked layers: bfloat16 on CUDA, float32 in the dry run
+    precision: str  # "bfloat16-autocast" (float32 parameters, as tdiag train runs) or "float32" (the dry run)
     layers: int  # tdiag train: transformer blocks
     train_width: int  # tdiag train: model width
     train_heads: int  # tdiag train: heads
@@ -76,7 +76,7 @@ class Settings:
         if dry_run:
             return Settings(device, True, (32, 64), 64, 32, 2, 3, ("plain", "causal"), "float32",
                             1, 32, 2, 32, 4, 4, False, 3, 2, budgets)  # fmt: skip
-        return Settings(device, False, (1024, 4096, 16384), 16384, 512, 8, 10, ("plain", "causal"), "bfloat16",
+        return Settings(device, False, (1024, 4096, 16384), 16384, 512, 8, 10, ("plain", "causal"), "bfloat16-autocast",
                         6, 384, 6, 1024, 16, 300, True, 5, 20, budgets)  # fmt: skip
 
 
@@ -197,8 +197,9 @@ def slug(name: str) -> str:
 def run_tests(budget: Budget, log: Callable[[str], None]) -> dict[str, Any]:
     """`pytest -m gpu tests/test_gpu.py` in a subprocess, stopped when the budget is spent."""
     test_file = ROOT / "tests" / "test_gpu.py"
-    command = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", str(test_file)]
-    shown = "python -m pytest -m gpu -q tests/test_gpu.py"
+    flags = ["-m", "gpu", "-rfEs", "--durations=10", "-p", "no:cacheprovider"]
+    command = [sys.executable, "-m", "pytest", *flags, str(test_file)]
+    shown = f"python -m pytest {' '.join(flags)} tests/test_gpu.py"
     if not test_file.is_file():
         return {"command": shown, "summary": f"not run: {test_file} is absent (run the report from a checkout)"}
     log(f"  {shown}")
@@ -210,10 +211,17 @@ def run_tests(budget: Budget, log: Callable[[str], None]) -> dict[str, Any]:
     except subprocess.TimeoutExpired as expired:
         output, code = _text(expired.stdout) + _text(expired.stderr), None
         budget.stopped = f"time budget of {budget.seconds:.0f} s spent: pytest was stopped"
-    lines = [line for line in output.strip().splitlines() if line.strip()]
-    summary = lines[-1] if lines and code is not None else "stopped before its summary"
+    summary = pytest_summary(output) if code is not None else "stopped before its summary"
     log(f"  {summary}")
-    return {"command": shown, "exit_code": code, "summary": summary, "output": output}
+    outcomes = [line for line in output.splitlines() if line.startswith(("FAILED", "ERROR", "SKIPPED"))]
+    return {"command": shown, "exit_code": code, "summary": summary, "outcomes": outcomes[:60], "output": output}
+
+
+def pytest_summary(output: str) -> str:
+    """pytest's closing line (`3 passed, 2 skipped in 4.1s`), without its `=` rule."""
+    pattern = re.compile(r"\b(passed|failed|skipped|errors?|deselected|no tests ran)\b")
+    lines = [line.strip(" =") for line in output.splitlines() if pattern.search(line) and " in " in line]
+    return lines[-1] if lines else "no pytest summary line in its output"
 
 
 def _text(data: bytes | str | None) -> str:
@@ -288,34 +296,14 @@ def _first_line(error: BaseException) -> str:
 
 
 def _bench_case(settings: Settings, name: str, mask: str, n: int, batch: int) -> list[BenchRow]:
-    import statistics
-
     import torch
 
-    import tdiag
-
-    from .bench import REFERENCES, _sizes_for, measure_all, other_inputs
-    from .resources import design_file
+    from .bench import other_inputs
 
     causal = mask == "causal"
-    dtype = getattr(torch, settings.dtype)
-    file = str(design_file(name))
-    design = tdiag.load(file, **_sizes_for(file, settings.width, settings.heads))
-    design = design.with_causal_mask() if causal else design
-    lengths = {k: n for k, size in design.graph.sizes.items() if size.is_free} | {"B": batch}
-    torch.manual_seed(0)
-    compiled = [design.module(lengths, device=settings.device, dtype=dtype, objective=o) for o in OBJECTIVES]
-    keys = [tuple(s.description for s in m.tdiag_plan.steps) for m in compiled]
-    distinct = list(dict.fromkeys(keys))
-    labels = [f"tdiag ({OBJECTIVES[keys.index(key)]})" for key in distinct]
-    modules = [compiled[keys.index(key)] for key in distinct]
-    references = [*REFERENCES.get(name, []), *EXTRA_REFERENCES.get(name, [])]
-    references = [(label, make) for label, make in references if label != "torch MultiheadAttention"]
-    for label, make in references:
-        labels.append(label)
-        modules.append(make(compiled[0]).to(device=settings.device, dtype=dtype))
-    x = torch.randn(batch, n, settings.width, device=settings.device, dtype=dtype)
-    others = {k: v.to(dtype) for k, v in other_inputs(design, batch, n, settings.device).items()}
+    design, compiled, keys, labels, modules = _bench_modules(settings, name, causal, n, batch)
+    x = torch.randn(batch, n, settings.width, device=settings.device)
+    others = other_inputs(design, batch, n, settings.device)
     rows, kept = [], []
     for label, module in zip(labels, modules, strict=True):
         refusal = _probe(module, x, causal, others)
@@ -323,10 +311,54 @@ def _bench_case(settings: Settings, name: str, mask: str, n: int, batch: int) ->
             rows.append(BenchRow(design.name, mask, n, batch, label, note=refusal))
         else:
             kept.append((label, module))
+    rows += _timed_rows(settings, kept, x, causal, others, BenchRow(design.name, mask, n, batch, labels[0]))
+    _add_predictions(rows, compiled, keys, settings, batch)
+    return _order(rows, labels)
+
+
+def _bench_modules(settings: Settings, name: str, causal: bool, n: int, batch: int) -> tuple:
+    """The design, its module under each objective, their plans' keys, and the labels and modules
+    to time: each distinct plan once, then the hand-written forms with the same weights; under
+    autocast when the precision says so."""
+    import torch
+
+    import tdiag
+
+    from .bench import REFERENCES, _sizes_for
+    from .gpu_baselines import Autocast
+    from .resources import design_file
+
+    file = str(design_file(name))
+    design = tdiag.load(file, **_sizes_for(file, settings.width, settings.heads))
+    design = design.with_causal_mask() if causal else design
+    lengths = {k: n for k, size in design.graph.sizes.items() if size.is_free} | {"B": batch}
+    torch.manual_seed(0)
+    compiled = [design.module(lengths, device=settings.device, objective=o) for o in OBJECTIVES]
+    keys = [tuple(s.description for s in m.tdiag_plan.steps) for m in compiled]
+    distinct = list(dict.fromkeys(keys))
+    labels = [f"tdiag ({OBJECTIVES[keys.index(key)]})" for key in distinct]
+    modules = [compiled[keys.index(key)] for key in distinct]
+    for label, make in [*REFERENCES.get(name, []), *EXTRA_REFERENCES.get(name, [])]:
+        if label != "torch MultiheadAttention":  # the hand-written SDPA is the one users write today
+            labels.append(label)
+            modules.append(make(compiled[0]).to(settings.device))
+    if settings.precision == "bfloat16-autocast":
+        modules = [Autocast(m) for m in modules]
+    return design, compiled, keys, labels, modules
+
+
+def _timed_rows(settings: Settings, kept: list, x: Any, causal: bool, others: dict, first: BenchRow) -> list[BenchRow]:
+    """Round-robin timing of the modules that ran; ratios to the first (tdiag's default plan),
+    when it is among them."""
+    import statistics
+
+    from .bench import measure_all
+
     timings = measure_all([m for _, m in kept], x, causal, settings.repeat, others) if kept else []
-    base = timings[0].seconds if kept and kept[0][0] == labels[0] else None
+    base = timings[0].seconds if kept and kept[0][0] == first.implementation else None
+    rows = []
     for (label, _), timing in zip(kept, timings, strict=True):
-        row = BenchRow(design.name, mask, n, batch, label)
+        row = dataclasses.replace(first, implementation=label)
         row.ms = 1e3 * statistics.median(timing.seconds)
         row.ms_min, row.ms_max = 1e3 * min(timing.seconds), 1e3 * max(timing.seconds)
         if base is not None:
@@ -335,8 +367,7 @@ def _bench_case(settings: Settings, name: str, mask: str, n: int, batch: int) ->
         row.peak_mib = timing.cuda_peak_bytes / 2**20 if timing.cuda_peak_bytes is not None else None
         row.saved_mib = timing.saved_bytes / 2**20
         rows.append(row)
-    _add_predictions(rows, compiled, keys, settings, batch)
-    return _order(rows, labels)
+    return rows
 
 
 def _probe(module: Any, x: Any, causal: bool, others: dict) -> str:
@@ -638,7 +669,7 @@ def readme(report: dict[str, Any]) -> str:
     lines += [run["command"] for run in report["train"].get("runs", [])]
     lines += ["```", "", "## Sizes", ""]
     lines += [f"- benchmarks: N in {settings['lengths']}, {settings['tokens']} tokens a step (batch = tokens // N), "
-              f"F={settings['width']}, H={settings['heads']}, {settings['dtype']}, masks {settings['masks']}, "
+              f"F={settings['width']}, H={settings['heads']}, {settings['precision']}, masks {settings['masks']}, "
               f"{settings['repeat']} round-robin rounds, forward + backward",
               f"- training: {settings['layers']} layers, width {settings['train_width']}, {settings['train_heads']} "
               f"heads, context {settings['context']}, batch {settings['batch']}, {settings['steps']} steps, "
@@ -647,6 +678,7 @@ def readme(report: dict[str, Any]) -> str:
               f"- time budgets (s): {json.dumps({k: round(v) for k, v in settings['budgets'].items()})}"]  # fmt: skip
     lines += ["", "## Sections", ""] + [f"- {name}: {text}" for name, text in report["sections"].items()]
     lines += ["", "## Tests (`pytest -m gpu`)", "", report["tests"]["summary"], ""]
+    lines += [f"- {line}" for line in report["tests"].get("outcomes", [])] + ["", "The whole output: tests.txt.", ""]
     lines += _bench_lines(report) + _train_lines(report)
     lines += ["", "## Plots", "", report["plots"]["note"] or ", ".join(report["plots"]["files"]) or "no data to plot"]
     return "\n".join(lines) + "\n"
