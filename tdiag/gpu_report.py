@@ -113,6 +113,7 @@ def environment(settings: Settings) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch": torch.__version__,
+        "cpu_threads": torch.get_num_threads(),
         "cuda": torch.version.cuda,
         "tdiag": __version__,
         "commit": _git("rev-parse", "--short", "HEAD"),
@@ -269,20 +270,21 @@ def run_bench(settings: Settings, budget: Budget, log: Callable[[str], None]) ->
     kernel that refuses) is recorded with its reason and the others go on."""
     cases = bench_cases(settings)
     rows: list[BenchRow] = []
+    model = timing_model(settings.device)
     for k, (n, name, mask) in enumerate(cases):
         if not budget.has_time(k, len(cases)):
             break
         log(f"  [{k + 1}/{len(cases)}] {name} {mask} N={n}")
-        rows += bench_case(settings, name, mask, n)
+        rows += bench_case(settings, name, mask, n, model)
     return rows
 
 
-def bench_case(settings: Settings, name: str, mask: str, n: int) -> list[BenchRow]:
+def bench_case(settings: Settings, name: str, mask: str, n: int, model: Any) -> list[BenchRow]:
     import torch
 
     batch = max(1, settings.tokens // n)
     try:
-        return _bench_case(settings, name, mask, n, batch)
+        return _bench_case(settings, name, mask, n, batch, model)
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
         return [BenchRow(name, mask, n, batch, "tdiag (time)", note="out of memory")]
@@ -295,7 +297,7 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"[:200]
 
 
-def _bench_case(settings: Settings, name: str, mask: str, n: int, batch: int) -> list[BenchRow]:
+def _bench_case(settings: Settings, name: str, mask: str, n: int, batch: int, model: Any) -> list[BenchRow]:
     import torch
 
     from .bench import other_inputs
@@ -312,7 +314,7 @@ def _bench_case(settings: Settings, name: str, mask: str, n: int, batch: int) ->
         else:
             kept.append((label, module))
     rows += _timed_rows(settings, kept, x, causal, others, BenchRow(design.name, mask, n, batch, labels[0]))
-    _add_predictions(rows, compiled, keys, settings, batch)
+    _add_predictions(rows, compiled, keys, model, batch)
     return _order(rows, labels)
 
 
@@ -387,16 +389,22 @@ def _probe(module: Any, x: Any, causal: bool, others: dict) -> str:
     return ""
 
 
-def _add_predictions(rows: list[BenchRow], compiled: list, keys: list, settings: Settings, batch: int) -> None:
-    """The time model's estimate on each tdiag row; an objective whose plan another objective
-    already has is added as a row of that measurement, marked `same_plan_as`."""
+def timing_model(device: str) -> Any:
+    """The time model's device for predictions: the GPU's data sheet, or this CPU as measured;
+    None for a GPU without a data sheet (no predictions)."""
     from .device import DeviceSettingError, for_device
-    from .plan.timing import plan_time
 
     try:
-        model = for_device(settings.device)
+        return for_device(device)
     except DeviceSettingError:
-        model = None
+        return None
+
+
+def _add_predictions(rows: list[BenchRow], compiled: list, keys: list, model: Any, batch: int) -> None:
+    """The time model's estimate on each tdiag row; an objective whose plan another objective
+    already has is added as a row of that measurement, marked `same_plan_as`."""
+    from .plan.timing import plan_time
+
     by_label = {r.implementation: r for r in rows}
     for objective, module, key in zip(OBJECTIVES, compiled, keys, strict=True):
         first = f"tdiag ({OBJECTIVES[keys.index(key)]})"
@@ -686,12 +694,20 @@ def readme(report: dict[str, Any]) -> str:
 
 def _environment_lines(env: dict[str, Any]) -> list[tuple[str, Any]]:
     packages = ", ".join(f"{k} {v or 'absent'}" for k, v in env["packages"].items())
-    return [("date", env["date"]), ("device", env["device"]), ("driver", env["driver"] or "none (no GPU)"),
-            ("CUDA", env["cuda"] or "none (CPU build of torch)"), ("torch", env["torch"]), ("Python", env["python"]),
-            ("platform", env["platform"]), ("tdiag", f"{env['tdiag']} at commit {env['commit'] or 'unknown'}"),
-            ("planning device (time objective)", env["planning_device"]), ("packages", packages),
-            ("flash-linear-attention", env["fla"] + ("" if env["fla"].startswith("available") else
-                                                        ": no comparison with its kernels"))]  # fmt: skip
+    fla = env["fla"] + ("" if env["fla"].startswith("available") else ": no comparison with its kernels")
+    return [
+        ("date", env["date"]),
+        ("device", env["device"]),
+        ("driver", env["driver"] or "none (no GPU)"),
+        ("CUDA", env["cuda"] or "none (CPU build of torch)"),
+        ("torch", f"{env['torch']} ({env['cpu_threads']} CPU threads)"),
+        ("Python", env["python"]),
+        ("platform", env["platform"]),
+        ("tdiag", f"{env['tdiag']} at commit {env['commit'] or 'unknown'}"),
+        ("planning device (time objective)", env["planning_device"]),
+        ("packages", packages),
+        ("flash-linear-attention", fla),
+    ]
 
 
 def _bench_lines(report: dict[str, Any]) -> list[str]:
@@ -803,6 +819,9 @@ def _positive_minutes(text: str) -> float:
 
 def resolve(args: argparse.Namespace) -> Settings:
     """The settings for the parsed flags; `--device cuda` without a usable CUDA is a usage error."""
+    if args.device == "cpu":  # the dry run on one thread, set before torch starts (the planner keys on it)
+        for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(variable, "1")
     import torch
 
     device = args.device
