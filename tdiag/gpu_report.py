@@ -71,13 +71,13 @@ class Settings:
         """The GPU report's sizes (N in 1k, 4k, 16k; bf16; 6 layers of width 384, context 1024,
         compiled) or the dry run's (N in 32, 64; float32; one layer of width 32); the total time
         is shared between the sections in fixed proportions."""
-        shares = {"environment": 0.01, "tests": 0.2, "bench": 0.38, "train": 0.38}  # 3% left to write
+        shares = {"environment": 0.01, "tests": 0.15, "bench": 0.34, "train": 0.47}  # 3% left to write
         budgets = {name: share * minutes * 60 for name, share in shares.items()}
         if dry_run:
             return Settings(device, True, (32, 64), 64, 32, 2, 3, ("plain", "causal"), "float32",
                             1, 32, 2, 32, 4, 4, False, 3, 2, budgets)  # fmt: skip
         return Settings(device, False, (1024, 4096, 16384), 16384, 512, 8, 10, ("plain", "causal"), "bfloat16-autocast",
-                        6, 384, 6, 1024, 16, 300, True, 5, 20, budgets)  # fmt: skip
+                        6, 384, 6, 1024, 16, 200, True, 5, 20, budgets)  # fmt: skip
 
 
 class Budget:
