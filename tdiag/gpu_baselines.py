@@ -5,11 +5,16 @@ would by hand, without tdiag, so that tdiag's plans are measured against what us
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as functional
 from torch import nn
 
 from .bench import Reference
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
 
 
 class Autocast(nn.Module):
@@ -35,18 +40,20 @@ class FlexAttentionMhsa(Reference):
         super().__init__()
         from torch.nn.attention.flex_attention import flex_attention
 
-        width, heads, head = mhsa.WQ.shape
+        weights = dict(mhsa.named_parameters())
+        width, heads, head = weights["WQ"].shape
         self.heads = heads
-        like = {"bias": False, "dtype": mhsa.WQ.dtype, "device": mhsa.WQ.device}
-        self.qkv = nn.Linear(width, 3 * heads * head, **like)
-        self.out = nn.Linear(heads * head, width, **like)
+        self.qkv = nn.Linear(
+            width, 3 * heads * head, bias=False, dtype=weights["WQ"].dtype, device=weights["WQ"].device
+        )
+        self.out = nn.Linear(heads * head, width, bias=False, dtype=weights["WQ"].dtype, device=weights["WQ"].device)
         with torch.no_grad():
-            self.qkv.weight.copy_(torch.cat([w.reshape(width, -1).T for w in (mhsa.WQ, mhsa.WK, mhsa.WV)]))
-            self.out.weight.copy_(mhsa.WO.reshape(-1, width).T)
-        self.attend = torch.compile(flex_attention) if mhsa.WQ.is_cuda else flex_attention
-        self.masks: dict[tuple[int, str], object] = {}
+            self.qkv.weight.copy_(torch.cat([weights[w].reshape(width, -1).T for w in ("WQ", "WK", "WV")]))
+            self.out.weight.copy_(weights["WO"].reshape(-1, width).T)
+        self.attend = torch.compile(flex_attention) if weights["WQ"].is_cuda else flex_attention
+        self.masks: dict[tuple[int, str], BlockMask] = {}
 
-    def _causal_mask(self, n: int, device: torch.device) -> object:
+    def _causal_mask(self, n: int, device: torch.device) -> BlockMask:
         from torch.nn.attention.flex_attention import create_block_mask
 
         key = (n, str(device))

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -530,7 +531,7 @@ def throughput(settings: Settings, budget: Budget, log: Callable[[str], None]) -
     import torch
 
     from .gpu_baselines import NanoGpt
-    from .train import build_model, flops_per_step, read_corpus
+    from .train import build_model, flops_per_step, peak_flops, read_corpus
     from .train_config import TrainConfig
 
     config = TrainConfig(design="mhsa", layers=settings.layers, width=settings.train_width, heads=settings.train_heads,
@@ -555,10 +556,12 @@ def throughput(settings: Settings, budget: Budget, log: Callable[[str], None]) -
         return {"note": budget.stopped or "no round ran"}
     per_round = [a / b for a, b in zip(*rates, strict=True)]
     flops = flops_per_step(config, design, corpus.vocab)
+    peak = peak_flops(device)
     found = {
         "tdiag_tokens_per_s": statistics.median(rates[0]),
         "nanogpt_tokens_per_s": statistics.median(rates[1]),
         "tdiag_model_flops_per_s": statistics.median(rates[0]) / (config.batch * config.context) * flops,
+        "peak_flops_per_s": peak or None,  # the data sheet's bf16 figure; None on a CPU (no MFU)
         "ratio": statistics.median(per_round),
         "ratio_min": min(per_round),
         "ratio_max": max(per_round),
@@ -576,7 +579,7 @@ def _stepper(model: Any, settings: Settings, corpus: Any, device: Any) -> Callab
     from .measure import _synchronize
     from .train import batch_at, loss_of
 
-    network = torch.compile(model) if settings.compile else model
+    network: Any = torch.compile(model) if settings.compile else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
     generator = torch.Generator().manual_seed(0)
 
@@ -641,19 +644,8 @@ def plots(out: Path, report: dict[str, Any]) -> dict[str, Any]:
         return {"files": [], "note": f"no plots: matplotlib is not installed ({error})"}
     files = []
     rows = [r for r in report["bench"]["rows"] if r["ms"] is not None and r["same_plan_as"] is None]
-    masks = sorted({r["mask"] for r in rows})
     if rows:
-        fig, axes = plt.subplots(1, len(masks), figsize=(7 * len(masks), 5), squeeze=False)
-        for ax, mask in zip(axes[0], masks, strict=True):
-            for series in sorted({(r["design"], r["implementation"]) for r in rows if r["mask"] == mask}):
-                points = sorted((r for r in rows if (r["design"], r["implementation"], r["mask"]) == (*series, mask)),
-                                key=lambda r: r["n"])  # fmt: skip
-                ax.plot([p["n"] for p in points], [p["ms"] for p in points], marker="o", label=" ".join(series))
-            ax.set(xscale="log", yscale="log", xlabel="N", ylabel="forward + backward ms (median)", title=mask)
-            ax.legend(fontsize=6)
-        fig.tight_layout()
-        fig.savefig(out / "bench.png", dpi=110)
-        plt.close(fig)
+        _bench_plot(plt, rows, out / "bench.png")
         files.append("bench.png")
     runs = [r for r in report["train"].get("runs", []) if r.get("tokens_per_s")]
     if runs:
@@ -665,6 +657,30 @@ def plots(out: Path, report: dict[str, Any]) -> dict[str, Any]:
         plt.close(fig)
         files.append("train.png")
     return {"files": files, "note": ""}
+
+
+def _bench_plot(plt: Any, rows: list[dict[str, Any]], path: Path) -> None:
+    """One panel per design: ms against N, a colour per implementation, causal dashed."""
+    designs = list(dict.fromkeys(r["design"] for r in rows))
+    columns = min(3, len(designs))
+    lines = -(-len(designs) // columns)
+    fig, axes = plt.subplots(lines, columns, figsize=(5.5 * columns, 4.2 * lines), squeeze=False)
+    for ax, design in zip(axes.flat, designs, strict=False):
+        mine = [r for r in rows if r["design"] == design]
+        implementations = list(dict.fromkeys(r["implementation"] for r in mine))
+        for (k, implementation), mask in itertools.product(enumerate(implementations), ("plain", "causal")):
+            points = sorted((r for r in mine if (r["implementation"], r["mask"]) == (implementation, mask)),
+                            key=lambda r: r["n"])  # fmt: skip
+            if points:
+                ax.plot([p["n"] for p in points], [p["ms"] for p in points], marker="o", color=f"C{k}",
+                        linestyle="--" if mask == "causal" else "-", label=f"{implementation} {mask}")  # fmt: skip
+        ax.set(xscale="log", yscale="log", xlabel="N", ylabel="forward + backward ms (median)", title=design)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(designs) :]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def readme(report: dict[str, Any]) -> str:
@@ -694,7 +710,11 @@ def readme(report: dict[str, Any]) -> str:
 
 def _environment_lines(env: dict[str, Any]) -> list[tuple[str, Any]]:
     packages = ", ".join(f"{k} {v or 'absent'}" for k, v in env["packages"].items())
-    fla = env["fla"] + ("" if env["fla"].startswith("available") else ": no comparison with its kernels")
+    fla = env["fla"] + (
+        ": no comparison yet (tdiag has no chunkwise scan design to set beside its kernels)"
+        if env["fla"].startswith("available")
+        else ": no comparison with its kernels"
+    )
     return [
         ("date", env["date"]),
         ("device", env["device"]),
@@ -731,6 +751,11 @@ def _bench_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _mfu(found: dict[str, Any]) -> str:
+    peak = found.get("peak_flops_per_s")
+    return f"{found['tdiag_model_flops_per_s'] / peak:.1%}" if peak else "— (no data-sheet peak)"
+
+
 def _num(value: float | None, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
@@ -751,6 +776,7 @@ def _train_lines(report: dict[str, Any]) -> list[str]:
         lines += [f"- tdiag mhsa: {found['tdiag_tokens_per_s']:,.0f} tokens/s; nanoGPT: "
                   f"{found['nanogpt_tokens_per_s']:,.0f} tokens/s (medians of {found['rounds']} rounds)",
                   f"- tokens/s ratio tdiag/nanoGPT: {ratio_text(found)}"]  # fmt: skip
+        lines.append(f"- tdiag mhsa: {found['tdiag_model_flops_per_s'] / 1e12:.4f} TFLOP/s, MFU {_mfu(found)}")
     else:
         lines.append(f"- not measured: {found.get('note', 'the section did not reach it')}")
     return lines
