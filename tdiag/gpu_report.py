@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -785,6 +786,14 @@ def _train_lines(report: dict[str, Any]) -> list[str]:
 # ---- the command ------------------------------------------------------------------------------------
 
 
+# What a section that failed leaves in the report, given its error.
+EMPTY: dict[str, Callable[[str], Any]] = {
+    "tests": lambda error: {"command": "python -m pytest -m gpu tests/test_gpu.py", "summary": f"failed: {error}"},
+    "bench": lambda error: [],
+    "train": lambda error: {"runs": [], "throughput": {"note": f"failed: {error}"}},
+}
+
+
 def build(settings: Settings, command: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the sections in order within their budgets and return the whole report."""
     started = time.monotonic()
@@ -802,9 +811,15 @@ def build(settings: Settings, command: str, log: Callable[[str], None] = print) 
         log(f"{name} (budget {settings.budgets[name]:.0f} s)")
         budget = Budget(settings.budgets[name], log)
         begun = time.monotonic()
-        report[name] = section(budget)
-        spent = time.monotonic() - begun
-        report["sections"][name] = f"{budget.stopped or 'completed'} ({spent:.0f} s)"
+        try:
+            report[name] = section(budget)
+            outcome = budget.stopped or "completed"
+        except Exception as error:  # a section that breaks is reported; the sections after it still run
+            report[name] = EMPTY[name](_first_line(error))
+            report.setdefault("tracebacks", {})[name] = traceback.format_exc()
+            outcome = f"failed ({_first_line(error)}; traceback in report.json)"
+            log(f"  {outcome}")
+        report["sections"][name] = f"{outcome} ({time.monotonic() - begun:.0f} s)"
     rows = report["bench"]
     report["bench"] = {"rows": [dataclasses.asdict(r) for r in rows], "ranking": ranking(rows)}
     report["seconds"] = round(time.monotonic() - started, 1)
@@ -863,8 +878,10 @@ def resolve(args: argparse.Namespace) -> Settings:
 
 
 def default_out(environment: dict[str, Any], settings: Settings) -> Path:
+    """docs/results/gpu-DEVICE-DATE under the working folder (the repository's root, as `make
+    gpu-report` runs it), like `tdiag train`'s runs/."""
     name = slug(environment["device"]) if settings.device == "cuda" else "cpu-dry-run"
-    return ROOT / "docs" / "results" / f"gpu-{name}-{datetime.date.today().isoformat()}"
+    return Path("docs") / "results" / f"gpu-{name}-{datetime.date.today().isoformat()}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -216,3 +216,22 @@ def test_without_matplotlib_plots_are_left_out_with_a_stated_line(tmp_path, monk
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
     found = gpu_report.plots(tmp_path, {"bench": {"rows": []}, "train": {}, "environment": {"device": "cpu"}})
     assert found["files"] == [] and found["note"].startswith("no plots: matplotlib is not installed")
+
+
+def test_the_default_folder_is_named_for_the_device_and_the_date():
+    settings = Settings.for_device("cuda", dry_run=False, minutes=25)
+    folder = gpu_report.default_out({"device": "NVIDIA H100 80GB HBM3"}, settings)
+    assert re.fullmatch(r"docs/results/gpu-nvidia-h100-80gb-hbm3-\d{4}-\d\d-\d\d", folder.as_posix())
+
+
+def test_a_section_that_breaks_is_reported_and_the_next_sections_still_run(monkeypatch):
+    def broken(settings, budget, log):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(gpu_report, "run_bench", broken)
+    monkeypatch.setattr(gpu_report, "run_tests", lambda budget, log: {"command": "pytest", "summary": "1 passed"})
+    monkeypatch.setattr(gpu_report, "run_training", lambda settings, budget, log: {"runs": [], "throughput": {}})
+    report = gpu_report.build(Settings.for_device("cpu", dry_run=True, minutes=1), "command", log=lambda text: None)
+    assert report["sections"]["bench"].startswith("failed (RuntimeError: CUDA error: an illegal memory access")
+    assert report["sections"]["train"].startswith("completed") and report["bench"]["rows"] == []
+    assert "Traceback" in report["tracebacks"]["bench"]
