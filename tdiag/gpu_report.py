@@ -288,10 +288,21 @@ def bench_case(settings: Settings, name: str, mask: str, n: int, model: Any) -> 
     try:
         return _bench_case(settings, name, mask, n, batch, model)
     except torch.cuda.OutOfMemoryError:
+        note = "out of memory"
+    except Exception as error:  # a case that breaks is a row with its reason; the other cases go on
+        note = _first_line(error)
+    _free_memory()  # after the handler: the error's frames held the case's tensors until here
+    return [BenchRow(name, mask, n, batch, "tdiag (time)", note=note)]
+
+
+def _free_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
         torch.cuda.empty_cache()
-        return [BenchRow(name, mask, n, batch, "tdiag (time)", note="out of memory")]
-    except (RuntimeError, TdiagError) as error:
-        return [BenchRow(name, mask, n, batch, "tdiag (time)", note=_first_line(error))]
 
 
 def _first_line(error: BaseException) -> str:
@@ -383,12 +394,13 @@ def _probe(module: Any, x: Any, causal: bool, others: dict) -> str:
     kwargs = {"causal": causal} if getattr(module, "takes_causal", False) else others
     try:
         time_step(module, x, kwargs=kwargs, repeats=0, warmup=1)
+        return ""
     except torch.cuda.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        return "out of memory"
-    except (RuntimeError, NotImplementedError, ValueError, TdiagError) as error:
-        return _first_line(error)
-    return ""
+        refusal = "out of memory"
+    except Exception as error:  # a form that cannot run (CPU flex backward, a kernel refusal) is a row's note
+        refusal = _first_line(error)
+    _free_memory()
+    return refusal
 
 
 def timing_model(device: str) -> Any:
@@ -486,7 +498,11 @@ def run_training(settings: Settings, budget: Budget, log: Callable[[str], None])
             log(f"  {design}: {_train_line(runs[-1])}")
     comparison: dict[str, Any] = {}
     if budget.has_time(len(TRAIN_DESIGNS), len(TRAIN_DESIGNS) + 1):
-        comparison = throughput(settings, budget, log)
+        try:
+            comparison = throughput(settings, budget, log)
+        except Exception as error:  # the runs above stay in the report
+            comparison = {"note": f"failed: {_first_line(error)}", "traceback": traceback.format_exc()}
+            log(f"  throughput {comparison['note']}")
     return {"runs": runs, "throughput": comparison}
 
 

@@ -235,3 +235,26 @@ def test_a_section_that_breaks_is_reported_and_the_next_sections_still_run(monke
     assert report["sections"]["bench"].startswith("failed (RuntimeError: CUDA error: an illegal memory access")
     assert report["sections"]["train"].startswith("completed") and report["bench"]["rows"] == []
     assert "Traceback" in report["tracebacks"]["bench"]
+
+
+@pytest.mark.parametrize(
+    ("error", "note"),
+    [("out of memory", "out of memory"), ("kernel", "RuntimeError: no kernel image is available")],
+    ids=["out-of-memory", "kernel-error"],
+)
+def test_a_benchmark_case_that_fails_is_a_row_with_its_reason(monkeypatch, error, note):
+    import torch
+
+    raised = (
+        torch.cuda.OutOfMemoryError("CUDA out of memory")
+        if error == "out of memory"
+        else RuntimeError("no kernel image is available\nfor execution on the device")
+    )
+
+    def failing(*args):
+        raise raised
+
+    monkeypatch.setattr(gpu_report, "_bench_case", failing)
+    settings = Settings.for_device("cpu", dry_run=True, minutes=1)
+    (row,) = gpu_report.bench_case(settings, "fish", "causal", 16384, None)
+    assert (row.design, row.n, row.batch, row.ms, row.note) == ("fish", 16384, 1, None, note)
