@@ -708,12 +708,14 @@ def readme(report: dict[str, Any]) -> str:
     lines += [f"- {label}: {value}" for label, value in _environment_lines(env)]
     lines += ["", "## Commands", "", "```", report["command"], report["tests"]["command"]]
     lines += [run["command"] for run in report["train"].get("runs", [])]
+    lines += ["# the benchmarks and the nanoGPT comparison run inside the report (run_bench, throughput)"]
     lines += ["```", "", "## Sizes", ""]
     lines += [f"- benchmarks: N in {settings['lengths']}, {settings['tokens']} tokens a step (batch = tokens // N), "
               f"F={settings['width']}, H={settings['heads']}, {settings['precision']}, masks {settings['masks']}, "
               f"{settings['repeat']} round-robin rounds, forward + backward",
-              f"- training: {settings['layers']} layers, width {settings['train_width']}, {settings['train_heads']} "
-              f"heads, context {settings['context']}, batch {settings['batch']}, {settings['steps']} steps, "
+              f"- training: layers {settings['layers']}, width {settings['train_width']}, "
+              f"heads {settings['train_heads']}, context {settings['context']}, batch {settings['batch']}, "
+              f"{settings['steps']} steps, "
               f"compile {settings['compile']}; throughput: {settings['rounds']} rounds of {settings['round_steps']} "
               "steps",
               f"- time budgets (s): {json.dumps({k: round(v) for k, v in settings['budgets'].items()})}"]  # fmt: skip
