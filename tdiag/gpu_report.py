@@ -73,7 +73,7 @@ class Settings:
         """The GPU report's sizes (N in 1k, 4k, 16k; bf16; 6 layers of width 384, context 1024,
         compiled) or the dry run's (N in 32, 64; float32; one layer of width 32); the total time
         is shared between the sections in fixed proportions."""
-        shares = {"environment": 0.01, "tests": 0.15, "bench": 0.34, "train": 0.47}  # 3% left to write
+        shares = {"environment": 0.01, "tests": 0.2, "bench": 0.29, "train": 0.47}  # 3% left to write
         budgets = {name: share * minutes * 60 for name, share in shares.items()}
         if dry_run:
             return Settings(device, True, (32, 64), 64, 32, 2, 3, ("plain", "causal"), "float32",
@@ -200,7 +200,7 @@ def slug(name: str) -> str:
 def run_tests(budget: Budget, log: Callable[[str], None]) -> dict[str, Any]:
     """`pytest -m gpu tests/test_gpu.py` in a subprocess, stopped when the budget is spent."""
     test_file = ROOT / "tests" / "test_gpu.py"
-    flags = ["-m", "gpu", "-rfEs", "--durations=10", "-p", "no:cacheprovider"]
+    flags = ["-m", "gpu", "-o", "addopts=", "-v", "-rfEs", "--durations=10", "-p", "no:cacheprovider"]  # a line a test
     command = [sys.executable, "-m", "pytest", *flags, str(test_file)]
     shown = f"python -m pytest {' '.join(flags)} tests/test_gpu.py"
     if not test_file.is_file():
@@ -214,10 +214,17 @@ def run_tests(budget: Budget, log: Callable[[str], None]) -> dict[str, Any]:
     except subprocess.TimeoutExpired as expired:
         output, code = _text(expired.stdout) + _text(expired.stderr), None
         budget.stopped = f"time budget of {budget.seconds:.0f} s spent: pytest was stopped"
-    summary = pytest_summary(output) if code is not None else "stopped before its summary"
+    summary = pytest_summary(output) if code is not None else f"stopped before its summary: {tests_so_far(output)}"
     log(f"  {summary}")
     outcomes = [line for line in output.splitlines() if line.startswith(("FAILED", "ERROR", "SKIPPED"))]
     return {"command": shown, "exit_code": code, "summary": summary, "outcomes": outcomes[:60], "output": output}
+
+
+def tests_so_far(output: str) -> str:
+    """The outcomes of the tests that ended, counted from pytest's verbose lines (`...::name PASSED`)."""
+    found = re.findall(r"::\S+ (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)", output)
+    counts = {outcome.lower(): found.count(outcome) for outcome in dict.fromkeys(found)}
+    return ", ".join(f"{n} {outcome}" for outcome, n in counts.items()) or "no test had ended"
 
 
 def pytest_summary(output: str) -> str:

@@ -258,3 +258,8 @@ def test_a_benchmark_case_that_fails_is_a_row_with_its_reason(monkeypatch, error
     settings = Settings.for_device("cpu", dry_run=True, minutes=1)
     (row,) = gpu_report.bench_case(settings, "fish", "causal", 16384, None)
     assert (row.design, row.n, row.batch, row.ms, row.note) == ("fish", 16384, 1, None, note)
+
+
+def test_tests_stopped_by_the_budget_are_counted_from_their_lines():
+    output = "tests/test_gpu.py::test_a[mhsa] PASSED [  1%]\ntests/test_gpu.py::test_a[fish] FAILED [  2%]\n"
+    assert gpu_report.tests_so_far(output + "tests/test_gpu.py::test_b PASSED [  3%]\n") == "2 passed, 1 failed"
