@@ -5,6 +5,8 @@
 #   make wheel-check  build the wheel, install it into a fresh venv outside the repo, run the CLI there
 #   make fuzz         a longer offline fuzz (FUZZ_SECONDS, default 1200) with a JSON report
 #   make bench-baseline  every bundled design timed against its plan at an older commit (BASELINE_COMMIT)
+#   make gpu-report   on a CUDA machine: gpu tests, benchmarks, training -> docs/results/gpu-DEVICE-DATE/
+#                     (REPORT_FLAGS="--device cpu" is the dry run; REPORT_PYTHON: a Python with CUDA torch)
 
 PYTHON        ?= python3
 VENV          := .venv
@@ -12,7 +14,7 @@ BIN           := $(VENV)/bin
 STAMP         := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: venv cpu-only-check graphviz demo test test-fast wheel wheel-check lint format clean fuzz bench-baseline
+.PHONY: venv cpu-only-check graphviz demo test test-fast wheel wheel-check lint format clean fuzz bench-baseline gpu-report
 
 venv: $(STAMP)
 
@@ -113,3 +115,10 @@ BENCH_REPEAT    ?= 10
 bench-baseline: venv
 	$(BIN)/python scripts/bench_baseline.py $(BASELINE_COMMIT) --baseline $(BASELINE_DIR) \
 	  --out $(BENCH_OUT) --repeat $(BENCH_REPEAT)
+
+# The GPU report (tdiag/gpu_report.py) with the Python that holds the CUDA torch: not the venv,
+# whose torch is the CPU build. This source tree comes first on the path.
+REPORT_PYTHON ?= python3
+REPORT_FLAGS  ?=
+gpu-report:
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(REPORT_PYTHON) -m tdiag.gpu_report $(REPORT_FLAGS)
