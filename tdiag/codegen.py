@@ -163,9 +163,12 @@ def _earlier(x, dim):
 ''',
     "_wide": '''
 
-def _wide(x):
-    """x in float32 where autocast left it in float16 or bfloat16, else as it is."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+def _wide(x, like):
+    """x in the dtype of `like` (the module's first stored tensor, or its first input) where
+    autocast left it narrower: float32 in a float32 module under autocast, and as it is in a
+    module built in bfloat16 or float16."""
+    narrow = (torch.float16, torch.bfloat16)
+    return x.to(like.dtype) if x.dtype in narrow and like.dtype not in narrow else x
 ''',
 }
 
@@ -457,6 +460,12 @@ def _reference_tensor(plan: Plan) -> tuple[str, str]:
     return f"self.{name}", _quoted(f"{stored[0].kind} {stored[0].name}")
 
 
+def _dtype_reference(plan: Plan) -> str:
+    """The tensor whose dtype is the module's: its first stored tensor, else its first input."""
+    like, _ = _reference_tensor(plan)
+    return like if like != "None" else source(plan.names[plan.graph.inputs[0].name], "name")
+
+
 def _entry(plan: Plan) -> list[str]:
     """Read the inputs: bind run-time sizes from their shapes, check them, flatten the batch. With
     several inputs their leading batch dims broadcast (an input over (n, m) without batch dims
@@ -634,6 +643,7 @@ def _step_lines(step: Step, plan: Plan) -> list[str]:
     comment = "  # " + source(f"{step.description} [{legs}]{cost}", "comment") if step.description else ""
     wide = {s.out.var for s in plan.steps if s.wide and s.out is not None} | set(plan.causal.values())
     widened = _WIDENED.set(frozenset(v.var for v in reads(step.op) if v.var not in wide) if step.wide else frozenset())
+    like = _LIKE.set(_dtype_reference(plan))
     try:
         code = _op(step.op, plan.attributes)
         if step.training_only:  # zero in eval mode: neither computed nor allocated there
@@ -642,6 +652,7 @@ def _step_lines(step: Step, plan: Plan) -> list[str]:
             code = f"{code} if self.training else {_op(step.eval_op, plan.attributes)}"
     finally:
         _WIDENED.reset(widened)
+        _LIKE.reset(like)
     if step.out is not None:
         code = f"{source(step.out.var, 'name')} = {code}"
     return [*_slice_checks(step), f"        {code}{comment}"]
@@ -702,13 +713,14 @@ def _dims(dims: Sequence[int]) -> str:
 
 # while a step computed in float32 under autocast is printed: the variables it reads through _wide
 _WIDENED: ContextVar[frozenset[str]] = ContextVar("widened", default=frozenset())
+_LIKE: ContextVar[str] = ContextVar("like", default="None")  # ... and the tensor whose dtype it takes
 
 
 def _var(value: Value, attributes: frozenset[str]) -> str:
     name = source(value.var, "name")
     if name in attributes:
         return f"self.{name}"  # stored in the module's dtype
-    return f"_wide({name})" if value.var in _WIDENED.get() else name
+    return f"_wide({name}, {_LIKE.get()})" if value.var in _WIDENED.get() else name
 
 
 def _read(operand: Operand, attributes: frozenset[str]) -> str:

@@ -912,3 +912,32 @@ def test_p15_polynomial_thsa_is_invariant_to_rescaling_the_core():
     with torch.no_grad():
         poly.C.mul_(3.0)
     assert torch.allclose(poly(x), before, atol=1e-8, rtol=0)
+
+
+def bfloat16_module_error(design: tdiag.Design, n: int, width: int) -> float:
+    """Relative error of a module built in bfloat16 (parameters and input, no autocast) against
+    the same module in float32, after a forward and a backward pass in bfloat16."""
+    exact_module = design.module(N=n, seed=0).eval()
+    low_module = design.module(N=n, seed=0, dtype=torch.bfloat16).eval()
+    x = [torch.randn(2, n, width, generator=torch.Generator().manual_seed(1))] * len(design.graph.inputs)
+    exact = exact_module(*x)
+    low = low_module(*(v.bfloat16().requires_grad_() for v in x))
+    assert low.dtype == torch.bfloat16
+    low.float().square().sum().backward()
+    grads = [p.grad for p in low_module.parameters() if p.grad is not None]  # eval: no noise scales
+    assert grads and all(g.dtype == torch.bfloat16 and torch.isfinite(g).all() for g in grads)
+    return float((low.detach().float() - exact.detach()).norm() / exact.detach().norm())
+
+
+def test_a_module_built_in_bfloat16_runs_its_normalize_box_in_bfloat16_without_autocast():
+    """Causal LFiSH's normalize box reads bfloat16 projections and bfloat16 parameters: outside
+    autocast the box keeps the module's dtype (was: float32 operands against bfloat16 weights,
+    'expected m1 and m2 to have the same dtype')."""
+    assert bfloat16_module_error(numerics_design(DESIGNS / "lfish.td", True), n=16, width=32) <= 0.05
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
+def test_design_built_in_bfloat16_runs_forward_and_backward_within_five_percent_of_float32(path, causal):
+    assert bfloat16_module_error(numerics_design(path, causal), n=16, width=32) <= 0.05
