@@ -16,16 +16,6 @@ from tdiag.plan.forms import FORMS, Cost, Form, Unfit, choose
 from tdiag.plan.forms.choice import MEMORY
 
 
-@pytest.fixture(autouse=True)
-def nominal_device(monkeypatch, tmp_path):
-    """A 100 GFLOP/s, 10 GB/s, 5 µs-per-op device, no measured CPU in the cache."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv("TDIAG_DEVICE", raising=False)
-    monkeypatch.setenv("TDIAG_DEVICE_PEAK_FLOPS", "1e11")
-    monkeypatch.setenv("TDIAG_DEVICE_BANDWIDTH", "1e10")
-    monkeypatch.setenv("TDIAG_DEVICE_OVERHEAD", "5e-6")
-
-
 def choice_of(name: str, causal: bool = False, **options):
     """The one box decision of a bundled design's plan."""
     design = tdiag.load(name)

@@ -19,16 +19,6 @@ F64 = torch.float64
 SMALL = {"F": 8, "H": 2, "D": 4, "M": 3}
 
 
-@pytest.fixture(autouse=True)
-def nominal_device(monkeypatch, tmp_path):
-    """A 100 GFLOP/s, 10 GB/s, 5 µs-per-op device, no measured CPU in the cache."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv("TDIAG_DEVICE", raising=False)
-    monkeypatch.setenv("TDIAG_DEVICE_PEAK_FLOPS", "1e11")
-    monkeypatch.setenv("TDIAG_DEVICE_BANDWIDTH", "1e10")
-    monkeypatch.setenv("TDIAG_DEVICE_OVERHEAD", "5e-6")
-
-
 @pytest.fixture
 def repeated_only(monkeypatch):
     """The registry without the ordinary SDPA form, so that the repeated form is the fused one
