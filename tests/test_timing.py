@@ -171,3 +171,14 @@ def test_sdpa_on_its_math_kernel_adds_its_arithmetic_and_its_traffic():
     assert record.kernel.startswith("math")
     arithmetic, traffic = step_time(model, number(step.flops), 0.0), step_time(model, 0.0, number(record.moved))
     assert seconds == pytest.approx(arithmetic + traffic + softmax_seconds(model, number(step.entries)))
+
+
+def test_a_causal_sdpa_on_its_math_kernel_is_timed_for_the_dense_flops():
+    """The math kernel masks the causal product and skips no block (head sizes of q and v
+    differ here: no flash kernel), so causal costs what plain does."""
+    model = device.DeviceModel("toy", 1e9, 1e15, 0.0)  # arithmetic alone counts
+    single = tdiag.load(DESIGNS / "single_head.td", F=256)
+    plain = attention_time(single.plan(N=512, objective="memory"), model)
+    causal = attention_time(single.with_causal_mask().plan(N=512, objective="memory"), model)
+    assert causal[2].kernel.startswith("math") and causal[1].kernel_flops is not None
+    assert causal[0] == pytest.approx(plain[0])
