@@ -24,6 +24,7 @@ from ..ir import (
     walk,
 )
 from .base import _all_legs, _constant_along, _is_scaling, _Leaf, _renamed, _value_leaves
+from .distribute import distributed_over_boxes
 from .program import (
     BATCH,
     BATCH_SIZE,
@@ -35,6 +36,8 @@ from .program import (
     Value,
     show_legs,
 )
+
+DISTRIBUTED_NOTE = "a product of a sum of softmax boxes distributed over the sum: one value product per box"
 
 
 class RegionLowering:
@@ -55,6 +58,35 @@ class RegionLowering:
         return tensor.is_constant or self.uses[name] == 1
 
     def lower_region(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr) -> Value:
+        distributed = self.distributed(e)
+        if distributed is not None:
+            whole = self.trial(lambda: self.contract_region(e, ren, var, scale))
+            parts = self.trial(lambda: self.lower_distributed(distributed, ren, var, scale))
+            if parts < whole:
+                if self.target is self.steps:
+                    self.lowered.append(DISTRIBUTED_NOTE)
+                return self.lower_distributed(distributed, ren, var, scale)
+        return self.contract_region(e, ren, var, scale)
+
+    def distributed(self, e: Expr) -> SumNode | None:
+        """`e` distributed over a sum of softmax boxes (distribute.py), where the lowering is not
+        inside a softmax's scores (whose shift invariance drops terms of sums)."""
+        if self.shift_invariant is not None or self.stabilized is not None:
+            return None
+        return distributed_over_boxes(e, self.is_folded_box)
+
+    def is_folded_box(self, name: str) -> bool:
+        tensor = self.g.tensors.get(name)
+        statement = tensor.statement if tensor is not None else None
+        return statement is not None and isinstance(statement.expr, SoftmaxBox) and self.is_inlined(name)
+
+    def lower_distributed(
+        self, e: SumNode, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr
+    ) -> Value:
+        value = self.lower_sum(e, ren, var)
+        return self.scale(value, scale) if scale != 1 else value
+
+    def contract_region(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr) -> Value:
         leaves: list[_Leaf] = []
         coefficient = self.collect(e, ren, leaves) * scale
         out = tuple(p for leg in e.legs for p in ren[leg])
