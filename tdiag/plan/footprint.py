@@ -441,8 +441,8 @@ class _Interpreter(AbstractMachine):
                 self.save(scaled_q)
             if scores or v.grad:
                 self.save(attention)
-            if scores:
-                self.save(v)
+            if scores:  # attention @ v folds v's batch axes: a copy of its own where that is no view
+                self.save(self.reshape(v, (math.prod(v.shape[:-2]), *v.shape[-2:]), "v (math SDPA)"))
         if repeat != 1:  # out[..., R − 1 :: R, :]: every R-th row, a view
             rows /= op.repeat
             strides = (*out.strides[:-2], out.strides[-2] * repeat, out.strides[-1])
