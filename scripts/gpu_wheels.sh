@@ -4,7 +4,7 @@
 #
 # Exactly the packages of pyproject.toml's dependencies that those machines lack. Their image holds
 # torch, numpy, networkx, sympy, opt-einsum, matplotlib, tqdm, pytest and hypothesis
-# (/work/.library/device/KINDS.md, read 2026-11-17); it lacks lark (the .td parser) and graphviz
+# (the device tool's list of installed packages, read 2026-11-17); it lacks lark (the .td parser) and graphviz
 # (the Python binding; rendering only, but a dependency of the package). Both are pure Python, at
 # the versions tdiag is tested with here. Run from anywhere: scripts/gpu_wheels.sh
 set -euo pipefail
