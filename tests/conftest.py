@@ -109,3 +109,19 @@ def nominal_planning_device(tmp_path_factory):
         patch.setenv(device.BANDWIDTH_ENV, repr(nominal.bandwidth))
         patch.setenv(device.OVERHEAD_ENV, repr(nominal.overhead))
         yield
+
+
+@pytest.fixture
+def cpu(monkeypatch, tmp_path):
+    """Plan for a CPU of given peak FLOP/s, bandwidth (bytes/s) and per-op overhead (s)."""
+    from tdiag import device
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(device.DEVICE_ENV, raising=False)
+
+    def set_figures(peak: float, bandwidth: float, overhead: float) -> None:
+        monkeypatch.setenv(device.PEAK_FLOPS_ENV, str(peak))
+        monkeypatch.setenv(device.BANDWIDTH_ENV, str(bandwidth))
+        monkeypatch.setenv(device.OVERHEAD_ENV, str(overhead))
+
+    return set_figures

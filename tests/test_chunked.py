@@ -11,25 +11,10 @@ import torch
 from conftest import DESIGNS
 
 import tdiag
-from tdiag import device
 from tdiag.codegen import CALLED_HELPERS
 
 TOL = 1e-10
 CHUNKED = ["lfish", "mlk", "performer", "smlk", "thsa_elu"]  # the bundled designs that take the form
-
-
-@pytest.fixture
-def cpu(monkeypatch, tmp_path):
-    """Plan for a CPU of given peak FLOP/s, bandwidth (bytes/s) and per-op overhead (s)."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv(device.DEVICE_ENV, raising=False)
-
-    def set_figures(peak: float, bandwidth: float, overhead: float) -> None:
-        monkeypatch.setenv(device.PEAK_FLOPS_ENV, str(peak))
-        monkeypatch.setenv(device.BANDWIDTH_ENV, str(bandwidth))
-        monkeypatch.setenv(device.OVERHEAD_ENV, str(overhead))
-
-    return set_figures
 
 
 def memory_bound(cpu) -> None:

@@ -13,20 +13,6 @@ from tdiag.cli import main
 TOL = 1e-10
 
 
-@pytest.fixture
-def cpu(monkeypatch, tmp_path):
-    """Plan for a CPU of given peak FLOP/s, bandwidth (bytes/s) and per-op overhead (s)."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv(device.DEVICE_ENV, raising=False)
-
-    def set_figures(peak: float, bandwidth: float, overhead: float) -> None:
-        monkeypatch.setenv(device.PEAK_FLOPS_ENV, str(peak))
-        monkeypatch.setenv(device.BANDWIDTH_ENV, str(bandwidth))
-        monkeypatch.setenv(device.OVERHEAD_ENV, str(overhead))
-
-    return set_figures
-
-
 def causal_mlk() -> tdiag.Design:
     return tdiag.load(DESIGNS / "mlk.td", F=64, H=2, D=16).with_causal_mask()
 
