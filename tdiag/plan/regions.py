@@ -61,11 +61,11 @@ class RegionLowering:
         distributed = self.distributed(e)
         if distributed is not None:
             whole = self.trial(lambda: self.contract_region(e, ren, var, scale))
-            parts = self.trial(lambda: self.lower_distributed(distributed, ren, var, scale))
+            parts = self.trial(lambda: self._lower(distributed, ren, var, scale))
             if parts < whole:
                 if self.target is self.steps:
                     self.lowered.append(DISTRIBUTED_NOTE)
-                return self.lower_distributed(distributed, ren, var, scale)
+                return self._lower(distributed, ren, var, scale)  # a sum: lower_sum, then the scale
         return self.contract_region(e, ren, var, scale)
 
     def distributed(self, e: Expr) -> SumNode | None:
@@ -79,12 +79,6 @@ class RegionLowering:
         tensor = self.g.tensors.get(name)
         statement = tensor.statement if tensor is not None else None
         return statement is not None and isinstance(statement.expr, SoftmaxBox) and self.is_inlined(name)
-
-    def lower_distributed(
-        self, e: SumNode, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr
-    ) -> Value:
-        value = self.lower_sum(e, ren, var)
-        return self.scale(value, scale) if scale != 1 else value
 
     def contract_region(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr) -> Value:
         leaves: list[_Leaf] = []

@@ -87,10 +87,11 @@ def op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Call
     if not isinstance(step.op, Attention | FlexAttention):
         return step_time(device, flops, moved, op_kind(step.op)) + looping
     dense = number(step.flops)
-    if record.kernel.startswith("math"):  # the math kernel masks a causal product, skips no block
+    math_kernel = record.kernel.startswith("math")
+    if math_kernel:  # it masks a causal product and skips no block
         flops = dense
     entries = number(step.entries) * (flops / dense if dense else 1.0)
-    if record.kernel.startswith("math"):
+    if math_kernel:
         seconds = step_time(device, flops, 0.0) + step_time(device, 0.0, moved) - KERNELS_PER_OP * device.overhead
     else:
         seconds = step_time(device, flops, moved)
