@@ -290,7 +290,7 @@ def _check(args: argparse.Namespace) -> int:
             _print_diagnostics(error.diagnostics)
             failed += 1
             continue
-        print(f"{file}: {design.summary()}")
+        print(_checked_line(file, design))
     if args.time:
         print(f"checked {len(args.files)} file(s) in {time.perf_counter() - start:.2f} s")
     if failed:
@@ -339,6 +339,16 @@ def _compile(args: argparse.Namespace) -> int:
     for note in plan.lowered or ["every box is computed as written (no lowering was cheaper)"]:
         print(f"  {note}")
     return 0
+
+
+def _checked_line(file: str, design: Design) -> str:
+    """`fish: ok (...)`: the file as named, then the summary; the design's name is added where
+    the file's name is not the design's (`variant.td: ok (design mhsa; ...)`)."""
+    name = design.graph.name
+    status = design.summary().removeprefix(f"{name}: ")
+    if Path(file).name.removesuffix(".td") != name:
+        status = status.replace("ok (", f"ok (design {name}; ", 1)
+    return f"{file}: {status}"
 
 
 def _cost(args: argparse.Namespace) -> int:
@@ -417,6 +427,23 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_settings_text(settings: dict) -> str:
+    """`forward + backward on cpu, N=64, batch 8, F=256, H=4, plain, objective time, median of 5`."""
+    parts = [
+        f"forward + backward on {settings['device']}",
+        f"N={settings['n']}",
+        f"batch {settings['batch']}",
+        f"F={settings['width']}",
+        f"H={settings['heads']}",
+        "causal" if settings["causal"] else "plain",
+        f"objective {settings['objective']}",
+        f"median of {settings['repeat']} (round-robin)",
+    ]
+    if settings.get("baseline"):
+        parts.append(f"against the baseline in {settings['baseline']}")
+    return ", ".join(parts)
+
+
 def _bench(args: argparse.Namespace) -> int:
     from . import bench
 
@@ -430,7 +457,7 @@ def _bench(args: argparse.Namespace) -> int:
         raise _UsageError(f"tdiag bench: error: argument --baseline: '{args.baseline}' is not a folder")
     names = ("n", "batch", "width", "heads", "repeat", "causal", "objective", "device", "baseline")
     settings = {k: getattr(args, k) for k in names}
-    print(f"tdiag bench: forward + backward, {settings}")
+    print(f"tdiag bench: {_bench_settings_text(settings)}")
     rows = bench.run(args.files, log=lambda line: print(line, flush=True), **settings)
     print()
     print(bench.table(rows))

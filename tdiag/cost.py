@@ -240,6 +240,17 @@ def _show_number(value: float | int) -> str:
     return f"{value:.4g}"
 
 
+def _assumed_lengths(reports: Sequence[CostReport], given: Mapping[str, int]) -> dict[str, int]:
+    """The run-time sizes (sequence lengths) the numbers were taken at without being given
+    (module.PLANNING_DEFAULTS), by name."""
+    assumed: dict[str, int] = {}
+    for r in reports:
+        for k, size in r.graph.sizes.items():
+            if size.is_free and k not in given and k in r.sizes:
+                assumed.setdefault(k, int(r.sizes[k]))
+    return assumed
+
+
 def table(reports: Sequence[CostReport], sizes: Mapping[str, int]) -> str:
     """Numbers side by side with ratios to the first design, then each design's formulas."""
     numbers = [r.at(**{k: v for k, v in sizes.items() if k in r.graph.sizes}) for r in reports]
@@ -262,8 +273,11 @@ def table(reports: Sequence[CostReport], sizes: Mapping[str, int]) -> str:
         ]
     width = 2 + max(len(text) for row in [*cells.values(), [r.design for r in reports]] for text in row)
     shown = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    assumed = _assumed_lengths(reports, sizes)
+    where = ", ".join(filter(None, [shown, _sizes_text(assumed) if assumed else ""])) or "the design sizes"
+    note = f"; {', '.join(assumed)} not given: the planning default, set with --at" if assumed else ""
     lines = [
-        f"cost per sequence at {shown or 'the design sizes'} ({reports[0].convention} convention)",
+        f"cost per sequence at {where} ({reports[0].convention} convention{note})",
         "",
         f"{'metric':<17}" + "".join(f"{r.design:>{width}}" for r in reports),
     ]

@@ -55,6 +55,35 @@ def design_file(path: str | Path) -> Path:
     return given
 
 
+def bundled_spaces() -> list[str]:
+    """The names of the bundled design spaces (`tuformer`, `fish`, `mgk`), sorted."""
+    return sorted(path.stem for path in (designs_folder() / "spaces").glob("*.tds"))
+
+
+def space_file(path: str | Path) -> Path:
+    """The file a space argument names: an existing path as given, else a bundled space by name
+    (`tuformer` or `tuformer.tds`); anything else is left as given (its reader says it is missing)."""
+    given = Path(path)
+    if not str(path) or os.path.isfile(given) or given.parent != Path("."):
+        return given
+    name = given.name.removesuffix(".tds")
+    if name in bundled_spaces():
+        return designs_folder() / "spaces" / f"{name}.tds"
+    return given
+
+
+def missing_space(path: str | Path) -> TdiagError:
+    """The error for a space argument that is neither a file nor a bundled space; a bare name is
+    told the bundled names (and the closest one)."""
+    message = f"no such space file '{path}'"
+    if Path(path).parent != Path("."):
+        return TdiagError(Diagnostic(message))
+    names = bundled_spaces()
+    guess = did_you_mean(Path(path).name.removesuffix(".tds"), names)
+    listing = f"bundled spaces: {', '.join(names)}"
+    return TdiagError(Diagnostic(message, hint=f"{guess} {listing}" if guess else listing))
+
+
 def missing_design(path: str | Path) -> TdiagError:
     """The error for a design argument that is neither a file nor a bundled design; a bare name
     is told the bundled names (and the closest one), a path is one line."""

@@ -25,7 +25,19 @@ def run(capsys, *argv):
 def test_check_prints_ok_with_sizes_and_parameter_formula(capsys):
     code, out, _ = run(capsys, "check", str(DESIGNS / "mhsa.td"))
     assert code == 0
-    assert "mhsa: ok (F=512, H=8, D=64, N; 1 input, 4 params; 5 statements; params 4*D*F*H = 1,048,576)" in out
+    assert "mhsa.td: ok (F=512, H=8, D=64, N; 1 input, 4 params; 5 statements; params 4*D*F*H = 1,048,576)" in out
+
+
+def test_check_names_a_bundled_design_once(capsys):
+    code, out, _ = run(capsys, "check", "fish")
+    assert code == 0 and out.startswith("fish: ok (F=512")
+
+
+def test_check_names_the_design_of_a_file_named_otherwise(capsys, tmp_path):
+    path = tmp_path / "variant.td"
+    path.write_text((DESIGNS / "mhsa.td").read_text())
+    code, out, _ = run(capsys, "check", str(path))
+    assert code == 0 and out.startswith(f"{path}: ok (design mhsa; F=512")
 
 
 def test_check_all_bundled_designs_succeeds(capsys):
@@ -156,6 +168,29 @@ def test_cost_prints_ratios_to_the_first_design(capsys):
     code, out, _ = run(capsys, "cost", str(DESIGNS / "mhsa.td"), str(DESIGNS / "thsa.td"), "--at", "N=1024,F=512,H=8")
     assert code == 0
     assert "1,048,576" in out and "1,310,720 (1.25x)" in out and "softmax_entries" in out
+
+
+def test_cost_says_the_sequence_length_it_assumed(capsys):
+    code, out, _ = run(capsys, "cost", "thsa")
+    assert code == 0
+    assert out.splitlines()[0] == (
+        "cost per sequence at N=1024 (flop convention; N not given: the planning default, set with --at)"
+    )
+
+
+def test_cost_at_a_given_length_assumes_nothing(capsys):
+    code, out, _ = run(capsys, "cost", "thsa", "--at", "N=64")
+    assert code == 0 and out.splitlines()[0] == "cost per sequence at N=64 (flop convention)"
+
+
+def test_bench_header_states_its_settings_in_words():
+    from tdiag.cli import _bench_settings_text
+
+    settings = {"n": 64, "batch": 8, "width": 256, "heads": 4, "repeat": 5, "causal": True}
+    settings |= {"objective": "time", "device": "cpu", "baseline": None}
+    assert _bench_settings_text(settings) == (
+        "forward + backward on cpu, N=64, batch 8, F=256, H=4, causal, objective time, median of 5 (round-robin)"
+    )
 
 
 def test_cost_json_has_numbers_and_formulas(capsys):

@@ -272,3 +272,18 @@ def test_train_args_that_would_choose_the_run_folder_or_processes_are_refused_no
     err = capsys.readouterr().err
     assert f"argument --train-args: {named} cannot go in --train-args" in err
     assert not any((tmp_path / "runs").glob("*/checkpoint.pt"))
+
+
+def test_a_bundled_space_is_named_by_its_name(capsys):
+    code = main(["space", "tuformer", "--format", "csv"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("point,")
+    assert len(out.splitlines()) == 1 + load_space("tuformer").count()
+
+
+def test_an_unknown_space_name_lists_the_bundled_spaces(capsys):
+    code = main(["space", "tuformr"])
+    _, err = capsys.readouterr()
+    assert code == 1
+    assert "no such space file 'tuformr'" in err and "did you mean 'tuformer'?" in err and "fish, mgk, tuformer" in err

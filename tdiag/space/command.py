@@ -41,7 +41,9 @@ def add_parser(commands, size_list, positive, usage_error) -> None:
     """The `space` subcommand's flags (every one with help that states its default); the CLI's
     own value checkers and usage error are passed in, as this module may not import the CLI."""
     p = commands.add_parser("space", help="enumerate, check, cost and compare every point of a design space (.tds)")
-    p.add_argument("file", metavar="FILE.tds", help="a design space file, e.g. designs/spaces/tuformer.tds")
+    p.add_argument(
+        "file", metavar="FILE.tds", help="a design space file, or a bundled space by name: tuformer, fish, mgk"
+    )
     p.add_argument(
         "--at",
         type=size_list,

@@ -18,7 +18,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
 from .. import parse as syn
 from ..errors import SOURCES, Diagnostic, Span, TdiagError
 from ..files import read_source
-from ..resources import _folder, grammar_text
+from ..resources import _folder, grammar_text, missing_space, space_file
 
 
 @dataclass(frozen=True)
@@ -172,5 +172,6 @@ def parse_space_text(text: str, file: str = "<string>") -> Space:
 
 def parse_space_file(path: str | Path) -> Space:
     """Read (safely: files.read_source) and parse a `.tds` file."""
-    text = read_source(path, "design space", lambda file: TdiagError(Diagnostic(f"no such space file '{file}'")))
+    path = space_file(path)
+    text = read_source(path, "design space", lambda file: missing_space(file))
     return parse_space_text(text, str(path))
