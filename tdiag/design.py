@@ -29,6 +29,7 @@ from .ir import (
     TensorRef,
     walk,
 )
+from .resources import shown_path
 
 # How the planner chooses between equivalent plans (plan.build_plan): fewest FLOPs; fused
 # kernels wherever they apply because they never store a softmax box's entries; or the least
@@ -175,7 +176,7 @@ class Design:
         from .module import build_module
 
         plan = self.plan(sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention)
-        return build_module(plan, seed=seed, dtype=dtype, device=device, source_name=self.graph.file)
+        return build_module(plan, seed=seed, dtype=dtype, device=device, source_name=shown_path(self.graph.file))
 
     def source(
         self,
@@ -192,7 +193,7 @@ class Design:
 
         sizes = {**(sizes or {}), **more}
         plan = self.plan(sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention)
-        return generate(plan, source_name=self.graph.file)
+        return generate(plan, source_name=shown_path(self.graph.file))
 
     def cost(
         self,

@@ -51,8 +51,25 @@ def compile_source(source: str, name: str) -> type[torch.nn.Module]:
         module = types.ModuleType(module_name)
         module.__file__ = filename
         exec(compile(source, filename, "exec"), module.__dict__)  # our own generated code, never .td text
+        cls = getattr(module, class_name(name))
+        cls.tdiag_generated = (source, name)
+        cls.__reduce_ex__ = _reduce_generated
         sys.modules[module_name] = module
     return getattr(sys.modules[module_name], class_name(name))
+
+
+def _reduce_generated(self: torch.nn.Module, protocol: int) -> tuple:
+    """Pickle a module of a class compiled in this process by its generated source, so that
+    `torch.save(model)` of a model holding one loads in another process, where the class's module
+    does not exist yet (`restore_generated` compiles it again)."""
+    return (restore_generated, type(self).tdiag_generated, self.__getstate__())
+
+
+def restore_generated(source: str, name: str) -> torch.nn.Module:
+    """An empty instance of the class `source` defines (its state follows from the pickle). Only
+    `torch.load(..., weights_only=False)` calls this, which trusts the file as any full pickle."""
+    cls = compile_source(source, name)
+    return cls.__new__(cls)
 
 
 def build_module(

@@ -55,6 +55,26 @@ def design_file(path: str | Path) -> Path:
     return given
 
 
+def shown_path(file: str | Path) -> str:
+    """A design file as generated code and reports name it, never by an absolute path into the
+    installation: `designs/mhsa.td` for a bundled design (wherever the package is installed), a
+    path under the current folder relative to it, any other path as given."""
+    given = Path(file)
+    try:
+        resolved = given.resolve()
+        inside = resolved.relative_to(designs_folder().resolve())
+    except (OSError, ValueError, RuntimeError):
+        inside = None
+    if inside is not None:
+        return f"designs/{inside.as_posix()}"
+    if given.is_absolute():
+        try:
+            return resolved.relative_to(Path.cwd().resolve()).as_posix()
+        except (OSError, ValueError):
+            return str(file)
+    return str(file)
+
+
 def bundled_spaces() -> list[str]:
     """The names of the bundled design spaces (`tuformer`, `fish`, `mgk`), sorted."""
     return sorted(path.stem for path in (designs_folder() / "spaces").glob("*.tds"))

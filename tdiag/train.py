@@ -339,8 +339,14 @@ def sample(model: LanguageModel, corpus: Corpus, config: TrainConfig, device: to
     return corpus.decode(out) + ending
 
 
+def warmup_steps(config: TrainConfig) -> int:
+    """Linear warm-up: 50 steps, but never more than a tenth of the run (at least one step)."""
+    return max(1, min(50, config.steps // 10))
+
+
 def learning_rate(step: int, config: TrainConfig) -> float:
-    warmup = min(50, config.steps // 10 + 1)
+    """Step `step`'s learning rate (from 0): linear warm-up, then a cosine to a tenth of `lr`."""
+    warmup = warmup_steps(config)
     if step < warmup:
         return config.lr * (step + 1) / warmup
     progress = (step - warmup) / max(1, config.steps - warmup)
@@ -433,7 +439,7 @@ def _train(config: TrainConfig, folder: Path, device: torch.device, *, resume: b
         with writing(folder / "summary.json"):
             write_atomically(folder / "summary.json", json.dumps(summary, indent=2).encode())
         with writing(folder / "loss.png"):
-            _plot(folder, done.log, design.name)
+            _plot(folder, done.log, design.name, done.steps)
     return summary | {"log": done.log, "folder": str(folder)}
 
 
@@ -472,6 +478,7 @@ class Progress:
     batches: torch.Tensor  # the batch generator's state: the next step's batch is drawn from it
     noise: torch.Tensor  # torch's own generator, which the designs' `random` tensors draw from
     noise_cuda: torch.Tensor | None  # the device's generator, on CUDA
+    steps: list[dict] = dataclasses.field(default_factory=list)  # every step's training loss (STEP_FIELDS)
 
 
 def _noise_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -533,7 +540,9 @@ class _Run:
         peak = peak_flops(self.device, self.config.peak_tflops) * self.dist.world
         pace = _Pace(self.summary["flops_per_step"], self.config.batch * self.config.context, peak)
         saved = done.step
-        bar = _progress(self.config, done.step, enabled=progress and self.dist.is_main)
+        shown = progress and self.dist.is_main
+        plain = shown and not sys.stderr.isatty()  # nohup, slurm, a redirect: a line per evaluation
+        bar = _progress(self.config, done.step, enabled=shown and not plain)
         try:
             with _Interrupts() as interrupts:
                 while done.step < self.config.steps:
@@ -545,8 +554,10 @@ class _Run:
                         bar.set_postfix(**self._postfix(train_loss, done, pace))
                         if done.log and done.log[-1]["step"] == done.step and self.dist.is_main:
                             _save_checkpoint(self.folder, self.model, self.optimizer, done, self.config)
-                            _write_log(self.folder, done.log)
+                            _write_log(self.folder, done.log, done.steps)
                             saved = done.step
+                            if plain:
+                                print(_evaluation_line(done, self.config), flush=True)
         except KeyboardInterrupt:
             raise self._interrupted(done, saved) from None
         finally:
@@ -585,9 +596,10 @@ class _Run:
         pace.add(time.perf_counter() - started)
         step = done.step + 1
         log = done.log
+        steps = [*done.steps, {"step": step, "train_loss": train_loss, "lr": self.optimizer.param_groups[0]["lr"]}]
         if step % self.config.eval_every == 0 or step == self.config.steps:
             log = [*log, self._entry(step, train_loss, pace)]
-        done = Progress(step, log, generator.get_state(), *_noise_state(self.device))
+        done = Progress(step, log, generator.get_state(), *_noise_state(self.device), steps=steps)
         self.updating = False
         return done, train_loss
 
@@ -620,8 +632,8 @@ class _Run:
         else:
             if self.dist.is_main and done.step != saved:
                 _save_checkpoint(folder, self.model, self.optimizer, done, self.config)
-                if done.log:
-                    _write_log(folder, done.log)
+                if done.log or done.steps:
+                    _write_log(folder, done.log, done.steps)
             message = (
                 f"training interrupted at step {done.step}; the checkpoint in '{folder}' holds every completed step"
             )
@@ -688,6 +700,7 @@ def _save_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Opti
     import io
 
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done.step, "log": done.log}
+    state |= {"steps": done.steps}
     state |= {"generator": done.batches, "rng": done.noise, "rng_cuda": done.noise_cuda}
     state |= {"config": dataclasses.asdict(config)}
     buffer = io.BytesIO()
@@ -698,6 +711,7 @@ def _save_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Opti
 
 
 LOG_FIELDS = ("step", "train_loss", "val_loss", "tokens_per_s", "model_flops_per_s", "mfu", "flops")
+STEP_FIELDS = ("step", "train_loss", "lr")  # recorded at every step
 
 
 def _load_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig) -> Progress:
@@ -722,15 +736,17 @@ def _load_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Opti
         problem = _load_states(state, model, optimizer)
     if problem is not None:
         raise TdiagError(Diagnostic(f"checkpoint '{path}': {problem}", hint=hint))
-    return Progress(state["step"], state["log"], state["generator"], state["rng"], state["rng_cuda"])
+    progress = Progress(state["step"], state["log"], state["generator"], state["rng"], state["rng_cuda"])
+    return dataclasses.replace(progress, steps=state.get("steps", []))
 
 
-CHECKPOINT_KEYS = {"model", "optimizer", "step", "log", "generator", "rng", "rng_cuda", "config"}
+# a checkpoint written before every step's loss was recorded has no "steps": it still resumes
+CHECKPOINT_KEYS = {"model", "optimizer", "step", "log", "steps", "generator", "rng", "rng_cuda", "config"}
 
 
 def _checkpoint_problem(state: object, config: TrainConfig) -> str | None:
     """What is wrong with a loaded checkpoint's fields (not yet its model and optimizer states)."""
-    if not isinstance(state, dict) or set(state) != CHECKPOINT_KEYS:
+    if not isinstance(state, dict) or set(state) not in (CHECKPOINT_KEYS, CHECKPOINT_KEYS - {"steps"}):
         found = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
         return f"not a tdiag checkpoint (expected the fields {', '.join(sorted(CHECKPOINT_KEYS))}; found {found})"
     for name in ("model", "optimizer", "config"):
@@ -739,7 +755,7 @@ def _checkpoint_problem(state: object, config: TrainConfig) -> str | None:
     step = state["step"]
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         return f"step is {step!r}, not a whole number >= 0"
-    problem = _log_problem(state["log"], step)
+    problem = _log_problem(state["log"], step) or _steps_problem(state.get("steps", []), step)
     for name, reference in (("generator", torch.Generator().get_state()), ("rng", torch.get_rng_state())):
         problem = problem or _state_problem(name, state[name], reference)
     if state["rng_cuda"] is not None:
@@ -768,6 +784,21 @@ def _log_problem(log: object, step: int) -> str | None:
             return f"log[{index}] holds a value that is not a number"
         if not isinstance(entry["step"], int) or not previous < entry["step"] <= step:
             return f"log[{index}] is of step {entry['step']!r}, out of order or after the checkpoint's step {step}"
+        previous = entry["step"]
+    return None
+
+
+def _steps_problem(steps: object, step: int) -> str | None:
+    if not isinstance(steps, list):
+        return f"steps is a {type(steps).__name__}, not a list"
+    previous = 0
+    for index, entry in enumerate(steps):
+        if not isinstance(entry, dict) or tuple(entry) != STEP_FIELDS:
+            return f"steps[{index}] is not a step record ({', '.join(STEP_FIELDS)})"
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in entry.values()):
+            return f"steps[{index}] holds a value that is not a number"
+        if not isinstance(entry["step"], int) or not previous < entry["step"] <= step:
+            return f"steps[{index}] is of step {entry['step']!r}, out of order or after the checkpoint's step {step}"
         previous = entry["step"]
     return None
 
@@ -807,22 +838,50 @@ def _load_states(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer
     return None
 
 
-def _write_log(folder: Path, log: list[dict]) -> None:
-    """log.jsonl and log.csv: every evaluation so far, each file replaced whole."""
+ROW_FIELDS = ("step", "train_loss", "lr", "val_loss", "tokens_per_s", "model_flops_per_s", "mfu", "flops")
+
+
+def log_rows(log: list[dict], steps: list[dict]) -> list[dict]:
+    """One row per step: its training loss and learning rate, and at an evaluation its validation
+    loss and pace (empty elsewhere). A run resumed from a checkpoint that kept no per-step record
+    has rows only for the evaluations before it."""
+    evaluations = {e["step"]: e for e in log}
+    rows = {s["step"]: dict.fromkeys(ROW_FIELDS) | s for s in steps}
+    for number, evaluation in evaluations.items():
+        rows.setdefault(number, dict.fromkeys(ROW_FIELDS))
+        rows[number] |= evaluation
+    return [rows[number] for number in sorted(rows)]
+
+
+def _write_log(folder: Path, log: list[dict], steps: list[dict]) -> None:
+    """log.jsonl and log.csv: a row per step so far (`log_rows`), each file replaced whole."""
     import io
 
+    rows = log_rows(log, steps)
     with writing(folder / "log.jsonl"):
-        write_atomically(folder / "log.jsonl", "".join(json.dumps(e) + "\n" for e in log).encode())
+        write_atomically(folder / "log.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
     table = io.StringIO(newline="")
-    writer = csv.DictWriter(table, fieldnames=list(log[0]))
+    writer = csv.DictWriter(table, fieldnames=list(ROW_FIELDS))
     writer.writeheader()
-    writer.writerows(log)
+    writer.writerows(rows)
     with writing(folder / "log.csv"):
         write_atomically(folder / "log.csv", table.getvalue().encode())
 
 
-def _plot(folder: Path, log: list[dict], name: str) -> None:
-    if not log:
+def _evaluation_line(done: Progress, config: TrainConfig) -> str:
+    """`step 200/2000: train 2.315, val 2.402 nats/char, 10,250 tokens/s`, printed at each
+    evaluation where no progress bar is drawn."""
+    entry = done.log[-1]
+    return (
+        f"{Path(config.design).stem} step {entry['step']}/{config.steps}: train {entry['train_loss']:.3f}, "
+        f"val {entry['val_loss']:.3f} nats/char, {entry['tokens_per_s']:,.0f} tokens/s"
+    )
+
+
+def _plot(folder: Path, log: list[dict], name: str, steps: list[dict] | None = None) -> None:
+    """loss.png: the training loss at every step (each evaluation's where no step was recorded)
+    and the validation loss at each evaluation, with markers, so a run of one evaluation shows."""
+    if not log and not steps:
         return
     import matplotlib
 
@@ -830,9 +889,16 @@ def _plot(folder: Path, log: list[dict], name: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    steps = [e["step"] for e in log]
-    ax.plot(steps, [e["train_loss"] for e in log], label="train")
-    ax.plot(steps, [e["val_loss"] for e in log], label="validation")
+    trained = steps or log
+    few = len(trained) <= 50
+    ax.plot(
+        [e["step"] for e in trained],
+        [e["train_loss"] for e in trained],
+        marker="." if few else None,
+        linewidth=1,
+        label="train",
+    )
+    ax.plot([e["step"] for e in log], [e["val_loss"] for e in log], marker="o", label="validation")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/char)")
     ax.set_title(name)
@@ -926,6 +992,14 @@ def compare_table(rows: list[dict], unigram: float) -> str:
             f"{r['final_val_loss']:.4f} | {r['tokens_per_s']:,.0f} | {tflops:.3g} | {mfu} |"
         )
     lines.append(f"\nUnigram baseline (validation cross-entropy of character frequencies): {unigram:.4f} nats/char.")
+    counts = {r["design"]: r["attention_parameters"] for r in rows}
+    if len(set(counts.values())) > 1:
+        listed = ", ".join(f"{name} {count:,}" for name, count in counts.items())
+        lines.append(
+            f"\nNote: the designs' attention parameters differ ({listed}): the same `--set` sizes give "
+            "each design its own attention width (a design may fix a size, as MGK its head width D), so "
+            "the losses compare models of different attention sizes."
+        )
     return "\n".join(lines) + "\n"
 
 

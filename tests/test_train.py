@@ -1,5 +1,6 @@
 """Training a language model around a compiled design: data, runs, resume, compare, DDP."""
 
+import csv
 import gzip
 import json
 import math
@@ -48,6 +49,57 @@ def test_a_run_writes_config_log_checkpoint_plot_and_sample(corpus_file, tmp_pat
     }
     assert [e["step"] for e in result["log"]] == [2, 4]
     assert json.loads((folder / "config.json").read_text())["summary"]["flops_per_step"] > 0
+
+
+def test_the_log_has_the_training_loss_of_every_step(corpus_file, tmp_path):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=5, eval_every=4), progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert all(isinstance(r["train_loss"], float) and r["lr"] > 0 for r in rows)
+    assert [r["step"] for r in rows if r["val_loss"] is not None] == [4, 5]
+
+
+def test_the_csv_log_has_a_row_per_step_with_empty_validation_between_evaluations(corpus_file, tmp_path):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=3, eval_every=2), progress=False)
+    rows = list(csv.DictReader((tmp_path / "run" / "log.csv").read_text().splitlines()))
+    assert [r["step"] for r in rows] == ["1", "2", "3"]
+    assert rows[0]["val_loss"] == "" and rows[1]["val_loss"] != "" and rows[0]["train_loss"] != ""
+
+
+def test_a_resumed_run_keeps_the_steps_before_its_checkpoint(corpus_file, tmp_path):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=2), progress=False)
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=4), resume=True, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(("steps", "warmup"), [(5, 1), (50, 5), (300, 30), (2000, 50)])
+def test_warm_up_is_at_most_a_tenth_of_the_run(steps, warmup):
+    from tdiag.train import learning_rate, warmup_steps
+
+    config = TrainConfig(design="mhsa", steps=steps)
+    assert warmup_steps(config) == warmup
+    assert learning_rate(warmup - 1, config) == pytest.approx(config.lr)
+
+
+def test_without_a_terminal_each_evaluation_is_a_plain_line(corpus_file, tmp_path, capsys):
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=4, eval_every=2), progress=True)
+    out, err = capsys.readouterr()
+    lines = [line for line in out.splitlines() if " step " in line]
+    assert [line.split(":")[0] for line in lines] == ["mhsa step 2/4", "mhsa step 4/4"]
+    assert "val " in lines[0] and "tokens/s" in lines[0] and "\r" not in out + err
+
+
+def test_a_comparison_of_designs_with_different_attention_sizes_says_so():
+    from tdiag.train import compare_table
+
+    rows = [
+        {"design": d, "attention_parameters": a, "parameters": 1, "flops_per_step": 1.0, "final_val_loss": 2.0}
+        | {"tokens_per_s": 1.0, "model_flops_per_s": 1.0, "mfu": None}
+        for d, a in (("mhsa", 131072), ("mgk", 327680))
+    ]
+    assert "attention parameters differ (mhsa 131,072, mgk 327,680)" in compare_table(rows, 3.3)
+    assert "differ" not in compare_table(rows[:1], 3.3)
 
 
 def test_resume_continues_from_the_last_checkpoint(corpus_file, tmp_path):
@@ -545,7 +597,7 @@ def test_a_resumable_flag_given_at_its_default_value_is_applied(corpus_file, tmp
     train(tiny("mhsa.td", corpus_file, tmp_path, steps=2, eval_every=1), progress=False)
     assert _resume(tmp_path / "run", "--steps", "4", "--eval-every", "200") == 0  # 200: the flag's default
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in log] == [1, 2, 4]
+    assert [e["step"] for e in log if e["val_loss"] is not None] == [1, 2, 4]
     assert json.loads((tmp_path / "run" / "config.json").read_text())["eval_every"] == 200
 
 
