@@ -2,6 +2,7 @@
 run): what it guarantees, when a rewrite applies, and why it is refused when it does not."""
 
 import sympy
+import torch
 
 import tdiag
 from tdiag.plan import reads
@@ -50,6 +51,43 @@ def test_a_product_used_twice_is_computed_once():
     body = "P[n h d] = X[n f] WQ[f h d]\nS[n m h] = P[n h d] P[m h d]\nY[n g] = S[n m h] WO[h d g] P[m h d]\noutput Y"
     steps = plan(body).steps
     assert [step.out.var for step in steps].count("P") == 1
+
+
+def test_a_map_of_one_tensor_under_other_leg_names_is_computed_once():
+    source = tdiag.load("rope", F=64, H=4).source()
+    assert source.count("torch.cos(") == 1 and source.count("torch.sin(") == 1
+
+
+def test_a_map_over_legs_of_different_sizes_is_computed_for_each():
+    body = """input Z[m: M, f: F]
+Y[n m] = X[n f] Z[m f] (cos(index(n)) + cos(index(m)))
+output Y"""
+    design = tdiag.loads("design cross\n" + HEADER.replace("size N", "size N, M") + body)
+    assert design.source(N=8, M=5).count("torch.cos(") == 2
+    x, z = torch.randn(1, 8, 64, dtype=torch.float64), torch.randn(1, 5, 64, dtype=torch.float64)
+    waves = torch.cos(torch.arange(8.0, dtype=torch.float64))[:, None] + torch.cos(
+        torch.arange(5.0, dtype=torch.float64)
+    )
+    module = design.module(dtype=torch.float64)
+    assert torch.allclose(module(x, z), (x @ z.transpose(1, 2)) * waves, atol=1e-12)
+
+
+def test_a_position_expression_with_its_legs_swapped_is_not_taken_for_the_same():
+    body = """size C = 3, R = 2 * C + 1
+param Rel[h: H, r: R] = normal(std = 1)
+T[h n m] = exp(Rel[h, r = clamp(m - n, -C, C) + C])
+U[h m n] = exp(Rel[h, r = clamp(m - n, -C, C) + C])
+Y[n m h] = X[n f] X[m f] (T[h n m] + U[h n m])
+output Y"""
+    design = tdiag.loads("design swapped\n" + HEADER + body)
+    module = design.module(dtype=torch.float64)
+    x = torch.randn(1, 6, 64, dtype=torch.float64)
+    rel = module.Rel
+    n = torch.arange(6)
+    ahead = rel[:, (n[None, :] - n[:, None]).clamp(-3, 3) + 3].exp()  # [h, n, m]: m - n
+    behind = rel[:, (n[:, None] - n[None, :]).clamp(-3, 3) + 3].exp()  # U[h m n] read at [h n m]: n - m
+    gram = x[0] @ x[0].T
+    assert torch.allclose(module(x)[0], (gram * (ahead + behind)).permute(1, 2, 0), atol=1e-12)
 
 
 # ---- constant folding ------------------------------------------------------------------------

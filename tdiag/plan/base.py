@@ -16,6 +16,7 @@ Invariants the Plan keeps:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import keyword
 from collections import Counter
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import sympy
 
+from ..errors import Span
 from ..graph import DesignGraph
 from ..ir import (
     ONE,
@@ -35,6 +37,7 @@ from ..ir import (
     Expr,
     Gather,
     PaddingMask,
+    Position,
     PositionIndex,
     Quotient,
     Reduction,
@@ -280,12 +283,16 @@ class LoweringBase:
             self.shift_invariant, self.stabilized = context, kept
 
     def memoized(self, e: Expr, ren: dict[str, tuple[str, ...]], build) -> Value:
-        legs = tuple(p for leg in sorted(e.legs) for p in ren[leg])
+        """`build()`, or the value an alpha-equivalent sub-expression (`_alpha_key`) over the same
+        pattern of region legs got before, renamed onto this one's legs."""
+        shape, ordered, named = _alpha_key(e)
+        sizes = tuple(self.g.legs[leg].size if leg in self.g.legs else leg for leg in named)
+        legs = tuple(p for leg in ordered for p in ren[leg])
         shift = None  # which of its legs a softmax around it normalizes: sums may drop terms by it
         if self.shift_invariant is not None and isinstance(e, SumNode | SquaredDistance | Reduction):
             shift = frozenset(k for k, p in enumerate(legs) if p in self.shift_invariant)
         pattern = tuple(legs.index(p) for p in legs)
-        key = (e, tuple(len(ren[leg]) for leg in sorted(e.legs)), pattern, shift)
+        key = (shape, sizes, tuple(len(ren[leg]) for leg in ordered), pattern, shift)
         if key in self.memo:
             value, earlier = self.memo[key]
             return _renamed(value, dict(zip(earlier, legs, strict=True)))
@@ -383,6 +390,36 @@ def _all_legs(e: Expr) -> set[str]:
         if isinstance(node, TensorRef):
             legs |= {leg for g in node.groups for leg in g}
     return legs
+
+
+def _alpha_key(e: Expr) -> tuple[object, tuple[str, ...], tuple[str, ...]]:
+    """`e` up to the names of its legs: a key equal for two sub-expressions that compute the same
+    thing with their legs renamed consistently (`cos(Ang[n p])` and `cos(Ang[m p])`, RoPE on
+    the queries and on the keys) where the legs' sizes agree too (the caller compares them), its
+    result legs in the order that key numbers them, and every leg it numbered in that order. Spans
+    are left out; a string is a leg wherever it names one of `e`'s legs, except in the fields
+    that name tensors, maps and reductions (`name`) or a position's operation (`op`)."""
+    universe = _all_legs(e)
+    order: dict[str, int] = {}
+
+    def convert(value: object, field: str, owner: object) -> object:
+        if isinstance(value, Span):
+            return None
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return node(value)
+        if isinstance(value, tuple):
+            return tuple(convert(v, field, owner) for v in value)
+        if isinstance(value, str) and value in universe and field not in ("name", "op"):
+            return ("leg", order.setdefault(value, len(order)))
+        if isinstance(value, str) and field == "name" and isinstance(owner, Position) and owner.op == "leg":
+            return ("leg", order.setdefault(value, len(order)))
+        return value
+
+    def node(n: object) -> tuple:
+        return (type(n).__name__, *(convert(getattr(n, f.name), f.name, n) for f in dataclasses.fields(n)))
+
+    key = node(e)
+    return key, tuple(sorted(dict.fromkeys(e.legs), key=lambda leg: order.get(leg, len(order)))), tuple(order)
 
 
 def _count_uses(graph: DesignGraph) -> Counter[str]:
