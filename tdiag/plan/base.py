@@ -39,6 +39,8 @@ from ..ir import (
     Quotient,
     Reduction,
     Scalar,
+    Scan,
+    SegmentSum,
     SoftmaxBox,
     SquaredDistance,
     SumNode,
@@ -300,6 +302,10 @@ class LoweringBase:
             return self.lower_map(e, ren, var)
         if isinstance(e, Reduction):
             return self.lower_reduction(e, ren, var)
+        if isinstance(e, Scan):
+            return self.lower_scan(e, ren, var)
+        if isinstance(e, SegmentSum):
+            return self.lower_segment_sum(e, ren, var)
         if isinstance(e, SumNode):
             return self.lower_sum(e, ren, var)
         if isinstance(e, Quotient):
@@ -400,6 +406,13 @@ def _count_uses(graph: DesignGraph) -> Counter[str]:
     return uses
 
 
+def _scan_legs(node: Scan | SegmentSum) -> tuple[str, ...]:
+    """The legs a scan or segment sum runs along, and those its causal masks relate."""
+    if isinstance(node, SegmentSum):
+        return (node.along, node.key)
+    return (node.along, *(leg for m in node.masks if isinstance(m, CausalMask) for leg in (m.query, m.key)))
+
+
 def _leg_splits(graph: DesignGraph, uses: Counter[str]) -> dict[str, tuple[tuple[str, sympy.Expr], ...]]:
     """Legs that a definition with grouped axes (`C[(h d) (g e)] = ...`) is used with as one
     leg (`C[r s]`) are split into head-major pieces everywhere, so that the structure of the
@@ -424,6 +437,13 @@ def _leg_splits(graph: DesignGraph, uses: Counter[str]) -> dict[str, tuple[tuple
         for node in walk(statement.expr)
         if isinstance(node, CausalFactor)
         for leg in node.legs
+    }
+    masked |= {  # a scan runs along a whole leg, never along a piece of one
+        leg
+        for statement in [*graph.statements, *graph.updates]
+        for node in walk(statement.expr)
+        if isinstance(node, Scan | SegmentSum)
+        for leg in _scan_legs(node)
     }
     splits = {}
     for leg, options in wanted.items():
