@@ -361,9 +361,9 @@ class _Interpreter(AbstractMachine):
         diagonal (saves the triangle it reads transposed)."""
         x = self.value(op.x)
         shape, numel = self.output(step)
-        size = shape[-1]
-        after = self.fresh((size, size), sympy.Integer(size * size), False, "k > m", BOOL)
-        before = self.fresh((size, size), sympy.Integer(size * size), False, "k <= m", BOOL)
+        square = self.numel(step.out.legs[-2:])  # type: ignore[union-attr]
+        after = self.fresh(shape[-2:], square, False, "k > m", BOOL)
+        before = self.fresh(shape[-2:], square, False, "k <= m", BOOL)
         self.fresh(shape, numel, x.grad, "repeated, zeroed")
         self.fresh(shape, numel, x.grad, "running sums")
         out = self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
