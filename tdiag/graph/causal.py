@@ -162,7 +162,8 @@ def _future_scan(expr: Expr, queries: set[str], keys: set[str], graph: DesignGra
                 f"with_causal_mask cannot mask the reverse {node.name} along position leg '{leg}':"
                 " each position would see the later ones",
                 (node.span,),
-                f"scan forward (a prefix), or along a key leg beside its query leg with mask = causal(n, {leg})",
+                "scan forward (a prefix)"
+                + (f", or beside the query leg with mask = causal({min(queries)}, {leg})" if leg not in queries else ""),
             )
     return None
 
