@@ -163,7 +163,9 @@ def _future_scan(expr: Expr, queries: set[str], keys: set[str], graph: DesignGra
                 " each position would see the later ones",
                 (node.span,),
                 "scan forward (a prefix)"
-                + (f", or beside the query leg with mask = causal({min(queries)}, {leg})" if leg not in queries else ""),
+                + (
+                    f", or beside the query leg with mask = causal({min(queries)}, {leg})" if leg not in queries else ""
+                ),
             )
     return None
 

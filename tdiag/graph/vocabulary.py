@@ -23,7 +23,19 @@ SCALAR_FUNCTIONS = ("sqrt", "exp", "log")  # of numbers and sizes: a scalar, not
 MASK_FACTORS = ("causal",)
 POSITION_FUNCTIONS = ("index",)
 FUNCTIONS = tuple(
-    dict.fromkeys((*BOXES, *MAPS, *REDUCTIONS, *SCANS, *SEGMENT_SUMS, *PAIRINGS, *SCALAR_FUNCTIONS, *MASK_FACTORS, *POSITION_FUNCTIONS))
+    dict.fromkeys(
+        (
+            *BOXES,
+            *MAPS,
+            *REDUCTIONS,
+            *SCANS,
+            *SEGMENT_SUMS,
+            *PAIRINGS,
+            *SCALAR_FUNCTIONS,
+            *MASK_FACTORS,
+            *POSITION_FUNCTIONS,
+        )
+    )
 )
 BOX_OPTIONS = {"softmax": ("mask", "scale"), "normalize": ("eps", "mask")}
 SCAN_OPTIONS = ("exclusive", "mask", "reverse")  # exclusive = 1, reverse = 1: flags, 0 or 1

@@ -84,6 +84,7 @@ class _Leaf:
     box: tuple[SoftmaxBox, dict[str, tuple[str, ...]]] | None = None  # a box its consumer may fuse
     constant: sympy.Expr | None = None  # a sub-expression that is one number at every index
     exponent: bool = False  # the factor is exp(value), its shift decided with the box's other factors
+    triangle: tuple[str, str] | None = None  # causal(query, key) as a factor, not yet made numbers
 
 
 def _constant_along(legs: Iterable[str]) -> list[_Leaf]:
@@ -276,10 +277,11 @@ class LoweringBase:
         reaches its nonlinear factors here, not through `lower`, so the same shift rule applies."""
         context, self.shift_invariant = self.shift_invariant, self.inner_shift_invariance(e, ren)
         kept, self.stabilized = self.stabilized, None  # a factor's inside is no factor of the box
+        lazy, self.lazy_triangles = self.lazy_triangles, False  # ... nor of the region around it
         try:
             return self.memoized(e, ren, lambda: self._lower_nonlinear(e, ren, var))
         finally:
-            self.shift_invariant, self.stabilized = context, kept
+            self.shift_invariant, self.stabilized, self.lazy_triangles = context, kept, lazy
 
     def memoized(self, e: Expr, ren: dict[str, tuple[str, ...]], build) -> Value:
         legs = tuple(p for leg in sorted(e.legs) for p in ren[leg])
