@@ -387,7 +387,7 @@ def test_stick_breaking_is_quadratic_in_the_length_not_cubic():
     loaded = tdiag.load(DESIGNS / "stick_breaking.td")
     formulas = loaded.cost(N=1024).formulas()
     for key in ("flops", "elementwise"):
-        n = [s for s in formulas[key].free_symbols if s.name == "N"][0]
+        n = next(s for s in formulas[key].free_symbols if s.name == "N")
         assert sympy.degree(sympy.expand(loaded.graph.expand(formulas[key])), n) == 2
 
 
