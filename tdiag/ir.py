@@ -1,5 +1,6 @@
 """The design graph's dataclasses: sizes, legs, tensors, statements and the expression nodes
-(contraction, sum node, softmax box, elementwise map, reduction, squared distance). Every node
+(contraction, sum node, softmax box, elementwise map, reduction, scan, segment sum, squared
+distance). Every node
 knows its output legs and its Span, so later stages never look at text."""
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 after building (`tdiag show --causal`, Design.causal()): a mask on each box normalized over the key
 and on each reduction over it,
 a causal factor in each contraction that sums it beside the query; the masking is traced through
-earlier statements so nothing is masked twice. A sum, reduction or box that mixes the keys of an
-input without the query leg (Σ_m K[m] V[m] of a factored linear attention, a mean over keys, a
-softmax over queries) has no causal form and is refused at its position."""
+earlier statements so nothing is masked twice. A reverse scan along the key beside the query is
+masked too; a forward scan is a prefix, causal as it is. A sum, reduction or box that mixes the
+keys of an input without the query leg (Σ_m K[m] V[m] of a factored linear attention, a mean over
+keys, a softmax over queries), and a reverse scan along a position leg without it (a suffix sum
+sees the future), have no causal form and are refused at their position."""
 
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ def _masked(
     expr: Expr, query: str, key: str, span: Span, hidden: Mapping[str, set[tuple[int, int]]]
 ) -> tuple[Expr, int]:
     """`expr` with a causal mask added to every box normalized over `key` that has `query` and to
-    every reduction (max, logsumexp, mean) over `key` that keeps `query`, and a
+    every reduction (max, logsumexp, mean) over `key` that keeps `query`, to every reverse scan
+    along `key` that keeps `query` (a suffix sum over the keys would reach the future), and a
     causal factor in every contraction that sums `key` beside `query` where no factor is masked
     already (an un-normalized attention: Σ_m f(S)[n m] V[m] with m <= n). `hidden` holds, for
     each statement masked so far, the (query, key) pairs of its own legs it is masked on."""
