@@ -1,14 +1,16 @@
 # Forgetting Transformer (FoX): softmax attention with a forget gate.
 # Paper: Lin, Nikishin, He, Courville, "Forgetting Transformer: Softmax Attention with a Forget
-# Gate" (ICLR 2025), Sec. 3: a scalar forget gate per head and time step f_t = σ(w_fᵀ x_t + b_f),
+# Gate" (ICLR 2025; arXiv:2503.02130), the equations of its Forgetting Attention section (eq.
+# numbers not checked against the PDF here): a scalar forget gate per head and time step
+# f_t = σ(w_fᵀ x_t + b_f),
 # o_i = Σ_{j ≤ i} F_ij exp(q_iᵀ k_j) v_j / Σ_{j ≤ i} F_ij exp(q_iᵀ k_j) with
 # F_ij = Π_{l=j+1..i} f_l, i.e. O = softmax(Q Kᵀ + D) V with D_ij = Σ_{l=j+1..i} log f_l
 # (−∞ above the diagonal: causal).
 # Readings:
 # - The scores are scaled by 1/√D as in the softmax attention FoX modifies (the paper's Q Kᵀ
 #   leaves the scale implicit); H heads of width D = F / H, each with its own gate (w_f, b_f).
-# - D_ij is computed in O(N) as c_i − c_j with c = cumsum(log f) (the paper's own
-#   implementation note: D = c 1ᵀ − 1 cᵀ); log f = log σ(z) = −softplus(−z), finite for any z.
+# - D_ij is computed in O(N) as c_i − c_j with c = cumsum(log f) (D = c 1ᵀ − 1 cᵀ), not as
+#   an N×N sum; log f = log σ(z) = −softplus(−z), finite for any z.
 #   In the box c_i is constant along the keys and drops out; −c_j is a key bias.
 # - pad[m] marks the keys that exist (True = attend); the gates of padded positions still decay
 #   the later ones, as the recurrence runs over every position.

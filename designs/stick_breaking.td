@@ -1,8 +1,9 @@
 # Stick-breaking attention.
 # Paper: Tan, Yang, Courville, Panda, Shen, "Scaling Stick-Breaking Attention: An Efficient
-# Implementation and In-depth Study" (ICLR 2025), Sec. 2: for query j and each earlier key i,
-# β_ij = σ(q_jᵀ k_i / √d) is the share of the stick left over by the keys between them,
-# A_ij = β_ij Π_{i<k<j} (1 − β_kj), o_j = Σ_{i<j} A_ij v_i; computed in log space (Sec. 3):
+# Implementation and In-depth Study" (ICLR 2025; arXiv:2410.17980), the stick-breaking eq. and
+# its log-space form (eq. numbers not checked against the PDF here): for query j and each earlier
+# key i, β_ij = σ(q_jᵀ k_i / √d) is the share of the stick left over by the keys between them,
+# A_ij = β_ij Π_{i<k<j} (1 − β_kj), o_j = Σ_{i<j} A_ij v_i; in log space,
 # log A_ij = log σ(z_ij) + Σ_{k=i+1..j−1} log σ(−z_kj).
 # Readings:
 # - Strictly earlier keys only (i < j, the paper's convention: the diagonal is excluded), so the
