@@ -136,6 +136,19 @@ def test_masked_scan_along_the_key_leg_adds_only_the_keys_each_query_sees(write_
     torch.testing.assert_close(module(x), expected, rtol=0, atol=1e-12)
 
 
+def test_masked_logcumsumexp_equals_the_reference_evaluator(write_td):
+    body = (
+        "mask pad[m: N]\nS[n m h] = L[n h] L[m h]\n"
+        "Y[n m h] = logcumsumexp[m, reverse = 1, mask = causal(n, m), mask = pad[m]](S[n m h])\n"
+    )
+    loaded = load(write_td, body)
+    module = loaded.module(N=5, dtype=F64)
+    reference = loaded.module(N=5, dtype=F64, impl="reference")
+    reference.load_state_dict(module.state_dict())
+    x, pad = x_input(2, n=5), torch.tensor([True, False, True, True, False])
+    torch.testing.assert_close(module(x, pad=pad), reference(x, pad=pad), rtol=0, atol=1e-12)
+
+
 def test_segsum_is_the_sum_between_and_minus_infinity_above_the_diagonal(write_td):
     loaded = load(write_td, "Y[n m h] = segsum[n, m](L[n h])\n")
     for size in (1, 4):

@@ -8,6 +8,7 @@ import itertools
 import sympy
 
 from ..ir import (
+    CausalMask,
     Contraction,
     ElementwiseMap,
     Expr,
@@ -94,7 +95,7 @@ class ElementwiseLowering:
         operand = self.lower(e.operand, ren)  # type: ignore[arg-type]
         (along,) = ren[e.along]
         operand = self.maskable(operand, e, ren, {along})
-        for mask in e.masks:
+        for mask in sorted(e.masks, key=lambda m: isinstance(m, CausalMask)):  # the future is −inf, padded or not
             operand = self.apply_mask(operand, mask, ren, is_exp=e.name == "logcumsumexp")
         name = self.names.fresh(var or e.name)
         options = [word for word, flag in (("exclusive", e.exclusive), ("reverse", e.reverse)) if flag]

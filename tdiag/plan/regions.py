@@ -85,22 +85,26 @@ class RegionLowering:
         return statement is not None and isinstance(statement.expr, SoftmaxBox) and self.is_inlined(name)
 
     def contract_region(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr) -> Value:
+        """The region's factors collected (a causal factor kept as a triangle, so that
+        scan_triangles can take it), then contracted; anything lowered after the collection (a box
+        resolved, a form's own collection) sees causal factors as numbers again."""
         leaves: list[_Leaf] = []
         lazy, self.lazy_triangles = self.lazy_triangles, True
         try:
             coefficient = self.collect(e, ren, leaves) * scale
+            self.lazy_triangles = False
+            out = tuple(p for leg in e.legs for p in ren[leg])
+            leaves = self.scan_triangles(leaves, out)
+            leaves = [self.triangle_numbers(leaf) for leaf in leaves]
+            kept, self.stabilized = self.stabilized, None
+            try:
+                if kept is not None:
+                    leaves = self.stabilize_exponents(leaves, kept)
+                return self.contract(leaves, out, coefficient, var)
+            finally:
+                self.stabilized = kept
         finally:
             self.lazy_triangles = lazy
-        out = tuple(p for leg in e.legs for p in ren[leg])
-        leaves = self.scan_triangles(leaves, out)
-        leaves = [self.triangle_numbers(leaf) for leaf in leaves]
-        kept, self.stabilized = self.stabilized, None
-        try:
-            if kept is not None:
-                leaves = self.stabilize_exponents(leaves, kept)
-            return self.contract(leaves, out, coefficient, var)
-        finally:
-            self.stabilized = kept
 
     def collect(
         self, e: Expr, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf], *, expand_powers: bool = False
