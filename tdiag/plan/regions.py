@@ -342,8 +342,9 @@ class RegionLowering:
 
     def scan_triangle(self, triangle: _Leaf, leaves: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf] | None:
         """`leaves` with `triangle` and the factors carrying its summed leg replaced by their scan,
-        or None where the rewrite does not apply (both legs summed or both kept, a factor that
-        carries both legs, a box or exp factor, legs of different sizes)."""
+        or None where the rewrite does not apply (both legs kept, a factor that carries both legs,
+        a box or exp factor among those to scan, legs of different sizes). With both legs summed
+        the scanned product is summed over the other leg too: Σ_n Σ_{l ≤ n} P[l]."""
         query, key = triangle.triangle  # type: ignore[misc]
         if self.size(query) != self.size(key) and sympy.simplify(self.g.expand(self.size(query) - self.size(key))) != 0:
             return None
