@@ -4,6 +4,7 @@ line per step with its legs and cost as a comment. The in-process module runs th
 
 from __future__ import annotations
 
+import itertools
 import keyword
 import math
 import re
@@ -23,6 +24,7 @@ from .plan.program import (
     BlockMask,
     BufferUpdate,
     Concat,
+    CumulativeScan,
     Einsum,
     Elementwise,
     Expand,
@@ -55,6 +57,7 @@ from .plan.program import (
     ScoreMask,
     ScoreNumber,
     ScoreRead,
+    SegmentSums,
     Slice,
     Softmax,
     SplitChunks,
@@ -160,6 +163,27 @@ def _running(parts):
 def _earlier(x, dim):
     """The exclusive prefix sum of x along `dim`: the states of the chunks before each."""
     return _Earlier.apply(x, dim)
+''',
+    "_shifted": '''
+
+def _shifted(x, dim, empty, reverse=False):
+    """An inclusive scan made exclusive: x moved one entry along `dim` (towards the end, or the
+    start when `reverse`), the empty sum `empty` (0, or -inf in log space) entering."""
+    edge = torch.full_like(x.narrow(dim, 0, 1), empty)
+    if reverse:
+        return torch.cat([x.narrow(dim, 1, x.size(dim) - 1), edge], dim)
+    return torch.cat([edge, x.narrow(dim, 0, x.size(dim) - 1)], dim)
+''',
+    "_segsum": '''
+
+def _segsum(x):
+    """S[..., n, m] = x[..., m+1] + ... + x[..., n] for m <= n, -inf for m > n, along x's last
+    axis (Mamba-2's reference segsum): x repeated along m, zeroed where k <= m, summed
+    cumulatively along k, so no entry is a difference of two long running sums."""
+    index = torch.arange(x.size(-1), device=x.device)
+    after = index.unsqueeze(-1) > index
+    sums = x.unsqueeze(-1).expand(*x.shape, x.size(-1)).masked_fill(~after, 0).cumsum(-2)
+    return sums.masked_fill(after.mT, -torch.inf)
 ''',
     "_wide": '''
 
@@ -626,9 +650,10 @@ def _steps_lines(steps: Sequence[Step], plan: Plan) -> list[str]:
             continue
         inputs = [source(plan.names[t.name], "name") for t in plan.graph.inputs]
         device = f"{inputs[0]}.device.type" if inputs else '"cpu"'
-        lines.append(
-            f"        with torch.autocast({device}, enabled=False):  # a normalize box, in float32 under autocast"
-        )
+        run = steps[k:]
+        scans = all(step.kind in ("scan", "segsum") for step in itertools.takewhile(lambda step: step.wide, run))
+        what = "a scan" if scans else "a normalize box"
+        lines.append(f"        with torch.autocast({device}, enabled=False):  # {what}, in float32 under autocast")
         while k < len(steps) and steps[k].wide:
             lines += ["    " + line for line in _step_lines(steps[k], plan)]
             k += 1
@@ -858,6 +883,26 @@ def _(op: Reduce, attributes: frozenset[str]) -> str:
         visible = f"torch.broadcast_to(~{_hidden(op.hidden, attributes)}, {x}.shape)"
         return f"{x}.sum(dim={_dims(op.dims)}) / {visible}.sum(dim={_dims(op.dims)}).clamp(min=1)"
     return f"{x}.{op.method}(dim={_dims(op.dims)})"
+
+
+@_op.register
+def _(op: CumulativeScan, attributes: frozenset[str]) -> str:
+    x, dim = _var(op.x, attributes), op.dim
+    if op.reverse:
+        code = f"{x}.flip({dim}).{op.method}({dim}).flip({dim})"
+    else:
+        code = f"{x}.{op.method}({dim})"
+    if not op.exclusive:
+        return code
+    empty = "0.0" if op.method == "cumsum" else "-torch.inf"
+    return f"_shifted({code}, {dim}, {empty}{', reverse=True' if op.reverse else ''})"
+
+
+@_op.register
+def _(op: SegmentSums, attributes: frozenset[str]) -> str:
+    x = _var(op.x, attributes)
+    last = len(op.x.legs) - 1
+    return f"_segsum({x})" if op.dim == last else f"_segsum({x}.movedim({op.dim}, -1))"
 
 
 @_op.register

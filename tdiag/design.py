@@ -22,6 +22,8 @@ from .ir import (
     Quotient,
     Reduction,
     Scalar,
+    Scan,
+    SegmentSum,
     SoftmaxBox,
     SquaredDistance,
     SumNode,
@@ -444,6 +446,10 @@ def _describe_nodes(expr: Expr) -> list[str]:
         elif isinstance(node, Reduction) and node.masks:
             masks = ", ".join(_format_mask(m) for m in node.masks)
             out.append(f"{node.name} over {' '.join(node.over)} [{' '.join(node.legs)}], masks {masks}")
+        elif isinstance(node, Scan):
+            out.append(f"scan: {format_expr(node)} [{' '.join(node.legs)}]")
+        elif isinstance(node, SegmentSum):
+            out.append(f"segment sums along {node.along} over [{' '.join(node.legs)}]")
         elif isinstance(node, SoftmaxBox):
             masks = ", ".join(_format_mask(m) for m in node.masks)
             scale = f", scale {node.scale}" if node.is_exp else ""
@@ -492,6 +498,12 @@ def format_expr(e: Expr) -> str:
     if isinstance(e, Reduction):
         masks = "".join(f", mask = {_format_mask(m)}" for m in e.masks)
         return f"{e.name}[{' '.join(e.over)}{masks}]({format_expr(e.operand)})"  # type: ignore[arg-type]
+    if isinstance(e, Scan):
+        flags = "".join(f", {word} = 1" for word, flag in (("exclusive", e.exclusive), ("reverse", e.reverse)) if flag)
+        masks = "".join(f", mask = {_format_mask(m)}" for m in e.masks)
+        return f"{e.name}[{e.along}{flags}{masks}]({format_expr(e.operand)})"  # type: ignore[arg-type]
+    if isinstance(e, SegmentSum):
+        return f"segsum[{e.along}, {e.key}]({format_expr(e.operand)})"  # type: ignore[arg-type]
     if isinstance(e, CausalFactor):
         return f"causal({e.query}, {e.key})"
     if isinstance(e, SquaredDistance):

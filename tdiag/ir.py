@@ -1,5 +1,6 @@
 """The design graph's dataclasses: sizes, legs, tensors, statements and the expression nodes
-(contraction, sum node, softmax box, elementwise map, reduction, squared distance). Every node
+(contraction, sum node, softmax box, elementwise map, reduction, scan, segment sum, squared
+distance). Every node
 knows its output legs and its Span, so later stages never look at text."""
 
 from __future__ import annotations
@@ -304,6 +305,44 @@ class Reduction(Expr):
     operand: Expr | None = None
     masks: tuple[Mask, ...] = ()
     kind: ClassVar[str] = "reduction"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.operand,)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Scan(Expr):
+    """A prefix scan along the position leg `along`, which stays in the result: `cumsum` (the
+    running sum Σ_{k ≤ i} x_k) or `logcumsumexp` (log Σ_{k ≤ i} exp x_k, the running sum of
+    exponentials kept in log space). `exclusive` shifts by one (Σ_{k < i}; the first entry is the
+    empty sum, 0 or −inf), `reverse` runs from the end (suffix sums Σ_{k ≥ i}). `masks` hide
+    entries of the operand: a hidden entry adds nothing (0 to a cumsum, −inf to a logcumsumexp),
+    so a scan along the key leg of an (n, m) score sees only the keys a query may see."""
+
+    name: str = "cumsum"
+    along: str = ""
+    operand: Expr | None = None
+    exclusive: bool = False
+    reverse: bool = False
+    masks: tuple[Mask, ...] = ()
+    kind: ClassVar[str] = "scan"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.operand,)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class SegmentSum(Expr):
+    """`segsum[n, m](a)`: the segment sums S[.., n, m] = Σ_{k=m+1..n} a_k of the operand along its
+    position leg `along` (n), over n and a new key leg `key` (m) of the same size, with causal
+    semantics: 0 on the diagonal, −inf where m > n. exp(S) is Mamba-2's 1-semiseparable decay
+    mask L (Dao & Gu 2024, eq. 4, the SSD reference's `segsum`): a decay factor of the scores,
+    typed so that a planner recognises `exp(segsum(...))` by its node, not by its arithmetic."""
+
+    along: str = ""
+    key: str = ""
+    operand: Expr | None = None
+    kind: ClassVar[str] = "segsum"
 
     def children(self) -> tuple[Expr, ...]:
         return (self.operand,)  # type: ignore[return-value]

@@ -31,6 +31,8 @@ from .ir import (
     Quotient,
     Reduction,
     Scalar,
+    Scan,
+    SegmentSum,
     SoftmaxBox,
     SquaredDistance,
     Statement,
@@ -262,6 +264,10 @@ def evaluate(node: Expr, frame: Frame) -> torch.Tensor:
         return reduction(node, frame)
     if isinstance(node, SquaredDistance):
         return squared_distance(node, frame)
+    if isinstance(node, Scan):
+        return scan(node, frame)
+    if isinstance(node, SegmentSum):
+        return segment_sum(node, frame)
     if isinstance(node, CausalFactor):
         return causal_mask(CausalMask(node.query, node.key, node.span), node.legs, frame).to(frame.dtype)
     if isinstance(node, PositionIndex):
@@ -497,6 +503,62 @@ def reduction(node: Reduction, frame: Frame) -> torch.Tensor:
     else:
         raise ValueError(f"unknown reduction {node.name}")
     return align(x, [leg for leg in operand.legs if leg not in node.over], node.legs)
+
+
+def scan(node: Scan, frame: Frame) -> torch.Tensor:
+    """A prefix scan along `along`, entry by entry: entry i combines the operand's entries k ≤ i
+    (k < i when exclusive; k ≥ i, k > i when reversed) by a running total (a sum, or log Σ exp
+    for logcumsumexp); a hidden entry adds 0 to a sum, and to a log Σ exp the dtype's lowest
+    number where padding hides it, −inf where a causal mask does."""
+    operand = node.operand
+    assert operand is not None
+    x = evaluate(operand, frame)
+    empty = 0.0 if node.name == "cumsum" else -math.inf
+    if node.name == "logcumsumexp":  # a padded entry is the dtype's lowest number, a future one −inf
+        padding = masks_allowed([m for m in node.masks if isinstance(m, PaddingMask)], operand.legs, frame)
+        if padding is not None:
+            x, padding = torch.broadcast_tensors(x, padding)
+            x = torch.where(padding, x, torch.finfo(x.dtype).min)
+    allowed = masks_allowed(
+        node.masks if node.name == "cumsum" else [m for m in node.masks if isinstance(m, CausalMask)],
+        operand.legs,
+        frame,
+    )
+    if allowed is not None:
+        x, allowed = torch.broadcast_tensors(x, allowed)
+    dim = leg_dims([node.along], operand.legs)[0]
+    entries = list(x.unbind(dim))
+    visible = list(allowed.unbind(dim)) if allowed is not None else [None] * len(entries)
+    order = range(len(entries) - 1, -1, -1) if node.reverse else range(len(entries))
+    total = torch.full_like(entries[0], empty)
+    results: list[torch.Tensor] = [total] * len(entries)
+    for i in order:
+        entry = entries[i] if visible[i] is None else torch.where(visible[i], entries[i], empty)
+        after = total + entry if node.name == "cumsum" else torch.logaddexp(total, entry)
+        results[i] = total if node.exclusive else after
+        total = after
+    return torch.stack(results, dim)
+
+
+def segment_sum(node: SegmentSum, frame: Frame) -> torch.Tensor:
+    """S[.., n, m] = Σ_{k=m+1..n} a_k for m ≤ n and −inf for m > n, by its definition: a sum
+    of the entries between, for every pair (n, m)."""
+    operand = node.operand
+    assert operand is not None
+    a = evaluate(operand, frame)
+    rest = [leg for leg in operand.legs if leg != node.along]
+    a = align(a, operand.legs, (*rest, node.along))
+    size = a.shape[-1]
+    rows = []
+    for n in range(size):
+        row = []
+        for m in range(size):
+            if m > n:
+                row.append(torch.full_like(a[..., 0], -math.inf))
+            else:
+                row.append(a[..., m + 1 : n + 1].sum(dim=-1))
+        rows.append(torch.stack(row, -1))
+    return align(torch.stack(rows, -2), (*rest, node.along, node.key), node.legs)
 
 
 def squared_distance(node: SquaredDistance, frame: Frame) -> torch.Tensor:

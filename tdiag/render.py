@@ -37,6 +37,8 @@ from .ir import (
     Quotient,
     Reduction,
     Scalar,
+    Scan,
+    SegmentSum,
     SoftmaxBox,
     SquaredDistance,
     Statement,
@@ -197,6 +199,23 @@ def _draw(d: _Drawing, e: Expr, env: dict[str, str], cluster: str | None) -> Non
         for leg in e.over:
             d.attach(end, inner[leg])
         _draw(d, e.operand, {leg: inner[leg] for leg in e.operand.legs}, box)  # type: ignore[union-attr]
+    elif isinstance(e, Scan):  # the leg passes through: a scan node sits on it
+        options = [word for word, flag in (("exclusive", e.exclusive), ("reverse", e.reverse)) if flag]
+        masks = [f"causal({m.query}, {m.key})" for m in e.masks if isinstance(m, CausalMask)]
+        label = " ".join([e.name, *options, "along", e.along]) + (" · mask " + ", ".join(masks) if masks else "")
+        box = d.cluster(label, "dotted", cluster)
+        for mask in e.masks:
+            if isinstance(mask, PaddingMask):
+                _draw_tensor(d, mask.tensor, env, box)
+        node = d.node("scan", f'shape=rarrow width=0.3 height=0.2 label="" xlabel="{e.name}"', box)
+        d.attach(node, env[e.along])
+        _draw(d, e.operand, {leg: env[leg] for leg in e.operand.legs}, box)  # type: ignore[union-attr]
+    elif isinstance(e, SegmentSum):  # a scan node joining the position leg n and the new key leg m
+        box = d.cluster(f"segsum along {e.along} · ({e.along}, {e.key})", "dotted", cluster)
+        node = d.node("scan", 'shape=rarrow width=0.3 height=0.2 label="" xlabel="segsum"', box)
+        d.attach(node, env[e.along])
+        d.attach(node, env[e.key])
+        _draw(d, e.operand, {leg: env[leg] for leg in e.operand.legs}, box)  # type: ignore[union-attr]
     elif isinstance(e, SumNode):
         marks = ["" if s > 0 else "−" for s in e.signs]
         _draw_joined(d, e, env, cluster, "+", list(e.terms), marks)

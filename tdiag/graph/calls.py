@@ -22,6 +22,8 @@ from ..ir import (
     Mask,
     PaddingMask,
     Reduction,
+    Scan,
+    SegmentSum,
     SoftmaxBox,
     SquaredDistance,
     TensorRef,
@@ -38,6 +40,9 @@ from .vocabulary import (
     POSITION_FUNCTIONS,
     REDUCTIONS,
     SCALAR_FUNCTIONS,
+    SCAN_OPTIONS,
+    SCANS,
+    SEGMENT_SUMS,
 )
 
 if TYPE_CHECKING:
@@ -58,6 +63,10 @@ class BoxesAndMaps:
             return self.elementwise_map(e, keep)
         if e.name in REDUCTIONS:
             return self.reduction(e, keep)
+        if e.name in SCANS:
+            return self.scan(e, keep)
+        if e.name in SEGMENT_SUMS:
+            return self.segment_sum(e, keep)
         if e.name in PAIRINGS:
             return self.squared_distance(e, keep)
         if e.name in MASK_FACTORS:
@@ -340,6 +349,116 @@ class BoxesAndMaps:
         legs = tuple(leg for leg in operand.legs if leg not in over)
         masks = tuple(self._only_masks(e, operand, "reduction"))
         return self.restrict(Reduction(legs, e.span, e.name, over, operand, masks), keep, e.span)
+
+    def _scan_leg(self, e: syn.Call, operand: Expr, count: int, usage: str) -> str | None:
+        """The position leg a scan or segment sum runs along: the first of its `count` legs in
+        brackets, a leg of its argument whose size is a run-time length (N), never a feature leg."""
+        legs = self._legs_of(e)
+        if len(legs) != count:
+            self.b.error(
+                f"{e.name} takes {'one leg' if count == 1 else f'{count} legs'} in brackets, got {len(legs)}",
+                e.name_span if not e.legs else e.legs[0].span,
+                hint=f"e.g. {usage}",
+            )
+            return None
+        along, item = legs[0], e.legs[0]  # type: ignore[index]
+        if along not in operand.legs:
+            self.b.error(
+                f"{e.name} along leg '{along}', which its argument does not have",
+                item.span,
+                hint=did_you_mean(along, operand.legs) or f"its legs are: {', '.join(operand.legs) or 'none'}",
+            )
+            return None
+        leg = self.b.legs.get(along)
+        if leg is not None and not leg.size.free_symbols & self.b.runtime_sizes:
+            self.b.error(
+                f"{e.name} runs along a position leg, but '{along}' has the fixed size {leg.size}",
+                item.span,
+                hint="scan along a leg whose size is a run-time length such as N (size N)",
+            )
+            return None
+        return along
+
+    def scan(self, e: syn.Call, keep: set[str]) -> Expr:
+        """`cumsum[n, exclusive = 1, reverse = 1, mask = ...](x)`: a prefix scan of x along its
+        position leg n, which stays in the result (docs/language.md, Scans)."""
+        argument = self._one_argument(e)
+        if argument is None:
+            return self.poison(e)
+        named = {leg for leg in self._legs_of(e)}
+        along_masks = {leg for option in e.options for leg in _available(option.value, self.b.tensors)}
+        operand = self.inside(argument, keep | named | along_masks)
+        self.warn_lone_sums(e, argument, operand)
+        along = self._scan_leg(e, operand, 1, f"{e.name}[n](x[n h])")
+        flags: dict[str, bool] = {}
+        masks: list[Mask] = []
+        for option in e.options:
+            if option.name not in SCAN_OPTIONS:
+                self.b.error(
+                    f"unknown {e.name} option '{option.name}'",
+                    option.span,
+                    hint=join_hint(did_you_mean(option.name, SCAN_OPTIONS), one_of(SCAN_OPTIONS)),
+                )
+            elif option.name == "mask":
+                mask = self._mask(option.value, operand, f"{e.name} scan")
+                if mask is not None:
+                    masks.append(mask)
+            elif option.name in flags:
+                self.b.error(f"option '{option.name}' is given twice", option.span)
+            else:
+                value = self.b._scalar(option.value)
+                if value not in (0, 1):
+                    self.b.error(
+                        f"{e.name} option '{option.name}' is a flag: 0 or 1, got {value}",
+                        option.value.span,
+                        hint=f"{e.name}[n, {option.name} = 1](...)",
+                    )
+                flags[option.name] = value == 1
+        if along is None:
+            return self.poison(e)
+        scan = Scan(
+            operand.legs,
+            e.span,
+            e.name,
+            along,
+            operand,
+            flags.get("exclusive", False),
+            flags.get("reverse", False),
+            tuple(masks),
+        )
+        return self.restrict(scan, keep, e.span)
+
+    def segment_sum(self, e: syn.Call, keep: set[str]) -> Expr:
+        """`segsum[n, m](a)`: S[.., n, m] = Σ_{k=m+1..n} a_k along a's position leg n, over n and
+        the new key leg m of n's size; −inf where m > n (docs/language.md, Scans)."""
+        argument = self._one_argument(e)
+        if argument is None:
+            return self.poison(e)
+        named = self._legs_of(e)
+        for option in e.options:
+            self.b.error(
+                f"unknown {e.name} option '{option.name}'",
+                option.span,
+                hint=f"{e.name} takes no options: {e.name}[n, m](a[n h])",
+            )
+        operand = self.inside(argument, keep | set(named[:1]))
+        self.warn_lone_sums(e, argument, operand)
+        along = self._scan_leg(e, operand, 2, f"{e.name}[n, m](a[n h])")
+        if along is None:
+            return self.poison(e)
+        key, item = named[1], e.legs[1]  # type: ignore[index]
+        if key in operand.legs:
+            self.b.error(
+                f"{e.name}'s key leg '{key}' is a leg of its argument already",
+                item.span,
+                hint=f"name a new leg for the keys: {e.name}[{along}, m](...)",
+            )
+            return self.poison(e)
+        if along in self.b.legs:
+            self.b._bind(key, self.b.legs[along].size, item.span, e.name)
+        position = operand.legs.index(along) + 1
+        legs = (*operand.legs[:position], key, *operand.legs[position:])
+        return self.restrict(SegmentSum(legs, e.span, along, key, operand), keep, e.span)
 
     def _only_masks(self, e: syn.Call, operand: Expr, what: str) -> list[Mask]:
         """The masks of a map or reduction (`logsumexp[m, mask = causal(n, m)](S)`), over legs of

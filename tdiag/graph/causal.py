@@ -2,9 +2,11 @@
 after building (`tdiag show --causal`, Design.causal()): a mask on each box normalized over the key
 and on each reduction over it,
 a causal factor in each contraction that sums it beside the query; the masking is traced through
-earlier statements so nothing is masked twice. A sum, reduction or box that mixes the keys of an
-input without the query leg (Σ_m K[m] V[m] of a factored linear attention, a mean over keys, a
-softmax over queries) has no causal form and is refused at its position."""
+earlier statements so nothing is masked twice. A reverse scan along the key beside the query is
+masked too; a forward scan is a prefix, causal as it is. A sum, reduction or box that mixes the
+keys of an input without the query leg (Σ_m K[m] V[m] of a factored linear attention, a mean over
+keys, a softmax over queries), and a reverse scan along a position leg without it (a suffix sum
+sees the future), have no causal form and are refused at their position."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from ..ir import (
     Quotient,
     Reduction,
     Scalar,
+    Scan,
     SoftmaxBox,
     SquaredDistance,
     SumNode,
@@ -34,7 +37,8 @@ def _masked(
     expr: Expr, query: str, key: str, span: Span, hidden: Mapping[str, set[tuple[int, int]]]
 ) -> tuple[Expr, int]:
     """`expr` with a causal mask added to every box normalized over `key` that has `query` and to
-    every reduction (max, logsumexp, mean) over `key` that keeps `query`, and a
+    every reduction (max, logsumexp, mean) over `key` that keeps `query`, to every reverse scan
+    along `key` that keeps `query` (a suffix sum over the keys would reach the future), and a
     causal factor in every contraction that sums `key` beside `query` where no factor is masked
     already (an un-normalized attention: Σ_m f(S)[n m] V[m] with m <= n). `hidden` holds, for
     each statement masked so far, the (query, key) pairs of its own legs it is masked on."""
@@ -55,6 +59,7 @@ def _masked(
             count += n
             changes[field_name] = rebuilt
     reduced = isinstance(expr, Reduction) and key in expr.over and query in expr.legs
+    reduced = reduced or (isinstance(expr, Scan) and expr.reverse and expr.along == key and query in expr.legs)
     if (isinstance(expr, SoftmaxBox) and key in expr.normalized and query in expr.legs) or reduced:
         if not any(isinstance(m, CausalMask) and (m.query, m.key) == (query, key) for m in expr.masks):
             changes["masks"] = (*expr.masks, CausalMask(query, key, span))
@@ -145,6 +150,29 @@ def _mixes_positions(expr: Expr, queries: set[str], keys: set[str], graph: Desig
     return None
 
 
+def _future_scan(expr: Expr, queries: set[str], keys: set[str], graph: DesignGraph) -> Diagnostic | None:
+    """A reverse scan (a suffix sum) along a position leg that no causal mask limits to the keys
+    a query may see: each position would see the later ones. A forward scan is a prefix, causal
+    as it is; a reverse one along the key leg beside the query leg is masked by with_causal_mask."""
+    size = graph.legs[next(iter(keys))].size if keys and next(iter(keys)) in graph.legs else None
+    for node in walk(expr):
+        if not isinstance(node, Scan) or not node.reverse or not _reads_an_input(node, graph):
+            continue
+        leg = node.along
+        positional = leg in queries or leg in keys or (leg in graph.legs and graph.legs[leg].size == size)
+        if positional and not any(isinstance(m, CausalMask) and m.key == leg for m in node.masks):
+            return Diagnostic(
+                f"with_causal_mask cannot mask the reverse {node.name} along position leg '{leg}':"
+                " each position would see the later ones",
+                (node.span,),
+                "scan forward (a prefix)"
+                + (
+                    f", or beside the query leg with mask = causal({min(queries)}, {leg})" if leg not in queries else ""
+                ),
+            )
+    return None
+
+
 def _reduced_legs(node: Expr) -> tuple[str, ...]:
     """The legs a node sums, reduces or normalizes over."""
     if isinstance(node, Contraction):
@@ -198,7 +226,7 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
     bundled designs use n for queries and m for keys. A leg that names a query or key axis of an
     earlier statement's tensor under another name counts as one (`Σ_k E[h n k]` over E[h n m]).
     A design causal already is returned as it is."""
-    statements, total, mixing = [], 0, []
+    statements, total, mixing, future = [], 0, [], []
     hidden: dict[str, set[tuple[int, int]]] = {}
     roles: dict[str, dict[int, str]] = {}
     for statement in graph.statements:
@@ -211,6 +239,9 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
             expr, count = _masked(expr, q, k, statement.span, hidden)
             total += count
         statements.append(dataclasses.replace(statement, expr=expr))
+        looking_ahead = _future_scan(expr, queries, keys, graph)
+        if looking_ahead is not None:
+            future.append(looking_ahead)
         if not any(len(g) != 1 for g in statement.groups):
             position = {leg: k for k, leg in enumerate(statement.legs)}
             hidden[statement.target] = {
@@ -221,6 +252,8 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
                 for axis, leg in enumerate(statement.legs)
                 if leg in queries or leg in keys
             }
+    if future:
+        raise TdiagError(future)
     if not total and _already_causal(graph, query, key):
         return graph
     if mixing:

@@ -11,13 +11,24 @@ from collections.abc import Mapping
 
 from .. import parse as syn
 from ..errors import Diagnostic, Span
-from ..ir import CausalFactor, Contraction, ElementwiseMap, Expr, Reduction, SoftmaxBox, SquaredDistance, Tensor
+from ..ir import (
+    CausalFactor,
+    Contraction,
+    ElementwiseMap,
+    Expr,
+    Reduction,
+    Scan,
+    SegmentSum,
+    SoftmaxBox,
+    SquaredDistance,
+    Tensor,
+)
 from ..ir import TensorRef as Ref
 from .syntax import _syntax_nodes, _syntax_text
 from .vocabulary import REDUCTIONS
 
 # nodes that apply the leg rule at their own boundary: a sum inside them is theirs, not the map's
-_BOUNDARIES = (ElementwiseMap, SoftmaxBox, Reduction, SquaredDistance)
+_BOUNDARIES = (ElementwiseMap, SoftmaxBox, Reduction, Scan, SegmentSum, SquaredDistance)
 
 
 def lone_sums(operand: Expr, tensors: Mapping[str, Tensor]) -> list[str]:

@@ -16,14 +16,29 @@ MAPS = {
     "clamp": 2,
 }
 REDUCTIONS = ("max", "logsumexp", "mean")
+SCANS = ("cumsum", "logcumsumexp")  # prefix scans along a position leg, which stays
+SEGMENT_SUMS = ("segsum",)  # Σ_{k=m+1..n} a_k over (n, m), causal
 PAIRINGS = ("sqdist",)
 SCALAR_FUNCTIONS = ("sqrt", "exp", "log")  # of numbers and sizes: a scalar, not a map
 MASK_FACTORS = ("causal",)
 POSITION_FUNCTIONS = ("index",)
 FUNCTIONS = tuple(
-    dict.fromkeys((*BOXES, *MAPS, *REDUCTIONS, *PAIRINGS, *SCALAR_FUNCTIONS, *MASK_FACTORS, *POSITION_FUNCTIONS))
+    dict.fromkeys(
+        (
+            *BOXES,
+            *MAPS,
+            *REDUCTIONS,
+            *SCANS,
+            *SEGMENT_SUMS,
+            *PAIRINGS,
+            *SCALAR_FUNCTIONS,
+            *MASK_FACTORS,
+            *POSITION_FUNCTIONS,
+        )
+    )
 )
 BOX_OPTIONS = {"softmax": ("mask", "scale"), "normalize": ("eps", "mask")}
+SCAN_OPTIONS = ("exclusive", "mask", "reverse")  # exclusive = 1, reverse = 1: flags, 0 or 1
 INITIALIZERS = {
     "param": ("fill", "identity", "normal", "ones", "uniform", "values", "zeros"),
     "const": ("fill", "identity", "ones", "values", "zeros"),

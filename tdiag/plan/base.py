@@ -42,6 +42,8 @@ from ..ir import (
     Quotient,
     Reduction,
     Scalar,
+    Scan,
+    SegmentSum,
     SoftmaxBox,
     SquaredDistance,
     SumNode,
@@ -85,6 +87,7 @@ class _Leaf:
     box: tuple[SoftmaxBox, dict[str, tuple[str, ...]]] | None = None  # a box its consumer may fuse
     constant: sympy.Expr | None = None  # a sub-expression that is one number at every index
     exponent: bool = False  # the factor is exp(value), its shift decided with the box's other factors
+    triangle: tuple[str, str] | None = None  # causal(query, key) as a factor, not yet made numbers
 
 
 def _constant_along(legs: Iterable[str]) -> list[_Leaf]:
@@ -277,10 +280,11 @@ class LoweringBase:
         reaches its nonlinear factors here, not through `lower`, so the same shift rule applies."""
         context, self.shift_invariant = self.shift_invariant, self.inner_shift_invariance(e, ren)
         kept, self.stabilized = self.stabilized, None  # a factor's inside is no factor of the box
+        lazy, self.lazy_triangles = self.lazy_triangles, False  # ... nor of the region around it
         try:
             return self.memoized(e, ren, lambda: self._lower_nonlinear(e, ren, var))
         finally:
-            self.shift_invariant, self.stabilized = context, kept
+            self.shift_invariant, self.stabilized, self.lazy_triangles = context, kept, lazy
 
     def memoized(self, e: Expr, ren: dict[str, tuple[str, ...]], build) -> Value:
         """`build()`, or the value an alpha-equivalent sub-expression (`_alpha_key`) over the same
@@ -307,6 +311,10 @@ class LoweringBase:
             return self.lower_map(e, ren, var)
         if isinstance(e, Reduction):
             return self.lower_reduction(e, ren, var)
+        if isinstance(e, Scan):
+            return self.lower_scan(e, ren, var)
+        if isinstance(e, SegmentSum):
+            return self.lower_segment_sum(e, ren, var)
         if isinstance(e, SumNode):
             return self.lower_sum(e, ren, var)
         if isinstance(e, Quotient):
@@ -437,6 +445,13 @@ def _count_uses(graph: DesignGraph) -> Counter[str]:
     return uses
 
 
+def _scan_legs(node: Scan | SegmentSum) -> tuple[str, ...]:
+    """The legs a scan or segment sum runs along, and those its causal masks relate."""
+    if isinstance(node, SegmentSum):
+        return (node.along, node.key)
+    return (node.along, *(leg for m in node.masks if isinstance(m, CausalMask) for leg in (m.query, m.key)))
+
+
 def _leg_splits(graph: DesignGraph, uses: Counter[str]) -> dict[str, tuple[tuple[str, sympy.Expr], ...]]:
     """Legs that a definition with grouped axes (`C[(h d) (g e)] = ...`) is used with as one
     leg (`C[r s]`) are split into head-major pieces everywhere, so that the structure of the
@@ -461,6 +476,13 @@ def _leg_splits(graph: DesignGraph, uses: Counter[str]) -> dict[str, tuple[tuple
         for node in walk(statement.expr)
         if isinstance(node, CausalFactor)
         for leg in node.legs
+    }
+    masked |= {  # a scan runs along a whole leg, never along a piece of one
+        leg
+        for statement in [*graph.statements, *graph.updates]
+        for node in walk(statement.expr)
+        if isinstance(node, Scan | SegmentSum)
+        for leg in _scan_legs(node)
     }
     splits = {}
     for leg, options in wanted.items():

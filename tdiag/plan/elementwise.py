@@ -8,12 +8,15 @@ import itertools
 import sympy
 
 from ..ir import (
+    CausalMask,
     Contraction,
     ElementwiseMap,
     Expr,
     Quotient,
     Reduction,
     Scalar,
+    Scan,
+    SegmentSum,
     SquaredDistance,
     SumNode,
     TensorRef,
@@ -22,10 +25,12 @@ from ..ir import (
 from .program import (
     BATCH,
     Binary,
+    CumulativeScan,
     Elementwise,
     Map,
     Operand,
     Reduce,
+    SegmentSums,
     Step,
     Value,
     align,
@@ -80,6 +85,50 @@ class ElementwiseLowering:
                 over,
                 elementwise=self.numel(operand.legs),
                 inputs=(operand,),
+            )
+        )  # type: ignore[return-value]
+
+    def lower_scan(self, e: Scan, ren, var: str | None) -> Value:
+        """A prefix scan along its leg: hidden entries filled with what adds nothing (0, or −inf
+        in log space), then one scan step, computed in float32 under autocast (a running sum of
+        log-gates loses its small terms in bfloat16). Costs one elementwise operation per entry."""
+        operand = self.lower(e.operand, ren)  # type: ignore[arg-type]
+        (along,) = ren[e.along]
+        operand = self.maskable(operand, e, ren, {along})
+        for mask in sorted(e.masks, key=lambda m: isinstance(m, CausalMask)):  # the future is −inf, padded or not
+            operand = self.apply_mask(operand, mask, ren, is_exp=e.name == "logcumsumexp")
+        name = self.names.fresh(var or e.name)
+        options = [word for word, flag in (("exclusive", e.exclusive), ("reverse", e.reverse)) if flag]
+        return self.emit(
+            Step(
+                "scan",
+                CumulativeScan(operand, e.name, operand.legs.index(along), e.exclusive, e.reverse),
+                Value(name, operand.legs, operand.broadcast),
+                " ".join([e.name, *options, "along", *show_legs([along])]),
+                elementwise=self.numel(operand.legs),
+                inputs=(operand,),
+                wide=True,
+            )
+        )  # type: ignore[return-value]
+
+    def lower_segment_sum(self, e: SegmentSum, ren, var: str | None) -> Value:
+        """Σ_{k=m+1..n} a_k over (n, m): one step whose result has the operand's other legs, then
+        n and m; one addition per result entry (the masked cumulative sum), in float32 under
+        autocast as a scan is."""
+        operand = self.lower(e.operand, ren)  # type: ignore[arg-type]
+        (along,), (key,) = ren[e.along], ren[e.key]
+        operand = self.expand_broadcast(operand, {along})
+        legs = (*(leg for leg in operand.legs if leg != along), along, key)
+        name = self.names.fresh(var or "segsum")
+        return self.emit(
+            Step(
+                "segsum",
+                SegmentSums(operand, operand.legs.index(along)),
+                Value(name, legs, operand.broadcast),
+                f"segment sums along {' '.join(show_legs([along]))} over {' '.join(show_legs([along, key]))}",
+                elementwise=self.numel(legs),
+                inputs=(operand,),
+                wide=True,
             )
         )  # type: ignore[return-value]
 

@@ -32,6 +32,7 @@ from .program import (
     BlockMask,
     BufferUpdate,
     Concat,
+    CumulativeScan,
     Einsum,
     Elementwise,
     Expand,
@@ -60,6 +61,7 @@ from .program import (
     Reshape,
     Scale,
     ScoreMask,
+    SegmentSums,
     Slice,
     Softmax,
     SplitChunks,
@@ -331,6 +333,43 @@ class _Interpreter(AbstractMachine):
         x = self.value(op.x)
         self.allocate(x.numel, "cumsum")
         return self.fresh(x.shape, x.numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: CumulativeScan, step: Step) -> Meta:
+        """torch.cumsum saves nothing for backward (its gradient is the reverse cumsum),
+        logcumsumexp its input and result; a reverse scan flips its input and its result (two
+        copies), an exclusive one concatenates the empty sum before the shifted result."""
+        x = self.value(op.x)
+        source = self.fresh(x.shape, x.numel, x.grad, "flipped input") if op.reverse else x
+        if op.reverse:
+            self.record.copies += x.numel
+        scanned = self.fresh(x.shape, x.numel, x.grad, step.out.var if not (op.reverse or op.exclusive) else "scan")  # type: ignore[union-attr]
+        if x.grad and op.method == "logcumsumexp":
+            self.save(source, scanned)
+        if op.reverse:
+            self.record.copies += x.numel
+            scanned = self.fresh(x.shape, x.numel, x.grad, step.out.var if not op.exclusive else "flipped scan")  # type: ignore[union-attr]
+        if op.exclusive:
+            self.record.copies += x.numel
+            scanned = self.fresh(x.shape, x.numel, x.grad, step.out.var)  # type: ignore[union-attr]
+        return scanned
+
+    @op.register
+    def _(self, op: SegmentSums, step: Step) -> Meta:
+        """_segsum: the boolean k > m triangle and its negation, the repeated operand zeroed
+        below (masked_fill saves its mask), its cumsum (saves nothing), the −inf fill above the
+        diagonal (saves the triangle it reads transposed)."""
+        x = self.value(op.x)
+        shape, numel = self.output(step)
+        square = self.numel(step.out.legs[-2:])  # type: ignore[union-attr]
+        after = self.fresh(shape[-2:], square, False, "k > m", BOOL)
+        before = self.fresh(shape[-2:], square, False, "k <= m", BOOL)
+        self.fresh(shape, numel, x.grad, "repeated, zeroed")
+        self.fresh(shape, numel, x.grad, "running sums")
+        out = self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
+        if x.grad:
+            self.save(before, after)
+        return out
 
     @op.register
     def _(self, op: Triangle, step: Step) -> Meta:

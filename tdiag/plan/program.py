@@ -216,6 +216,30 @@ class Reduce:
 
 
 @dataclass(frozen=True)
+class CumulativeScan:
+    """A prefix scan of x along axis `dim` (`method` cumsum or logcumsumexp): inclusive, or
+    `exclusive` (shifted by one, the empty sum first: 0, or −inf in log space); from the end when
+    `reverse` (suffix sums). One pass over x, one operation per entry."""
+
+    x: Value
+    method: str  # "cumsum", "logcumsumexp"
+    dim: int
+    exclusive: bool = False
+    reverse: bool = False
+
+
+@dataclass(frozen=True)
+class SegmentSums:
+    """The segment sums of x along axis `dim`: a result with x's other axes, then (n, m), entry
+    Σ_{k=m+1..n} x_k for m ≤ n and −inf for m > n, computed as Mamba-2's reference `segsum`
+    does: x repeated along m, zeroed where k ≤ m, summed cumulatively along k (no difference of
+    two long running sums, whose rounding error grows with the length), −inf above the diagonal."""
+
+    x: Value
+    dim: int
+
+
+@dataclass(frozen=True)
 class Elementwise:
     """A sum or quotient tree of aligned operands, negated as a whole when `negate`."""
 
@@ -559,6 +583,8 @@ Op = (
     | Materialize
     | Map
     | Reduce
+    | CumulativeScan
+    | SegmentSums
     | Elementwise
     | Ratio
     | OnesColumn

@@ -28,6 +28,7 @@ from .distribute import distributed_over_boxes
 from .program import (
     BATCH,
     BATCH_SIZE,
+    CumulativeScan,
     MaskNumbers,
     Operand,
     Permute,
@@ -37,11 +38,14 @@ from .program import (
     show_legs,
 )
 
+SCAN_NOTE = "a product with a causal triangle summed over {summed} as a {kind} along {summed}: O(N), not N²"
 DISTRIBUTED_NOTE = "a product of a sum of softmax boxes distributed over the sum: one value product per box"
 
 
 class RegionLowering:
     """Collects a multilinear region's factors and contracts them."""
+
+    lazy_triangles = False  # collecting a region's own factors: causal(n, m) stays a _Leaf.triangle
 
     def is_inlined(self, name: str) -> bool:
         """Single-use multilinear statements (and constant ones) are folded into their consumer."""
@@ -81,16 +85,26 @@ class RegionLowering:
         return statement is not None and isinstance(statement.expr, SoftmaxBox) and self.is_inlined(name)
 
     def contract_region(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr) -> Value:
+        """The region's factors collected (a causal factor kept as a triangle, so that
+        scan_triangles can take it), then contracted; anything lowered after the collection (a box
+        resolved, a form's own collection) sees causal factors as numbers again."""
         leaves: list[_Leaf] = []
-        coefficient = self.collect(e, ren, leaves) * scale
-        out = tuple(p for leg in e.legs for p in ren[leg])
-        kept, self.stabilized = self.stabilized, None
+        lazy, self.lazy_triangles = self.lazy_triangles, True
         try:
-            if kept is not None:
-                leaves = self.stabilize_exponents(leaves, kept)
-            return self.contract(leaves, out, coefficient, var)
+            coefficient = self.collect(e, ren, leaves) * scale
+            self.lazy_triangles = False
+            out = tuple(p for leg in e.legs for p in ren[leg])
+            leaves = self.scan_triangles(leaves, out)
+            leaves = [self.triangle_numbers(leaf) for leaf in leaves]
+            kept, self.stabilized = self.stabilized, None
+            try:
+                if kept is not None:
+                    leaves = self.stabilize_exponents(leaves, kept)
+                return self.contract(leaves, out, coefficient, var)
+            finally:
+                self.stabilized = kept
         finally:
-            self.stabilized = kept
+            self.lazy_triangles = lazy
 
     def collect(
         self, e: Expr, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf], *, expand_powers: bool = False
@@ -138,7 +152,10 @@ class RegionLowering:
             return sympy.Integer(1)
         if isinstance(e, CausalFactor):
             (query,), (key,) = ren[e.query], ren[e.key]
-            leaves.append(_Leaf((query, key), value=self.causal_numbers(query, key)))
+            if self.lazy_triangles:  # made numbers after scan_triangles, unless it became a scan
+                leaves.append(_Leaf((query, key), triangle=(query, key)))
+            else:
+                leaves.append(_Leaf((query, key), value=self.causal_numbers(query, key)))
             return sympy.Integer(1)
         if isinstance(e, SoftmaxBox):
             batch = (BATCH,) if self.is_batched(e) else ()
@@ -299,6 +316,69 @@ class RegionLowering:
         wanted = tuple(leg for leg in out if leg in present)
         result = self.plan_contraction(values, wanted, coefficient, var)
         return Value(result.var, result.legs, broadcast)
+
+    def triangle_numbers(self, leaf: _Leaf) -> _Leaf:
+        """A causal factor left as a triangle, as the 1s and 0s it multiplies by."""
+        if leaf.triangle is None:
+            return leaf
+        return _Leaf(leaf.legs, value=self.causal_numbers(*leaf.triangle))
+
+    def scan_triangles(self, leaves: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
+        """A product with causal(n, l) summed over l, where no other factor carrying l carries n,
+        is the prefix sum of the product P of the factors carrying l: Σ_l causal(n, l) P[l] =
+        Σ_{l ≤ n} P[l] = cumsum_l(P)[n]. P is contracted first (summing the legs only it has),
+        then scanned along l and read with l renamed n: N entries scanned instead of an N×N
+        triangle multiplied. Summed over n instead (causal(n, l) with l kept) it is the suffix
+        sum Σ_{n ≥ l} P[n], a reverse scan. Each triangle of the region is taken in turn."""
+        changed = True
+        while changed:
+            changed = False
+            for leaf in leaves:
+                rewritten = self.scan_triangle(leaf, leaves, out) if leaf.triangle is not None else None
+                if rewritten is not None:
+                    leaves, changed = rewritten, True
+                    break
+        return leaves
+
+    def scan_triangle(self, triangle: _Leaf, leaves: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf] | None:
+        """`leaves` with `triangle` and the factors carrying its summed leg replaced by their scan,
+        or None where the rewrite does not apply (both legs kept, a factor that carries both legs,
+        a box or exp factor among those to scan, legs of different sizes). With both legs summed
+        the scanned product is summed over the other leg too: Σ_n Σ_{l ≤ n} P[l]."""
+        query, key = triangle.triangle  # type: ignore[misc]
+        if self.size(query) != self.size(key) and sympy.simplify(self.g.expand(self.size(query) - self.size(key))) != 0:
+            return None
+        others = [leaf for leaf in leaves if leaf is not triangle]
+        for summed, kept, reverse in ((key, query, False), (query, key, True)):
+            if summed in out or any(summed in leaf.legs for leaf in others if leaf.triangle is not None):
+                continue
+            carriers = [leaf for leaf in others if summed in leaf.legs]
+            rest = [leaf for leaf in others if summed not in leaf.legs]
+            if not carriers or any(kept in leaf.legs or leaf.box or leaf.exponent for leaf in carriers):
+                continue
+            needed = set(out) | {BATCH} | {leg for leaf in rest for leg in leaf.legs}
+            legs = tuple(dict.fromkeys(leg for leaf in carriers for leg in leaf.legs if leg in needed or leg == summed))
+            product = self.contract(carriers, legs, sympy.Integer(1), None)
+            scanned = self.prefix_scan(self.expand_broadcast(product, {summed}), summed, reverse)
+            if self.target is self.steps:
+                kind = "reverse cumulative sum" if reverse else "cumulative sum"
+                self.lowered.append(SCAN_NOTE.format(summed=show_legs([summed])[0], kind=kind))
+            return [*rest, *_value_leaves(_renamed(scanned, {summed: kept}))]
+        return None
+
+    def prefix_scan(self, value: Value, leg: str, reverse: bool) -> Value:
+        """The inclusive cumulative sum of `value` along `leg` (from the end when `reverse`)."""
+        name = self.names.fresh("prefix")
+        return self.emit(
+            Step(
+                "scan",
+                CumulativeScan(value, "cumsum", value.legs.index(leg), False, reverse),
+                Value(name, value.legs, value.broadcast),
+                f"cumsum{' reverse' if reverse else ''} along {' '.join(show_legs([leg]))} (a causal triangle)",
+                elementwise=self.numel(value.legs),
+                inputs=(value,),
+            )
+        )  # type: ignore[return-value]
 
     def leaf_value(self, leaf: _Leaf) -> Value:
         if leaf.value is not None:

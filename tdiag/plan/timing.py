@@ -23,6 +23,7 @@ from .program import (
     BATCH_SIZE,
     Attention,
     ChunkCount,
+    CumulativeScan,
     Einsum,
     Elementwise,
     FlexAttention,
@@ -33,6 +34,7 @@ from .program import (
     Plan,
     Ratio,
     Scale,
+    SegmentSums,
     Softmax,
     Step,
     executed_flops,
@@ -111,7 +113,7 @@ def op_kind(op: object) -> str | None:
         return "map"
     if isinstance(op, Scale):
         return "scale"
-    if isinstance(op, Elementwise):
+    if isinstance(op, Elementwise | CumulativeScan | SegmentSums):
         return "sum"
     return None
 
