@@ -85,6 +85,8 @@ class _Leaf:
     box: tuple[SoftmaxBox, dict[str, tuple[str, ...]]] | None = None  # a box its consumer may fuse
     constant: sympy.Expr | None = None  # a sub-expression that is one number at every index
     exponent: bool = False  # the factor is exp(value), its shift decided with the box's other factors
+    decay: tuple[ElementwiseMap, dict[str, tuple[str, ...]]] | None = None  # an exp lowered when read (decay.py)
+    causal: tuple[str, str] | None = None  # causal(query, key) as 1s and 0s, made when read
 
 
 def _constant_along(legs: Iterable[str]) -> list[_Leaf]:

@@ -31,7 +31,9 @@ from .program import (
     Binary,
     BlockMask,
     BufferUpdate,
+    ChunkEdge,
     Concat,
+    DecayedPrefix,
     Einsum,
     Elementwise,
     Expand,
@@ -341,6 +343,26 @@ class _Interpreter(AbstractMachine):
         x = self.value(op.x)
         shape, numel = self.output(step)
         return self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: ChunkEdge, step: Step) -> Meta:
+        x = self.value(op.x)
+        shape = x.shape[: op.axis] + x.shape[op.axis + 1 :]
+        strides = x.strides[: op.axis] + x.strides[op.axis + 1 :]
+        return Meta(shape, strides, x.storage, x.grad, self.output(step)[1])
+
+    @op.register
+    def _(self, op: DecayedPrefix, step: Step) -> Meta:
+        """One carried state per chunk and its decayed copy, then the stack of them; the carried
+        states are kept for backward where the decay needs a gradient (a product keeps a factor
+        for the other's gradient), a decay of constants (RetNet's γ) keeps none of them."""
+        x, start, end = self.value(op.x), self.read(op.start), self.read(op.end)
+        grad = x.grad or start.grad or end.grad
+        carried = self.fresh(x.shape, x.numel, grad, "carried states")
+        self.fresh(x.shape, x.numel, grad, "decayed states")
+        if start.grad or end.grad:
+            self.save(carried)
+        return self.fresh(x.shape, x.numel, grad, step.out.var)  # type: ignore[union-attr]
 
     @op.register
     def _(self, op: JoinChunks, step: Step) -> Meta:

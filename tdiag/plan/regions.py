@@ -24,18 +24,34 @@ from ..ir import (
     walk,
 )
 from .base import _all_legs, _constant_along, _is_scaling, _Leaf, _renamed, _value_leaves
+from .chunked import NotPrefixSumError
+from .decay import may_be_decay, split_exponent
 from .distribute import distributed_over_boxes
 from .program import (
     BATCH,
     BATCH_SIZE,
+    Map,
+    MaskFill,
     MaskNumbers,
     Operand,
     Permute,
     Reshape,
     Step,
     Value,
+    align,
     show_legs,
 )
+
+
+def _prefix_pair(leaves: list[_Leaf], out: tuple[str, ...]) -> tuple[str, str] | None:
+    """The (query, key) of the one causal factor of a product that keeps the query and sums the
+    key, if there is exactly one such factor."""
+    pairs = [leaf.causal for leaf in leaves if leaf.causal is not None]
+    if len(pairs) != 1:
+        return None
+    query, key = pairs[0]
+    return (query, key) if query in out and key not in out else None
+
 
 DISTRIBUTED_NOTE = "a product of a sum of softmax boxes distributed over the sum: one value product per box"
 
@@ -88,9 +104,74 @@ class RegionLowering:
         try:
             if kept is not None:
                 leaves = self.stabilize_exponents(leaves, kept)
+            prefix = _prefix_pair(leaves, out)
+            if prefix is not None:
+                return self.causal_product(*prefix, leaves, out, coefficient, var)
             return self.contract(leaves, out, coefficient, var)
         finally:
             self.stabilized = kept
+
+    def causal_product(
+        self, query: str, key: str, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None
+    ) -> Value:
+        """A product with a causal(query, key) factor that sums the key: as written (the N×N
+        product masked), or as causal prefix sums in chunks (chunked.py, decays included:
+        decay.py), whichever the objective finds cheaper; the note says which and why."""
+        rest = [leaf for leaf in leaves if leaf.causal != (query, key)]
+
+        def masked() -> list[_Leaf]:
+            return [self.masked_decay(leaf, query, key) for leaf in leaves]
+
+        whole = self.trial(lambda: self.contract(masked(), out, coefficient, var))
+        try:
+            chunked = self.trial(lambda: self.causal_contract(query, key, rest, out, coefficient, var))
+        except NotPrefixSumError as why:
+            if self.target is self.steps:
+                self.refused.append(f"causal product over {show_legs([key])[0]}: no chunked prefix sums: {why}")
+            return self.contract(masked(), out, coefficient, var)
+        if chunked < whole:
+            if self.target is self.steps:
+                self.lowered.append(f"causal product over {show_legs([key])[0]} as prefix sums in chunks")
+            return self.causal_contract(query, key, rest, out, coefficient, var)
+        if self.target is self.steps:
+            self.refused.append(
+                f"causal product over {show_legs([key])[0]}: prefix sums in chunks {self.dearer} the masked product"
+            )
+        return self.contract(masked(), out, coefficient, var)
+
+    def masked_decay(self, leaf: _Leaf, query: str, key: str) -> _Leaf:
+        """A decay factor of a causal product as the masked product reads it: its exponent
+        u + w set to −inf above the diagonal before the exp, so the future's exp(growth) is
+        never taken (an unmasked exp(C[n] − C[m]) overflows where m > n, and inf · 0 is NaN);
+        any other factor as it is."""
+        split = split_exponent(*leaf.decay, query, key) if leaf.decay is not None else None
+        if split is None:
+            return leaf
+        u, w = self.lower(split.u, dict(split.ren)), self.lower(split.w, dict(split.ren))
+        legs = tuple(dict.fromkeys((*u.legs, *w.legs)))
+        exponent = self.combine("sum", [(1, u), (1, w)], legs, None)
+        future = align(Value(self.causal_mask(query, key), (query, key)), exponent.legs)
+        hidden = self.emit(
+            Step(
+                "mask",
+                MaskFill(exponent, future, "-inf"),
+                Value(self.names.fresh("decay_exponent"), exponent.legs, exponent.broadcast),
+                "the decay's exponent, the future −inf",
+                inputs=(exponent,),
+            )
+        )
+        name = self.names.fresh("decay")
+        value = self.emit(
+            Step(
+                "map",
+                Map(hidden, "exp"),  # type: ignore[arg-type]
+                Value(name, exponent.legs, exponent.broadcast),
+                "exp",
+                elementwise=self.numel(exponent.legs),
+                inputs=(hidden,),  # type: ignore[arg-type]
+            )
+        )
+        return _Leaf(value.legs, value=value)  # type: ignore[union-attr]
 
     def collect(
         self, e: Expr, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf], *, expand_powers: bool = False
@@ -138,11 +219,14 @@ class RegionLowering:
             return sympy.Integer(1)
         if isinstance(e, CausalFactor):
             (query,), (key,) = ren[e.query], ren[e.key]
-            leaves.append(_Leaf((query, key), value=self.causal_numbers(query, key)))
+            leaves.append(_Leaf((query, key), causal=(query, key)))
             return sympy.Integer(1)
         if isinstance(e, SoftmaxBox):
             batch = (BATCH,) if self.is_batched(e) else ()
             leaves.append(_Leaf(batch + tuple(p for leg in e.legs for p in ren[leg]), box=(e, ren)))
+            return sympy.Integer(1)
+        if self.shift_invariant is None and may_be_decay(e):
+            leaves.append(_Leaf(tuple(p for leg in e.legs for p in ren[leg]), decay=(e, ren)))  # type: ignore[arg-type]
             return sympy.Integer(1)
         value = self.lower_nonlinear(e, ren, None)
         leaves.extend(_value_leaves(value))
@@ -301,6 +385,11 @@ class RegionLowering:
         return Value(result.var, result.legs, broadcast)
 
     def leaf_value(self, leaf: _Leaf) -> Value:
+        if leaf.causal is not None:
+            return self.causal_numbers(*leaf.causal)
+        if leaf.decay is not None:
+            value = self.lower_nonlinear(*leaf.decay, None)
+            return Value(value.var, leaf.legs, value.broadcast)
         if leaf.value is not None:
             return Value(leaf.value.var, leaf.legs, leaf.value.broadcast)
         value = self.stored(leaf.tensor, leaf.view)  # type: ignore[arg-type]
