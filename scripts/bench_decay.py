@@ -59,7 +59,7 @@ class HandWrittenRetention(nn.Module):
         return (gate * o.transpose(1, 2)).reshape(b, n, h * e) @ self.wo.reshape(h * e, f)
 
     def retention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        b, h, n, d = q.shape
+        h, n = q.shape[1], q.shape[2]
         c = self.chunk
         count = -(-n // c)
         q, k, v = (functional.pad(t, (0, 0, 0, count * c - n)).unflatten(2, (count, c)) for t in (q, k, v))
@@ -130,7 +130,7 @@ def main() -> None:
         rows.append(row)
         times = " ".join(f"{row[name + ' ms']:24.1f}" for name in names)
         print(f"{n:>5} {times}   {'  '.join(cells[1:])}", flush=True)
-        print(f"      kept for backward MB: " + ", ".join(f"{name} {row[name + ' kept MB']:.1f}" for name in names))
+        print("      kept for backward MB: " + ", ".join(f"{name} {row[name + ' kept MB']:.1f}" for name in names))
     if args.out:
         write(Path(args.out), rows, args, error)
 
