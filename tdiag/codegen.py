@@ -23,8 +23,10 @@ from .plan.program import (
     Binary,
     BlockMask,
     BufferUpdate,
+    ChunkEdge,
     Concat,
     CumulativeScan,
+    DecayedPrefix,
     Einsum,
     Elementwise,
     Expand,
@@ -184,6 +186,20 @@ def _segsum(x):
     after = index.unsqueeze(-1) > index
     sums = x.unsqueeze(-1).expand(*x.shape, x.size(-1)).masked_fill(~after, 0).cumsum(-2)
     return sums.masked_fill(after.mT, -torch.inf)
+''',
+    "_decayed_earlier": '''
+
+def _decayed_earlier(x, start, end, dim):
+    """Σ_{c' < c} exp(start[c] - end[c']) x[c'] along `dim`: each chunk's state carried to the
+    next with the decay across a chunk, exp(end[c] - end[c - 1]) <= 1, never an exp of a growth."""
+    parts, starts, ends = x.unbind(dim), start.unbind(dim), end.unbind(dim)
+    carried = torch.zeros_like(parts[0])
+    earlier = [carried]
+    for c in range(1, len(parts)):
+        decay = torch.exp(ends[c - 1] - ends[c - 2]) if c > 1 else 1.0
+        carried = decay * carried + parts[c - 1]
+        earlier.append(torch.exp(starts[c] - ends[c - 1]) * carried)
+    return torch.stack(earlier, dim)
 ''',
     "_wide": '''
 
@@ -945,8 +961,23 @@ def _(op: Triangle, attributes: frozenset[str]) -> str:
 @_op.register
 def _(op: SplitChunks, attributes: frozenset[str]) -> str:
     count = _expr(op.count)
+    if op.edge:
+        x = _var(op.x, attributes)
+        positions = f"torch.arange({count} * {op.size}, device={x}.device).clamp(max={_expr(op.length)} - 1)"
+        return f"{x}.index_select({op.axis}, {positions}).unflatten({op.axis}, ({count}, {op.size}))"
     pads = "0, 0, " * op.trailing + f"0, {count} * {op.size} - {_expr(op.length)}"
     return f"torch.nn.functional.pad({_var(op.x, attributes)}, ({pads})).unflatten({op.axis}, ({count}, {op.size}))"
+
+
+@_op.register
+def _(op: ChunkEdge, attributes: frozenset[str]) -> str:
+    return f"{_var(op.x, attributes)}.select({op.axis}, {-1 if op.last else 0})"
+
+
+@_op.register
+def _(op: DecayedPrefix, attributes: frozenset[str]) -> str:
+    start, end = _read(op.start, attributes), _read(op.end, attributes)
+    return f"_decayed_earlier({_var(op.x, attributes)}, {start}, {end}, {op.axis})"
 
 
 @_op.register

@@ -88,6 +88,7 @@ class _Leaf:
     constant: sympy.Expr | None = None  # a sub-expression that is one number at every index
     exponent: bool = False  # the factor is exp(value), its shift decided with the box's other factors
     triangle: tuple[str, str] | None = None  # causal(query, key) as a factor, not yet made numbers
+    decay: tuple[ElementwiseMap, dict[str, tuple[str, ...]]] | None = None  # an exp lowered when read (decay.py)
 
 
 def _constant_along(legs: Iterable[str]) -> list[_Leaf]:

@@ -8,17 +8,28 @@ import itertools
 import sympy
 
 from .base import _Leaf, _renamed
+from .decay import Decay, split_exponent
 from .program import (
     BATCH,
+    ChunkEdge,
+    DecayedPrefix,
     JoinChunks,
+    Map,
+    MaskFill,
     Operand,
     PrefixSum,
     SplitChunks,
     Step,
     Triangle,
     Value,
+    align,
     show_legs,
 )
+
+
+def _union(a: Value, b: Value) -> tuple[str, ...]:
+    return tuple(dict.fromkeys((*a.legs, *b.legs)))
+
 
 CHUNK_SIZES = (4, 8, 16, 32, 64, 128, 256)  # the chunk sizes tried, each a power of two
 # the largest chunk size whose cost is within this factor of the least is taken: the roofline
@@ -58,14 +69,25 @@ class ChunkedCausal:
         C is chosen by the objective on trial (`choose_chunk_size`) at the pair's first
         contraction and shared by the later ones (the numerator's and the denominator's)."""
         leaves = self.resolve_boxes(leaves, out)
-        if any(query in leaf.legs and key in leaf.legs for leaf in leaves):
+        both = [leaf for leaf in leaves if query in leaf.legs and key in leaf.legs]
+        decays = [leaf for leaf in both if leaf.decay is not None and split_exponent(*leaf.decay, query, key)]
+        if len(decays) < len(both):
             raise NotPrefixSumError(f"{' and '.join(show_legs([query, key]))} are legs of one factor")
+        leaves = [leaf for leaf in leaves if all(leaf is not d for d in decays)]
+        split = tuple(split_exponent(*d.decay, query, key) for d in decays)  # type: ignore[misc]
         if (query, key) not in self.chunk_pairs:
-            self.choose_chunk_size(query, key, leaves, out, coefficient, var)
-        return self.cheapest_chunked(query, key, leaves, out, coefficient, var)
+            self.choose_chunk_size(query, key, leaves, out, coefficient, var, split)  # type: ignore[arg-type]
+        return self.cheapest_chunked(query, key, leaves, out, coefficient, var, split)  # type: ignore[arg-type]
 
     def choose_chunk_size(
-        self, query: str, key: str, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None
+        self,
+        query: str,
+        key: str,
+        leaves: list[_Leaf],
+        out: tuple[str, ...],
+        coefficient: sympy.Expr,
+        var: str | None,
+        decays: tuple[Decay, ...] = (),
     ) -> None:
         """The chunk size C for the pair (query, key): of the powers of two from 4 to 256 (none
         above the planned length's), the one whose chunked contraction costs least under the
@@ -80,7 +102,7 @@ class ChunkedCausal:
         legs, costs = {}, {}
         for size in candidates:
             self.chunk_pairs[(query, key)] = legs[size] = self.chunk_legs(query, key, size)
-            costs[size] = self.trial(lambda: self.cheapest_chunked(query, key, leaves, out, coefficient, var))
+            costs[size] = self.trial(lambda: self.cheapest_chunked(query, key, leaves, out, coefficient, var, decays))
         slack = TIME_SLACK if self.objective == "time" else FLOPS_SLACK
         least = min(costs.values())
         size = max(c for c in candidates if costs[c] <= slack * least)
@@ -96,7 +118,7 @@ class ChunkedCausal:
             f" the largest within {slack}× the {measure} of the first contraction over them at C = {tried}"
         )
 
-    def cheapest_chunked(self, query, key, leaves, out, coefficient, var) -> Value:
+    def cheapest_chunked(self, query, key, leaves, out, coefficient, var, decays=()) -> Value:
         """chunked_contract with each factor carrying neither leg placed where the objective's
         cost is least, over every combination of PLACEMENTS for up to two such factors, of the
         first two for up to four (as many trials as the planning time allows, each size of
@@ -107,22 +129,24 @@ class ChunkedCausal:
         best, best_cost = {}, None
         for choice in choices:
             placed = dict(zip(map(id, free), choice, strict=True))
-            cost = self.trial(lambda p=placed: self.placed_contract(query, key, leaves, p, out, coefficient, var))
+            cost = self.trial(
+                lambda p=placed: self.placed_contract(query, key, leaves, p, out, coefficient, var, decays)
+            )
             if best_cost is None or cost < best_cost:
                 best, best_cost = placed, cost
         if self.target is self.steps and (query, key) in self.chunk_notes:
             note = self.chunk_notes[(query, key)]
             if note not in self.lowered:
                 self.lowered.append(note)
-        return self.placed_contract(query, key, leaves, best, out, coefficient, var)
+        return self.placed_contract(query, key, leaves, best, out, coefficient, var, decays)
 
-    def placed_contract(self, query, key, leaves, placed, out, coefficient, var) -> Value:
+    def placed_contract(self, query, key, leaves, placed, out, coefficient, var, decays=()) -> Value:
         """chunked_contract of `leaves` with the free factors placed as `placed` (by id) says."""
         joined = [leaf for leaf in leaves if placed.get(id(leaf)) == "state"]
         after = [leaf for leaf in leaves if placed.get(id(leaf)) == "after"]
-        return self.chunked_contract(query, key, leaves, joined, out, coefficient, var, after)
+        return self.chunked_contract(query, key, leaves, joined, out, coefficient, var, after, decays)
 
-    def chunked_contract(self, query, key, leaves, joined, out, coefficient, var, after=()) -> Value:
+    def chunked_contract(self, query, key, leaves, joined, out, coefficient, var, after=(), decays=()) -> Value:
         """causal_contract with the factors `joined` (carrying neither leg) in the key side's
         state and the factors `after` applied once to the sum of the within- and across-chunk
         parts."""
@@ -138,20 +162,25 @@ class ChunkedCausal:
                 *out_chunked,
                 *dict.fromkeys(g for a in after for g in a.legs if g in inner and g not in final),
             )
-        some = self.leaf_value(chunked[0])
-        triangle = self.names.fresh("triangle")
-        self.emit(
-            Step(
-                "const",
-                Triangle(size, some),
-                Value(triangle, (within_query, within_key)),
-                "causal triangle within a chunk",
-            )
-        )
-        mask = _Leaf((within_query, within_key), value=Value(triangle, (within_query, within_key)))
-        within = self.contract([*chunked, mask], out_chunked, coefficient, None)
         key_side = [c for c, leaf in zip(chunked, leaves, strict=True) if key in leaf.legs or leaf in joined]
         rest = [c for c in chunked if c not in key_side]
+        if decays:
+            block, query_decay, key_decay, start, end = self.decay_factors(decays, query, key)
+            within = self.contract([*chunked, block], out_chunked, coefficient, None)
+            key_side, rest = [*key_side, key_decay], [*rest, query_decay]
+        else:
+            some = self.leaf_value(chunked[0])
+            triangle = self.names.fresh("triangle")
+            self.emit(
+                Step(
+                    "const",
+                    Triangle(size, some),
+                    Value(triangle, (within_query, within_key)),
+                    "causal triangle within a chunk",
+                )
+            )
+            mask = _Leaf((within_query, within_key), value=Value(triangle, (within_query, within_key)))
+            within = self.contract([*chunked, mask], out_chunked, coefficient, None)
         needed = set(out_chunked) | {leg for leaf in rest for leg in leaf.legs}
         state_legs = tuple(
             dict.fromkeys(leg for leaf in key_side for leg in leaf.legs if leg in needed or leg in (chunks, BATCH))
@@ -159,14 +188,22 @@ class ChunkedCausal:
         state = self.contract(key_side, state_legs, sympy.Integer(1), None)
         name = self.names.fresh("earlier")
         axis = state.legs.index(chunks)
+        if decays:
+            if not set(start.legs) <= set(state.legs):
+                raise NotPrefixSumError("the decay has a leg that the state of a chunk does not")
+            op = DecayedPrefix(state, align(start, state.legs), align(end, state.legs), axis)
+            what = "states of the earlier chunks, each decayed to the start of this one (causal)"
+        else:
+            op = PrefixSum(state, axis)
+            what = f"state of the earlier chunks: exclusive prefix sum over {show_legs([chunks])[0]} (causal)"
         earlier = self.emit(
             Step(
                 "prefix",
-                PrefixSum(state, axis),
+                op,
                 Value(name, state.legs, state.broadcast),
-                f"state of the earlier chunks: exclusive prefix sum over {show_legs([chunks])[0]} (causal)",
+                what,
                 (chunks,),
-                flops=self.numel(state.legs),
+                flops=self.numel(state.legs) * (3 if decays else 1),
                 inputs=(state,),
             )
         )
@@ -189,6 +226,76 @@ class ChunkedCausal:
                 Value(name, legs, total.broadcast),
                 "chunks joined",
                 inputs=(total,),
+            )
+        )  # type: ignore[return-value]
+
+    def decay_factors(
+        self, decays: tuple[Decay, ...], query: str, key: str
+    ) -> tuple[_Leaf, _Leaf, _Leaf, Value, Value]:
+        """The chunkwise pieces of the decays exp(U[n] + W[m]) (U, W the sums of their query and
+        key parts, decay.py), each exponent ≤ 0 for a decay: the within-chunk block
+        exp(U[i] + W[j]) with j > i masked to −inf before the exp; the query side's
+        exp(U[i] − U[start]) and the key side's exp(U[end] + W[j]), referred to the start and the
+        end of their chunk; and U at those two points, across which DecayedPrefix carries the
+        states. U and W are padded with their last entry, so a padded position decays no further."""
+        chunks, within_query, within_key, _ = self.chunk_pairs[(query, key)]
+        u = self.decay_sum([self.lower(d.u, dict(d.ren)) for d in decays])
+        w = self.decay_sum([self.lower(d.w, dict(d.ren)) for d in decays])
+        if query not in u.legs or key in u.legs or key not in w.legs or query in w.legs:
+            raise NotPrefixSumError("the decay's query part or key part lacks its position leg")
+        uc = self.chunk_value(u, query, chunks, within_query, edge=True)
+        wc = self.chunk_value(w, key, chunks, within_key, edge=True)
+        exponent = self.combine("sum", [(1, uc), (1, wc)], _union(uc, wc), None)
+        future = align(Value(self.causal_mask(within_query, within_key), (within_query, within_key)), exponent.legs)
+        masked = self.emit(
+            Step(
+                "mask",
+                MaskFill(exponent, future, "-inf"),
+                Value(self.names.fresh("decay_exponent"), exponent.legs, exponent.broadcast),
+                "the decay's exponent within a chunk, the future −inf",
+                inputs=(exponent,),
+            )
+        )
+        block = self.decay_exp(masked, "decay within a chunk")  # type: ignore[arg-type]
+        start, end = (self.chunk_edge(uc, within_query, last) for last in (False, True))
+        query_side = self.decay_exp(
+            self.combine("sum", [(1, uc), (-1, start)], uc.legs, None), "decay since the chunk's start"
+        )
+        key_side = self.decay_exp(
+            self.combine("sum", [(1, end), (1, wc)], _union(end, wc), None), "decay to the chunk's end"
+        )
+        return (*(_Leaf(v.legs, value=v) for v in (block, query_side, key_side)), start, end)  # type: ignore[return-value]
+
+    def decay_sum(self, parts: list[Value]) -> Value:
+        if len(parts) == 1:
+            return parts[0]
+        return self.combine(
+            "sum", [(1, p) for p in parts], tuple(dict.fromkeys(g for p in parts for g in p.legs)), None
+        )
+
+    def decay_exp(self, x: Value, what: str) -> Value:
+        return self.emit(
+            Step(
+                "map",
+                Map(x, "exp"),
+                Value(self.names.fresh("decay"), x.legs, x.broadcast),
+                what,
+                elementwise=self.numel(x.legs),
+                inputs=(x,),
+            )
+        )  # type: ignore[return-value]
+
+    def chunk_edge(self, value: Value, within: str, last: bool) -> Value:
+        """`value` at the first (last) position of each chunk along `within`: a view."""
+        physical = [leg for leg in value.legs if leg not in value.broadcast]
+        legs = tuple(leg for leg in value.legs if leg != within)
+        return self.emit(
+            Step(
+                "view",
+                ChunkEdge(value, physical.index(within), last),
+                Value(self.names.fresh("chunk_end" if last else "chunk_start"), legs, value.broadcast),
+                f"the decay at the {'last' if last else 'first'} position of each chunk",
+                inputs=(value,),
             )
         )  # type: ignore[return-value]
 
@@ -227,8 +334,9 @@ class ChunkedCausal:
         chunked, earlier = self.memo[key]
         return _Leaf(legs, value=_renamed(chunked, dict(zip(earlier, value.legs, strict=True))))
 
-    def chunk_value(self, value: Value, leg: str, chunks: str, within: str) -> Value:
-        """`value` with `leg` split into (chunks, within), zero-padded to whole chunks."""
+    def chunk_value(self, value: Value, leg: str, chunks: str, within: str, edge: bool = False) -> Value:
+        """`value` with `leg` split into (chunks, within), zero-padded to whole chunks (with
+        `edge`, padded with its last entry)."""
         legs = tuple(p for old in value.legs for p in ((chunks, within) if old == leg else (old,)))
         if leg in value.broadcast:
             return Value(value.var, legs, (value.broadcast - {leg}) | {chunks, within})
@@ -236,7 +344,7 @@ class ChunkedCausal:
         axis = physical.index(leg)
         size = self.number(within)
         split = SplitChunks(
-            value, axis, len(physical) - 1 - axis, self.leg_sizes[chunks], size, self.runtime(self.size(leg))
+            value, axis, len(physical) - 1 - axis, self.leg_sizes[chunks], size, self.runtime(self.size(leg)), edge
         )
         name = self.names.fresh(f"{value.var}_chunks")
         return self.emit(

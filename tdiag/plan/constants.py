@@ -112,6 +112,10 @@ class ConstantFolding:
                 leaf.value,
                 tuple(tuple(find(leg) for leg in a) for a in leaf.view),
                 leaf.box,
+                decay=None
+                if leaf.decay is None
+                else (leaf.decay[0], {k: tuple(find(p) for p in v) for k, v in leaf.decay[1].items()}),
+                triangle=None if leaf.triangle is None else (find(leaf.triangle[0]), find(leaf.triangle[1])),
             )
             for leaf in kept
         ]

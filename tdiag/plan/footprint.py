@@ -31,8 +31,10 @@ from .program import (
     Binary,
     BlockMask,
     BufferUpdate,
+    ChunkEdge,
     Concat,
     CumulativeScan,
+    DecayedPrefix,
     Einsum,
     Elementwise,
     Expand,
@@ -84,6 +86,10 @@ SAVES_INPUT = {
     "cos",
     "abs",
 }  # autograd keeps the input
+# the loop of DecayedPrefix runs about seven small ops a chunk (two exps, two differences, two
+# products and a sum) forward and as many backward: about twice a matmul loop's two per matrix
+# (timing.LOOP_OVERHEADS), so many small chunks are priced by their ops, not only their bytes
+DECAYED_PREFIX_LOOP = 4
 SAVES_RESULT = {"exp", "relu", "sigmoid", "tanh", "sqrt"}  # ... or its result
 
 
@@ -380,6 +386,27 @@ class _Interpreter(AbstractMachine):
         x = self.value(op.x)
         shape, numel = self.output(step)
         return self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: ChunkEdge, step: Step) -> Meta:
+        x = self.value(op.x)
+        shape = x.shape[: op.axis] + x.shape[op.axis + 1 :]
+        strides = x.strides[: op.axis] + x.strides[op.axis + 1 :]
+        return Meta(shape, strides, x.storage, x.grad, self.output(step)[1])
+
+    @op.register
+    def _(self, op: DecayedPrefix, step: Step) -> Meta:
+        """One carried state per chunk and its decayed copy, then the stack of them; the carried
+        states are kept for backward where the decay needs a gradient (a product keeps a factor
+        for the other's gradient), a decay of constants (RetNet's γ) keeps none of them."""
+        x, start, end = self.value(op.x), self.read(op.start), self.read(op.end)
+        grad = x.grad or start.grad or end.grad
+        self.record.looped += DECAYED_PREFIX_LOOP * x.shape[op.axis]
+        carried = self.fresh(x.shape, x.numel, grad, "carried states")
+        self.fresh(x.shape, x.numel, grad, "decayed states")
+        if start.grad or end.grad:
+            self.save(carried)
+        return self.fresh(x.shape, x.numel, grad, step.out.var)  # type: ignore[union-attr]
 
     @op.register
     def _(self, op: JoinChunks, step: Step) -> Meta:

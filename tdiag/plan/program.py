@@ -287,7 +287,9 @@ class Triangle:
 
 @dataclass(frozen=True)
 class SplitChunks:
-    """x with axis `axis` zero-padded to `count`·`size` and split into (count, size)."""
+    """x with axis `axis` zero-padded to `count`·`size` and split into (count, size); with
+    `edge` padded with its last entry instead (a decay's log-gate: the padded positions decay no
+    further, so no exp of them overflows)."""
 
     x: Value
     axis: int
@@ -295,6 +297,30 @@ class SplitChunks:
     count: sympy.Expr
     size: int
     length: sympy.Expr
+    edge: bool = False
+
+
+@dataclass(frozen=True)
+class ChunkEdge:
+    """x read at the first (or, with `last`, the last) position within each chunk along `axis`:
+    a view, the reference points of a decay's chunkwise form."""
+
+    x: Value
+    axis: int
+    last: bool
+
+
+@dataclass(frozen=True)
+class DecayedPrefix:
+    """Σ_{c' < c} exp(start[c] − end[c']) x[c'] along axis `axis` (chunks): the states of the
+    earlier chunks, each decayed from the end of its chunk to the start of chunk c, carried
+    chunk by chunk with one decay factor exp(end[c] − end[c − 1]) ≤ 1 per step (RetNet eq. 7's
+    cross-chunk recurrence, Mamba-2's inter-chunk scan)."""
+
+    x: Value
+    start: Operand
+    end: Operand
+    axis: int
 
 
 @dataclass(frozen=True)
@@ -591,6 +617,8 @@ Op = (
     | PrefixSum
     | Triangle
     | SplitChunks
+    | ChunkEdge
+    | DecayedPrefix
     | JoinChunks
     | VisibleMask
     | ScoreMask

@@ -24,21 +24,38 @@ from ..ir import (
     walk,
 )
 from .base import _all_legs, _constant_along, _is_scaling, _Leaf, _renamed, _value_leaves
+from .chunked import NotPrefixSumError
+from .decay import may_be_decay, split_exponent
 from .distribute import distributed_over_boxes
 from .program import (
     BATCH,
     BATCH_SIZE,
     CumulativeScan,
+    Map,
+    MaskFill,
     MaskNumbers,
     Operand,
     Permute,
     Reshape,
     Step,
     Value,
+    align,
     show_legs,
 )
 
 SCAN_NOTE = "a product with a causal triangle summed over {summed} as a {kind} along {summed}: O(N), not N²"
+
+
+def _prefix_pair(leaves: list[_Leaf], out: tuple[str, ...]) -> tuple[str, str] | None:
+    """The (query, key) of the one causal factor of a product that keeps the query and sums the
+    key, if there is exactly one such factor."""
+    pairs = [leaf.triangle for leaf in leaves if leaf.triangle is not None]
+    if len(pairs) != 1:
+        return None
+    query, key = pairs[0]
+    return (query, key) if query in out and key not in out else None
+
+
 DISTRIBUTED_NOTE = "a product of a sum of softmax boxes distributed over the sum: one value product per box"
 
 
@@ -95,16 +112,81 @@ class RegionLowering:
             self.lazy_triangles = False
             out = tuple(p for leg in e.legs for p in ren[leg])
             leaves = self.scan_triangles(leaves, out)
-            leaves = [self.triangle_numbers(leaf) for leaf in leaves]
             kept, self.stabilized = self.stabilized, None
             try:
                 if kept is not None:
                     leaves = self.stabilize_exponents(leaves, kept)
+                prefix = _prefix_pair(leaves, out)
+                if prefix is not None:
+                    return self.causal_product(*prefix, leaves, out, coefficient, var)
+                leaves = [self.triangle_numbers(leaf) for leaf in leaves]
                 return self.contract(leaves, out, coefficient, var)
             finally:
                 self.stabilized = kept
         finally:
             self.lazy_triangles = lazy
+
+    def causal_product(
+        self, query: str, key: str, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None
+    ) -> Value:
+        """A product with a causal(query, key) factor that sums the key: as written (the N×N
+        product masked), or as causal prefix sums in chunks (chunked.py, decays included:
+        decay.py), whichever the objective finds cheaper; the note says which and why."""
+        rest = [leaf for leaf in leaves if leaf.triangle != (query, key)]
+
+        def masked() -> list[_Leaf]:
+            return [self.masked_decay(leaf, query, key) for leaf in leaves]
+
+        whole = self.trial(lambda: self.contract(masked(), out, coefficient, None))  # None: the name stays free
+        try:
+            chunked = self.trial(lambda: self.causal_contract(query, key, rest, out, coefficient, None))
+        except NotPrefixSumError as why:
+            if self.target is self.steps:
+                self.refused.append(f"causal product over {show_legs([key])[0]}: no chunked prefix sums: {why}")
+            return self.contract(masked(), out, coefficient, var)
+        if chunked < whole:
+            if self.target is self.steps:
+                self.lowered.append(f"causal product over {show_legs([key])[0]} as prefix sums in chunks")
+            return self.causal_contract(query, key, rest, out, coefficient, var)
+        if self.target is self.steps:
+            self.refused.append(
+                f"causal product over {show_legs([key])[0]}: prefix sums in chunks {self.dearer} the masked product"
+            )
+        return self.contract(masked(), out, coefficient, var)
+
+    def masked_decay(self, leaf: _Leaf, query: str, key: str) -> _Leaf:
+        """A decay factor of a causal product as the masked product reads it: its exponent
+        u + w set to −inf above the diagonal before the exp, so the future's exp(growth) is
+        never taken (an unmasked exp(C[n] − C[m]) overflows where m > n, and inf · 0 is NaN);
+        any other factor as it is."""
+        split = split_exponent(*leaf.decay, query, key) if leaf.decay is not None else None
+        if split is None:
+            return leaf
+        u, w = self.lower(split.u, dict(split.ren)), self.lower(split.w, dict(split.ren))
+        legs = tuple(dict.fromkeys((*u.legs, *w.legs)))
+        exponent = self.combine("sum", [(1, u), (1, w)], legs, None)
+        future = align(Value(self.causal_mask(query, key), (query, key)), exponent.legs)
+        hidden = self.emit(
+            Step(
+                "mask",
+                MaskFill(exponent, future, "-inf"),
+                Value(self.names.fresh("decay_exponent"), exponent.legs, exponent.broadcast),
+                "the decay's exponent, the future −inf",
+                inputs=(exponent,),
+            )
+        )
+        name = self.names.fresh("decay")
+        value = self.emit(
+            Step(
+                "map",
+                Map(hidden, "exp"),  # type: ignore[arg-type]
+                Value(name, exponent.legs, exponent.broadcast),
+                "exp",
+                elementwise=self.numel(exponent.legs),
+                inputs=(hidden,),  # type: ignore[arg-type]
+            )
+        )
+        return _Leaf(value.legs, value=value)  # type: ignore[union-attr]
 
     def collect(
         self, e: Expr, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf], *, expand_powers: bool = False
@@ -160,6 +242,9 @@ class RegionLowering:
         if isinstance(e, SoftmaxBox):
             batch = (BATCH,) if self.is_batched(e) else ()
             leaves.append(_Leaf(batch + tuple(p for leg in e.legs for p in ren[leg]), box=(e, ren)))
+            return sympy.Integer(1)
+        if self.lazy_triangles and self.shift_invariant is None and may_be_decay(e):
+            leaves.append(_Leaf(tuple(p for leg in e.legs for p in ren[leg]), decay=(e, ren)))  # type: ignore[arg-type]
             return sympy.Integer(1)
         value = self.lower_nonlinear(e, ren, None)
         leaves.extend(_value_leaves(value))
@@ -381,6 +466,11 @@ class RegionLowering:
         )  # type: ignore[return-value]
 
     def leaf_value(self, leaf: _Leaf) -> Value:
+        if leaf.triangle is not None:
+            return self.causal_numbers(*leaf.triangle)
+        if leaf.decay is not None:
+            value = self.lower_nonlinear(*leaf.decay, None)
+            return Value(value.var, leaf.legs, value.broadcast)
         if leaf.value is not None:
             return Value(leaf.value.var, leaf.legs, leaf.value.broadcast)
         value = self.stored(leaf.tensor, leaf.view)  # type: ignore[arg-type]

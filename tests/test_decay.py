@@ -1,0 +1,163 @@
+"""Decays in causal products (tdiag/plan/decay.py, chunked.py): a factor exp(u[n] + w[m]) beside
+causal(n, m) is evaluated in chunks (RetNet eq. 7) and equals the papers' recurrent forms."""
+
+import pytest
+import torch
+from conftest import DESIGNS
+
+import tdiag
+from tdiag.cost import cost_report
+from tdiag.plan import chunked
+from tdiag.plan.program import DecayedPrefix
+
+GATED = """design gated
+size F = 16, H = 2, D = 4
+size N
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D]
+param WK[f: F, h: H, d: D]
+param WV[f: F, h: H, e: D]
+param WA[f: F, h: H]
+param WO[h: H, e: D, g: F]
+Q[n h d] = X[n f] WQ[f h d]
+K[m h d] = X[m f] WK[f h d]
+V[m h e] = X[m f] WV[f h e]
+G[l h] = -softplus(X[l f] WA[f h])
+C[n h] = causal(n, l) G[l h]
+Y[n g] = causal(n, m) exp(C[n h] - C[m h]) Q[n h d] K[m h d] V[m h e] WO[h e g]
+output Y
+"""
+
+
+@pytest.fixture
+def chunks_of_4(monkeypatch):
+    monkeypatch.setattr(chunked, "CHUNK_SIZES", (4,))
+
+
+def _retnet(**sizes):
+    return tdiag.load(DESIGNS / "retnet.td", **({"F": 16, "H": 2} | sizes))
+
+
+def _retnet_recurrent(m, x: torch.Tensor) -> torch.Tensor:
+    """Multi-scale retention by its recurrent form (Sun et al. 2023 eq. 6 and 8), step by step."""
+    h_count, d = m.WQ.shape[1], m.WQ.shape[2]
+    gamma = 1 - 2.0 ** (-5 - torch.arange(h_count, dtype=x.dtype))
+    theta = 10000.0 ** (-2 * torch.arange(d // 2, dtype=x.dtype) / d)
+
+    def rotate(v, n):  # RoFormer eq. 34 on interleaved pairs
+        pairs = v.unflatten(-1, (d // 2, 2))
+        cos, sin = torch.cos(n * theta)[:, None], torch.sin(n * theta)[:, None]
+        turned = torch.stack([-pairs[..., 1], pairs[..., 0]], -1)
+        return (pairs * cos + turned * sin).flatten(-2)
+
+    state = torch.zeros(x.shape[0], h_count, d, m.WV.shape[2], dtype=x.dtype)
+    outputs = []
+    for n in range(x.shape[1]):
+        q = rotate(torch.einsum("bf,fhd->bhd", x[:, n], m.WQ), n)
+        k = rotate(torch.einsum("bf,fhd->bhd", x[:, n], m.WK), n)
+        v = torch.einsum("bf,fhe->bhe", x[:, n], m.WV)
+        state = gamma[:, None, None] * state + torch.einsum("bhd,bhe->bhde", k, v)
+        o = torch.einsum("bhd,bhde->bhe", q, state)
+        centred = o - o.mean(-1, keepdim=True)
+        normed = centred / torch.sqrt((centred**2).mean(-1, keepdim=True) + 1e-5)
+        gate = torch.nn.functional.silu(torch.einsum("bf,fhe->bhe", x[:, n], m.WG))
+        outputs.append(torch.einsum("bhe,heg->bg", gate * normed, m.WO))
+    return torch.stack(outputs, 1)
+
+
+def test_a_decay_beside_a_causal_factor_is_evaluated_in_chunks_without_an_n_by_n_tensor():
+    plan = _retnet().plan(N=4096, objective="time")
+    assert any(isinstance(step.op, DecayedPrefix) for step in plan.steps)
+    n, m = "n", "m"
+    assert not any(step.out and {n, m} <= set(step.out.legs) for step in plan.steps)
+    assert "causal product over m as prefix sums in chunks" in plan.lowered
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 9, 16])
+def test_retnet_equals_its_recurrent_form_on_and_off_the_chunk_size(chunks_of_4, n):
+    module = _retnet().module({"N": 4096}, dtype=torch.float64)
+    assert "_decayed_earlier" in module.tdiag_source
+    x = torch.randn(2, n, 16, dtype=torch.float64)
+    assert torch.allclose(module(x), _retnet_recurrent(module, x), atol=1e-10, rtol=0)
+
+
+def test_retnet_gradients_equal_those_of_its_recurrent_form(chunks_of_4):
+    module = _retnet().module({"N": 4096}, dtype=torch.float64)
+    x = torch.randn(2, 11, 16, dtype=torch.float64, requires_grad=True)
+    chunkwise = torch.autograd.grad(module(x).square().sum(), [x, *module.parameters()])
+    recurrent = torch.autograd.grad(_retnet_recurrent(module, x).square().sum(), [x, *module.parameters()])
+    for a, b in zip(chunkwise, recurrent, strict=True):
+        assert torch.allclose(a, b, atol=1e-9, rtol=0)
+
+
+def test_retnet_in_chunks_passes_gradcheck(chunks_of_4):
+    module = _retnet(F=8, H=2).module({"N": 4096}, dtype=torch.float64)
+    x = torch.randn(1, 6, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(module, (x,))
+
+
+def test_the_materialized_and_the_chunked_retention_agree():
+    design = _retnet()
+    x = torch.randn(2, 40, 16, dtype=torch.float64)
+    chunked_module = design.module({"N": 4096}, dtype=torch.float64)
+    masked_module = design.module({"N": 8}, dtype=torch.float64)
+    assert "_decayed_earlier" in chunked_module.tdiag_source
+    assert "_decayed_earlier" not in masked_module.tdiag_source
+    assert torch.allclose(chunked_module(x), masked_module(x), atol=1e-10, rtol=0)
+
+
+def test_the_cost_of_chunked_retention_is_linear_in_the_length():
+    report = cost_report(_retnet().plan(N=4096, objective="time"))
+    flops = [report.at(N=n)["flops"] for n in (4096, 8192, 16384)]
+    assert flops[2] - flops[1] == 2 * (flops[1] - flops[0])
+
+
+def _gated_recurrent(m, x: torch.Tensor) -> torch.Tensor:
+    """The gated linear attention's recurrence: S_n = f_n S_{n−1} + k_n v_nᵀ, y_n = q_n S_n W_O."""
+    state = torch.zeros(x.shape[0], m.WQ.shape[1], m.WQ.shape[2], m.WV.shape[2], dtype=x.dtype)
+    outputs = []
+    for n in range(x.shape[1]):
+        forget = torch.exp(-torch.nn.functional.softplus(torch.einsum("bf,fh->bh", x[:, n], m.WA)))
+        k, v = torch.einsum("bf,fhd->bhd", x[:, n], m.WK), torch.einsum("bf,fhe->bhe", x[:, n], m.WV)
+        state = forget[:, :, None, None] * state + torch.einsum("bhd,bhe->bhde", k, v)
+        q = torch.einsum("bf,fhd->bhd", x[:, n], m.WQ)
+        outputs.append(torch.einsum("bhd,bhde,heg->bg", q, state, m.WO))
+    return torch.stack(outputs, 1)
+
+
+@pytest.mark.parametrize("n", [1, 5, 13])
+def test_a_data_dependent_gate_equals_its_recurrence(chunks_of_4, n):
+    module = tdiag.loads(GATED).module({"N": 4096}, dtype=torch.float64)
+    assert "_decayed_earlier" in module.tdiag_source
+    x = torch.randn(2, n, 16, dtype=torch.float64)
+    assert torch.allclose(module(x), _gated_recurrent(module, x), atol=1e-10, rtol=0)
+
+
+def test_a_strong_decay_in_float32_takes_no_exp_of_a_growth(chunks_of_4):
+    module = tdiag.loads(GATED).module({"N": 4096})
+    with torch.no_grad():
+        module.WA.mul_(30.0)  # forget gates down to e^-50 and below: Σ log f reaches thousands
+    x = torch.randn(2, 37, 16)
+    y = module(x)
+    y.square().sum().backward()
+    assert torch.isfinite(y).all() and all(torch.isfinite(p.grad).all() for p in module.parameters())
+    reference = _gated_recurrent(module.double(), x.double())
+    assert torch.allclose(y.double(), reference, atol=1e-4, rtol=1e-4)
+
+
+def test_a_factor_that_mixes_the_query_and_the_key_inside_one_term_is_refused_the_chunks():
+    design = tdiag.loads(GATED.replace("exp(C[n h] - C[m h])", "exp(C[n h] C[m h])"))
+    plan = design.plan(N=4096)
+    assert not any(isinstance(step.op, DecayedPrefix) for step in plan.steps)
+    assert any("no chunked prefix sums" in note for note in plan.refused)
+
+
+def test_the_masked_form_of_a_strong_decay_takes_no_exp_of_the_future():
+    module = tdiag.loads(GATED).module({"N": 8})
+    assert "_decayed_earlier" not in module.tdiag_source
+    with torch.no_grad():
+        module.WA.mul_(30.0)
+    x = torch.randn(2, 37, 16)
+    y = module(x)
+    y.square().sum().backward()
+    assert torch.isfinite(y).all() and all(torch.isfinite(p.grad).all() for p in module.parameters())
