@@ -17,7 +17,7 @@
 #   the bias as segsum[n, m](G[n h]) keeps it relative (0.5%) at the cost of an (h, n, m) bias.
 # - pad[m] marks the keys that exist (True = attend); the gates of padded positions still decay
 #   the later ones, as the recurrence runs over every position.
-# family: attention
+# family: scans
 design forgetting_attention
 
 size F = 512, H = 8, D = F / H

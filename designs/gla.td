@@ -12,7 +12,7 @@
 #   inter-chunk through the decayed chunk states), never as log of a ratio of tiny products.
 # - GroupNorm per head over its value leg e without an affine transform (absorbed by W_O).
 # - Key width D per head, value width E = 2D (the paper's setting); one gate rank R = 16.
-# family: recurrent
+# family: scans
 design gla
 
 size F = 512, H = 4, D = F / H / 2, E = 2 * D, R = 16

@@ -14,7 +14,7 @@
 #   causal(t, s): tdiag evaluates it in chunks (the SSD algorithm's block decomposition, Sec. 6:
 #   diagonal blocks as masked attention, off-diagonal blocks through the chunk states).
 # - Heads: H of P channels each (x is projected to H·P), state size S.
-# family: recurrent
+# family: scans
 design mamba2_ssd
 
 size F = 512, H = 8, P = F / H, S = 64

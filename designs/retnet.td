@@ -15,7 +15,7 @@
 #   without an affine transform: a per-(h, e) scale is absorbed by W_O.
 # - Value width E = 2D per head (the paper's configurations double the value dimension); no
 #   1/√D scaling of the keys (the official code's, which GroupNorm cancels up to its eps).
-# family: recurrent
+# family: scans
 design retnet
 
 size F = 512, H = 8, D = F / H, E = 2 * D, P = D / 2

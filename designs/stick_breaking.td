@@ -12,7 +12,7 @@
 #   log-remainders log σ(−z) = −softplus(z) of the keys before the query are summed over
 #   k = m+1..n−1 by a reverse exclusive cumsum along the key leg, O(H·N²) in all, not O(N³).
 # - H heads of width D = F / H, concatenated and projected by WO as in MHSA.
-# family: attention
+# family: scans
 design stick_breaking
 
 size F = 512, H = 8, D = F / H

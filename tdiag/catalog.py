@@ -27,6 +27,7 @@ TITLES = {  # known families in page order; any other family follows them, "othe
     "mgk": "MGK: mixtures of Gaussian and linear keys",
     "attention": "Common attention designs",
     "positions": "Positions: rotary, ALiBi, relative and absolute position biases",
+    "scans": "Scans and decays: forget gates, stick-breaking, retention, gated and state-space linear attention",
 }
 
 

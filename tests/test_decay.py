@@ -161,3 +161,81 @@ def test_the_masked_form_of_a_strong_decay_takes_no_exp_of_the_future():
     y = module(x)
     y.square().sum().backward()
     assert torch.isfinite(y).all() and all(torch.isfinite(p.grad).all() for p in module.parameters())
+
+
+def _mamba2_recurrent(m, x: torch.Tensor) -> torch.Tensor:
+    """Mamba-2's SSD recurrence (Dao & Gu 2024, Sec. 3 with a scalar A_t = a_t I):
+    h_t = a_t h_{t−1} + Δ_t B_t x_tᵀ, y_t = C_tᵀ h_t + D x_t, with a_t = exp(Δ_t A_h)."""
+    a_param = -torch.exp(m.Alog)
+    state = torch.zeros(x.shape[0], m.Wx.shape[1], m.WB.shape[1], m.Wx.shape[2], dtype=x.dtype)  # [b h s p]
+    outputs = []
+    for t in range(x.shape[1]):
+        dt = torch.nn.functional.softplus(x[:, t] @ m.Wdt + m.bdt)  # [b h]
+        xs = torch.einsum("bf,fhp->bhp", x[:, t], m.Wx)
+        b_t, c_t = x[:, t] @ m.WB, x[:, t] @ m.WC  # [b s]
+        state = torch.exp(dt * a_param)[:, :, None, None] * state + torch.einsum("bh,bs,bhp->bhsp", dt, b_t, xs)
+        y = torch.einsum("bs,bhsp->bhp", c_t, state) + m.Dskip[:, None] * xs
+        outputs.append(torch.einsum("bhp,hpg->bg", y, m.WO))
+    return torch.stack(outputs, 1)
+
+
+@pytest.mark.parametrize("n", [1, 6, 13])
+def test_mamba2_ssd_equals_its_recurrence(chunks_of_4, n):
+    module = tdiag.load(DESIGNS / "mamba2_ssd.td", F=16, H=2, S=4).module({"N": 4096}, dtype=torch.float64)
+    assert "_decayed_earlier" in module.tdiag_source and ".cumsum(" in module.tdiag_source
+    x = torch.randn(2, n, 16, dtype=torch.float64)
+    assert torch.allclose(module(x), _mamba2_recurrent(module, x), atol=1e-10, rtol=0)
+
+
+def _gla_recurrent(m, x: torch.Tensor) -> torch.Tensor:
+    """GLA's recurrence (Yang et al. 2024, Sec. 4.1): S_t = Diag(α_t) S_{t−1} + k_tᵀ v_t,
+    o_t = q_t S_t, α_t = σ(x_t W_α1 W_α2 + b_α)^(1/16); GroupNorm per head, swish output gate."""
+    d = m.WQ.shape[2]
+    state = torch.zeros(x.shape[0], m.WQ.shape[1], d, m.WV.shape[2], dtype=x.dtype)
+    outputs = []
+    for t in range(x.shape[1]):
+        alpha = torch.sigmoid(torch.einsum("bf,fr,rhd->bhd", x[:, t], m.Wa1, m.Wa2) + m.ba) ** (1 / 16)
+        k = torch.einsum("bf,fhd->bhd", x[:, t], m.WK) / d**0.5
+        v = torch.einsum("bf,fhe->bhe", x[:, t], m.WV)
+        state = alpha[..., None] * state + torch.einsum("bhd,bhe->bhde", k, v)
+        o = torch.einsum("bhd,bhde->bhe", torch.einsum("bf,fhd->bhd", x[:, t], m.WQ), state)
+        centred = o - o.mean(-1, keepdim=True)
+        normed = centred / torch.sqrt((centred**2).mean(-1, keepdim=True) + 1e-5)
+        gate = torch.nn.functional.silu(torch.einsum("bf,fhe->bhe", x[:, t], m.Wr))
+        outputs.append(torch.einsum("bhe,heg->bg", gate * normed, m.WO))
+    return torch.stack(outputs, 1)
+
+
+@pytest.mark.parametrize("n", [1, 6, 13])
+def test_gla_equals_its_recurrence(chunks_of_4, n):
+    module = tdiag.load(DESIGNS / "gla.td", F=16, H=2).module({"N": 4096}, dtype=torch.float64)
+    assert "_decayed_earlier" in module.tdiag_source
+    x = torch.randn(2, n, 16, dtype=torch.float64)
+    assert torch.allclose(module(x), _gla_recurrent(module, x), atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["retnet", "mamba2_ssd", "gla"])
+def test_the_flops_of_a_chunkwise_design_grow_linearly_in_the_length(name):
+    report = cost_report(tdiag.load(DESIGNS / f"{name}.td", F=64, H=4).plan(N=4096, objective="time"))
+    flops = [report.at(N=n)["flops"] for n in (4096, 8192, 16384)]
+    assert flops[2] - flops[1] == 2 * (flops[1] - flops[0])
+
+
+def test_a_chunkwise_design_compiles_with_fullgraph(chunks_of_4):
+    module = _retnet().module({"N": 4096})
+    x = torch.randn(2, 9, 16)
+    compiled = torch.compile(module, backend="eager", fullgraph=True)
+    assert torch.allclose(compiled(x), module(x), atol=1e-6)
+
+
+def test_a_chunkwise_design_written_standalone_equals_the_in_process_module(chunks_of_4, tmp_path):
+    design = _retnet()
+    module = design.module({"N": 4096}, dtype=torch.float64)
+    path = tmp_path / "retnet_module.py"
+    path.write_text(design.source(N=4096))
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)  # the file tdiag compile writes
+    standalone = namespace[type(module).__name__](dtype=torch.float64)
+    standalone.load_state_dict(module.state_dict())
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    assert torch.equal(standalone(x), module(x))
