@@ -6,10 +6,10 @@
 # o_t = Σ_{s ≤ t} (q_t ⊙ b_t / b_s) k_sᵀ v_s with b_t = Π_{k ≤ t} α_k (Sec. 4.2); the layer
 # (Sec. 4.4): o = (GroupNorm(heads) ⊙ swish(x W_r)) W_O, keys scaled by d_k^(−1/2).
 # Readings:
-# - The gate's product b_t/b_s is exp(Σ_{k=s+1..t} log α_k) per key feature d, a cumulative sum
-#   along n written as a causal contraction; exp(c[n d] − c[m d]) beside causal(n, m) is taken
-#   in chunks (the paper's chunkwise form, Sec. 4.2: intra-chunk with the relative gates,
-#   inter-chunk through the decayed chunk states), never as log of a ratio of tiny products.
+# - The gate's product b_t/b_s is exp(Σ_{k=s+1..t} log α_k) per key feature d: the segment sums
+#   of log α (−∞ for s > t), exp(segsum(...)); tdiag takes it in chunks (the paper's chunkwise
+#   form, Sec. 4.2: intra-chunk with the relative gates, inter-chunk through the decayed chunk
+#   states), never as a ratio of tiny products.
 # - GroupNorm per head over its value leg e without an affine transform (absorbed by W_O).
 # - Key width D per head, value width E = 2D (the paper's setting); one gate rank R = 16.
 # family: scans
@@ -28,12 +28,11 @@ param ba[h: H, d: D] = zeros
 param Wr[f: F, h: H, e: E] = normal(std = 1 / sqrt(F))
 param WO[h: H, e: E, g: F] = normal(std = 1 / sqrt(H * E))
 
-La[l h d] = -softplus(-(X[l f] Wa1[f r] Wa2[r h d] + ba[h d])) / 16   # log α = log σ(·) / τ
-Cum[n h d] = causal(n, l) La[l h d]
+La[n h d] = -softplus(-(X[n f] Wa1[f r] Wa2[r h d] + ba[h d])) / 16   # log α = log σ(·) / τ
 Q[n h d]  = X[n f] WQ[f h d]
 K[m h d]  = X[m f] WK[f h d] / sqrt(D)
 V[m h e]  = X[m f] WV[f h e]
-O[n h e]  = causal(n, m) exp(Cum[n h d] - Cum[m h d]) Q[n h d] K[m h d] V[m h e]
+O[n h e]  = exp(segsum[n, m](La[n h d])) Q[n h d] K[m h d] V[m h e]
 C[n h e]  = O[n h e] - mean[e](O[n h e])
 Yn[n h e] = C[n h e] (mean[e](C[n h e] ^ 2) + 1e-5) ^ -0.5
 Out[n g]  = silu(X[n f] Wr[f h e]) Yn[n h e] WO[h e g]

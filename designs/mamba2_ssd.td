@@ -9,10 +9,10 @@
 # Readings:
 # - The SSD layer's core only: no depthwise convolution, no gate z, no output norm (the block
 #   around the layer is a separate design choice); one group: B and C shared by every head.
-# - log a_t = Δ_t A_h with A_h = −exp(A_log[h]); the cumulative log-decay Σ_{k ≤ t} log a_k is
-#   a prefix sum along n (written as a causal contraction), so L = exp(c[t] − c[s]) beside
-#   causal(t, s): tdiag evaluates it in chunks (the SSD algorithm's block decomposition, Sec. 6:
-#   diagonal blocks as masked attention, off-diagonal blocks through the chunk states).
+# - log a_t = Δ_t A_h with A_h = −exp(A_log[h]); L = exp(segsum(log a)), the segment sums
+#   Σ_{k=s+1..t} log a_k (−∞ for s > t), as the paper's reference code writes it: tdiag evaluates
+#   it in chunks (the SSD algorithm's block decomposition, Sec. 6: diagonal blocks as masked
+#   attention, off-diagonal blocks through the chunk states carried with their decay).
 # - Heads: H of P channels each (x is projected to H·P), state size S.
 # family: scans
 design mamba2_ssd
@@ -30,13 +30,12 @@ param Alog[h: H] = uniform(low = 0, high = 2.7)          # A = −exp(A_log) in 
 param Dskip[h: H] = ones
 param WO[h: H, p: P, g: F] = normal(std = 1 / sqrt(F))
 
-dt[l h]   = softplus(X[l f] Wdt[f h] + bdt[h])           # Δ
-La[l h]   = -dt[l h] exp(Alog[h])                        # log a_l = Δ_l A_h
-Cum[n h]  = causal(n, l) La[l h]                         # Σ_{k ≤ n} log a_k
+dt[n h]   = softplus(X[n f] Wdt[f h] + bdt[h])           # Δ
+La[n h]   = -dt[n h] exp(Alog[h])                        # log a_n = Δ_n A_h
 Xs[m h p] = X[m f] Wx[f h p]
 Bm[m s]   = X[m f] WB[f s]
 Cm[n s]   = X[n f] WC[f s]
-Y[n h p]  = causal(n, m) exp(Cum[n h] - Cum[m h]) Cm[n s] Bm[m s] dt[m h] Xs[m h p] + Dskip[h] Xs[n h p]   # eq. 16
+Y[n h p]  = exp(segsum[n, m](La[n h])) Cm[n s] Bm[m s] dt[m h] Xs[m h p] + Dskip[h] Xs[n h p]   # eq. 16
 Out[n g]  = Y[n h p] WO[h p g]
 
 output Out

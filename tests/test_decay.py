@@ -96,16 +96,6 @@ def test_retnet_in_chunks_passes_gradcheck(chunks_of_4):
     assert torch.autograd.gradcheck(module, (x,))
 
 
-def test_the_materialized_and_the_chunked_retention_agree():
-    design = _retnet()
-    x = torch.randn(2, 40, 16, dtype=torch.float64)
-    chunked_module = design.module({"N": 4096}, dtype=torch.float64)
-    masked_module = design.module({"N": 8}, dtype=torch.float64)
-    assert "_decayed_earlier" in chunked_module.tdiag_source
-    assert "_decayed_earlier" not in masked_module.tdiag_source
-    assert torch.allclose(chunked_module(x), masked_module(x), atol=1e-10, rtol=0)
-
-
 def test_the_cost_of_chunked_retention_is_linear_in_the_length():
     report = cost_report(_retnet().plan(N=4096, objective="time"))
     flops = [report.at(N=n)["flops"] for n in (4096, 8192, 16384)]
@@ -239,3 +229,21 @@ def test_a_chunkwise_design_written_standalone_equals_the_in_process_module(chun
     standalone.load_state_dict(module.state_dict())
     x = torch.randn(2, 9, 16, dtype=torch.float64)
     assert torch.equal(standalone(x), module(x))
+
+
+@pytest.mark.parametrize("name", ["retnet", "mamba2_ssd", "gla"])
+def test_the_masked_and_the_chunked_forms_of_a_decayed_design_agree(name):
+    design = tdiag.load(DESIGNS / f"{name}.td", F=16, H=2)
+    chunked_module = design.module({"N": 4096}, dtype=torch.float64)
+    masked_module = design.module({"N": 8}, dtype=torch.float64)
+    assert "_decayed_earlier" in chunked_module.tdiag_source
+    assert "_decayed_earlier" not in masked_module.tdiag_source
+    masked_module.load_state_dict(chunked_module.state_dict())
+    x = torch.randn(2, 70, 16, dtype=torch.float64)
+    assert torch.allclose(chunked_module(x), masked_module(x), atol=1e-10, rtol=0)
+
+
+def test_a_segment_sum_decay_is_causal_by_itself_and_taken_in_chunks():
+    plan = tdiag.load(DESIGNS / "mamba2_ssd.td", F=64, H=4).plan(N=4096, objective="time")
+    assert any(isinstance(step.op, DecayedPrefix) for step in plan.steps)
+    assert not any(step.kind == "segsum" for step in plan.steps)

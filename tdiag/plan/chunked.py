@@ -239,8 +239,8 @@ class ChunkedCausal:
         end of their chunk; and U at those two points, across which DecayedPrefix carries the
         states. U and W are padded with their last entry, so a padded position decays no further."""
         chunks, within_query, within_key, _ = self.chunk_pairs[(query, key)]
-        u = self.decay_sum([self.lower(d.u, dict(d.ren)) for d in decays])
-        w = self.decay_sum([self.lower(d.w, dict(d.ren)) for d in decays])
+        u = self.decay_side([term for d in decays for term in d.u])
+        w = self.decay_side([term for d in decays for term in d.w])
         if query not in u.legs or key in u.legs or key not in w.legs or query in w.legs:
             raise NotPrefixSumError("the decay's query part or key part lacks its position leg")
         uc = self.chunk_value(u, query, chunks, within_query, edge=True)
@@ -266,12 +266,13 @@ class ChunkedCausal:
         )
         return (*(_Leaf(v.legs, value=v) for v in (block, query_side, key_side)), start, end)  # type: ignore[return-value]
 
-    def decay_sum(self, parts: list[Value]) -> Value:
-        if len(parts) == 1:
-            return parts[0]
-        return self.combine(
-            "sum", [(1, p) for p in parts], tuple(dict.fromkeys(g for p in parts for g in p.legs)), None
-        )
+    def decay_side(self, terms: list) -> Value:
+        """Σ ± terms of one side of the decays (decay.Decay), each read with its own legs."""
+        parts = [(sign, self.lower(expr, dict(ren))) for sign, expr, ren in terms]
+        if len(parts) == 1 and parts[0][0] == 1:
+            return parts[0][1]
+        legs = tuple(dict.fromkeys(g for _, p in parts for g in p.legs))
+        return self.combine("sum", parts, legs, None)
 
     def decay_exp(self, x: Value, what: str) -> Value:
         return self.emit(

@@ -14,18 +14,20 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..ir import Contraction, ElementwiseMap, Expr, SumNode
+from ..ir import Contraction, ElementwiseMap, Expr, Scan, SegmentSum, SumNode
 from .base import _all_legs
+
+Side = tuple[tuple[int, Expr, Mapping[str, tuple[str, ...]]], ...]  # ± term, read with its legs
 
 
 @dataclass(frozen=True)
 class Decay:
     """A decay factor exp(u + w) of a causal product: u over the query side, w over the key side,
-    both expressions of the design read with the region's legs `ren`."""
+    each a signed sum of expressions of the design, each read with its own region legs (a segment
+    sum's running sum c is read at the query, and again, its position leg renamed, at the key)."""
 
-    u: Expr
-    w: Expr
-    ren: Mapping[str, tuple[str, ...]]
+    u: Side
+    w: Side
 
 
 def additive_terms(e: Expr) -> list[tuple[int, Expr]]:
@@ -52,42 +54,67 @@ def _product(like: Contraction, factors: tuple[Expr, ...]) -> Contraction:
     return Contraction(legs, like.span, factors=factors, coefficient=like.coefficient, summed=(), batch=batch)
 
 
-def _sum(terms: list[tuple[int, Expr]], like: Expr) -> Expr:
-    if len(terms) == 1 and terms[0][0] == 1:
-        return terms[0][1]
-    legs = tuple(dict.fromkeys(leg for _, t in terms for leg in t.legs))
-    return SumNode(legs, like.span, terms=tuple(t for _, t in terms), signs=tuple(s for s, _ in terms))
+def _running_sum(e: SegmentSum) -> Scan:
+    """c = cumsum along the segment sum's position leg of its operand: S[n, m] = c[n] − c[m]."""
+    return Scan(e.operand.legs, e.span, name="cumsum", along=e.along, operand=e.operand)  # type: ignore[union-attr]
 
 
 def may_be_decay(e: Expr) -> bool:
     """Could `e` be a decay of some pair of its legs: an exp with two legs that no term of its
-    exponent carries together (which pair is the query and the key, the causal product decides;
-    Performer's exp(q·w − |q|²/2) is none: its first term carries every leg)."""
+    exponent carries together, or a segment sum's (which pair is the query and the key, the
+    causal product decides; Performer's exp(q·w − |q|²/2) is none: its first term carries every
+    leg)."""
     if not (isinstance(e, ElementwiseMap) and e.name == "exp" and len(e.legs) >= 2):
         return False
-    terms = [_all_legs(t) for _, t in additive_terms(e.operand)]  # type: ignore[arg-type]
-    return any(not any({a, b} <= legs for legs in terms) for a, b in itertools.combinations(e.legs, 2))
+    terms = additive_terms(e.operand)  # type: ignore[arg-type]
+    if any(isinstance(t, SegmentSum) for _, t in terms):
+        return True
+    legs = [_all_legs(t) for _, t in terms]
+    return any(not any({a, b} <= seen for seen in legs) for a, b in itertools.combinations(e.legs, 2))
+
+
+def segment_pairs(e: ElementwiseMap, ren: Mapping[str, tuple[str, ...]]) -> set[tuple[str, str]]:
+    """The (query, key) region legs of the segment sums in the exponent of `e`: a decay that is
+    causal by itself (−inf above the diagonal), needing no causal factor beside it."""
+    return {
+        (ren[t.along][0], ren[t.key][0])
+        for _, t in additive_terms(e.operand)  # type: ignore[arg-type]
+        if isinstance(t, SegmentSum) and len(ren[t.along]) == 1 and len(ren[t.key]) == 1
+    }
+
+
+def has_segment_sum(e: ElementwiseMap) -> bool:
+    return any(isinstance(t, SegmentSum) for _, t in additive_terms(e.operand))  # type: ignore[arg-type]
 
 
 def split_exponent(e: ElementwiseMap, ren: Mapping[str, tuple[str, ...]], query: str, key: str) -> Decay | None:
     """The exponent of `e` split into (u, w): the terms without the key leg and the terms without
-    the query leg (region legs `query`, `key` as `ren` names them), u carrying the query leg and
-    w the key leg; None where a term carries both or a side is missing its leg."""
+    the query leg (region legs `query`, `key` as `ren` names them), a segment sum S[n, m] over the
+    pair as c[n] − c[m] (c its running sum); u carrying the query leg and w the key leg. None
+    where a term carries both or a side is missing its leg."""
     queries = {leg for leg in _all_legs(e) if tuple(ren.get(leg, ())) == (query,)}
     keys = {leg for leg in _all_legs(e) if tuple(ren.get(leg, ())) == (key,)}
-    u: list[tuple[int, Expr]] = []
-    w: list[tuple[int, Expr]] = []
+    u: list = []
+    w: list = []
     for sign, term in additive_terms(e.operand):  # type: ignore[arg-type]
+        if isinstance(term, SegmentSum) and term.along in queries and term.key in keys:
+            running = _running_sum(term)
+            u.append((sign, running, ren))
+            w.append((-sign, running, {**ren, term.along: (key,)}))
+            continue
         legs = _all_legs(term)
         if not legs & keys:
-            u.append((sign, term))
+            u.append((sign, term, ren))
         elif not legs & queries:
-            w.append((sign, term))
+            w.append((sign, term, ren))
         else:
             return None
     if not u or not w:
         return None
-    left, right = _sum(u, e), _sum(w, e)
-    if not set(left.legs) & queries or not set(right.legs) & keys:
+    if not any(set(_read_legs(t, r)) & {query} for _, t, r in u) or not any(key in _read_legs(t, r) for _, t, r in w):
         return None
-    return Decay(left, right, ren)
+    return Decay(tuple(u), tuple(w))
+
+
+def _read_legs(e: Expr, ren: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
+    return tuple(p for leg in e.legs for p in ren.get(leg, ()))

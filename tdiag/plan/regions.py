@@ -25,7 +25,7 @@ from ..ir import (
 )
 from .base import _all_legs, _constant_along, _is_scaling, _Leaf, _renamed, _value_leaves
 from .chunked import NotPrefixSumError
-from .decay import may_be_decay, split_exponent
+from .decay import has_segment_sum, may_be_decay, segment_pairs, split_exponent
 from .distribute import distributed_over_boxes
 from .program import (
     BATCH,
@@ -47,12 +47,13 @@ SCAN_NOTE = "a product with a causal triangle summed over {summed} as a {kind} a
 
 
 def _prefix_pair(leaves: list[_Leaf], out: tuple[str, ...]) -> tuple[str, str] | None:
-    """The (query, key) of the one causal factor of a product that keeps the query and sums the
-    key, if there is exactly one such factor."""
-    pairs = [leaf.triangle for leaf in leaves if leaf.triangle is not None]
+    """The (query, key) of the one causal factor of a product (a causal triangle, or a decay's
+    segment sum, causal by itself) that keeps the query and sums the key, if there is one pair."""
+    pairs = {leaf.triangle for leaf in leaves if leaf.triangle is not None}
+    pairs |= {pair for leaf in leaves if leaf.decay is not None for pair in segment_pairs(*leaf.decay)}
     if len(pairs) != 1:
         return None
-    query, key = pairs[0]
+    query, key = pairs.pop()  # type: ignore[misc]
     return (query, key) if query in out and key not in out else None
 
 
@@ -159,10 +160,12 @@ class RegionLowering:
         u + w set to −inf above the diagonal before the exp, so the future's exp(growth) is
         never taken (an unmasked exp(C[n] − C[m]) overflows where m > n, and inf · 0 is NaN);
         any other factor as it is."""
-        split = split_exponent(*leaf.decay, query, key) if leaf.decay is not None else None
+        if leaf.decay is None or has_segment_sum(leaf.decay[0]):  # a segment sum is −inf above the diagonal
+            return leaf
+        split = split_exponent(*leaf.decay, query, key)
         if split is None:
             return leaf
-        u, w = self.lower(split.u, dict(split.ren)), self.lower(split.w, dict(split.ren))
+        u, w = self.decay_side(list(split.u)), self.decay_side(list(split.w))
         legs = tuple(dict.fromkeys((*u.legs, *w.legs)))
         exponent = self.combine("sum", [(1, u), (1, w)], legs, None)
         future = align(Value(self.causal_mask(query, key), (query, key)), exponent.legs)
@@ -244,7 +247,8 @@ class RegionLowering:
             leaves.append(_Leaf(batch + tuple(p for leg in e.legs for p in ren[leg]), box=(e, ren)))
             return sympy.Integer(1)
         if self.lazy_triangles and self.shift_invariant is None and may_be_decay(e):
-            leaves.append(_Leaf(tuple(p for leg in e.legs for p in ren[leg]), decay=(e, ren)))  # type: ignore[arg-type]
+            batch = (BATCH,) if self.is_batched(e) else ()
+            leaves.append(_Leaf(batch + tuple(p for leg in e.legs for p in ren[leg]), decay=(e, ren)))  # type: ignore[arg-type]
             return sympy.Integer(1)
         value = self.lower_nonlinear(e, ren, None)
         leaves.extend(_value_leaves(value))
@@ -469,8 +473,7 @@ class RegionLowering:
         if leaf.triangle is not None:
             return self.causal_numbers(*leaf.triangle)
         if leaf.decay is not None:
-            value = self.lower_nonlinear(*leaf.decay, None)
-            return Value(value.var, leaf.legs, value.broadcast)
+            return self.lower_nonlinear(*leaf.decay, None)
         if leaf.value is not None:
             return Value(leaf.value.var, leaf.legs, leaf.value.broadcast)
         value = self.stored(leaf.tensor, leaf.view)  # type: ignore[arg-type]
