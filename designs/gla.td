@@ -35,6 +35,6 @@ V[m h e]  = X[m f] WV[f h e]
 O[n h e]  = exp(segsum[n, m](La[n h d])) Q[n h d] K[m h d] V[m h e]
 C[n h e]  = O[n h e] - mean[e](O[n h e])
 Yn[n h e] = C[n h e] (mean[e](C[n h e] ^ 2) + 1e-5) ^ -0.5
-Out[n g]  = silu(X[n f] Wr[f h e]) Yn[n h e] WO[h e g]
+Y[n g]    = silu(X[n f] Wr[f h e]) Yn[n h e] WO[h e g]
 
-output Out
+output Y

@@ -35,7 +35,7 @@ La[n h]   = -dt[n h] exp(Alog[h])                        # log a_n = Δ_n A_h
 Xs[m h p] = X[m f] Wx[f h p]
 Bm[m s]   = X[m f] WB[f s]
 Cm[n s]   = X[n f] WC[f s]
-Y[n h p]  = exp(segsum[n, m](La[n h])) Cm[n s] Bm[m s] dt[m h] Xs[m h p] + Dskip[h] Xs[n h p]   # eq. 16
-Out[n g]  = Y[n h p] WO[h p g]
+O[n h p]  = exp(segsum[n, m](La[n h])) Cm[n s] Bm[m s] dt[m h] Xs[m h p] + Dskip[h] Xs[n h p]   # eq. 16
+Y[n g]    = O[n h p] WO[h p g]
 
-output Out
+output Y

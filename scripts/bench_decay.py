@@ -1,12 +1,13 @@
-"""Chunkwise decayed attention against hand-written PyTorch: for RetNet's multi-scale retention
-(designs/retnet.td), time fwd+bwd of tdiag's module (the planner's chunked form), a hand-written
-chunkwise implementation of the same block (Sun et al. 2023 eq. 7, written as the papers' and
-flash-linear-attention's PyTorch reference chunk forms are: the decay matrix within a chunk,
-chunk states decayed to the chunk's end, a loop over chunks carrying the state) with the same
-weights, and tdiag's masked O(N²) form (the same design planned at a length where the planner
-keeps the masked product), round-robin in one process (one thread, batch 1). Prints each time
-over tdiag's with its min-max over rounds, the bytes each keeps for backward, and writes
-JSON/CSV/PNG to --out. The hand-written block is checked equal to tdiag's in float64 first.
+"""Chunkwise decayed attention against hand-written PyTorch: for each design (RetNet's multi-scale
+retention, Mamba-2's SSD layer, GLA), time fwd+bwd of tdiag's module (the planner's chunked
+form), a hand-written chunkwise implementation of the same block where there is one (RetNet: Sun
+et al. 2023 eq. 7 as the PyTorch reference chunk forms write it, the decay matrix within a chunk,
+chunk states decayed to the chunk's end, a loop over chunks carrying the state; Mamba-2: the
+authors' ssd_minimal algorithm) with the same weights, and tdiag's masked O(N²) form (the design
+planned at N = 8, where the planner keeps the masked product), round-robin in one process (one
+thread, batch 1). Prints each time over tdiag's with its min-max over rounds and the bytes each
+keeps for backward, and writes JSON/CSV/PNG to --out. Each hand-written block is checked equal
+to tdiag's in float64 first.
 
     OMP_NUM_THREADS=1 python scripts/bench_decay.py --n 1024 4096 --repeat 5 --out docs/results/bench-cpu/decay"""
 
@@ -81,17 +82,67 @@ class HandWrittenRetention(nn.Module):
         return (inner + cross).flatten(2, 3)[:, :, :n]
 
 
-def check_equal(design: tdiag.Design) -> float:
+def _segsum(x: torch.Tensor) -> torch.Tensor:
+    """Mamba-2's reference segsum (ssd_minimal.py): S[..., i, j] = x[j+1] + ... + x[i], −inf above."""
+    t = x.size(-1)
+    x = x[..., None].expand(*x.shape, t)
+    below = torch.tril(torch.ones(t, t, dtype=torch.bool), -1)
+    sums = torch.cumsum(x.masked_fill(~below, 0), dim=-2)
+    return sums.masked_fill(~torch.tril(torch.ones(t, t, dtype=torch.bool)), -torch.inf)
+
+
+class HandWrittenSSD(nn.Module):
+    """Mamba-2's SSD layer with the authors' minimal chunked algorithm (ssd_minimal.py, Dao & Gu
+    2024 Sec. 6: diagonal blocks with L = exp(segsum), chunk states, a segsum over chunks for the
+    inter-chunk recurrence), from the leg-shaped weights of mamba2_ssd.td."""
+
+    def __init__(self, compiled: nn.Module, chunk: int = 64):
+        super().__init__()
+        for name in ("Wx", "WB", "WC", "Wdt", "bdt", "Alog", "Dskip", "WO"):
+            setattr(self, name, nn.Parameter(getattr(compiled, name).detach().clone()))
+        self.chunk = chunk
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, f = x.shape
+        h, p = self.Wx.shape[1], self.Wx.shape[2]
+        c = self.chunk
+        count = -(-n // c)
+        dt = functional.softplus(x @ self.Wdt + self.bdt)  # [b n h]
+        xs = (x @ self.Wx.reshape(f, h * p)).view(b, n, h, p)
+        a = dt * -torch.exp(self.Alog)  # [b n h]
+        xb, bb, cb = dt[..., None] * xs, x @ self.WB, x @ self.WC  # Δ x, B, C
+        pad = count * c - n
+        xb, a, bb, cb = (functional.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (xb, a, bb, cb))
+        xb, bb, cb = (t.unflatten(1, (count, c)) for t in (xb, bb, cb))
+        a = a.unflatten(1, (count, c)).permute(0, 3, 1, 2)  # [b h chunk l]
+        a_cumsum = torch.cumsum(a, dim=-1)
+        within = torch.exp(_segsum(a))  # [b h chunk l s]
+        y_diag = torch.einsum("bcln,bcsn,bhcls,bcshp->bclhp", cb, bb, within, xb)
+        decay_states = torch.exp(a_cumsum[..., -1:] - a_cumsum)
+        states = torch.einsum("bcln,bhcl,bclhp->bchpn", bb, decay_states, xb)
+        states = torch.cat([torch.zeros_like(states[:, :1]), states], dim=1)
+        decay_chunk = torch.exp(_segsum(functional.pad(a_cumsum[..., -1], (1, 0))))
+        states = torch.einsum("bhzc,bchpn->bzhpn", decay_chunk, states)[:, :-1]
+        y_off = torch.einsum("bcln,bchpn,bhcl->bclhp", cb, states, torch.exp(a_cumsum))
+        y = (y_diag + y_off).flatten(1, 2)[:, :n] + self.Dskip[:, None] * xs
+        return y.reshape(b, n, h * p) @ self.WO.reshape(h * p, f)
+
+
+HAND_WRITTEN = {"retnet": HandWrittenRetention, "mamba2_ssd": HandWrittenSSD}
+
+
+def check_equal(design: tdiag.Design, hand: type[nn.Module]) -> float:
     """Max |hand-written − tdiag| in float64 at a length off the chunk size."""
     compiled = design.module(N=4096, dtype=torch.float64)
-    hand = HandWrittenRetention(compiled).double()
-    x = torch.randn(2, 150, compiled.WQ.shape[0], dtype=torch.float64)
+    written = hand(compiled).double()
+    x = torch.randn(2, 150, compiled.WO.shape[-1], dtype=torch.float64)
     with torch.no_grad():
-        return float((hand(x) - compiled(x)).abs().max())
+        return float((written(x) - compiled(x)).abs().max())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--designs", nargs="+", default=["retnet", "mamba2_ssd", "gla"])
     parser.add_argument("--n", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
@@ -99,40 +150,67 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    design = tdiag.load(ROOT / "designs" / "retnet.td", F=args.width, H=args.heads)
-    error = check_equal(design)
-    print(f"hand-written vs tdiag, float64, N=150: max |difference| {error:.2e}")
-    assert error < 1e-9, error
-    names = ("tdiag", "hand-written chunkwise", "tdiag masked N^2")
-    print(f"{'N':>5} " + " ".join(f"{name + ' ms':>24}" for name in names) + "   ratios to tdiag (min-max)")
-    rows = []
-    for n in args.n:
-        torch.manual_seed(0)
-        chunked = design.module(N=n)
-        masked = design.module(N=8)  # planned short: the masked product
-        assert "_decayed_earlier" in chunked.tdiag_source and "_decayed_earlier" not in masked.tdiag_source
-        masked.load_state_dict(chunked.state_dict())
-        modules = [chunked, HandWrittenRetention(chunked), masked]
-        timings = measure_all(modules, torch.randn(1, n, args.width), False, args.repeat)
-        base = timings[0].seconds
-        row = {"n": n, "chunk": _chunk(chunked)}
-        cells = []
-        for name, t in zip(names, timings, strict=True):
-            ratios = sorted(a / b for a, b in zip(t.seconds, base, strict=True))
-            row |= {
-                f"{name} ms": 1e3 * sorted(t.seconds)[len(t.seconds) // 2],
-                f"{name} kept MB": t.saved_bytes / 1e6,
-                f"{name} / tdiag": ratios[len(ratios) // 2],
-                f"{name} / tdiag min": ratios[0],
-                f"{name} / tdiag max": ratios[-1],
-            }
-            cells.append(f"{ratios[len(ratios) // 2]:.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})")
-        rows.append(row)
-        times = " ".join(f"{row[name + ' ms']:24.1f}" for name in names)
-        print(f"{n:>5} {times}   {'  '.join(cells[1:])}", flush=True)
-        print("      kept for backward MB: " + ", ".join(f"{name} {row[name + ' kept MB']:.1f}" for name in names))
+    rows, errors = [], {}
+    print(f"{'design':<11} {'N':>5} {'C':>4} {'tdiag ms':>9} {'hand ms':>9} {'masked ms':>10}"
+          f"  {'hand/tdiag (min-max)':>22} {'masked/tdiag (min-max)':>24}  kept MB tdiag, hand, masked")  # fmt: skip
+    for stem in args.designs:
+        design = tdiag.load(ROOT / "designs" / f"{stem}.td", F=args.width, H=args.heads)
+        hand = HAND_WRITTEN.get(stem)
+        if hand is not None:
+            errors[stem] = check_equal(design, hand)
+            assert errors[stem] < 1e-9, (stem, errors[stem])
+        for n in args.n:
+            rows.append(measure(stem, design, hand, n, args))
+    print("hand-written vs tdiag, float64, N=150: max |difference| "
+          + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))  # fmt: skip
     if args.out:
-        write(Path(args.out), rows, args, error)
+        write(Path(args.out), rows, args, errors)
+
+
+NAMES = ("tdiag", "hand-written chunkwise", "tdiag masked N^2")
+
+
+def measure(stem: str, design: tdiag.Design, hand: type[nn.Module] | None, n: int, args) -> dict:
+    """One length: tdiag's chunked module, the hand-written one (if any) and the masked product
+    (the design planned at N = 8; skipped where it would keep more than 4 GB), round-robin."""
+    torch.manual_seed(0)
+    chunked = design.module(N=n)
+    modules = {"tdiag": chunked}
+    if hand is not None:
+        modules["hand-written chunkwise"] = hand(chunked)
+    masked = design.module(N=8)
+    assert "_decayed_earlier" in chunked.tdiag_source and "_decayed_earlier" not in masked.tdiag_source
+    if design.cost(N=8).saved_bytes_at(B=1, N=n) < 4e9:
+        masked.load_state_dict(chunked.state_dict())
+        modules["tdiag masked N^2"] = masked
+    timings = dict(
+        zip(
+            modules, measure_all(list(modules.values()), torch.randn(1, n, args.width), False, args.repeat), strict=True
+        )
+    )
+    base = timings["tdiag"].seconds
+    row: dict = {"design": stem, "n": n, "chunk": _chunk(chunked)}
+    cells = {}
+    for name in NAMES:
+        if name not in timings:
+            row |= {f"{name} ms": None, f"{name} kept MB": None, f"{name} / tdiag": None}
+            cells[name] = "n/a"
+            continue
+        t = timings[name]
+        ratios = sorted(a / b for a, b in zip(t.seconds, base, strict=True))
+        row |= {
+            f"{name} ms": 1e3 * sorted(t.seconds)[len(t.seconds) // 2],
+            f"{name} kept MB": t.saved_bytes / 1e6,
+            f"{name} / tdiag": ratios[len(ratios) // 2],
+            f"{name} / tdiag min": ratios[0],
+            f"{name} / tdiag max": ratios[-1],
+        }
+        cells[name] = f"{ratios[len(ratios) // 2]:.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+    ms = [f"{row[name + ' ms']:.1f}" if row[name + " ms"] is not None else "n/a" for name in NAMES]
+    kept = [f"{row[name + ' kept MB']:.1f}" if row[name + " kept MB"] is not None else "n/a" for name in NAMES]
+    print(f"{stem:<11} {n:>5} {row['chunk']:>4} {ms[0]:>9} {ms[1]:>9} {ms[2]:>10}  {cells[NAMES[1]]:>22}"
+          f" {cells[NAMES[2]]:>24}  {', '.join(kept)}", flush=True)  # fmt: skip
+    return row
 
 
 def _chunk(module: nn.Module) -> int:
@@ -140,13 +218,14 @@ def _chunk(module: nn.Module) -> int:
     return next(int(match.group(1)) for match in found if match)
 
 
-def write(out: Path, rows: list[dict], args: argparse.Namespace, error: float) -> None:
+def write(out: Path, rows: list[dict], args: argparse.Namespace, errors: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     settings = {"width": args.width, "heads": args.heads, "repeat": args.repeat, "batch": 1, "threads": 1}
-    settings |= {"torch": torch.__version__, "machine": platform.platform(), "float64 max difference": error}
+    settings |= {"torch": torch.__version__, "machine": platform.platform(), "float64 max difference": errors}
     (out / "decay.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=2))
+    fields = list(dict.fromkeys(k for r in rows for k in r))
     with (out / "decay.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
     import matplotlib
@@ -154,11 +233,16 @@ def write(out: Path, rows: list[dict], args: argparse.Namespace, error: float) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name in ("tdiag", "hand-written chunkwise", "tdiag masked N^2"):
-        ax.plot([r["n"] for r in rows], [r[f"{name} ms"] for r in rows], marker="o", label=name)
-    ax.set(xscale="log", yscale="log", xlabel="N", ylabel="fwd+bwd ms (median)", title="RetNet MSR, F=256, H=4")
-    ax.legend()
+    designs = list(dict.fromkeys(r["design"] for r in rows))
+    fig, axes = plt.subplots(1, len(designs), figsize=(4.5 * len(designs), 4), squeeze=False)
+    for ax, stem in zip(axes[0], designs, strict=True):
+        mine = [r for r in rows if r["design"] == stem]
+        for name in NAMES:
+            points = [(r["n"], r[f"{name} ms"]) for r in mine if r[f"{name} ms"] is not None]
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=name)
+        ax.set(xscale="log", yscale="log", xlabel="N", ylabel="fwd+bwd ms (median)", title=stem)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "decay.png", dpi=120)
     plt.close(fig)

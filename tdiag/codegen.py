@@ -667,8 +667,14 @@ def _steps_lines(steps: Sequence[Step], plan: Plan) -> list[str]:
         inputs = [source(plan.names[t.name], "name") for t in plan.graph.inputs]
         device = f"{inputs[0]}.device.type" if inputs else '"cpu"'
         run = steps[k:]
-        scans = all(step.kind in ("scan", "segsum") for step in itertools.takewhile(lambda step: step.wide, run))
-        what = "a scan" if scans else "a normalize box"
+        kinds = {step.kind for step in itertools.takewhile(lambda step: step.wide, run)}
+        what = (
+            "a scan"
+            if kinds <= {"scan", "segsum"}
+            else "an attention with a key bias"
+            if kinds == {"sdpa"}
+            else "a normalize box"
+        )
         lines.append(f"        with torch.autocast({device}, enabled=False):  # {what}, in float32 under autocast")
         while k < len(steps) and steps[k].wide:
             lines += ["    " + line for line in _step_lines(steps[k], plan)]

@@ -140,7 +140,7 @@ def test_an_unknown_design_name_lists_the_bundled_designs(capsys):
     code = main(["check", "fsh"])
     err = capsys.readouterr().err
     assert code == 1 and "no such design file 'fsh'" in err
-    assert "did you mean 'fish'?" in err and "bundled designs: " in err and ", fish, gfish," in err
+    assert "did you mean 'fish'?" in err and "bundled designs: " in err and ", fish, " in err and ", gfish, " in err
 
 
 def test_a_path_in_a_folder_is_never_read_as_a_bundled_design(tmp_path, capsys):

@@ -460,3 +460,18 @@ def test_a_causal_row_whose_past_is_all_padding_never_sees_the_future(write_td, 
     later[:, 3:] += 5
     with torch.no_grad():
         assert torch.equal(module(x, pad=pad)[:, :3], module(later, pad=pad)[:, :3])
+
+
+def test_a_key_bias_folded_into_sdpa_keeps_float32_precision_under_bfloat16_autocast():
+    """FoX's key bias −c[m] is a running sum of log-gates: in bfloat16 the fold lost 22%."""
+    torch.manual_seed(0)
+    design = tdiag.load(DESIGNS / "forgetting_attention.td", F=64, H=4).with_causal_mask()
+    module = design.module(N=512)
+    assert "key bias as one more feature" in module.tdiag_source
+    exact = design.module(N=512, dtype=torch.float64)
+    exact.load_state_dict({k: v.double() for k, v in module.state_dict().items()})
+    x = torch.randn(2, 512, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = module(x).double()
+    truth = exact(x.double())
+    assert (y - truth).norm() / truth.norm() < 0.02

@@ -54,6 +54,17 @@ class ContractionOrder:
         return values, coefficient
 
     def scale(self, value: Value, coefficient: sympy.Expr, var: str | None = None) -> Value:
+        """`value` × `coefficient`, made once per value and coefficient (the two parts of a
+        chunked causal sum each carry a region's coefficient to the same smallest operand)."""
+        key = ("scale", value.var, value.legs, value.broadcast, coefficient)
+        if var is None and key in self.memo:
+            return self.memo[key][0]
+        scaled = self._scale(value, coefficient, var)
+        if var is None:
+            self.memo[key] = (scaled, scaled.legs)
+        return scaled
+
+    def _scale(self, value: Value, coefficient: sympy.Expr, var: str | None) -> Value:
         name = self.names.fresh(var or "scaled")
         return self.emit(
             Step(
