@@ -1,13 +1,13 @@
 """Chunkwise decayed attention against hand-written PyTorch: for each design (RetNet's multi-scale
 retention, Mamba-2's SSD layer, GLA), time fwd+bwd of tdiag's module (the planner's chunked
-form), a hand-written chunkwise implementation of the same block where there is one (RetNet: Sun
-et al. 2023 eq. 7 as the PyTorch reference chunk forms write it, the decay matrix within a chunk,
-chunk states decayed to the chunk's end, a loop over chunks carrying the state; Mamba-2: the
-authors' ssd_minimal algorithm) with the same weights, and tdiag's masked O(N²) form (the design
-planned at N = 8, where the planner keeps the masked product), round-robin in one process (one
-thread, batch 1). Prints each time over tdiag's with its min-max over rounds and the bytes each
-keeps for backward, and writes JSON/CSV/PNG to --out. Each hand-written block is checked equal
-to tdiag's in float64 first.
+form), a hand-written chunkwise implementation of the same block (RetNet: Sun et al. 2023 eq. 7
+as the PyTorch reference chunk forms write it, the decay matrix within a chunk, chunk states
+decayed to the chunk's end, a loop over chunks carrying the state; Mamba-2: the authors'
+ssd_minimal algorithm; GLA: its chunkwise form, Yang et al. 2024 Sec. 4.2, in chunks of 16) with
+the same weights, and tdiag's masked O(N²) form (the design planned at N = 8, where the planner
+keeps the masked product), round-robin in one process (one thread, batch 1). Prints each time
+over tdiag's with its min-max over rounds and the bytes each keeps for backward, and writes
+JSON/CSV/PNG to --out. Each hand-written block is checked equal to tdiag's in float64 first.
 
     OMP_NUM_THREADS=1 python scripts/bench_decay.py --n 1024 4096 --repeat 5 --out docs/results/bench-cpu/decay"""
 
@@ -128,7 +128,48 @@ class HandWrittenSSD(nn.Module):
         return y.reshape(b, n, h * p) @ self.WO.reshape(h * p, f)
 
 
-HAND_WRITTEN = {"retnet": HandWrittenRetention, "mamba2_ssd": HandWrittenSSD}
+class HandWrittenGLA(nn.Module):
+    """GLA's layer with its chunkwise form (Yang et al. 2024, Sec. 4.2): gates cumulated within
+    each chunk, the intra-chunk scores with the relative gates exp(g_i − g_j) per feature (masked
+    before the exp), chunk states decayed to the chunk's end, a loop over chunks carrying the
+    state with the chunk's total gate; from the leg-shaped weights of gla.td."""
+
+    def __init__(self, compiled: nn.Module, chunk: int = 16):
+        super().__init__()
+        for name in ("WQ", "WK", "WV", "Wa1", "Wa2", "ba", "Wr", "WO"):
+            setattr(self, name, nn.Parameter(getattr(compiled, name).detach().clone()))
+        self.chunk = chunk
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, f = x.shape
+        h, d, e = self.WQ.shape[1], self.WQ.shape[2], self.WV.shape[2]
+        c = self.chunk
+        count = -(-n // c)
+        q = (x @ self.WQ.reshape(f, h * d)).view(b, n, h, d).transpose(1, 2)
+        k = (x @ self.WK.reshape(f, h * d)).view(b, n, h, d).transpose(1, 2) / d**0.5
+        v = (x @ self.WV.reshape(f, h * e)).view(b, n, h, e).transpose(1, 2)
+        gate = torch.einsum("bnr,rhd->bhnd", x @ self.Wa1, self.Wa2) + self.ba[:, None, :]
+        g = -functional.softplus(-gate) / 16  # log α
+        q, k, v, g = (functional.pad(t, (0, 0, 0, count * c - n)).unflatten(2, (count, c)) for t in (q, k, v, g))
+        g = g.cumsum(-2)  # within each chunk
+        future = torch.ones(c, c, dtype=torch.bool).triu(1)
+        relative = (g[..., :, None, :] - g[..., None, :, :]).masked_fill(future[..., None], float("-inf")).exp()
+        inner = torch.einsum("bhkid,bhkjd,bhkijd->bhkij", q, k, relative) @ v
+        states = (k * torch.exp(g[..., -1:, :] - g)).transpose(-1, -2) @ v  # [b h count d e]
+        state = torch.zeros_like(states[:, :, 0])
+        earlier = []
+        for chunk in range(count):
+            earlier.append(state)
+            state = torch.exp(g[:, :, chunk, -1])[..., None] * state + states[:, :, chunk]
+        cross = (q * torch.exp(g)) @ torch.stack(earlier, 2)
+        o = (inner + cross).flatten(2, 3)[:, :, :n]
+        o = o - o.mean(-1, keepdim=True)
+        o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + 1e-5)
+        gate_out = functional.silu(x @ self.Wr.reshape(f, h * e)).view(b, n, h, e)
+        return (gate_out * o.transpose(1, 2)).reshape(b, n, h * e) @ self.WO.reshape(h * e, f)
+
+
+HAND_WRITTEN = {"retnet": HandWrittenRetention, "mamba2_ssd": HandWrittenSSD, "gla": HandWrittenGLA}
 
 
 def check_equal(design: tdiag.Design, hand: type[nn.Module]) -> float:

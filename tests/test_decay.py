@@ -204,7 +204,7 @@ def test_gla_equals_its_recurrence(chunks_of_4, n):
     assert torch.allclose(module(x), _gla_recurrent(module, x), atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["retnet", "mamba2_ssd", "gla"])
+@pytest.mark.parametrize("name", ["retnet", "mamba2_ssd", "gla", "lightning"])
 def test_the_flops_of_a_chunkwise_design_grow_linearly_in_the_length(name):
     report = cost_report(tdiag.load(DESIGNS / f"{name}.td", F=64, H=4).plan(N=4096, objective="time"))
     flops = [report.at(N=n)["flops"] for n in (4096, 8192, 16384)]
@@ -231,7 +231,7 @@ def test_a_chunkwise_design_written_standalone_equals_the_in_process_module(chun
     assert torch.equal(standalone(x), module(x))
 
 
-@pytest.mark.parametrize("name", ["retnet", "mamba2_ssd", "gla"])
+@pytest.mark.parametrize("name", ["retnet", "mamba2_ssd", "gla", "lightning"])
 def test_the_masked_and_the_chunked_forms_of_a_decayed_design_agree(name):
     design = tdiag.load(DESIGNS / f"{name}.td", F=16, H=2)
     chunked_module = design.module({"N": 4096}, dtype=torch.float64)
@@ -247,3 +247,39 @@ def test_a_segment_sum_decay_is_causal_by_itself_and_taken_in_chunks():
     plan = tdiag.load(DESIGNS / "mamba2_ssd.td", F=64, H=4).plan(N=4096, objective="time")
     assert any(isinstance(step.op, DecayedPrefix) for step in plan.steps)
     assert not any(step.kind == "segsum" for step in plan.steps)
+
+
+def _lightning_recurrent(m, x: torch.Tensor) -> torch.Tensor:
+    """Lightning attention's recurrence (Qin et al. 2023, Sec. 3): kv_t = λ kv_{t−1} + k_tᵀ v_t,
+    o_t = q_t kv_t, λ_h = exp(−8h/H); SRMSNorm per head, the linear gate U, W_O."""
+    heads = m.WQ.shape[1]
+    lam = torch.exp(-8 * torch.arange(heads, dtype=x.dtype) / heads)
+    state = torch.zeros(x.shape[0], heads, m.WQ.shape[2], m.WV.shape[2], dtype=x.dtype)
+    outputs = []
+    for t in range(x.shape[1]):
+        q = torch.nn.functional.silu(torch.einsum("bf,fhd->bhd", x[:, t], m.WQ))
+        k = torch.nn.functional.silu(torch.einsum("bf,fhd->bhd", x[:, t], m.WK))
+        v = torch.einsum("bf,fhe->bhe", x[:, t], m.WV)
+        state = lam[:, None, None] * state + torch.einsum("bhd,bhe->bhde", k, v)
+        o = torch.einsum("bhd,bhde->bhe", q, state)
+        normed = o / torch.sqrt((o**2).mean(-1, keepdim=True) + 1e-6)
+        gate = torch.einsum("bf,fhe->bhe", x[:, t], m.WU)
+        outputs.append(torch.einsum("bhe,heg->bg", normed * gate, m.WO))
+    return torch.stack(outputs, 1)
+
+
+@pytest.mark.parametrize("n", [1, 6, 13])
+def test_lightning_attention_equals_its_recurrence(chunks_of_4, n):
+    module = tdiag.load(DESIGNS / "lightning.td", F=16, H=2).module({"N": 4096}, dtype=torch.float64)
+    assert "_decayed_earlier" in module.tdiag_source
+    x = torch.randn(2, n, 16, dtype=torch.float64)
+    assert torch.allclose(module(x), _lightning_recurrent(module, x), atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["mamba2_ssd", "gla", "lightning"])
+def test_a_chunkwise_design_passes_gradcheck(chunks_of_4, name):
+    sizes = {"F": 8, "H": 2} | ({"S": 2} if name == "mamba2_ssd" else {})
+    module = tdiag.load(DESIGNS / f"{name}.td", **sizes).module({"N": 4096}, dtype=torch.float64)
+    assert "_decayed_earlier" in module.tdiag_source
+    x = torch.randn(1, 6, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(module, (x,))
