@@ -24,22 +24,19 @@ from ..ir import (
     walk,
 )
 from .base import _all_legs, _constant_along, _is_scaling, _Leaf, _renamed, _value_leaves
-from .chunked import NotPrefixSumError
-from .decay import has_segment_sum, may_be_decay, segment_pairs, split_exponent
+from .decay import may_be_decay, segment_pairs
 from .distribute import distributed_over_boxes
+from .forms.causal_product import CausalSite, decide_causal_product
 from .program import (
     BATCH,
     BATCH_SIZE,
     CumulativeScan,
-    Map,
-    MaskFill,
     MaskNumbers,
     Operand,
     Permute,
     Reshape,
     Step,
     Value,
-    align,
     show_legs,
 )
 
@@ -130,66 +127,10 @@ class RegionLowering:
     def causal_product(
         self, query: str, key: str, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None
     ) -> Value:
-        """A product with a causal(query, key) factor that sums the key: as written (the N×N
-        product masked), or as causal prefix sums in chunks (chunked.py, decays included:
-        decay.py), whichever the objective finds cheaper; the note says which and why."""
-        rest = [leaf for leaf in leaves if leaf.triangle != (query, key)]
-
-        def masked() -> list[_Leaf]:
-            return [self.masked_decay(leaf, query, key) for leaf in leaves]
-
-        whole = self.trial(lambda: self.contract(masked(), out, coefficient, None))  # None: the name stays free
-        try:
-            chunked = self.trial(lambda: self.causal_contract(query, key, rest, out, coefficient, None))
-        except NotPrefixSumError as why:
-            if self.target is self.steps:
-                self.refused.append(f"causal product over {show_legs([key])[0]}: no chunked prefix sums: {why}")
-            return self.contract(masked(), out, coefficient, var)
-        if chunked < whole:
-            if self.target is self.steps:
-                self.lowered.append(f"causal product over {show_legs([key])[0]} as prefix sums in chunks")
-            return self.causal_contract(query, key, rest, out, coefficient, var)
-        if self.target is self.steps:
-            self.refused.append(
-                f"causal product over {show_legs([key])[0]}: prefix sums in chunks {self.dearer} the masked product"
-            )
-        return self.contract(masked(), out, coefficient, var)
-
-    def masked_decay(self, leaf: _Leaf, query: str, key: str) -> _Leaf:
-        """A decay factor of a causal product as the masked product reads it: its exponent
-        u + w set to −inf above the diagonal before the exp, so the future's exp(growth) is
-        never taken (an unmasked exp(C[n] − C[m]) overflows where m > n, and inf · 0 is NaN);
-        any other factor as it is."""
-        if leaf.decay is None or has_segment_sum(leaf.decay[0]):  # a segment sum is −inf above the diagonal
-            return leaf
-        split = split_exponent(*leaf.decay, query, key)
-        if split is None:
-            return leaf
-        u, w = self.decay_side(list(split.u)), self.decay_side(list(split.w))
-        legs = tuple(dict.fromkeys((*u.legs, *w.legs)))
-        exponent = self.combine("sum", [(1, u), (1, w)], legs, None)
-        future = align(Value(self.causal_mask(query, key), (query, key)), exponent.legs)
-        hidden = self.emit(
-            Step(
-                "mask",
-                MaskFill(exponent, future, "-inf"),
-                Value(self.names.fresh("decay_exponent"), exponent.legs, exponent.broadcast),
-                "the decay's exponent, the future −inf",
-                inputs=(exponent,),
-            )
-        )
-        name = self.names.fresh("decay")
-        value = self.emit(
-            Step(
-                "map",
-                Map(hidden, "exp"),  # type: ignore[arg-type]
-                Value(name, exponent.legs, exponent.broadcast),
-                "exp",
-                elementwise=self.numel(exponent.legs),
-                inputs=(hidden,),  # type: ignore[arg-type]
-            )
-        )
-        return _Leaf(value.legs, value=value)  # type: ignore[union-attr]
+        """A product with a causal(query, key) factor that sums the key: its candidate forms
+        (forms/causal_product.py: masked, chunked) weighed by the one model."""
+        site = CausalSite(query, key, leaves, out, coefficient)
+        return decide_causal_product(self, site, var)  # type: ignore[arg-type]
 
     def collect(
         self, e: Expr, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf], *, expand_powers: bool = False

@@ -17,6 +17,10 @@ comes before the linear-time order: at equal cost the box is not rewritten into 
 - materialized: the box computed as such
 - linear: the linear-time order of a normalize box (chunked prefix sums under a causal mask)
 
+A causal product (a region with a causal(n, m) factor summing the key, or a decay causal by
+itself) has candidate forms of its own, weighed the same way (causal_product.py: the masked
+product, chunked prefix sums with decays).
+
 To add a form: write one module here with a subclass of `forms.base.Form` that sets `name`
 (and `fused` if it never stores the box, `label` for the plan's notes), implements
 `refusal(ctx, site) -> str | None` (why it does not apply, cheaply: nothing emitted; return an

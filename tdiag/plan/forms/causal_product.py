@@ -1,0 +1,163 @@
+"""The candidate forms of a causal product: a multilinear region with a causal(n, m) factor (or a
+decay that is causal by itself, exp(segsum[n, m](a))) that keeps the query leg n and sums the
+key leg m: the attention of un-normalized linear and decayed designs (RetNet, GLA, Mamba-2,
+Lightning), after with_causal_mask as well.
+
+- masked: the product as written, its N×N factors masked (a decay's exponent set to −inf above
+  the diagonal before its exp);
+- chunked: causal prefix sums in chunks of C (chunked.py), a decay carried across chunks
+  (decay.py), O(N·C) instead of N².
+
+As for a box (choice.py), every form says whether it applies (`refusal`), those that do are
+emitted on trial and costed by the one model (cost.py), the objective's order takes one, and the
+real plan records the decision in `Plan.choices`. A new form is one more `CausalProductForm` in
+`CAUSAL_PRODUCT_FORMS`."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import sympy
+
+from ..base import _Leaf
+from ..chunked import NotPrefixSumError
+from ..decay import has_segment_sum, split_exponent
+from ..program import Map, MaskFill, Step, Value, align, show_legs
+from .base import BoxChoice, Candidate, Cost, FormRefusedError
+from .cost import choose, cost, worse
+
+if TYPE_CHECKING:
+    from ..build import _Lowering
+
+
+@dataclass
+class CausalSite:
+    """One causal product of a region: its leaves (the causal triangle among them, if written),
+    the query leg kept and the key leg summed, the legs the region keeps, its coefficient."""
+
+    query: str
+    key: str
+    leaves: list[_Leaf]
+    out: tuple[str, ...]
+    coefficient: sympy.Expr
+
+    @property
+    def rest(self) -> list[_Leaf]:
+        """The leaves without the causal triangle (the chunks make their own)."""
+        return [leaf for leaf in self.leaves if leaf.triangle != (self.query, self.key)]
+
+    def describe(self) -> str:
+        return f"causal product over {show_legs([self.key])[0]}"
+
+
+class CausalProductForm(ABC):
+    """A way to compute a causal product; `name` is its row in the candidate table."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def refusal(self, ctx: _Lowering, site: CausalSite) -> str | None:
+        """Why the form does not apply (cheap: nothing emitted), or None."""
+
+    @abstractmethod
+    def emit(self, ctx: _Lowering, site: CausalSite, var: str | None) -> Value:
+        """Emit the form's steps through `ctx` and return the product. May raise FormRefusedError."""
+
+
+class MaskedProduct(CausalProductForm):
+    name = "masked"
+
+    def refusal(self, ctx: _Lowering, site: CausalSite) -> str | None:
+        return None
+
+    def emit(self, ctx: _Lowering, site: CausalSite, var: str | None) -> Value:
+        leaves = [masked_decay(ctx, leaf, site.query, site.key) for leaf in site.leaves]
+        return ctx.contract(leaves, site.out, site.coefficient, var)
+
+
+class ChunkedPrefix(CausalProductForm):
+    name = "chunked"
+
+    def refusal(self, ctx: _Lowering, site: CausalSite) -> str | None:
+        for leaf in site.rest:
+            if site.query in leaf.legs and site.key in leaf.legs:
+                if leaf.decay is None or split_exponent(*leaf.decay, site.query, site.key) is None:
+                    return f"{' and '.join(show_legs([site.query, site.key]))} are legs of one factor"
+        return None
+
+    def emit(self, ctx: _Lowering, site: CausalSite, var: str | None) -> Value:
+        try:
+            return ctx.causal_contract(site.query, site.key, site.rest, site.out, site.coefficient, var)
+        except NotPrefixSumError as why:
+            raise FormRefusedError(str(why)) from None
+
+
+CAUSAL_PRODUCT_FORMS: list[CausalProductForm] = [MaskedProduct(), ChunkedPrefix()]
+
+
+def decide_causal_product(ctx: _Lowering, site: CausalSite, var: str | None) -> Value:
+    """Weigh every form of a causal product by the one model, emit the one the objective takes
+    (the masked product on a tie) and, in the real plan, record the decision."""
+    real = ctx.target is ctx.steps
+    reasons = {form.name: form.refusal(ctx, site) for form in CAUSAL_PRODUCT_FORMS}
+    prices: dict[str, Cost] = {}
+    for form in CAUSAL_PRODUCT_FORMS:
+        if reasons[form.name] is None:
+            try:
+                prices[form.name] = cost(ctx, lambda f=form: f.emit(ctx, site, None))  # None: the name stays free
+            except FormRefusedError as refused:
+                reasons[form.name] = refused.reason
+    pool = [form for form in CAUSAL_PRODUCT_FORMS if form.name in prices]
+    taken = choose(ctx.objective, [(form, prices[form.name]) for form in pool])
+    if real:
+        candidates = tuple(Candidate(f.name, f.name, prices.get(f.name), reasons[f.name]) for f in CAUSAL_PRODUCT_FORMS)
+        ctx.choices.append(BoxChoice(site.describe(), ctx.objective, candidates, taken.name))
+        for form in CAUSAL_PRODUCT_FORMS:
+            if form is taken:
+                continue
+            if form.name in prices:
+                how = worse(ctx.objective, prices[form.name], prices[taken.name])
+                ctx.refuse(f"{site.describe()}: {form.name} refused: {how} {taken.name}")
+            else:
+                ctx.refuse(f"{site.describe()}: {form.name} refused: {reasons[form.name]}")
+        if taken.name != MaskedProduct.name:
+            ctx.lowered.append(f"{site.describe()} as prefix sums in chunks")
+    return taken.emit(ctx, site, var)
+
+
+def masked_decay(ctx: _Lowering, leaf: _Leaf, query: str, key: str) -> _Leaf:
+    """A decay factor of a causal product as the masked product reads it: its exponent u + w set
+    to −inf above the diagonal before the exp, so the future's exp(growth) is never taken (an
+    unmasked exp(C[n] − C[m]) overflows where m > n, and inf · 0 is NaN); a segment sum's decay
+    (−inf above the diagonal by itself) and any other factor as it is."""
+    if leaf.decay is None or has_segment_sum(leaf.decay[0]):
+        return leaf
+    split = split_exponent(*leaf.decay, query, key)
+    if split is None:
+        return leaf
+    u, w = ctx.decay_side(list(split.u)), ctx.decay_side(list(split.w))
+    legs = tuple(dict.fromkeys((*u.legs, *w.legs)))
+    exponent = ctx.combine("sum", [(1, u), (1, w)], legs, None)
+    future = align(Value(ctx.causal_mask(query, key), (query, key)), exponent.legs)
+    hidden = ctx.emit(
+        Step(
+            "mask",
+            MaskFill(exponent, future, "-inf"),
+            Value(ctx.names.fresh("decay_exponent"), exponent.legs, exponent.broadcast),
+            "the decay's exponent, the future −inf",
+            inputs=(exponent,),
+        )
+    )
+    value = ctx.emit(
+        Step(
+            "map",
+            Map(hidden, "exp"),  # type: ignore[arg-type]
+            Value(ctx.names.fresh("decay"), exponent.legs, exponent.broadcast),
+            "exp",
+            elementwise=ctx.numel(exponent.legs),
+            inputs=(hidden,),  # type: ignore[arg-type]
+        )
+    )
+    return _Leaf(value.legs, value=value)  # type: ignore[union-attr]
