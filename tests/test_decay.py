@@ -208,7 +208,7 @@ def test_gla_equals_its_recurrence(chunks_of_4, n):
     assert torch.allclose(module(x), _gla_recurrent(module, x), atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["retnet", "mamba2_ssd", "gla", "lightning"])
+@pytest.mark.parametrize("name", ["retnet", "mamba2_ssd", "gla", "lightning", "mlstm"])
 def test_the_flops_of_a_chunkwise_design_grow_linearly_in_the_length(name):
     report = cost_report(tdiag.load(DESIGNS / f"{name}.td", F=64, H=4).plan(N=4096, objective="time"))
     flops = [report.at(N=n)["flops"] for n in (4096, 8192, 16384)]
@@ -235,7 +235,7 @@ def test_a_chunkwise_design_written_standalone_equals_the_in_process_module(chun
     assert torch.equal(standalone(x), module(x))
 
 
-@pytest.mark.parametrize("name", ["retnet", "mamba2_ssd", "gla", "lightning"])
+@pytest.mark.parametrize("name", ["retnet", "mamba2_ssd", "gla", "lightning", "mlstm"])
 def test_the_masked_and_the_chunked_forms_of_a_decayed_design_agree(name):
     design = tdiag.load(DESIGNS / f"{name}.td", F=16, H=2)
     chunked_module = design.module({"N": 4096}, dtype=torch.float64)
@@ -280,7 +280,7 @@ def test_lightning_attention_equals_its_recurrence(chunks_of_4, n):
     assert torch.allclose(module(x), _lightning_recurrent(module, x), atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["mamba2_ssd", "gla", "lightning"])
+@pytest.mark.parametrize("name", ["mamba2_ssd", "gla", "lightning", "mlstm"])
 def test_a_chunkwise_design_passes_gradcheck(chunks_of_4, name):
     sizes = {"F": 8, "H": 2} | ({"S": 2} if name == "mamba2_ssd" else {})
     module = tdiag.load(DESIGNS / f"{name}.td", **sizes).module({"N": 4096}, dtype=torch.float64)
@@ -296,3 +296,33 @@ def test_the_plan_lists_both_forms_of_a_causal_product_with_their_costs():
     assert {c.form: c.cost is not None for c in choice.candidates} == {"masked": True, "chunked": True}
     masked, chunked_cost = (next(c.cost for c in choice.candidates if c.form == f) for f in ("masked", "chunked"))
     assert chunked_cost.time < masked.time and chunked_cost.flops < masked.flops
+
+
+def _mlstm_recurrent(m, x: torch.Tensor) -> torch.Tensor:
+    """xLSTM's mLSTM recurrence (Beck et al. 2024, Sec. 2.3), unstabilized: C_t = f C + i v kᵀ,
+    n_t = f n + i k, h̃ = C q / max(|nᵀq|, 1), h = σ(W_o x) ⊙ h̃, then W_O."""
+    d = m.WQ.shape[2]
+    memory = torch.zeros(x.shape[0], m.WQ.shape[1], m.WV.shape[2], d, dtype=x.dtype)
+    normalizer = torch.zeros(x.shape[0], m.WQ.shape[1], d, dtype=x.dtype)
+    outputs = []
+    for t in range(x.shape[1]):
+        i = torch.exp(x[:, t] @ m.Wi + m.bi)[..., None]
+        f = torch.sigmoid(x[:, t] @ m.Wf + m.bf)[..., None]
+        q = torch.einsum("bf,fhd->bhd", x[:, t], m.WQ)
+        k = torch.einsum("bf,fhd->bhd", x[:, t], m.WK) / d**0.5
+        v = torch.einsum("bf,fhe->bhe", x[:, t], m.WV)
+        memory = f[..., None] * memory + i[..., None] * torch.einsum("bhe,bhd->bhed", v, k)
+        normalizer = f * normalizer + i * k
+        bound = torch.clamp(torch.einsum("bhd,bhd->bh", normalizer, q).abs(), min=1)[..., None]
+        hidden = torch.einsum("bhed,bhd->bhe", memory, q) / bound
+        gate = torch.sigmoid(torch.einsum("bf,fhe->bhe", x[:, t], m.Wo))
+        outputs.append(torch.einsum("bhe,heg->bg", gate * hidden, m.WO))
+    return torch.stack(outputs, 1)
+
+
+@pytest.mark.parametrize("n", [1, 6, 13])
+def test_mlstm_equals_its_recurrence(chunks_of_4, n):
+    module = tdiag.load(DESIGNS / "mlstm.td", F=16, H=2).module({"N": 4096}, dtype=torch.float64)
+    assert module.tdiag_source.count("= _decayed_earlier(") == 2  # numerator and denominator
+    x = torch.randn(2, n, 16, dtype=torch.float64)
+    assert torch.allclose(module(x), _mlstm_recurrent(module, x), atol=1e-10, rtol=0)
