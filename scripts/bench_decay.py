@@ -278,10 +278,10 @@ def write(out: Path, rows: list[dict], args: argparse.Namespace, errors: dict) -
     fig, axes = plt.subplots(1, len(designs), figsize=(4.5 * len(designs), 4), squeeze=False)
     for ax, stem in zip(axes[0], designs, strict=True):
         mine = [r for r in rows if r["design"] == stem]
-        for name in NAMES:
+        for name, color in zip(NAMES, ("tab:blue", "tab:orange", "tab:green"), strict=True):
             points = [(r["n"], r[f"{name} ms"]) for r in mine if r[f"{name} ms"] is not None]
             if points:
-                ax.plot(*zip(*points, strict=True), marker="o", label=name)
+                ax.plot(*zip(*points, strict=True), marker="o", color=color, label=name)
         ax.set(xscale="log", yscale="log", xlabel="N", ylabel="fwd+bwd ms (median)", title=stem)
         ax.legend(fontsize=8)
     fig.tight_layout()
