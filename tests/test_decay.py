@@ -326,3 +326,38 @@ def test_mlstm_equals_its_recurrence(chunks_of_4, n):
     assert module.tdiag_source.count("= _decayed_earlier(") == 2  # numerator and denominator
     x = torch.randn(2, n, 16, dtype=torch.float64)
     assert torch.allclose(module(x), _mlstm_recurrent(module, x), atol=1e-10, rtol=0)
+
+
+NORMALIZED = """design normalized_decay
+size F = 16, H = 2, D = F / H
+size N
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D]
+param WK[f: F, h: H, d: D]
+param WV[f: F, h: H, e: D]
+param WO[h: H, e: D, g: F]
+lg[h] = -0.1 (index(h) + 1)
+Q[n h d] = X[n f] WQ[f h d]
+K[m h d] = X[m f] WK[f h d]
+A[h n m] = normalize[m, mask = causal(n, m), eps = 1e-6](exp(lg[h] (index(n) - index(m))) elu1(Q[n h d]) elu1(K[m h d]))
+Y[n g] = A[h n m] X[m f] WV[f h e] WO[h e g]
+output Y
+"""
+
+
+@pytest.mark.parametrize("n", [1, 5, 13])
+def test_a_decay_inside_a_causal_normalize_box_takes_the_chunks_and_equals_its_recurrence(chunks_of_4, n):
+    module = tdiag.loads(NORMALIZED).module({"N": 4096}, dtype=torch.float64)
+    assert "_decayed_earlier" in module.tdiag_source
+    x = torch.randn(2, n, 16, dtype=torch.float64)
+    gamma = torch.exp(-0.1 * torch.arange(1, 3, dtype=torch.float64))[:, None, None]
+    state, total, outputs = torch.zeros(2, 2, 8, 8, dtype=x.dtype), torch.zeros(2, 2, 8, 1, dtype=x.dtype), []
+    for t in range(n):
+        q = torch.nn.functional.elu(torch.einsum("bf,fhd->bhd", x[:, t], module.WQ)) + 1
+        k = torch.nn.functional.elu(torch.einsum("bf,fhd->bhd", x[:, t], module.WK)) + 1
+        v = torch.einsum("bf,fhe->bhe", x[:, t], module.WV)
+        state = gamma * state + torch.einsum("bhd,bhe->bhde", k, v)
+        total = gamma * total + k[..., None]
+        o = torch.einsum("bhd,bhde->bhe", q, state) / (torch.einsum("bhd,bhdo->bho", q, total) + 1e-6)
+        outputs.append(torch.einsum("bhe,heg->bg", o, module.WO))
+    assert torch.allclose(module(x), torch.stack(outputs, 1), atol=1e-10, rtol=0)
