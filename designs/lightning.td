@@ -10,7 +10,9 @@
 #   Lightning Attention computes it blockwise: intra-block masked, inter-block by a kv state).
 # - No LRPE (the relative position encoding of eq. 2 is optional in the paper's ablations).
 # - SRMSNorm over each head's value leg e, no learned scale (absorbed by W_O); ε = 1e-6 inside
-#   the root; the gate U is linear (no activation: Sec. 3.2's simple gate).
+#   the root; the gate U is linear (no activation: Sec. 3.2's simple gate). Under bfloat16
+#   autocast the norm of a narrow head amplifies the rounding of q, k and v (2.8-5% from float32
+#   at D = 8, within 1.2% at D = 16); the decayed sum itself runs in float32.
 # family: scans
 design lightning
 

@@ -1,6 +1,7 @@
 # The mLSTM cell of xLSTM: a matrix memory with exponential input and sigmoid forget gates.
 # Paper: Beck et al., "xLSTM: Extended Long Short-Term Memory" (NeurIPS 2024), Sec. 2.3, the
-# mLSTM recurrence: C_t = f_t C_{t−1} + i_t v_t k_tᵀ, n_t = f_t n_{t−1} + i_t k_t,
+# mLSTM recurrence (the block of eq. numbered there; the numbers are not checked against the
+# paper's text, which is not among ../shared/papers): C_t = f_t C_{t−1} + i_t v_t k_tᵀ, n_t = f_t n_{t−1} + i_t k_t,
 # h̃_t = C_t q_t / max{|n_tᵀ q_t|, 1}, h_t = o_t ⊙ h̃_t, with q_t = W_q x_t,
 # k_t = W_k x_t / √d, v_t = W_v x_t, i_t = exp(ĩ_t), f_t = σ(f̃_t), o_t = σ(W_o x_t); and its
 # parallel form (App. A.3): h̃ = (D ⊙ Q Kᵀ/√d) V / max{|(D ⊙ Q Kᵀ/√d) 1|, 1} with

@@ -576,6 +576,9 @@ def test_softmax_box_stays_under_autocast():
 def numerics_design(path, causal: bool) -> tdiag.Design:
     """A bundled design at width 32 with 4 heads, plain or causal."""
     sizes = {"F": 32, "H": 4, **({"D": 4} if "mgk" in path.stem or "mlk" in path.stem else {})}
+    # Lightning's SRMSNorm over a head of D = 8 entries amplifies bfloat16's rounding of q, k and v
+    # (2.8-5%, as much when only the projections of a float32 computation are rounded): D = 16
+    sizes |= {"H": 2} if path.stem == "lightning" else {}
     sizes |= {"N": 16} if path.stem == "mgk_softe" else {}
     design = tdiag.load(path, **sizes)
     return design.with_causal_mask() if causal else design

@@ -73,8 +73,14 @@ class MaskedProduct(CausalProductForm):
         return None
 
     def emit(self, ctx: _Lowering, site: CausalSite, var: str | None) -> Value:
-        leaves = [masked_decay(ctx, leaf, site.query, site.key) for leaf in site.leaves]
-        return ctx.contract(leaves, site.out, site.coefficient, var)
+        """Under autocast in float32 where a decay weighs the sum (as the chunks are)."""
+        decayed = any(leaf.decay is not None for leaf in site.leaves)
+        ctx.wide_depth += decayed
+        try:
+            leaves = [masked_decay(ctx, leaf, site.query, site.key) for leaf in site.leaves]
+            return ctx.contract(leaves, site.out, site.coefficient, var)
+        finally:
+            ctx.wide_depth -= decayed
 
 
 class ChunkedPrefix(CausalProductForm):
@@ -88,10 +94,15 @@ class ChunkedPrefix(CausalProductForm):
         return None
 
     def emit(self, ctx: _Lowering, site: CausalSite, var: str | None) -> Value:
+        """In float32 under autocast, as a normalize box's chunks are: the states are running
+        sums over thousands of positions, which bfloat16's 8 significant bits do not carry."""
+        ctx.wide_depth += 1
         try:
             return ctx.causal_contract(site.query, site.key, site.rest, site.out, site.coefficient, var)
         except NotPrefixSumError as why:
             raise FormRefusedError(str(why)) from None
+        finally:
+            ctx.wide_depth -= 1
 
 
 CAUSAL_PRODUCT_FORMS: list[CausalProductForm] = [MaskedProduct(), ChunkedPrefix()]
