@@ -1,6 +1,8 @@
 """Decays in causal products (tdiag/plan/decay.py, chunked.py): a factor exp(u[n] + w[m]) beside
 causal(n, m) is evaluated in chunks (RetNet eq. 7) and equals the papers' recurrent forms."""
 
+from unittest import mock
+
 import pytest
 import torch
 from conftest import DESIGNS
@@ -32,6 +34,20 @@ output Y
 @pytest.fixture
 def chunks_of_4(monkeypatch):
     monkeypatch.setattr(chunked, "CHUNK_SIZES", (4,))
+
+
+_BUILT: dict = {}
+
+
+def chunked64(source: str, **sizes) -> torch.nn.Module:
+    """The float64 module of a bundled design (by name) or a design text, planned for N = 4096
+    in chunks of 4, built once per test run (planning a decayed design tries every placement)."""
+    key = (source, tuple(sorted(sizes.items())))
+    if key not in _BUILT:
+        with mock.patch.object(chunked, "CHUNK_SIZES", (4,)):
+            design = tdiag.load(DESIGNS / f"{source}.td", **sizes) if "\n" not in source else tdiag.loads(source)
+            _BUILT[key] = design.module({"N": 4096}, dtype=torch.float64)
+    return _BUILT[key]
 
 
 def _retnet(**sizes):
@@ -75,14 +91,14 @@ def test_a_decay_beside_a_causal_factor_is_evaluated_in_chunks_without_an_n_by_n
 
 @pytest.mark.parametrize("n", [1, 3, 4, 9, 16])
 def test_retnet_equals_its_recurrent_form_on_and_off_the_chunk_size(chunks_of_4, n):
-    module = _retnet().module({"N": 4096}, dtype=torch.float64)
+    module = chunked64("retnet", F=16, H=2)
     assert "_decayed_earlier" in module.tdiag_source
     x = torch.randn(2, n, 16, dtype=torch.float64)
     assert torch.allclose(module(x), _retnet_recurrent(module, x), atol=1e-10, rtol=0)
 
 
 def test_retnet_gradients_equal_those_of_its_recurrent_form(chunks_of_4):
-    module = _retnet().module({"N": 4096}, dtype=torch.float64)
+    module = chunked64("retnet", F=16, H=2)
     x = torch.randn(2, 11, 16, dtype=torch.float64, requires_grad=True)
     chunkwise = torch.autograd.grad(module(x).square().sum(), [x, *module.parameters()])
     recurrent = torch.autograd.grad(_retnet_recurrent(module, x).square().sum(), [x, *module.parameters()])
@@ -91,7 +107,7 @@ def test_retnet_gradients_equal_those_of_its_recurrent_form(chunks_of_4):
 
 
 def test_retnet_in_chunks_passes_gradcheck(chunks_of_4):
-    module = _retnet(F=8, H=2).module({"N": 4096}, dtype=torch.float64)
+    module = chunked64("retnet", F=8, H=2)
     x = torch.randn(1, 6, 8, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(module, (x,))
 
@@ -117,7 +133,7 @@ def _gated_recurrent(m, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("n", [1, 5, 13])
 def test_a_data_dependent_gate_equals_its_recurrence(chunks_of_4, n):
-    module = tdiag.loads(GATED).module({"N": 4096}, dtype=torch.float64)
+    module = chunked64(GATED)
     assert "_decayed_earlier" in module.tdiag_source
     x = torch.randn(2, n, 16, dtype=torch.float64)
     assert torch.allclose(module(x), _gated_recurrent(module, x), atol=1e-10, rtol=0)
@@ -175,7 +191,7 @@ def _mamba2_recurrent(m, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("n", [1, 6, 13])
 def test_mamba2_ssd_equals_its_recurrence(chunks_of_4, n):
-    module = tdiag.load(DESIGNS / "mamba2_ssd.td", F=16, H=2, S=4).module({"N": 4096}, dtype=torch.float64)
+    module = chunked64("mamba2_ssd", F=16, H=2, S=4)
     assert "_decayed_earlier" in module.tdiag_source and ".cumsum(" in module.tdiag_source
     x = torch.randn(2, n, 16, dtype=torch.float64)
     assert torch.allclose(module(x), _mamba2_recurrent(module, x), atol=1e-10, rtol=0)
@@ -202,7 +218,7 @@ def _gla_recurrent(m, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("n", [1, 6, 13])
 def test_gla_equals_its_recurrence(chunks_of_4, n):
-    module = tdiag.load(DESIGNS / "gla.td", F=16, H=2).module({"N": 4096}, dtype=torch.float64)
+    module = chunked64("gla", F=16, H=2)
     assert "_decayed_earlier" in module.tdiag_source
     x = torch.randn(2, n, 16, dtype=torch.float64)
     assert torch.allclose(module(x), _gla_recurrent(module, x), atol=1e-10, rtol=0)
@@ -274,7 +290,7 @@ def _lightning_recurrent(m, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("n", [1, 6, 13])
 def test_lightning_attention_equals_its_recurrence(chunks_of_4, n):
-    module = tdiag.load(DESIGNS / "lightning.td", F=16, H=2).module({"N": 4096}, dtype=torch.float64)
+    module = chunked64("lightning", F=16, H=2)
     assert "_decayed_earlier" in module.tdiag_source
     x = torch.randn(2, n, 16, dtype=torch.float64)
     assert torch.allclose(module(x), _lightning_recurrent(module, x), atol=1e-10, rtol=0)
@@ -283,7 +299,7 @@ def test_lightning_attention_equals_its_recurrence(chunks_of_4, n):
 @pytest.mark.parametrize("name", ["mamba2_ssd", "gla", "lightning", "mlstm"])
 def test_a_chunkwise_design_passes_gradcheck(chunks_of_4, name):
     sizes = {"F": 8, "H": 2} | ({"S": 2} if name == "mamba2_ssd" else {})
-    module = tdiag.load(DESIGNS / f"{name}.td", **sizes).module({"N": 4096}, dtype=torch.float64)
+    module = chunked64(name, **sizes)
     assert "_decayed_earlier" in module.tdiag_source
     x = torch.randn(1, 6, 8, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(module, (x,))
@@ -322,7 +338,7 @@ def _mlstm_recurrent(m, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("n", [1, 6, 13])
 def test_mlstm_equals_its_recurrence(chunks_of_4, n):
-    module = tdiag.load(DESIGNS / "mlstm.td", F=16, H=2).module({"N": 4096}, dtype=torch.float64)
+    module = chunked64("mlstm", F=16, H=2)
     assert module.tdiag_source.count("= _decayed_earlier(") == 2  # numerator and denominator
     x = torch.randn(2, n, 16, dtype=torch.float64)
     assert torch.allclose(module(x), _mlstm_recurrent(module, x), atol=1e-10, rtol=0)
@@ -347,7 +363,7 @@ output Y
 
 @pytest.mark.parametrize("n", [1, 5, 13])
 def test_a_decay_inside_a_causal_normalize_box_takes_the_chunks_and_equals_its_recurrence(chunks_of_4, n):
-    module = tdiag.loads(NORMALIZED).module({"N": 4096}, dtype=torch.float64)
+    module = chunked64(NORMALIZED)
     assert "_decayed_earlier" in module.tdiag_source
     x = torch.randn(2, n, 16, dtype=torch.float64)
     gamma = torch.exp(-0.1 * torch.arange(1, 3, dtype=torch.float64))[:, None, None]
