@@ -773,32 +773,29 @@ def _checkpoint_problem(state: object, config: TrainConfig) -> str | None:
 
 
 def _log_problem(log: object, step: int) -> str | None:
-    if not isinstance(log, list):
-        return f"log is a {type(log).__name__}, not a list"
-    previous = 0
-    for index, entry in enumerate(log):
-        if not isinstance(entry, dict) or tuple(entry) != LOG_FIELDS:
-            return f"log[{index}] is not an evaluation record ({', '.join(LOG_FIELDS)})"
-        numbers = [v for k, v in entry.items() if not (k == "mfu" and v is None)]
-        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in numbers):
-            return f"log[{index}] holds a value that is not a number"
-        if not isinstance(entry["step"], int) or not previous < entry["step"] <= step:
-            return f"log[{index}] is of step {entry['step']!r}, out of order or after the checkpoint's step {step}"
-        previous = entry["step"]
-    return None
+    return _records_problem(log, "log", LOG_FIELDS, "an evaluation record", step, optional=("mfu",))
 
 
 def _steps_problem(steps: object, step: int) -> str | None:
-    if not isinstance(steps, list):
-        return f"steps is a {type(steps).__name__}, not a list"
+    return _records_problem(steps, "steps", STEP_FIELDS, "a step record", step)
+
+
+def _records_problem(
+    records: object, name: str, fields: tuple[str, ...], what: str, step: int, optional: tuple[str, ...] = ()
+) -> str | None:
+    """What is wrong with a checkpoint's list of records: each a dict of exactly `fields`, numbers
+    (None allowed in `optional` fields), their steps increasing and none after the checkpoint's."""
+    if not isinstance(records, list):
+        return f"{name} is a {type(records).__name__}, not a list"
     previous = 0
-    for index, entry in enumerate(steps):
-        if not isinstance(entry, dict) or tuple(entry) != STEP_FIELDS:
-            return f"steps[{index}] is not a step record ({', '.join(STEP_FIELDS)})"
-        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in entry.values()):
-            return f"steps[{index}] holds a value that is not a number"
+    for index, entry in enumerate(records):
+        if not isinstance(entry, dict) or tuple(entry) != fields:
+            return f"{name}[{index}] is not {what} ({', '.join(fields)})"
+        numbers = [v for k, v in entry.items() if not (k in optional and v is None)]
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in numbers):
+            return f"{name}[{index}] holds a value that is not a number"
         if not isinstance(entry["step"], int) or not previous < entry["step"] <= step:
-            return f"steps[{index}] is of step {entry['step']!r}, out of order or after the checkpoint's step {step}"
+            return f"{name}[{index}] is of step {entry['step']!r}, out of order or after the checkpoint's step {step}"
         previous = entry["step"]
     return None
 

@@ -246,17 +246,7 @@ class ChunkedCausal:
         uc = self.chunk_value(u, query, chunks, within_query, edge=True)
         wc = self.chunk_value(w, key, chunks, within_key, edge=True)
         exponent = self.combine("sum", [(1, uc), (1, wc)], _union(uc, wc), None)
-        future = align(Value(self.causal_mask(within_query, within_key), (within_query, within_key)), exponent.legs)
-        masked = self.emit(
-            Step(
-                "mask",
-                MaskFill(exponent, future, "-inf"),
-                Value(self.names.fresh("decay_exponent"), exponent.legs, exponent.broadcast),
-                "the decay's exponent within a chunk, the future −inf",
-                inputs=(exponent,),
-            )
-        )
-        block = self.decay_exp(masked, "decay within a chunk")  # type: ignore[arg-type]
+        block = self.masked_decay_exp(exponent, within_query, within_key, "decay within a chunk")
         start, end = (self.chunk_edge(uc, within_query, last) for last in (False, True))
         query_side = self.decay_exp(
             self.combine("sum", [(1, uc), (-1, start)], uc.legs, None), "decay since the chunk's start"
@@ -273,6 +263,22 @@ class ChunkedCausal:
             return parts[0][1]
         legs = tuple(dict.fromkeys(g for _, p in parts for g in p.legs))
         return self.combine("sum", parts, legs, None)
+
+    def masked_decay_exp(self, exponent: Value, query: str, key: str, what: str) -> Value:
+        """exp of a decay's exponent with its entries above the (query, key) diagonal set to −inf
+        first: the future's exp(growth) is never taken (an unmasked one overflows, and inf · 0
+        is NaN)."""
+        future = align(Value(self.causal_mask(query, key), (query, key)), exponent.legs)
+        masked = self.emit(
+            Step(
+                "mask",
+                MaskFill(exponent, future, "-inf"),
+                Value(self.names.fresh("decay_exponent"), exponent.legs, exponent.broadcast),
+                "the decay's exponent, the future −inf",
+                inputs=(exponent,),
+            )
+        )
+        return self.decay_exp(masked, what)  # type: ignore[arg-type]
 
     def decay_exp(self, x: Value, what: str) -> Value:
         return self.emit(

@@ -24,7 +24,7 @@ import sympy
 from ..base import _Leaf
 from ..chunked import NotPrefixSumError
 from ..decay import has_segment_sum, split_exponent
-from ..program import Map, MaskFill, Step, Value, align, show_legs
+from ..program import Value, show_legs
 from .base import BoxChoice, Candidate, Cost, FormRefusedError
 from .cost import choose, cost, worse
 
@@ -151,24 +151,5 @@ def masked_decay(ctx: _Lowering, leaf: _Leaf, query: str, key: str) -> _Leaf:
     u, w = ctx.decay_side(list(split.u)), ctx.decay_side(list(split.w))
     legs = tuple(dict.fromkeys((*u.legs, *w.legs)))
     exponent = ctx.combine("sum", [(1, u), (1, w)], legs, None)
-    future = align(Value(ctx.causal_mask(query, key), (query, key)), exponent.legs)
-    hidden = ctx.emit(
-        Step(
-            "mask",
-            MaskFill(exponent, future, "-inf"),
-            Value(ctx.names.fresh("decay_exponent"), exponent.legs, exponent.broadcast),
-            "the decay's exponent, the future −inf",
-            inputs=(exponent,),
-        )
-    )
-    value = ctx.emit(
-        Step(
-            "map",
-            Map(hidden, "exp"),  # type: ignore[arg-type]
-            Value(ctx.names.fresh("decay"), exponent.legs, exponent.broadcast),
-            "exp",
-            elementwise=ctx.numel(exponent.legs),
-            inputs=(hidden,),  # type: ignore[arg-type]
-        )
-    )
+    value = ctx.masked_decay_exp(exponent, query, key, "the decay")
     return _Leaf(value.legs, value=value)  # type: ignore[union-attr]
