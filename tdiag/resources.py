@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.resources
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import Diagnostic, TdiagError, did_you_mean
@@ -46,13 +47,16 @@ def design_file(path: str | Path) -> Path:
     name (`fish` or `fish.td`). Anything else is an error that lists the bundled names."""
     if not str(path):  # Path("") would be the current folder
         raise missing_design(path)
+    return _bundled_or_given(path, designs_folder(), ".td", bundled_designs)
+
+
+def _bundled_or_given(path: str | Path, folder: Path, suffix: str, names: Callable[[], list[str]]) -> Path:
+    """An existing file or a path as given, else the bundled file of that name in `folder`."""
     given = Path(path)
-    if os.path.isfile(given) or given.parent != Path("."):  # os.path: False, not an error, for any bad path
+    if not str(path) or os.path.isfile(given) or given.parent != Path("."):  # os.path: False for any bad path
         return given
-    name = given.name.removesuffix(".td")
-    if name in bundled_designs():
-        return designs_folder() / f"{name}.td"
-    return given
+    name = given.name.removesuffix(suffix)
+    return folder / f"{name}{suffix}" if name in names() else given
 
 
 def shown_path(file: str | Path) -> str:
@@ -83,36 +87,27 @@ def bundled_spaces() -> list[str]:
 def space_file(path: str | Path) -> Path:
     """The file a space argument names: an existing path as given, else a bundled space by name
     (`tuformer` or `tuformer.tds`); anything else is left as given (its reader says it is missing)."""
-    given = Path(path)
-    if not str(path) or os.path.isfile(given) or given.parent != Path("."):
-        return given
-    name = given.name.removesuffix(".tds")
-    if name in bundled_spaces():
-        return designs_folder() / "spaces" / f"{name}.tds"
-    return given
+    return _bundled_or_given(path, designs_folder() / "spaces", ".tds", bundled_spaces)
 
 
 def missing_space(path: str | Path) -> TdiagError:
-    """The error for a space argument that is neither a file nor a bundled space; a bare name is
-    told the bundled names (and the closest one)."""
-    message = f"no such space file '{path}'"
-    if Path(path).parent != Path("."):
-        return TdiagError(Diagnostic(message))
-    names = bundled_spaces()
-    guess = did_you_mean(Path(path).name.removesuffix(".tds"), names)
-    listing = f"bundled spaces: {', '.join(names)}"
-    return TdiagError(Diagnostic(message, hint=f"{guess} {listing}" if guess else listing))
+    """The error for a space argument that is neither a file nor a bundled space."""
+    return _missing("space", path, ".tds", bundled_spaces())
 
 
 def missing_design(path: str | Path) -> TdiagError:
-    """The error for a design argument that is neither a file nor a bundled design; a bare name
-    is told the bundled names (and the closest one), a path is one line."""
-    message = f"no such design file '{path}'"
-    if Path(path).parent != Path("."):  # a path, not a name that could be a bundled design's
+    """The error for a design argument that is neither a file nor a bundled design."""
+    return _missing("design", path, ".td", bundled_designs())
+
+
+def _missing(kind: str, path: str | Path, suffix: str, names: list[str]) -> TdiagError:
+    """`no such {kind} file`; a bare name is told the bundled names (and the closest one), a
+    path is one line."""
+    message = f"no such {kind} file '{path}'"
+    if Path(path).parent != Path("."):  # a path, not a name that could be a bundled one's
         return TdiagError(Diagnostic(message))
-    names = bundled_designs()
-    guess = did_you_mean(Path(path).name.removesuffix(".td"), names)
-    listing = f"bundled designs: {', '.join(names)}"
+    guess = did_you_mean(Path(path).name.removesuffix(suffix), names)
+    listing = f"bundled {kind}s: {', '.join(names)}"
     return TdiagError(Diagnostic(message, hint=f"{guess} {listing}" if guess else listing))
 
 

@@ -27,7 +27,8 @@ from .program import (
 )
 
 
-def _union(a: Value, b: Value) -> tuple[str, ...]:
+def union_legs(a: Value, b: Value) -> tuple[str, ...]:
+    """The legs of a and of b, a's first, each once."""
     return tuple(dict.fromkeys((*a.legs, *b.legs)))
 
 
@@ -70,11 +71,10 @@ class ChunkedCausal:
         contraction and shared by the later ones (the numerator's and the denominator's)."""
         leaves = self.resolve_boxes(leaves, out)
         both = [leaf for leaf in leaves if query in leaf.legs and key in leaf.legs]
-        decays = [leaf for leaf in both if leaf.decay is not None and split_exponent(*leaf.decay, query, key)]
-        if len(decays) < len(both):
+        split = tuple(split_exponent(*leaf.decay, query, key) if leaf.decay is not None else None for leaf in both)
+        if any(decay is None for decay in split):
             raise NotPrefixSumError(f"{' and '.join(show_legs([query, key]))} are legs of one factor")
-        leaves = [leaf for leaf in leaves if all(leaf is not d for d in decays)]
-        split = tuple(split_exponent(*d.decay, query, key) for d in decays)  # type: ignore[misc]
+        leaves = [leaf for leaf in leaves if all(leaf is not d for d in both)]
         if (query, key) not in self.chunk_pairs:
             self.choose_chunk_size(query, key, leaves, out, coefficient, var, split)  # type: ignore[arg-type]
         return self.cheapest_chunked(query, key, leaves, out, coefficient, var, split)  # type: ignore[arg-type]
@@ -245,14 +245,14 @@ class ChunkedCausal:
             raise NotPrefixSumError("the decay's query part or key part lacks its position leg")
         uc = self.chunk_value(u, query, chunks, within_query, edge=True)
         wc = self.chunk_value(w, key, chunks, within_key, edge=True)
-        exponent = self.combine("sum", [(1, uc), (1, wc)], _union(uc, wc), None)
+        exponent = self.combine("sum", [(1, uc), (1, wc)], union_legs(uc, wc), None)
         block = self.masked_decay_exp(exponent, within_query, within_key, "decay within a chunk")
         start, end = (self.chunk_edge(uc, within_query, last) for last in (False, True))
         query_side = self.decay_exp(
             self.combine("sum", [(1, uc), (-1, start)], uc.legs, None), "decay since the chunk's start"
         )
         key_side = self.decay_exp(
-            self.combine("sum", [(1, end), (1, wc)], _union(end, wc), None), "decay to the chunk's end"
+            self.combine("sum", [(1, end), (1, wc)], union_legs(end, wc), None), "decay to the chunk's end"
         )
         return (*(_Leaf(v.legs, value=v) for v in (block, query_side, key_side)), start, end)  # type: ignore[return-value]
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, ClassVar
 import sympy
 
 from ..base import _Leaf
-from ..chunked import NotPrefixSumError
+from ..chunked import NotPrefixSumError, union_legs
 from ..decay import has_segment_sum, split_exponent
 from ..program import Value, show_legs
 from .base import BoxChoice, Candidate, Cost, FormRefusedError
@@ -149,7 +149,6 @@ def masked_decay(ctx: _Lowering, leaf: _Leaf, query: str, key: str) -> _Leaf:
     if split is None:
         return leaf
     u, w = ctx.decay_side(list(split.u)), ctx.decay_side(list(split.w))
-    legs = tuple(dict.fromkeys((*u.legs, *w.legs)))
-    exponent = ctx.combine("sum", [(1, u), (1, w)], legs, None)
+    exponent = ctx.combine("sum", [(1, u), (1, w)], union_legs(u, w), None)
     value = ctx.masked_decay_exp(exponent, query, key, "the decay")
     return _Leaf(value.legs, value=value)  # type: ignore[union-attr]
