@@ -7,6 +7,19 @@ design.show()   design.render("thsa.svg")   design.graph   # the design graph
 from .design import Design, load, loads
 from .errors import Diagnostic, Span, TdiagError
 from .graph import LIMITS, DesignGraph, Limits
+from .weights import linear_weight, load_linear
 
-__all__ = ["LIMITS", "Design", "DesignGraph", "Diagnostic", "Limits", "Span", "TdiagError", "load", "loads"]
+__all__ = [
+    "LIMITS",
+    "Design",
+    "DesignGraph",
+    "Diagnostic",
+    "Limits",
+    "Span",
+    "TdiagError",
+    "linear_weight",
+    "load",
+    "load_linear",
+    "loads",
+]
 __version__ = "0.1.0"

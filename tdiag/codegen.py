@@ -338,6 +338,8 @@ def generate(plan: Plan, *, source_name: str = "") -> str:
         f"class {name}(nn.Module):",
         f'    """{_docstring(graph)}"""',
         "",
+        *_legs(plan),
+        "",
         *_init(plan),
         "",
         *_reset(plan),
@@ -397,6 +399,17 @@ def _reset(plan: Plan) -> list[str]:
     return lines
 
 
+def _legs(plan: Plan) -> list[str]:
+    """Each stored tensor's legs in axis order, as data: `repr` shows them and tdiag.weights reads
+    them to lay nn.Linear matrices onto leg-shaped tensors."""
+    legs = ", ".join(f"{_quoted(t.name)}: {_tuple([_quoted(leg) for leg in t.legs])}" for t in _stored(plan))
+    return [f"    tdiag_legs = {{{legs}}}"]
+
+
+def _tuple(items: list[str]) -> str:
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
 def _extra_repr(plan: Plan) -> list[str]:
     """`repr(module)` shows the sizes built for, then each stored tensor with its legs and shape."""
     graph = plan.graph
@@ -409,15 +422,13 @@ def _extra_repr(plan: Plan) -> list[str]:
         if k in graph.sizes and graph.sizes[k].is_free
     ]
     sizes = f"sizes: {fixed or 'none'}" + (f"; bound at run time: {', '.join(runtime)}" if runtime else "")
-    legs = ", ".join(f'"{python_text(t.name)}": "{python_text(" ".join(t.legs))}"' for t in _stored(plan))
     return [
         "    def extra_repr(self) -> str:",
         '        """The sizes built for, then each parameter and buffer with its legs and shape."""',
-        f"        legs = {{{legs}}}",
         f'        lines = ["{sizes}"]',
         "        for name, tensor in [*self.named_parameters(recurse=False), *self.named_buffers(recurse=False)]:",
         '            kind = "param" if isinstance(tensor, nn.Parameter) else "buffer"',
-        '            lines.append(f"{kind} {name}[{legs[name]}]: {tuple(tensor.shape)}")',
+        "            lines.append(f\"{kind} {name}[{' '.join(self.tdiag_legs[name])}]: {tuple(tensor.shape)}\")",
         '        return "\\n".join(lines)',
     ]
 
