@@ -97,8 +97,8 @@ def multi_head_reference(module, x, *, causal=False, hidden=None, bias=None) -> 
     return torch.einsum("bhne,heg->bng", out, module.WO)
 
 
-def grouped_design(name: str, causal: bool) -> tdiag.Design:
-    design = tdiag.load(DESIGNS / f"{name}.td", **({"F": 16, "H": 4} | ({"G": 2} if name == "grouped_query" else {})))
+def grouped_design(name: str, causal: bool, width: int = 16) -> tdiag.Design:
+    design = tdiag.load(DESIGNS / f"{name}.td", **({"F": width, "H": 4} | ({"G": 2} if name == "grouped_query" else {})))
     return design.with_causal_mask() if causal else design
 
 
@@ -170,8 +170,8 @@ def test_causal_grouped_query_attention_keeps_no_heads_by_n_squared_tensor(name)
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
 @pytest.mark.parametrize("name", ["multi_query", "grouped_query"])
 def test_grouped_query_attention_gradcheck(name, causal):
-    module = grouped_design(name, causal).module(dtype=torch.float64, N=3)
-    x = torch.randn(1, 3, 16, dtype=torch.float64, requires_grad=True)
+    module = grouped_design(name, causal, width=8).module(dtype=torch.float64, N=3)
+    x = torch.randn(1, 3, 8, dtype=torch.float64, requires_grad=True)
     assert gradcheck_parameters(module, (x,))
 
 
