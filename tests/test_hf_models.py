@@ -101,15 +101,17 @@ def llama_config(**more):
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-def gqa_weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor) -> dict[str, torch.Tensor]:
+def gqa_weights(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, d: int = D
+) -> dict[str, torch.Tensor]:
     """HF's q/k/v/o_proj weights ([out, in] nn.Linear weights, heads head-major) as the designs'
-    leg-shaped WQ[f g r d], WK[f g d], WV[f g e], WO[g r e o]."""
+    leg-shaped WQ[f g r d], WK[f g d], WV[f g e], WO[g r e o], at head width d."""
     r = H // G
     return {
-        "WQ": q.T.reshape(F, G, r, D),
-        "WK": k.T.reshape(F, G, D),
-        "WV": v.T.reshape(F, G, D),
-        "WO": o.T.reshape(G, r, D, F),
+        "WQ": q.T.reshape(F, G, r, d),
+        "WK": k.T.reshape(F, G, d),
+        "WV": v.T.reshape(F, G, d),
+        "WO": o.T.reshape(G, r, d, F),
     }
 
 
@@ -126,8 +128,8 @@ def llama(theta: int = 10000):
     return randomized(LlamaAttention(llama_config(rope_parameters={"rope_type": "default", "rope_theta": theta}), 0))
 
 
-def hf_rope_attention(attn: torch.nn.Module, x: torch.Tensor, theta: float) -> torch.Tensor:
-    return attn(x, position_embeddings=rope_tables(x.shape[-2], D, theta), attention_mask=None)[0]
+def hf_rope_attention(attn: torch.nn.Module, x: torch.Tensor, theta: float, d: int = D) -> torch.Tensor:
+    return attn(x, position_embeddings=rope_tables(x.shape[-2], d, theta), attention_mask=None)[0]
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
@@ -164,3 +166,53 @@ def test_llama_gradients_equal_hf():
     grads = {name: p.grad for name, p in module.named_parameters()}
     for name, value in gqa_weights(*projections(attn, grad=True)).items():
         assert_equal64(grads[name], value)
+
+
+# Qwen3 ----------------------------------------------------------------------------------------------
+
+QWEN3_D = 24  # Qwen3's head_dim is its own size (not F / H)
+
+
+class RMSNorm64(torch.nn.Module):
+    """Qwen3RMSNorm's formula, weight · x · rsqrt(mean(x²) + eps) over the last axis, without its
+    float32 upcast; holds the HF norm's own weight."""
+
+    def __init__(self, norm: torch.nn.Module):
+        super().__init__()
+        self.weight, self.eps = norm.weight, norm.variance_epsilon
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+@functools.cache
+def qwen3():
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
+
+    config = Qwen3Config(
+        hidden_size=F,
+        num_attention_heads=H,
+        num_key_value_heads=G,
+        head_dim=QWEN3_D,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000},
+        attn_implementation="sdpa",
+    )
+    attn = randomized(Qwen3Attention(config, 0))
+    attn.q_norm, attn.k_norm = RMSNorm64(attn.q_norm), RMSNorm64(attn.k_norm)
+    return attn
+
+
+def qwen3_weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
+    norms = {"nq": attn.q_norm.weight, "nk": attn.k_norm.weight}
+    return {**gqa_weights(*projections(attn), d=QWEN3_D), **norms}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_qwen3_equals_hf_qwen3_attention(causal):
+    attn = set_causal(qwen3(), causal)
+    module = compiled("qwen3", causal, F=F, H=H, G=G, D=QWEN3_D)
+    load_into(module, qwen3_weights(attn))
+    x = x_input()
+    assert_equal64(module(x), hf_rope_attention(attn, x, 1000000, d=QWEN3_D))
