@@ -216,3 +216,34 @@ def test_qwen3_equals_hf_qwen3_attention(causal):
     load_into(module, qwen3_weights(attn))
     x = x_input()
     assert_equal64(module(x), hf_rope_attention(attn, x, 1000000, d=QWEN3_D))
+
+
+# GPT-2 ----------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def gpt2():
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+
+    config = GPT2Config(n_embd=F, n_head=H, attn_implementation="sdpa")
+    return randomized(GPT2Attention(config, layer_idx=0))
+
+
+def gpt2_weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Conv1D weights are stored [in, out]: c_attn [F, 3F] is viewed as Wattn[f t h d] as it is."""
+    return {
+        "Wattn": attn.c_attn.weight.view(F, 3, H, D),
+        "battn": attn.c_attn.bias.view(3, H, D),
+        "WO": attn.c_proj.weight.view(H, D, F),
+        "bo": attn.c_proj.bias,
+    }
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_gpt2_equals_hf_gpt2_attention(causal):
+    attn = set_causal(gpt2(), causal)
+    module = compiled("gpt2", causal, F=F, H=H)
+    load_into(module, gpt2_weights(attn))
+    x = x_input()
+    assert_equal64(module(x), attn(x)[0])
