@@ -1,15 +1,19 @@
 """The production designs (designs/llama.td, qwen3, gpt2, falcon, bloom, bert) equal Hugging Face
 transformers' attention modules in float64: each HF module is built from a small config with random
 weights, its weights are copied into the compiled module's leg-shaped parameters, and the outputs
-agree to 1e-10 relative, plain and, for the decoders, causal (HF's causal mask). Where HF computes a
-part in float32 even in a float64 module (its RoPE tables, Qwen3's RMSNorm, BLOOM's softmax), the
-test builds that part in float64, as the same formula, rather than loosening the tolerance."""
+and gradients agree to 1e-10 relative, plain and, for the decoders, causal (HF's causal mask).
+Where HF computes a part in float32 even in a float64 module (its RoPE tables, Qwen3's RMSNorm,
+BLOOM's softmax), the test builds that part in float64, as the same formula, rather than loosening
+the tolerance."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -22,12 +26,13 @@ transformers = pytest.importorskip("transformers")
 F64 = torch.float64
 F, H, G, D = 64, 4, 2, 16
 N, BATCH = 12, 2
+QWEN3_D = 24  # Qwen3's head_dim is its own size (not F / H)
 
 
 @functools.cache
-def compiled(name: str, causal: bool, **sizes: int) -> torch.nn.Module:
+def compiled(name: str, causal: bool, sizes: tuple[tuple[str, int], ...]) -> torch.nn.Module:
     """The design's compiled float64 module at the test's sizes, built once per file."""
-    design = tdiag.load(DESIGNS / f"{name}.td", **sizes)
+    design = tdiag.load(DESIGNS / f"{name}.td", **dict(sizes))
     return (design.with_causal_mask() if causal else design).module(dtype=F64)
 
 
@@ -70,107 +75,41 @@ def rope_tables(n: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torc
     return emb.cos(), emb.sin()
 
 
-def set_causal(module: torch.nn.Module, causal: bool) -> torch.nn.Module:
-    """HF decoders mask causally by `is_causal` when no attention mask is given; False gives the
-    same module's bidirectional (plain) attention."""
-    module.is_causal = causal
-    return module
+def causal_float_mask(n: int) -> torch.Tensor:
+    """HF's additive causal mask [1, 1, n, n]: 0 where key m <= query n, the dtype's lowest elsewhere."""
+    hidden = torch.ones(n, n, dtype=torch.bool).triu(1)
+    return torch.zeros(n, n, dtype=F64).masked_fill(hidden, torch.finfo(F64).min)[None, None]
 
 
-def test_import_tdiag_does_not_import_transformers():
-    code = "import sys, tdiag; assert 'transformers' not in sys.modules, 'transformers imported'"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+# The HF modules ------------------------------------------------------------------------------------
 
 
-# Llama ----------------------------------------------------------------------------------------------
+def gqa_weights(attn: torch.nn.Module, d: int = D) -> dict[str, torch.Tensor]:
+    """q/k/v/o_proj ([out, in] nn.Linear weights, heads head-major) as the designs' leg-shaped
+    WQ[f g r d], WK[f g d], WV[f g e], WO[g r e o], at head width d."""
+    r = H // G
+    return {
+        "WQ": attn.q_proj.weight.T.reshape(F, G, r, d),
+        "WK": attn.k_proj.weight.T.reshape(F, G, d),
+        "WV": attn.v_proj.weight.T.reshape(F, G, d),
+        "WO": attn.o_proj.weight.T.reshape(G, r, d, F),
+    }
 
 
-def llama_config(**more):
+@functools.cache
+def llama(theta: int = 10000) -> torch.nn.Module:
     from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention
 
-    return LlamaConfig(
+    config = LlamaConfig(
         hidden_size=F,
         num_attention_heads=H,
         num_key_value_heads=G,
         attention_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": theta},
         attn_implementation="sdpa",
-        **more,
     )
-
-
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
-
-
-def gqa_weights(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, d: int = D
-) -> dict[str, torch.Tensor]:
-    """HF's q/k/v/o_proj weights ([out, in] nn.Linear weights, heads head-major) as the designs'
-    leg-shaped WQ[f g r d], WK[f g d], WV[f g e], WO[g r e o], at head width d."""
-    r = H // G
-    return {
-        "WQ": q.T.reshape(F, G, r, d),
-        "WK": k.T.reshape(F, G, d),
-        "WV": v.T.reshape(F, G, d),
-        "WO": o.T.reshape(G, r, d, F),
-    }
-
-
-def projections(attn: torch.nn.Module, grad: bool = False) -> list[torch.Tensor]:
-    """The four projection weights of a Llama-style HF module (or their gradients)."""
-    weights = [getattr(attn, name).weight for name in PROJECTIONS]
-    return [w.grad for w in weights] if grad else weights
-
-
-@functools.cache
-def llama(theta: int = 10000):
-    from transformers.models.llama.modeling_llama import LlamaAttention
-
-    return randomized(LlamaAttention(llama_config(rope_parameters={"rope_type": "default", "rope_theta": theta}), 0))
-
-
-def hf_rope_attention(attn: torch.nn.Module, x: torch.Tensor, theta: float, d: int = D) -> torch.Tensor:
-    return attn(x, position_embeddings=rope_tables(x.shape[-2], d, theta), attention_mask=None)[0]
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
-def test_llama_equals_hf_llama_attention(causal):
-    attn = set_causal(llama(), causal)
-    module = compiled("llama", causal, F=F, H=H, G=G)
-    load_into(module, gqa_weights(*projections(attn)))
-    x = x_input()
-    assert_equal64(module(x), hf_rope_attention(attn, x, 10000))
-
-
-def test_llama_rope_base_is_the_theta_size():
-    """Llama 3's rope_theta = 500000 is the size Theta."""
-    attn = set_causal(llama(500000), True)
-    module = compiled("llama", True, F=F, H=H, G=G, Theta=500000)
-    load_into(module, gqa_weights(*projections(attn)))
-    x = x_input(n=40)
-    assert_equal64(module(x), hf_rope_attention(attn, x, 500000))
-
-
-def test_llama_gradients_equal_hf():
-    """The gradients in the input and in every weight equal HF's (causal)."""
-    attn = set_causal(llama(), True)
-    module = compiled("llama", True, F=F, H=H, G=G)
-    load_into(module, gqa_weights(*projections(attn)))
-    attn.zero_grad()
-    module.zero_grad()
-    x = x_input().requires_grad_()
-    x_hf = x.detach().clone().requires_grad_()
-    weight = torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(3))
-    (module(x) * weight).sum().backward()
-    (hf_rope_attention(attn, x_hf, 10000) * weight).sum().backward()
-    assert_equal64(x.grad, x_hf.grad)
-    grads = {name: p.grad for name, p in module.named_parameters()}
-    for name, value in gqa_weights(*projections(attn, grad=True)).items():
-        assert_equal64(grads[name], value)
-
-
-# Qwen3 ----------------------------------------------------------------------------------------------
-
-QWEN3_D = 24  # Qwen3's head_dim is its own size (not F / H)
+    return randomized(LlamaAttention(config, 0))
 
 
 class RMSNorm64(torch.nn.Module):
@@ -186,7 +125,7 @@ class RMSNorm64(torch.nn.Module):
 
 
 @functools.cache
-def qwen3():
+def qwen3() -> torch.nn.Module:
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
 
@@ -205,33 +144,19 @@ def qwen3():
 
 
 def qwen3_weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
-    norms = {"nq": attn.q_norm.weight, "nk": attn.k_norm.weight}
-    return {**gqa_weights(*projections(attn), d=QWEN3_D), **norms}
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
-def test_qwen3_equals_hf_qwen3_attention(causal):
-    attn = set_causal(qwen3(), causal)
-    module = compiled("qwen3", causal, F=F, H=H, G=G, D=QWEN3_D)
-    load_into(module, qwen3_weights(attn))
-    x = x_input()
-    assert_equal64(module(x), hf_rope_attention(attn, x, 1000000, d=QWEN3_D))
-
-
-# GPT-2 ----------------------------------------------------------------------------------------------
+    return {**gqa_weights(attn, d=QWEN3_D), "nq": attn.q_norm.weight, "nk": attn.k_norm.weight}
 
 
 @functools.cache
-def gpt2():
+def gpt2() -> torch.nn.Module:
     from transformers import GPT2Config
     from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
 
-    config = GPT2Config(n_embd=F, n_head=H, attn_implementation="sdpa")
-    return randomized(GPT2Attention(config, layer_idx=0))
+    return randomized(GPT2Attention(GPT2Config(n_embd=F, n_head=H, attn_implementation="sdpa"), layer_idx=0))
 
 
 def gpt2_weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Conv1D weights are stored [in, out]: c_attn [F, 3F] is viewed as Wattn[f t h d] as it is."""
+    """Conv1D weights are stored [in, out]: c_attn [F, 3F] is Wattn[f t h d] as it is (a view)."""
     return {
         "Wattn": attn.c_attn.weight.view(F, 3, H, D),
         "battn": attn.c_attn.bias.view(3, H, D),
@@ -240,10 +165,154 @@ def gpt2_weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+@functools.cache
+def falcon() -> torch.nn.Module:
+    from transformers import FalconConfig
+    from transformers.models.falcon.modeling_falcon import FalconAttention
+
+    config = FalconConfig(
+        hidden_size=F,
+        num_attention_heads=H,
+        multi_query=True,
+        new_decoder_architecture=False,
+        alibi=False,
+        bias=False,
+        attn_implementation="sdpa",
+    )
+    return randomized(FalconAttention(config, layer_idx=0))
+
+
+def falcon_weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """query_key_value [(H + 2)·D, F] is Wqkv[f j d] transposed; dense [F, H·D] is WO[h e g] transposed."""
+    return {"Wqkv": attn.query_key_value.weight.T.reshape(F, H + 2, D), "WO": attn.dense.weight.T.reshape(H, D, F)}
+
+
+def set_causal(module: torch.nn.Module, causal: bool) -> torch.nn.Module:
+    """HF decoders mask causally by `is_causal` when no attention mask is given; False gives the
+    same module's bidirectional (plain) attention."""
+    module.is_causal = causal
+    return module
+
+
+@dataclass(frozen=True)
+class Case:
+    """A design and the HF module it is tested against: how the HF weights become the design's
+    parameters, and how the HF module is called (plain or causal)."""
+
+    design: str
+    sizes: tuple[tuple[str, int], ...]
+    build: Callable[[], torch.nn.Module]
+    weights: Callable[[torch.nn.Module], dict[str, torch.Tensor]]
+    call: Callable[[torch.nn.Module, torch.Tensor, bool], torch.Tensor]
+
+
+CASES = {
+    "llama": Case(
+        "llama",
+        (("F", F), ("H", H), ("G", G)),
+        llama,
+        gqa_weights,
+        lambda attn, x, causal: set_causal(attn, causal)(
+            x, position_embeddings=rope_tables(x.shape[-2], D, 10000), attention_mask=None
+        )[0],
+    ),
+    "qwen3": Case(
+        "qwen3",
+        (("F", F), ("H", H), ("G", G), ("D", QWEN3_D)),
+        qwen3,
+        qwen3_weights,
+        lambda attn, x, causal: set_causal(attn, causal)(
+            x, position_embeddings=rope_tables(x.shape[-2], QWEN3_D, 1000000), attention_mask=None
+        )[0],
+    ),
+    "gpt2": Case(
+        "gpt2",
+        (("F", F), ("H", H)),
+        gpt2,
+        gpt2_weights,
+        lambda attn, x, causal: set_causal(attn, causal)(x)[0],
+    ),
+    "falcon": Case(
+        "falcon",
+        (("F", F), ("H", H)),
+        falcon,
+        falcon_weights,
+        lambda attn, x, causal: set_causal(attn, causal)(
+            x, alibi=None, attention_mask=None, position_embeddings=rope_tables(x.shape[-2], D, 10000)
+        )[0],
+    ),
+}
+
+
+def loaded(case: Case, causal: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(HF module, compiled module holding its weights)."""
+    attn = case.build()
+    module = compiled(case.design, causal, case.sizes)
+    load_into(module, case.weights(attn))
+    return attn, module
+
+
+def gradients_as_weights(attn: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the HF module whose parameters hold the original's gradients, so that a case's
+    `weights` maps them to the design's legs as it maps the weights."""
+    grads = copy.deepcopy(attn)
+    with torch.no_grad():
+        for copied, original in zip(grads.parameters(), attn.parameters(), strict=True):
+            copied.copy_(original.grad)
+    return grads
+
+
+# The tests -----------------------------------------------------------------------------------------
+
+
+def test_import_tdiag_does_not_import_transformers():
+    code = "import sys, tdiag; assert 'transformers' not in sys.modules, 'transformers imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
-def test_gpt2_equals_hf_gpt2_attention(causal):
-    attn = set_causal(gpt2(), causal)
-    module = compiled("gpt2", causal, F=F, H=H)
-    load_into(module, gpt2_weights(attn))
+@pytest.mark.parametrize("name", list(CASES))
+def test_design_equals_its_hf_attention_module(name, causal):
+    case = CASES[name]
+    attn, module = loaded(case, causal)
     x = x_input()
-    assert_equal64(module(x), attn(x)[0])
+    with torch.no_grad():
+        assert_equal64(module(x), case.call(attn, x, causal))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_design_gradients_equal_its_hf_attention_module(name):
+    """Causal: the gradients in the input and in every weight equal HF's, mapped to the legs."""
+    case = CASES[name]
+    attn, module = loaded(case, True)
+    attn.zero_grad()
+    module.zero_grad()
+    x = x_input().requires_grad_()
+    x_hf = x.detach().clone().requires_grad_()
+    weight = torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(3))
+    (module(x) * weight).sum().backward()
+    (case.call(attn, x_hf, True) * weight).sum().backward()
+    assert_equal64(x.grad, x_hf.grad)
+    grads = dict(module.named_parameters())
+    for name, value in case.weights(gradients_as_weights(attn)).items():
+        assert_equal64(grads[name].grad, value)
+
+
+def test_llama_rope_base_is_the_theta_size():
+    """Llama 3's rope_theta = 500000 is the size Theta."""
+    attn = llama(500000)
+    module = compiled("llama", True, (("F", F), ("H", H), ("G", G), ("Theta", 500000)))
+    load_into(module, gqa_weights(attn))
+    x = x_input(n=40)
+    expected = set_causal(attn, True)(x, position_embeddings=rope_tables(40, D, 500000), attention_mask=None)[0]
+    with torch.no_grad():
+        assert_equal64(module(x), expected)
+
+
+def test_a_causal_design_differs_from_the_plain_hf_module():
+    """The comparison sees the mask: llama's causal module is not HF's bidirectional one."""
+    case = CASES["llama"]
+    attn, module = loaded(case, True)
+    x = x_input()
+    with torch.no_grad():
+        assert (module(x) - case.call(attn, x, False)).abs().max() > 1e-3
