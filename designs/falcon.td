@@ -1,8 +1,8 @@
 # Falcon-7B's self-attention block: multi-query attention from one fused QKV projection, with RoPE.
-# Paper: Almazrouei et al., "The Falcon Series of Open Language Models" (2023), Sec. 4.1
-# (multi-query attention, rotary embeddings) with Shazeer, "Fast Transformer Decoding: One Write-Head
-# is All You Need" (2019), Sec. 3 (multi-query: one key and one value head shared by all query heads)
-# and the rotation of Su et al., RoFormer (2021), eq. (34), logits eq. (16).
+# Paper: Almazrouei et al., "The Falcon Series of Open Language Models" (2023), its architecture
+# section (multi-query attention, rotary embeddings), with Shazeer, "Fast Transformer Decoding: One
+# Write-Head is All You Need" (2019), Sec. 3 (one key and one value head shared by all query
+# heads) and the rotation of Su et al., RoFormer (2021), eq. (34), logits eq. (16).
 # Module: Hugging Face transformers' FalconAttention (models/falcon/modeling_falcon.py) with
 # multi_query = True, new_decoder_architecture = False, alibi = False (Falcon-7B): query_key_value(x)
 # viewed as (H + 2, head_dim): H query heads, then one key head, then one value head; RoPE with

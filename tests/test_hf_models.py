@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from unittest import mock
 
 import pytest
 import torch
@@ -187,6 +188,53 @@ def falcon_weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {"Wqkv": attn.query_key_value.weight.T.reshape(F, H + 2, D), "WO": attn.dense.weight.T.reshape(H, D, F)}
 
 
+@functools.cache
+def bloom() -> torch.nn.Module:
+    from transformers import BloomConfig
+    from transformers.models.bloom.modeling_bloom import BloomAttention
+
+    return randomized(BloomAttention(BloomConfig(hidden_size=F, n_head=H), layer_idx=0))
+
+
+def bloom_weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """query_key_value [H·3·D, F] is Wqkv[f h t d] transposed, its bias bqkv[h t d]; dense likewise."""
+    return {
+        "Wqkv": attn.query_key_value.weight.T.reshape(F, H, 3, D),
+        "bqkv": attn.query_key_value.bias.view(H, 3, D),
+        "WO": attn.dense.weight.T.reshape(H, D, F),
+        "bo": attn.dense.bias,
+    }
+
+
+class SoftmaxInInputDtype:
+    """torch.nn.functional, but softmax in its input's dtype: BloomAttention asks for float32."""
+
+    def __getattr__(self, name: str):
+        return getattr(torch.nn.functional, name)
+
+    @staticmethod
+    def softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return torch.nn.functional.softmax(x, dim=dim)
+
+
+def bloom_alibi(batch: int, n: int) -> torch.Tensor:
+    """build_alibi_tensor's [batch·H, 1, n] bias for sequences without padding, in float64:
+    slope_h · m with slopes 2^(−8(h+1)/H) (H a power of two)."""
+    slopes = 2.0 ** (-8.0 * torch.arange(1, H + 1, dtype=F64) / H)
+    return (slopes[:, None] * torch.arange(n, dtype=F64)).expand(batch, H, n).reshape(batch * H, 1, n)
+
+
+def bloom_call(attn: torch.nn.Module, x: torch.Tensor, causal: bool) -> torch.Tensor:
+    """BloomAttention with build_alibi_tensor's bias (slope_h · key position, for a sequence
+    without padding) and its softmax in float64, no residual (zeros), HF's causal mask or none."""
+    from transformers.models.bloom import modeling_bloom
+
+    batch, n, _ = x.shape
+    mask = causal_float_mask(n) if causal else None
+    with mock.patch.object(modeling_bloom, "F", SoftmaxInInputDtype()):
+        return attn(x, torch.zeros_like(x), bloom_alibi(batch, n), mask)[0]
+
+
 def set_causal(module: torch.nn.Module, causal: bool) -> torch.nn.Module:
     """HF decoders mask causally by `is_causal` when no attention mask is given; False gives the
     same module's bidirectional (plain) attention."""
@@ -241,6 +289,7 @@ CASES = {
             x, alibi=None, attention_mask=None, position_embeddings=rope_tables(x.shape[-2], D, 10000)
         )[0],
     ),
+    "bloom": Case("bloom", (("F", F), ("H", H)), bloom, bloom_weights, bloom_call),
 }
 
 
@@ -307,6 +356,22 @@ def test_llama_rope_base_is_the_theta_size():
     expected = set_causal(attn, True)(x, position_embeddings=rope_tables(40, D, 500000), attention_mask=None)[0]
     with torch.no_grad():
         assert_equal64(module(x), expected)
+
+
+def test_the_float64_rope_tables_are_hf_rotary_embedding_in_float32():
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    x = x_input(n=40)
+    hf = LlamaRotaryEmbedding(llama(500000).config)(x, torch.arange(40)[None])
+    for ours, theirs in zip(rope_tables(40, D, 500000), hf, strict=True):
+        assert theirs.dtype == F64 and (ours - theirs).abs().max() < 1e-5
+
+
+def test_the_float64_alibi_is_hf_build_alibi_tensor_in_float32():
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    hf = build_alibi_tensor(torch.ones(BATCH, 40, dtype=torch.long), H, F64)
+    assert (bloom_alibi(BATCH, 40) - hf).abs().max() < 1e-5
 
 
 def test_a_causal_design_differs_from_the_plain_hf_module():
