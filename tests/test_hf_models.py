@@ -60,10 +60,10 @@ def load_into(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None
             getattr(module, name).copy_(value)
 
 
-def assert_equal64(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """Equal to 1e-10 relative to the largest entry of `expected`."""
+def assert_equal64(actual: torch.Tensor, expected: torch.Tensor, scale: float | None = None) -> None:
+    """Equal to 1e-10 relative to `scale`, by default the largest entry of `expected`."""
     assert actual.shape == expected.shape
-    scale = expected.abs().max()
+    scale = expected.abs().max() if scale is None else scale
     assert scale > 0 and (actual - expected).abs().max() <= 1e-10 * scale
 
 
@@ -235,6 +235,39 @@ def bloom_call(attn: torch.nn.Module, x: torch.Tensor, causal: bool) -> torch.Te
         return attn(x, torch.zeros_like(x), bloom_alibi(batch, n), mask)[0]
 
 
+@functools.cache
+def bert() -> torch.nn.Module:
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertAttention
+
+    config = BertConfig(hidden_size=F, num_attention_heads=H, layer_norm_eps=1e-12, attn_implementation="sdpa")
+    return randomized(BertAttention(config, layer_idx=0))
+
+
+def bert_weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
+    projections = {"Q": attn.self.query, "K": attn.self.key, "V": attn.self.value}
+    return {
+        **{f"W{k}": p.weight.T.reshape(F, H, D) for k, p in projections.items()},
+        **{f"b{k.lower()}": p.bias.view(H, D) for k, p in projections.items()},
+        "WO": attn.output.dense.weight.T.reshape(H, D, F),
+        "bo": attn.output.dense.bias,
+        "ln_w": attn.output.LayerNorm.weight,
+        "ln_b": attn.output.LayerNorm.bias,
+    }
+
+
+def bert_call(attn: torch.nn.Module, x: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
+    """BertAttention with the additive key padding mask [batch, 1, 1, N] of the extended attention
+    mask (0 where attended, the dtype's lowest where padded), or none."""
+    mask = None if pad is None else torch.zeros(pad.shape, dtype=F64).masked_fill(~pad, torch.finfo(F64).min)
+    return attn(x, attention_mask=None if mask is None else mask[:, None, None, :])[0]
+
+
+def padding(lengths: tuple[int, ...], n: int = N) -> torch.Tensor:
+    """Key padding [batch, n]: the first `length` tokens of each sequence exist."""
+    return torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]
+
+
 def set_causal(module: torch.nn.Module, causal: bool) -> torch.nn.Module:
     """HF decoders mask causally by `is_causal` when no attention mask is given; False gives the
     same module's bidirectional (plain) attention."""
@@ -252,6 +285,7 @@ class Case:
     build: Callable[[], torch.nn.Module]
     weights: Callable[[torch.nn.Module], dict[str, torch.Tensor]]
     call: Callable[[torch.nn.Module, torch.Tensor, bool], torch.Tensor]
+    decoder: bool = True  # causal, so tested plain and causal; an encoder is tested plain only
 
 
 CASES = {
@@ -290,7 +324,9 @@ CASES = {
         )[0],
     ),
     "bloom": Case("bloom", (("F", F), ("H", H)), bloom, bloom_weights, bloom_call),
+    "bert": Case("bert", (("F", F), ("H", H)), bert, bert_weights, lambda attn, x, causal: bert_call(attn, x), False),
 }
+MODES = [(name, causal) for name, case in CASES.items() for causal in ((False, True) if case.decoder else (False,))]
 
 
 def loaded(case: Case, causal: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -319,8 +355,7 @@ def test_import_tdiag_does_not_import_transformers():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize(("name", "causal"), MODES, ids=[f"{n}-{'causal' if c else 'plain'}" for n, c in MODES])
 def test_design_equals_its_hf_attention_module(name, causal):
     case = CASES[name]
     attn, module = loaded(case, causal)
@@ -331,20 +366,23 @@ def test_design_equals_its_hf_attention_module(name, causal):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_design_gradients_equal_its_hf_attention_module(name):
-    """Causal: the gradients in the input and in every weight equal HF's, mapped to the legs."""
+    """The gradients in the input and in every weight equal HF's, mapped to the legs (causal for a
+    decoder)."""
     case = CASES[name]
-    attn, module = loaded(case, True)
+    attn, module = loaded(case, case.decoder)
     attn.zero_grad()
     module.zero_grad()
     x = x_input().requires_grad_()
     x_hf = x.detach().clone().requires_grad_()
     weight = torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(3))
     (module(x) * weight).sum().backward()
-    (case.call(attn, x_hf, True) * weight).sum().backward()
+    (case.call(attn, x_hf, case.decoder) * weight).sum().backward()
     assert_equal64(x.grad, x_hf.grad)
     grads = dict(module.named_parameters())
-    for name, value in case.weights(gradients_as_weights(attn)).items():
-        assert_equal64(grads[name].grad, value)
+    expected = case.weights(gradients_as_weights(attn))
+    scale = max(value.abs().max() for value in expected.values())  # a key bias's gradient is 0
+    for name, value in expected.items():
+        assert_equal64(grads[name].grad, value, scale)
 
 
 def test_llama_rope_base_is_the_theta_size():
@@ -381,3 +419,30 @@ def test_a_causal_design_differs_from_the_plain_hf_module():
     x = x_input()
     with torch.no_grad():
         assert (module(x) - case.call(attn, x, False)).abs().max() > 1e-3
+
+
+def test_bert_equals_hf_bert_attention_with_a_key_padding_mask():
+    attn, module = loaded(CASES["bert"], False)
+    x, pad = x_input(), padding((N, 7))
+    with torch.no_grad():
+        assert_equal64(module(x, pad=pad), bert_call(attn, x, pad))
+
+
+def test_bert_gradients_equal_hf_with_a_key_padding_mask():
+    attn, module = loaded(CASES["bert"], False)
+    x, pad = x_input().requires_grad_(), padding((5, 9))
+    x_hf = x.detach().clone().requires_grad_()
+    weight = torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(3))
+    (module(x, pad=pad) * weight).sum().backward()
+    (bert_call(attn, x_hf, pad) * weight).sum().backward()
+    assert_equal64(x.grad, x_hf.grad)
+
+
+def test_bert_padded_keys_change_nothing_of_the_rest():
+    """A token beyond every length is invisible: changing it leaves the real tokens' outputs as they were."""
+    _, module = loaded(CASES["bert"], False)
+    x, pad = x_input(), padding((7, 7))
+    changed = x.clone()
+    changed[:, 7:] += 1.0
+    with torch.no_grad():
+        assert torch.equal(module(x, pad=pad)[:, :7], module(changed, pad=pad)[:, :7])
