@@ -635,6 +635,13 @@ class _Interpreter(AbstractMachine):
     @op.register
     def _(self, op: GatherAt, step: Step) -> Meta:
         x = self.read(op.x)
+        if not op.index.legs:  # a read at one number (a fused QKV's j = H): a view, nothing saved
+            shape, numel = self.output(step)
+            strides = x.strides
+            if len(strides) != len(shape) + 1:  # a stored table named without its legs: contiguous
+                strides = contiguous(tuple(self.integer(a.size) for a in self.g.tensors[op.x.value.var].axes))
+            self.record.moved = sympy.Integer(0)
+            return Meta(shape, tuple(s for k, s in enumerate(strides) if k != op.dim), x.storage, x.grad, numel)
         index = self.value(op.index)
         if x.grad:
             self.save(index)

@@ -80,9 +80,12 @@ class PositionLowering:
         return self.memo[key][0]
 
     def position_tensor(self, position: Position, ren: dict[str, tuple[str, ...]]) -> Value:
-        """The integer position over its region legs."""
+        """The integer position over its region legs, made once per program."""
         renamed = _rename_position(position, {leg: ren[leg][0] for leg in position.legs()}, self.runtime)
         legs = renamed.legs()
+        key = ("position", renamed)
+        if key in self.memo:
+            return self.memo[key][0]
         name = self.names.fresh("position")
         out = Value(name, legs)
         self.emit(
@@ -94,6 +97,7 @@ class PositionLowering:
                 elementwise=self.numel(legs),
             )
         )
+        self.memo[key] = (out, legs)
         return out
 
     def lower_gather(self, e: Gather, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
