@@ -1,0 +1,221 @@
+"""The bridge to Hugging Face transformers (issue 25): a causal LM whose attention blocks are
+compiled designs, so that `model(...)` and `model.generate()` run a design in a real model.
+
+    model = transformers.LlamaForCausalLM(config)
+    tdiag.hf.use_design(model)                  # its own attention (designs/llama.td), its weights
+    tdiag.hf.use_design(model, "mgk")           # another design, fresh weights, causal
+
+With no design the model's own attention is compiled from the bundled design of its family at the
+config's sizes and each layer's weights are imported, so the logits do not change (Llama family:
+designs/llama.td; GPT-2: designs/gpt2.td). Any other design is compiled causal, at the config's
+model width F (and head count H where the design has one), with weights from its initializers.
+
+Decoding re-runs the design over the whole prefix at each step: a layer keeps its inputs (not
+keys and values) in the model's DynamicCache, so generation with the cache is exact for every
+design, at O(N) work per new token per position. A design's own key-value or recurrent cache is
+not built yet. Padding inside a batch (an attention mask that is not the causal one) is refused.
+transformers is optional: this module never imports it (it reads the model it is given); `import
+tdiag` does not import this module."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .design import Design, load
+from .weights import load_linear
+
+__all__ = ["DesignAttention", "use_design"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family whose attention a bundled design writes exactly: the design, where the
+    decoder layers and their attention are, the design's sizes from the config, what the design
+    does not model (refused), and how a layer's weights map onto the design's tensors."""
+
+    design: str
+    layers: Callable[[Any], list]
+    attribute: str
+    sizes: Callable[[Any], dict[str, int]]
+    unsupported: Callable[[Any], str | None]
+    import_weights: Callable[[Any, Any], None]
+
+
+def _llama_sizes(config: Any) -> dict[str, int]:
+    heads = config.num_attention_heads
+    return {
+        "F": config.hidden_size,
+        "H": heads,
+        "G": config.num_key_value_heads or heads,
+        "D": getattr(config, "head_dim", None) or config.hidden_size // heads,
+        "Theta": _whole(config.rope_parameters["rope_theta"], "rope_theta"),
+    }
+
+
+def _llama_unsupported(config: Any) -> str | None:
+    if config.attention_bias:
+        return "attention_bias = True (designs/llama.td has no projection biases)"
+    rope = config.rope_parameters.get("rope_type", "default")
+    if rope != "default":
+        return f"rope_type {rope!r} (designs/llama.td computes the default RoPE frequencies)"
+    if getattr(config, "pretraining_tp", 1) not in (None, 1):
+        return f"pretraining_tp = {config.pretraining_tp}"
+    return None
+
+
+def _llama_weights(attention: Any, block: Any) -> None:
+    load_linear(block, "WQ", attention.q_proj.weight, cols="f")
+    load_linear(block, "WK", attention.k_proj.weight, cols="f")
+    load_linear(block, "WV", attention.v_proj.weight, cols="f")
+    load_linear(block, "WO", attention.o_proj.weight, cols="g r e")
+
+
+def _gpt2_unsupported(config: Any) -> str | None:
+    if not config.scale_attn_weights:
+        return "scale_attn_weights = False (designs/gpt2.td scales by head_dim^-0.5)"
+    if config.scale_attn_by_inverse_layer_idx:
+        return "scale_attn_by_inverse_layer_idx = True (a scale per layer)"
+    if config.add_cross_attention:
+        return "add_cross_attention = True (cross-attention layers)"
+    return None
+
+
+def _gpt2_weights(attention: Any, block: Any) -> None:
+    load_linear(block, "Wattn", attention.c_attn.weight.T, cols="f")
+    load_linear(block, "battn", attention.c_attn.bias, cols="")
+    load_linear(block, "WO", attention.c_proj.weight.T, cols="h e")
+    load_linear(block, "bo", attention.c_proj.bias, cols="")
+
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family(
+        "llama",
+        lambda model: model.base_model.layers,
+        "self_attn",
+        _llama_sizes,
+        _llama_unsupported,
+        _llama_weights,
+    ),
+    "gpt2": Family(
+        "gpt2",
+        lambda model: model.base_model.h,
+        "attn",
+        lambda config: {"F": config.n_embd, "H": config.n_head},
+        _gpt2_unsupported,
+        _gpt2_weights,
+    ),
+}
+
+
+def use_design(model: Any, design: str | Path | Design | None = None, *, seed: int = 0) -> Any:
+    """Replace the attention of every decoder layer of `model` (a HF Llama-family or GPT-2 model,
+    with or without its LM head) by a compiled causal design, in place; returns the model.
+
+    `design=None` compiles the model's own attention and imports each layer's weights (the logits
+    are the model's); a bundled design's name, a `.td` path or a loaded Design is compiled at the
+    config's width F (and H, if the design has a head count) with weights drawn from `seed`."""
+    config = model.config
+    family = FAMILIES.get(config.model_type)
+    if family is None:
+        known = ", ".join(sorted(FAMILIES))
+        raise ValueError(f"model: tdiag.hf knows the families {known}, not {config.model_type!r}")
+    own = design is None
+    if own:
+        reason = family.unsupported(config)
+        if reason is not None:
+            raise ValueError(f"model: its attention is not what designs/{family.design}.td computes: {reason}")
+        sized = load(family.design, **family.sizes(config))
+    else:
+        sized = _sized(design, config)
+    causal = sized.with_causal_mask()
+    parameter = next(model.parameters())
+    for index, layer in enumerate(family.layers(model)):
+        block = causal.module(seed=seed + index, dtype=parameter.dtype, device=parameter.device)
+        _check_width(block, config.hidden_size, sized.name)
+        if own:
+            family.import_weights(getattr(layer, family.attribute), block)
+        setattr(layer, family.attribute, DesignAttention(block, index))
+    return model
+
+
+class DesignAttention(torch.nn.Module):
+    """A compiled causal design in the place of a HF attention block. With a cache, the layer's
+    inputs so far are kept in it and the design runs over the whole prefix, returning the new
+    positions' outputs; HF's (output, weights) pair is returned with no weights."""
+
+    def __init__(self, block: torch.nn.Module, layer_idx: int) -> None:
+        super().__init__()
+        self.block = block
+        self.layer_idx = layer_idx
+
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, cache: Any = None, **_: Any
+    ) -> tuple[torch.Tensor, None]:
+        new = hidden_states.shape[-2]
+        if cache is not None:
+            hidden_states = _prefix(cache, hidden_states, self.layer_idx)
+        _check_causal(attention_mask, new, hidden_states.shape[-2])
+        return self.block(hidden_states)[..., -new:, :], None
+
+
+def _prefix(cache: Any, hidden_states: torch.Tensor, layer_idx: int) -> torch.Tensor:
+    """The layer's inputs at every position so far: the new ones appended to those the cache
+    keeps (stored as its keys and values of one head)."""
+    before = cache.get_seq_length(layer_idx)
+    entry = hidden_states[:, None]
+    kept, _ = cache.update(entry, entry, layer_idx)
+    if kept.shape[-2] != before + hidden_states.shape[-2]:
+        raise ValueError(
+            f"cache: a {type(cache).__name__} that does not keep every position (static or sliding "
+            "window); tdiag.hf needs transformers' default DynamicCache"
+        )
+    return kept[:, 0]
+
+
+def _check_causal(mask: torch.Tensor | None, queries: int, keys: int) -> None:
+    """A mask HF builds is accepted only when it is the causal one (no padding): the design is
+    compiled causal and takes no other mask."""
+    if mask is None:
+        return
+    visible = mask if mask.dtype == torch.bool else mask == 0
+    offset = keys - queries
+    causal = torch.ones(queries, keys, dtype=torch.bool, device=mask.device).tril(offset)
+    if visible.shape[-2:] != causal.shape or not bool((visible == causal).all()):
+        raise ValueError(
+            "attention_mask: tdiag.hf runs a design with its causal mask only; a batch with padding "
+            "(a mask that hides more than the future) is not supported"
+        )
+
+
+def _sized(design: str | Path | Design, config: Any) -> Design:
+    if isinstance(design, Design):
+        return design
+    probe = load(design)
+    sizes = {"F": config.hidden_size}
+    if "H" in probe.graph.sizes and not probe.graph.sizes["H"].is_free:
+        sizes["H"] = config.num_attention_heads
+    return load(design, **{k: v for k, v in sizes.items() if k in probe.graph.sizes})
+
+
+def _check_width(block: torch.nn.Module, width: int, name: str) -> None:
+    parameter = next(iter(block.parameters()), None)
+    probe = torch.zeros(1, 1, width, dtype=parameter.dtype if parameter is not None else None)
+    try:
+        with torch.no_grad():
+            out = block(probe)
+    except (ValueError, TypeError, RuntimeError) as error:
+        raise ValueError(f"design {name}: does not take the model's hidden states of width {width}: {error}") from None
+    if not isinstance(out, torch.Tensor) or out.shape != probe.shape:
+        shape = tuple(getattr(out, "shape", ()))
+        raise ValueError(f"design {name}: gives {shape} for input (1, 1, {width}); expected one output of that width")
+
+
+def _whole(value: float, name: str) -> int:
+    if float(value) != int(value):
+        raise ValueError(f"model: {name} = {value} is not a whole number (a design's size)")
+    return int(value)

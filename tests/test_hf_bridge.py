@@ -1,0 +1,135 @@
+"""tdiag.hf (issue 25): a Hugging Face causal LM whose attention blocks are compiled designs.
+With the model's own attention (designs/llama.td, gpt2.td) and its weights imported, the logits
+are the untouched model's in float64 and greedy generation with the cache gives the same tokens;
+any other design generates the same with and without the cache. Models are built from small
+configs with random weights (no downloads)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import tdiag.hf  # noqa: E402
+
+F64 = torch.float64
+VOCAB, PROMPT, NEW = 100, 9, 6
+
+
+class Float64Rotary(torch.nn.Module):
+    """Llama's default RoPE tables as LlamaRotaryEmbedding computes them, in float64 instead of
+    its float32, so that the untouched model is the float64 reference."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=F64) / head_dim))
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[..., None].to(F64) * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+def llama(**changes) -> torch.nn.Module:
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        intermediate_size=96,
+        vocab_size=VOCAB,
+        bos_token_id=1,
+        eos_token_id=2,
+        **changes,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(F64).eval()
+    model.model.rotary_emb = Float64Rotary(16, config.rope_parameters["rope_theta"])
+    return model
+
+
+def gpt2() -> torch.nn.Module:
+    config = transformers.GPT2Config(n_embd=64, n_head=4, n_layer=2, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).to(F64).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("attn.bias"):
+                parameter.normal_(0, 0.3)
+    return model
+
+
+def prompt() -> torch.Tensor:
+    return torch.randint(3, VOCAB, (2, PROMPT), generator=torch.Generator().manual_seed(4))
+
+
+def greedy(model, ids: torch.Tensor, use_cache: bool = True) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=NEW, do_sample=False, pad_token_id=0, use_cache=use_cache)
+
+
+def logits(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("build", [llama, gpt2], ids=["llama", "gpt2"])
+def test_the_models_own_attention_with_its_weights_gives_the_same_logits(build):
+    model, ids = build(), prompt()
+    expected = logits(model, ids)
+    tdiag.hf.use_design(model)
+    actual = logits(model, ids)
+    assert (actual - expected).abs().max() <= 1e-10 * expected.abs().max()
+
+
+@pytest.mark.parametrize("build", [llama, gpt2], ids=["llama", "gpt2"])
+def test_greedy_generation_with_the_cache_gives_the_models_tokens(build):
+    model, ids = build(), prompt()
+    expected = greedy(model, ids)
+    tdiag.hf.use_design(model)
+    assert torch.equal(greedy(model, ids), expected)
+
+
+def test_every_attention_block_is_replaced_by_a_compiled_design():
+    model = tdiag.hf.use_design(llama())
+    assert all(isinstance(layer.self_attn, tdiag.hf.DesignAttention) for layer in model.model.layers)
+    assert [layer.self_attn.layer_idx for layer in model.model.layers] == [0, 1]
+
+
+def test_another_design_generates_the_same_tokens_with_and_without_the_cache():
+    model = tdiag.hf.use_design(llama(), "mhsa")
+    ids = prompt()
+    assert torch.equal(greedy(model, ids), greedy(model, ids, use_cache=False))
+
+
+def test_another_design_takes_the_models_width_and_head_count():
+    model = tdiag.hf.use_design(llama(), "mhsa")
+    block = model.model.layers[0].self_attn.block
+    assert block.WQ.shape == (64, 4, 16)
+
+
+def test_a_padded_batch_is_refused_naming_the_attention_mask():
+    model = tdiag.hf.use_design(llama())
+    ids = prompt()
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with pytest.raises(ValueError, match=r"attention_mask: .* padding"), torch.no_grad():
+        model(ids, attention_mask=mask)
+
+
+def test_a_config_the_design_does_not_model_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="attention_bias = True"):
+        tdiag.hf.use_design(llama(attention_bias=True))
+
+
+def test_an_unknown_family_is_refused_naming_the_known_ones():
+    config = transformers.BertConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=1, vocab_size=50)
+    with pytest.raises(ValueError, match="knows the families gpt2, llama, not 'bert'"):
+        tdiag.hf.use_design(transformers.BertModel(config))
+
+
+def test_a_design_of_another_width_is_refused_naming_it(tmp_path):
+    design = tdiag.load("mhsa", F=32, H=4)
+    with pytest.raises(ValueError, match="design mhsa: does not take the model's hidden states of width 64"):
+        tdiag.hf.use_design(llama(), design)
