@@ -98,7 +98,9 @@ def multi_head_reference(module, x, *, causal=False, hidden=None, bias=None) -> 
 
 
 def grouped_design(name: str, causal: bool, width: int = 16) -> tdiag.Design:
-    design = tdiag.load(DESIGNS / f"{name}.td", **({"F": width, "H": 4} | ({"G": 2} if name == "grouped_query" else {})))
+    design = tdiag.load(
+        DESIGNS / f"{name}.td", **({"F": width, "H": 4} | ({"G": 2} if name == "grouped_query" else {}))
+    )
     return design.with_causal_mask() if causal else design
 
 
