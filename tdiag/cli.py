@@ -22,8 +22,10 @@ from .train_config import (
     config_from,
     device_name,
     given_settings,
+    positive_int,
     resume_refusals,
     resumed,
+    seed_int,
 )
 
 RENDER_FORMATS = ("dot", "pdf", "png", "svg")
@@ -243,6 +245,13 @@ def _parser() -> _Parser:
     p = commands.add_parser("train", help="train a character language model whose attention is the design")
     add_arguments(p)
     with_sizes(p, several=True)
+
+    p = commands.add_parser("generate", help="print text drawn from a trained run's model after a prompt")
+    p.add_argument("run", metavar="RUN", help="a run folder of `tdiag train` (its last checkpoint)")
+    p.add_argument("--prompt", required=True, help="the text to continue (characters of the run's data)")
+    p.add_argument("--length", type=positive_int, default=400, help="characters to draw (default 400)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the draw (default 0)")
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu (default), cuda, cuda:N, mps")
 
     from .space.command import add_parser as add_space_parser
 
@@ -556,6 +565,15 @@ def _design_sizes(file: str, designs: dict[str, Design], settings: list[tuple[st
     return sizes
 
 
+def _generate(args: argparse.Namespace) -> int:
+    from .train import generate
+
+    _available_device("generate", args.device)
+    text = generate(Path(args.run), args.prompt, args.length, args.seed, args.device)
+    print(args.prompt + text)
+    return 0
+
+
 def _report_training(result: dict) -> int:
 
     if result.get("final_val_loss") is not None and os.environ.get("RANK", "0") == "0":
@@ -575,6 +593,7 @@ def _space(args: argparse.Namespace) -> int:
 COMMANDS = {
     "space": _space,
     "train": _train,
+    "generate": _generate,
     "check": _check,
     "show": _show,
     "render": _render,

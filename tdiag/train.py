@@ -315,12 +315,21 @@ def evaluate(model: nn.Module, corpus: Corpus, config: TrainConfig, device: torc
 
 
 @torch.no_grad()
-def sample(model: LanguageModel, corpus: Corpus, config: TrainConfig, device: torch.device, length: int = 400) -> str:
-    """Text drawn from the model; where its outputs are not finite numbers (a diverged run), the
-    text so far and a line saying so."""
+def sample(
+    model: LanguageModel,
+    corpus: Corpus,
+    config: TrainConfig,
+    device: torch.device,
+    length: int = 400,
+    prompt: list[int] | None = None,
+    seed: int | None = None,
+) -> str:
+    """Text drawn from the model after `prompt` (character ids; by default the first context of
+    the training text), the model re-run over the last `context` characters for each new one;
+    where its outputs are not finite numbers (a diverged run), the text so far and a line saying so."""
     model.eval()
-    generator = torch.Generator(device="cpu").manual_seed(config.seed)
-    ids = corpus.train[: config.context].tolist()
+    generator = torch.Generator(device="cpu").manual_seed(config.seed if seed is None else seed)
+    ids = corpus.train[: config.context].tolist() if prompt is None else list(prompt)
     out: list[int] = []
     ending = ""
     for _ in range(length):
@@ -337,6 +346,37 @@ def sample(model: LanguageModel, corpus: Corpus, config: TrainConfig, device: to
         out.append(token)
     model.train()
     return corpus.decode(out) + ending
+
+
+def generate(folder: Path, prompt: str, length: int = 400, seed: int = 0, device: str = "cpu") -> str:
+    """`length` characters drawn after `prompt` from the model of a run folder's last checkpoint
+    (its design copy, its data's alphabet); a prompt character the data never has is an error
+    naming it."""
+    config, copy, data_sha256 = read_run_config(folder)
+    config = dataclasses.replace(config, device=device)
+    corpus = read_corpus(config.data, config.context)
+    if corpus.sha256 != data_sha256:
+        raise TdiagError(
+            Diagnostic(
+                f"data file '{config.data}' differs from the text the run in '{folder}' was trained on",
+                hint="its characters would map to other ids; restore that text",
+            )
+        )
+    if not prompt:
+        raise TdiagError(Diagnostic("the prompt is empty", hint="give at least one character with --prompt"))
+    index = {c: i for i, c in enumerate(corpus.chars)}
+    for position, char in enumerate(prompt):
+        if char not in index:
+            raise TdiagError(
+                Diagnostic(
+                    f"the prompt's character {char!r} (at {position}) never occurs in the data '{config.data}'",
+                    hint="the model knows only the characters of the text it was trained on",
+                )
+            )
+    target = resolve_device(device)
+    model, _ = build_model(config, corpus.vocab, target, str(design_copy(folder, copy)))
+    _load_checkpoint(folder, model, torch.optim.AdamW(model.parameters()), config)
+    return sample(model, corpus, config, target, length, [index[c] for c in prompt], seed)
 
 
 def warmup_steps(config: TrainConfig) -> int:
