@@ -1225,6 +1225,8 @@ def _(op: LiteralCombination, attributes: frozenset[str]) -> str:
             term = at(index) if size == 1 else f"{_scalar(size)} * {at(index)}"
             code = f"{sign}{term}" if not code and sign == "-" else term if not code else f"{code} {sign} {term}"
         slices.append(code or f"torch.zeros_like({at(tuple(0 for _ in op.dims))})")
+    if not op.sizes:  # the constant keeps no leg (a selector E[t] = values(0, 1, 0)): one slice
+        return slices[0]
     stacked = f"torch.stack([{', '.join(slices)}], -1)"
     return stacked if len(op.sizes) == 1 else f"{stacked}.unflatten(-1, {tuple(op.sizes)})"
 

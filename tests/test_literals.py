@@ -116,3 +116,17 @@ def test_rope_keeps_no_expanded_copy_of_the_rotation_for_backward():
     assert abs(modelled - saved.total_bytes) <= 0.1 * saved.total_bytes
     plan = design.plan(N=n, B=b)
     assert len(combinations(plan)) == 2  # one rotation for the queries, one for the keys
+
+
+def test_a_literal_that_keeps_no_leg_selects_one_slice():
+    """A selector over a leg it sums (`E[t] = values(0, 1, 0)`: the key third of a fused QKV
+    product) is that slice; it was stacked over no axis (`unflatten: sizes must be non-empty`)."""
+    body = (
+        "const E[t: 4] = values(0, 1, 0, 0)\nparam W[f: F, t: 4, e: Q] = normal(std = 1)\n"
+        "T[n t e] = X[n f] W[f t e]\nY[n e] = T[n t e] E[t]\noutput Y"
+    )
+    design = small(body)
+    module = design.module(dtype=F64)
+    (op,) = combinations(module.tdiag_plan)
+    x = x_input()
+    assert op.sizes == () and torch.allclose(module(x), x @ module.W[:, 1], atol=1e-12, rtol=0)
