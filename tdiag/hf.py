@@ -7,7 +7,7 @@ compiled designs, so that `model(...)` and `model.generate()` run a design in a 
 
 With no design the model's own attention is compiled from the bundled design of its family at the
 config's sizes and each layer's weights are imported, so the logits do not change (Llama family:
-designs/llama.td; GPT-2: designs/gpt2.td). Any other design is compiled causal, at the config's
+designs/llama.td; Qwen3: designs/qwen3.td; GPT-2: designs/gpt2.td). Any other design is compiled causal, at the config's
 model width F (and head count H where the design has one), with weights from its initializers.
 
 Decoding re-runs the design over the whole prefix at each step: a layer keeps its inputs (not
@@ -75,6 +75,21 @@ def _llama_weights(attention: Any, block: Any) -> None:
     load_linear(block, "WO", attention.o_proj.weight, cols="g r e")
 
 
+def _qwen3_unsupported(config: Any) -> str | None:
+    reason = _llama_unsupported(config)
+    if reason is None and config.rms_norm_eps != 1e-6:
+        reason = f"rms_norm_eps = {config.rms_norm_eps} (designs/qwen3.td's QK-norm takes 1e-6)"
+    if reason is None and any(kind != "full_attention" for kind in config.layer_types):
+        reason = "sliding-window layers (designs/qwen3.td attends to every earlier position)"
+    return reason.replace("llama.td", "qwen3.td") if reason else None
+
+
+def _qwen3_weights(attention: Any, block: Any) -> None:
+    _llama_weights(attention, block)
+    load_linear(block, "nq", attention.q_norm.weight, cols="")
+    load_linear(block, "nk", attention.k_norm.weight, cols="")
+
+
 def _gpt2_unsupported(config: Any) -> str | None:
     if not config.scale_attn_weights:
         return "scale_attn_weights = False (designs/gpt2.td scales by head_dim^-0.5)"
@@ -101,6 +116,14 @@ FAMILIES: dict[str, Family] = {
         _llama_unsupported,
         _llama_weights,
     ),
+    "qwen3": Family(
+        "qwen3",
+        lambda model: model.base_model.layers,
+        "self_attn",
+        _llama_sizes,
+        _qwen3_unsupported,
+        _qwen3_weights,
+    ),
     "gpt2": Family(
         "gpt2",
         lambda model: model.base_model.h,
@@ -113,7 +136,7 @@ FAMILIES: dict[str, Family] = {
 
 
 def use_design(model: Any, design: str | Path | Design | None = None, *, seed: int = 0) -> Any:
-    """Replace the attention of every decoder layer of `model` (a HF Llama-family or GPT-2 model,
+    """Replace the attention of every decoder layer of `model` (a HF Llama, Qwen3 or GPT-2 model,
     with or without its LM head) by a compiled causal design, in place; returns the model.
 
     `design=None` compiles the model's own attention and imports each layer's weights (the logits

@@ -49,6 +49,41 @@ def llama(**changes) -> torch.nn.Module:
     return model
 
 
+class Float64RMSNorm(torch.nn.Module):
+    """Qwen3's RMSNorm with its weight, computed in float64 instead of its float32."""
+
+    def __init__(self, norm: torch.nn.Module) -> None:
+        super().__init__()
+        self.weight, self.eps = norm.weight, norm.variance_epsilon
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x * (x.pow(2).mean(-1, keepdim=True) + self.eps).rsqrt()
+
+
+def qwen3() -> torch.nn.Module:
+    config = transformers.Qwen3Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        num_hidden_layers=2,
+        intermediate_size=96,
+        vocab_size=VOCAB,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(config).to(F64).eval()
+    model.model.rotary_emb = Float64Rotary(24, config.rope_parameters["rope_theta"])
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for name in ("q_norm", "k_norm"):
+                norm = getattr(layer.self_attn, name)
+                norm.weight.normal_(1, 0.3)
+                setattr(layer.self_attn, name, Float64RMSNorm(norm))
+    return model
+
+
 def gpt2() -> torch.nn.Module:
     config = transformers.GPT2Config(n_embd=64, n_head=4, n_layer=2, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(0)
@@ -74,7 +109,7 @@ def logits(model, ids: torch.Tensor) -> torch.Tensor:
         return model(ids).logits
 
 
-@pytest.mark.parametrize("build", [llama, gpt2], ids=["llama", "gpt2"])
+@pytest.mark.parametrize("build", [llama, qwen3, gpt2], ids=["llama", "qwen3", "gpt2"])
 def test_the_models_own_attention_with_its_weights_gives_the_same_logits(build):
     model, ids = build(), prompt()
     expected = logits(model, ids)
@@ -83,7 +118,7 @@ def test_the_models_own_attention_with_its_weights_gives_the_same_logits(build):
     assert (actual - expected).abs().max() <= 1e-10 * expected.abs().max()
 
 
-@pytest.mark.parametrize("build", [llama, gpt2], ids=["llama", "gpt2"])
+@pytest.mark.parametrize("build", [llama, qwen3, gpt2], ids=["llama", "qwen3", "gpt2"])
 def test_greedy_generation_with_the_cache_gives_the_models_tokens(build):
     model, ids = build(), prompt()
     expected = greedy(model, ids)
@@ -125,7 +160,7 @@ def test_a_config_the_design_does_not_model_is_refused_with_the_reason():
 
 def test_an_unknown_family_is_refused_naming_the_known_ones():
     config = transformers.BertConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=1, vocab_size=50)
-    with pytest.raises(ValueError, match="knows the families gpt2, llama, not 'bert'"):
+    with pytest.raises(ValueError, match="knows the families gpt2, llama, qwen3, not 'bert'"):
         tdiag.hf.use_design(transformers.BertModel(config))
 
 
@@ -133,3 +168,16 @@ def test_a_design_of_another_width_is_refused_naming_it(tmp_path):
     design = tdiag.load("mhsa", F=32, H=4)
     with pytest.raises(ValueError, match="design mhsa: does not take the model's hidden states of width 64"):
         tdiag.hf.use_design(llama(), design)
+
+
+def test_a_qwen3_config_with_another_norm_epsilon_is_refused_with_the_reason():
+    config = transformers.Qwen3Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+        vocab_size=VOCAB,
+        rms_norm_eps=1e-5,
+    )
+    with pytest.raises(ValueError, match=r"rms_norm_eps = 1e-05 \(designs/qwen3.td"):
+        tdiag.hf.use_design(transformers.Qwen3ForCausalLM(config))
