@@ -381,8 +381,8 @@ def test_design_gradients_equal_its_hf_attention_module(name):
     grads = dict(module.named_parameters())
     expected = case.weights(gradients_as_weights(attn))
     scale = max(value.abs().max() for value in expected.values())  # a key bias's gradient is 0
-    for name, value in expected.items():
-        assert_equal64(grads[name].grad, value, scale)
+    for parameter, value in expected.items():
+        assert_equal64(grads[parameter].grad, value, scale)
 
 
 def test_llama_rope_base_is_the_theta_size():
