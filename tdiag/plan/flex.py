@@ -147,6 +147,7 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
         group,
         live,
         future,
+        fused.window,
     )
     entries = ctx.numel([*heads, *queries, *keys])
     latent_size = ctx.numel(latent)
@@ -159,10 +160,11 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
         notes.append(f"{len(fused.sides)} query·key products as one: q and k concatenated along the features")
     if grouped:
         notes.append("query heads grouped over the key heads (enable_gqa)")
+    position_mask = "causal mask" if fused.window is None else "window"
     if block_mask is not None:
-        notes.append("causal mask as a block mask")
+        notes.append(f"{position_mask} as a block mask")
     if pads:
-        masks = "padding and causal masks" if fused.masks else "padding mask"
+        masks = f"padding mask and {position_mask}" if fused.masks else "padding mask"
         notes.append(f"{masks} in score_mod (a row whose keys are all masked averages the values)")
     how = f" ({'; '.join(notes)})" if notes else ""
     description = f"flex_attention over {' '.join(show_legs(keys))}, heads {' '.join(show_legs(heads))}{how}"
@@ -183,7 +185,7 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
             score_flops=2 * entries * latent_size,
             score_paper=entries * (2 * latent_size - 1),
             kernel_flops=None
-            if block_mask is None
+            if block_mask is None or fused.window is not None  # a band's blocks: not priced, dense
             else causal_kernel_flops(flops, ctx.numel(keys), sympy.Integer(FLEX_BLOCK)),
         )
     )
@@ -269,9 +271,10 @@ def causal_block_mask(ctx: _Lowering, fused: MatchedAttention) -> Value:
     key, so no row is empty and skipping the blocks above the diagonal changes nothing."""
     arguments = tuple(ctx.names.fresh(stem) for stem in ("b", "h", "q_idx", "kv_idx"))
     sequence, key = fused.sequence, fused.keys[0]
-    op = BlockMask(ctx.group_size([sequence]), ctx.group_size([key]), arguments, ctx.like_input())  # type: ignore[arg-type]
+    op = BlockMask(ctx.group_size([sequence]), ctx.group_size([key]), arguments, ctx.like_input(), fused.window)  # type: ignore[arg-type]
     out = Value(ctx.names.fresh("block_mask"), ())
-    ctx.emit(Step("mask", op, out, "FlexAttention block mask: causal", inputs=()))
+    what = "causal" if fused.window is None else "window"
+    ctx.emit(Step("mask", op, out, f"FlexAttention block mask: {what}", inputs=()))
     return out
 
 

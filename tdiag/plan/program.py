@@ -547,6 +547,8 @@ class BlockMask:
     keys: sympy.Expr
     arguments: tuple[str, str, str, str]
     like: str | None
+    # a window's (before, after): key j visible from query i where i − before < j < i + after
+    window: tuple[sympy.Expr, sympy.Expr] | None = None
 
 
 @dataclass(frozen=True)
@@ -576,6 +578,7 @@ class FlexAttention:
     group: sympy.Expr = ONE
     live: Value | None = None
     future: Operand | None = None
+    window: tuple[sympy.Expr, sympy.Expr] | None = None  # with `causal`: the window's band instead of i ≥ j
 
 
 @dataclass(frozen=True)
