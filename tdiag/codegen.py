@@ -20,6 +20,8 @@ from .ir import Tensor
 from .plan import BATCH_SIZE, Plan, Step, reads
 from .plan.program import (
     Attention,
+    BandBlocks,
+    BandMask,
     Binary,
     BlockMask,
     BufferUpdate,
@@ -976,6 +978,30 @@ def _(op: SplitChunks, attributes: frozenset[str]) -> str:
         return f"{x}.index_select({op.axis}, {positions}).unflatten({op.axis}, ({count}, {op.size}))"
     pads = "0, 0, " * op.trailing + f"0, {count} * {op.size} - {_expr(op.length)}"
     return f"torch.nn.functional.pad({_var(op.x, attributes)}, ({pads})).unflatten({op.axis}, ({count}, {op.size}))"
+
+
+@_op.register
+def _(op: BandBlocks, attributes: frozenset[str]) -> str:
+    count, length = _expr(op.count), _expr(op.length)
+    tail = op.width - op.size - op.lead
+    pads = "0, 0, " * op.trailing + f"{op.lead}, {count} * {op.size}{f' + {tail}' if tail else ''} - {length}"
+    padded = f"torch.nn.functional.pad({_var(op.x, attributes)}, ({pads}))"
+    return f"{padded}.unfold({op.axis}, {op.width}, {op.size}).movedim(-1, {op.axis + 1}).contiguous()"
+
+
+@_op.register
+def _(op: BandMask, attributes: frozenset[str]) -> str:
+    device = f"device={source(op.like, 'name')}.device" if op.like else "device=None"
+    count, length = _expr(op.count), _expr(op.length)
+    query = f"torch.arange({count} * {op.size}, {device}).view({count}, {op.size}, 1)"
+    key = (
+        f"(torch.arange({count}, {device}).view({count}, 1, 1) * {op.size}"
+        f" + torch.arange({op.width}, {device}) - {op.before - 1})"
+    )
+    return (
+        f"(lambda i, j: ((j - i <= -{op.before}) | (j - i >= {op.after}) | (j < 0) | (j >= {length}))"
+        f" & (i < {length}))({query}, {key})"
+    )
 
 
 @_op.register

@@ -331,7 +331,8 @@ class BoxesAndMaps:
             sizes.append(bound.size)
         if sizes[0] != sizes[1]:
             self.b.error(
-                f"a window relates a query and a key position of one length; '{query}' is {sizes[0]}, '{key}' is {sizes[1]}",
+                f"a window relates a query and a key position of one length;"
+                f" '{query}' is {sizes[0]}, '{key}' is {sizes[1]}",
                 e.span,
             )
             return None

@@ -324,6 +324,39 @@ class DecayedPrefix:
 
 
 @dataclass(frozen=True)
+class BandBlocks:
+    """x's axis `axis` (of `length` positions) as `count` overlapping blocks of `width` positions,
+    block c holding positions c·size − lead .. c·size − lead + width − 1 (zero, or False, outside
+    0 .. length − 1): padded by `lead` before and to count·size + width − size − lead after, then
+    unfolded and copied (forms/banded.py: the keys and values a block of queries may see)."""
+
+    x: Value
+    axis: int
+    trailing: int  # axes after `axis`
+    count: sympy.Expr
+    size: int
+    width: int
+    lead: int
+    length: sympy.Expr
+
+
+@dataclass(frozen=True)
+class BandMask:
+    """The boolean (count, size, width) mask of a banded attention, True where hidden: query
+    i = c·size + r sees key j = c·size − (before − 1) + t where i − before < j < i + after and
+    0 ≤ j < length; a query past the length (padding of the last block) hides nothing, so that
+    no row is empty."""
+
+    count: sympy.Expr
+    size: int
+    width: int
+    before: int
+    after: int
+    length: sympy.Expr
+    like: str | None
+
+
+@dataclass(frozen=True)
 class JoinChunks:
     """(chunks, within) axes at `position` joined into one and cut to `length`."""
 
@@ -620,6 +653,8 @@ Op = (
     | PrefixSum
     | Triangle
     | SplitChunks
+    | BandBlocks
+    | BandMask
     | ChunkEdge
     | DecayedPrefix
     | JoinChunks
