@@ -10,8 +10,8 @@ as the materialized box fills them), normalized and multiplied by the block's va
 blocks are joined back into the query positions. FLOPs and the scores kept for backward grow as
 N·(C + before + after − 2), not N²: the cost formulas are linear in N at fixed widths.
 
-C is the power of two at most the window (from 16 to 256): a block's keys then stay within twice
-its window while the blocks stay large enough for a matmul. Weighed by the one cost model against
+C is the largest power of two at most half the window (from 16 to 256): a block's keys then
+stay within 1.5 times its window while the blocks stay large enough for a matmul. Weighed by the one cost model against
 SDPA with the band as its boolean attn_mask (which computes and, on CPU, keeps N² entries) and the
 materialized box; `tdiag plan` lists it."""
 
@@ -34,10 +34,11 @@ SMALLEST_BLOCK, LARGEST_BLOCK = 16, 256
 
 
 def block_size(before: int, after: int) -> int:
-    """C: the largest power of two at most the window's width (16 ≤ C ≤ 256)."""
+    """C: the largest power of two at most half the window's width (16 ≤ C ≤ 256), so that a
+    block's C + W − 1 keys are at most 1.5 W."""
     width = before + after - 1
     size = SMALLEST_BLOCK
-    while size * 2 <= min(width, LARGEST_BLOCK):
+    while size * 2 <= min(width // 2, LARGEST_BLOCK):
         size *= 2
     return size
 
