@@ -66,7 +66,7 @@ def _module(window: str, form: str, folder) -> torch.nn.Module:
     path.write_text(DESIGN.format(window=WINDOWS[window][0]))
     attention = "flex" if form == "flex" else "sdpa"
     with only_forms(form):
-        module = tdiag.load(path).module(N=64, dtype=F64, attention=attention)
+        module = tdiag.load(path).module(N=64, dtype=F64, attention=attention, objective="flops")
     assert [choice.taken for choice in module.tdiag_plan.choices] == [form]
     return module
 
@@ -148,7 +148,7 @@ def test_banded_module_compiles_fullgraph(folder):
 def test_banded_standalone_file_equals_the_in_process_module(folder, tmp_path):
     module = _module("one-sided", "banded", folder)
     with only_forms("banded"):
-        source = tdiag.load(folder / "one-sided.td").source(N=64)
+        source = tdiag.load(folder / "one-sided.td").source(N=64, objective="flops")
     standalone = standalone_module(source, "windowed_banded", tmp_path).Windowed(dtype=F64)
     standalone.load_state_dict(module.state_dict())
     x, pad = inputs(21)

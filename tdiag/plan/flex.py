@@ -164,7 +164,11 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
     if block_mask is not None:
         notes.append(f"{position_mask} as a block mask")
     if pads:
-        masks = f"padding mask and {position_mask}" if fused.masks else "padding mask"
+        masks = (
+            ("padding and causal masks" if fused.window is None else "padding mask and window")
+            if fused.masks
+            else "padding mask"
+        )
         notes.append(f"{masks} in score_mod (a row whose keys are all masked averages the values)")
     how = f" ({'; '.join(notes)})" if notes else ""
     description = f"flex_attention over {' '.join(show_legs(keys))}, heads {' '.join(show_legs(heads))}{how}"

@@ -135,9 +135,9 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
         notes.append(f"each query repeated over the {' '.join(show_legs(keys[1:]))} keys of a position, is_causal")
     elif causal:
         notes.append("is_causal")
-    elif fused.window is not None and not fused.pads:
-        notes.append("window as a boolean attn_mask")
-    elif fused.masks and not fused.pads:
+    elif fused.window is not None:
+        notes.append("window as attn_mask")
+    elif fused.masks:
         notes.append("causal mask as attn_mask")
     description += "".join(", " + note for note in notes)
     value = ctx.emit(

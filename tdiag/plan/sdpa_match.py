@@ -197,7 +197,7 @@ class AttentionMatch:
             biases=bias_items,
             key_norm=(key_value, over),
             ren=ren,
-            masks=list(dict.fromkeys((ren[m.query][0], ren[m.key][0]) for m in causal)),
+            masks=[(ren[m.query][0], ren[m.key][0]) for m in causal],
             pads=pads,
             score_biases=score_biases,
             sequence=sequence,
