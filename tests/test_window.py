@@ -208,3 +208,17 @@ def test_the_plan_says_why_the_banded_form_does_not_apply(tmp_path_factory):
     plan = load("one-sided", tmp_path_factory, biased).plan(N=256)
     (banded,) = [c for c in plan.choices[0].candidates if c.form == "banded"]
     assert banded.refusal == "an additive term of the scores (the banded form takes query·key products alone)"
+
+
+def test_the_documented_bias_equals_a_window_one_wider(tmp_path_factory):
+    # docs/language.md: causal(n, m) with -10000 relu(index(n) - index(m) - W) is window(n, m, W + 1)
+    # wherever some key of a query's window is visible
+    bias = "mask = causal(n, m), mask = pad[m]](Q[n h d] K[m h d] - 10000 relu(index(n) - index(m) - W))"
+    biased = load(
+        "one-sided", tmp_path_factory, DESIGN.replace("mask = {window}, mask = pad[m]](Q[n h d] K[m h d])", bias)
+    )
+    windowed = load("one-sided", tmp_path_factory, DESIGN.replace("W = 5", "W = 6"))
+    a, b = biased.module(dtype=F64, objective="flops"), windowed.module(dtype=F64, objective="flops")
+    b.load_state_dict(a.state_dict())
+    x, _ = inputs(12)  # unpadded: where padding hides a whole window, the bias attends outside it
+    torch.testing.assert_close(a(x), b(x), rtol=0, atol=1e-12)
