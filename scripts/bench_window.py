@@ -65,7 +65,8 @@ def modules(n: int, args: argparse.Namespace) -> dict[str, torch.nn.Module]:
 def measure(n: int, args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     built = modules(n, args)
-    timings = dict(zip(built, measure_all(list(built.values()), torch.randn(1, n, args.width), False, args.repeat)))
+    measured = measure_all(list(built.values()), torch.randn(1, n, args.width), False, args.repeat)
+    timings = dict(zip(built, measured, strict=True))
     base = timings["banded"].seconds
     row: dict = {"n": n, "window": args.window}
     for name in VARIANTS:
