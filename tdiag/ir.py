@@ -212,6 +212,11 @@ class WindowMask:
         """Whether it hides every key after the query (after = 1), as a causal mask does."""
         return self.after == 1
 
+    def __str__(self) -> str:
+        """As written: `window(n, m, W)`, or `window(n, m, L, R)` when two-sided."""
+        widths = f"{self.before}" if self.is_causal else f"{self.before}, {self.after}"
+        return f"window({self.query}, {self.key}, {widths})"
+
 
 Mask = CausalMask | WindowMask | PaddingMask
 POSITION_MASKS = (CausalMask, WindowMask)  # masks of a query and a key position: −inf where they hide
