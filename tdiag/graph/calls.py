@@ -293,7 +293,7 @@ class BoxesAndMaps:
     def _window(self, e: syn.Call) -> WindowMask | None:
         """`window(n, m, W)` (keys n − W < m ≤ n: the query and the W − 1 keys before it) or
         `window(n, m, L, R)` (keys n − L < m < n + R), over a query and a key position leg of one
-        run-time length, with widths that are fixed whole positive sizes (docs/language.md, Masks)."""
+        run-time length, with widths that are fixed whole positive sizes (docs/language.md, Windows)."""
         usage = "window(n, m, W) or window(n, m, L, R)"
         if e.legs is not None or e.keywords or len(e.args) not in (3, 4):
             self.b.error(
@@ -302,13 +302,21 @@ class BoxesAndMaps:
                 hint=usage,
             )
             return None
+        legs = self._window_legs(e, usage)
+        widths = [self._window_width(arg) for arg in e.args[2:]]
+        if legs is None or any(w is None for w in widths):
+            return None
+        before, after = widths[0], widths[1] if len(widths) == 2 else sympy.Integer(1)
+        return WindowMask(*legs, before, after, e.span)  # type: ignore[arg-type]
+
+    def _window_legs(self, e: syn.Call, usage: str) -> tuple[str, str] | None:
+        """The query and key legs of a window: two different position legs of one length."""
         legs = [a.name if isinstance(a, syn.Name) else None for a in e.args[:2]]
         for leg, arg in zip(legs, e.args, strict=False):
             if leg is None:
                 self.b.error("window's first two arguments are a query leg and a key leg", arg.span, hint=usage)
                 return None
-        query, key = legs
-        if query == key:
+        if legs[0] == legs[1]:
             self.b.error("a window relates two different legs", e.span, hint=usage)
             return None
         sizes = []
@@ -332,15 +340,11 @@ class BoxesAndMaps:
         if sizes[0] != sizes[1]:
             self.b.error(
                 f"a window relates a query and a key position of one length;"
-                f" '{query}' is {sizes[0]}, '{key}' is {sizes[1]}",
+                f" '{legs[0]}' is {sizes[0]}, '{legs[1]}' is {sizes[1]}",
                 e.span,
             )
             return None
-        widths = [self._window_width(arg) for arg in e.args[2:]]
-        if any(w is None for w in widths):
-            return None
-        before, after = widths[0], widths[1] if len(widths) == 2 else sympy.Integer(1)
-        return WindowMask(query, key, before, after, e.span)  # type: ignore[arg-type]
+        return legs[0], legs[1]  # type: ignore[return-value]
 
     def _window_width(self, arg: syn.Expr) -> sympy.Expr | None:
         """A window's width: a whole positive number or size, fixed before any input."""

@@ -85,11 +85,11 @@ class Banded(Form):
         chunks, within, _, _ = ctx.chunk_legs(sequence, key, size)
         band = ctx.new_leg(key, sympy.Integer(width))
         blocks = Blocks(ctx, key, chunks, band, size, width, before - 1)
-        q_blocks = ctx.chunk_value(q, sequence, chunks, within)
+        q_blocks, k_blocks = ctx.chunk_value(q, sequence, chunks, within), blocks.of(k)
         query_heads = [leg for leg in match.queries if leg != sequence]
         rows = (*match.heads, *query_heads, chunks, within)
         scores = ctx.contract(
-            [_Leaf(q_blocks.legs, value=q_blocks), _Leaf((k_blocks := blocks.of(k)).legs, value=k_blocks)],
+            [_Leaf(q_blocks.legs, value=q_blocks), _Leaf(k_blocks.legs, value=k_blocks)],
             (*rows, band),
             ctx.runtime(match.scale),
             "scores",
