@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import TypeGuard
 
 from ..errors import Diagnostic, Span, TdiagError
 from ..ir import (
@@ -35,7 +36,7 @@ from .dataflow import _dataflow_graph
 from .model import DesignGraph
 
 
-def _hides_future(mask: object) -> bool:
+def _hides_future(mask: object) -> TypeGuard[CausalMask | WindowMask]:
     """A causal mask, or a one-sided window (`window(n, m, W)`), which hides the future too."""
     return isinstance(mask, CausalMask) or (isinstance(mask, WindowMask) and mask.is_causal)
 

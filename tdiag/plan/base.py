@@ -160,7 +160,8 @@ class LoweringBase:
             for t in graph.tensors.values()
             if t.kind in ("input", "mask", "random") or t.name in self.made_on_entry
         }
-        self.causal_masks: dict[tuple[sympy.Expr, sympy.Expr], str] = {}
+        # (N, M) -> a causal triangle; (N, M, before, after) -> a window's band
+        self.causal_masks: dict[tuple[sympy.Expr, ...], str] = {}
         self.stored_used: set[str] = set()
         self.lowered: list[str] = []
         self.refused: list[str] = []

@@ -129,8 +129,8 @@ class BoxLowering:
         triangles (`Plan.causal`, keyed (N, M, before, after))."""
         sizes = (self.size(query), self.size(key), self.runtime(before), self.runtime(after))
         if sizes not in self.causal_masks:
-            self.causal_masks[sizes] = self.names.fresh("window")  # type: ignore[index]
-        return self.causal_masks[sizes]  # type: ignore[index]
+            self.causal_masks[sizes] = self.names.fresh("window")
+        return self.causal_masks[sizes]
 
     def position_mask(self, mask: CausalMask | WindowMask, query: str, key: str) -> str:
         """The boolean [query, key] matrix, True where `mask` hides, between region legs."""

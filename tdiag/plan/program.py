@@ -781,7 +781,8 @@ class Plan:
     choices: list[BoxChoice] = field(default_factory=list)  # each box's candidate forms, costed (forms/)
     names: dict[str, str] = field(default_factory=dict)  # .td input/mask/noise name -> variable
     attributes: frozenset[str] = frozenset()  # variables that are the module's stored tensors
-    causal: dict[tuple[sympy.Expr, sympy.Expr], str] = field(default_factory=dict)  # (N, M) -> mask
+    # (N, M) -> a causal triangle, (N, M, before, after) -> a window's band: boolean, True = hidden
+    causal: dict[tuple[sympy.Expr, ...], str] = field(default_factory=dict)
     stored: list[str] = field(default_factory=list)  # declared tensors the forward reads
     segments: list[tuple[int, int]] = field(default_factory=list)  # steps recomputed in backward
     chunks: list[ChunkCount] = field(default_factory=list)  # run-time chunk counts
