@@ -222,3 +222,22 @@ def test_the_documented_bias_equals_a_window_one_wider(tmp_path_factory):
     b.load_state_dict(a.state_dict())
     x, _ = inputs(12)  # unpadded: where padding hides a whole window, the bias attends outside it
     torch.testing.assert_close(a(x), b(x), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["logsumexp", "mean"])
+def test_a_reduction_masked_by_a_window_sees_only_the_window(name, tmp_path):
+    path = tmp_path / "reduced.td"
+    path.write_text(
+        "design reduced\nsize F = 4, W = 3\nsize N\ninput X[n: N, f: F]\n"
+        f"Y[n] = {name}[m, mask = window(n, m, W)](X[n g] X[m g])\noutput Y\n"
+    )
+    module = tdiag.load(path).module(dtype=F64)
+    x = torch.randn(1, 7, 4, dtype=F64)
+    scores = x @ x.mT
+    n = torch.arange(7)
+    visible = (n[None, :] <= n[:, None]) & (n[None, :] > n[:, None] - 3)
+    if name == "logsumexp":
+        expected = scores.masked_fill(~visible, torch.finfo(F64).min).logsumexp(-1)
+    else:
+        expected = (scores * visible).sum(-1) / visible.sum(-1)
+    torch.testing.assert_close(module(x), expected, rtol=0, atol=1e-12)
