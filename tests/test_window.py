@@ -241,3 +241,13 @@ def test_a_reduction_masked_by_a_window_sees_only_the_window(name, tmp_path):
     else:
         expected = (scores * visible).sum(-1) / visible.sum(-1)
     torch.testing.assert_close(module(x), expected, rtol=0, atol=1e-12)
+
+
+def test_the_plan_command_lists_the_banded_form_with_its_costs(capsys):
+    from tdiag.cli import main
+
+    assert main(["plan", "mistral", "--at", "N=4096"]) == 0
+    out = capsys.readouterr().out
+    (row,) = [line for line in out.splitlines() if line.split()[:2] == ["*", "banded"]]
+    assert row.endswith("taken") and "MB" in row
+    assert "softmax box over m in blocks of C = 128 queries, each with its 383 keys of the window" in out
