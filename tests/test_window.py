@@ -251,3 +251,12 @@ def test_the_plan_command_lists_the_banded_form_with_its_costs(capsys):
     (row,) = [line for line in out.splitlines() if line.split()[:2] == ["*", "banded"]]
     assert row.endswith("taken") and "MB" in row
     assert "softmax box over m in blocks of C = 128 queries, each with its 383 keys of the window" in out
+
+
+def test_flex_attention_prices_only_the_key_blocks_along_the_band():
+    plan = tdiag.load("mistral").plan(N=4096, attention="flex")
+    (step,) = [s for s in plan.steps if s.kind == "flex"]
+    n = sympy.Symbol("N", positive=True)
+    kernel = [step.kernel_flops.subs(n, length) for length in (4096, 8192, 12288)]
+    assert kernel[2] - 2 * kernel[1] + kernel[0] == 0
+    assert sympy.simplify(kernel[0] / step.flops.subs(n, 4096)) == sympy.Rational(384, 4096)  # 3 blocks of 128 a row

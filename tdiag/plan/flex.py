@@ -48,6 +48,7 @@ from .program import (
     causal_kernel_flops,
     score_reads,
     show_legs,
+    window_kernel_flops,
 )
 from .sdpa import emit_prelude, hidden_operands, live_rows, query_and_key, seen_operand
 from .sdpa_match import MatchedAttention
@@ -188,9 +189,7 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
             paper=entries * (2 * latent_size - 1) + ctx.numel(legs) * (2 * ctx.numel(keys) - 1),
             score_flops=2 * entries * latent_size,
             score_paper=entries * (2 * latent_size - 1),
-            kernel_flops=None
-            if block_mask is None or fused.window is not None  # a band's blocks: not priced, dense
-            else causal_kernel_flops(flops, ctx.numel(keys), sympy.Integer(FLEX_BLOCK)),
+            kernel_flops=_kernel_flops(ctx, fused, flops) if block_mask is not None else None,
         )
     )
     if ctx.target is ctx.steps:
@@ -280,6 +279,15 @@ def causal_block_mask(ctx: _Lowering, fused: MatchedAttention) -> Value:
     what = "causal" if fused.window is None else "window"
     ctx.emit(Step("mask", op, out, f"FlexAttention block mask: {what}", inputs=()))
     return out
+
+
+def _kernel_flops(ctx: _Lowering, fused: MatchedAttention, flops: sympy.Expr) -> sympy.Expr:
+    """The FLOPs of the blocks the block mask lets the kernel visit: below the diagonal, or
+    along a window's band."""
+    length, block = ctx.numel(fused.keys), sympy.Integer(FLEX_BLOCK)
+    if fused.window is None:
+        return causal_kernel_flops(flops, length, block)
+    return window_kernel_flops(flops, length, block, *fused.window)
 
 
 def _arithmetic(term: ScoreTerm | None) -> int:

@@ -756,6 +756,17 @@ def causal_kernel_flops(flops: sympy.Expr, length: sympy.Expr, block: sympy.Expr
     return flops * (length + b) / (2 * length)
 
 
+def window_kernel_flops(
+    flops: sympy.Expr, length: sympy.Expr, block: sympy.Expr, before: sympy.Expr, after: sympy.Expr
+) -> sympy.Expr:
+    """The FLOPs of an attention under a window (keys i − before < j < i + after) whose kernel
+    visits, for each block of `block` query rows, only the key blocks the band reaches: the
+    block's b + before + after − 2 keys start anywhere within a key block, so they touch at most
+    ⌈(before + after − 2) / b⌉ + 1 key blocks of b, never more than the L keys there are."""
+    reached = block * (sympy.ceiling((before + after - 2) / block) + 1)
+    return flops * sympy.Min(1, reached / length)
+
+
 @dataclass(frozen=True)
 class ChunkCount:
     """A run-time chunk count ⌈extent / size⌉, bound at entry as `name`."""
