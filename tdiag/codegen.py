@@ -20,6 +20,8 @@ from .ir import Tensor
 from .plan import BATCH_SIZE, Plan, Step, reads
 from .plan.program import (
     Attention,
+    BandBlocks,
+    BandMask,
     Binary,
     BlockMask,
     BufferUpdate,
@@ -587,10 +589,13 @@ def _entry(plan: Plan) -> list[str]:
             like = f"dtype={device}.dtype, device={device}.device"
             lines.append(f"{source(plan.names[t.name], 'name')} = {_init_line(t, graph, None)}.to({like})")
     lines += [f"{source(c.name, 'name')} = -(-{_expr(c.extent)} // {source(c.size, 'number')})" for c in plan.chunks]
-    for (n, m), var in plan.causal.items():
-        lines.append(
-            f"{source(var, 'name')} = torch.ones({_size(graph, n)}, {_size(graph, m)}, dtype=torch.bool, device={device}.device).triu(1)"
-        )
+    for key, var in plan.causal.items():
+        ones = f"torch.ones({_size(graph, key[0])}, {_size(graph, key[1])}, dtype=torch.bool, device={device}.device)"
+        if len(key) == 4:  # a window's band: hidden where key - query >= after or <= -before
+            before, after = (_size(graph, w) for w in key[2:])
+            lines.append(f"{source(var, 'name')} = {ones}.triu({after}) | {ones}.tril(-{before})")
+        else:
+            lines.append(f"{source(var, 'name')} = {ones}.triu(1)")
     for t in graph.tensors_of_kind("random"):
         var = source(plan.names[t.name], "name")
         shape = ", ".join(_size(graph, a.size) for a in t.axes)
@@ -987,6 +992,30 @@ def _(op: SplitChunks, attributes: frozenset[str]) -> str:
 
 
 @_op.register
+def _(op: BandBlocks, attributes: frozenset[str]) -> str:
+    count, length = _expr(op.count), _expr(op.length)
+    tail = op.width - op.size - op.lead
+    pads = "0, 0, " * op.trailing + f"{op.lead}, {count} * {op.size}{f' + {tail}' if tail else ''} - {length}"
+    padded = f"torch.nn.functional.pad({_var(op.x, attributes)}, ({pads}))"
+    return f"{padded}.unfold({op.axis}, {op.width}, {op.size}).movedim(-1, {op.axis + 1}).contiguous()"
+
+
+@_op.register
+def _(op: BandMask, attributes: frozenset[str]) -> str:
+    device = f"device={source(op.like, 'name')}.device" if op.like else "device=None"
+    count, length = _expr(op.count), _expr(op.length)
+    query = f"torch.arange({count} * {op.size}, {device}).view({count}, {op.size}, 1)"
+    key = (
+        f"(torch.arange({count}, {device}).view({count}, 1, 1) * {op.size}"
+        f" + torch.arange({op.width}, {device}) - {op.before - 1})"
+    )
+    return (
+        f"(lambda i, j: ((j - i <= -{op.before}) | (j - i >= {op.after}) | (j < 0) | (j >= {length}))"
+        f" & (i < {length}))({query}, {key})"
+    )
+
+
+@_op.register
 def _(op: ChunkEdge, attributes: frozenset[str]) -> str:
     return f"{_var(op.x, attributes)}.select({op.axis}, {-1 if op.last else 0})"
 
@@ -1074,8 +1103,8 @@ def _(op: FlexAttention, attributes: frozenset[str]) -> str:
     visible = [_score_read(r, attributes) for r in op.visible]
     if visible:  # padded scores at the lowest number, as the materialized box: never an empty row
         body = f"torch.where({' & '.join(visible)}, {body}, torch.finfo({score}.dtype).min)"
-    if op.causal:  # the future at -inf, even in a row whose past is all padding
-        body = f'torch.where({q} >= {kv}, {body}, float("-inf"))'
+    if op.causal:  # the future (outside a window) at -inf, even in a row whose past is all padding
+        body = f'torch.where({_band(q, kv, op.window)}, {body}, float("-inf"))'
     if body != score:
         arguments.append(f"score_mod=lambda {score}, {b}, {h}, {q}, {kv}: {body}")
     if op.block_mask is not None:
@@ -1109,8 +1138,16 @@ def _live_rows(op: Attention | FlexAttention, call: str, v: str, attributes: fro
 def _(op: BlockMask, attributes: frozenset[str]) -> str:
     b, h, q, kv = (source(name, "name") for name in op.arguments)
     device = f"{source(op.like, 'name')}.device" if op.like else "None"
-    mask = f"lambda {b}, {h}, {q}, {kv}: {q} >= {kv}"
+    mask = f"lambda {b}, {h}, {q}, {kv}: {_band(q, kv, op.window)}"
     return f"create_block_mask({mask}, None, None, {_expr(op.queries)}, {_expr(op.keys)}, device={device})"
+
+
+def _band(q: str, kv: str, window: tuple[sympy.Expr, sympy.Expr] | None) -> str:
+    """Python for "key kv visible from query q": kv ≤ q, or inside a window q − before < kv < q + after."""
+    if window is None:
+        return f"{q} >= {kv}"
+    before, after = (_expr(w) for w in window)
+    return f"({q} - {kv} < {before}) & ({kv} - {q} < {after})"
 
 
 def _score_term(term, score: str, attributes: frozenset[str]) -> str:

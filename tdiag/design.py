@@ -29,6 +29,8 @@ from .ir import (
     SumNode,
     Tensor,
     TensorRef,
+    WindowFactor,
+    WindowMask,
     walk,
 )
 from .resources import shown_path
@@ -460,9 +462,11 @@ def _describe_nodes(expr: Expr) -> list[str]:
     return out
 
 
-def _format_mask(mask: CausalMask | PaddingMask) -> str:
+def _format_mask(mask: CausalMask | WindowMask | PaddingMask) -> str:
     if isinstance(mask, PaddingMask):
         return f"{mask.tensor.name}[{' '.join(mask.tensor.legs)}]"
+    if isinstance(mask, WindowMask):
+        return str(mask)
     return f"causal({mask.query}, {mask.key})"
 
 
@@ -506,6 +510,8 @@ def format_expr(e: Expr) -> str:
         return f"segsum[{e.along}, {e.key}]({format_expr(e.operand)})"  # type: ignore[arg-type]
     if isinstance(e, CausalFactor):
         return f"causal({e.query}, {e.key})"
+    if isinstance(e, WindowFactor):
+        return str(e.mask)
     if isinstance(e, SquaredDistance):
         return f"sqdist[{' '.join(e.over)}]({format_expr(e.left)}, {format_expr(e.right)})"  # type: ignore[arg-type]
     return type(e).__name__

@@ -192,7 +192,34 @@ class PaddingMask:
     span: Span
 
 
-Mask = CausalMask | PaddingMask
+@dataclass(frozen=True)
+class WindowMask:
+    """`window(n, m, W)` / `window(n, m, L, R)`: key leg `key` visible from query leg `query`
+    where query − before < key < query + after. The one-sided window(n, m, W) is before = W,
+    after = 1: the query and the W − 1 keys before it (HF Mistral's and Gemma2's
+    sliding_window: masking_utils.sliding_window_overlay keeps kv_idx > q_idx − sliding_window,
+    beside the causal kv_idx ≤ q_idx), so it is causal; with after > 1 it is a two-sided local
+    window (an encoder's). Both widths are fixed positive sizes."""
+
+    query: str
+    key: str
+    before: sympy.Expr
+    after: sympy.Expr
+    span: Span
+
+    @property
+    def is_causal(self) -> bool:
+        """Whether it hides every key after the query (after = 1), as a causal mask does."""
+        return self.after == 1
+
+    def __str__(self) -> str:
+        """As written: `window(n, m, W)`, or `window(n, m, L, R)` when two-sided."""
+        widths = f"{self.before}" if self.is_causal else f"{self.before}, {self.after}"
+        return f"window({self.query}, {self.key}, {widths})"
+
+
+Mask = CausalMask | WindowMask | PaddingMask
+POSITION_MASKS = (CausalMask, WindowMask)  # masks of a query and a key position: −inf where they hide
 
 
 @dataclass(frozen=True)
@@ -203,6 +230,22 @@ class CausalFactor(Expr):
     query: str = ""
     key: str = ""
     kind: ClassVar[str] = "causal"
+
+
+@dataclass(frozen=True)
+class WindowFactor(Expr):
+    """`window(n, m, W)` (or `window(n, m, L, R)`) used as a factor: 1 where the key is inside the
+    query's window (WindowMask), else 0; what a map's window mask multiplies by."""
+
+    query: str = ""
+    key: str = ""
+    before: sympy.Expr = ONE
+    after: sympy.Expr = ONE
+    kind: ClassVar[str] = "window"
+
+    @property
+    def mask(self) -> WindowMask:
+        return WindowMask(self.query, self.key, self.before, self.after, self.span)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from torch import nn
 from .graph import DesignGraph
 from .init import initial_value, numeric_shape
 from .ir import (
+    POSITION_MASKS,
     CausalFactor,
     CausalMask,
     Contraction,
@@ -39,6 +40,8 @@ from .ir import (
     SumNode,
     Tensor,
     TensorRef,
+    WindowFactor,
+    WindowMask,
 )
 
 __all__ = ["ReferenceModule"]
@@ -270,6 +273,8 @@ def evaluate(node: Expr, frame: Frame) -> torch.Tensor:
         return segment_sum(node, frame)
     if isinstance(node, CausalFactor):
         return causal_mask(CausalMask(node.query, node.key, node.span), node.legs, frame).to(frame.dtype)
+    if isinstance(node, WindowFactor):
+        return window_mask(node.mask, node.legs, frame).to(frame.dtype)
     if isinstance(node, PositionIndex):
         return torch.arange(frame.leg_size(node.leg), dtype=frame.dtype, device=frame.device)
     if isinstance(node, Gather):
@@ -399,7 +404,7 @@ def softmax_box(node: SoftmaxBox, frame: Frame) -> torch.Tensor:
     if node.is_exp:
         x = frame.number(node.scale) * x
         padded = masks_allowed([m for m in node.masks if isinstance(m, PaddingMask)], node.legs, frame)
-        causal = masks_allowed([m for m in node.masks if isinstance(m, CausalMask)], node.legs, frame)
+        causal = masks_allowed([m for m in node.masks if isinstance(m, POSITION_MASKS)], node.legs, frame)
         if padded is not None:
             x = torch.where(padded, x, torch.finfo(x.dtype).min)
         if causal is not None:  # the future takes no weight, even in a row whose past is all padding
@@ -427,6 +432,8 @@ def masks_allowed(masks: Sequence[Mask], legs: Sequence[str], frame: Frame) -> t
     for mask in masks:
         if isinstance(mask, CausalMask):
             part = causal_mask(mask, legs, frame)
+        elif isinstance(mask, WindowMask):
+            part = window_mask(mask, legs, frame)
         elif isinstance(mask, PaddingMask):
             if mask.tensor.name not in frame.values:  # not given: attend everywhere
                 continue
@@ -445,6 +452,17 @@ def causal_mask(mask: CausalMask, legs: Sequence[str], frame: Frame) -> torch.Te
         return torch.arange(frame.leg_size(leg), device=frame.device).reshape(shape)
 
     return index(mask.key) <= index(mask.query)
+
+
+def window_mask(mask: WindowMask, legs: Sequence[str], frame: Frame) -> torch.Tensor:
+    """query − before < key < query + after, over `legs` (size 1 along the other legs)."""
+
+    def index(leg: str) -> torch.Tensor:
+        shape = [-1 if other == leg else 1 for other in legs]
+        return torch.arange(frame.leg_size(leg), device=frame.device).reshape(shape)
+
+    offset = index(mask.key) - index(mask.query)
+    return (offset > -int(frame.number(mask.before))) & (offset < int(frame.number(mask.after)))
 
 
 TORCH_MAPS = {
@@ -520,7 +538,7 @@ def scan(node: Scan, frame: Frame) -> torch.Tensor:
             x, padding = torch.broadcast_tensors(x, padding)
             x = torch.where(padding, x, torch.finfo(x.dtype).min)
     allowed = masks_allowed(
-        node.masks if node.name == "cumsum" else [m for m in node.masks if isinstance(m, CausalMask)],
+        node.masks if node.name == "cumsum" else [m for m in node.masks if isinstance(m, POSITION_MASKS)],
         operand.legs,
         frame,
     )

@@ -44,6 +44,8 @@ from .ir import (
     Statement,
     SumNode,
     TensorRef,
+    WindowFactor,
+    WindowMask,
 )
 
 NODE_STYLE = {
@@ -188,7 +190,7 @@ def _draw(d: _Drawing, e: Expr, env: dict[str, str], cluster: str | None) -> Non
         inner_cluster = d.cluster(label, "dotted", cluster)
         _draw(d, e.operand, env, inner_cluster)  # type: ignore[arg-type]
     elif isinstance(e, Reduction):
-        masks = [f"causal({m.query}, {m.key})" for m in e.masks if isinstance(m, CausalMask)]
+        masks = _position_masks(e.masks)
         label = f"{e.name} over {' '.join(e.over)}" + (" · mask " + ", ".join(masks) if masks else "")
         box = d.cluster(label, "dotted", cluster)
         inner = env | {leg: d.leg(leg, box) for leg in e.over}
@@ -201,7 +203,7 @@ def _draw(d: _Drawing, e: Expr, env: dict[str, str], cluster: str | None) -> Non
         _draw(d, e.operand, {leg: inner[leg] for leg in e.operand.legs}, box)  # type: ignore[union-attr]
     elif isinstance(e, Scan):  # the leg passes through: a scan node sits on it
         options = [word for word, flag in (("exclusive", e.exclusive), ("reverse", e.reverse)) if flag]
-        masks = [f"causal({m.query}, {m.key})" for m in e.masks if isinstance(m, CausalMask)]
+        masks = _position_masks(e.masks)
         label = " ".join([e.name, *options, "along", e.along]) + (" · mask " + ", ".join(masks) if masks else "")
         box = d.cluster(label, "dotted", cluster)
         for mask in e.masks:
@@ -223,8 +225,9 @@ def _draw(d: _Drawing, e: Expr, env: dict[str, str], cluster: str | None) -> Non
         _draw_joined(d, e, env, cluster, "÷", [e.numerator, e.denominator], ["", "÷ by"])  # type: ignore[list-item]
     elif isinstance(e, SquaredDistance):
         _draw_distance(d, e, env, cluster)
-    elif isinstance(e, CausalFactor):
-        node = d.node("mask", f'shape=box style=dashed label="causal({e.query}, {e.key})"', cluster)
+    elif isinstance(e, CausalFactor | WindowFactor):
+        text = f"causal({e.query}, {e.key})" if isinstance(e, CausalFactor) else str(e.mask)
+        node = d.node("mask", f'shape=box style=dashed label="{text}"', cluster)
         for leg in e.legs:
             d.attach(node, env[leg])
     elif isinstance(e, PositionIndex):  # a constant over one leg: entry i is i
@@ -288,8 +291,17 @@ def _reshape(
         d.attach(join, inner[leg])
 
 
+def _position_masks(masks) -> list[str]:
+    """The causal masks and windows of a box, map or reduction, as written."""
+    return [
+        f"causal({m.query}, {m.key})" if isinstance(m, CausalMask) else str(m)
+        for m in masks
+        if isinstance(m, CausalMask | WindowMask)
+    ]
+
+
 def _draw_box(d: _Drawing, e: SoftmaxBox, env: dict[str, str], cluster: str | None) -> None:
-    masks = [f"causal({m.query}, {m.key})" for m in e.masks if isinstance(m, CausalMask)]
+    masks = _position_masks(e.masks)
     label = e.box_name + (" · mask " + ", ".join(masks) if masks else "")
     box = d.cluster(label, "dotted", cluster)
     scale = _text(e.scale) if e.is_exp else "Σ"

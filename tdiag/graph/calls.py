@@ -27,8 +27,11 @@ from ..ir import (
     SoftmaxBox,
     SquaredDistance,
     TensorRef,
+    WindowFactor,
+    WindowMask,
 )
 from .map_sums import lone_sums, map_sum_warning
+from .sizes import _number, expand_sizes, size_symbol, size_values
 from .syntax import _available, _is_scalar_syntax, _ordered_union, _statement_targets
 from .vocabulary import (
     BOX_OPTIONS,
@@ -69,6 +72,8 @@ class BoxesAndMaps:
             return self.segment_sum(e, keep)
         if e.name in PAIRINGS:
             return self.squared_distance(e, keep)
+        if e.name == "window":
+            return self.window_factor(e)
         if e.name in MASK_FACTORS:
             return self.causal_factor(e)
         if e.name in POSITION_FUNCTIONS:
@@ -222,6 +227,13 @@ class BoxesAndMaps:
             if legs[0] == legs[1]:
                 self.b.error("a causal mask relates two different legs", value.span)
             return CausalMask(legs[0], legs[1], value.span)  # type: ignore[arg-type]
+        if isinstance(value, syn.Call) and value.name == "window":
+            window = self._window(value)
+            if window is not None:
+                for leg, arg in zip((window.query, window.key), value.args, strict=False):
+                    if leg not in content.legs:
+                        self._mask_leg_outside("window mask", leg, arg.span, box, content.legs)
+            return window
         if isinstance(value, syn.Indexed):
             tensor = self.b.tensors.get(value.name)
             if tensor is None or tensor.kind != "mask":
@@ -238,7 +250,10 @@ class BoxesAndMaps:
                 if leg not in content.legs:
                     self._mask_leg_outside("mask", leg, value.span, box, content.legs)
             return PaddingMask(ref, value.span) if isinstance(ref, TensorRef) else None
-        self.b.error("a mask is causal(query_leg, key_leg) or a mask input like pad[m]", value.span)
+        self.b.error(
+            "a mask is causal(query_leg, key_leg), window(query_leg, key_leg, W) or a mask input like pad[m]",
+            value.span,
+        )
         return None
 
     def _mask_leg_outside(self, mask: str, leg: str, span: Span, box: str, legs: tuple[str, ...]) -> None:
@@ -268,6 +283,90 @@ class BoxesAndMaps:
             return self.poison(e)
         return CausalFactor((legs[0], legs[1]), e.span, legs[0], legs[1])  # type: ignore[arg-type]
 
+    def window_factor(self, e: syn.Call) -> Expr:
+        """`window(n, m, W)` as a factor: 1 where the key is inside the query's window, else 0."""
+        window = self._window(e)
+        if window is None:
+            return self.poison(e)
+        return WindowFactor((window.query, window.key), e.span, window.query, window.key, window.before, window.after)
+
+    def _window(self, e: syn.Call) -> WindowMask | None:
+        """`window(n, m, W)` (keys n − W < m ≤ n: the query and the W − 1 keys before it) or
+        `window(n, m, L, R)` (keys n − L < m < n + R), over a query and a key position leg of one
+        run-time length, with widths that are fixed whole positive sizes (docs/language.md, Windows)."""
+        usage = "window(n, m, W) or window(n, m, L, R)"
+        if e.legs is not None or e.keywords or len(e.args) not in (3, 4):
+            self.b.error(
+                f"window takes a query leg, a key leg and one or two widths, got {len(e.args)} argument(s)",
+                e.span,
+                hint=usage,
+            )
+            return None
+        legs = self._window_legs(e, usage)
+        widths = [self._window_width(arg) for arg in e.args[2:]]
+        if legs is None or any(w is None for w in widths):
+            return None
+        before, after = widths[0], widths[1] if len(widths) == 2 else sympy.Integer(1)
+        return WindowMask(*legs, before, after, e.span)  # type: ignore[arg-type]
+
+    def _window_legs(self, e: syn.Call, usage: str) -> tuple[str, str] | None:
+        """The query and key legs of a window: two different position legs of one length."""
+        legs = [a.name if isinstance(a, syn.Name) else None for a in e.args[:2]]
+        for leg, arg in zip(legs, e.args, strict=False):
+            if leg is None:
+                self.b.error("window's first two arguments are a query leg and a key leg", arg.span, hint=usage)
+                return None
+        if legs[0] == legs[1]:
+            self.b.error("a window relates two different legs", e.span, hint=usage)
+            return None
+        sizes = []
+        for leg, arg in zip(legs, e.args, strict=False):
+            bound = self.b.legs.get(leg) if self.b.find_leg(leg) else None  # type: ignore[arg-type]
+            if bound is None:
+                self.b.error(
+                    f"window leg '{leg}' is not bound to a size",
+                    arg.span,
+                    hint=did_you_mean(leg, self.b.legs) or "use legs that a tensor of this file has",  # type: ignore[arg-type]
+                )
+                return None
+            if not bound.size.free_symbols & self.b.runtime_sizes:
+                self.b.error(
+                    f"a window runs along positions, but '{leg}' has the fixed size {bound.size}",
+                    arg.span,
+                    hint="a window's legs are a query and a key position whose size is a run-time length (size N)",
+                )
+                return None
+            sizes.append(bound.size)
+        if sizes[0] != sizes[1]:
+            self.b.error(
+                f"a window relates a query and a key position of one length;"
+                f" '{legs[0]}' is {sizes[0]}, '{legs[1]}' is {sizes[1]}",
+                e.span,
+            )
+            return None
+        return legs[0], legs[1]  # type: ignore[return-value]
+
+    def _window_width(self, arg: syn.Expr) -> sympy.Expr | None:
+        """A window's width: a whole positive number or size, fixed before any input."""
+        width = self.b._scalar(arg, sizes_only=True)
+        if width.free_symbols & self.b.runtime_sizes:
+            self.b.error(
+                f"a window's width is a fixed size, not the run-time length {width}",
+                arg.span,
+                hint="declare the width as a size with a value: size W = 256",
+            )
+            return None
+        values = size_values(self.b.sizes)
+        value = expand_sizes(width, self.b.sizes).xreplace({size_symbol(k): v for k, v in values.items()})
+        if value.is_number and not (value.is_integer and value > 0):
+            self.b.error(
+                f"a window's width must be a whole positive number, got {_number(value)}",
+                arg.span,
+                hint="window(n, m, W): the query and the W - 1 keys before it; W >= 1",
+            )
+            return None
+        return width
+
     def _map_masks(self, e: syn.Call, operand: Expr) -> list[Expr]:
         """`relu[m, mask = causal(n, m)](x)`: the map's value is zeroed where a mask hides it;
         the legs in brackets are the key legs it runs along, legs of its argument."""
@@ -275,6 +374,10 @@ class BoxesAndMaps:
         for mask in self._only_masks(e, operand, "map"):
             if isinstance(mask, CausalMask):
                 factors.append(CausalFactor((mask.query, mask.key), mask.span, mask.query, mask.key))
+            elif isinstance(mask, WindowMask):
+                factors.append(
+                    WindowFactor((mask.query, mask.key), mask.span, mask.query, mask.key, mask.before, mask.after)
+                )
             elif isinstance(mask, PaddingMask):
                 factors.append(mask.tensor)
         for leg, item in zip(self._legs_of(e), e.legs or (), strict=False):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import TypeGuard
 
 from ..errors import Diagnostic, Span, TdiagError
 from ..ir import (
@@ -27,10 +28,22 @@ from ..ir import (
     SquaredDistance,
     SumNode,
     TensorRef,
+    WindowFactor,
+    WindowMask,
     walk,
 )
 from .dataflow import _dataflow_graph
 from .model import DesignGraph
+
+
+def _hides_future(mask: object) -> TypeGuard[CausalMask | WindowMask]:
+    """A causal mask, or a one-sided window (`window(n, m, W)`), which hides the future too."""
+    return isinstance(mask, CausalMask) or (isinstance(mask, WindowMask) and mask.is_causal)
+
+
+def _causal_factor(node: Expr) -> bool:
+    """`causal(n, m)` or a one-sided `window(n, m, W)` as a factor."""
+    return isinstance(node, CausalFactor) or (isinstance(node, WindowFactor) and node.mask.is_causal)
 
 
 def _masked(
@@ -43,7 +56,7 @@ def _masked(
     already (an un-normalized attention: Σ_m f(S)[n m] V[m] with m <= n). `hidden` holds, for
     each statement masked so far, the (query, key) pairs of its own legs it is masked on."""
     count = 0
-    if isinstance(expr, TensorRef | Scalar | CausalFactor):
+    if isinstance(expr, TensorRef | Scalar | CausalFactor | WindowFactor):
         return expr, 0
     changes = {}
     for field_name in ("factors", "terms"):
@@ -61,7 +74,7 @@ def _masked(
     reduced = isinstance(expr, Reduction) and key in expr.over and query in expr.legs
     reduced = reduced or (isinstance(expr, Scan) and expr.reverse and expr.along == key and query in expr.legs)
     if (isinstance(expr, SoftmaxBox) and key in expr.normalized and query in expr.legs) or reduced:
-        if not any(isinstance(m, CausalMask) and (m.query, m.key) == (query, key) for m in expr.masks):
+        if not any(_hides_future(m) and (m.query, m.key) == (query, key) for m in expr.masks):
             changes["masks"] = (*expr.masks, CausalMask(query, key, span))
             count += 1
     if isinstance(expr, Contraction) and key in expr.summed and query in expr.legs:
@@ -75,10 +88,10 @@ def _masked(
 
 def _hidden_pairs(expr: Expr, hidden: Mapping[str, set[tuple[int, int]]]) -> set[tuple[str, str]]:
     """The (query, key) leg pairs along which `expr` is causally masked or zeroed already."""
-    if isinstance(expr, CausalFactor):
-        return {(expr.query, expr.key)}
+    if _causal_factor(expr):
+        return {(expr.query, expr.key)}  # type: ignore[attr-defined]
     if isinstance(expr, SoftmaxBox):
-        return {(m.query, m.key) for m in expr.masks if isinstance(m, CausalMask)}
+        return {(m.query, m.key) for m in expr.masks if _hides_future(m)}
     if isinstance(expr, Contraction):
         return set().union(*(_hidden_pairs(f, hidden) for f in expr.factors))
     if isinstance(expr, SumNode):  # zero where every term is
@@ -160,7 +173,7 @@ def _future_scan(expr: Expr, queries: set[str], keys: set[str], graph: DesignGra
             continue
         leg = node.along
         positional = leg in queries or leg in keys or (leg in graph.legs and graph.legs[leg].size == size)
-        if positional and not any(isinstance(m, CausalMask) and m.key == leg for m in node.masks):
+        if positional and not any(_hides_future(m) and m.key == leg for m in node.masks):
             return Diagnostic(
                 f"with_causal_mask cannot mask the reverse {node.name} along position leg '{leg}':"
                 " each position would see the later ones",
@@ -207,13 +220,14 @@ def _reads_an_input(expr: Expr, graph: DesignGraph) -> bool:
 
 
 def _already_causal(graph: DesignGraph, query: str, key: str) -> bool:
-    """Whether the design masks `key` by `query` somewhere already (a causal box or factor)."""
+    """Whether the design masks `key` by `query` somewhere already (a causal box or factor, or a
+    one-sided window, which hides the future as well)."""
     for statement in graph.statements:
         for node in walk(statement.expr):
-            if isinstance(node, CausalFactor) and (node.query, node.key) == (query, key):
+            if _causal_factor(node) and (node.query, node.key) == (query, key):  # type: ignore[attr-defined]
                 return True
             if isinstance(node, SoftmaxBox | Reduction) and any(
-                isinstance(m, CausalMask) and (m.query, m.key) == (query, key) for m in node.masks
+                _hides_future(m) and (m.query, m.key) == (query, key) for m in node.masks
             ):
                 return True
     return False

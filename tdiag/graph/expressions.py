@@ -12,7 +12,7 @@ import sympy
 
 from .. import parse as syn
 from ..errors import Span, did_you_mean
-from ..ir import CausalFactor, Contraction, Expr, Gather, PositionIndex, Scalar, TensorRef, walk
+from ..ir import CausalFactor, Contraction, Expr, Gather, PositionIndex, Scalar, TensorRef, WindowFactor, walk
 from .calls import BoxesAndMaps
 from .positions import Positions
 from .products import Products
@@ -68,7 +68,7 @@ class _ExprBuilder(Products, Positions, BoxesAndMaps):
         elsewhere = {
             leg
             for n in walk(expr)
-            if isinstance(n, TensorRef | PositionIndex | CausalFactor) and id(n) not in sources
+            if isinstance(n, TensorRef | PositionIndex | CausalFactor | WindowFactor) and id(n) not in sources
             for leg in n.legs
         }
         for leg, span in self.gathered:

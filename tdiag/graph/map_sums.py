@@ -22,6 +22,7 @@ from ..ir import (
     SoftmaxBox,
     SquaredDistance,
     Tensor,
+    WindowFactor,
 )
 from ..ir import TensorRef as Ref
 from .syntax import _syntax_nodes, _syntax_text
@@ -50,7 +51,7 @@ def lone_sums(operand: Expr, tensors: Mapping[str, Tensor]) -> list[str]:
 
 
 def _is_mask(factor: Expr, tensors: Mapping[str, Tensor]) -> bool:
-    if isinstance(factor, CausalFactor):
+    if isinstance(factor, CausalFactor | WindowFactor):
         return True
     return isinstance(factor, Ref) and factor.name in tensors and tensors[factor.name].kind == "mask"
 
@@ -113,7 +114,7 @@ def _written_legs(e: syn.Expr) -> set[str]:
             found |= {
                 leg.name for item in node.legs for leg in (item.legs if isinstance(item, syn.LegGroup) else (item,))
             }
-        elif isinstance(node, syn.Call) and node.name in ("index", "causal"):
+        elif isinstance(node, syn.Call) and node.name in ("index", "causal", "window"):
             found |= {a.name for a in node.args if isinstance(a, syn.Name)}
     return found
 

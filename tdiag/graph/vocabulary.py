@@ -20,7 +20,7 @@ SCANS = ("cumsum", "logcumsumexp")  # prefix scans along a position leg, which s
 SEGMENT_SUMS = ("segsum",)  # Σ_{k=m+1..n} a_k over (n, m), causal
 PAIRINGS = ("sqdist",)
 SCALAR_FUNCTIONS = ("sqrt", "exp", "log")  # of numbers and sizes: a scalar, not a map
-MASK_FACTORS = ("causal",)
+MASK_FACTORS = ("causal", "window")
 POSITION_FUNCTIONS = ("index",)
 FUNCTIONS = tuple(
     dict.fromkeys(

@@ -30,8 +30,8 @@ from ..errors import Span
 from ..graph import DesignGraph
 from ..ir import (
     ONE,
+    POSITION_MASKS,
     CausalFactor,
-    CausalMask,
     Contraction,
     ElementwiseMap,
     Expr,
@@ -49,6 +49,7 @@ from ..ir import (
     SumNode,
     Tensor,
     TensorRef,
+    WindowFactor,
     walk,
 )
 from ..names import BUILTINS, GENERATED
@@ -159,7 +160,8 @@ class LoweringBase:
             for t in graph.tensors.values()
             if t.kind in ("input", "mask", "random") or t.name in self.made_on_entry
         }
-        self.causal_masks: dict[tuple[sympy.Expr, sympy.Expr], str] = {}
+        # (N, M) -> a causal triangle; (N, M, before, after) -> a window's band
+        self.causal_masks: dict[tuple[sympy.Expr, ...], str] = {}
         self.stored_used: set[str] = set()
         self.lowered: list[str] = []
         self.refused: list[str] = []
@@ -450,7 +452,7 @@ def _scan_legs(node: Scan | SegmentSum) -> tuple[str, ...]:
     """The legs a scan or segment sum runs along, and those its causal masks relate."""
     if isinstance(node, SegmentSum):
         return (node.along, node.key)
-    return (node.along, *(leg for m in node.masks if isinstance(m, CausalMask) for leg in (m.query, m.key)))
+    return (node.along, *(leg for m in node.masks if isinstance(m, POSITION_MASKS) for leg in (m.query, m.key)))
 
 
 def _leg_splits(graph: DesignGraph, uses: Counter[str]) -> dict[str, tuple[tuple[str, sympy.Expr], ...]]:
@@ -469,13 +471,13 @@ def _leg_splits(graph: DesignGraph, uses: Counter[str]) -> dict[str, tuple[tuple
                 if len(use) == 1 and len(group) > 1:
                     wanted.setdefault(use[0], set()).add(tuple(graph.legs[leg].size for leg in group))
     masked = {
-        leg for _, box in graph.boxes() for m in box.masks if isinstance(m, CausalMask) for leg in (m.query, m.key)
+        leg for _, box in graph.boxes() for m in box.masks if isinstance(m, POSITION_MASKS) for leg in (m.query, m.key)
     }
     masked |= {
         leg
         for statement in [*graph.statements, *graph.updates]
         for node in walk(statement.expr)
-        if isinstance(node, CausalFactor)
+        if isinstance(node, CausalFactor | WindowFactor)
         for leg in node.legs
     }
     masked |= {  # a scan runs along a whole leg, never along a piece of one

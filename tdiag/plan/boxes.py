@@ -7,9 +7,11 @@ from __future__ import annotations
 import sympy
 
 from ..ir import (
+    POSITION_MASKS,
     CausalMask,
     Reduction,
     SoftmaxBox,
+    WindowMask,
 )
 from . import forms
 from .base import _Leaf
@@ -67,7 +69,7 @@ class BoxLowering:
         content = self.maskable(content, e, ren, set(normalized))
         name = self.names.fresh(var or ("attention" if e.is_exp else "normalized"))
         masked = content
-        for mask in sorted(e.masks, key=lambda m: isinstance(m, CausalMask)):  # padding first
+        for mask in sorted(e.masks, key=lambda m: isinstance(m, POSITION_MASKS)):  # padding first
             masked = self.apply_mask(masked, mask, ren, e.is_exp)
         kept = [leg for leg in content.legs if leg not in normalized]
         kept.sort(key=lambda leg: (leg != BATCH, leg not in prefer))
@@ -121,12 +123,27 @@ class BoxLowering:
             self.causal_masks[sizes] = self.names.fresh("causal")
         return self.causal_masks[sizes]
 
+    def window_mask(self, query: str, key: str, before: sympy.Expr, after: sympy.Expr) -> str:
+        """The forward's boolean [query, key] band of a window (True outside it: key ≤ query −
+        before or key ≥ query + after), one per sizes and widths, built at entry beside the causal
+        triangles (`Plan.causal`, keyed (N, M, before, after))."""
+        sizes = (self.size(query), self.size(key), self.runtime(before), self.runtime(after))
+        if sizes not in self.causal_masks:
+            self.causal_masks[sizes] = self.names.fresh("window")
+        return self.causal_masks[sizes]
+
+    def position_mask(self, mask: CausalMask | WindowMask, query: str, key: str) -> str:
+        """The boolean [query, key] matrix, True where `mask` hides, between region legs."""
+        if isinstance(mask, WindowMask):
+            return self.window_mask(query, key, mask.before, mask.after)
+        return self.causal_mask(query, key)
+
     def mask_legs(self, e: SoftmaxBox | Reduction, ren: dict[str, tuple[str, ...]]) -> set[str]:
         """The region legs the masks of a box or reduction index: its content needs them as real
         axes to be filled."""
         legs: set[str] = set()
         for mask in e.masks:
-            if isinstance(mask, CausalMask):
+            if isinstance(mask, POSITION_MASKS):
                 legs |= {*ren[mask.query], *ren[mask.key]}
             else:
                 legs |= {p for leg in mask.tensor.legs for p in ren[leg]}
@@ -136,7 +153,7 @@ class BoxLowering:
         """The box content with the entries a mask hides filled before normalizing."""
         hidden = self.hidden_operand(mask, ren, content.legs)
         masked = Value(self.names.fresh("masked"), content.legs, content.broadcast)
-        fill = ("-inf" if isinstance(mask, CausalMask) else "lowest") if is_exp else "zero"
+        fill = ("-inf" if isinstance(mask, POSITION_MASKS) else "lowest") if is_exp else "zero"
         self.emit(Step("mask", MaskFill(content, hidden, fill), masked, inputs=(content,)))
         return masked
 
@@ -144,16 +161,16 @@ class BoxLowering:
         """`content` with real axes along `legs` and every leg the masks of `e` index; repeated over
         the batch when a mask input (which differs per sequence) meets content that does not."""
         content = self.expand_broadcast(content, legs | self.mask_legs(e, ren))
-        if BATCH not in content.legs and any(not isinstance(mask, CausalMask) for mask in e.masks):
+        if BATCH not in content.legs and any(not isinstance(mask, POSITION_MASKS) for mask in e.masks):
             batched = self.materialize(content, (BATCH, *content.legs))
             content = Value(batched.var, batched.legs, content.broadcast)
         return content
 
     def hidden_operand(self, mask, ren, legs: tuple[str, ...]) -> Operand:
         """A mask read over `legs` as True where it hides an entry."""
-        if isinstance(mask, CausalMask):
+        if isinstance(mask, POSITION_MASKS):
             (query,), (key,) = ren[mask.query], ren[mask.key]
-            return align(Value(self.causal_mask(query, key), (query, key)), legs)
+            return align(Value(self.position_mask(mask, query, key), (query, key)), legs)
         ref = mask.tensor
         mask_legs = tuple(p for leg in ref.legs for p in ren[leg])
         return align(Value(self.input_vars[ref.name], (BATCH, *mask_legs)), legs, invert=True)

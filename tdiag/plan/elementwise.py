@@ -8,7 +8,7 @@ import itertools
 import sympy
 
 from ..ir import (
-    CausalMask,
+    POSITION_MASKS,
     Contraction,
     ElementwiseMap,
     Expr,
@@ -95,7 +95,7 @@ class ElementwiseLowering:
         operand = self.lower(e.operand, ren)  # type: ignore[arg-type]
         (along,) = ren[e.along]
         operand = self.maskable(operand, e, ren, {along})
-        for mask in sorted(e.masks, key=lambda m: isinstance(m, CausalMask)):  # the future is −inf, padded or not
+        for mask in sorted(e.masks, key=lambda m: isinstance(m, POSITION_MASKS)):  # the future is −inf, padded or not
             operand = self.apply_mask(operand, mask, ren, is_exp=e.name == "logcumsumexp")
         name = self.names.fresh(var or e.name)
         options = [word for word, flag in (("exclusive", e.exclusive), ("reverse", e.reverse)) if flag]

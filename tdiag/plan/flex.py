@@ -48,6 +48,7 @@ from .program import (
     causal_kernel_flops,
     score_reads,
     show_legs,
+    window_kernel_flops,
 )
 from .sdpa import emit_prelude, hidden_operands, live_rows, query_and_key, seen_operand
 from .sdpa_match import MatchedAttention
@@ -147,6 +148,7 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
         group,
         live,
         future,
+        fused.window,
     )
     entries = ctx.numel([*heads, *queries, *keys])
     latent_size = ctx.numel(latent)
@@ -159,10 +161,15 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
         notes.append(f"{len(fused.sides)} query·key products as one: q and k concatenated along the features")
     if grouped:
         notes.append("query heads grouped over the key heads (enable_gqa)")
+    position_mask = "causal mask" if fused.window is None else "window"
     if block_mask is not None:
-        notes.append("causal mask as a block mask")
+        notes.append(f"{position_mask} as a block mask")
     if pads:
-        masks = "padding and causal masks" if fused.masks else "padding mask"
+        masks = (
+            ("padding and causal masks" if fused.window is None else "padding mask and window")
+            if fused.masks
+            else "padding mask"
+        )
         notes.append(f"{masks} in score_mod (a row whose keys are all masked averages the values)")
     how = f" ({'; '.join(notes)})" if notes else ""
     description = f"flex_attention over {' '.join(show_legs(keys))}, heads {' '.join(show_legs(heads))}{how}"
@@ -182,9 +189,7 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
             paper=entries * (2 * latent_size - 1) + ctx.numel(legs) * (2 * ctx.numel(keys) - 1),
             score_flops=2 * entries * latent_size,
             score_paper=entries * (2 * latent_size - 1),
-            kernel_flops=None
-            if block_mask is None
-            else causal_kernel_flops(flops, ctx.numel(keys), sympy.Integer(FLEX_BLOCK)),
+            kernel_flops=_kernel_flops(ctx, fused, flops) if block_mask is not None else None,
         )
     )
     if ctx.target is ctx.steps:
@@ -269,10 +274,20 @@ def causal_block_mask(ctx: _Lowering, fused: MatchedAttention) -> Value:
     key, so no row is empty and skipping the blocks above the diagonal changes nothing."""
     arguments = tuple(ctx.names.fresh(stem) for stem in ("b", "h", "q_idx", "kv_idx"))
     sequence, key = fused.sequence, fused.keys[0]
-    op = BlockMask(ctx.group_size([sequence]), ctx.group_size([key]), arguments, ctx.like_input())  # type: ignore[arg-type]
+    op = BlockMask(ctx.group_size([sequence]), ctx.group_size([key]), arguments, ctx.like_input(), fused.window)  # type: ignore[arg-type]
     out = Value(ctx.names.fresh("block_mask"), ())
-    ctx.emit(Step("mask", op, out, "FlexAttention block mask: causal", inputs=()))
+    what = "causal" if fused.window is None else "window"
+    ctx.emit(Step("mask", op, out, f"FlexAttention block mask: {what}", inputs=()))
     return out
+
+
+def _kernel_flops(ctx: _Lowering, fused: MatchedAttention, flops: sympy.Expr) -> sympy.Expr:
+    """The FLOPs of the blocks the block mask lets the kernel visit: below the diagonal, or
+    along a window's band."""
+    length, block = ctx.numel(fused.keys), sympy.Integer(FLEX_BLOCK)
+    if fused.window is None:
+        return causal_kernel_flops(flops, length, block)
+    return window_kernel_flops(flops, length, block, *fused.window)
 
 
 def _arithmetic(term: ScoreTerm | None) -> int:

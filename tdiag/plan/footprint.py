@@ -28,6 +28,8 @@ import sympy
 from .abstract import BOOL, CACHE_LINE, FLOAT, LONG, AbstractMachine, Footprint, Meta
 from .program import (
     Attention,
+    BandBlocks,
+    BandMask,
     Binary,
     BlockMask,
     BufferUpdate,
@@ -386,6 +388,19 @@ class _Interpreter(AbstractMachine):
         x = self.value(op.x)
         shape, numel = self.output(step)
         return self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: BandBlocks, step: Step) -> Meta:
+        """The padded copy, then the unfolded blocks copied contiguous."""
+        x = self.value(op.x)
+        shape, numel = self.output(step)
+        self.fresh(x.shape, x.numel, x.grad, f"{op.x.var} padded")
+        return self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
+
+    @op.register
+    def _(self, op: BandMask, step: Step) -> Meta:
+        shape, numel = self.output(step)
+        return self.fresh(shape, numel, False, step.out.var, BOOL)  # type: ignore[union-attr]
 
     @op.register
     def _(self, op: ChunkEdge, step: Step) -> Meta:

@@ -324,6 +324,39 @@ class DecayedPrefix:
 
 
 @dataclass(frozen=True)
+class BandBlocks:
+    """x's axis `axis` (of `length` positions) as `count` overlapping blocks of `width` positions,
+    block c holding positions c·size − lead .. c·size − lead + width − 1 (zero, or False, outside
+    0 .. length − 1): padded by `lead` before and to count·size + width − size − lead after, then
+    unfolded and copied (forms/banded.py: the keys and values a block of queries may see)."""
+
+    x: Value
+    axis: int
+    trailing: int  # axes after `axis`
+    count: sympy.Expr
+    size: int
+    width: int
+    lead: int
+    length: sympy.Expr
+
+
+@dataclass(frozen=True)
+class BandMask:
+    """The boolean (count, size, width) mask of a banded attention, True where hidden: query
+    i = c·size + r sees key j = c·size − (before − 1) + t where i − before < j < i + after and
+    0 ≤ j < length; a query past the length (padding of the last block) hides nothing, so that
+    no row is empty."""
+
+    count: sympy.Expr
+    size: int
+    width: int
+    before: int
+    after: int
+    length: sympy.Expr
+    like: str | None
+
+
+@dataclass(frozen=True)
 class JoinChunks:
     """(chunks, within) axes at `position` joined into one and cut to `length`."""
 
@@ -547,6 +580,8 @@ class BlockMask:
     keys: sympy.Expr
     arguments: tuple[str, str, str, str]
     like: str | None
+    # a window's (before, after): key j visible from query i where i − before < j < i + after
+    window: tuple[sympy.Expr, sympy.Expr] | None = None
 
 
 @dataclass(frozen=True)
@@ -576,6 +611,7 @@ class FlexAttention:
     group: sympy.Expr = ONE
     live: Value | None = None
     future: Operand | None = None
+    window: tuple[sympy.Expr, sympy.Expr] | None = None  # with `causal`: the window's band instead of i ≥ j
 
 
 @dataclass(frozen=True)
@@ -617,6 +653,8 @@ Op = (
     | PrefixSum
     | Triangle
     | SplitChunks
+    | BandBlocks
+    | BandMask
     | ChunkEdge
     | DecayedPrefix
     | JoinChunks
@@ -718,6 +756,17 @@ def causal_kernel_flops(flops: sympy.Expr, length: sympy.Expr, block: sympy.Expr
     return flops * (length + b) / (2 * length)
 
 
+def window_kernel_flops(
+    flops: sympy.Expr, length: sympy.Expr, block: sympy.Expr, before: sympy.Expr, after: sympy.Expr
+) -> sympy.Expr:
+    """The FLOPs of an attention under a window (keys i − before < j < i + after) whose kernel
+    visits, for each block of `block` query rows, only the key blocks the band reaches: the
+    block's b + before + after − 2 keys start anywhere within a key block, so they touch at most
+    ⌈(before + after − 2) / b⌉ + 1 key blocks of b, never more than the L keys there are."""
+    reached = block * (sympy.ceiling((before + after - 2) / block) + 1)
+    return flops * sympy.Min(1, reached / length)
+
+
 @dataclass(frozen=True)
 class ChunkCount:
     """A run-time chunk count ⌈extent / size⌉, bound at entry as `name`."""
@@ -743,7 +792,8 @@ class Plan:
     choices: list[BoxChoice] = field(default_factory=list)  # each box's candidate forms, costed (forms/)
     names: dict[str, str] = field(default_factory=dict)  # .td input/mask/noise name -> variable
     attributes: frozenset[str] = frozenset()  # variables that are the module's stored tensors
-    causal: dict[tuple[sympy.Expr, sympy.Expr], str] = field(default_factory=dict)  # (N, M) -> mask
+    # (N, M) -> a causal triangle, (N, M, before, after) -> a window's band: boolean, True = hidden
+    causal: dict[tuple[sympy.Expr, ...], str] = field(default_factory=dict)
     stored: list[str] = field(default_factory=list)  # declared tensors the forward reads
     segments: list[tuple[int, int]] = field(default_factory=list)  # steps recomputed in backward
     chunks: list[ChunkCount] = field(default_factory=list)  # run-time chunk counts

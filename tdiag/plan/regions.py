@@ -21,6 +21,7 @@ from ..ir import (
     SumNode,
     Tensor,
     TensorRef,
+    WindowFactor,
     walk,
 )
 from .base import _all_legs, _constant_along, _is_scaling, _Leaf, _renamed, _value_leaves
@@ -175,6 +176,11 @@ class RegionLowering:
                 return sympy.Integer(1)
         if isinstance(e, PositionIndex):
             leaves.append(_Leaf(tuple(ren[e.leg]), value=self.positions(tuple(ren[e.leg]))))
+            return sympy.Integer(1)
+        if isinstance(e, WindowFactor):
+            (query,), (key,) = ren[e.query], ren[e.key]
+            band = Value(self.window_mask(query, key, e.before, e.after), (query, key))
+            leaves.append(_Leaf((query, key), value=self.mask_numbers(band, invert=True)))
             return sympy.Integer(1)
         if isinstance(e, CausalFactor):
             (query,), (key,) = ren[e.query], ren[e.key]

@@ -86,10 +86,10 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
     if fused.pads:
         live = live_rows(ctx, [*padded, *([hidden_future] if hidden_future is not None else [])], score_groups)
         future = seen_operand(ctx, fused, score_groups, hidden_future)
-    elif fused.masks and (keys == [fused.masks[0][1]] or fused.repeated):
+    elif fused.masks and fused.window is None and (keys == [fused.masks[0][1]] or fused.repeated):
         causal = True
     elif fused.masks:
-        visible = causal_attention_mask(ctx, fused.masks[0], fused.masks[0][0], keys)
+        visible = causal_attention_mask(ctx, fused, fused.masks[0][0], keys)
     repeat = ctx.numel(keys[1:]) if fused.repeated else sympy.Integer(1)
     name = ctx.names.fresh("attended")
     regrouped = grouped and (len(q_groups[len(lead)]) != 1 or len(features) != 1)
@@ -135,6 +135,8 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
         notes.append(f"each query repeated over the {' '.join(show_legs(keys[1:]))} keys of a position, is_causal")
     elif causal:
         notes.append("is_causal")
+    elif fused.window is not None:
+        notes.append("window as attn_mask")
     elif fused.masks:
         notes.append("causal mask as attn_mask")
     description += "".join(", " + note for note in notes)
@@ -264,7 +266,7 @@ def hidden_operands(
     padded = [score_operand(ctx, Value(var, (BATCH, *legs)), groups, invert=True) for var, legs in fused.pads]
     future = None
     for query, key in fused.masks[:1]:
-        future = score_operand(ctx, Value(ctx.causal_mask(query, key), (query, key)), groups)
+        future = score_operand(ctx, Value(hidden_positions(ctx, fused, query, key), (query, key)), groups)
     return padded, future
 
 
@@ -276,7 +278,7 @@ def seen_operand(
     `future`, the triangle read over all of `groups`."""
     for query, key in fused.masks[:1]:
         if groups[-2:] == [[query], [key]]:
-            return align(Value(ctx.causal_mask(query, key), (query, key)), (query, key))
+            return align(Value(hidden_positions(ctx, fused, query, key), (query, key)), (query, key))
     return future
 
 
@@ -331,11 +333,19 @@ def key_bias(ctx: _Lowering, fused: MatchedAttention) -> Value:
     return ctx.materialize(bias, tuple(leg for leg in (*heads, *keys)))
 
 
-def causal_attention_mask(ctx: _Lowering, pair: tuple[str, str], query: str, keys: list[str]) -> Value:
-    """The boolean SDPA mask (True = attend) of a causal mask over one of several flattened
-    key legs: key (m, r) is visible from n when m ≤ n."""
-    mask_query, mask_key = pair
-    causal = Value(ctx.causal_mask(mask_query, mask_key), (mask_query, mask_key))
+def hidden_positions(ctx: _Lowering, fused: MatchedAttention, query: str, key: str) -> str:
+    """The boolean [query, key] matrix, True where the box's causal mask or window hides a key:
+    the causal triangle, or the window's band (built at entry, as the triangle is)."""
+    if fused.window is None:
+        return ctx.causal_mask(query, key)
+    return ctx.window_mask(query, key, *fused.window)
+
+
+def causal_attention_mask(ctx: _Lowering, fused: MatchedAttention, query: str, keys: list[str]) -> Value:
+    """The boolean SDPA mask (True = attend) of a causal mask or window, over one key leg or one
+    of several flattened key legs: key (m, r) is visible from n when m ≤ n (in the window)."""
+    mask_query, mask_key = fused.masks[0]
+    causal = Value(hidden_positions(ctx, fused, mask_query, mask_key), (mask_query, mask_key))
     aligned = align(causal, (query, *keys), invert=True)
     visible = Value(ctx.names.fresh("visible"), (query, *keys))
     op = VisibleMask(aligned, ctx.shape([query, *keys]), ctx.group_size([query]))

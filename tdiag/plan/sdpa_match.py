@@ -11,6 +11,7 @@ import sympy
 
 from ..ir import (
     ONE,
+    POSITION_MASKS,
     CausalMask,
     Contraction,
     Expr,
@@ -20,6 +21,7 @@ from ..ir import (
     SquaredDistance,
     SumNode,
     TensorRef,
+    WindowMask,
     walk,
 )
 from .base import _is_scaling, _Leaf
@@ -58,7 +60,7 @@ class MatchedAttention:
     biases: list[ScoreTerm]  # terms along heads and keys only: one more feature (MGK P17)
     key_norm: tuple[Value | None, tuple[str, ...] | None]  # a squared distance's key side and its legs
     ren: dict[str, tuple[str, ...]]  # the box's renaming into region legs
-    masks: list[tuple[str, str]]  # causal masks as (query leg, key leg)
+    masks: list[tuple[str, str]]  # causal masks and windows as (query leg, key leg)
     pads: list[tuple[str, tuple[str, ...]]]  # padding masks as (variable, region legs)
     score_biases: list[ScoreTerm]  # terms along the queries too: an additive attn_mask
     sequence: str  # the query leg that is the position (the causal mask's, else the longest)
@@ -67,6 +69,9 @@ class MatchedAttention:
     # each query repeated over the keys of one position, the causal mask is_causal on those rows
     # (forms/sdpa_repeated.py): keys[0] is the masked position leg, the rest its keys per position
     repeated: bool = False
+    # a window on masks[0] (with any causal mask of that pair): keys query − before < key <
+    # query + after visible, the widths as numbers; None without a window
+    window: tuple[sympy.Expr, sympy.Expr] | None = None
 
 
 class AttentionMatch:
@@ -155,7 +160,7 @@ class AttentionMatch:
             (bias_items if legs <= set(heads) | set(keys) else score_biases).append((bias_kind, weight, e))
         if kind == "sqdist":
             bias_items.append(("norm", distance_weight, None))
-        causal = [m for m in box.masks if isinstance(m, CausalMask)]
+        causal = [m for m in box.masks if isinstance(m, POSITION_MASKS)]
         for mask in causal:
             if len(ren[mask.query]) != 1 or ren[mask.query][0] not in queries:
                 return "a causal mask whose query leg is not a query leg of the scores"
@@ -163,6 +168,9 @@ class AttentionMatch:
                 return "a causal mask that is not between the query leg and a key leg"
         if len({ren[m.query][0] for m in causal}) > 1:
             return "causal masks over two different query legs"
+        window = self.matched_window(causal)
+        if isinstance(window, str):
+            return window
         pads = []
         for mask in box.masks:
             if isinstance(mask, PaddingMask):
@@ -194,7 +202,23 @@ class AttentionMatch:
             score_biases=score_biases,
             sequence=sequence,
             prelude=(prelude, memo),
+            window=window,
         )
+
+    def matched_window(self, masks: list) -> tuple[sympy.Expr, sympy.Expr] | str | None:
+        """The one band of a box's causal masks and windows, as numbers (before, after): a causal
+        mask beside a window closes it at the query (after = 1); None without a window, a reason
+        where the band is not one window over one pair of legs."""
+        windows = [m for m in masks if isinstance(m, WindowMask)]
+        if not windows:
+            return None
+        if len(windows) > 1:
+            return "several windows on one box (one band mask says one)"
+        if len({(m.query, m.key) for m in masks}) > 1:
+            return "a window and a causal mask over different legs"
+        (window,) = windows
+        closed = any(isinstance(m, CausalMask) for m in masks)
+        return self.runtime(window.before), ONE if closed else self.runtime(window.after)
 
     @staticmethod
     def scale_sign(scale: sympy.Expr) -> int | None:

@@ -14,6 +14,7 @@ comes before the linear-time order: at equal cost the box is not rewritten into 
 - sdpa_repeated: causal SDPA over several keys per position, each query repeated over them
 - global_heads: SDPA in the global-head form (k over the global heads shared by local heads)
 - flex: FlexAttention, when asked for (`attention="flex"`)
+- banded: a windowed softmax box with its queries in blocks, each with the keys of its window (N·W)
 - materialized: the box computed as such
 - linear: the linear-time order of a normalize box (chunked prefix sums under a causal mask)
 
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from ..base import _Leaf
 from . import choice
+from .banded import Banded
 from .base import BoxChoice, BoxSite, Candidate, Cost, Form, FormRefusedError, Unfit
 from .cost import choose, cost
 from .flex import Flex
@@ -49,7 +51,16 @@ from .sdpa_repeated import SdpaRepeated
 if TYPE_CHECKING:
     from ..build import _Lowering
 
-FORMS: list[Form] = [SdpaGrouped(), Sdpa(), SdpaRepeated(), GlobalHeadSdpa(), Flex(), Materialized(), LinearOrder()]
+FORMS: list[Form] = [
+    SdpaGrouped(),
+    Sdpa(),
+    SdpaRepeated(),
+    GlobalHeadSdpa(),
+    Flex(),
+    Banded(),
+    Materialized(),
+    LinearOrder(),
+]
 
 
 def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:

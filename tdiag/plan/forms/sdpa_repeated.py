@@ -45,6 +45,8 @@ class SdpaRepeated(Form):
         query, position = match.masks[0]
         if len(match.masks) > 1:
             return "more than one causal mask: is_causal says one"
+        if match.window is not None:
+            return "a window: is_causal says no band"
         if match.keys == [position]:
             return Unfit("one key per position: the ordinary SDPA form's is_causal is the mask")
         if position not in match.keys:
