@@ -21,6 +21,7 @@ from .program import (
     BATCH,
     Attention,
     Concat,
+    Expand,
     LiveRows,
     Operand,
     ScoreMask,
@@ -199,7 +200,7 @@ def concatenated_sides(ctx: _Lowering, fused: MatchedAttention) -> tuple[Value, 
     SDPA scale. Returns q, k and the one latent leg."""
     heads, queries, keys = fused.heads, fused.queries, fused.keys
     sides = fused.sides
-    width = sympy.Add(*(ctx.numel(latent) for _, _, latent, _ in sides))
+    width = sympy.Add(*(ctx.numel(latent) for _, _, latent, _, _ in sides))
     feature = ctx.new_leg("joined", width)
     result = []
     for position, stem in ((queries, "q"), (keys, "k")):
@@ -207,9 +208,12 @@ def concatenated_sides(ctx: _Lowering, fused: MatchedAttention) -> tuple[Value, 
         # lays its output out like q, and the output projection then reads it as a view
         order = [leg for leg in heads if leg == BATCH] + position + [leg for leg in heads if leg != BATCH]
         parts = []
-        for query_side, key_side, latent, ratio in sides:
+        for query_side, key_side, latent, ratio, broadcast in sides:
             side, weight = (query_side, ratio) if stem == "q" else (key_side, sympy.Integer(1))
-            value = ctx.contract(side, tuple(heads + position + latent), weight, stem)
+            own = [leg for leg in heads if stem == "q" or leg not in broadcast]
+            value = ctx.contract(side, tuple(own + position + latent), weight, stem)
+            if len(own) < len(heads):
+                value = shared_key(ctx, value, [leg for leg in heads if leg not in own])
             parts.append(ctx.arrange(value, [*([leg] for leg in order), latent]))
         name = ctx.names.fresh(f"{stem}_joined")
         legs = tuple([*order, feature])
@@ -217,6 +221,20 @@ def concatenated_sides(ctx: _Lowering, fused: MatchedAttention) -> tuple[Value, 
         step = Step("concat", Concat(tuple(parts)), Value(name, legs), f"{stem} sides over {shown} concatenated")
         result.append(ctx.emit(step))
     return result[0], result[1], [feature]  # type: ignore[return-value]
+
+
+def shared_key(ctx: _Lowering, k: Value, heads: list[str]) -> Value:
+    """A key side that no head of `heads` changes (MLA's one RoPE key, DeepSeek-V2 eq. 15)
+    broadcast along them, a view that the concatenation copies."""
+    return ctx.emit(
+        Step(
+            "expand",
+            Expand(k, ctx.shape(heads)),
+            Value(ctx.names.fresh("k_shared"), (*k.legs, *heads)),
+            f"k shared by the heads {' '.join(show_legs(heads))} (a view)",
+            inputs=(k,),
+        )
+    )  # type: ignore[return-value]
 
 
 def additive_bias(ctx: _Lowering, fused: MatchedAttention, weight: sympy.Expr, e) -> Value:

@@ -120,7 +120,7 @@ class AttentionMatch:
                 key_value, over = sides[1], tuple(p for leg in cross.over for p in inner[leg])
             memo = self.memo
         box_legs = tuple(p for leg in box.legs for p in ren[leg])
-        terms = []
+        folded = []
         for content, weight in contents:
             content, folded_legs, weight = self.fold_constants(content, box_legs, weight)
             if weight == 0:
@@ -129,7 +129,15 @@ class AttentionMatch:
                 return "a constant of the scores joins two of their legs"
             if any(c.box is not None or (c.value is not None and c.value.broadcast) for c in content):
                 return "the scores hold a box or a factor constant along some of their legs"
-            split = self.split_sides(content, box_legs, keys, others, out)
+            folded.append((content, weight))
+        splits = [self.split_sides(content, box_legs, keys, others, out) for content, _ in folded]
+        if len(folded) > 1:
+            # a key side without some head of another product (MLA's one RoPE key for all heads,
+            # DeepSeek-V2 eq. 15) is that product's key shared by those heads: a broadcast
+            shared = max((s[3] for s in splits if s is not None), key=len, default=())
+            splits = [self.split_sides(content, box_legs, keys, others, out, shared) for content, _ in folded]
+        terms = []
+        for (content, weight), split in zip(folded, splits, strict=True):
             if split is None:
                 return "no split into query, key and value sides that meet only in heads"
             if not set(keys) <= {leg for c in split[1] for leg in c.legs}:
@@ -138,7 +146,7 @@ class AttentionMatch:
                 return "its query·key products split into different heads, queries or values"
             terms.append((content, split, weight))
         content, split, coefficient = terms[0]
-        query_side, key_side, values, heads, queries, latent, features = split
+        query_side, key_side, values, heads, queries, latent, features, _ = split
         if kind == "sqdist" and (query_side, key_side) != (content[:1], content[1:]):
             return "the squared distance's sides are not a query side and a key side"
         # SDPA's kernels mask with -inf before or after scaling: a scale of either sign other than
@@ -148,7 +156,7 @@ class AttentionMatch:
             return "the scale of its query·key product is zero or of unknown sign"
         # several products Σ_i q_i·k_i (partial RoPE: rotated and passed-through dims) are one
         # product of the concatenated sides; each q_i carries its weight relative to the first
-        sides = [(s[0], s[1], s[5], sign * w / coefficient) for _, s, w in terms]
+        sides = [(s[0], s[1], s[5], sign * w / coefficient, s[7]) for _, s, w in terms]
         batched = any(self.is_batched(e) for _, _, e in biases) or any(isinstance(m, PaddingMask) for m in box.masks)
         if batched and BATCH not in heads:
             return "a term or mask of the scores varies along the batch, the query·key product does not"
@@ -276,10 +284,12 @@ class AttentionMatch:
             for node in walk(e)
         )
 
-    def split_sides(self, content: list[_Leaf], box_legs, keys, others: list[_Leaf], out: tuple[str, ...]):
+    def split_sides(self, content: list[_Leaf], box_legs, keys, others: list[_Leaf], out: tuple[str, ...], shared=()):
         """Assign the content's factors to a query and a key side, and the consumer's factors to
         the value side or the rest, so that the sides meet only in head legs (kept) and latent
-        legs (contracted) and the values carry every head; the cheapest valid split wins."""
+        legs (contracted) and the values carry every head; the cheapest valid split wins. A leg
+        of `shared` (another product's heads) that only the query side has is a head too, the
+        key side broadcast along it; the split's last item lists those legs."""
         fixed_key = [c for c in content if set(keys) & set(c.legs)]
         fixed_value = [o for o in others if set(keys) & set(o.legs)]
         undecided = [c for c in content if c not in fixed_key]
@@ -297,8 +307,9 @@ class AttentionMatch:
             q_legs = {leg for c in query_side for leg in c.legs}
             k_legs = {leg for c in key_side for leg in c.legs}
             v_legs = {leg for c in values for leg in c.legs}
-            heads = [leg for leg in (BATCH, *box_legs) if leg in q_legs and leg in k_legs]
-            queries = [leg for leg in queries_all if leg in q_legs and leg not in k_legs]
+            broadcast = [leg for leg in shared if leg != BATCH and leg in q_legs and leg not in k_legs]
+            heads = [leg for leg in (BATCH, *box_legs) if leg in q_legs and (leg in k_legs or leg in broadcast)]
+            queries = [leg for leg in queries_all if leg in q_legs and leg not in k_legs and leg not in broadcast]
             latent = sorted((q_legs & k_legs) - set(box_legs) - {BATCH})
             needed = set(out) | {leg for o in rest for leg in o.legs}
             features = [
@@ -319,5 +330,5 @@ class AttentionMatch:
                 self.numel_number(latent) + self.numel_number(features)
             )
             if best_cost is None or cost < best_cost:
-                best, best_cost = (query_side, key_side, values, heads, queries, latent, features), cost
+                best, best_cost = (query_side, key_side, values, heads, queries, latent, features, broadcast), cost
         return best
