@@ -80,21 +80,27 @@ class PositionLowering:
         return self.memo[key][0]
 
     def position_tensor(self, position: Position, ren: dict[str, tuple[str, ...]]) -> Value:
-        """The integer position over its region legs."""
+        """The integer position over its region legs, made once per program and sizes (T5's
+        (n, m) → bucket table is built once per call, whatever reads it): one elementwise
+        operation per entry for each operation of the position that has legs."""
         renamed = _rename_position(position, {leg: ren[leg][0] for leg in position.legs()}, self.runtime)
         legs = renamed.legs()
-        name = self.names.fresh("position")
-        out = Value(name, legs)
-        self.emit(
-            Step(
-                "positions",
-                PositionTensor(renamed, legs, self.shape(legs), self.like_input()),
-                out,
-                f"position {position}",
-                elementwise=self.numel(legs),
+        key = ("position", _anonymous(renamed, legs), tuple(self.size(leg) for leg in legs))
+        if key not in self.memo:
+            name = self.names.fresh("position")
+            out = Value(name, legs)
+            self.emit(
+                Step(
+                    "positions",
+                    PositionTensor(renamed, legs, self.shape(legs), self.like_input()),
+                    out,
+                    f"position {position}",
+                    elementwise=self.numel(legs) * max(1, _operations(renamed)),
+                )
             )
-        )
-        return out
+            self.memo[key] = (out, legs)
+        value, earlier = self.memo[key]
+        return _renamed(value, dict(zip(earlier, legs, strict=True)))
 
     def lower_gather(self, e: Gather, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
         """The table read along its axis at the position: one read per result entry."""
@@ -109,7 +115,7 @@ class PositionLowering:
         return self.emit(
             Step(
                 "gather",
-                GatherAt(Operand(table), table.legs.index(axis), index),
+                GatherAt(Operand(table), table.legs.index(axis), index, e.checked, e.source.name, e.axis),  # type: ignore[union-attr]
                 out,
                 f"{e.source.name} at {e.position} -> [{' '.join(show_legs(out.legs))}]",  # type: ignore[union-attr]
                 elementwise=self.numel(out.legs),
@@ -125,4 +131,21 @@ def _rename_position(position: Position, names: dict[str, str], runtime) -> Posi
     if position.op == "number":
         return Position("number", value=runtime(position.value))
     operands = tuple(_rename_position(o, names, runtime) for o in position.operands)
+    return Position(position.op, position.name, position.value, operands)
+
+
+def _operations(position: Position) -> int:
+    """The operations of a position that run over its legs (a part of numbers and sizes alone is
+    one Python number)."""
+    if position.op == "leg" or not position.legs():
+        return 0
+    return 1 + sum(_operations(o) for o in position.operands)
+
+
+def _anonymous(position: Position, legs: tuple[str, ...]) -> Position:
+    """The position with its legs numbered by their place in `legs` (a memo key that does not
+    depend on the region's leg names)."""
+    if position.op == "leg":
+        return Position("leg", name=str(legs.index(position.name)))
+    operands = tuple(_anonymous(o, legs) for o in position.operands)
     return Position(position.op, position.name, position.value, operands)
