@@ -13,7 +13,7 @@ from .. import parse as syn
 from ..errors import Span, a_or_an, did_you_mean
 from ..ir import Axis, Expr, Gather, Position, PositionIndex, Tensor, TensorRef
 from .sizes import expand_sizes, size_values
-from .syntax import Unbounded, _position_bounds
+from .syntax import UnboundedError, _position_bounds
 from .vocabulary import POISON_SIZE
 
 if TYPE_CHECKING:
@@ -202,7 +202,7 @@ class Positions:
 
         try:
             low, high = _position_bounds(position, lambda leg: number(self.b.legs[leg].size) - 1, number)
-        except Unbounded as reason:
+        except UnboundedError as reason:
             self.b.error(
                 f"cannot bound position {item.name} = {position} of {tensor.name}: {reason}",
                 item.value.span,

@@ -149,7 +149,7 @@ def _position_names(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
     return set()
 
 
-class Unbounded(ValueError):
+class UnboundedError(ValueError):
     """A position whose range interval arithmetic cannot bound (a log of a value that may be 0
     or negative, a quotient by a value that may be 0); the message says which part."""
 
@@ -162,7 +162,7 @@ def _position_bounds(position: Position, leg_max, number) -> tuple[float, float]
     interval arithmetic, sound for every op (min, max, abs, floor are monotone or piecewise so);
     a real part (a quotient, a log) is widened by a relative 2^-20 each op before it is floored,
     so float32 rounding never takes a value outside, while an exact 0 stays 0 (log(1) = 0).
-    Raises Unbounded where the value is undefined somewhere in the range."""
+    Raises UnboundedError where the value is undefined somewhere in the range."""
     if position.op == "leg":
         return 0.0, leg_max(position.name)
     if position.op == "number":
@@ -182,7 +182,7 @@ def _position_bounds(position: Position, leg_max, number) -> tuple[float, float]
     if position.op == "/":
         (low, high), (lo, hi) = parts
         if lo <= 0 <= hi:
-            raise Unbounded(
+            raise UnboundedError(
                 f"the divisor {position.operands[1]} may be 0 (it ranges over {_shown(lo)} .. {_shown(hi)})"
             )
         quotients = [(_quotient(x, y), x, y) for x in (low, high) for y in (lo, hi)]
@@ -192,7 +192,7 @@ def _position_bounds(position: Position, leg_max, number) -> tuple[float, float]
     if position.op == "log":
         low, high = parts[0]
         if low <= 0:
-            raise Unbounded(
+            raise UnboundedError(
                 f"log's argument {position.operands[0]} may be 0 or negative "
                 f"(it ranges over {_shown(low)} .. {_shown(high)})"
             )
