@@ -85,7 +85,7 @@ class Positions:
                 f"only a stored table (param, const or buffer) or a computed tensor is read at a position; "
                 f"{e.name} is {a_or_an(tensor.kind)}",
                 e.options[0].span,
-                hint=f"declare the table (param {e.name}[...]) or compute one from it",
+                hint=f"declare the table (param {e.name}[...]), or compute a tensor from {e.name} and read that",
             )
             return self.poison(e)
         option = e.options[0]
@@ -204,17 +204,18 @@ class Positions:
             low, high = _position_bounds(position, lambda leg: number(self.b.legs[leg].size) - 1, number)
         except UnboundedError as reason:
             self.b.error(
-                f"cannot bound position {item.name} = {position} of {tensor.name}: {reason}",
+                f"cannot bound position {item.name} = {position} of {tensor.name}: {reason.args[0]}",
                 item.value.span,
-                hint="keep it defined at every index, e.g. log(max(x, 1)) or a divisor of a size",
+                hint=reason.args[1],
             )
             return None
         size = number(axis.size)
         if low < 0 or high > size - 1 or math.isinf(high):
             shown = lambda v: ("-inf" if v < 0 else "+inf") if math.isinf(v) else str(int(v))  # noqa: E731
+            unbounded = "; a run-time size is unbounded here" if math.isinf(low) or math.isinf(high) else ""
             self.b.error(
                 f"position {item.name} = {position} of {tensor.name} ranges over {shown(low)} .. {shown(high)}, "
-                f"outside its axis {axis.leg} ({axis.size}: 0 .. {shown(size - 1)}); a run-time size is unbounded here",
+                f"outside its axis {axis.leg} ({axis.size}: 0 .. {shown(size - 1)}){unbounded}",
                 item.value.span,
                 hint="clamp it into the table, e.g. clamp(m - n, -K, K) + K for a table of 2K + 1 entries",
             )

@@ -151,7 +151,7 @@ def _position_names(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
 
 class UnboundedError(ValueError):
     """A position whose range interval arithmetic cannot bound (a log of a value that may be 0
-    or negative, a quotient by a value that may be 0); the message says which part."""
+    or negative, a quotient by a value that may be 0); args: the message (which part), a hint."""
 
 
 _REAL_SLACK = 2.0**-20  # relative: covers float32 rounding (2^-24 an op) of a position's real part
@@ -183,7 +183,8 @@ def _position_bounds(position: Position, leg_max, number) -> tuple[float, float]
         (low, high), (lo, hi) = parts
         if lo <= 0 <= hi:
             raise UnboundedError(
-                f"the divisor {position.operands[1]} may be 0 (it ranges over {_shown(lo)} .. {_shown(hi)})"
+                f"the divisor {position.operands[1]} may be 0 (it ranges over {_shown(lo)} .. {_shown(hi)})",
+                f"divide by a number or size, or keep the divisor positive: max({position.operands[1]}, 1)",
             )
         quotients = [(_quotient(x, y), x, y) for x in (low, high) for y in (lo, hi)]
         if any(math.isnan(q[0]) for q in quotients):
@@ -194,7 +195,8 @@ def _position_bounds(position: Position, leg_max, number) -> tuple[float, float]
         if low <= 0:
             raise UnboundedError(
                 f"log's argument {position.operands[0]} may be 0 or negative "
-                f"(it ranges over {_shown(low)} .. {_shown(high)})"
+                f"(it ranges over {_shown(low)} .. {_shown(high)})",
+                f"keep it positive, e.g. log(max({position.operands[0]}, 1))",
             )
         return _real(position, [(math.log(low), low), (math.log(high) if not math.isinf(high) else math.inf, high)])
     if position.op == "floor":

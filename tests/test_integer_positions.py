@@ -1,0 +1,165 @@
+"""Integer positions (issue 24): floor, log, real and floor division, min, max and abs in a
+gather's position, gathers from computed tensors, and the run-time check of a position read
+into an axis of run-time length. Each position is computed by the compiled module and by the
+reference evaluator and compared with the same formula in Python integers (its log in float32,
+as the language computes a position's real part); the plan makes each position table once and
+costs it as elementwise work, never FLOPs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import DESIGNS
+
+import tdiag
+
+F64 = torch.float64
+F, H, N = 4, 2, 9
+
+TABLE = """
+design p
+size F = 4, H = 2, C = 3, R = 16
+size N
+input X[n: N, f: F]
+param Rel[h: H, r: R] = normal(std = 1)
+Y[n m h] = X[n f] X[m f] Rel[h, r = {position}]
+output Y
+"""
+
+
+def log32(x: int) -> float:
+    return torch.log(torch.tensor(float(x), dtype=torch.float32)).item()
+
+
+POSITIONS = {  # name: (the position as written, the same in Python at query n and key m)
+    "floor_division_rounds_down": ("floor(clamp(m - n, -6, 6) / C) + 2", lambda n, m: max(min(m - n, 6), -6) // 3 + 2),
+    "min_max_abs": ("min(abs(m - n), 4) + clamp(m - n, 0, 1) * 5 + min(max(n, m), 6)", None),
+    "floor_of_log": (
+        "min(floor(log(max(abs(m - n), 1)) * 2), 5)",
+        lambda n, m: min(math.floor(log32(max(abs(m - n), 1)) * 2), 5),
+    ),
+}
+POSITIONS["min_max_abs"] = (
+    POSITIONS["min_max_abs"][0],
+    lambda n, m: min(abs(m - n), 4) + min(max(m - n, 0), 1) * 5 + min(max(n, m), 6),
+)
+
+
+def expected(x: torch.Tensor, rel: torch.Tensor, where) -> torch.Tensor:
+    index = torch.tensor([[where(n, m) for m in range(x.shape[-2])] for n in range(x.shape[-2])])
+    return torch.einsum("bnf,bmf->bnm", x, x)[..., None] * rel.T[index]
+
+
+@pytest.mark.parametrize("name", POSITIONS)
+def test_position_functions_compute_as_written(name: str):
+    text, where = POSITIONS[name]
+    design = tdiag.loads(TABLE.format(position=text))
+    module = design.module(dtype=F64, seed=3)
+    reference = design.module(dtype=F64, seed=3, impl="reference")
+    reference.load_state_dict(module.state_dict(), strict=False)
+    x = torch.randn(2, N, F, dtype=F64, generator=torch.Generator().manual_seed(1))
+    want = expected(x, module.Rel.detach(), where)
+    assert torch.equal(module(x), want)
+    torch.testing.assert_close(reference(x), want, rtol=0, atol=1e-12)
+
+
+def test_t5_bucket_position_is_proved_inside_its_table():
+    """check bounds T5's log-spaced buckets by interval arithmetic: 0 .. R − 1 at any length."""
+    design = tdiag.load(DESIGNS / "t5.td")
+    (gather,) = [e for e in _walk(design.graph) if e.kind == "gather"]
+    assert gather.checked is None  # proved before anything runs: no run-time check
+
+
+def _walk(graph):
+    from tdiag.ir import walk
+
+    for tensor in graph.tensors.values():
+        if tensor.statement is not None:
+            yield from walk(tensor.statement.expr)
+
+
+COMPUTED = """
+design c
+size F = 4, H = 2, C = 2, R = 2 * C + 1
+size N
+input X[n: N, f: F]
+param W[f: F, h: H, r: R] = normal(std = 1)
+T[h r] = X[k f] W[f h r]
+Y[n m h] = X[n f] X[m f] T[h, r = clamp(m - n, -C, C) + C]
+output Y
+"""
+
+
+def test_gather_reads_a_computed_tensor_per_batch_element():
+    design = tdiag.loads(COMPUTED)
+    module = design.module(dtype=F64, seed=2)
+    reference = design.module(dtype=F64, seed=2, impl="reference")
+    reference.load_state_dict(module.state_dict(), strict=False)
+    x = torch.randn(3, N, F, dtype=F64, generator=torch.Generator().manual_seed(1))
+    table = torch.einsum("bkf,fhr->bhr", x, module.W.detach())
+    index = torch.tensor([[max(min(m - n, 2), -2) + 2 for m in range(N)] for n in range(N)])
+    want = torch.einsum("bnf,bmf->bnm", x, x)[..., None] * table[:, :, index].permute(0, 2, 3, 1)
+    torch.testing.assert_close(module(x), want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(reference(x), want, rtol=0, atol=1e-12)
+
+
+RUNTIME = """
+design r
+size F = 4, H = 2, C = 5
+size N
+input X[n: N, f: F]
+param W[f: F, h: H] = normal(std = 1)
+T[k h] = X[k f] W[f h]
+Y[n h] = T[k = min(n, C), h] + X[n f] W[f h]
+output Y
+"""
+
+
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+def test_position_past_a_run_time_length_is_a_value_error_naming_the_table(impl: str):
+    """min(n, C) reaches C = 5: inside T's axis of N entries only when N > 5, which check cannot
+    know, so the module checks it when it runs."""
+    module = tdiag.loads(RUNTIME).module(dtype=F64, impl=impl)
+    x = torch.randn(2, 6, F, dtype=F64)
+    t = x @ module.W.detach()
+    index = torch.tensor([min(n, 5) for n in range(6)])
+    torch.testing.assert_close(module(x), t[:, index] + t, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"^T\W.*position 5"):
+        module(torch.randn(2, 5, F, dtype=F64))
+
+
+TWICE = """
+design t
+size F = 4, H = 2, C = 2, R = 2 * C + 1
+size N
+input X[n: N, f: F]
+param Rel[h: H, r: R] = zeros
+param Rel2[h: H, r: R] = zeros
+Y[n m h] = X[n f] X[m f] + Rel[h, r = clamp(m - n, -C, C) + C] + Rel2[h, r = clamp(m - n, -C, C) + C]
+output Y
+"""
+
+
+def test_a_position_table_is_made_once_for_every_gather_that_reads_it():
+    plan = tdiag.loads(TWICE).plan(N=16)
+    assert [s.kind for s in plan.steps].count("positions") == 1
+    assert [s.kind for s in plan.steps].count("gather") == 2
+
+
+def test_t5_costs_its_buckets_as_elementwise_work_on_the_position_table():
+    """No FLOPs beyond MHSA's (no one-hot N·N·R contraction); the bucket table costs one
+    elementwise operation per (n, m) entry for each of its operations (clamp(m − n, 0, 1)·NB: 3,
+    min(|m − n|, E): 3, the log part: 9, two sums), and the gather one read per (h, n, m)."""
+    sizes = {"F": 64, "H": 4, "D": 16}
+    t5 = tdiag.load(DESIGNS / "t5.td", **sizes)
+    mhsa = tdiag.load(DESIGNS / "mhsa.td", **sizes)
+    assert t5.cost(N=128).at(N=128)["flops"] == mhsa.cost(N=128).at(N=128)["flops"]
+    plan = t5.plan(N=128)
+    (table,) = [s for s in plan.steps if s.kind == "positions"]
+    (gather,) = [s for s in plan.steps if s.kind == "gather"]
+    at = {"N": 128, "H": 4}
+    number = lambda e: e.subs({v: at[v.name] for v in e.free_symbols})  # noqa: E731
+    assert number(table.elementwise) == 17 * 128**2
+    assert number(gather.elementwise) == 4 * 128**2
