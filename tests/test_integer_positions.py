@@ -163,3 +163,51 @@ def test_t5_costs_its_buckets_as_elementwise_work_on_the_position_table():
     number = lambda e: e.subs({v: at[v.name] for v in e.free_symbols})  # noqa: E731
     assert number(table.elementwise) == 17 * 128**2
     assert number(gather.elementwise) == 4 * 128**2
+
+
+T5_SIZES = {"F": 8, "H": 2, "D": 4, "R": 8, "MD": 12}
+
+
+@pytest.fixture(scope="module")
+def t5() -> tdiag.Design:
+    return tdiag.load(DESIGNS / "t5.td", **T5_SIZES)
+
+
+def t5_input(n: int = 20) -> torch.Tensor:
+    return torch.randn(2, n, 8, dtype=F64, generator=torch.Generator().manual_seed(5))
+
+
+def test_t5_on_flex_attention_reads_the_buckets_in_its_score_mod(t5):
+    """The bucket position is index arithmetic in the score_mod (no (h, n, m) bias is built) and
+    equals the SDPA module (eager FlexAttention forward on CPU)."""
+    plan = t5.plan(N=20, attention="flex")
+    assert "gather" not in [s.kind for s in plan.steps]
+    sdpa = t5.module(dtype=F64, seed=4)
+    torch.nn.init.normal_(sdpa.Rel)
+    flex = t5.module(dtype=F64, seed=4, attention="flex")
+    flex.load_state_dict(sdpa.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(flex(t5_input()), sdpa(t5_input()), rtol=0, atol=1e-10)
+
+
+def test_t5_standalone_file_equals_the_in_process_module(t5, tmp_path):
+    from conftest import standalone_module
+
+    generated = standalone_module(t5.source(), "t5_positions_module", tmp_path)
+    standalone = generated.T5(seed=7, dtype=F64)
+    assert torch.equal(standalone(t5_input()), t5.module(seed=7, dtype=F64)(t5_input()))
+
+
+def test_t5_under_torch_compile_fullgraph(t5):
+    module = t5.module(seed=1)
+    torch.nn.init.normal_(module.Rel)
+    x = t5_input().float()
+    torch.testing.assert_close(torch.compile(module, fullgraph=True, backend="eager")(x), module(x))
+
+
+def test_t5_gradcheck(t5):
+    from conftest import gradcheck_parameters, perturbed
+
+    module = t5.module(dtype=F64)
+    perturbed(module)
+    assert gradcheck_parameters(module, (t5_input(6)[:1].requires_grad_(),))
