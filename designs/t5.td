@@ -2,8 +2,12 @@
 # Paper: Raffel et al., "Exploring the Limits of Transfer Learning with a Unified Text-to-Text
 # Transformer" (T5, JMLR 2020), Sec. 2.1: "a scalar [learned per head, by bucket] is added to the
 # corresponding logit"; "the number of positions in each embedding bucket [grows] logarithmically
-# up to an offset of 128"; 32 buckets. The buckets are Mesh TensorFlow's
-# `_relative_position_bucket`, as transformers' T5Attention computes them.
+# up to an offset of 128"; 32 buckets. The logits are Shaw, Uszkoreit and Vaswani (2018) eq. (5)
+# with one scalar per head and bucket for its relative term, e_nm = q_n·k_m + Rel[b(m − n), h],
+# in Vaswani et al. (2017) eq. (1) without its 1/√d_k. The buckets b are Mesh TensorFlow's
+# `_relative_position_bucket`.
+# Module: Hugging Face transformers' T5Attention(config, has_relative_attention_bias=True)
+# (models/t5/modeling_t5.py): q, k, v, o without bias; compute_bias; softmax(q kᵀ + bias) v.
 # Readings:
 # - Offset m − n (key minus query). Bidirectional: half of the R buckets, NB = R/2, are for keys
 #   after the query: clamp(m − n, 0, 1)·NB. The rest of the bucket is of the distance |m − n|:
