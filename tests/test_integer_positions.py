@@ -148,21 +148,28 @@ def test_a_position_table_is_made_once_for_every_gather_that_reads_it():
     assert [s.kind for s in plan.steps].count("gather") == 2
 
 
-def test_t5_costs_its_buckets_as_elementwise_work_on_the_position_table():
-    """No FLOPs beyond MHSA's (no one-hot N·N·R contraction); the bucket table costs one
-    elementwise operation per (n, m) entry for each of its operations (clamp(m − n, 0, 1)·NB: 3,
-    min(|m − n|, E): 3, the log part: 9, two sums), and the gather one read per (h, n, m)."""
+def test_t5_costs_its_buckets_per_offset_and_one_gather_per_score():
+    """No FLOPs beyond MHSA's (no one-hot N·N·R contraction). T5's bucket depends on (n, m) only
+    through m − n: its 17 operations (clamp(m − n, 0, 1)·NB: 3, min(|m − n|, E): 3, the log
+    part: 9, two sums) run once per offset (2N − 1 of them), Rel is read at each offset, and the
+    (h, n, m) bias is one gather of that at m − n + N − 1 (two operations per (n, m))."""
     sizes = {"F": 64, "H": 4, "D": 16}
     t5 = tdiag.load(DESIGNS / "t5.td", **sizes)
     mhsa = tdiag.load(DESIGNS / "mhsa.td", **sizes)
     assert t5.cost(N=128).at(N=128)["flops"] == mhsa.cost(N=128).at(N=128)["flops"]
     plan = t5.plan(N=128)
-    (table,) = [s for s in plan.steps if s.kind == "positions"]
-    (gather,) = [s for s in plan.steps if s.kind == "gather"]
     at = {"N": 128, "H": 4}
-    number = lambda e: e.subs({v: at[v.name] for v in e.free_symbols})  # noqa: E731
-    assert number(table.elementwise) == 17 * 128**2
-    assert number(gather.elementwise) == 4 * 128**2
+    number = lambda e: int(e.subs({v: at[v.name] for v in e.free_symbols}))  # noqa: E731
+    positions = [number(s.elementwise) for s in plan.steps if s.kind == "positions"]
+    gathers = [number(s.elementwise) for s in plan.steps if s.kind == "gather"]
+    assert positions == [17 * 255, 2 * 128**2]
+    assert gathers == [4 * 255, 4 * 128**2]
+
+
+def test_a_position_of_few_operations_is_built_over_both_legs():
+    """clamp(m − n, −C, C) + C costs three operations per (n, m) either way: built directly."""
+    plan = tdiag.load(DESIGNS / "relative_bias.td").plan(N=64)
+    assert [s.kind for s in plan.steps].count("gather") == 1
 
 
 T5_SIZES = {"F": 8, "H": 2, "D": 4, "R": 8, "MD": 12}
