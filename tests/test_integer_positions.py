@@ -218,3 +218,31 @@ def test_t5_gradcheck(t5):
     module = t5.module(dtype=F64)
     perturbed(module)
     assert gradcheck_parameters(module, (t5_input(6)[:1].requires_grad_(),))
+
+
+def _bounds(design: tdiag.Design, length: int) -> tuple[float, float]:
+    """check's interval bounds of the design's gather position when every leg runs over
+    0 .. length − 1."""
+    from tdiag.graph.syntax import _position_bounds
+
+    (gather,) = [e for e in _walk(design.graph) if e.kind == "gather"]
+    values = {design.graph.sizes[k].symbol: v for k, v in design.size_values.items()}
+    return _position_bounds(gather.position, lambda leg: length - 1, lambda e: float(e.xreplace(values)))
+
+
+@pytest.mark.parametrize("name", POSITIONS)
+def test_proved_bounds_hold_every_value_the_position_takes(name: str):
+    text, where = POSITIONS[name]
+    low, high = _bounds(tdiag.loads(TABLE.format(position=text)), N)
+    values = [where(n, m) for n in range(N) for m in range(N)]
+    assert low <= min(values) and max(values) <= high
+
+
+def test_t5_bucket_bounds_are_exactly_the_buckets_hf_reads():
+    """At a length past max_distance, check's bounds of T5's bucket are 0 .. R − 1, and HF's
+    bucket function takes both values: the interval arithmetic is sound and tight here."""
+    t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    low, high = _bounds(tdiag.load(DESIGNS / "t5.td"), 300)
+    offsets = torch.arange(300)[None, :] - torch.arange(300)[:, None]
+    buckets = t5.T5Attention._relative_position_bucket(offsets, True, 32, 128)
+    assert (low, high) == (0, 31) == (buckets.min().item(), buckets.max().item())
