@@ -718,7 +718,21 @@ def _step_lines(step: Step, plan: Plan) -> list[str]:
         _LIKE.reset(like)
     if step.out is not None:
         code = f"{source(step.out.var, 'name')} = {code}"
-    return [*_slice_checks(step), f"        {code}{comment}"]
+    return [*_slice_checks(step), *_gather_checks(step), f"        {code}{comment}"]
+
+
+def _gather_checks(step: Step) -> list[str]:
+    """A read at a position into an axis of run-time length needs the largest position (proved
+    by check) inside it: checked when the module runs, a ValueError naming the table."""
+    if not isinstance(step.op, GatherAt) or step.op.checked is None:
+        return []
+    length = f"{_read(step.op.x, frozenset())}.shape[{step.op.dim}]"
+    text = source(f"{step.op.name}: reads position {step.op.checked} of axis {step.op.axis}, which has ", "fstring")
+    hint = source(" entries; clamp the position into the axis", "fstring")
+    return [
+        f"        if {length} <= {step.op.checked}:",
+        f'            raise ValueError(f"{text}{{{length}}}{hint}")',
+    ]
 
 
 def _slice_checks(step: Step) -> list[str]:
@@ -1213,17 +1227,55 @@ def _position(position, legs: tuple[str, ...], sizes: tuple[sympy.Expr, ...], de
 
 
 def _integer_position(position, leg: Callable[[str], str]) -> str:
-    """A Position (ir.py) as Python, each leg printed by `leg`: numbers, + - *, negation, clamp."""
-    if position.op == "leg":
-        return leg(position.name)
-    if position.op == "number":
-        return _scalar(position.value)
-    parts = [_integer_position(o, leg) for o in position.operands]
-    if position.op == "neg":
-        return f"(-{parts[0]})"
-    if position.op == "clamp":
-        return f"torch.clamp({parts[0]}, {parts[1]}, {parts[2]})"
-    return f"({parts[0]} {position.op} {parts[1]})"
+    """A Position (ir.py) as Python, each leg printed by `leg`: numbers, + - * /, negation,
+    clamp, min, max, abs, floor, log. A part without legs is Python arithmetic on numbers and
+    sizes (in double); a part with legs is int64, or float32 where real (an int64 part is
+    converted with .float() first, as T5's `relative_position.float()`); floor(a / b) of whole
+    parts is floor division."""
+    return _position_code(position, leg)[0]
+
+
+def _position_code(position, leg: Callable[[str], str]) -> tuple[str, bool]:
+    """(Python, whether it is a tensor) for a position part."""
+    op = position.op
+    if op == "leg":
+        return leg(position.name), True
+    if op == "number":
+        return _scalar(position.value), False
+    inner = position.operands[0]
+    if op == "floor" and inner.op == "/" and not inner.is_real():
+        a, b = (_position_code(o, leg)[0] for o in inner.operands)
+        return f"({a} // {b})", bool(position.legs())
+    parts = [_position_code(o, leg) for o in position.operands]
+    codes = [code for code, _ in parts]
+    if not position.legs():
+        functions = {"log": "math.log", "floor": "math.floor", "abs": "abs", "min": "min", "max": "max"}
+        if op in functions:
+            return f"{functions[op]}({', '.join(codes)})", False
+        if op == "clamp":
+            return f"min(max({codes[0]}, {codes[1]}), {codes[2]})", False
+        if op == "neg":
+            return f"(-{codes[0]})", False
+        return f"({codes[0]} {op} {codes[1]})", False
+    if position.is_real():
+        codes = [
+            f"{code}.float()" if tensor and not o.is_real() else code
+            for (code, tensor), o in zip(parts, position.operands, strict=True)
+        ]
+    if op == "neg":
+        return f"(-{codes[0]})", True
+    if op in ("abs", "log"):
+        return f"torch.{op}({codes[0]})", True
+    if op == "floor":
+        return (f"torch.floor({codes[0]}).long()" if inner.is_real() else codes[0]), True
+    if op == "clamp":
+        return f"torch.clamp({', '.join(codes)})", True
+    if op in ("min", "max"):
+        if parts[0][1] and parts[1][1]:
+            return f"torch.{'minimum' if op == 'min' else 'maximum'}({codes[0]}, {codes[1]})", True
+        x, bound = (codes[0], codes[1]) if parts[0][1] else (codes[1], codes[0])
+        return f"torch.clamp({x}, {'max' if op == 'min' else 'min'}={bound})", True
+    return f"({codes[0]} {op} {codes[1]})", True
 
 
 @_op.register

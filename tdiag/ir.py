@@ -261,8 +261,11 @@ class PositionIndex(Expr):
 @dataclass(frozen=True)
 class Position:
     """An integer position expression of legs, numbers and sizes (the address of a gather):
-    `op` is "leg" (name), "number" (value), "+", "-", "*" (operands), "neg" or "clamp"
-    (operand, low, high as further operands)."""
+    `op` is "leg" (name), "number" (value), "+", "-", "*", "/" (operands), "neg", "abs",
+    "floor", "log" (one operand), "min", "max" (two) or "clamp" (operand, low, high as further
+    operands). "/" is real division and "log" the natural logarithm: a node with either below it
+    is real (computed in float32, as T5's relative buckets are) until `floor` makes it whole;
+    `floor(a / b)` of two whole operands is integer floor division."""
 
     op: str
     name: str = ""
@@ -274,16 +277,39 @@ class Position:
             return (self.name,)
         return tuple(dict.fromkeys(leg for o in self.operands for leg in o.legs()))
 
+    def is_real(self) -> bool:
+        """Whether the value is real rather than whole (a quotient or log not yet floored)."""
+        if self.op in ("/", "log"):
+            return True
+        if self.op == "number":
+            return self.value.is_integer is False  # a size is a whole number
+        if self.op in ("leg", "floor"):
+            return False
+        return any(o.is_real() for o in self.operands)
+
     def __str__(self) -> str:
+        """As a .td writes it, with parentheses only where precedence needs them."""
         if self.op == "leg":
             return self.name
         if self.op == "number":
-            return str(self.value)
+            text = str(self.value)
+            return text if self.value.is_Atom else f"({text})"
         if self.op == "neg":
-            return f"-{self.operands[0]}"
-        if self.op == "clamp":
-            return "clamp(" + ", ".join(str(o) for o in self.operands) + ")"
-        return f"({self.operands[0]} {self.op} {self.operands[1]})"
+            return f"-{self._side(self.operands[0], 3, False)}"
+        if self.op in ("clamp", "abs", "floor", "log", "min", "max"):
+            return f"{self.op}(" + ", ".join(str(o) for o in self.operands) + ")"
+        level = _PRECEDENCE[self.op]
+        left, right = self.operands
+        return f"{self._side(left, level, False)} {self.op} {self._side(right, level, True)}"
+
+    @staticmethod
+    def _side(operand: Position, level: int, right: bool) -> str:
+        inner = _PRECEDENCE.get(operand.op, 4)
+        needs = inner < level or (right and inner == level)
+        return f"({operand})" if needs else str(operand)
+
+
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "neg": 3}
 
 
 @dataclass(frozen=True)
@@ -291,11 +317,13 @@ class Gather(Expr):
     """`Rel[h, r = clamp(m - n, -K, K) + K]`: the tensor `source` (used with its own legs) read
     along its leg `axis` at the integer position `position` of other legs: the result has the
     source's other legs and the position's legs (Shaw et al. 2018 / T5 relative position bias).
-    A gather, never a one-hot N·N·R contraction."""
+    A gather, never a one-hot N·N·R contraction. Where the axis has a run-time length, `checked`
+    is the largest position (proved by check), compared with the length when the module runs."""
 
     source: TensorRef | None = None
     axis: str = ""
     position: Position | None = None
+    checked: int | None = None  # the largest position, checked against a run-time axis length
     kind: ClassVar[str] = "gather"
 
     def children(self) -> tuple[Expr, ...]:

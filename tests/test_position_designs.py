@@ -270,7 +270,7 @@ def test_relative_bias_diagram_draws_the_gather_at_its_position():
     from tdiag.render import to_dot
 
     dot = to_dot(design("relative_bias").graph)
-    assert 'label="r = (clamp((m - n), -C, C) + C)"' in dot and 'label="Rel"' in dot
+    assert 'label="r = clamp(m - n, -C, C) + C"' in dot and 'label="Rel"' in dot
 
 
 def test_absolute_bias_diagram_shows_the_slice():

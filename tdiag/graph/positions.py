@@ -13,11 +13,14 @@ from .. import parse as syn
 from ..errors import Span, a_or_an, did_you_mean
 from ..ir import Axis, Expr, Gather, Position, PositionIndex, Tensor, TensorRef
 from .sizes import expand_sizes, size_values
-from .syntax import _position_bounds
+from .syntax import UnboundedError, _position_bounds
 from .vocabulary import POISON_SIZE
 
 if TYPE_CHECKING:
     from .builder import _Builder
+
+POSITION_CALLS = {"clamp": 3, "min": 2, "max": 2, "abs": 1, "floor": 1, "log": 1}  # name: arguments
+POSITION_HINT = "e.g. Rel[h, r = clamp(m - n, -K, K) + K], or floor(a / b) for integer division"
 
 
 class Positions:
@@ -64,8 +67,9 @@ class Positions:
         return extent
 
     def gather(self, e: syn.Indexed, tensor: Tensor) -> Expr:
-        """`Rel[h, r = clamp(m - n, -K, K) + K]`: the axis named by `r = ...` is read at an
-        integer position computed from legs; the result has the other legs and the position's."""
+        """`Rel[h, r = clamp(m - n, -K, K) + K]`: the axis named by `r = ...` of a stored table or
+        a computed tensor is read at an integer position computed from legs; the result has the
+        other legs and the position's."""
         items = e.items or (*e.legs, *e.options)
         if len(items) != len(tensor.axes):
             return self.wrong_axis_count(e, tensor, str(len(items)))
@@ -76,15 +80,16 @@ class Positions:
                 hint="gather one axis per use",
             )
             return self.poison(e)
-        if tensor.kind not in ("param", "const", "buffer"):
+        if tensor.kind not in ("param", "const", "buffer", "derived"):
             self.b.error(
-                f"only a stored table (param, const or buffer) is read at a position; "
+                f"only a stored table (param, const or buffer) or a computed tensor is read at a position; "
                 f"{e.name} is {a_or_an(tensor.kind)}",
                 e.options[0].span,
-                hint=f"declare the table: param {e.name}[...]",
+                hint=f"declare the table (param {e.name}[...]), or compute a tensor from {e.name} and read that",
             )
             return self.poison(e)
         option = e.options[0]
+        checked: int | None = None
         groups: list[tuple[str, ...]] = []
         outer: list[str] = []
         for item, axis in zip(items, tensor.axes, strict=True):
@@ -99,7 +104,7 @@ class Positions:
                         self.b.error(f"leg '{leg}' names two axes of {e.name}", item.value.span)
                         return self.poison(e)
                 outer += [leg for leg in position.legs() if leg not in outer]
-                self._check_position_range(position, axis, item, tensor)
+                checked = self._check_position_range(position, axis, item, tensor)
             elif isinstance(item, syn.LegGroup):
                 self.b.error("a use read at a position takes leg names, not a reshape", item.span)
                 return self.poison(e)
@@ -115,15 +120,15 @@ class Positions:
                 outer.append(item.name)
         source = TensorRef(tuple(g[0] for g in groups), e.span, e.name, tuple(groups))
         self.gathered.append((option.name, option.span))
-        return Gather(tuple(outer), e.span, source, option.name, position)
+        return Gather(tuple(outer), e.span, source, option.name, position, checked)
 
     def position(self, e: syn.Expr) -> Position | None:
-        """An integer position of legs, whole numbers and sizes with + - * and clamp(x, lo, hi)."""
+        """An integer position of legs, whole numbers and sizes with + - *, clamp(x, lo, hi),
+        min(a, b), max(a, b), abs(x), and floor(x) of a real part made with / and log(x)."""
         if isinstance(e, syn.Number):
-            if not isinstance(e.value, int):
-                self.b.error("a position is a whole number", e.span)
-                return None
-            return Position("number", value=sympy.Integer(e.value))
+            return Position(
+                "number", value=sympy.Integer(e.value) if isinstance(e.value, int) else sympy.Float(e.value)
+            )
         if isinstance(e, syn.Name):
             if e.name in self.b.sizes:
                 return Position("number", value=self.b._scalar(e, sizes_only=True))
@@ -138,7 +143,7 @@ class Positions:
         if isinstance(e, syn.Neg):
             inner = self.position(e.operand)
             return None if inner is None else Position("neg", operands=(inner,))
-        if isinstance(e, syn.BinOp) and e.op in ("+", "-", "*"):
+        if isinstance(e, syn.BinOp) and e.op in ("+", "-", "*", "/"):
             left, right = self.position(e.left), self.position(e.right)
             if left is None or right is None:
                 return None
@@ -146,24 +151,48 @@ class Positions:
                 self.b.error("a position multiplies a leg by a number or size only", e.span)
                 return None
             return Position(e.op, operands=(left, right))
-        if isinstance(e, syn.Call) and e.name == "clamp" and e.legs is None and len(e.args) == 3 and not e.keywords:
+        if isinstance(e, syn.Call) and e.name in POSITION_CALLS and e.legs is None and not e.keywords:
+            if len(e.args) != POSITION_CALLS[e.name]:
+                self.b.error(
+                    f"{e.name} in a position takes {POSITION_CALLS[e.name]} argument"
+                    f"{'s' if POSITION_CALLS[e.name] > 1 else ''}, got {len(e.args)}",
+                    e.span,
+                    hint=POSITION_HINT,
+                )
+                return None
             parts = [self.position(a) for a in e.args]
             if any(p is None for p in parts):
                 return None
-            if parts[1].legs() or parts[2].legs():  # type: ignore[union-attr]
+            if e.name == "clamp" and (parts[1].legs() or parts[2].legs()):  # type: ignore[union-attr]
                 self.b.error("clamp's bounds in a position are numbers or sizes", e.span)
                 return None
-            return Position("clamp", operands=tuple(parts))  # type: ignore[arg-type]
+            return Position(e.name, operands=tuple(parts))  # type: ignore[arg-type]
+        if isinstance(e, syn.Call):
+            self.b.error(
+                f"'{e.name}' is not a function of positions: they take clamp, min, max, abs, floor and log",
+                e.span,
+                hint=did_you_mean(e.name, list(POSITION_CALLS)) or POSITION_HINT,
+            )
+            return None
         self.b.error(
-            "expected a position: legs, whole numbers and sizes with + - * and clamp(x, lo, hi)",
+            "expected a position: legs, whole numbers and sizes with + - * / and clamp, min, max, abs, floor, log",
             e.span,
-            hint="e.g. Rel[h, r = clamp(m - n, -K, K) + K]",
+            hint=POSITION_HINT,
         )
         return None
 
-    def _check_position_range(self, position: Position, axis: Axis, item: syn.Option, tensor: Tensor) -> None:
-        """A position must stay in 0 .. size − 1 at every index of its legs, proved before
-        anything runs (interval arithmetic; a run-time size is unbounded), so no read wraps around."""
+    def _check_position_range(self, position: Position, axis: Axis, item: syn.Option, tensor: Tensor) -> int | None:
+        """A position must be whole and stay in 0 .. size − 1 at every index of its legs, proved
+        before anything runs (interval arithmetic, graph/syntax.py; a run-time size is
+        unbounded), so no read wraps around. Against an axis of run-time length the proven
+        largest position is returned, for the module to check when it runs."""
+        if position.is_real():
+            self.b.error(
+                f"position {item.name} = {position} of {tensor.name} is real (a quotient or log); a position is whole",
+                item.value.span,
+                hint="floor(...) makes it whole; floor(a / b) is integer division",
+            )
+            return None
         values = size_values(self.b.sizes)
         subs = {self.b.sizes[k].symbol: v for k, v in values.items()}
 
@@ -171,16 +200,27 @@ class Positions:
             value = expand_sizes(expr, self.b.sizes).xreplace(subs)
             return float(value) if value.is_number else math.inf
 
-        low, high = _position_bounds(position, lambda leg: number(self.b.legs[leg].size) - 1, number)
+        try:
+            low, high = _position_bounds(position, lambda leg: number(self.b.legs[leg].size) - 1, number)
+        except UnboundedError as reason:
+            self.b.error(
+                f"cannot bound position {item.name} = {position} of {tensor.name}: {reason.args[0]}",
+                item.value.span,
+                hint=reason.args[1],
+            )
+            return None
         size = number(axis.size)
-        if low < 0 or high > size - 1:
+        if low < 0 or high > size - 1 or math.isinf(high):
             shown = lambda v: ("-inf" if v < 0 else "+inf") if math.isinf(v) else str(int(v))  # noqa: E731
+            unbounded = "; a run-time size is unbounded here" if math.isinf(low) or math.isinf(high) else ""
             self.b.error(
                 f"position {item.name} = {position} of {tensor.name} ranges over {shown(low)} .. {shown(high)}, "
-                f"outside its axis {axis.leg} ({axis.size}: 0 .. {shown(size - 1)}); a run-time size is unbounded here",
+                f"outside its axis {axis.leg} ({axis.size}: 0 .. {shown(size - 1)}){unbounded}",
                 item.value.span,
                 hint="clamp it into the table, e.g. clamp(m - n, -K, K) + K for a table of 2K + 1 entries",
             )
+            return None
+        return int(high) if math.isinf(size) else None
 
     def position_index(self, e: syn.Call) -> Expr:
         """`index(n)`: entry i is i, over leg n; `index(p, P)` also binds leg p to size P."""

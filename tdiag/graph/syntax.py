@@ -149,8 +149,20 @@ def _position_names(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
     return set()
 
 
+class UnboundedError(ValueError):
+    """A position whose range interval arithmetic cannot bound (a log of a value that may be 0
+    or negative, a quotient by a value that may be 0); args: the message (which part), a hint."""
+
+
+_REAL_SLACK = 2.0**-20  # relative: covers float32 rounding (2^-24 an op) of a position's real part
+
+
 def _position_bounds(position: Position, leg_max, number) -> tuple[float, float]:
-    """The smallest and largest value of a position over its legs' ranges 0 .. leg_max(leg)."""
+    """The smallest and largest value of a position over its legs' ranges 0 .. leg_max(leg):
+    interval arithmetic, sound for every op (min, max, abs, floor are monotone or piecewise so);
+    a real part (a quotient, a log) is widened by a relative 2^-20 each op before it is floored,
+    so float32 rounding never takes a value outside, while an exact 0 stays 0 (log(1) = 0).
+    Raises UnboundedError where the value is undefined somewhere in the range."""
     if position.op == "leg":
         return 0.0, leg_max(position.name)
     if position.op == "number":
@@ -160,15 +172,79 @@ def _position_bounds(position: Position, leg_max, number) -> tuple[float, float]
     if position.op == "neg":
         return -parts[0][1], -parts[0][0]
     if position.op == "+":
-        return parts[0][0] + parts[1][0], parts[0][1] + parts[1][1]
+        return _real(position, [(x + y, x, y) for x, y in zip(parts[0], parts[1], strict=True)])
     if position.op == "-":
-        return parts[0][0] - parts[1][1], parts[0][1] - parts[1][0]
+        return _real(position, [(x - y, x, y) for x, y in zip(parts[0], parts[1][::-1], strict=True)])
     if position.op == "*":
-        products = [a * b for a in parts[0] for b in parts[1] if not (a == 0 or b == 0)] or [0.0]
-        products += [0.0] if any(v == 0 for v in (*parts[0], *parts[1])) else []
-        return min(products), max(products)
+        products = [(x * y, x, y) for x in parts[0] for y in parts[1] if not (x == 0 or y == 0)] or [(0.0,)]
+        products += [(0.0,)] if any(v == 0 for v in (*parts[0], *parts[1])) else []
+        return _real(position, products)
+    if position.op == "/":
+        (low, high), (lo, hi) = parts
+        if lo <= 0 <= hi:
+            raise UnboundedError(
+                f"the divisor {position.operands[1]} may be 0 (it ranges over {_shown(lo)} .. {_shown(hi)})",
+                f"divide by a number or size, or keep the divisor positive: max({position.operands[1]}, 1)",
+            )
+        quotients = [(_quotient(x, y), x, y) for x in (low, high) for y in (lo, hi)]
+        if any(math.isnan(q[0]) for q in quotients):
+            return -math.inf, math.inf
+        return _real(position, quotients)
+    if position.op == "log":
+        low, high = parts[0]
+        if low <= 0:
+            raise UnboundedError(
+                f"log's argument {position.operands[0]} may be 0 or negative "
+                f"(it ranges over {_shown(low)} .. {_shown(high)})",
+                f"keep it positive, e.g. log(max({position.operands[0]}, 1))",
+            )
+        return _real(position, [(math.log(low), low), (math.log(high) if not math.isinf(high) else math.inf, high)])
+    if position.op == "floor":
+        return tuple(v if math.isinf(v) else float(math.floor(v)) for v in parts[0])  # type: ignore[return-value]
+    if position.op == "abs":
+        low, high = parts[0]
+        if low >= 0:
+            return low, high
+        if high <= 0:
+            return -high, -low
+        return 0.0, max(-low, high)
+    if position.op == "min":
+        return min(parts[0][0], parts[1][0]), min(parts[0][1], parts[1][1])
+    if position.op == "max":
+        return max(parts[0][0], parts[1][0]), max(parts[0][1], parts[1][1])
     (low, high), (lo, _), (_, hi) = parts
     return min(max(low, lo), hi), min(max(high, lo), hi)
+
+
+def _real(position: Position, corners: list[tuple[float, ...]]) -> tuple[float, float]:
+    """The bounds of a node from its corner values (value, then the operand values it is made
+    of). A real node's corners are widened outward by the float32 slack, except a whole corner
+    made of whole operands below 2^24: float32 computes those exactly (8 / 8, log(1) = 0; a
+    quotient of such numbers that double rounds to a whole number is one). Whole nodes are exact."""
+    if not position.is_real():
+        return min(c[0] for c in corners), max(c[0] for c in corners)
+    low, high = math.inf, -math.inf
+    for value, *operands in corners:
+        exact = all(_small_whole(v) for v in (value, *operands))
+        slack = 0.0 if exact or math.isinf(value) else abs(value) * _REAL_SLACK
+        low, high = min(low, value - slack), max(high, value + slack)
+    return low, high
+
+
+def _small_whole(value: float) -> bool:
+    return not math.isinf(value) and value == int(value) and abs(value) < 2**24
+
+
+def _quotient(a: float, b: float) -> float:
+    if math.isinf(a) and math.isinf(b):
+        return math.nan
+    return 0.0 if math.isinf(b) else a / b
+
+
+def _shown(value: float) -> str:
+    if math.isinf(value):
+        return "-inf" if value < 0 else "+inf"
+    return str(int(value)) if value == int(value) else f"{value:.6g}"
 
 
 def _syntax_nodes(e: syn.Expr) -> Iterator[syn.Expr]:

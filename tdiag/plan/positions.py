@@ -80,42 +80,88 @@ class PositionLowering:
         return self.memo[key][0]
 
     def position_tensor(self, position: Position, ren: dict[str, tuple[str, ...]]) -> Value:
-        """The integer position over its region legs, made once per program."""
+        """The integer position over its region legs, made once per program and sizes: one
+        elementwise operation per entry for each operation of the position that has legs."""
         renamed = _rename_position(position, {leg: ren[leg][0] for leg in position.legs()}, self.runtime)
         legs = renamed.legs()
-        key = ("position", renamed)
-        if key in self.memo:
-            return self.memo[key][0]
-        name = self.names.fresh("position")
-        out = Value(name, legs)
-        self.emit(
-            Step(
-                "positions",
-                PositionTensor(renamed, legs, self.shape(legs), self.like_input()),
-                out,
-                f"position {position}",
-                elementwise=self.numel(legs),
+        return self.memo_position(renamed, legs, f"position {position}")
+
+    def memo_position(self, position: Position, legs: tuple[str, ...], description: str) -> Value:
+        """`position` over `legs` as a tensor, once per program and sizes."""
+        key = ("position", _anonymous(position, legs), tuple(self.size(leg) for leg in legs))
+        if key not in self.memo:
+            out = Value(self.names.fresh("position"), legs)
+            self.emit(
+                Step(
+                    "positions",
+                    PositionTensor(position, legs, self.shape(legs), self.like_input()),
+                    out,
+                    description,
+                    elementwise=self.numel(legs) * max(1, _operations(position)),
+                )
             )
-        )
-        self.memo[key] = (out, legs)
-        return out
+            self.memo[key] = (out, legs)
+        value, earlier = self.memo[key]
+        return _renamed(value, dict(zip(earlier, legs, strict=True)))
+
+    def offset_positions(self, position: Position, ren: dict[str, tuple[str, ...]]) -> tuple[Value, Value] | None:
+        """A position of legs a, b only through a − b, with more than three operations (T5's
+        buckets: 17), as (its value at each offset d = i − (Nb − 1), i = 0 .. Na + Nb − 2; the
+        offsets a − b + Nb − 1 over (a, b)): the position's own work is then per offset, and the
+        (a, b) table costs two operations per entry. None for any other position."""
+        renamed = _rename_position(position, {leg: ren[leg][0] for leg in position.legs()}, self.runtime)
+        pair = _difference(renamed)
+        if pair is None or _operations(renamed) <= 3:
+            return None
+        a, b = pair
+        shown = " - ".join(show_legs(pair))
+        shift = Position("number", value=self.runtime(self.size(b)) - 1)
+        key = ("offset leg", self.size(a), self.size(b))
+        if key not in self.memo:
+            self.memo[key] = (Value("", ()), (self.new_leg(a, self.size(a) + self.size(b) - 1),))
+        offset = self.memo[key][1][0]
+        per_offset = _substituted(renamed, pair, Position("-", operands=(Position("leg", name=offset), shift)))
+        table = self.memo_position(per_offset, (offset,), f"position {position} at each offset {shown}")
+        at = Position("+", operands=(Position("-", operands=(Position("leg", name=a), Position("leg", name=b))), shift))
+        return table, self.memo_position(at, (a, b), f"offsets {shown}")
 
     def lower_gather(self, e: Gather, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
-        """The table read along its axis at the position: one read per result entry."""
+        """The table read along its axis at the position: one read per result entry. A position
+        of one offset a − b (T5's buckets) reads the table at each offset first, then that
+        (table's other legs × offsets) at a − b."""
         for leg in (e.axis, *e.position.legs()):  # type: ignore[union-attr]
             if len(ren[leg]) != 1:
                 raise AssertionError("a gathered axis or position leg is never split into pieces")
         table = self.lower(e.source, ren)  # type: ignore[arg-type]
         axis = ren[e.axis][0]
-        index = self.position_tensor(e.position, ren)  # type: ignore[arg-type]
         others = tuple(leg for leg in table.legs if leg != axis)
-        out = Value(self.names.fresh(var or f"{e.source.name}_at"), (*others, *index.legs))  # type: ignore[union-attr]
+        name = e.source.name  # type: ignore[union-attr]
+        check = (e.checked, name, e.axis)
+        offsets = self.offset_positions(e.position, ren)  # type: ignore[arg-type]
+        if offsets is not None:
+            per_offset, index = offsets
+            at_offsets = Value(self.names.fresh(f"{name}_offsets"), (*others, *per_offset.legs))
+            self.emit(
+                Step(
+                    "gather",
+                    GatherAt(Operand(table), table.legs.index(axis), per_offset, *check),
+                    at_offsets,
+                    f"{name} at each offset -> [{' '.join(show_legs(at_offsets.legs))}]",
+                    elementwise=self.numel(at_offsets.legs),
+                    inputs=(table, per_offset),
+                )
+            )
+            table, axis = at_offsets, per_offset.legs[0]
+            check = (None, name, e.axis)
+        else:
+            index = self.position_tensor(e.position, ren)  # type: ignore[arg-type]
+        out = Value(self.names.fresh(var or f"{name}_at"), (*others, *index.legs))
         return self.emit(
             Step(
                 "gather",
-                GatherAt(Operand(table), table.legs.index(axis), index),
+                GatherAt(Operand(table), table.legs.index(axis), index, *check),
                 out,
-                f"{e.source.name} at {e.position} -> [{' '.join(show_legs(out.legs))}]",  # type: ignore[union-attr]
+                f"{name} at {e.position} -> [{' '.join(show_legs(out.legs))}]",
                 elementwise=self.numel(out.legs),
                 inputs=(table, index),
             )
@@ -129,4 +175,44 @@ def _rename_position(position: Position, names: dict[str, str], runtime) -> Posi
     if position.op == "number":
         return Position("number", value=runtime(position.value))
     operands = tuple(_rename_position(o, names, runtime) for o in position.operands)
+    return Position(position.op, position.name, position.value, operands)
+
+
+def _operations(position: Position) -> int:
+    """The operations of a position that run over its legs (a part of numbers and sizes alone is
+    one Python number)."""
+    if position.op == "leg" or not position.legs():
+        return 0
+    return 1 + sum(_operations(o) for o in position.operands)
+
+
+def _anonymous(position: Position, legs: tuple[str, ...]) -> Position:
+    """The position with its legs numbered by their place in `legs` (a memo key that does not
+    depend on the region's leg names)."""
+    if position.op == "leg":
+        return Position("leg", name=str(legs.index(position.name)))
+    operands = tuple(_anonymous(o, legs) for o in position.operands)
+    return Position(position.op, position.name, position.value, operands)
+
+
+def _difference(position: Position) -> tuple[str, str] | None:
+    """(a, b) where every leg of the position occurs in a difference a − b of the same two legs."""
+    pairs: set[tuple[str, str]] = set()
+    stack = [position]
+    while stack:
+        p = stack.pop()
+        if p.op == "-" and all(o.op == "leg" for o in p.operands) and p.operands[0].name != p.operands[1].name:
+            pairs.add((p.operands[0].name, p.operands[1].name))
+        elif p.op == "leg":
+            return None
+        else:
+            stack.extend(p.operands)
+    return pairs.pop() if len(pairs) == 1 else None
+
+
+def _substituted(position: Position, pair: tuple[str, str], by: Position) -> Position:
+    """The position with each a − b of `pair` replaced by `by`."""
+    if position.op == "-" and tuple(o.name for o in position.operands if o.op == "leg") == pair:
+        return by
+    operands = tuple(_substituted(o, pair, by) for o in position.operands)
     return Position(position.op, position.name, position.value, operands)

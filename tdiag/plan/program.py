@@ -492,11 +492,15 @@ class Slice:
 @dataclass(frozen=True)
 class GatherAt:
     """x read along its axis `dim` at the integer positions `index`: the result has x's other
-    axes, then index's axes (advanced indexing, x[..., index] with dim moved last)."""
+    axes, then index's axes (advanced indexing, x[..., index] with dim moved last). Where the
+    axis has a run-time length, the forward first checks that `checked` is inside it."""
 
     x: Operand
     dim: int
     index: Value
+    checked: int | None = None  # the largest position, compared with the axis's run-time length
+    name: str = ""  # the table and its axis, as the .td writes them (for that error)
+    axis: str = ""
 
 
 @dataclass(frozen=True)
