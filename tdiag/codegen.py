@@ -109,6 +109,39 @@ def _nonzero(x):
     its numerator is 0 too, and the quotient 0 rather than 0 / 0."""
     return x.masked_fill(x == 0, 1)
 ''',
+    "_sink_softmax": '''
+
+def _sink_softmax(x, sink):
+    """Softmax over the last axis of x with exp(sink) one more term of each row's denominator
+    (attention sinks): the max taken over the row and its sink, so nothing overflows; no mask
+    hides the sink, so a row whose logits are all hidden gives weights that sum to < 1."""
+    top = torch.maximum(x.amax(-1, keepdim=True), sink).detach()
+    weights = (x - top).exp()
+    return weights / (weights.sum(-1, keepdim=True) + (sink - top).exp())
+''',
+    "_sink_attention": '''
+
+def _sink_attention(q, k, v, sink, scale, is_causal=False, attn_mask=None, enable_gqa=False):
+    """scaled_dot_product_attention with exp(sink) one more term of each row's denominator, in
+    one call: each query gains the feature sink / scale and each key the feature 0, and one key
+    [0, ..., 0, 1] with a zero value is put first, so that its logit is exactly the sink. No
+    mask hides it. Causal: one query is put first as well, so that is_causal's top-left triangle
+    lets query i see the sink key and keys 0..i; that query's output row is dropped."""
+    sink = (sink / scale).unsqueeze(-1).expand(*q.shape[:-1], 1)
+    q = torch.cat([q, sink], -1)
+    first = torch.nn.functional.pad(torch.ones_like(k[..., :1, :1]), (k.shape[-1], 0))
+    k = torch.cat([first, torch.nn.functional.pad(k, (0, 1))], -2)
+    v = torch.nn.functional.pad(v, (0, 0, 1, 0))
+    if attn_mask is not None:
+        visible = torch.ones_like(attn_mask[..., :1]) if attn_mask.dtype == torch.bool else torch.zeros_like(attn_mask[..., :1])
+        attn_mask = torch.cat([visible.expand(*attn_mask.shape[:-1], 1), attn_mask], -1)
+    if is_causal:
+        q = torch.nn.functional.pad(q, (0, 0, 1, 0))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, scale=scale, is_causal=is_causal, attn_mask=attn_mask, enable_gqa=enable_gqa
+    )
+    return out[..., 1:, :] if is_causal else out
+''',
     "_input": '''
 
 def _input(x, name, like, like_name):
@@ -844,6 +877,11 @@ def _(op: MaskFill, attributes: frozenset[str]) -> str:
 @_op.register
 def _(op: Softmax, attributes: frozenset[str]) -> str:
     code = _read(op.x, attributes)
+    if op.sink is not None:
+        sink = _read(op.sink, attributes)
+        if op.count == 1:
+            return f"_sink_softmax({code}, {sink})"
+        return f"_sink_softmax({code}.flatten(-{op.count}), {sink}).unflatten(-1, ({_sizes(op.normalized)}))"
     if op.count == 1:
         return f"{code}.softmax(-1)"
     return f"{code}.flatten(-{op.count}).softmax(-1).unflatten(-1, ({_sizes(op.normalized)}))"
@@ -1043,6 +1081,8 @@ def _(op: Attention, attributes: frozenset[str]) -> str:
     if op.grouped:
         mask += ", enable_gqa=True"
     call = f"torch.nn.functional.scaled_dot_product_attention({q}, {k}, {v}, scale={_scalar(op.scale)}{mask})"
+    if op.sink is not None:
+        call = f"_sink_attention({q}, {k}, {v}, {_read(op.sink, attributes)}, scale={_scalar(op.scale)}{mask})"
     if op.repeat != 1:
         call += f"[..., {_expr(op.repeat - 1)}::{_expr(op.repeat)}, :]"
     call = _live_rows(op, call, v, attributes)

@@ -469,6 +469,11 @@ class _Interpreter(AbstractMachine):
             latent += op.pad_query_key
             q = self.widened(q, op.pad_query_key, rows * latent, "q padded")
             k = self.widened(k, op.pad_query_key, keys * latent, "k padded")
+        if op.sink is not None:  # _sink_attention: a sink feature, a first key, a first query if causal
+            latent += 1
+            q = self.grown(q, 1 if op.causal else 0, 1, q.grad, "q with the sink feature")
+            k = self.grown(k, 1, 1, k.grad, "k with the sink key")
+            v = self.grown(v, 1, 0, v.grad, "v with the sink key's zero value")
         repeat = self.integer(op.repeat)
         if repeat != 1:  # q.repeat_interleave(R, dim=-2): a new q of R times the rows
             rows *= op.repeat
@@ -519,6 +524,9 @@ class _Interpreter(AbstractMachine):
                 out.grad,
                 rows * features,
             )
+        if op.sink is not None and op.causal:  # out[..., 1:, :]: the first query's row dropped, a view
+            shape = (*out.shape[:-2], out.shape[-2] - 1, out.shape[-1])
+            out = Meta(shape, out.strides, out.storage, out.grad, out.numel / out.shape[-2] * shape[-2])
         if op.live is not None:
             out = self.live_rows(op, q, v, out)
         if op.width is not None:
@@ -590,6 +598,11 @@ class _Interpreter(AbstractMachine):
         if out.grad:
             self.save(self.value(op.live))  # type: ignore[arg-type]
         return self.fresh(out.shape, out.numel, out.grad, "attention of the live rows")
+
+    def grown(self, m: Meta, rows: int, features: int, grad: bool, what: str) -> Meta:
+        """A new tensor of `m`'s shape with `rows` more rows and `features` more features."""
+        shape = (*m.shape[:-2], m.shape[-2] + rows, m.shape[-1] + features)
+        return self.fresh(shape, sympy.Mul(*shape), grad, what)
 
     def widened(self, m: Meta, extra: int, numel: sympy.Expr, what: str) -> Meta:
         return self.fresh((*m.shape[:-1], m.shape[-1] + extra), numel, m.grad, what)

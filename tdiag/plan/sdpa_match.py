@@ -89,8 +89,13 @@ class AttentionMatch:
 
         if any(k in out for k in keys):
             return "the normalized legs are kept in the result"
-        items = self.score_items(box.content, ren, set(keys))  # type: ignore[arg-type]
+        items = self.score_items(box.content, ren, set(keys), keep_constant=box.sink is not None)  # type: ignore[arg-type]
         if items is None:
+            if box.sink is not None:
+                return (
+                    "the scores are not query·key products plus terms along heads and keys"
+                    " (beside a sink, a term constant along the keys counts)"
+                )
             return "the scores are not query·key products plus terms along heads and keys"
         crosses, biases = items
         if len(crosses) > 1 and any(kind != "term" for kind, _, _ in crosses):
@@ -206,11 +211,12 @@ class AttentionMatch:
             return -1
         return None
 
-    def score_items(self, e: Expr, ren, keys: set[str], weight: sympy.Expr = ONE):
+    def score_items(self, e: Expr, ren, keys: set[str], weight: sympy.Expr = ONE, keep_constant: bool = False):
         """The box content as Σ weight·item: (cross items, bias items), the cross items those
         spanning every leg (several when the scores are a sum of query·key products over different
         contracted legs), terms constant along the keys dropped (softmax shift invariance); None
-        when that shape does not hold."""
+        when that shape does not hold, or with `keep_constant` (a box with a sink, which is not
+        shift invariant) when there is a term constant along the keys."""
         items: list[tuple[str, sympy.Expr, Expr]] = []
 
         def walk_terms(e: Expr, weight: sympy.Expr) -> None:
@@ -230,7 +236,7 @@ class AttentionMatch:
             legs = {p for leg in item[2].legs for p in ren[leg]}
             if legs & keys:
                 kept.append(item)
-            elif self.owns_parameter(item[2]):
+            elif keep_constant or self.owns_parameter(item[2]):
                 return None
         if not kept:
             return None

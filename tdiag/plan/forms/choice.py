@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ..build import _Lowering
 
 ASKED = "asked for"
+SINK = "a sink in the denominator (the SDPA sink form takes it)"
 MEMORY = "objective memory takes a fused attention wherever one applies (it never stores the box)"
 
 
@@ -42,6 +43,9 @@ def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...], for
             match = ctx.fusable(box, ren, leaves[k], others, out)
             if isinstance(match, str):
                 site.mismatch = match
+            elif box.sink is not None:  # only the sink form reads a sink (forms/sdpa_sink.py)
+                site.mismatch = SINK
+                site.found[SINK] = match
             else:
                 site.attention = match
         leaves = decide(ctx, site, forms)
