@@ -34,7 +34,16 @@ def candidate(choice, form: str):
 
 def test_the_registry_lists_every_form_once():
     names = [form.name for form in FORMS]
-    assert names == ["sdpa_grouped", "sdpa", "sdpa_repeated", "global_heads", "flex", "materialized", "linear"]
+    assert names == [
+        "sdpa_grouped",
+        "sdpa",
+        "sdpa_repeated",
+        "sdpa_sink",
+        "global_heads",
+        "flex",
+        "materialized",
+        "linear",
+    ]
 
 
 def test_every_decision_lists_every_registered_form():
