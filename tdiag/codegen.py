@@ -113,11 +113,10 @@ def _nonzero(x):
 
 def _sink_softmax(x, sink):
     """Softmax over the last axis of x with exp(sink) one more term of each row's denominator
-    (attention sinks): the max taken over the row and its sink, so nothing overflows; no mask
-    hides the sink, so a row whose logits are all hidden gives weights that sum to < 1."""
-    top = torch.maximum(x.amax(-1, keepdim=True), sink).detach()
-    weights = (x - top).exp()
-    return weights / (weights.sum(-1, keepdim=True) + (sink - top).exp())
+    (attention sinks): each row and its sink softmaxed together (the max taken over both, so
+    nothing overflows), the sink's column dropped, a view; autograd keeps that one softmax. No
+    mask hides the sink, so a row whose logits are all hidden gives weights that sum to < 1."""
+    return torch.cat([x, sink.expand(*x.shape[:-1], 1)], -1).softmax(-1)[..., :-1]
 ''',
     "_sink_attention": '''
 

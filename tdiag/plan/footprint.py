@@ -208,6 +208,8 @@ class _Interpreter(AbstractMachine):
     @op.register
     def _(self, op: Softmax, step: Step) -> Meta:
         x = self.read(op.x)
+        if op.sink is not None:  # _sink_softmax: the scores and the sinks concatenated, a copy
+            return self.sink_softmax(x, op, step)
         if x.strides != contiguous(x.shape):
             self.record.copies += x.numel
             self.record.moved += 2 * x.numel * FLOAT
@@ -215,6 +217,21 @@ class _Interpreter(AbstractMachine):
         if x.grad:
             self.save(out)
         return out
+
+    def sink_softmax(self, x: Meta, op: Softmax, step: Step) -> Meta:
+        """torch.cat([x, sink], -1).softmax(-1)[..., :-1]: the scores copied beside one sink
+        column, softmaxed (autograd keeps that softmax), the sink's column dropped (a view)."""
+        width = sympy.Mul(*x.shape[len(x.shape) - op.count :])
+        rows = x.numel / width
+        self.record.copies += x.numel
+        self.record.moved += 2 * x.numel * FLOAT
+        joined = self.fresh(
+            (*x.shape[: len(x.shape) - op.count], width + 1), x.numel + rows, x.grad, "scores and sinks"
+        )
+        if x.grad:
+            self.save(joined)
+        strides = (*joined.strides[:-1], *contiguous(x.shape[len(x.shape) - op.count :]))
+        return Meta(x.shape, strides, joined.storage, joined.grad, x.numel)
 
     @op.register
     def _(self, op: Normalize, step: Step) -> Meta:
