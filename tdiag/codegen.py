@@ -53,6 +53,7 @@ from .plan.program import (
     Reduce,
     Reshape,
     Scale,
+    ScoreArgument,
     ScoreArith,
     ScoreIndex,
     ScoreMap,
@@ -1099,6 +1100,8 @@ def _(op: FlexAttention, attributes: frozenset[str]) -> str:
     arguments = [f"{_read(x, attributes)}.contiguous()" for x in (op.q, op.k, op.v)]
     score, b, h, q, kv = (source(name, "name") for name in op.arguments)
     body = score if op.score is None else f"{score} + {_score_term(op.score, score, attributes)}"
+    if op.mapped:  # a map of the scores: score_mod's value is the term, which reads the score
+        body = _score_term(op.score, score, attributes)
     visible = [_score_read(r, attributes) for r in op.visible]
     if visible:  # padded scores at the lowest number, as the materialized box: never an empty row
         body = f"torch.where({' & '.join(visible)}, {body}, torch.finfo({score}.dtype).min)"
@@ -1149,6 +1152,8 @@ def _score_term(term, score: str, attributes: frozenset[str]) -> str:
         return f"{_score_position(term.position)}.to({score}.dtype)"
     if isinstance(term, ScoreNumber):
         return _scalar(term.value)
+    if isinstance(term, ScoreArgument):
+        return score
     if isinstance(term, ScoreMap):
         return f"({_map(term.name, f'({_score_term(term.x, score, attributes)})', term.params)})"
     if isinstance(term, ScoreArith):

@@ -529,7 +529,12 @@ class ScoreArith:
     right: ScoreTerm
 
 
-ScoreTerm = ScoreRead | ScoreIndex | ScoreNumber | ScoreMap | ScoreArith
+@dataclass(frozen=True)
+class ScoreArgument:
+    """A score_mod term: the kernel's score argument, scale · q·k (in a map of the scores)."""
+
+
+ScoreTerm = ScoreRead | ScoreIndex | ScoreNumber | ScoreMap | ScoreArith | ScoreArgument
 
 
 def score_reads(term: ScoreTerm | None) -> Iterator[ScoreRead]:
@@ -582,6 +587,7 @@ class FlexAttention:
     group: sympy.Expr = ONE
     live: Value | None = None
     future: Operand | None = None
+    mapped: bool = False  # `score` is score_mod's whole value (a map of the scores), not added to it
 
 
 @dataclass(frozen=True)

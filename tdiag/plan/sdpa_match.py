@@ -34,6 +34,19 @@ from .program import (
 ScoreTerm = tuple[str, sympy.Expr, Expr | None]
 
 
+@dataclass(frozen=True)
+class ScoreMapping:
+    """A map of the scores (score_maps.py): the box's content is `weight` · name(scores, *params)
+    plus `outer` terms (weight, expression), the weights times the box's scale, where the scores
+    inside the map are the match's query·key product and its terms (Gemma 2's logit softcap
+    c · tanh(q·k / c))."""
+
+    name: str
+    params: tuple[sympy.Expr, ...]
+    weight: sympy.Expr
+    outer: tuple[tuple[sympy.Expr, Expr], ...] = ()
+
+
 @dataclass(frozen=True, eq=False)
 class MatchedAttention:
     """A softmax box and its consumer read as one attention (what `AttentionMatch.fusable`
@@ -67,6 +80,8 @@ class MatchedAttention:
     # each query repeated over the keys of one position, the causal mask is_causal on those rows
     # (forms/sdpa_repeated.py): keys[0] is the masked position leg, the rest its keys per position
     repeated: bool = False
+    # a map of the scores: the match above is of the map's argument (FlexAttention only)
+    score_map: ScoreMapping | None = None
 
 
 class AttentionMatch:

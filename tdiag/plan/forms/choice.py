@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ..base import _Leaf
+from ..score_maps import MAPPED, match_map
 from .base import BoxChoice, BoxSite, Candidate, Cost, Form, FormRefusedError, Unfit
 from .cost import choose, cost, worse
 
@@ -34,6 +35,7 @@ MEMORY = "objective memory takes a fused attention wherever one applies (it neve
 
 def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...], forms: Sequence[Form]) -> list[_Leaf]:
     """The region's leaves with each box leaf replaced by the form taken for it."""
+    flex = ctx.attention == "flex"
     while any(leaf.box is not None for leaf in leaves):
         k = next(i for i, leaf in enumerate(leaves) if leaf.box is not None)
         box, ren = leaves[k].box  # type: ignore[misc]
@@ -41,7 +43,11 @@ def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...], for
         site = BoxSite(box, ren, k, others, out)
         if box.is_exp:
             match = ctx.fusable(box, ren, leaves[k], others, out)
-            if isinstance(match, str):
+            mapped = match_map(ctx, box, ren, leaves[k], others, out) if isinstance(match, str) and flex else None
+            if mapped is not None:  # only FlexAttention applies a map of the scores (score_maps.py)
+                site.mismatch = MAPPED
+                site.found[MAPPED] = mapped
+            elif isinstance(match, str):
                 site.mismatch = match
             elif box.sink is not None:  # only the sink form reads a sink (forms/sdpa_sink.py)
                 site.mismatch = SINK
