@@ -117,7 +117,7 @@ def _sink_softmax(x, sink):
     (attention sinks): each row and its sink softmaxed together (the max taken over both, so
     nothing overflows), the sink's column dropped, a view; autograd keeps that one softmax. No
     mask hides the sink, so a row whose logits are all hidden gives weights that sum to < 1."""
-    return torch.cat([x, sink.expand(*x.shape[:-1], 1)], -1).softmax(-1)[..., :-1]
+    return torch.cat([x, sink.to(x.dtype).expand(*x.shape[:-1], 1)], -1).softmax(-1)[..., :-1]
 ''',
     "_sink_attention": '''
 
@@ -127,7 +127,7 @@ def _sink_attention(q, k, v, sink, scale, is_causal=False, attn_mask=None, enabl
     [0, ..., 0, 1] with a zero value is put first, so that its logit is exactly the sink. No
     mask hides it. Causal: one query is put first as well, so that is_causal's top-left triangle
     lets query i see the sink key and keys 0..i; that query's output row is dropped."""
-    sink = (sink / scale).unsqueeze(-1).expand(*q.shape[:-1], 1)
+    sink = (sink / scale).to(q.dtype).unsqueeze(-1).expand(*q.shape[:-1], 1)
     q = torch.cat([q, sink], -1)
     first = torch.nn.functional.pad(torch.ones_like(k[..., :1, :1]), (k.shape[-1], 0))
     k = torch.cat([first, torch.nn.functional.pad(k, (0, 1))], -2)
