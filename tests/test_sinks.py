@@ -194,6 +194,20 @@ def test_grouped_heads_with_a_sink_per_query_equal_the_reference(form, causal):
     assert_same(run(module, x), run(reference, x))
 
 
+# an ALiBi-like bias along the queries and the keys: SDPA's float attn_mask beside the sink key
+BIASED = SINK.replace(
+    "param S[h: H] = normal(std = 1)", "param S[h: H] = normal(std = 1)\nparam B[h: H] = ones"
+).replace("(Q[n h d] K[m h d])", "(Q[n h d] K[m h d] - B[h] abs(index(n) - index(m)))")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_a_bias_along_queries_and_keys_beside_the_sink_equals_the_reference(causal):
+    module, reference = modules(BIASED, causal, "sdpa_sink")
+    assert "attn_mask=" in module.tdiag_source
+    x, pad = x_input(), pad_mask()
+    assert_same(run(module, x, pad=pad), run(reference, x, pad=pad))
+
+
 def test_the_grouped_sink_form_groups_the_query_heads():
     module, _ = modules(GROUPED, True, "sdpa_sink")
     assert "enable_gqa=True" in module.tdiag_source and "is_causal=True" in module.tdiag_source
