@@ -125,13 +125,14 @@ def _sink_attention(q, k, v, sink, scale, is_causal=False, attn_mask=None, enabl
     """scaled_dot_product_attention with exp(sink) one more term of each row's denominator, in
     one call: each query gains the feature sink / scale and each key the feature 0, and one key
     [0, ..., 0, 1] with a zero value is put first, so that its logit is exactly the sink. No
-    mask hides it. Causal: one query is put first as well, so that is_causal's top-left triangle
-    lets query i see the sink key and keys 0..i; that query's output row is dropped."""
+    mask hides it. v is padded with zero features to q's width (one head width for the fused
+    kernel). Causal: one query is put first as well, so that is_causal's top-left triangle lets
+    query i see the sink key and keys 0..i; that query's output row is dropped."""
     sink = (sink / scale).to(q.dtype).unsqueeze(-1).expand(*q.shape[:-1], 1)
     q = torch.cat([q, sink], -1)
     first = torch.nn.functional.pad(torch.ones_like(k[..., :1, :1]), (k.shape[-1], 0))
     k = torch.cat([first, torch.nn.functional.pad(k, (0, 1))], -2)
-    v = torch.nn.functional.pad(v, (0, 0, 1, 0))
+    v = torch.nn.functional.pad(v, (0, max(q.shape[-1] - v.shape[-1], 0), 1, 0))
     if attn_mask is not None:
         visible = torch.ones_like(attn_mask[..., :1]) if attn_mask.dtype == torch.bool else torch.zeros_like(attn_mask[..., :1])
         attn_mask = torch.cat([visible.expand(*attn_mask.shape[:-1], 1), attn_mask], -1)
@@ -1068,7 +1069,7 @@ def _(op: Attention, attributes: frozenset[str]) -> str:
     if op.bias is not None:
         q = f"torch.nn.functional.pad({q}, (0, 1), value=1.0)"
         k = f"torch.cat([{k}, {_read(op.bias, attributes)}.unsqueeze(-1)], -1)"
-    if op.pad_value:
+    if op.pad_value and op.sink is None:  # beside a sink, _sink_attention pads v once
         v = f"torch.nn.functional.pad({v}, (0, {op.pad_value}))"
     if op.pad_query_key:
         q = f"torch.nn.functional.pad({q}, (0, {op.pad_query_key}))"

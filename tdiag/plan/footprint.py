@@ -479,9 +479,9 @@ class _Interpreter(AbstractMachine):
             latent += 1
             q = self.widened(q, 1, rows * latent, "q with a feature of ones")
             k = self.widened(k, 1, keys * latent, "k with the key bias")
-        if op.pad_value:
+        if op.pad_value and op.sink is None:  # beside a sink, padded with the sink key's row
             v = self.widened(v, op.pad_value, keys * (features + op.pad_value), "v padded")
-            features += op.pad_value
+        features += op.pad_value
         if op.pad_query_key:
             latent += op.pad_query_key
             q = self.widened(q, op.pad_query_key, rows * latent, "q padded")
@@ -490,7 +490,7 @@ class _Interpreter(AbstractMachine):
             latent += 1
             q = self.grown(q, 1 if op.causal else 0, 1, q.grad, "q with the sink feature")
             k = self.grown(k, 1, 1, k.grad, "k with the sink key")
-            v = self.grown(v, 1, 0, v.grad, "v with the sink key's zero value")
+            v = self.grown(v, 1, op.pad_value, v.grad, "v with the sink key's zero value")
         repeat = self.integer(op.repeat)
         if repeat != 1:  # q.repeat_interleave(R, dim=-2): a new q of R times the rows
             rows *= op.repeat
