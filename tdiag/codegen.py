@@ -55,6 +55,7 @@ from .plan.program import (
     Reduce,
     Reshape,
     Scale,
+    ScoreArgument,
     ScoreArith,
     ScoreIndex,
     ScoreMap,
@@ -110,6 +111,39 @@ def _nonzero(x):
     """x with its zeros read as 1: where a normalize box's shifted exp factors all underflowed,
     its numerator is 0 too, and the quotient 0 rather than 0 / 0."""
     return x.masked_fill(x == 0, 1)
+''',
+    "_sink_softmax": '''
+
+def _sink_softmax(x, sink):
+    """Softmax over the last axis of x with exp(sink) one more term of each row's denominator
+    (attention sinks): each row and its sink softmaxed together (the max taken over both, so
+    nothing overflows), the sink's column dropped, a view; autograd keeps that one softmax. No
+    mask hides the sink, so a row whose logits are all hidden gives weights that sum to < 1."""
+    return torch.cat([x, sink.to(x.dtype).expand(*x.shape[:-1], 1)], -1).softmax(-1)[..., :-1]
+''',
+    "_sink_attention": '''
+
+def _sink_attention(q, k, v, sink, scale, is_causal=False, attn_mask=None, enable_gqa=False):
+    """scaled_dot_product_attention with exp(sink) one more term of each row's denominator, in
+    one call: each query gains the feature sink / scale and each key the feature 0, and one key
+    [0, ..., 0, 1] with a zero value is put first, so that its logit is exactly the sink. No
+    mask hides it. v is padded with zero features to q's width (one head width for the fused
+    kernel). Causal: one query is put first as well, so that is_causal's top-left triangle lets
+    query i see the sink key and keys 0..i; that query's output row is dropped."""
+    sink = (sink / scale).to(q.dtype).unsqueeze(-1).expand(*q.shape[:-1], 1)
+    q = torch.cat([q, sink], -1)
+    first = torch.nn.functional.pad(torch.ones_like(k[..., :1, :1]), (k.shape[-1], 0))
+    k = torch.cat([first, torch.nn.functional.pad(k, (0, 1))], -2)
+    v = torch.nn.functional.pad(v, (0, max(q.shape[-1] - v.shape[-1], 0), 1, 0))
+    if attn_mask is not None:
+        visible = torch.ones_like(attn_mask[..., :1]) if attn_mask.dtype == torch.bool else torch.zeros_like(attn_mask[..., :1])
+        attn_mask = torch.cat([visible.expand(*attn_mask.shape[:-1], 1), attn_mask], -1)
+    if is_causal:
+        q = torch.nn.functional.pad(q, (0, 0, 1, 0))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, scale=scale, is_causal=is_causal, attn_mask=attn_mask, enable_gqa=enable_gqa
+    )
+    return out[..., 1:, :] if is_causal else out
 ''',
     "_input": '''
 
@@ -874,6 +908,11 @@ def _(op: MaskFill, attributes: frozenset[str]) -> str:
 @_op.register
 def _(op: Softmax, attributes: frozenset[str]) -> str:
     code = _read(op.x, attributes)
+    if op.sink is not None:
+        sink = _read(op.sink, attributes)
+        if op.count == 1:
+            return f"_sink_softmax({code}, {sink})"
+        return f"_sink_softmax({code}.flatten(-{op.count}), {sink}).unflatten(-1, ({_sizes(op.normalized)}))"
     if op.count == 1:
         return f"{code}.softmax(-1)"
     return f"{code}.flatten(-{op.count}).softmax(-1).unflatten(-1, ({_sizes(op.normalized)}))"
@@ -1084,7 +1123,7 @@ def _(op: Attention, attributes: frozenset[str]) -> str:
     if op.bias is not None:
         q = f"torch.nn.functional.pad({q}, (0, 1), value=1.0)"
         k = f"torch.cat([{k}, {_read(op.bias, attributes)}.unsqueeze(-1)], -1)"
-    if op.pad_value:
+    if op.pad_value and op.sink is None:  # beside a sink, _sink_attention pads v once
         v = f"torch.nn.functional.pad({v}, (0, {op.pad_value}))"
     if op.pad_query_key:
         q = f"torch.nn.functional.pad({q}, (0, {op.pad_query_key}))"
@@ -1097,6 +1136,8 @@ def _(op: Attention, attributes: frozenset[str]) -> str:
     if op.grouped:
         mask += ", enable_gqa=True"
     call = f"torch.nn.functional.scaled_dot_product_attention({q}, {k}, {v}, scale={_scalar(op.scale)}{mask})"
+    if op.sink is not None:
+        call = f"_sink_attention({q}, {k}, {v}, {_read(op.sink, attributes)}, scale={_scalar(op.scale)}{mask})"
     if op.repeat != 1:
         call += f"[..., {_expr(op.repeat - 1)}::{_expr(op.repeat)}, :]"
     call = _live_rows(op, call, v, attributes)
@@ -1114,6 +1155,8 @@ def _(op: FlexAttention, attributes: frozenset[str]) -> str:
     arguments = [f"{_read(x, attributes)}.contiguous()" for x in (op.q, op.k, op.v)]
     score, b, h, q, kv = (source(name, "name") for name in op.arguments)
     body = score if op.score is None else f"{score} + {_score_term(op.score, score, attributes)}"
+    if op.mapped:  # a map of the scores: score_mod's value is the term, which reads the score
+        body = _score_term(op.score, score, attributes)
     visible = [_score_read(r, attributes) for r in op.visible]
     if visible:  # padded scores at the lowest number, as the materialized box: never an empty row
         body = f"torch.where({' & '.join(visible)}, {body}, torch.finfo({score}.dtype).min)"
@@ -1172,6 +1215,8 @@ def _score_term(term, score: str, attributes: frozenset[str]) -> str:
         return f"{_score_position(term.position)}.to({score}.dtype)"
     if isinstance(term, ScoreNumber):
         return _scalar(term.value)
+    if isinstance(term, ScoreArgument):
+        return score
     if isinstance(term, ScoreMap):
         return f"({_map(term.name, f'({_score_term(term.x, score, attributes)})', term.params)})"
     if isinstance(term, ScoreArith):

@@ -455,8 +455,10 @@ def _describe_nodes(expr: Expr) -> list[str]:
         elif isinstance(node, SoftmaxBox):
             masks = ", ".join(_format_mask(m) for m in node.masks)
             scale = f", scale {node.scale}" if node.is_exp else ""
+            sink = f", sink {format_expr(node.sink)}" if node.sink is not None else ""
             out.append(
                 f"{node.box_name} box over [{' '.join(node.legs)}], normalized leg {' '.join(node.normalized)}{scale}"
+                + sink
                 + (f", masks {masks}" if masks else "")
             )
     return out
@@ -493,7 +495,8 @@ def format_expr(e: Expr) -> str:
     if isinstance(e, Quotient):
         return f"{_wrap(e.numerator)} / {_wrap(e.denominator)}"  # type: ignore[arg-type]
     if isinstance(e, SoftmaxBox):
-        return f"{e.box_name}[{' '.join(e.normalized)}]({format_expr(e.content)})"  # type: ignore[arg-type]
+        sink = f", sink = {format_expr(e.sink)}" if e.sink is not None else ""
+        return f"{e.box_name}[{' '.join(e.normalized)}{sink}]({format_expr(e.content)})"  # type: ignore[arg-type]
     if isinstance(e, ElementwiseMap):
         if e.name == "pow":
             return f"{_wrap(e.operand)} ^ {e.params[0]}"  # type: ignore[arg-type]

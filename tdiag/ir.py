@@ -333,7 +333,10 @@ class Gather(Expr):
 @dataclass(frozen=True)
 class SoftmaxBox(Expr):
     """Tuformer's dotted box with a filled ball on the `normalized` legs, labelled `scale` (α).
-    With `is_exp=False` it is the normalize box (x / Σ x) of linear attention."""
+    With `is_exp=False` it is the normalize box (x / Σ x) of linear attention. A softmax box may
+    have a `sink`: a logit over legs the box keeps (per head, possibly per query) added to the
+    denominator, exp(α·x_m) / (exp(sink) + Σ_m' exp(α·x_m')) (gpt-oss's attention sinks); it is
+    not scaled by α and no mask hides it."""
 
     content: Expr | None = None
     normalized: tuple[str, ...] = ()
@@ -341,10 +344,11 @@ class SoftmaxBox(Expr):
     masks: tuple[Mask, ...] = ()
     is_exp: bool = True
     eps: sympy.Expr = ZERO
+    sink: Expr | None = None
     kind: ClassVar[str] = "softmax"
 
     def children(self) -> tuple[Expr, ...]:
-        return (self.content,)  # type: ignore[return-value]
+        return (self.content,) if self.sink is None else (self.content, self.sink)  # type: ignore[return-value]
 
     @property
     def box_name(self) -> str:

@@ -470,11 +470,28 @@ def softmax_box(node: SoftmaxBox, frame: Frame) -> torch.Tensor:
             x = torch.where(padded, x, torch.finfo(x.dtype).min)
         if causal is not None:  # the future takes no weight, even in a row whose past is all padding
             x = torch.where(causal, x, float("-inf"))
+        if node.sink is not None:
+            sink = align(evaluate(node.sink, frame), node.sink.legs, node.legs)
+            return sink_softmax(x, sink, dims)
         return joint_softmax(x, dims)
     allowed = masks_allowed(node.masks, node.legs, frame)
     if allowed is not None:
         x = torch.where(allowed, x, 0.0)
     return x / (x.sum(dim=dims, keepdim=True) + frame.number(node.eps))
+
+
+def sink_softmax(x: torch.Tensor, sink: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    """The softmax of x over `dims` with the logit `sink` (constant along `dims`) one more entry
+    of each row's denominator, as gpt-oss's eager attention computes it: the row's logits and its
+    sink concatenated, softmaxed, the sink's weight dropped. No mask hides the sink, so a row
+    whose keys are all hidden gives weights ≈ 0 (a padded row) or exactly 0 (a causal one)."""
+    dims = [d % x.dim() for d in dims]
+    end = list(range(x.dim() - len(dims), x.dim()))
+    moved = x.movedim(dims, end)
+    flat = moved.flatten(x.dim() - len(dims))
+    row = sink.expand(x.shape).movedim(dims, end).flatten(x.dim() - len(dims))[..., :1]
+    weights = torch.cat([flat, row], dim=-1).softmax(dim=-1)[..., :-1]
+    return weights.reshape(moved.shape).movedim(end, dims)
 
 
 def joint_softmax(x: torch.Tensor, dims: list[int]) -> torch.Tensor:

@@ -311,6 +311,9 @@ def _draw_box(d: _Drawing, e: SoftmaxBox, env: dict[str, str], cluster: str | No
         if isinstance(mask, PaddingMask):
             _draw_tensor(d, mask.tensor, env, box)
     _draw(d, e.content, env, box)  # type: ignore[arg-type]
+    if e.sink is not None:  # the sink: a logit of each row's denominator, drawn in the box it joins
+        sink = d.cluster("sink: + exp(·) in the denominator", SCALED, box)
+        _draw(d, e.sink, {leg: env[leg] for leg in e.sink.legs}, sink)
 
 
 def _draw_joined(

@@ -38,6 +38,7 @@ def test_the_registry_lists_every_form_once():
         "sdpa_grouped",
         "sdpa",
         "sdpa_repeated",
+        "sdpa_sink",
         "global_heads",
         "flex",
         "banded",

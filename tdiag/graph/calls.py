@@ -163,6 +163,7 @@ class BoxesAndMaps:
             tuple(options.get("masks", ())),
             is_exp=e.name == "softmax",
             eps=options.get("eps", sympy.Integer(0)),
+            sink=options.get("sink"),
         )
 
     def _warn_empty_rows(self, e: syn.Call, masks: list[Mask]) -> None:
@@ -180,7 +181,13 @@ class BoxesAndMaps:
         allowed = BOX_OPTIONS[e.name]
         options: dict = {"masks": []}
         for option in e.options:
-            if option.name not in allowed:
+            if option.name == "sink" and e.name == "normalize":
+                self.b.error(
+                    "a normalize box takes no sink: a sink is a logit in a softmax's denominator",
+                    option.span,
+                    hint="softmax[m, sink = s[h]](...)",
+                )
+            elif option.name not in allowed:
                 self.b.error(
                     f"unknown {e.name} option '{option.name}'",
                     option.span,
@@ -196,6 +203,10 @@ class BoxesAndMaps:
                 factor = self._scale_factor(option.value, content, e.name)
                 if factor is not None:
                     options["scale_factor"] = factor
+            elif option.name == "sink":
+                sink = self._sink(option.value, content, e)
+                if sink is not None:
+                    options["sink"] = sink
             else:
                 options[option.name] = self.b._scalar(option.value)
         return options
@@ -214,6 +225,32 @@ class BoxesAndMaps:
         if wrong:
             return None
         return self.inside(value, set(content.legs))
+
+    def _sink(self, value: syn.Expr, content: Expr, e: syn.Call) -> Expr | None:
+        """`softmax[m, sink = s[h]](x)`: a logit added to the box's denominator, a tensor
+        expression (or a number) over legs the box keeps: never a normalized leg (the sink is one
+        extra entry per row of the box, not one per key)."""
+        normalized = set(self._legs_of(e))
+        legs = _available(value, self.b.tensors)
+        wrong = False
+        for leg in sorted(legs):
+            if leg in normalized:
+                self.b.error(
+                    f"sink leg '{leg}' is a normalized leg of the softmax box",
+                    value.span,
+                    hint="a sink is one logit per row of the box: index it by heads (and queries), e.g. sink = s[h]",
+                )
+                wrong = True
+            elif leg not in content.legs:
+                self.b.error(
+                    f"sink leg '{leg}' is not a leg of the softmax box",
+                    value.span,
+                    hint=did_you_mean(leg, content.legs) or f"the box's legs are: {', '.join(content.legs)}",
+                )
+                wrong = True
+        if wrong:
+            return None
+        return self.inside(value, set(legs))
 
     def _mask(self, value: syn.Expr, content: Expr, box: str) -> Mask | None:
         if isinstance(value, syn.Call) and value.name == "causal":

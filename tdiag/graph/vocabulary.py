@@ -37,7 +37,7 @@ FUNCTIONS = tuple(
         )
     )
 )
-BOX_OPTIONS = {"softmax": ("mask", "scale"), "normalize": ("eps", "mask")}
+BOX_OPTIONS = {"softmax": ("mask", "scale", "sink"), "normalize": ("eps", "mask")}
 SCAN_OPTIONS = ("exclusive", "mask", "reverse")  # exclusive = 1, reverse = 1: flags, 0 or 1
 INITIALIZERS = {
     "param": ("fill", "identity", "normal", "ones", "uniform", "values", "zeros"),

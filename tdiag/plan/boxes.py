@@ -56,7 +56,9 @@ class BoxLowering:
     def _lower_box(self, e: SoftmaxBox, ren: dict[str, tuple[str, ...]], var: str | None, prefer: set[str]) -> Value:
         scale = e.scale if e.is_exp else sympy.Integer(1)
         normalized = tuple(p for leg in e.normalized for p in ren[leg])
-        context, self.shift_invariant = self.shift_invariant, frozenset(normalized) if e.is_exp else None
+        # a sink breaks the softmax's shift invariance: a term constant along the keys stays
+        invariant = frozenset(normalized) if e.is_exp and e.sink is None else None
+        context, self.shift_invariant = self.shift_invariant, invariant
         stabilized, self.stabilized = self.stabilized, self.kept_by(e, ren)
         shifted = self.stabilizations
         self.box_depth += 1
@@ -66,7 +68,14 @@ class BoxLowering:
             self.shift_invariant, self.stabilized = context, stabilized
             self.box_depth -= 1
         guard = self.stabilizations > shifted
-        content = self.maskable(content, e, ren, set(normalized))
+        sink = None
+        if e.sink is not None:
+            sink = self.lower(e.sink, ren, None)
+            if BATCH in sink.legs and BATCH not in content.legs:
+                batched = self.materialize(content, (BATCH, *content.legs))
+                content = Value(batched.var, batched.legs, content.broadcast)
+        sink_legs = set(sink.legs) if sink is not None else set()
+        content = self.maskable(content, e, ren, set(normalized) | sink_legs)
         name = self.names.fresh(var or ("attention" if e.is_exp else "normalized"))
         masked = content
         for mask in sorted(e.masks, key=lambda m: isinstance(m, POSITION_MASKS)):  # padding first
@@ -81,16 +90,18 @@ class BoxLowering:
         count = len(normalized)
         entries = self.numel(content.legs)
         if e.is_exp:
+            rows = self.numel(kept) if sink is not None else sympy.Integer(0)
             step = Step(
                 "softmax",
-                Softmax(read, count, self.shape(normalized)),
+                Softmax(read, count, self.shape(normalized), align(sink, (*kept, normalized[0])) if sink else None),
                 Value(name, tuple(moved), content.broadcast),
-                f"softmax over {' '.join(show_legs(normalized))}",
-                exps=entries,
+                f"softmax over {' '.join(show_legs(normalized))}"
+                + (", a sink in each row's denominator" if sink else ""),
+                exps=entries + rows,
                 divisions=entries,
                 entries=entries,
                 flops=sympy.Integer(0),
-                inputs=(content,),
+                inputs=(content,) if sink is None else (content, sink),
             )
         else:
             step = Step(

@@ -169,7 +169,7 @@ class ConstantFolding:
             if e.name == "logsumexp":
                 return x + sympy.log(sympy.Mul(*(self.g.legs[leg].size for leg in e.over)))
             return x
-        if isinstance(e, SoftmaxBox) and not e.masks:
+        if isinstance(e, SoftmaxBox) and not e.masks and e.sink is None:
             x = self.constant_value(e.content)  # type: ignore[arg-type]
             if x is None:
                 return None

@@ -37,6 +37,7 @@ from .program import (
     FLEX_BLOCK,
     BlockMask,
     FlexAttention,
+    ScoreArgument,
     ScoreArith,
     ScoreIndex,
     ScoreMap,
@@ -82,6 +83,7 @@ def flex_refusal(ctx: _Lowering, fused: MatchedAttention) -> str | None:
     roles = flex_roles(ctx, fused)
     ren = fused.ren
     terms = [e for kind, _, e in (*fused.biases, *fused.score_biases) if kind != "norm"]
+    terms += [e for _, e in fused.score_map.outer] if fused.score_map is not None else []
     legs = [leg for e in terms for leg in e.legs]
     for leg in legs:
         if len(ren[leg]) != 1:
@@ -149,12 +151,15 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
         live,
         future,
         fused.window,
+        fused.score_map is not None,
     )
     entries = ctx.numel([*heads, *queries, *keys])
     latent_size = ctx.numel(latent)
     flops = 2 * entries * (latent_size + ctx.numel(features))
     notes = []
-    if score is not None:
+    if fused.score_map is not None:
+        notes.append(f"score_mod applies {fused.score_map.name} to the scores per entry")
+    elif score is not None:
         read = ", ".join(f"{r.value.var}[{' '.join(show_legs(r.value.legs))}]" for r in score_reads(score))
         notes.append(f"score_mod adds the terms of the scores per entry{' from ' + read if read else ''}")
     if len(fused.sides) > 1:
@@ -212,7 +217,29 @@ def score_mod(ctx: _Lowering, fused: MatchedAttention, roles: dict[str, str]) ->
             term = score_term(ctx, e, fused.ren, roles, positions)
         factor = ctx.runtime(sympy.simplify(weight * fused.box_scale))
         terms.append(term if factor == 1 else ScoreArith("*", ScoreNumber(factor), term))
+    if fused.score_map is not None:
+        return mapped_scores(ctx, fused, roles, positions, terms)
     return reduce(lambda a, b: ScoreArith("+", a, b), terms) if terms else None
+
+
+def mapped_scores(
+    ctx: _Lowering, fused: MatchedAttention, roles: dict[str, str], positions: frozenset[str], inner: list[ScoreTerm]
+) -> ScoreTerm:
+    """score_mod's whole value for a map of the scores: weight · map(score + the inner terms)
+    plus the outer terms, each times its weight (score_maps.py)."""
+    mapping = fused.score_map
+    assert mapping is not None
+    argument = reduce(lambda a, b: ScoreArith("+", a, b), [ScoreArgument(), *inner])
+    params = tuple(ctx.runtime(p) for p in mapping.params)
+    total: ScoreTerm = ScoreMap(mapping.name, argument, params)
+    weight = ctx.runtime(sympy.simplify(mapping.weight))
+    if weight != 1:
+        total = ScoreArith("*", ScoreNumber(weight), total)
+    for factor, e in mapping.outer:
+        term = score_term(ctx, e, fused.ren, roles, positions)
+        factor = ctx.runtime(sympy.simplify(factor))
+        total = ScoreArith("+", total, term if factor == 1 else ScoreArith("*", ScoreNumber(factor), term))
+    return total
 
 
 def score_term(ctx: _Lowering, e: Expr, ren, roles: dict[str, str], positions: frozenset[str]) -> ScoreTerm:

@@ -210,6 +210,8 @@ class _Interpreter(AbstractMachine):
     @op.register
     def _(self, op: Softmax, step: Step) -> Meta:
         x = self.read(op.x)
+        if op.sink is not None:  # _sink_softmax: the scores and the sinks concatenated, a copy
+            return self.sink_softmax(x, op, step)
         if x.strides != contiguous(x.shape):
             self.record.copies += x.numel
             self.record.moved += 2 * x.numel * FLOAT
@@ -217,6 +219,21 @@ class _Interpreter(AbstractMachine):
         if x.grad:
             self.save(out)
         return out
+
+    def sink_softmax(self, x: Meta, op: Softmax, step: Step) -> Meta:
+        """torch.cat([x, sink], -1).softmax(-1)[..., :-1]: the scores copied beside one sink
+        column, softmaxed (autograd keeps that softmax), the sink's column dropped (a view)."""
+        width = sympy.Mul(*x.shape[len(x.shape) - op.count :])
+        rows = x.numel / width
+        self.record.copies += x.numel
+        self.record.moved += 2 * x.numel * FLOAT
+        joined = self.fresh(
+            (*x.shape[: len(x.shape) - op.count], width + 1), x.numel + rows, x.grad, "scores and sinks"
+        )
+        if x.grad:
+            self.save(joined)
+        strides = (*joined.strides[:-1], *contiguous(x.shape[len(x.shape) - op.count :]))
+        return Meta(x.shape, strides, joined.storage, joined.grad, x.numel)
 
     @op.register
     def _(self, op: Normalize, step: Step) -> Meta:
@@ -477,13 +494,18 @@ class _Interpreter(AbstractMachine):
             latent += 1
             q = self.widened(q, 1, rows * latent, "q with a feature of ones")
             k = self.widened(k, 1, keys * latent, "k with the key bias")
-        if op.pad_value:
+        if op.pad_value and op.sink is None:  # beside a sink, padded with the sink key's row
             v = self.widened(v, op.pad_value, keys * (features + op.pad_value), "v padded")
-            features += op.pad_value
+        features += op.pad_value
         if op.pad_query_key:
             latent += op.pad_query_key
             q = self.widened(q, op.pad_query_key, rows * latent, "q padded")
             k = self.widened(k, op.pad_query_key, keys * latent, "k padded")
+        if op.sink is not None:  # _sink_attention: a sink feature, a first key, a first query if causal
+            latent += 1
+            q = self.grown(q, 1 if op.causal else 0, 1, q.grad, "q with the sink feature")
+            k = self.grown(k, 1, 1, k.grad, "k with the sink key")
+            v = self.grown(v, 1, op.pad_value, v.grad, "v with the sink key's zero value")
         repeat = self.integer(op.repeat)
         if repeat != 1:  # q.repeat_interleave(R, dim=-2): a new q of R times the rows
             rows *= op.repeat
@@ -534,6 +556,9 @@ class _Interpreter(AbstractMachine):
                 out.grad,
                 rows * features,
             )
+        if op.sink is not None and op.causal:  # out[..., 1:, :]: the first query's row dropped, a view
+            shape = (*out.shape[:-2], out.shape[-2] - 1, out.shape[-1])
+            out = Meta(shape, out.strides, out.storage, out.grad, out.numel / out.shape[-2] * shape[-2])
         if op.live is not None:
             out = self.live_rows(op, q, v, out)
         if op.width is not None:
@@ -605,6 +630,11 @@ class _Interpreter(AbstractMachine):
         if out.grad:
             self.save(self.value(op.live))  # type: ignore[arg-type]
         return self.fresh(out.shape, out.numel, out.grad, "attention of the live rows")
+
+    def grown(self, m: Meta, rows: int, features: int, grad: bool, what: str) -> Meta:
+        """A new tensor of `m`'s shape with `rows` more rows and `features` more features."""
+        shape = (*m.shape[:-2], m.shape[-2] + rows, m.shape[-1] + features)
+        return self.fresh(shape, sympy.Mul(*shape), grad, what)
 
     def widened(self, m: Meta, extra: int, numel: sympy.Expr, what: str) -> Meta:
         return self.fresh((*m.shape[:-1], m.shape[-1] + extra), numel, m.grad, what)

@@ -440,6 +440,9 @@ def _build(step: Step, op, order: tuple[str, ...], moved, sizes: Sizes):
         if isinstance(op, Softmax):
             normalized = dict(zip(step.out.legs[len(order) - op.count :], op.normalized, strict=True))  # type: ignore[union-attr]
             changes["normalized"] = tuple(normalized[leg] for leg in order[len(order) - op.count :])
+            if op.sink is not None:  # over the rows in their new order and one unit axis
+                sink = _move_operand(op.sink, moved).value
+                changes["sink"] = align(sink, (*order[: len(order) - op.count], order[len(order) - op.count]))
         yield copies, dataclasses.replace(op, **changes)
     elif isinstance(op, Elementwise):
         leaves = list(operands(op.tree))

@@ -161,11 +161,14 @@ class MaskFill:
 
 @dataclass(frozen=True)
 class Softmax:
-    """Softmax over the last `count` axes of x (flattened together when more than one)."""
+    """Softmax over the last `count` axes of x (flattened together when more than one). With
+    `sink` (read over x's leading axes and one unit axis) each row's denominator has one more
+    term exp(sink), the max taken over the row and its sink."""
 
     x: Operand
     count: int
     normalized: tuple[sympy.Expr, ...]
+    sink: Operand | None = None
 
 
 @dataclass(frozen=True)
@@ -412,7 +415,9 @@ class Attention:
     mask (`future`, True above the diagonal) the mean is over the keys the row may see. With
     `repeat` R > 1 each query row is repeated R times (rows n·R .. n·R + R − 1), the call is
     causal over the square of N·R rows and keys (key j = m·R + r) and the output keeps the rows
-    n·R + R − 1, which see exactly the keys of the positions m ≤ n (forms/sdpa_repeated.py)."""
+    n·R + R − 1, which see exactly the keys of the positions m ≤ n (forms/sdpa_repeated.py).
+    With `sink` (over q's axes but its features) each row's denominator has exp(sink) more: one
+    call through the generated `_sink_attention` (forms/sdpa_sink.py)."""
 
     q: Operand
     k: Operand
@@ -430,6 +435,7 @@ class Attention:
     live: Value | None = None
     future: Operand | None = None
     repeat: sympy.Expr = ONE
+    sink: Operand | None = None  # a logit per query row in the denominator (forms/sdpa_sink.py)
 
 
 @dataclass(frozen=True)
@@ -560,7 +566,12 @@ class ScoreArith:
     right: ScoreTerm
 
 
-ScoreTerm = ScoreRead | ScoreIndex | ScoreNumber | ScoreMap | ScoreArith
+@dataclass(frozen=True)
+class ScoreArgument:
+    """A score_mod term: the kernel's score argument, scale · q·k (in a map of the scores)."""
+
+
+ScoreTerm = ScoreRead | ScoreIndex | ScoreNumber | ScoreMap | ScoreArith | ScoreArgument
 
 
 def score_reads(term: ScoreTerm | None) -> Iterator[ScoreRead]:
@@ -616,6 +627,7 @@ class FlexAttention:
     live: Value | None = None
     future: Operand | None = None
     window: tuple[sympy.Expr, sympy.Expr] | None = None  # with `causal`: the window's band instead of i ≥ j
+    mapped: bool = False  # `score` is score_mod's whole value (a map of the scores), not added to it
 
 
 @dataclass(frozen=True)

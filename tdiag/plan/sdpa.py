@@ -48,6 +48,7 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
     q, k, latent = query_and_key(ctx, fused)
     bias = key_bias(ctx, fused) if fused.biases else None
     score_bias = [additive_bias(ctx, fused, weight, e) for _, weight, e in fused.score_biases]
+    sink = ctx.lower(box.sink, ren, None) if box.sink is not None else None
     ctx.box_depth -= 1
     v = ctx.contract(fused.value, tuple(heads + keys + features), sympy.Integer(1), "v")
     v = ctx.expand_broadcast(v, set(keys))  # values tied across a key leg (MGK's r, P17)
@@ -72,9 +73,9 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
     bias_operand, pad_value, pad_query_key, width = None, 0, 0, None
     if bias is not None:
         bias_operand = ctx.arrange(bias, [*k_groups, keys])
-    if bias is not None or len(fused.sides) > 1:
+    if bias is not None or len(fused.sides) > 1 or sink is not None:
         # the fused kernels want one head width for q, k and v: zero features change nothing
-        query_width = ctx.numel_number(latent) + (1 if bias is not None else 0)
+        query_width = ctx.numel_number(latent) + (1 if bias is not None else 0) + (1 if sink is not None else 0)
         value_width = ctx.numel_number(features)
         if value_width < query_width:
             pad_value, width = query_width - value_width, value_width
@@ -85,8 +86,9 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
         padded, hidden_future = hidden_operands(ctx, fused, score_groups)
         visible = score_mask(ctx, padded, hidden_future, score_groups, score_bias, q)
     if fused.pads:
-        live = live_rows(ctx, [*padded, *([hidden_future] if hidden_future is not None else [])], score_groups)
-        future = seen_operand(ctx, fused, score_groups, hidden_future)
+        if sink is None:  # beside a sink a row whose keys are all hidden is 0, as the kernel gives it
+            live = live_rows(ctx, [*padded, *([hidden_future] if hidden_future is not None else [])], score_groups)
+            future = seen_operand(ctx, fused, score_groups, hidden_future)
     elif fused.masks and fused.window is None and (keys == [fused.masks[0][1]] or fused.repeated):
         causal = True
     elif fused.masks:
@@ -111,9 +113,11 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
         live=live,
         future=future,
         repeat=ctx.runtime(repeat),
+        sink=score_operand(ctx, sink, q_groups) if sink is not None else None,
     )
-    entries = ctx.numel([*heads, *queries, *keys])
-    latent_size = ctx.numel(latent) + (1 if bias is not None else 0)
+    # a sink is one more key per row (the sink key) and one more latent feature
+    entries = ctx.numel([*heads, *queries]) * (ctx.numel(keys) + (1 if sink is not None else 0))
+    latent_size = ctx.numel(latent) + (1 if bias is not None else 0) + (1 if sink is not None else 0)
     flops = 2 * entries * (latent_size + ctx.numel(features))
     description = f"scaled_dot_product_attention over {' '.join(show_legs(keys))}, heads {' '.join(show_legs(heads))}"
     notes = []
@@ -128,6 +132,8 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
         notes.append(f"query legs {' '.join(show_legs(queries))} folded into the query rows")
     if bias is not None:
         notes.append("key bias as one more feature (MGK P17)")
+    if sink is not None:
+        notes.append("the sink as one more key whose logit is the sink" + (", one query put first" if causal else ""))
     if score_bias:
         notes.append("additive bias as a float attn_mask")
     if fused.pads:
@@ -152,7 +158,7 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
             exps=entries,
             divisions=entries,
             entries=entries,
-            inputs=tuple(x for x in (q, k, v, bias, visible, live) if x is not None),
+            inputs=tuple(x for x in (q, k, v, bias, visible, live, sink) if x is not None),
             paper=entries * (2 * latent_size - 1) + ctx.numel(legs) * (2 * ctx.numel(keys) - 1),
             score_flops=2 * entries * latent_size,
             score_paper=entries * (2 * latent_size - 1),

@@ -36,6 +36,19 @@ from .program import (
 ScoreTerm = tuple[str, sympy.Expr, Expr | None]
 
 
+@dataclass(frozen=True)
+class ScoreMapping:
+    """A map of the scores (score_maps.py): the box's content is `weight` · name(scores, *params)
+    plus `outer` terms (weight, expression), the weights times the box's scale, where the scores
+    inside the map are the match's query·key product and its terms (Gemma 2's logit softcap
+    c · tanh(q·k / c))."""
+
+    name: str
+    params: tuple[sympy.Expr, ...]
+    weight: sympy.Expr
+    outer: tuple[tuple[sympy.Expr, Expr], ...] = ()
+
+
 @dataclass(frozen=True, eq=False)
 class MatchedAttention:
     """A softmax box and its consumer read as one attention (what `AttentionMatch.fusable`
@@ -72,6 +85,8 @@ class MatchedAttention:
     # a window on masks[0] (with any causal mask of that pair): keys query − before < key <
     # query + after visible, the widths as numbers; None without a window
     window: tuple[sympy.Expr, sympy.Expr] | None = None
+    # a map of the scores: the match above is of the map's argument (FlexAttention only)
+    score_map: ScoreMapping | None = None
 
 
 class AttentionMatch:
@@ -94,8 +109,13 @@ class AttentionMatch:
 
         if any(k in out for k in keys):
             return "the normalized legs are kept in the result"
-        items = self.score_items(box.content, ren, set(keys))  # type: ignore[arg-type]
+        items = self.score_items(box.content, ren, set(keys), keep_constant=box.sink is not None)  # type: ignore[arg-type]
         if items is None:
+            if box.sink is not None:
+                return (
+                    "the scores are not query·key products plus terms along heads and keys"
+                    " (beside a sink, a term constant along the keys counts)"
+                )
             return "the scores are not query·key products plus terms along heads and keys"
         crosses, biases = items
         if len(crosses) > 1 and any(kind != "term" for kind, _, _ in crosses):
@@ -238,11 +258,12 @@ class AttentionMatch:
             return -1
         return None
 
-    def score_items(self, e: Expr, ren, keys: set[str], weight: sympy.Expr = ONE):
+    def score_items(self, e: Expr, ren, keys: set[str], weight: sympy.Expr = ONE, keep_constant: bool = False):
         """The box content as Σ weight·item: (cross items, bias items), the cross items those
         spanning every leg (several when the scores are a sum of query·key products over different
         contracted legs), terms constant along the keys dropped (softmax shift invariance); None
-        when that shape does not hold."""
+        when that shape does not hold, or with `keep_constant` (a box with a sink, which is not
+        shift invariant) when there is a term constant along the keys."""
         items: list[tuple[str, sympy.Expr, Expr]] = []
 
         def walk_terms(e: Expr, weight: sympy.Expr) -> None:
@@ -262,7 +283,7 @@ class AttentionMatch:
             legs = {p for leg in item[2].legs for p in ren[leg]}
             if legs & keys:
                 kept.append(item)
-            elif self.owns_parameter(item[2]):
+            elif keep_constant or self.owns_parameter(item[2]):
                 return None
         if not kept:
             return None

@@ -12,6 +12,7 @@ comes before the linear-time order: at equal cost the box is not rewritten into 
 - sdpa_grouped: SDPA with query heads grouped over the key heads (enable_gqa), several query legs
 - sdpa: SDPA with the query legs folded into the query rows (plain SDPA for one query leg)
 - sdpa_repeated: causal SDPA over several keys per position, each query repeated over them
+- sdpa_sink: SDPA for a box with a sink, the sink as one more key (grouped or folded query heads)
 - global_heads: SDPA in the global-head form (k over the global heads shared by local heads)
 - flex: FlexAttention, when asked for (`attention="flex"`)
 - banded: a windowed softmax box with its queries in blocks, each with the keys of its window (N·W)
@@ -47,6 +48,7 @@ from .materialized import Materialized
 from .sdpa import Sdpa
 from .sdpa_grouped import SdpaGrouped
 from .sdpa_repeated import SdpaRepeated
+from .sdpa_sink import SdpaSink
 
 if TYPE_CHECKING:
     from ..build import _Lowering
@@ -55,6 +57,7 @@ FORMS: list[Form] = [
     SdpaGrouped(),
     Sdpa(),
     SdpaRepeated(),
+    SdpaSink(),
     GlobalHeadSdpa(),
     Flex(),
     Banded(),

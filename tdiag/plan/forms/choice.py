@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ..base import _Leaf
+from ..score_maps import MAPPED, match_map
 from .base import BoxChoice, BoxSite, Candidate, Cost, Form, FormRefusedError, Unfit
 from .cost import choose, cost, worse
 
@@ -28,11 +29,13 @@ if TYPE_CHECKING:
     from ..build import _Lowering
 
 ASKED = "asked for"
+SINK = "a sink in the denominator (the SDPA sink form takes it)"
 MEMORY = "objective memory takes a fused attention wherever one applies (it never stores the box)"
 
 
 def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...], forms: Sequence[Form]) -> list[_Leaf]:
     """The region's leaves with each box leaf replaced by the form taken for it."""
+    flex = ctx.attention == "flex"
     while any(leaf.box is not None for leaf in leaves):
         k = next(i for i, leaf in enumerate(leaves) if leaf.box is not None)
         box, ren = leaves[k].box  # type: ignore[misc]
@@ -40,8 +43,15 @@ def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...], for
         site = BoxSite(box, ren, k, others, out)
         if box.is_exp:
             match = ctx.fusable(box, ren, leaves[k], others, out)
-            if isinstance(match, str):
+            mapped = match_map(ctx, box, ren, leaves[k], others, out) if isinstance(match, str) and flex else None
+            if mapped is not None:  # only FlexAttention applies a map of the scores (score_maps.py)
+                site.mismatch = MAPPED
+                site.found[MAPPED] = mapped
+            elif isinstance(match, str):
                 site.mismatch = match
+            elif box.sink is not None:  # only the sink form reads a sink (forms/sdpa_sink.py)
+                site.mismatch = SINK
+                site.found[SINK] = match
             else:
                 site.attention = match
         leaves = decide(ctx, site, forms)

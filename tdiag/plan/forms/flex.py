@@ -1,7 +1,8 @@
 """FlexAttention (flex.py): the matched box as one flex_attention call whose score_mod computes
 the terms of the scores in the kernel. Only when the user asks for it (`attention="flex"`), and
 then taken wherever it applies, whatever it costs (`asked`). Several query legs are grouped
-over the key heads: the kernel's query index is the position."""
+over the key heads: the kernel's query index is the position. A map of the scores (Gemma 2's
+logit softcap, score_maps.py) is applied in the score_mod."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..base import _Leaf
 from ..flex import flex_refusal, fuse_flex
+from ..score_maps import MAPPED
 from ..sdpa_match import MatchedAttention
 from .base import BoxSite, Form, Unfit
 
@@ -36,9 +38,11 @@ class Flex(Form):
             return Unfit("a normalize box (FlexAttention fuses a softmax)")
         if not self.asked(ctx):
             return Unfit(f"not asked for (attention={ctx.attention!r})")
-        if site.attention is None:
+        match = site.attention or site.found.get(MAPPED)
+        if match is None:
             return site.mismatch
-        return flex_refusal(ctx, _as_flex(site.attention))
+        return flex_refusal(ctx, _as_flex(match))
 
     def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
-        return fuse_flex(ctx, site.box, site.ren, site.others, _as_flex(site.matched()))
+        match = site.attention or site.found[MAPPED]
+        return fuse_flex(ctx, site.box, site.ren, site.others, _as_flex(match))

@@ -27,6 +27,8 @@ class GlobalHeadSdpa(Form):
     def refusal(self, ctx: _Lowering, site: BoxSite) -> str | None:
         if site.kind != "softmax":
             return Unfit("a normalize box (SDPA fuses a softmax)")
+        if site.box.sink is not None:
+            return "a sink in the denominator (the SDPA sink form takes it)"
         found = recognise(ctx, site.box, site.ren, site.others, site.out)
         if isinstance(found, str):
             return Unfit(found) if found.startswith(NO_LOCAL_HEADS) else found

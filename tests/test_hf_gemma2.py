@@ -1,0 +1,119 @@
+"""designs/gemma2.td equals Hugging Face's Gemma2Attention (a global layer) in float64: grouped-
+query heads, RoPE with default rope parameters, query_pre_attn_scalar scaling and the tanh logit
+softcap, plain and causal, with HF's weights copied in; materialized (the CPU default) and through
+FlexAttention's score_mod (forward, eager flex). HF computes RoPE's cos and sin and its eager
+softmax in float32 even in a float64 module; the test builds both in float64."""
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+from conftest import DESIGNS  # noqa: E402
+from transformers.models.gemma2 import modeling_gemma2  # noqa: E402
+from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention, Gemma2Config, repeat_kv  # noqa: E402
+
+import tdiag  # noqa: E402
+
+F64 = torch.float64
+F, H, G, D, N = 16, 4, 2, 8, 7
+SCALAR, SOFTCAP, THETA = 256, 50.0, 10000.0
+
+
+def eager_attention_forward_f64(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kwargs
+):
+    """HF's Gemma 2 eager attention with its softmax in float64 (HF's upcasts to float32)."""
+    key_states = repeat_kv(key, module.num_key_value_groups)
+    value_states = repeat_kv(value, module.num_key_value_groups)
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if softcap is not None:
+        attn_weights = torch.tanh(attn_weights / softcap) * softcap
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = attn_weights.softmax(-1)
+    return torch.matmul(attn_weights, value_states).transpose(1, 2).contiguous(), attn_weights
+
+
+@pytest.fixture(scope="module")
+def hf():
+    config = Gemma2Config(
+        hidden_size=F,
+        num_attention_heads=H,
+        num_key_value_heads=G,
+        head_dim=D,
+        num_hidden_layers=1,
+        layer_types=["full_attention"],
+        query_pre_attn_scalar=SCALAR,
+        attn_logit_softcapping=SOFTCAP,
+        rope_parameters={"rope_type": "default", "rope_theta": THETA},
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    module = Gemma2Attention(config, layer_idx=0).to(F64).eval()
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.normal_(0.0, 2.0)  # scores of tens: the softcap bends them
+    return module
+
+
+def weights(hf) -> dict[str, torch.Tensor]:
+    """HF's projections laid out on the design's legs: query head (g r) = g·R + r."""
+    R = H // G
+    return {
+        "WQ": hf.q_proj.weight.T.reshape(F, G, R, D),
+        "WK": hf.k_proj.weight.T.reshape(F, G, D),
+        "WV": hf.v_proj.weight.T.reshape(F, G, D),
+        "WO": hf.o_proj.weight.T.reshape(G, R, D, F),
+    }
+
+
+def rotary() -> tuple[torch.Tensor, torch.Tensor]:
+    """Gemma2RotaryEmbedding's cos and sin (default rope), in float64."""
+    inv_freq = 1.0 / (THETA ** (torch.arange(0, D, 2, dtype=F64) / D))
+    angles = torch.arange(N, dtype=F64)[:, None] * inv_freq
+    emb = torch.cat([angles, angles], -1)
+    return emb.cos()[None], emb.sin()[None]
+
+
+def hf_output(hf, x: torch.Tensor, causal: bool, monkeypatch) -> torch.Tensor:
+    monkeypatch.setattr(modeling_gemma2, "eager_attention_forward", eager_attention_forward_f64)
+    mask = None
+    if causal:
+        future = torch.ones(N, N, dtype=torch.bool).triu(1)
+        mask = torch.zeros(N, N, dtype=F64).masked_fill(future, torch.finfo(F64).min)[None, None]
+    with torch.no_grad():
+        return hf(x, position_embeddings=rotary(), attention_mask=mask)[0]
+
+
+def design(causal: bool, text: str | None = None) -> tdiag.Design:
+    sizes = {"F": F, "G": G, "R": H // G, "H": H, "D": D, "QS": SCALAR}
+    loaded = tdiag.loads(text, **sizes) if text else tdiag.load(DESIGNS / "gemma2.td", **sizes)
+    return loaded.with_causal_mask() if causal else loaded
+
+
+def x_input() -> torch.Tensor:
+    return torch.randn(2, N, F, dtype=F64, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"], ids=["materialized", "flex"])
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_gemma2_equals_hf_gemma2_attention(hf, causal, attention, monkeypatch):
+    module = design(causal).module(dtype=F64, N=N, attention=attention)
+    assert [c.taken for c in module.tdiag_plan.choices] == ["materialized" if attention == "sdpa" else "flex"]
+    module.load_state_dict({k: v.detach() for k, v in weights(hf).items()})
+    x = x_input()
+    with torch.no_grad():
+        assert torch.allclose(module(x), hf_output(hf, x, causal, monkeypatch), atol=1e-10, rtol=0)
+
+
+def test_the_softcap_changes_the_output_at_these_scales(hf, monkeypatch):
+    """Without its softcap the design differs from HF's module: the test's scores are bent."""
+    text = (DESIGNS / "gemma2.td").read_text()
+    uncapped = text.replace("50 tanh(Qr[n g r d] Kr[m g d] / sqrt(QS) / 50)", "Qr[n g r d] Kr[m g d] / sqrt(QS)")
+    assert uncapped != text
+    module = design(False, uncapped).module(dtype=F64, N=N)
+    module.load_state_dict({k: v.detach() for k, v in weights(hf).items()})
+    x = x_input()
+    with torch.no_grad():
+        assert not torch.allclose(module(x), hf_output(hf, x, False, monkeypatch), atol=1e-3)
