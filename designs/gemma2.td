@@ -6,8 +6,9 @@
 # local sliding-window and global attention alternating); Hugging Face transformers'
 # Gemma2Attention and its eager_attention_forward (scale, then tanh softcap, then the mask).
 # Readings:
-# - Query head (g r) = g·R + r reads key-value head g (HF's repeat_kv): G = 4 key-value heads,
-#   R = 2 query heads each (H = G·R = 8 heads in all), head width D = 256, model width F = 2304
+# - Query head (g r) = g·R + r reads key-value head g (HF's repeat_kv): H query heads in G
+#   key-value groups of R = H / G; Gemma-2-2B has H = 8, G = 4 (set G = 4: the default G = 2, as
+#   llama.td's, keeps every even H valid), head width D = 256, model width F = 2304
 #   (gemma-2-2b); no projection biases (attention_bias = False).
 # - The scores are q·k / √QS with QS = query_pre_attn_scalar = 256 (not the head width), then
 #   softcapped: 50 · tanh(s / 50) (attn_logit_softcapping = 50), inside the softmax box.
@@ -26,7 +27,7 @@
 # family: attention
 design gemma2
 
-size F = 2304, G = 4, R = 2, H = G * R, D = 256, P = D / 2, QS = 256
+size F = 2304, H = 8, G = 2, R = H / G, D = 256, P = D / 2, QS = 256
 size N
 
 input X[n: N, f: F]

@@ -6,9 +6,9 @@
 # (exp(s_h) + Σ_m' exp(q_n·k_m' / √D)); Hugging Face transformers' GptOssAttention and its
 # eager_attention_forward (the sink concatenated to the scaled scores, softmaxed, its column dropped).
 # Readings:
-# - Query head (g r) = g·R + r reads key-value head g (HF's repeat_kv): G = 8 key-value heads,
-#   R = 8 query heads each (H = G·R = 64 heads in all), head width D = 64 (not F / H), model width
-#   F = 2880 (gpt-oss-20b).
+# - Query head (g r) = g·R + r reads key-value head g (HF's repeat_kv): H query heads in G
+#   key-value groups of R = H / G; gpt-oss-20b has H = 64, G = 8 (set G = 8: the default G = 2,
+#   as llama.td's, keeps every even H valid), head width D = 64 (not F / H), model width F = 2880.
 # - q, k, v and o projections all have biases (HF's attention_bias = True).
 # - RoPE as HF's GptOssRotaryEmbedding with default rope parameters and _apply_rotary_emb: the head
 #   leg d viewed as (s p), half-major (first half s = 0, second half s = 1), pair p rotated by the
@@ -25,7 +25,7 @@
 # family: attention
 design gpt_oss
 
-size F = 2880, G = 8, R = 8, H = G * R, D = 64, P = D / 2
+size F = 2880, H = 64, G = 2, R = H / G, D = 64, P = D / 2
 size N
 
 input X[n: N, f: F]
