@@ -179,6 +179,16 @@ def test_padded_values_and_gradients_equal_the_reference(form, causal):
 
 
 @pytest.mark.parametrize("form", ["materialized", "sdpa_sink"])
+def test_a_sink_beside_a_sliding_window_equals_the_reference(form):
+    """gpt-oss's sliding layers: the sink and a window of 3 keys (N = 6, so the window hides)."""
+    windowed = SINK.replace("mask = pad[m]", "mask = pad[m], mask = window(n, m, 3)")
+    module, reference = modules(windowed, False, form)
+    x, pad = x_input(), pad_mask()
+    assert_same(run(module, x), run(reference, x))
+    assert_same(run(module, x, pad=pad), run(reference, x, pad=pad))
+
+
+@pytest.mark.parametrize("form", ["materialized", "sdpa_sink"])
 def test_a_row_whose_keys_are_all_hidden_is_zero(form):
     """The sink is always visible: it takes the whole weight of a row with no visible key."""
     module, _ = modules(SINK, False, form)
