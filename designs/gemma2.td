@@ -24,7 +24,7 @@
 # - Projections normal(std = 1/√F); HF initializes them normal(std = initializer_range).
 # - `--attention flex` applies the softcap in FlexAttention's score_mod; by default the box is
 #   materialized (SDPA cannot apply a map to its scores).
-# family: attention
+# family: production
 design gemma2
 
 size F = 2304, H = 8, G = 2, R = H / G, D = 256, P = D / 2, QS = 256

@@ -18,11 +18,11 @@
 #   interpolated frequencies and its cos/sin scaling factor differ from these for long contexts.
 # - The sink S[g r] is a logit beside the scaled scores (not scaled by 1/√D), in every row's
 #   denominator, never masked; softmax scale 1/√D.
-# - Only the full-attention layers: gpt-oss alternates them with sliding-window layers (a window of
-#   128 keys), which need the window mask construct and are not written here.
+# - The full-attention layer: gpt-oss alternates it with sliding-window layers (a window of
+#   128 keys), designs/gpt_oss_sliding.td.
 # - Causal: the model is a decoder; use with_causal_mask (or `--causal`), as HF's module is run.
 # - Projections normal(std = 1/√F), biases zeros, sinks normal(std = 0.02) as HF's initializer_range.
-# family: attention
+# family: production
 design gpt_oss
 
 size F = 2880, H = 64, G = 2, R = H / G, D = 64, P = D / 2

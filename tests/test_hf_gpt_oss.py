@@ -85,3 +85,47 @@ def test_gpt_oss_equals_hf_gpt_oss_attention(hf, causal, form, monkeypatch):
     x = torch.randn(2, N, F, dtype=F64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.allclose(module(x), hf_output(hf, x, causal), atol=1e-10, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def hf_sliding():
+    """A sliding-window layer (window 3, shorter than N = 7) with the same weights as `hf`."""
+    config = GptOssConfig(
+        hidden_size=F,
+        num_attention_heads=H,
+        num_key_value_heads=G,
+        head_dim=D,
+        num_hidden_layers=1,
+        layer_types=["sliding_attention"],
+        sliding_window=3,
+        attention_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": THETA},
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    module = GptOssAttention(config, layer_idx=0).to(F64).eval()
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.normal_(0.0, 0.5)
+    return module
+
+
+@pytest.mark.parametrize("form", ["sdpa_sink", "materialized"])
+def test_gpt_oss_sliding_equals_hf_with_its_sliding_window_mask(hf_sliding, form, monkeypatch):
+    monkeypatch.setattr(forms, "FORMS", [f for f in forms.FORMS if f.name in (form, "materialized")])
+    design = tdiag.load(DESIGNS / "gpt_oss_sliding.td", F=F, G=G, R=H // G, H=H, D=D, W=3)
+    module = design.module(dtype=F64, N=N, objective="memory" if form == "sdpa_sink" else "time")
+    assert [c.taken for c in module.tdiag_plan.choices] == [form]
+    module.load_state_dict({k: v.detach() for k, v in weights(hf_sliding).items()})
+    n, m = torch.arange(N)[:, None], torch.arange(N)[None, :]
+    hidden = (m > n) | (m <= n - 3)  # HF's sliding_window_causal_mask_function(3), inverted
+    mask = torch.zeros(N, N, dtype=F64).masked_fill(hidden, torch.finfo(F64).min)[None, None]
+    x = torch.randn(2, N, F, dtype=F64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf_sliding(x, position_embeddings=rotary(), attention_mask=mask)[0]
+        assert torch.allclose(module(x), expected, atol=1e-10, rtol=0)
+
+
+def test_gpt_oss_sliding_is_causal_by_its_window():
+    design = tdiag.load(DESIGNS / "gpt_oss_sliding.td", F=F, G=G, R=H // G, H=H, D=D, W=3)
+    assert design.with_causal_mask().source(N=N) == design.source(N=N)
