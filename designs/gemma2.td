@@ -17,7 +17,8 @@
 #   n·θ_p, θ_p = 10000^(−2p/D): (x₀, x₁) ↦ (x₀ cos − x₁ sin, x₁ cos + x₀ sin), the constant
 #   generator R = [[0, −1], [1, 0]]. Positions count from 0.
 # - Only the global layers: Gemma 2 alternates them with local sliding-window layers (a window of
-#   4096 keys), which need the window mask construct and are not written here.
+#   4096 keys), not written here: they add `mask = window(n, m, W)` to this box, as
+#   designs/gpt_oss_sliding.td does to gpt-oss's.
 # - Causal: the model is a decoder; use with_causal_mask (or `--causal`), as HF's module is run.
 # - HF's eager softmax runs in float32 even in a float64 module; this box runs in the module's
 #   dtype (the float64 test builds HF's softmax in float64).
