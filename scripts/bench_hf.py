@@ -1,5 +1,5 @@
 """The production designs against Hugging Face transformers' attention modules: for each design
-(designs/llama.td, qwen3, gpt2, falcon, bloom, bert), time a training step (forward, mean-square
+(designs/llama.td, qwen3, gpt2, falcon, bloom, bert, deepseek_mla), time a training step (forward, mean-square
 loss, backward) of tdiag's compiled module and of the HF module it equals (tests/test_hf_models.py)
 holding the same weights, round-robin in one process (float32, batch 1, one thread). HF's module
 runs with attn_implementation="sdpa" where it has one (BloomAttention has none: eager). Each HF
@@ -131,6 +131,49 @@ class Falcon(nn.Module):
         return {"Wqkv": a.query_key_value.weight.T.reshape(F, H + 2, D), "WO": a.dense.weight.T.reshape(H, D, F)}
 
 
+MLA_RANKS = {"q_lora_rank": 96, "kv_lora_rank": 64, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 32}
+
+
+class DeepseekMLA(nn.Module):
+    """DeepseekV3Attention (multi-head latent attention, interleaved RoPE) at designs/deepseek_mla.td's
+    default ranks, with its model's rotary embedding, causal."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import DeepseekV3Config
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+            DeepseekV3Attention,
+            DeepseekV3RotaryEmbedding,
+        )
+
+        config = DeepseekV3Config(
+            hidden_size=F, num_attention_heads=H, num_key_value_heads=H, attention_dropout=0.0,
+            attn_implementation="sdpa", **MLA_RANKS,
+        )  # fmt: skip
+        self.attn, self.rotary = DeepseekV3Attention(config, layer_idx=0), DeepseekV3RotaryEmbedding(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(x, position_embeddings=self.rotary(x, positions(x)), attention_mask=None)[0]
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        a, r = self.attn, MLA_RANKS
+        c, e, v, latent = r["qk_nope_head_dim"], r["qk_rope_head_dim"], r["v_head_dim"], r["kv_lora_rank"]
+        q_b = a.q_b_proj.weight.view(H, c + e, r["q_lora_rank"]).permute(2, 0, 1)
+        kv_b = a.kv_b_proj.weight.view(H, c + v, latent).permute(2, 0, 1)
+        return {
+            "Wqa": a.q_a_proj.weight.T,
+            "nqa": a.q_a_layernorm.weight,
+            "WqN": q_b[..., :c],
+            "WqR": q_b[..., c:],
+            "Wkva": a.kv_a_proj_with_mqa.weight[:latent].T,
+            "WkR": a.kv_a_proj_with_mqa.weight[latent:].T,
+            "nkv": a.kv_a_layernorm.weight,
+            "WkN": kv_b[..., :c],
+            "WV": kv_b[..., c:],
+            "WO": a.o_proj.weight.T.reshape(H, v, F),
+        }
+
+
 class Bloom(nn.Module):
     """BloomAttention (eager: it has no other) with build_alibi_tensor's bias and an additive
     causal mask, as BloomModel builds them; no residual (0)."""
@@ -203,6 +246,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], bool, str]] = {  # HF module, c
     "falcon": (Falcon, True, "sdpa"),
     "bloom": (Bloom, True, "eager"),
     "bert": (Bert, False, "sdpa"),
+    "deepseek_mla": (DeepseekMLA, True, "sdpa"),
 }
 
 
@@ -245,7 +289,7 @@ def measure(name: str, n: int, repeat: int) -> dict:
         "hf kept MB": hf_time.saved_bytes / 1e6,
         "float32 max relative difference": difference,
     }
-    print(f"{name:<7} {n:>5} {row['hf implementation']:>6} {row['tdiag ms']:>9.1f} {row['hf ms']:>9.1f}"
+    print(f"{name:<12} {n:>5} {row['hf implementation']:>6} {row['tdiag ms']:>9.1f} {row['hf ms']:>9.1f}"
           f"  {row['tdiag / hf']:>5.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
           f"  {row['tdiag kept MB']:>7.1f} {row['hf kept MB']:>7.1f}  {difference:.1e}", flush=True)  # fmt: skip
     return row
@@ -259,7 +303,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"{'design':<7} {'N':>5} {'HF':>6} {'tdiag ms':>9} {'HF ms':>9}  {'tdiag/HF (min-max)':>18}"
+    print(f"{'design':<12} {'N':>5} {'HF':>6} {'tdiag ms':>9} {'HF ms':>9}  {'tdiag/HF (min-max)':>18}"
           f"  {'kept MB tdiag':>13} {'HF':>5}  float32 diff")  # fmt: skip
     rows = [measure(name, n, args.repeat) for n in args.n for name in args.designs]
     if args.out:
