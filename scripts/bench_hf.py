@@ -1,5 +1,5 @@
 """The production designs against Hugging Face transformers' attention modules: for each design
-(designs/llama.td, qwen3, gpt2, falcon, bloom, bert, deepseek_mla), time a training step (forward, mean-square
+(designs/llama.td, qwen3, mistral, gpt2, falcon, bloom, bert, deepseek_mla), time a training step (forward, mean-square
 loss, backward) of tdiag's compiled module and of the HF module it equals (tests/test_hf_models.py)
 holding the same weights, round-robin in one process (float32, batch 1, one thread). HF's module
 runs with attn_implementation="sdpa" where it has one (BloomAttention has none: eager). Each HF
@@ -28,7 +28,8 @@ import tdiag
 from tdiag.bench import measure_all
 
 ROOT = Path(__file__).resolve().parent.parent
-F, H, G = 512, 8, 2  # the designs' defaults (llama and qwen3: G = 2 key-value heads)
+F, H, G = 512, 8, 2  # the designs' defaults (llama, qwen3, mistral: G = 2 key-value heads)
+MISTRAL_WINDOW = 256  # designs/mistral.td's W
 D = F // H
 
 
@@ -37,16 +38,25 @@ def positions(x: torch.Tensor) -> torch.Tensor:
 
 
 class Llama(nn.Module):
-    """LlamaAttention (or Qwen3Attention) with its model's rotary embedding, causal."""
+    """LlamaAttention (or Qwen3Attention, or MistralAttention with its sliding-window mask) with its
+    model's rotary embedding, causal."""
 
     def __init__(self, name: str):
         super().__init__()
+        self.window = None
         if name == "llama":
             from transformers import LlamaConfig as Config
             from transformers.models.llama.modeling_llama import LlamaAttention as Attention
             from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding as Rotary
 
             theta, more = 10000, {}
+        elif name == "mistral":
+            from transformers import MistralConfig as Config
+            from transformers.models.mistral.modeling_mistral import MistralAttention as Attention
+            from transformers.models.mistral.modeling_mistral import MistralRotaryEmbedding as Rotary
+
+            theta, more = 10000, {"sliding_window": MISTRAL_WINDOW}
+            self.window = MISTRAL_WINDOW
         else:
             from transformers import Qwen3Config as Config
             from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention as Attention
@@ -65,7 +75,11 @@ class Llama(nn.Module):
         self.attn, self.rotary = Attention(config, 0), Rotary(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.attn(x, position_embeddings=self.rotary(x, positions(x)), attention_mask=None)[0]
+        mask = None
+        if self.window is not None:  # the boolean band the model builds once per forward (True: attend)
+            n, m = torch.arange(x.shape[-2])[:, None], torch.arange(x.shape[-2])[None, :]
+            mask = ((m <= n) & (m > n - self.window))[None, None]
+        return self.attn(x, position_embeddings=self.rotary(x, positions(x)), attention_mask=mask)[0]
 
     def weights(self) -> dict[str, torch.Tensor]:
         a, r = self.attn, H // G
@@ -242,6 +256,7 @@ class Bert(nn.Module):
 MODELS: dict[str, tuple[Callable[[], nn.Module], bool, str]] = {  # HF module, causal, its implementation
     "llama": (lambda: Llama("llama"), True, "sdpa"),
     "qwen3": (lambda: Llama("qwen3"), True, "sdpa"),
+    "mistral": (lambda: Llama("mistral"), True, "sdpa"),
     "gpt2": (GPT2, True, "sdpa"),
     "falcon": (Falcon, True, "sdpa"),
     "bloom": (Bloom, True, "eager"),
@@ -259,7 +274,9 @@ def pair(name: str, n: int) -> tuple[nn.Module, nn.Module, float]:
     with torch.no_grad():
         for parameter in hf.parameters():
             parameter.copy_(0.3 * torch.randn_like(parameter))
-    design = tdiag.load(ROOT / "designs" / f"{name}.td", F=F, H=H, **({"G": G} if name in ("llama", "qwen3") else {}))
+    design = tdiag.load(
+        ROOT / "designs" / f"{name}.td", F=F, H=H, **({"G": G} if name in ("llama", "qwen3", "mistral") else {})
+    )
     module = (design.with_causal_mask() if causal else design).module(N=n)
     with torch.no_grad():
         for key, value in hf.weights().items():
