@@ -13,6 +13,9 @@ VENV          := .venv
 BIN           := $(VENV)/bin
 STAMP         := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
+# the suite in two processes (pytest-xdist), one test module per process at a time so that a
+# module's fixtures are built once; PYTEST_WORKERS= runs it in one process
+PYTEST_WORKERS ?= -n 2 --dist loadscope
 
 .PHONY: venv cpu-only-check graphviz demo test test-fast wheel wheel-check lint format clean fuzz bench-baseline gpu-report
 
@@ -59,10 +62,10 @@ demo: venv graphviz
 	$(BIN)/tdiag render designs/mhsa.td -o out/mhsa.dot
 
 test: venv graphviz
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_WORKERS)
 
 test-fast: venv
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow"
 
 # The wheel into dist/; --no-build-isolation builds with the venv's setuptools (no download).
 wheel: venv
