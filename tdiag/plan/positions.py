@@ -47,7 +47,7 @@ class PositionLowering:
         whole = self.table_slice(tensor, ref)
         if all(len(axis) == 1 for axis in axes):
             return _renamed(whole, dict(zip(whole.legs, legs, strict=True)))
-        key = ("slice pieces", tensor.name, ref.slices, tuple(self.shape(axis) for axis in axes))
+        key = ("slice pieces", tensor.name, ref.slices, ref.offsets, tuple(self.shape(axis) for axis in axes))
         if key not in self.memo:
             out = Value(self.names.fresh(f"{tensor.name}_view"), legs)
             shown = " ".join(show_legs(legs))
@@ -57,24 +57,23 @@ class PositionLowering:
         return _renamed(value, dict(zip(earlier, legs, strict=True)))
 
     def table_slice(self, tensor: Tensor, ref: TensorRef) -> Value:
-        """The slice of a stored table that `ref` reads, one leg per axis, made once per program."""
-        key = ("slice", tensor.name, ref.slices)
+        """The slice of a stored table that `ref` reads (its first entries, or a range a..b at an
+        offset), one leg per axis, made once per program: a view, never a copy."""
+        key = ("slice", tensor.name, ref.slices, ref.offsets)
         if key not in self.memo:
             base = self.tensor_var(tensor)
-            dims = tuple(
-                (k, self.runtime(extent), self.runtime(axis.size))
-                for k, (extent, axis) in enumerate(zip(ref.slices, tensor.axes, strict=True))
-                if extent is not None
-            )
+            cut = [k for k, extent in enumerate(ref.slices) if extent is not None]
+            dims = tuple((k, self.runtime(ref.slices[k]), self.runtime(tensor.axes[k].size)) for k in cut)
+            starts = tuple(self.runtime(ref.offset(k)) for k in cut) if ref.offsets else ()
             legs = tuple(
                 self.new_leg(axis.leg, axis.size if extent is None else extent)
                 for extent, axis in zip(ref.slices, tensor.axes, strict=True)
             )
-            name = self.names.fresh(f"{tensor.name}_first")
-            shown = ", ".join(f"{tensor.axes[k].leg}: {extent}" for k, extent, _ in dims)
-            labels = tuple((tensor.axes[k].leg, str(ref.slices[k]), str(tensor.axes[k].size)) for k, _, _ in dims)
+            name = self.names.fresh(f"{tensor.name}_{'part' if ref.offsets else 'first'}")
+            shown = ", ".join(f"{tensor.axes[k].leg}: {_cut_text(ref, k)}" for k in cut)
+            labels = tuple((tensor.axes[k].leg, _cut_text(ref, k), str(tensor.axes[k].size)) for k in cut)
             out = Value(name, legs)
-            op = Slice(Value(base, ()), dims, tensor.name, labels)
+            op = Slice(Value(base, ()), dims, tensor.name, labels, starts)
             self.emit(Step("slice", op, out, f"{tensor.name}[{shown}]"))
             self.memo[key] = (out, legs)
         return self.memo[key][0]
@@ -126,3 +125,9 @@ def _rename_position(position: Position, names: dict[str, str], runtime) -> Posi
         return Position("number", value=runtime(position.value))
     operands = tuple(_rename_position(o, names, runtime) for o in position.operands)
     return Position(position.op, position.name, position.value, operands)
+
+
+def _cut_text(ref: TensorRef, k: int) -> str:
+    """Axis k's slice as the .td writes it: `N` (the first N entries) or `a..b`."""
+    extent, start = ref.slices[k], ref.offset(k)
+    return str(extent) if start == 0 else f"{start}..{start + extent}"
