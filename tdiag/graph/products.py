@@ -62,7 +62,8 @@ class Products:
             if cut is not None:
                 self.b._bind(item.name, cut[1], item.span, where)
             elif isinstance(item, syn.SlicedLeg):
-                continue  # a refused slice binds nothing: its error explains the leg
+                if item.name not in self.b.legs:  # refused: its error explains the leg, once
+                    self.b._bind(item.name, POISON_SIZE, item.span, where)
             elif isinstance(item, syn.Leg):
                 self.b._bind(item.name, axis.size, item.span, where)
             else:
