@@ -28,6 +28,7 @@ TITLES = {  # known families in page order; any other family follows them, "othe
     "attention": "Common attention designs",
     "positions": "Positions: rotary, ALiBi, relative and absolute position biases",
     "scans": "Scans and decays: forget gates, stick-breaking, retention, gated and state-space linear attention",
+    "production": "Production models: attention blocks of Hugging Face transformers' modules, tested equal to them",
 }
 
 

@@ -622,11 +622,16 @@ class _Interpreter(AbstractMachine):
 
     @op.register
     def _(self, op: Slice, step: Step) -> Meta:
+        """A view of the stored table: its strides are the whole table's (a range of a middle
+        axis does not merge with the axis before it, so a matmul that folds them copies)."""
         x = self.value(op.x)
         shape, numel = self.output(step)
+        whole = list(shape)
+        for k, _, size in op.dims:
+            whole[k] = size
         return Meta(
             shape,
-            x.strides[: len(shape)] if len(x.strides) >= len(shape) else contiguous(shape),
+            x.strides[: len(shape)] if len(x.strides) >= len(shape) else contiguous(tuple(whole)),
             x.storage,
             x.grad,
             numel,
