@@ -185,3 +185,8 @@ def test_a_bad_range_is_a_positioned_error(use: str, message: str):
     (diagnostic,) = [d for d in caught.value.diagnostics if d.is_error]
     assert diagnostic.message == message
     assert diagnostic.spans[0].line == 7
+
+
+def test_show_writes_the_range_and_the_first_entries_slice_as_written():
+    shown = load("Y[n k] = X[n f] W[f, k: F..2 * F] + X[n f] W[f, k: F]").show()
+    assert "W[f, k: F..2*F]" in shown and "W[f, k: F]" in shown
