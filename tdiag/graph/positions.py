@@ -37,6 +37,14 @@ class Positions:
         start = sympy.Integer(0) if item.start is None else self.b._scalar(item.start, sizes_only=True)
         if POISON_SIZE in stop.free_symbols | start.free_symbols:
             return None
+        if tensor.kind == "derived":
+            self.b.error(
+                f"only a stored table (param, const or buffer) is sliced; {tensor.name} is computed "
+                f"by a statement (line {tensor.span.line})",
+                item.span,
+                hint=f"slice the stored tables {tensor.name} is computed from, e.g. W[f, {item.name}: a..b]",
+            )
+            return None
         if tensor.kind not in ("param", "const", "buffer"):
             self.b.error(
                 f"only a stored table (param, const or buffer) is sliced; {tensor.name} is {a_or_an(tensor.kind)}",
