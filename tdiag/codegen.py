@@ -63,6 +63,7 @@ from .plan.program import (
     Slice,
     Softmax,
     SplitChunks,
+    SplitTable,
     SumAxes,
     Triangle,
     Value,
@@ -1202,6 +1203,8 @@ def _(op: PositionTensor, attributes: frozenset[str]) -> str:
 
 @_op.register
 def _(op: Slice, attributes: frozenset[str]) -> str:
+    if op.piece is not None:
+        return f"{_var(op.x, attributes)}[{op.piece}]"
     cuts = {k: (op.start(i), extent) for i, (k, extent, _) in enumerate(op.dims)}
     last = max(cuts)
     index = ", ".join(_cut(*cuts[k]) if k in cuts else ":" for k in range(last + 1))
@@ -1211,6 +1214,12 @@ def _(op: Slice, attributes: frozenset[str]) -> str:
 def _cut(start: sympy.Expr, extent: sympy.Expr) -> str:
     """`:N` for the first N entries, `a:a + N` from entry a: basic indexing, a view."""
     return f":{_expr(extent)}" if start == 0 else f"{_expr(start)}:{_expr(start + extent)}"
+
+
+@_op.register
+def _(op: SplitTable, attributes: frozenset[str]) -> str:
+    sizes = ", ".join(_expr(size) for size in op.sizes)
+    return f"{_var(op.x, attributes)}.split([{sizes}], {op.dim})"
 
 
 @_op.register

@@ -113,7 +113,9 @@ def test_gpt_neox_gradients_equal_hf_gradients(causal: bool):
     assert_equal64(ours[1], theirs[1].view(H, 3 * D))
 
 
-def test_gpt_neox_reads_the_fused_weight_in_ranges_without_copies():
+def test_gpt_neox_splits_the_fused_weight_once_into_its_ranges():
+    """Q's rotated and passed parts, K's, and V: one split (views), whose backward joins the
+    five gradients in one tensor."""
     source = tdiag.load(DESIGNS / "gpt_neox.td", F=F, H=H).source(N=N)
-    for cut in (":8", "8:16", "16:24", "24:32", "32:48"):
-        assert f"self.Wqkv[:, {cut}]" in source
+    assert source.count("self.Wqkv.split([8, 8, 8, 8, 16], 1)") == 1
+    assert source.count("self.bqkv.split([8, 8, 8, 8, 16], 1)") == 1

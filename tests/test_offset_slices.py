@@ -148,6 +148,16 @@ def test_the_generated_code_reads_a_range_as_a_view():
     assert "index_select" not in source and "clone" not in source
 
 
+def test_ranges_that_do_not_overlap_read_one_split_of_the_table():
+    design = load("Y[n k] = X[n f] W[f, k: 2..5] + X[n f] W[f, k: 8..11]")
+    assert design.source(N=5).count("self.W.split([2, 3, 3, 3, 1], 1)") == 1
+
+
+def test_overlapping_ranges_are_sliced_each():
+    source = load("Y[n k] = X[n f] W[f, k: 2..5] + X[n f] W[f, k: 4..7]").source(N=5)
+    assert "split" not in source and "self.W[:, 2:5]" in source and "self.W[:, 4:7]" in source
+
+
 def test_a_range_costs_what_a_separate_table_of_its_size_costs():
     ranged = load("Y[n k] = X[n f] W[f, k: 3..7]").cost(N=8).at(N=8)
     separate = tdiag.loads(PREFIX + "param V[f: F, k: 4]\nY[n k] = X[n f] V[f k]\noutput Y", "t.td").cost(N=8).at(N=8)

@@ -67,6 +67,7 @@ from .program import (
     Slice,
     Softmax,
     SplitChunks,
+    SplitTable,
     Step,
     SumAxes,
     Triangle,
@@ -636,6 +637,10 @@ class _Interpreter(AbstractMachine):
             x.grad,
             numel,
         )
+
+    @op.register
+    def _(self, op: SplitTable, step: Step) -> Meta:
+        return self.value(op.x)  # views of the table; each piece is read by a Slice
 
     @op.register
     def _(self, op: GatherAt, step: Step) -> Meta:

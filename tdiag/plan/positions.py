@@ -7,9 +7,25 @@ unless the design declares it so; a gather's cost is one read per result entry."
 
 from __future__ import annotations
 
-from ..ir import Gather, Position, Tensor, TensorRef
+from itertools import pairwise
+
+import sympy
+
+from ..graph import DesignGraph
+from ..ir import Gather, Position, Tensor, TensorRef, walk
 from .base import _renamed
-from .program import GatherAt, Operand, Positions, PositionTensor, Reshape, Slice, Step, Value, show_legs
+from .program import (
+    GatherAt,
+    Operand,
+    Positions,
+    PositionTensor,
+    Reshape,
+    Slice,
+    SplitTable,
+    Step,
+    Value,
+    show_legs,
+)
 
 
 class PositionLowering:
@@ -73,10 +89,42 @@ class PositionLowering:
             shown = ", ".join(f"{tensor.axes[k].leg}: {_cut_text(ref, k)}" for k in cut)
             labels = tuple((tensor.axes[k].leg, _cut_text(ref, k), str(tensor.axes[k].size)) for k in cut)
             out = Value(name, legs)
-            op = Slice(Value(base, ()), dims, tensor.name, labels, starts)
+            parts = self.table_pieces(tensor, cut[0], ref) if len(cut) == 1 else None
+            source, piece = parts if parts is not None else (Value(base, ()), None)
+            op = Slice(source, dims, tensor.name, labels, starts, piece)
             self.emit(Step("slice", op, out, f"{tensor.name}[{shown}]"))
             self.memo[key] = (out, legs)
         return self.memo[key][0]
+
+    def table_pieces(self, tensor: Tensor, axis: int, ref: TensorRef) -> tuple[Value, int] | None:
+        """(the pieces, the index of `ref`'s range among them) where the design reads the table
+        in two or more distinct ranges along `axis`, none overlapping another, at sizes known when
+        planning (a fused QKV weight read as its parts): the table is split once, so its gradient
+        is joined once. None otherwise (plain slices)."""
+        ranges = set()
+        for use in _table_uses(self.g, tensor.name):
+            cut = [k for k, extent in enumerate(use.slices) if extent is not None]
+            if cut != [axis]:
+                continue
+            start, extent = self.runtime(use.offset(axis)), self.runtime(use.slices[axis])
+            if not (start.is_Integer and extent.is_Integer):
+                return None
+            ranges.add((int(start), int(start) + int(extent)))
+        size = self.runtime(tensor.axes[axis].size)
+        ordered = sorted(ranges)
+        if len(ordered) < 2 or not size.is_Integer or any(a[1] > b[0] for a, b in pairwise(ordered)):
+            return None
+        bounds = sorted({0, int(size), *(b for r in ordered for b in r)})
+        key = ("table pieces", tensor.name, axis)
+        if key not in self.memo:
+            sizes = tuple(sympy.Integer(b - a) for a, b in pairwise(bounds))
+            out = Value(self.names.fresh(f"{tensor.name}_parts"), ())
+            shown = ", ".join(f"{a}..{b}" for a, b in pairwise(bounds))
+            op = SplitTable(Value(self.tensor_var(tensor), ()), axis, sizes)
+            self.emit(Step("split", op, out, f"{tensor.name} split along {tensor.axes[axis].leg}: {shown}"))
+            self.memo[key] = (out, ())
+        start = int(self.runtime(ref.offset(axis)))
+        return self.memo[key][0], bounds.index(start)
 
     def position_tensor(self, position: Position, ren: dict[str, tuple[str, ...]]) -> Value:
         """The integer position over its region legs."""
@@ -131,3 +179,9 @@ def _cut_text(ref: TensorRef, k: int) -> str:
     """Axis k's slice as the .td writes it: `N` (the first N entries) or `a..b`."""
     extent, start = ref.slices[k], ref.offset(k)
     return str(extent) if start == 0 else f"{start}..{start + extent}"
+
+
+def _table_uses(graph: DesignGraph, name: str) -> list[TensorRef]:
+    """Every use of tensor `name` in the design's statements and updates."""
+    exprs = [s.expr for s in [*graph.statements, *graph.updates]]
+    return [e for expr in exprs for e in walk(expr) if isinstance(e, TensorRef) and e.name == name]

@@ -456,10 +456,23 @@ class Slice:
     name: str = ""
     labels: tuple[tuple[str, str, str], ...] = ()  # per dim: (leg, extent or range, size) as the .td writes them
     starts: tuple[sympy.Expr, ...] = ()
+    piece: int | None = None  # x is a SplitTable's pieces and this slice is piece `piece` of them
 
     def start(self, k: int) -> sympy.Expr:
         """The first entry read along the k-th sliced dim."""
         return self.starts[k] if self.starts else sympy.Integer(0)
+
+
+@dataclass(frozen=True)
+class SplitTable:
+    """A stored table cut along axis `dim` into consecutive pieces of `sizes` entries, once per
+    program (torch's split: views, whose backward joins the pieces' gradients in one tensor, where
+    separate slices would each fill a table-sized gradient with zeros and add them up). Its
+    result is the pieces, read by Slice steps with `piece` set."""
+
+    x: Value
+    dim: int
+    sizes: tuple[sympy.Expr, ...]
 
 
 @dataclass(frozen=True)
@@ -638,6 +651,7 @@ Op = (
     | Positions
     | PositionTensor
     | Slice
+    | SplitTable
     | GatherAt
     | LiteralCombination
     | Permute
