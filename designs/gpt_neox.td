@@ -11,11 +11,12 @@
 # - The fused weight as the checkpoint stores it: query_key_value.weight [3F, F] (out, in) is
 #   Wqkv[h, j, f] (the same numbers: row h·3D + j), its bias [3F] is bqkv[h, j]; per head,
 #   entries 0..D of j are the query, D..2D the key, 2D..3D the value (HF's view then chunk(3)).
-#   Each part is read in its range of the one table (a view): no split copy of the weights.
+#   One projection QKV = X Wqkv + b, as HF's one Linear; each part is read in its range of QKV
+#   (views of one split), so the backward joins the parts' gradients once.
 # - Partial rotary: R = rotary_ndims = D · rotary_pct, R = D / 2 here (rotary_pct = 0.5;
 #   GPT-NeoX-20B and HF's default use 0.25: set R = D / 4). The query's range 0..R rotates,
-#   R..D passes through; q·k = q_r·k_r + q_p·k_p, the two ranges of
-#   each side read separately and the scores summed (one SDPA call on the concatenated sides).
+#   R..D passes through; q·k = q_r·k_r + q_p·k_p, the two ranges of each side read separately
+#   and the scores summed (one SDPA call on the concatenated sides).
 # - Rotate-half (HF's rotate_half, not RoFormer's interleaved pairs): the rotated range viewed as
 #   (s p), half-major; dims p and R/2 + p form pair p, rotated by n·θ_p with
 #   θ_p = Base^(−2p/R) (GPTNeoXRotaryEmbedding at dim = rotary_ndims, rotary_emb_base = Base);
@@ -40,14 +41,12 @@ const Rot[s: 2, t: 2] = values(0, -1, 1, 0)
 
 theta[p]      = exp(-2 index(p, P) / R * log(Base))
 Ang[n p]      = index(n) theta[p]
-Qc[n h r]     = X[n f] Wqkv[h, r: 0..R, f] + bqkv[h, r: 0..R]
-Qp[n h c]     = X[n f] Wqkv[h, c: R..D, f] + bqkv[h, c: R..D]
-Kc[m h r]     = X[m f] Wqkv[h, r: D..D + R, f] + bqkv[h, r: D..D + R]
-Kp[m h c]     = X[m f] Wqkv[h, c: D + R..2 * D, f] + bqkv[h, c: D + R..2 * D]
-V[m h e]      = X[m f] Wqkv[h, e: 2 * D..3 * D, f] + bqkv[h, e: 2 * D..3 * D]
+QKV[n h j]    = X[n f] Wqkv[h j f] + bqkv[h j]                                # query_key_value
+Qc[n h r]     = QKV[n, h, r: 0..R]
+Kc[m h r]     = QKV[m, h, r: D..D + R]
 Qr[n h (s p)] = cos(Ang[n p]) Qc[n h (s p)] + sin(Ang[n p]) Rot[s t] Qc[n h (t p)]
 Kr[m h (s p)] = cos(Ang[m p]) Kc[m h (s p)] + sin(Ang[m p]) Rot[s t] Kc[m h (t p)]
-A[h n m]      = softmax[m, scale = 1 / sqrt(D)](Qr[n h r] Kr[m h r] + Qp[n h c] Kp[m h c])
-Y[n g]        = A[h n m] V[m h e] WO[g h e] + bo[g]
+A[h n m]      = softmax[m, scale = 1 / sqrt(D)](Qr[n h r] Kr[m h r] + QKV[n, h, c: R..D] QKV[m, h, c: D + R..2 * D])
+Y[n g]        = A[h n m] QKV[m, h, e: 2 * D..3 * D] WO[g h e] + bo[g]
 
 output Y

@@ -315,17 +315,18 @@ def sliced(ref: TensorRef, x: torch.Tensor, frame: Frame) -> torch.Tensor:
     for k, (axis, extent) in enumerate(zip(tensor.axes, ref.slices, strict=True)):
         if extent is None:
             continue
+        dim = k - len(tensor.axes)  # from the end: a computed tensor has the batch dims first
         start, want = int(frame.number(ref.offset(k))), int(frame.number(extent))
-        if ref.offset(k) == 0 and want > x.shape[k]:
+        if ref.offset(k) == 0 and want > x.shape[dim]:
             raise ValueError(
-                f"{ref.name}[{axis.leg}: {extent}] reads {want} entries, but axis {axis.leg} has {x.shape[k]}"
+                f"{ref.name}[{axis.leg}: {extent}] reads {want} entries, but axis {axis.leg} has {x.shape[dim]}"
             )
-        if start < 0 or want < 1 or start + want > x.shape[k]:
+        if start < 0 or want < 1 or start + want > x.shape[dim]:
             raise ValueError(
                 f"{ref.name}[{axis.leg}: {_range_text(ref.offset(k), extent)}] is {start}..{start + want} here: "
-                f"a range must hold at least one entry and lie within axis {axis.leg}'s {x.shape[k]} entries"
+                f"a range must hold at least one entry and lie within axis {axis.leg}'s {x.shape[dim]} entries"
             )
-        x = x.narrow(k, start, want)
+        x = x.narrow(dim, start, want)
     return x
 
 

@@ -1,10 +1,11 @@
 """designs/gpt_neox.td equals Hugging Face transformers' GPTNeoXAttention in float64: the HF module
 is built from a small config with random weights (biases too), its fused query_key_value and
-dense weights are copied in as the checkpoint stores them (reshaped only: the design reads the
-query, key and value parts, and the rotated and passed-through parts of each head, in their
-ranges of the one table), and the outputs and gradients agree, plain and causal, at two rotary
-fractions. HF builds its RoPE cos and sin in float32 even in a float64 module; the test builds
-them in float64 with the same formula rather than loosening the tolerance."""
+dense weights are copied in as the checkpoint stores them (reshaped only: the design projects
+once with the fused weight and reads the query, key and value parts, and the rotated and
+passed-through parts of each head, in their ranges of the projection), and the outputs and
+gradients agree, plain and causal, at two rotary fractions. HF builds its RoPE cos and sin in
+float32 even in a float64 module; the test builds them in float64 with the same formula rather
+than loosening the tolerance."""
 
 from __future__ import annotations
 
@@ -113,9 +114,9 @@ def test_gpt_neox_gradients_equal_hf_gradients(causal: bool):
     assert_equal64(ours[1], theirs[1].view(H, 3 * D))
 
 
-def test_gpt_neox_splits_the_fused_weight_once_into_its_ranges():
-    """Q's rotated and passed parts, K's, and V: one split (views), whose backward joins the
-    five gradients in one tensor."""
+def test_gpt_neox_projects_once_and_splits_the_projection_into_its_ranges():
+    """One matmul with the fused weight, as HF's query_key_value; Q's rotated and passed parts,
+    K's, and V are views of one split, whose backward joins the five gradients in one tensor."""
     source = tdiag.load(DESIGNS / "gpt_neox.td", F=F, H=H).source(N=N)
-    assert source.count("self.Wqkv.split([8, 8, 8, 8, 16], 1)") == 1
-    assert source.count("self.bqkv.split([8, 8, 8, 8, 16], 1)") == 1
+    assert sum("X @ self.Wqkv" in line for line in source.splitlines()) == 1
+    assert source.count("QKV.split([8, 8, 8, 8, 16], 3)") == 1

@@ -139,6 +139,37 @@ def test_a_range_viewed_in_pieces_is_cut_then_viewed():
     torch.testing.assert_close(reference(x), want, rtol=0, atol=1e-12)
 
 
+# ---- computed tensors -------------------------------------------------------------------------
+
+
+COMPUTED = "P[n j] = X[n f] W[f j]\nY[n k] = P[n, k: 2..5] + P[n, k: 8..11] P[n, k: 5..8]"
+
+
+def test_a_range_of_a_computed_tensor_equals_torch_values_and_gradients():
+    compiled, reference = modules(load(COMPUTED))
+    x = x_input(4).requires_grad_()
+    p = x @ compiled.W
+    want = p[..., 2:5] + p[..., 8:11] * p[..., 5:8]
+    for module in (compiled, reference):
+        got = module(x)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+        got_grads = torch.autograd.grad(got.sum(), [x, module.W])
+        want_grads = torch.autograd.grad(want.sum(), [x, compiled.W], retain_graph=True)
+        for got_grad, want_grad in zip(got_grads, want_grads, strict=True):
+            torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-12)
+
+
+def test_a_computed_tensor_read_in_ranges_is_computed_once_and_split_once():
+    source = load(COMPUTED).source(N=5)
+    assert sum("X @ self.W" in line for line in source.splitlines()) == 1
+    assert source.count(".split([2, 3, 3, 3, 1], 2)") == 1
+
+
+def test_a_computed_tensor_is_not_sliced_along_a_run_time_axis():
+    with pytest.raises(TdiagError, match="a computed tensor is sliced only along an axis of a size known"):
+        load("P[n j] = X[n f] W[f j]\nY[k j] = P[k: 0..N - 1, j]")
+
+
 # ---- plan, code, cost, diagram ---------------------------------------------------------------
 
 
@@ -186,7 +217,7 @@ def test_the_diagram_labels_the_table_with_its_range():
         ("W[f, k: J..J + 1]", "slice k: J..J + 1 starts at 12, beyond axis j of W (J = 12 entries: 0 .. 11)"),
         ("W[f, k: 0.5..2]", "slice k: 0.5..2 starts at 1/2, not at a whole number of entries >= 0"),
         ("W[f, k: -1..2]", "slice k: -1..2 starts at -1, not at a whole number of entries >= 0"),
-        ("X[n, k: 1..3]", "only a stored table (param, const or buffer) is sliced; X is an input"),
+        ("X[n, k: 1..3]", "only a stored table (param, const or buffer) or a computed tensor is sliced; X is an input"),
     ],
 )
 def test_a_bad_range_is_a_positioned_error(use: str, message: str):

@@ -37,17 +37,18 @@ class Positions:
         start = sympy.Integer(0) if item.start is None else self.b._scalar(item.start, sizes_only=True)
         if POISON_SIZE in stop.free_symbols | start.free_symbols:
             return None
-        if tensor.kind == "derived":
+        if tensor.kind == "derived" and expand_sizes(axis.size, self.b.sizes).free_symbols - set(subs_known(self.b)):
             self.b.error(
-                f"only a stored table (param, const or buffer) is sliced; {tensor.name} is computed "
-                f"by a statement (line {tensor.span.line})",
+                f"a computed tensor is sliced only along an axis of a size known before any input; "
+                f"axis {axis.leg} of {tensor.name} is {axis.size}",
                 item.span,
-                hint=f"slice the stored tables {tensor.name} is computed from, e.g. W[f, {item.name}: a..b]",
+                hint=f"slice the stored tables {tensor.name} is computed from, e.g. T[{item.name}: a..b]",
             )
             return None
-        if tensor.kind not in ("param", "const", "buffer"):
+        if tensor.kind not in ("param", "const", "buffer", "derived"):
             self.b.error(
-                f"only a stored table (param, const or buffer) is sliced; {tensor.name} is {a_or_an(tensor.kind)}",
+                f"only a stored table (param, const or buffer) or a computed tensor is sliced; "
+                f"{tensor.name} is {a_or_an(tensor.kind)}",
                 item.span,
                 hint=f"use it with its legs: {tensor.name}[{' '.join(tensor.legs)}]",
             )
@@ -267,6 +268,11 @@ class Positions:
             )
             return self.poison(e)
         return PositionIndex((leg,), e.span, leg)
+
+
+def subs_known(builder: _Builder) -> set[sympy.Symbol]:
+    """The symbols of the sizes known before any input (all but the run-time ones)."""
+    return {builder.sizes[k].symbol for k in size_values(builder.sizes)}
 
 
 def _known(size: sympy.Expr, value: sympy.Expr) -> str:

@@ -11,10 +11,13 @@ from itertools import pairwise
 
 import sympy
 
+from ..errors import Diagnostic, TdiagError
 from ..graph import DesignGraph
-from ..ir import Gather, Position, Tensor, TensorRef, walk
-from .base import _renamed
+from ..ir import Gather, Position, Statement, Tensor, TensorRef, walk
+from .base import _all_legs, _renamed
 from .program import (
+    BATCH,
+    BATCH_SIZE,
     GatherAt,
     Operand,
     Positions,
@@ -96,11 +99,79 @@ class PositionLowering:
             self.memo[key] = (out, legs)
         return self.memo[key][0]
 
-    def table_pieces(self, tensor: Tensor, axis: int, ref: TensorRef) -> tuple[Value, int] | None:
+    def computed_slice(self, statement: Statement, ref: TensorRef, axes: tuple[tuple[str, ...], ...]) -> Value:
+        """`QKV[n, h, d: a..b]` of a computed tensor: the tensor computed once (never inlined into
+        this use), read in its ranges (a view), then viewed in the pieces the use's legs are split
+        into (RoPE's `(s p)` of a range), as a stored table's slice is."""
+        if ref.name not in self.values:
+            self.values[ref.name] = self.lower(
+                statement.expr, self.identity_renaming(_all_legs(statement.expr)), var=statement.target
+            )
+        value = self.values[ref.name]
+        rename: dict[str, tuple[str, ...]] = {}
+        for group, use in zip(statement.groups, axes, strict=True):
+            pieces = [p for leg in group for p in self.expand(leg)]
+            if len(pieces) != 1 and tuple(pieces) != tuple(use):
+                raise TdiagError(
+                    Diagnostic(
+                        f"{ref.name} is sliced where its definition splits the axis; slice a whole axis", (ref.span,)
+                    )
+                )
+            rename[pieces[0]] = use
+        stored = [leg for leg in value.legs if leg not in value.broadcast]
+        dims, starts, labels = [], [], []
+        for k, (group, extent) in enumerate(zip(statement.groups, ref.slices, strict=True)):
+            piece = self.expand(group[0])[0]
+            if extent is None or piece not in stored:
+                continue  # a broadcast axis is constant along its range: renamed, nothing cut
+            dims.append((stored.index(piece), self.runtime(extent), self.runtime(self.size(piece))))
+            starts.append(self.runtime(ref.offset(k)))
+            axis = self.g.tensors[ref.name].axes[k]
+            labels.append((axis.leg, _cut_text(ref, k), str(axis.size)))
+        broadcast = frozenset(p for leg in value.broadcast for p in rename.get(leg, (leg,)))
+        key = (
+            "computed slice",
+            value.var,
+            tuple(dims),
+            tuple(starts),
+            tuple(len(rename.get(leg, ())) for leg in stored),
+        )
+        if key not in self.memo:
+            source = Value(value.var, tuple(stored))
+            whole = tuple(rename.get(leg, (leg,))[0] if len(rename.get(leg, (leg,))) == 1 else leg for leg in stored)
+            cut = source
+            if dims:
+                cut = Value(self.names.fresh(f"{ref.name}_part"), whole)
+                shown = ", ".join(label[0] + ": " + label[1] for label in labels)
+                tensor, sliced = self.g.tensors[ref.name], [k for k, extent in enumerate(ref.slices) if extent]
+                parts = self.table_pieces(tensor, sliced[0], ref, source, dims[0][0]) if len(dims) == 1 else None
+                held, piece = parts if parts is not None else (source, None)
+                at = tuple(starts) if any(starts) else ()
+                op = Slice(held, tuple(dims), ref.name, tuple(labels), at, piece)
+                self.emit(Step("slice", op, cut, f"{ref.name}[{shown}]", inputs=(source,)))
+            legs = tuple(p for leg in stored for p in rename.get(leg, (leg,)))
+            if any(len(rename.get(leg, ())) > 1 for leg in stored):
+                viewed = Value(self.names.fresh(f"{ref.name}_view"), legs)
+                shape = tuple(BATCH_SIZE if leg == BATCH else self.runtime(self.size(leg)) for leg in legs)
+                shown = " ".join(show_legs(legs))
+                self.emit(
+                    Step("view", Reshape(cut, shape), viewed, f"view {ref.name} with legs {shown}", inputs=(cut,))
+                )
+                cut = viewed
+            self.memo[key] = (Value(cut.var, legs), legs)
+        stored_value, earlier = self.memo[key]
+        current = tuple(p for leg in stored for p in rename.get(leg, (leg,)))
+        renamed = _renamed(stored_value, dict(zip(earlier, current, strict=True)))
+        return Value(renamed.var, renamed.legs, broadcast)
+
+    def table_pieces(
+        self, tensor: Tensor, axis: int, ref: TensorRef, source: Value | None = None, dim: int | None = None
+    ) -> tuple[Value, int] | None:
         """(the pieces, the index of `ref`'s range among them) where the design reads the table
         in two or more distinct ranges along `axis`, none overlapping another, at sizes known when
         planning (a fused QKV weight read as its parts): the table is split once, so its gradient
-        is joined once. None otherwise (plain slices)."""
+        is joined once. None otherwise (plain slices). `source` and `dim`: a computed tensor's
+        value and the position of that axis in its layout (a stored table is split as declared)."""
         ranges = set()
         for use in _table_uses(self.g, tensor.name):
             cut = [k for k, extent in enumerate(use.slices) if extent is not None]
@@ -120,7 +191,8 @@ class PositionLowering:
             sizes = tuple(sympy.Integer(b - a) for a, b in pairwise(bounds))
             out = Value(self.names.fresh(f"{tensor.name}_parts"), ())
             shown = ", ".join(f"{a}..{b}" for a, b in pairwise(bounds))
-            op = SplitTable(Value(self.tensor_var(tensor), ()), axis, sizes)
+            whole = source if source is not None else Value(self.tensor_var(tensor), ())
+            op = SplitTable(whole, axis if dim is None else dim, sizes)
             self.emit(Step("split", op, out, f"{tensor.name} split along {tensor.axes[axis].leg}: {shown}"))
             self.memo[key] = (out, ())
         start = int(self.runtime(ref.offset(axis)))
