@@ -66,6 +66,7 @@ from .plan.program import (
     Slice,
     Softmax,
     SplitChunks,
+    SplitTable,
     SumAxes,
     Triangle,
     Value,
@@ -770,18 +771,34 @@ def _gather_checks(step: Step) -> list[str]:
 
 
 def _slice_checks(step: Step) -> list[str]:
-    """A table read at its first N entries needs N <= its length: checked when the module runs."""
+    """A table read at its first N entries needs N <= its length, a range a..b needs
+    0 <= a < b <= its length: checked when the module runs, where planning could not."""
     if not isinstance(step.op, Slice):
         return []
     lines = []
-    for (_, extent, size), (leg, shown_extent, shown_size) in zip(step.op.dims, step.op.labels, strict=True):
-        if (extent - size).is_number:
-            continue  # both known when planning: graph/positions.py refused a slice longer than its axis
-        text = source(f"{step.op.name}: reads the first {shown_extent} = ", "fstring")
-        more = source(f" entries of axis {leg} of {shown_size} = ", "fstring")
-        hint = source("; declare the table over a longer maximum length", "fstring")
-        lines.append(f"        if {_expr(extent)} > {_expr(size)}:")
-        lines.append(f'            raise ValueError(f"{text}{{{_expr(extent)}}}{more}{{{_expr(size)}}}{hint}")')
+    for k, ((_, extent, size), (leg, shown_extent, shown_size)) in enumerate(
+        zip(step.op.dims, step.op.labels, strict=True)
+    ):
+        start = step.op.start(k)
+        if start == 0:
+            if (extent - size).is_number:
+                continue  # both known when planning: graph/positions.py refused a slice longer than its axis
+            more = source(f" entries of axis {leg} of {shown_size} = ", "fstring")
+            hint = source("; declare the table over a longer maximum length", "fstring")
+            text = source(f"{step.op.name}: reads the first {shown_extent} = ", "fstring")
+            lines.append(f"        if {_expr(extent)} > {_expr(size)}:")
+            lines.append(f'            raise ValueError(f"{text}{{{_expr(extent)}}}{more}{{{_expr(size)}}}{hint}")')
+            continue
+        tests = [(start, f"{_expr(start)} < 0"), (extent - 1, f"{_expr(extent)} < 1")]
+        tests.append((size - start - extent, f"{_expr(start + extent)} > {_expr(size)}"))
+        failing = [test for margin, test in tests if not margin.is_number]
+        if not failing:
+            continue  # all known when planning: graph/positions.py refused a range outside its axis
+        text = source(f"{step.op.name}[{leg}: {shown_extent}] is ", "fstring")
+        within = source(f" here: a range must hold at least one entry and lie within axis {leg}'s ", "fstring")
+        here = f"{{{_expr(start)}}}..{{{_expr(start + extent)}}}{within}{{{_expr(size)}}} entries"
+        lines.append(f"        if {' or '.join(failing)}:")
+        lines.append(f'            raise ValueError(f"{text}{here}")')
     return lines
 
 
@@ -1331,10 +1348,23 @@ def _(op: PositionTensor, attributes: frozenset[str]) -> str:
 
 @_op.register
 def _(op: Slice, attributes: frozenset[str]) -> str:
-    cuts = dict((k, extent) for k, extent, _ in op.dims)
+    if op.piece is not None:
+        return f"{_var(op.x, attributes)}[{op.piece}]"
+    cuts = {k: (op.start(i), extent) for i, (k, extent, _) in enumerate(op.dims)}
     last = max(cuts)
-    index = ", ".join(f":{_expr(cuts[k])}" if k in cuts else ":" for k in range(last + 1))
+    index = ", ".join(_cut(*cuts[k]) if k in cuts else ":" for k in range(last + 1))
     return f"{_var(op.x, attributes)}[{index}]"
+
+
+def _cut(start: sympy.Expr, extent: sympy.Expr) -> str:
+    """`:N` for the first N entries, `a:a + N` from entry a: basic indexing, a view."""
+    return f":{_expr(extent)}" if start == 0 else f"{_expr(start)}:{_expr(start + extent)}"
+
+
+@_op.register
+def _(op: SplitTable, attributes: frozenset[str]) -> str:
+    sizes = ", ".join(_expr(size) for size in op.sizes)
+    return f"{_var(op.x, attributes)}.split([{sizes}], {op.dim})"
 
 
 @_op.register

@@ -436,6 +436,16 @@ def _groups(groups: tuple[tuple[str, ...], ...]) -> str:
     return " ".join(g[0] if len(g) == 1 else "(" + " ".join(g) + ")" for g in groups)
 
 
+def _sliced_groups(ref: TensorRef) -> str:
+    """`h, r: 0..R, f` or `h, n: N, m: N`: the axes of a table read in slices, as written."""
+    parts = []
+    for k, (group, extent) in enumerate(zip(ref.groups, ref.slices, strict=True)):
+        start = ref.offset(k)
+        cut = "" if extent is None else f": {extent}" if start == 0 else f": {start}..{start + extent}"
+        parts.append(_groups((group,)) + cut)
+    return ", ".join(parts)
+
+
 def _describe_nodes(expr: Expr) -> list[str]:
     out = []
     for node in walk(expr):
@@ -474,6 +484,8 @@ def _format_mask(mask: CausalMask | WindowMask | PaddingMask) -> str:
 
 def format_expr(e: Expr) -> str:
     """An expression node as `.td`-like text (for show, codegen comments and errors)."""
+    if isinstance(e, TensorRef) and e.is_sliced:
+        return f"{e.name}[{_sliced_groups(e)}]"
     if isinstance(e, TensorRef):
         return f"{e.name}[{_groups(e.groups)}]"
     if isinstance(e, Scalar):

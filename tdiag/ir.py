@@ -124,6 +124,7 @@ class TensorRef(Expr):
     name: str = ""
     groups: tuple[tuple[str, ...], ...] = ()
     slices: tuple[sympy.Expr | None, ...] = ()  # per axis: read only its first k entries (`P[n: N, f]`)
+    offsets: tuple[sympy.Expr, ...] = ()  # per axis: the first entry a slice reads (`W[j: a..b]`); () = all 0
     kind: ClassVar[str] = "tensor"
 
     @property
@@ -133,6 +134,10 @@ class TensorRef(Expr):
     @property
     def is_sliced(self) -> bool:
         return any(k is not None for k in self.slices)
+
+    def offset(self, axis: int) -> sympy.Expr:
+        """The first entry that axis `axis` is read from (0 unless a range `a..b` starts it later)."""
+        return self.offsets[axis] if self.offsets else sympy.Integer(0)
 
 
 @dataclass(frozen=True)

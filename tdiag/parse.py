@@ -46,9 +46,12 @@ class Leg(Node):
 @dataclass(frozen=True)
 class SlicedLeg(Leg):
     """`n: N` in a use `P[n: N, f]`: leg n reads the first N entries of that axis (a table
-    declared over a maximum length, used at the run-time length)."""
+    declared over a maximum length, used at the run-time length). `j: a..b` (`start` = a,
+    `size` = b) reads entries a .. b − 1 of the axis, b − a of them (a fused weight's part at an
+    offset); `n: N` is `n: 0..N`."""
 
     size: Expr
+    start: Expr | None = None
 
 
 @dataclass(frozen=True)
@@ -285,6 +288,10 @@ class _ToSyntax(Transformer):
     def sliced_leg(self, meta, children):
         return SlicedLeg(self._s(meta), str(children[0]), children[1])
 
+    def ranged_leg(self, meta, children):
+        name, start, stop = children
+        return SlicedLeg(self._s(meta), str(name), stop, start)
+
     def option(self, meta, children):
         return Option(self._s(meta), str(children[0]), children[1])
 
@@ -358,6 +365,7 @@ _TOKEN_WORDS = {
     "STAR": "'*'",
     "SLASH": "'/'",
     "CIRCUMFLEX": "'^'",
+    "_RANGE": "'..'",
     "$END": "end of file",
 }
 _KEYWORDS = {"DESIGN": "design", "EXTENDS": "extends", "SIZE": "size", "REPLACE": "replace"}

@@ -314,18 +314,30 @@ def tensor_ref(ref: TensorRef, frame: Frame) -> torch.Tensor:
 
 
 def sliced(ref: TensorRef, x: torch.Tensor, frame: Frame) -> torch.Tensor:
-    """`P[n: N, f]`: the first N entries of each sliced axis; more than the axis has is an error."""
+    """`P[n: N, f]`: the first N entries of each sliced axis, `W[j: a..b]` entries a .. b − 1;
+    past the end of the axis is an error."""
     tensor = frame.graph.tensors[ref.name]
     for k, (axis, extent) in enumerate(zip(tensor.axes, ref.slices, strict=True)):
         if extent is None:
             continue
-        want = int(frame.number(extent))
-        if want > x.shape[k]:
+        dim = k - len(tensor.axes)  # from the end: a computed tensor has the batch dims first
+        start, want = int(frame.number(ref.offset(k))), int(frame.number(extent))
+        if ref.offset(k) == 0 and want > x.shape[dim]:
             raise ValueError(
-                f"{ref.name}[{axis.leg}: {extent}] reads {want} entries, but axis {axis.leg} has {x.shape[k]}"
+                f"{ref.name}[{axis.leg}: {extent}] reads {want} entries, but axis {axis.leg} has {x.shape[dim]}"
             )
-        x = x.narrow(k, 0, want)
+        if start < 0 or want < 1 or start + want > x.shape[dim]:
+            raise ValueError(
+                f"{ref.name}[{axis.leg}: {_range_text(ref.offset(k), extent)}] is {start}..{start + want} here: "
+                f"a range must hold at least one entry and lie within axis {axis.leg}'s {x.shape[dim]} entries"
+            )
+        x = x.narrow(dim, start, want)
     return x
+
+
+def _range_text(start: sympy.Expr, extent: sympy.Expr) -> str:
+    """`a..b` as the .td writes it."""
+    return f"{start}..{sympy.simplify(start + extent)}"
 
 
 def position_value(position: Position, frame: Frame) -> torch.Tensor:

@@ -262,7 +262,13 @@ def _draw_tensor(d: _Drawing, e: TensorRef, env: dict[str, str], cluster: str | 
     kind = tensor.kind if statement is None else "derived"
     label = GREEK.get(e.name, "ε" if kind == "random" and e.name.lower().startswith("eps") else e.name)
     if e.is_sliced:  # a table read at its first entries: P[n: N]
-        cuts = [f"{g[0]}: {_text(k)}" for g, k in zip(e.groups, e.slices, strict=True) if k is not None]
+        cuts = [
+            f"{g[0]}: {_text(k)}"
+            if e.offset(axis) == 0
+            else f"{g[0]}: {_text(e.offset(axis))}..{_text(e.offset(axis) + k)}"
+            for axis, (g, k) in enumerate(zip(e.groups, e.slices, strict=True))
+            if k is not None
+        ]
         label += _escape("[" + ", ".join(cuts) + "]")
     node = d.node("t", f'{NODE_STYLE[kind]} label="{label}" tooltip="{kind} {e.name}"', cluster)
     if statement is not None:

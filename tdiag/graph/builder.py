@@ -307,7 +307,7 @@ class _Builder(Declarations):
             return POISON_SIZE
         if isinstance(e, syn.Neg):
             return -self._scalar(e.operand, sizes_only=sizes_only, known=known)
-        if isinstance(e, syn.BinOp) and e.op != "juxt":
+        if isinstance(e, syn.BinOp):
             a = self._scalar(e.left, sizes_only=sizes_only, known=known)
             b = self._scalar(e.right, sizes_only=sizes_only, known=known)
             if e.op == "/" and b == 0:
@@ -316,8 +316,7 @@ class _Builder(Declarations):
             if e.op == "^" and b.is_number and abs(b) > 64:
                 self.error("exponent out of range (at most 64)", e.right.span)
                 return POISON_SIZE
-            operation = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
-            return a**b if e.op == "^" else operation[e.op](a, b)  # only this one: 1e10 ^ 1e10 never runs
+            return a**b if e.op == "^" else _ARITHMETIC[e.op](a, b)  # only this one: 1e10 ^ 1e10 never runs
         if isinstance(e, syn.Call) and e.name in SCALAR_FUNCTIONS and e.legs is None and len(e.args) == 1:
             if sizes_only:
                 self.error(f"a size is a whole number; {e.name} is for scales", e.name_span)
@@ -340,6 +339,10 @@ class _Builder(Declarations):
             )
         else:
             self.error(f"unknown size '{e.name}'", e.span, hint=did_you_mean(e.name, known))
+
+
+_ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "juxt": operator.mul, "/": operator.truediv}
+"""Scalar arithmetic by operator; juxtaposition multiplies, as `*` does (`10000 sqrt(D)`)."""
 
 
 def _is_constant(expr: Expr, tensors: Mapping[str, Tensor]) -> bool:

@@ -6,6 +6,7 @@ inside it."""
 from __future__ import annotations
 
 import dataclasses
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import sympy
@@ -60,6 +61,8 @@ class BoxesAndMaps:
 
     # -- calls: boxes, maps, reductions, squared distance --
     def call(self, e: syn.Call, keep: set[str]) -> Expr:
+        if self._juxtaposed_option(e):
+            return self.poison(e)
         if e.name in BOXES:
             return self.box(e, keep)
         if e.name in MAPS:
@@ -97,6 +100,21 @@ class BoxesAndMaps:
                 ),
             )
         return self.poison(e)
+
+    def _juxtaposed_option(self, e: syn.Call) -> bool:
+        """`softmax[m, scale = 2 sqrt(D)]`: inside [...] items are separated by spaces, so the option's
+        value ends at `2` and `sqrt (D)` reads as a leg and a reshape; say so once."""
+        items = e.legs or ()
+        for item, after in pairwise(items):
+            if isinstance(item, syn.Leg) and item.name in FUNCTIONS and isinstance(after, syn.LegGroup):
+                start, end = item.span, after.span
+                self.b.error(
+                    f"'{item.name}' in {e.name}[...] reads as a leg: inside [...] a space separates items",
+                    Span(start.file, start.line, start.column, end.end_line, end.end_column),
+                    hint=f"an option's value multiplies with '*', e.g. scale = 2 * {item.name}(...)",
+                )
+                return True
+        return False
 
     def _one_argument(self, e: syn.Call) -> syn.Expr | None:
         if e.keywords:

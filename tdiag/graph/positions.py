@@ -13,7 +13,7 @@ from .. import parse as syn
 from ..errors import Span, a_or_an, did_you_mean
 from ..ir import Axis, Expr, Gather, Position, PositionIndex, Tensor, TensorRef
 from .sizes import expand_sizes, size_values
-from .syntax import UnboundedError, _position_bounds
+from .syntax import UnboundedError, _position_bounds, _syntax_text
 from .vocabulary import POISON_SIZE
 
 if TYPE_CHECKING:
@@ -30,16 +30,28 @@ class Positions:
     b: _Builder
     gathered: list[tuple[str, Span]]
 
-    def _slice(self, item: syn.SlicedLeg, axis: Axis, tensor: Tensor) -> sympy.Expr | None:
+    def _slice(self, item: syn.SlicedLeg, axis: Axis, tensor: Tensor) -> tuple[sympy.Expr, sympy.Expr] | None:
         """`P[n: N, f]`: leg n reads the first N entries of P's axis (a table over a maximum
-        length read at the run-time length); a longer slice than a known axis is an error, one
-        that depends on a run-time size is checked when the module runs."""
-        extent = self.b._scalar(item.size, sizes_only=True)
-        if POISON_SIZE in extent.free_symbols:
+        length read at the run-time length); `W[h, j: a..b, f]` reads entries a .. b − 1 (a fused
+        weight's part at an offset). Gives (start, number of entries). A range that is empty,
+        reversed or past a known axis is an error; one that depends on a run-time size is checked
+        when the module runs."""
+        stop = self.b._scalar(item.size, sizes_only=True)
+        start = sympy.Integer(0) if item.start is None else self.b._scalar(item.start, sizes_only=True)
+        if POISON_SIZE in stop.free_symbols | start.free_symbols:
             return None
-        if tensor.kind not in ("param", "const", "buffer"):
+        if tensor.kind == "derived" and expand_sizes(axis.size, self.b.sizes).free_symbols - set(subs_known(self.b)):
             self.b.error(
-                f"only a stored table (param, const or buffer) is sliced; {tensor.name} is {a_or_an(tensor.kind)}",
+                f"a computed tensor is sliced only along an axis of a size known before any input; "
+                f"axis {axis.leg} of {tensor.name} is {axis.size}",
+                item.span,
+                hint=f"slice the stored tables {tensor.name} is computed from, e.g. T[{item.name}: a..b]",
+            )
+            return None
+        if tensor.kind not in ("param", "const", "buffer", "derived"):
+            self.b.error(
+                f"only a stored table (param, const or buffer) or a computed tensor is sliced; "
+                f"{tensor.name} is {a_or_an(tensor.kind)}",
                 item.span,
                 hint=f"use it with its legs: {tensor.name}[{' '.join(tensor.legs)}]",
             )
@@ -47,10 +59,13 @@ class Positions:
         values = size_values(self.b.sizes)
         subs = {self.b.sizes[k].symbol: v for k, v in values.items()}
         have = expand_sizes(axis.size, self.b.sizes).xreplace(subs)
-        want = expand_sizes(extent, self.b.sizes).xreplace(subs)
+        want = expand_sizes(stop, self.b.sizes).xreplace(subs)
+        first = expand_sizes(start, self.b.sizes).xreplace(subs)
+        if item.start is not None:
+            return self._range(item, axis, tensor, (start, stop), (first, want, have))
         if want.is_number and not (want.is_integer and want > 0):
             self.b.error(
-                f"slice {item.name}: {extent if extent == want else f'{extent} = {want}'} is not a whole positive "
+                f"slice {item.name}: {stop if stop == want else f'{stop} = {want}'} is not a whole positive "
                 "number of entries",
                 item.span,
                 hint=f"a slice reads the first entries of the axis: 1 .. {have}",
@@ -58,13 +73,61 @@ class Positions:
             return None
         if have.is_number and want.is_number and want > have:
             self.b.error(
-                f"slice {item.name}: {extent} = {want} is longer than axis {axis.leg} of {tensor.name} "
+                f"slice {item.name}: {stop} = {want} is longer than axis {axis.leg} of {tensor.name} "
                 f"({axis.size} = {have})",
                 item.span,
                 hint=f"a slice reads the first entries of the axis; at most {have}",
             )
             return None
-        return extent
+        return start, stop
+
+    def _range(
+        self,
+        item: syn.SlicedLeg,
+        axis: Axis,
+        tensor: Tensor,
+        written: tuple[sympy.Expr, sympy.Expr],
+        known: tuple[sympy.Expr, sympy.Expr, sympy.Expr],
+    ) -> tuple[sympy.Expr, sympy.Expr] | None:
+        """`j: a..b`: entries a .. b − 1 of the axis; `written` is (a, b) as sizes, `known` is
+        (a, b, the axis's size) at the sizes known before any input."""
+        (start, stop), (first, end, have) = written, known
+        shown = f"{item.name}: {_syntax_text(item.start)}..{_syntax_text(item.size)}"  # type: ignore[arg-type]
+        at = item.start.span if item.start is not None else item.span
+        if first.is_number and not (first.is_integer and first >= 0):
+            self.b.error(
+                f"slice {shown} starts at {first}, not at a whole number of entries >= 0",
+                at,
+                hint="a range a..b reads entries a .. b - 1 of the axis, a >= 0",
+            )
+            return None
+        if end.is_number and not end.is_integer:
+            self.b.error(f"slice {shown} ends at {end}, not at a whole number", item.size.span)
+            return None
+        if (end - first).is_number and end - first <= 0:
+            what = "empty" if end == first else "reversed"
+            self.b.error(
+                f"slice {shown} is {what}: it reads {end} - {first} = {end - first} entries",
+                item.span,
+                hint="a range a..b reads entries a .. b - 1 (b - a of them); write the smaller end first",
+            )
+            return None
+        if have.is_number and first.is_number and first >= have:
+            self.b.error(
+                f"slice {shown} starts at {first}, beyond axis {axis.leg} of {tensor.name} "
+                f"({_known(axis.size, have)} entries: 0 .. {have - 1})",
+                at,
+            )
+            return None
+        if have.is_number and end.is_number and end > have:
+            self.b.error(
+                f"slice {shown} ends at {end}, past the end of axis {axis.leg} of {tensor.name} "
+                f"({_known(axis.size, have)} entries)",
+                item.size.span,
+                hint=f"a range a..b reads entries a .. b - 1; b is at most {have}",
+            )
+            return None
+        return start, sympy.simplify(stop - start)
 
     def gather(self, e: syn.Indexed, tensor: Tensor) -> Expr:
         """`Rel[h, r = clamp(m - n, -K, K) + K]`: the axis named by `r = ...` of a stored table or
@@ -245,3 +308,13 @@ class Positions:
             )
             return self.poison(e)
         return PositionIndex((leg,), e.span, leg)
+
+
+def subs_known(builder: _Builder) -> set[sympy.Symbol]:
+    """The symbols of the sizes known before any input (all but the run-time ones)."""
+    return {builder.sizes[k].symbol for k in size_values(builder.sizes)}
+
+
+def _known(size: sympy.Expr, value: sympy.Expr) -> str:
+    """`L = 16`, or `16` where the size is written as the number."""
+    return str(value) if size == value else f"{size} = {value}"

@@ -53,22 +53,25 @@ class Products:
             return self.wrong_axis_count(e, tensor, f"{len(groups)} legs")
         self._check_repeated_legs(e)
         slices: list[sympy.Expr | None] = []
+        starts: list[sympy.Expr] = []
         for item, axis in zip(e.legs, tensor.axes, strict=True):
             where = e.name
-            if isinstance(item, syn.SlicedLeg):
-                extent = self._slice(item, axis, tensor)
-                slices.append(extent)
-                if extent is not None:  # a refused slice binds nothing: its error explains the leg
-                    self.b._bind(item.name, extent, item.span, where)
+            cut = self._slice(item, axis, tensor) if isinstance(item, syn.SlicedLeg) else None
+            slices.append(None if cut is None else cut[1])
+            starts.append(sympy.Integer(0) if cut is None else cut[0])
+            if cut is not None:
+                self.b._bind(item.name, cut[1], item.span, where)
+            elif isinstance(item, syn.SlicedLeg):
+                if item.name not in self.b.legs:  # refused: its error explains the leg, once
+                    self.b._bind(item.name, POISON_SIZE, item.span, where)
             elif isinstance(item, syn.Leg):
-                slices.append(None)
                 self.b._bind(item.name, axis.size, item.span, where)
             else:
-                slices.append(None)
                 self._bind_group(item, axis, e.name, where)
         legs = tuple(leg for g in groups for leg in g)
         sliced = tuple(slices) if any(k is not None for k in slices) else ()
-        return TensorRef(legs, e.span, e.name, groups, sliced)
+        offsets = tuple(starts) if sliced and any(k != 0 for k in starts) else ()
+        return TensorRef(legs, e.span, e.name, groups, sliced, offsets)
 
     def bind_factor_legs(self, e: syn.Expr) -> None:
         """Bind every leg that a tensor use anywhere in statement `e` gives a size (plain legs,
@@ -96,7 +99,7 @@ class Products:
                 if isinstance(item, syn.LegGroup):
                     groups.append((item, axis, tensor.name))
                 elif isinstance(item, syn.SlicedLeg):
-                    self._bind_quietly(item.name, partial(self._slice, item, axis, tensor), item.span, tensor.name)
+                    self._bind_quietly(item.name, partial(self._extent, item, axis, tensor), item.span, tensor.name)
                 elif item.name not in self.b.legs:
                     self.b._bind(item.name, axis.size, item.span, tensor.name)
         groups = [g for g in groups if self._unsized(g[0])]
@@ -108,6 +111,11 @@ class Products:
             for group, axis, name in ready:
                 self._bind_group(group, axis, name, name)
             groups = [g for g in groups if self._unsized(g[0])]
+
+    def _extent(self, item: syn.SlicedLeg, axis: Axis, tensor: Tensor) -> sympy.Expr | None:
+        """The number of entries slice `item` reads, None when it is refused."""
+        cut = self._slice(item, axis, tensor)
+        return None if cut is None else cut[1]
 
     def _unsized(self, group: syn.LegGroup) -> list[str]:
         return [leg.name for leg in group.legs if leg.name not in self.b.legs]

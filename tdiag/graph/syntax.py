@@ -329,6 +329,8 @@ def _items_text(items: Iterable[syn.Leg | syn.LegGroup | syn.Option]) -> str:
     for item in items:
         if isinstance(item, syn.LegGroup):
             parts.append("(" + " ".join(leg.name for leg in item.legs) + ")")
+        elif isinstance(item, syn.SlicedLeg) and item.start is not None:
+            parts.append(f"{item.name}: {_syntax_text(item.start)}..{_syntax_text(item.size)}")
         elif isinstance(item, syn.SlicedLeg):
             parts.append(f"{item.name}: {_syntax_text(item.size)}")
         elif isinstance(item, syn.Option):

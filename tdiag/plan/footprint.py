@@ -69,6 +69,7 @@ from .program import (
     Slice,
     Softmax,
     SplitChunks,
+    SplitTable,
     Step,
     SumAxes,
     Triangle,
@@ -667,15 +668,24 @@ class _Interpreter(AbstractMachine):
 
     @op.register
     def _(self, op: Slice, step: Step) -> Meta:
+        """A view of the stored table: its strides are the whole table's (a range of a middle
+        axis does not merge with the axis before it, so a matmul that folds them copies)."""
         x = self.value(op.x)
         shape, numel = self.output(step)
+        whole = list(shape)
+        for k, _, size in op.dims:
+            whole[k] = size
         return Meta(
             shape,
-            x.strides[: len(shape)] if len(x.strides) >= len(shape) else contiguous(shape),
+            x.strides[: len(shape)] if len(x.strides) >= len(shape) else contiguous(tuple(whole)),
             x.storage,
             x.grad,
             numel,
         )
+
+    @op.register
+    def _(self, op: SplitTable, step: Step) -> Meta:
+        return self.value(op.x)  # views of the table; each piece is read by a Slice
 
     @op.register
     def _(self, op: GatherAt, step: Step) -> Meta:

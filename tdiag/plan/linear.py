@@ -17,9 +17,10 @@ from ..ir import (
     Expr,
     Scalar,
     SoftmaxBox,
+    SumNode,
     TensorRef,
 )
-from .base import _Leaf
+from .base import _constant_along, _Leaf
 from .program import (
     BATCH,
     OnesColumn,
@@ -55,12 +56,46 @@ def prefix_legs(ctx: _Lowering, box: SoftmaxBox, ren) -> tuple[str, str] | None:
 def is_multilinear(e: Expr) -> bool:
     """A content the linear-time order can split: products of stored tensors and maps, and
     integer powers 1..4 of such products (expanded into copies)."""
+    return not_multilinear(e) is None
+
+
+def not_multilinear(e: Expr) -> str | None:
+    """Why the linear-time order cannot split `e` into factors, or None when it can (see
+    is_multilinear)."""
     if isinstance(e, ElementwiseMap) and e.name == "pow":
         exponent = e.params[0]
-        return exponent.is_Integer and 1 <= int(exponent) <= 4 and is_multilinear(e.operand)  # type: ignore[arg-type]
+        if not (exponent.is_Integer and 1 <= int(exponent) <= 4):
+            return f"a power {exponent} (integer powers 1 to 4 are expanded into products)"
+        return not_multilinear(e.operand)  # type: ignore[arg-type]
     if isinstance(e, Contraction):
-        return all(is_multilinear(f) or not isinstance(f, ElementwiseMap) for f in e.factors)
-    return isinstance(e, TensorRef | Scalar | ElementwiseMap)
+        found = (not_multilinear(f) for f in e.factors if isinstance(f, ElementwiseMap))
+        return next((why for why in found if why is not None), None)
+    if isinstance(e, TensorRef | Scalar | ElementwiseMap):
+        return None
+    return f"a {e.kind}, not a product"
+
+
+def content_terms(e: Expr) -> list[tuple[Expr, int]]:
+    """The signed terms of a box's content: a sum node's terms (nested sums flattened), else the
+    content itself."""
+    if not isinstance(e, SumNode):
+        return [(e, 1)]
+    return [(term, sign * inner) for t, sign in zip(e.terms, e.signs, strict=True) for term, inner in content_terms(t)]
+
+
+def not_linear_content(e: Expr) -> str | None:
+    """Why a normalize box's content has no linear-time order, naming the term of a sum that
+    has none: Σ_m (Σ_i x_i / Σ_m Σ_i x_i) v = Σ_i Σ_m x_i v / Σ_i Σ_m x_i needs each x_i multilinear."""
+    terms = content_terms(e)
+    for k, (term, _) in enumerate(terms):
+        why = not_multilinear(term)
+        if why is not None:
+            return (
+                f"the box's content is not multilinear: {why}"
+                if len(terms) == 1
+                else (f"term {k + 1} of the box's content (a sum of {len(terms)}) is not multilinear: {why}")
+            )
+    return None
 
 
 def collect_expanded(ctx: _Lowering, e: Expr, ren, leaves: list[_Leaf]) -> sympy.Expr:
@@ -87,6 +122,8 @@ def hoist(
     """Emit numerator and denominator contractions and their quotient; return the region's
     leaves with the quotient standing in for the box and its value side."""
     normalized = {p for leg in box.normalized for p in ren[leg]}
+    if len(content_terms(box.content)) > 1:
+        return hoist_sum(ctx, box, ren, values, rest, out)
     kept_by_box, shifted = ctx.kept_by(box, ren), ctx.stabilizations
     content: list[_Leaf] = []
     coefficient = collect_stabilized(ctx, box.content, ren, content, kept_by_box)
@@ -124,6 +161,62 @@ def hoist(
         Ratio(numerator, align(denominator, present), ctx.runtime(box.eps), guard),
         Value(name, present),
         "numerator / denominator, 0 where both are 0" if guard else "numerator / (denominator + eps)",
+        elementwise=ctx.numel(present),
+        divisions=ctx.numel(present),
+        inputs=(numerator, denominator),
+    )
+    value = ctx.emit(step)
+    return [*rest, _Leaf(value.legs, value=value)]  # type: ignore[union-attr]
+
+
+def hoist_sum(
+    ctx: _Lowering, box: SoftmaxBox, ren, values: list[_Leaf], rest: list[_Leaf], out: tuple[str, ...]
+) -> list[_Leaf]:
+    """hoist for a content that is a sum of multilinear terms x_i (cosFormer's cos and sin
+    re-weightings, a Taylor feature map's 1 + s + s²/2): Σ_m (Σ_i x_i / Σ_m Σ_i x_i) v is
+    Σ_i Σ_m x_i v / Σ_i Σ_m x_i, each Σ_m a contraction (or causal prefix sums) ordered so that
+    N·M never appears. A term without a normalized leg (the constant 1) is summed along it as a
+    factor 1 (Σ_m 1 = M, or m ≤ n under a causal mask). No exp factor is shifted: a shift per
+    term would not cancel between the terms."""
+    normalized = tuple(dict.fromkeys(p for leg in box.normalized for p in ren[leg]))
+    kept = tuple(p for leg in box.legs for p in ren[leg] if p not in normalized)
+    causal = prefix_legs(ctx, box, ren) if box.masks else None
+    contract = ctx.contract if causal is None else functools.partial(ctx.causal_contract, *causal)
+    terms = []
+    for term, sign in content_terms(box.content):
+        content: list[_Leaf] = []
+        coefficient = collect_stabilized(ctx, term, ren, content, None)
+        carried = {leg for c in content for leg in c.legs}
+        missing = tuple(leg for leg in normalized if leg not in carried)
+        if missing and causal is not None:  # the prefix sums split the key leg: a real axis of ones
+            ones = ctx.expand_broadcast(ctx.fill(sympy.Integer(1), missing, None), set(missing))
+            content.append(_Leaf(ones.legs, value=ones))
+        else:
+            content += _constant_along(missing)
+        terms.append((sign, content, coefficient))
+    batch = (BATCH,) if any(BATCH in c.legs for _, content, _ in terms for c in [*content, *values]) else ()
+    needed = set(out) | {leg for r in rest for leg in r.legs}
+    extra = tuple(
+        leg
+        for leg in dict.fromkeys(leg for v in values for leg in v.legs)
+        if leg in needed and leg not in kept and leg != BATCH
+    )
+    legs = (*batch, *kept, *extra)
+    numerators = [(sign, contract([*content, *values], legs, c, "numerator")) for sign, content, c in terms]
+    denominators = []
+    for sign, content, c in terms:
+        carried = {leg for leaf in content for leg in leaf.legs} | set(causal or ())  # Σ_{m ≤ n} varies along n
+        denominators.append(
+            (sign, contract(content, tuple(leg for leg in (BATCH, *kept) if leg in carried), c, "denominator"))
+        )
+    numerator = ctx.combine("sum", numerators, legs, "numerator")
+    denominator = ctx.combine("sum", denominators, (*batch, *kept), "denominator")
+    present = tuple(numerator.legs)
+    step = Step(
+        "quotient",
+        Ratio(numerator, align(denominator, present), ctx.runtime(box.eps), False),
+        Value(ctx.names.fresh("normalized"), present, numerator.broadcast),
+        f"numerator / (denominator + eps), each the sum of {len(terms)} terms' contractions",
         elementwise=ctx.numel(present),
         divisions=ctx.numel(present),
         inputs=(numerator, denominator),

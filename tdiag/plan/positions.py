@@ -7,9 +7,28 @@ unless the design declares it so; a gather's cost is one read per result entry."
 
 from __future__ import annotations
 
-from ..ir import Gather, Position, Tensor, TensorRef
-from .base import _renamed
-from .program import GatherAt, Operand, Positions, PositionTensor, Reshape, Slice, Step, Value, show_legs
+from itertools import pairwise
+
+import sympy
+
+from ..errors import Diagnostic, TdiagError
+from ..graph import DesignGraph
+from ..ir import Gather, Position, Statement, Tensor, TensorRef, walk
+from .base import _all_legs, _renamed
+from .program import (
+    BATCH,
+    BATCH_SIZE,
+    GatherAt,
+    Operand,
+    Positions,
+    PositionTensor,
+    Reshape,
+    Slice,
+    SplitTable,
+    Step,
+    Value,
+    show_legs,
+)
 
 
 class PositionLowering:
@@ -47,7 +66,7 @@ class PositionLowering:
         whole = self.table_slice(tensor, ref)
         if all(len(axis) == 1 for axis in axes):
             return _renamed(whole, dict(zip(whole.legs, legs, strict=True)))
-        key = ("slice pieces", tensor.name, ref.slices, tuple(self.shape(axis) for axis in axes))
+        key = ("slice pieces", tensor.name, ref.slices, ref.offsets, tuple(self.shape(axis) for axis in axes))
         if key not in self.memo:
             out = Value(self.names.fresh(f"{tensor.name}_view"), legs)
             shown = " ".join(show_legs(legs))
@@ -57,27 +76,127 @@ class PositionLowering:
         return _renamed(value, dict(zip(earlier, legs, strict=True)))
 
     def table_slice(self, tensor: Tensor, ref: TensorRef) -> Value:
-        """The slice of a stored table that `ref` reads, one leg per axis, made once per program."""
-        key = ("slice", tensor.name, ref.slices)
+        """The slice of a stored table that `ref` reads (its first entries, or a range a..b at an
+        offset), one leg per axis, made once per program: a view, never a copy."""
+        key = ("slice", tensor.name, ref.slices, ref.offsets)
         if key not in self.memo:
             base = self.tensor_var(tensor)
-            dims = tuple(
-                (k, self.runtime(extent), self.runtime(axis.size))
-                for k, (extent, axis) in enumerate(zip(ref.slices, tensor.axes, strict=True))
-                if extent is not None
-            )
+            cut = [k for k, extent in enumerate(ref.slices) if extent is not None]
+            dims = tuple((k, self.runtime(ref.slices[k]), self.runtime(tensor.axes[k].size)) for k in cut)
+            starts = tuple(self.runtime(ref.offset(k)) for k in cut) if ref.offsets else ()
             legs = tuple(
                 self.new_leg(axis.leg, axis.size if extent is None else extent)
                 for extent, axis in zip(ref.slices, tensor.axes, strict=True)
             )
-            name = self.names.fresh(f"{tensor.name}_first")
-            shown = ", ".join(f"{tensor.axes[k].leg}: {extent}" for k, extent, _ in dims)
-            labels = tuple((tensor.axes[k].leg, str(ref.slices[k]), str(tensor.axes[k].size)) for k, _, _ in dims)
+            name = self.names.fresh(f"{tensor.name}_{'part' if ref.offsets else 'first'}")
+            shown = ", ".join(f"{tensor.axes[k].leg}: {_cut_text(ref, k)}" for k in cut)
+            labels = tuple((tensor.axes[k].leg, _cut_text(ref, k), str(tensor.axes[k].size)) for k in cut)
             out = Value(name, legs)
-            op = Slice(Value(base, ()), dims, tensor.name, labels)
+            parts = self.table_pieces(tensor, cut[0], ref) if len(cut) == 1 else None
+            source, piece = parts if parts is not None else (Value(base, ()), None)
+            op = Slice(source, dims, tensor.name, labels, starts, piece)
             self.emit(Step("slice", op, out, f"{tensor.name}[{shown}]"))
             self.memo[key] = (out, legs)
         return self.memo[key][0]
+
+    def computed_slice(self, statement: Statement, ref: TensorRef, axes: tuple[tuple[str, ...], ...]) -> Value:
+        """`QKV[n, h, d: a..b]` of a computed tensor: the tensor computed once (never inlined into
+        this use), read in its ranges (a view), then viewed in the pieces the use's legs are split
+        into (RoPE's `(s p)` of a range), as a stored table's slice is."""
+        if ref.name not in self.values:
+            self.values[ref.name] = self.lower(
+                statement.expr, self.identity_renaming(_all_legs(statement.expr)), var=statement.target
+            )
+        value = self.values[ref.name]
+        rename: dict[str, tuple[str, ...]] = {}
+        for group, use in zip(statement.groups, axes, strict=True):
+            pieces = [p for leg in group for p in self.expand(leg)]
+            if len(pieces) != 1 and tuple(pieces) != tuple(use):
+                raise TdiagError(
+                    Diagnostic(
+                        f"{ref.name} is sliced where its definition splits the axis; slice a whole axis", (ref.span,)
+                    )
+                )
+            rename[pieces[0]] = use
+        stored = [leg for leg in value.legs if leg not in value.broadcast]
+        dims, starts, labels = [], [], []
+        for k, (group, extent) in enumerate(zip(statement.groups, ref.slices, strict=True)):
+            piece = self.expand(group[0])[0]
+            if extent is None or piece not in stored:
+                continue  # a broadcast axis is constant along its range: renamed, nothing cut
+            dims.append((stored.index(piece), self.runtime(extent), self.runtime(self.size(piece))))
+            starts.append(self.runtime(ref.offset(k)))
+            axis = self.g.tensors[ref.name].axes[k]
+            labels.append((axis.leg, _cut_text(ref, k), str(axis.size)))
+        broadcast = frozenset(p for leg in value.broadcast for p in rename.get(leg, (leg,)))
+        key = (
+            "computed slice",
+            value.var,
+            tuple(dims),
+            tuple(starts),
+            tuple(len(rename.get(leg, ())) for leg in stored),
+        )
+        if key not in self.memo:
+            source = Value(value.var, tuple(stored))
+            whole = tuple(rename.get(leg, (leg,))[0] if len(rename.get(leg, (leg,))) == 1 else leg for leg in stored)
+            cut = source
+            if dims:
+                cut = Value(self.names.fresh(f"{ref.name}_part"), whole)
+                shown = ", ".join(label[0] + ": " + label[1] for label in labels)
+                tensor, sliced = self.g.tensors[ref.name], [k for k, extent in enumerate(ref.slices) if extent]
+                parts = self.table_pieces(tensor, sliced[0], ref, source, dims[0][0]) if len(dims) == 1 else None
+                held, piece = parts if parts is not None else (source, None)
+                at = tuple(starts) if any(starts) else ()
+                op = Slice(held, tuple(dims), ref.name, tuple(labels), at, piece)
+                self.emit(Step("slice", op, cut, f"{ref.name}[{shown}]", inputs=(source,)))
+            legs = tuple(p for leg in stored for p in rename.get(leg, (leg,)))
+            if any(len(rename.get(leg, ())) > 1 for leg in stored):
+                viewed = Value(self.names.fresh(f"{ref.name}_view"), legs)
+                shape = tuple(BATCH_SIZE if leg == BATCH else self.runtime(self.size(leg)) for leg in legs)
+                shown = " ".join(show_legs(legs))
+                self.emit(
+                    Step("view", Reshape(cut, shape), viewed, f"view {ref.name} with legs {shown}", inputs=(cut,))
+                )
+                cut = viewed
+            self.memo[key] = (Value(cut.var, legs), legs)
+        stored_value, earlier = self.memo[key]
+        current = tuple(p for leg in stored for p in rename.get(leg, (leg,)))
+        renamed = _renamed(stored_value, dict(zip(earlier, current, strict=True)))
+        return Value(renamed.var, renamed.legs, broadcast)
+
+    def table_pieces(
+        self, tensor: Tensor, axis: int, ref: TensorRef, source: Value | None = None, dim: int | None = None
+    ) -> tuple[Value, int] | None:
+        """(the pieces, the index of `ref`'s range among them) where the design reads the table
+        in two or more distinct ranges along `axis`, none overlapping another, at sizes known when
+        planning (a fused QKV weight read as its parts): the table is split once, so its gradient
+        is joined once. None otherwise (plain slices). `source` and `dim`: a computed tensor's
+        value and the position of that axis in its layout (a stored table is split as declared)."""
+        ranges = set()
+        for use in _table_uses(self.g, tensor.name):
+            cut = [k for k, extent in enumerate(use.slices) if extent is not None]
+            if cut != [axis]:
+                continue
+            start, extent = self.runtime(use.offset(axis)), self.runtime(use.slices[axis])
+            if not (start.is_Integer and extent.is_Integer):
+                return None
+            ranges.add((int(start), int(start) + int(extent)))
+        size = self.runtime(tensor.axes[axis].size)
+        ordered = sorted(ranges)
+        if len(ordered) < 2 or not size.is_Integer or any(a[1] > b[0] for a, b in pairwise(ordered)):
+            return None
+        bounds = sorted({0, int(size), *(b for r in ordered for b in r)})
+        key = ("table pieces", tensor.name, axis)
+        if key not in self.memo:
+            sizes = tuple(sympy.Integer(b - a) for a, b in pairwise(bounds))
+            out = Value(self.names.fresh(f"{tensor.name}_parts"), ())
+            shown = ", ".join(f"{a}..{b}" for a, b in pairwise(bounds))
+            whole = source if source is not None else Value(self.tensor_var(tensor), ())
+            op = SplitTable(whole, axis if dim is None else dim, sizes)
+            self.emit(Step("split", op, out, f"{tensor.name} split along {tensor.axes[axis].leg}: {shown}"))
+            self.memo[key] = (out, ())
+        start = int(self.runtime(ref.offset(axis)))
+        return self.memo[key][0], bounds.index(start)
 
     def position_tensor(self, position: Position, ren: dict[str, tuple[str, ...]]) -> Value:
         """The integer position over its region legs, made once per program and sizes: one
@@ -216,3 +335,15 @@ def _substituted(position: Position, pair: tuple[str, str], by: Position) -> Pos
         return by
     operands = tuple(_substituted(o, pair, by) for o in position.operands)
     return Position(position.op, position.name, position.value, operands)
+
+
+def _cut_text(ref: TensorRef, k: int) -> str:
+    """Axis k's slice as the .td writes it: `N` (the first N entries) or `a..b`."""
+    extent, start = ref.slices[k], ref.offset(k)
+    return str(extent) if start == 0 else f"{start}..{start + extent}"
+
+
+def _table_uses(graph: DesignGraph, name: str) -> list[TensorRef]:
+    """Every use of tensor `name` in the design's statements and updates."""
+    exprs = [s.expr for s in [*graph.statements, *graph.updates]]
+    return [e for expr in exprs for e in walk(expr) if isinstance(e, TensorRef) and e.name == name]

@@ -486,13 +486,32 @@ class PositionTensor:
 
 @dataclass(frozen=True)
 class Slice:
-    """A stored table read at its first `extent` entries along axis `dim` (of `size` entries),
-    for each (dim, extent, size) in `dims`: a view; the forward checks extent <= size."""
+    """A stored table read at `extent` entries from entry `start` along axis `dim` (of `size`
+    entries), for each (dim, extent, size) in `dims` and start in `starts` (all 0 when empty): a
+    view; the forward checks start + extent <= size where the planner could not."""
 
     x: Value
     dims: tuple[tuple[int, sympy.Expr, sympy.Expr], ...]
     name: str = ""
-    labels: tuple[tuple[str, str, str], ...] = ()  # per dim: (leg, extent, size) as the .td writes them
+    labels: tuple[tuple[str, str, str], ...] = ()  # per dim: (leg, extent or range, size) as the .td writes them
+    starts: tuple[sympy.Expr, ...] = ()
+    piece: int | None = None  # x is a SplitTable's pieces and this slice is piece `piece` of them
+
+    def start(self, k: int) -> sympy.Expr:
+        """The first entry read along the k-th sliced dim."""
+        return self.starts[k] if self.starts else sympy.Integer(0)
+
+
+@dataclass(frozen=True)
+class SplitTable:
+    """A stored table cut along axis `dim` into consecutive pieces of `sizes` entries, once per
+    program (torch's split: views, whose backward joins the pieces' gradients in one tensor, where
+    separate slices would each fill a table-sized gradient with zeros and add them up). Its
+    result is the pieces, read by Slice steps with `piece` set."""
+
+    x: Value
+    dim: int
+    sizes: tuple[sympy.Expr, ...]
 
 
 @dataclass(frozen=True)
@@ -686,6 +705,7 @@ Op = (
     | Positions
     | PositionTensor
     | Slice
+    | SplitTable
     | GatherAt
     | LiteralCombination
     | Permute

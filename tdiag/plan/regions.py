@@ -205,6 +205,10 @@ class RegionLowering:
         tensor = self.g.tensors[e.name]
         axes = tuple(tuple(p for leg in group for p in ren[leg]) for group in e.groups)
         statement = tensor.statement
+        if e.is_sliced and statement is not None:
+            value = self.computed_slice(statement, e, axes)
+            leaves.extend(_value_leaves(value))
+            return sympy.Integer(1)
         if e.is_sliced:
             value = self.sliced(tensor, e, axes)
             leaves.append(_Leaf(value.legs, value=value))

@@ -14,7 +14,7 @@ import sympy
 
 from ..base import _Leaf
 from ..chunked import NotPrefixSumError
-from ..linear import hoist, is_multilinear, prefix_legs
+from ..linear import hoist, not_linear_content, prefix_legs
 from .base import BoxSite, Form, FormRefusedError, Unfit
 from .cost import choose, cost
 
@@ -36,8 +36,9 @@ class LinearOrder(Form):
             return Unfit("a softmax box (the linear-time order is for normalize boxes)")
         if any(leg in site.out for leg in site.keys):
             return "the normalized legs are kept in the result"
-        if not is_multilinear(box.content):
-            return "the box's content is not multilinear (a map other than an integer power)"
+        why = not_linear_content(box.content)
+        if why is not None:
+            return why
         if box.masks and prefix_legs(ctx, box, site.ren) is None:
             return "a mask other than one causal mask over the normalized leg"
         fixed, optional = _sides(site)
