@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_support import Float64RMSNorm, rope_angles
 
 transformers = pytest.importorskip("transformers")
 
@@ -18,17 +19,16 @@ VOCAB, PROMPT, NEW = 100, 9, 6
 
 
 class Float64Rotary(torch.nn.Module):
-    """Llama's default RoPE tables as LlamaRotaryEmbedding computes them, in float64 instead of
+    """A model's default RoPE tables as its rotary embedding computes them, in float64 instead of
     its float32, so that the untouched model is the float64 reference."""
 
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=F64) / head_dim))
+        self.head_dim, self.theta = head_dim, theta
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = position_ids[..., None].to(F64) * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        angles = rope_angles(position_ids, self.head_dim, self.theta)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
 
 
 def llama(**changes) -> torch.nn.Module:
@@ -47,17 +47,6 @@ def llama(**changes) -> torch.nn.Module:
     model = transformers.LlamaForCausalLM(config).to(F64).eval()
     model.model.rotary_emb = Float64Rotary(16, config.rope_parameters["rope_theta"])
     return model
-
-
-class Float64RMSNorm(torch.nn.Module):
-    """Qwen3's RMSNorm with its weight, computed in float64 instead of its float32."""
-
-    def __init__(self, norm: torch.nn.Module) -> None:
-        super().__init__()
-        self.weight, self.eps = norm.weight, norm.variance_epsilon
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * x * (x.pow(2).mean(-1, keepdim=True) + self.eps).rsqrt()
 
 
 def qwen3() -> torch.nn.Module:

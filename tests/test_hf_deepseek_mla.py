@@ -10,6 +10,7 @@ import functools
 import pytest
 import torch
 from conftest import DESIGNS
+from hf_support import Float64RMSNorm, rope_angles
 
 import tdiag
 from tdiag.plan.program import Attention
@@ -21,17 +22,6 @@ F64 = torch.float64
 F, H, QL, KL, C, E, V = 64, 4, 24, 16, 12, 8, 10
 N, BATCH = 9, 2
 SIZES = {"F": F, "H": H, "QL": QL, "KL": KL, "C": C, "E": E, "V": V}
-
-
-class Float64RMSNorm(torch.nn.Module):
-    """DeepseekV3RMSNorm with its weight, in float64 instead of its float32."""
-
-    def __init__(self, norm: torch.nn.Module) -> None:
-        super().__init__()
-        self.weight, self.eps = norm.weight, norm.variance_epsilon
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * x * (x.pow(2).mean(-1, keepdim=True) + self.eps).rsqrt()
 
 
 @functools.cache
@@ -75,9 +65,7 @@ def compiled() -> torch.nn.Module:
 
 def hf_forward(x: torch.Tensor) -> torch.Tensor:
     """HF's module with its RoPE tables (cat(freqs, freqs)) and causal mask built in float64."""
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, E, 2, dtype=F64) / E))
-    freqs = torch.arange(N, dtype=F64)[:, None] * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)[None]
+    emb = rope_angles(torch.arange(N), E, 10000)[None]
     mask = torch.full((N, N), torch.finfo(F64).min, dtype=F64).triu(1)[None, None]
     return hf_attention()(x, position_embeddings=(emb.cos(), emb.sin()), attention_mask=mask)[0]
 

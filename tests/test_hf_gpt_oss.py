@@ -19,17 +19,17 @@ F, H, G, D, N = 16, 4, 2, 8, 7
 THETA = 150000.0
 
 
-@pytest.fixture(scope="module")
-def hf():
+def gpt_oss_attention(**layer) -> GptOssAttention:
+    """GptOssAttention of one layer (its type and window given) in float64, random weights."""
     config = GptOssConfig(
         hidden_size=F,
         num_attention_heads=H,
         num_key_value_heads=G,
         head_dim=D,
         num_hidden_layers=1,
-        layer_types=["full_attention"],
         attention_bias=True,
         rope_parameters={"rope_type": "default", "rope_theta": THETA},
+        **layer,
     )
     config._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -38,6 +38,11 @@ def hf():
         for parameter in module.parameters():
             parameter.normal_(0.0, 0.5)
     return module
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return gpt_oss_attention(layer_types=["full_attention"])
 
 
 def weights(hf) -> dict[str, torch.Tensor]:
@@ -89,25 +94,8 @@ def test_gpt_oss_equals_hf_gpt_oss_attention(hf, causal, form, monkeypatch):
 
 @pytest.fixture(scope="module")
 def hf_sliding():
-    """A sliding-window layer (window 3, shorter than N = 7) with the same weights as `hf`."""
-    config = GptOssConfig(
-        hidden_size=F,
-        num_attention_heads=H,
-        num_key_value_heads=G,
-        head_dim=D,
-        num_hidden_layers=1,
-        layer_types=["sliding_attention"],
-        sliding_window=3,
-        attention_bias=True,
-        rope_parameters={"rope_type": "default", "rope_theta": THETA},
-    )
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    module = GptOssAttention(config, layer_idx=0).to(F64).eval()
-    with torch.no_grad():
-        for parameter in module.parameters():
-            parameter.normal_(0.0, 0.5)
-    return module
+    """A sliding-window layer (window 3, shorter than N = 7)."""
+    return gpt_oss_attention(layer_types=["sliding_attention"], sliding_window=3)
 
 
 @pytest.mark.parametrize("form", ["sdpa_sink", "materialized"])
