@@ -260,27 +260,22 @@ class PositionLowering:
         if offsets is not None:
             per_offset, index = offsets
             at_offsets = Value(self.names.fresh(f"{name}_offsets"), (*others, *per_offset.legs))
-            self.emit(
-                Step(
-                    "gather",
-                    GatherAt(Operand(table), table.legs.index(axis), per_offset, *check),
-                    at_offsets,
-                    f"{name} at each offset -> [{' '.join(show_legs(at_offsets.legs))}]",
-                    elementwise=self.numel(at_offsets.legs),
-                    inputs=(table, per_offset),
-                )
-            )
+            self.gather_step(table, axis, per_offset, check, at_offsets, f"{name} at each offset")
             table, axis = at_offsets, per_offset.legs[0]
             check = (None, name, e.axis)
         else:
             index = self.position_tensor(e.position, ren)  # type: ignore[arg-type]
         out = Value(self.names.fresh(var or f"{name}_at"), (*others, *index.legs))
+        return self.gather_step(table, axis, index, check, out, f"{name} at {e.position}")
+
+    def gather_step(self, table: Value, axis: str, index: Value, check: tuple, out: Value, shown: str) -> Value:
+        """`table` read along `axis` at the integer tensor `index`: one read per entry of `out`."""
         return self.emit(
             Step(
                 "gather",
                 GatherAt(Operand(table), table.legs.index(axis), index, *check),
                 out,
-                f"{name} at {e.position} -> [{' '.join(show_legs(out.legs))}]",
+                f"{shown} -> [{' '.join(show_legs(out.legs))}]",
                 elementwise=self.numel(out.legs),
                 inputs=(table, index),
             )
