@@ -13,8 +13,8 @@ VENV          := .venv
 BIN           := $(VENV)/bin
 STAMP         := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
-# the suite in two processes (pytest-xdist), one test module per process at a time so that a
-# module's fixtures are built once; PYTEST_WORKERS= runs it in one process
+# the suite in two processes of one thread each (pytest-xdist; a test module's tests run in one
+# process, so that its fixtures are built once): 2 cores. PYTEST_WORKERS= runs it in one process
 PYTEST_WORKERS ?= -n 2 --dist loadscope
 
 .PHONY: venv cpu-only-check graphviz demo test test-fast wheel wheel-check lint format clean fuzz bench-baseline gpu-report
@@ -62,10 +62,10 @@ demo: venv graphviz
 	$(BIN)/tdiag render designs/mhsa.td -o out/mhsa.dot
 
 test: venv graphviz
-	$(BIN)/python -m pytest $(PYTEST_WORKERS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_WORKERS)
 
 test-fast: venv
-	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow"
 
 # The wheel into dist/; --no-build-isolation builds with the venv's setuptools (no download).
 wheel: venv
