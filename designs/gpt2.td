@@ -6,9 +6,9 @@
 # (y = x W + b, W stored [F, 3F]), split into q, k, v of F columns each and each viewed as
 # (heads, head_dim); softmax(q kᵀ · head_dim^−0.5) v, causal; c_proj, a Conv1D with bias.
 # Readings:
-# - The fused weight as the checkpoint stores it: c_attn.weight [F, 3F] is Wattn[f, t, h, d]
-#   (row-major, the same numbers: columns t·F + h·D + d, t = 0 query, 1 key, 2 value), its bias
-#   [3F] is battn[t, h, d]; q, k and v read the fused tables at t = 0, 1, 2.
+# - The fused weight as the checkpoint stores it: c_attn.weight [F, 3F] is Wattn[f, j], its bias
+#   [3F] battn[j]; one projection QKV = x Wattn + battn, as HF's Conv1D, whose columns 0..F are
+#   q, F..2F k and 2F..3F v, each viewed as (h d): column h·D + d (HF's split and view).
 # - c_proj.weight [F, F] is WO[(h e), g] viewed as WO[h, e, g]; its bias bo[g].
 # - scale_attn_weights = True (scale head_dim^−0.5), scale_attn_by_inverse_layer_idx = False,
 #   reorder_and_upcast_attn = False (the GPT-2 checkpoints' settings); no dropout (eval).
@@ -21,15 +21,16 @@ size F = 512, H = 8, D = F / H
 size N
 
 input X[n: N, f: F]
-param Wattn[f: F, t: 3, h: H, d: D] = normal(std = 0.02)
-param battn[t: 3, h: H, d: D] = zeros
+param Wattn[f: F, j: 3 * F] = normal(std = 0.02)
+param battn[j: 3 * F] = zeros
 param WO[h: H, e: D, g: F] = normal(std = 0.02)
 param bo[g: F] = zeros
 
-Q[n h d] = X[n f] Wattn[f, t = 0, h, d] + battn[t = 0, h, d]
-K[m h d] = X[m f] Wattn[f, t = 1, h, d] + battn[t = 1, h, d]
-V[m h e] = X[m f] Wattn[f, t = 2, h, e] + battn[t = 2, h, e]
-A[h n m] = softmax[m, scale = 1 / sqrt(D)](Q[n h d] K[m h d])
-Y[n g]   = A[h n m] V[m h e] WO[h e g] + bo[g]
+QKV[n j] = X[n f] Wattn[f j] + battn[j]                      # c_attn
+Q[n c]   = QKV[n, c: 0..F]
+K[m c]   = QKV[m, c: F..2 * F]
+V[m c]   = QKV[m, c: 2 * F..3 * F]
+A[h n m] = softmax[m, scale = 1 / sqrt(D)](Q[n (h d)] K[m (h d)])
+Y[n g]   = A[h n m] V[m (h e)] WO[h e g] + bo[g]              # c_proj
 
 output Y

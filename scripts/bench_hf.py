@@ -109,8 +109,8 @@ class GPT2(nn.Module):
     def weights(self) -> dict[str, torch.Tensor]:
         a = self.attn
         return {
-            "Wattn": a.c_attn.weight.view(F, 3, H, D),
-            "battn": a.c_attn.bias.view(3, H, D),
+            "Wattn": a.c_attn.weight,
+            "battn": a.c_attn.bias,
             "WO": a.c_proj.weight.view(H, D, F),
             "bo": a.c_proj.bias,
         }

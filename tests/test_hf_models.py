@@ -157,10 +157,10 @@ def gpt2() -> torch.nn.Module:
 
 
 def gpt2_weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Conv1D weights are stored [in, out]: c_attn [F, 3F] is Wattn[f t h d] as it is (a view)."""
+    """Conv1D weights are stored [in, out]: c_attn [F, 3F] is Wattn[f j] as it is."""
     return {
-        "Wattn": attn.c_attn.weight.view(F, 3, H, D),
-        "battn": attn.c_attn.bias.view(3, H, D),
+        "Wattn": attn.c_attn.weight,
+        "battn": attn.c_attn.bias,
         "WO": attn.c_proj.weight.view(H, D, F),
         "bo": attn.c_proj.bias,
     }
