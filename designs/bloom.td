@@ -9,8 +9,9 @@
 # softmax (in float32, cast back), times v; dense.
 # Readings:
 # - The fused weight as the checkpoint stores it: query_key_value.weight [H·3·D, F] is
-#   Wqkv[f, h, t, d] transposed (per head, t = 0 query, 1 key, 2 value), its bias [H·3·D] is
-#   bqkv[h, t, d]; q, k, v read them at t = 0, 1, 2. dense.weight [F, H·D] is WO[h, e, g]
+#   Wqkv[h, j, f] (per head, its 3·D rows: query, key, value), its bias bqkv[h, j]; one projection
+#   QKV = x Wqkvᵀ + b, as HF's Linear, q, k, v its ranges 0..D, D..2D, 2D..3D of each head's
+#   3·D columns (HF's view and split). dense.weight [F, H·D] is WO[h, e, g]
 #   transposed, its bias bo[g]. BLOOM always has these biases.
 # - The bias as BLOOM computes it: + slope_h · m (the key's position, from 0), not the paper's
 #   −slope_h · (n − m): under the causal mask they differ by slope_h · n, the same for every key
@@ -30,16 +31,17 @@ size F = 512, H = 8, D = F / H
 size N
 
 input X[n: N, f: F]
-param Wqkv[f: F, h: H, t: 3, d: D] = normal(std = 0.02)
-param bqkv[h: H, t: 3, d: D] = zeros
+param Wqkv[h: H, j: 3 * D, f: F] = normal(std = 0.02)
+param bqkv[h: H, j: 3 * D] = zeros
 param WO[h: H, e: D, g: F] = normal(std = 0.02)
 param bo[g: F] = zeros
 
-slope[h] = exp(-8 (index(h) + 1) / H * log(2))
-Q[n h d] = X[n f] Wqkv[f, h, t = 0, d] + bqkv[h, t = 0, d]
-K[m h d] = X[m f] Wqkv[f, h, t = 1, d] + bqkv[h, t = 1, d]
-V[m h e] = X[m f] Wqkv[f, h, t = 2, e] + bqkv[h, t = 2, e]
-A[h n m] = softmax[m](Q[n h d] K[m h d] / sqrt(D) + slope[h] index(m))
-Y[n g]   = A[h n m] V[m h e] WO[h e g] + bo[g]
+slope[h]   = exp(-8 (index(h) + 1) / H * log(2))
+QKV[n h j] = X[n f] Wqkv[h j f] + bqkv[h j]                    # query_key_value
+Q[n h d]   = QKV[n, h, d: 0..D]
+K[m h d]   = QKV[m, h, d: D..2 * D]
+V[m h e]   = QKV[m, h, e: 2 * D..3 * D]
+A[h n m]   = softmax[m](Q[n h d] K[m h d] / sqrt(D) + slope[h] index(m))
+Y[n g]     = A[h n m] V[m h e] WO[h e g] + bo[g]
 
 output Y

@@ -212,8 +212,8 @@ class Bloom(nn.Module):
     def weights(self) -> dict[str, torch.Tensor]:
         a = self.attn
         return {
-            "Wqkv": a.query_key_value.weight.T.reshape(F, H, 3, D),
-            "bqkv": a.query_key_value.bias.view(H, 3, D),
+            "Wqkv": a.query_key_value.weight.view(H, 3 * D, F),
+            "bqkv": a.query_key_value.bias.view(H, 3 * D),
             "WO": a.dense.weight.T.reshape(H, D, F),
             "bo": a.dense.bias,
         }

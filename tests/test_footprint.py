@@ -270,7 +270,7 @@ def test_a_batched_matmul_is_run_matrix_by_matrix_exactly_when_an_operand_is_nei
     assert _loops(*meta) == (_matrix_products(a, b) == batch)
 
 
-@pytest.mark.parametrize("name", ["bloom", "falcon"])
+@pytest.mark.parametrize("name", ["falcon"])
 def test_a_stored_table_read_at_one_number_is_a_view_that_keeps_nothing(name):
     """A fused QKV weight read at j = H (`x.movedim(j, -1)[..., H]`) is a view of the parameter:
     the report keeps what autograd keeps, no copy of the weight and no index."""

@@ -197,10 +197,10 @@ def bloom() -> torch.nn.Module:
 
 
 def bloom_weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """query_key_value [H·3·D, F] is Wqkv[f h t d] transposed, its bias bqkv[h t d]; dense likewise."""
+    """query_key_value [H·3·D, F] is Wqkv[h j f] as it is, its bias bqkv[h j]; dense transposed."""
     return {
-        "Wqkv": attn.query_key_value.weight.T.reshape(F, H, 3, D),
-        "bqkv": attn.query_key_value.bias.view(H, 3, D),
+        "Wqkv": attn.query_key_value.weight.view(H, 3 * D, F),
+        "bqkv": attn.query_key_value.bias.view(H, 3 * D),
         "WO": attn.dense.weight.T.reshape(H, D, F),
         "bo": attn.dense.bias,
     }
