@@ -8,7 +8,9 @@
 # Readings:
 # - The fused weight as the checkpoint stores it: c_attn.weight [F, 3F] is Wattn[f, j], its bias
 #   [3F] battn[j]; one projection QKV = x Wattn + battn, as HF's Conv1D, whose columns 0..F are
-#   q, F..2F k and 2F..3F v, each viewed as (h d): column h·D + d (HF's split and view).
+#   q, F..2F k and 2F..3F v, each viewed as (h d): column h·D + d (HF's split and view); the
+#   ranges are written in H·D (= F) so that a head width set apart from F / H is checked against
+#   the heads it views.
 # - c_proj.weight [F, F] is WO[(h e), g] viewed as WO[h, e, g]; its bias bo[g].
 # - scale_attn_weights = True (scale head_dim^−0.5), scale_attn_by_inverse_layer_idx = False,
 #   reorder_and_upcast_attn = False (the GPT-2 checkpoints' settings); no dropout (eval).
@@ -27,9 +29,9 @@ param WO[h: H, e: D, g: F] = normal(std = 0.02)
 param bo[g: F] = zeros
 
 QKV[n j] = X[n f] Wattn[f j] + battn[j]                      # c_attn
-Q[n c]   = QKV[n, c: 0..F]
-K[m c]   = QKV[m, c: F..2 * F]
-V[m c]   = QKV[m, c: 2 * F..3 * F]
+Q[n c]   = QKV[n, c: 0..H * D]
+K[m c]   = QKV[m, c: H * D..2 * H * D]
+V[m c]   = QKV[m, c: 2 * H * D..3 * H * D]
 A[h n m] = softmax[m, scale = 1 / sqrt(D)](Q[n (h d)] K[m (h d)])
 Y[n g]   = A[h n m] V[m (h e)] WO[h e g] + bo[g]              # c_proj
 
