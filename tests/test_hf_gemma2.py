@@ -117,3 +117,64 @@ def test_the_softcap_changes_the_output_at_these_scales(hf, monkeypatch):
     x = x_input()
     with torch.no_grad():
         assert not torch.allclose(module(x), hf_output(hf, x, False, monkeypatch), atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def hf_sliding():
+    """A local sliding-window layer (window 3, shorter than N = 7), weights as `hf`'s scale."""
+    config = Gemma2Config(
+        hidden_size=F,
+        num_attention_heads=H,
+        num_key_value_heads=G,
+        head_dim=D,
+        num_hidden_layers=1,
+        layer_types=["sliding_attention"],
+        sliding_window=3,
+        query_pre_attn_scalar=SCALAR,
+        attn_logit_softcapping=SOFTCAP,
+        rope_parameters={"rope_type": "default", "rope_theta": THETA},
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(2)
+    module = Gemma2Attention(config, layer_idx=0).to(F64).eval()
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.normal_(0.0, 2.0)
+    return module
+
+
+def sliding_design() -> tdiag.Design:
+    sizes = {"F": F, "G": G, "R": H // G, "H": H, "D": D, "QS": SCALAR, "W": 3}
+    return tdiag.load(DESIGNS / "gemma2_sliding.td", **sizes)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"], ids=["materialized", "flex"])
+def test_gemma2_sliding_equals_hf_with_its_sliding_window_mask(hf_sliding, attention, monkeypatch):
+    monkeypatch.setattr(modeling_gemma2, "eager_attention_forward", eager_attention_forward_f64)
+    module = sliding_design().module(dtype=F64, N=N, attention=attention)
+    module.load_state_dict({k: v.detach() for k, v in weights(hf_sliding).items()})
+    n, m = torch.arange(N)[:, None], torch.arange(N)[None, :]
+    hidden = (m > n) | (m <= n - 3)  # HF's sliding_window_causal_mask_function(3), inverted
+    mask = torch.zeros(N, N, dtype=F64).masked_fill(hidden, torch.finfo(F64).min)[None, None]
+    x = x_input()
+    with torch.no_grad():
+        expected = hf_sliding(x, position_embeddings=rotary(), attention_mask=mask)[0]
+        assert torch.allclose(module(x), expected, atol=1e-10, rtol=0)
+
+
+def test_gemma2_sliding_is_causal_by_its_window():
+    design = sliding_design()
+    assert design.with_causal_mask().source(N=N) == design.source(N=N)
+
+
+def test_gemma2_sliding_differs_from_the_global_layer_beyond_its_window(hf_sliding):
+    """The window hides keys: with the same weights the global layer's causal output differs."""
+    x = x_input()
+    outputs = []
+    for loaded in (sliding_design(), design(True)):
+        module = loaded.module(dtype=F64, N=N)
+        module.load_state_dict({k: v.detach() for k, v in weights(hf_sliding).items()})
+        with torch.no_grad():
+            outputs.append(module(x))
+    assert torch.allclose(outputs[0][:, :3], outputs[1][:, :3], atol=1e-10)
+    assert not torch.allclose(outputs[0][:, 3:], outputs[1][:, 3:], atol=1e-3)
