@@ -36,6 +36,7 @@ from .plan.program import (
     FlexAttention,
     GatherAt,
     JoinChunks,
+    LayerNorm,
     LiteralCombination,
     LiveRows,
     Map,
@@ -982,6 +983,15 @@ def _map(name: str, x: str, parameters: Sequence[sympy.Expr]) -> str:
         "clamp": lambda: f"{x}.clamp({', '.join(params)})",
         "pow": lambda: f"{x} ** {params[0] if params else 1}",
     }[name]()
+
+
+@_op.register
+def _(op: LayerNorm, attributes: frozenset[str]) -> str:
+    shape = f"({_sizes(op.shape)},)"
+    affine = "".join(
+        f", {name}={_read(t, attributes)}" for name, t in (("weight", op.weight), ("bias", op.bias)) if t is not None
+    )
+    return f"torch.nn.functional.layer_norm({_read(op.x, attributes)}, {shape}{affine}, eps={_scalar(op.eps)})"
 
 
 @_op.register

@@ -53,6 +53,7 @@ from ..ir import (
     walk,
 )
 from ..names import BUILTINS, GENERATED
+from .norms import LayerNormNode, lower_layer_norm
 from .program import (
     BATCH,
     BATCH_SIZE,
@@ -328,6 +329,8 @@ class LoweringBase:
             return self.positions(ren[e.leg])
         if isinstance(e, Gather):
             return self.lower_gather(e, ren, var)
+        if isinstance(e, LayerNormNode):
+            return lower_layer_norm(self, e, ren, var)  # type: ignore[arg-type]
         raise AssertionError(f"cannot lower {type(e).__name__}")
 
     def numel_number(self, legs: Iterable[str]) -> int:

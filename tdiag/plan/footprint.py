@@ -44,6 +44,7 @@ from .program import (
     FlexAttention,
     GatherAt,
     JoinChunks,
+    LayerNorm,
     LiteralCombination,
     LiveRows,
     Map,
@@ -281,6 +282,23 @@ class _Interpreter(AbstractMachine):
             self.save(x)
         if x.grad and op.name in SAVES_RESULT:
             self.save(out)
+        return out
+
+    @op.register
+    def _(self, op: LayerNorm, step: Step) -> Meta:
+        """layer_norm reads x contiguous (a copy otherwise) and keeps x, its rows' mean and
+        reciprocal standard deviation for backward."""
+        x = self.read(op.x)
+        if x.strides != contiguous(x.shape):
+            self.record.copies += x.numel
+            self.record.moved += 2 * x.numel * FLOAT
+        out = self.fresh(x.shape, x.numel, x.grad, step.out.var)  # type: ignore[union-attr]
+        if x.grad:
+            rows = x.shape[: len(x.shape) - len(op.shape)]
+            count = x.numel / sympy.Mul(*op.shape)
+            self.save(x)
+            self.save(self.fresh((*rows, 1), count, False, "layer norm mean"))
+            self.save(self.fresh((*rows, 1), count, False, "layer norm reciprocal deviation"))
         return out
 
     @op.register

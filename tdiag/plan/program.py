@@ -208,6 +208,19 @@ class Map:
 
 
 @dataclass(frozen=True)
+class LayerNorm:
+    """torch.nn.functional.layer_norm of x over its trailing axes of `shape` (norms.py): x
+    minus its mean, over the root of its mean square plus eps, times `weight`, plus `bias`
+    (each over those axes, or None)."""
+
+    x: Operand
+    shape: tuple[sympy.Expr, ...]
+    eps: sympy.Expr
+    weight: Operand | None = None
+    bias: Operand | None = None
+
+
+@dataclass(frozen=True)
 class Reduce:
     """A nonlinear reduction of x over `dims`: max, logsumexp, mean. A mean with `hidden`
     operands (x zeroed where they hold) divides by the count of visible entries, at least 1."""
@@ -679,6 +692,7 @@ Op = (
     | Expand
     | Materialize
     | Map
+    | LayerNorm
     | Reduce
     | CumulativeScan
     | SegmentSums
