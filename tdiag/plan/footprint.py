@@ -35,6 +35,7 @@ from .program import (
     BufferUpdate,
     ChunkEdge,
     Concat,
+    Convolve,
     CumulativeScan,
     DecayedPrefix,
     Einsum,
@@ -379,6 +380,18 @@ class _Interpreter(AbstractMachine):
             self.record.copies += x.numel
             scanned = self.fresh(x.shape, x.numel, x.grad, step.out.var)  # type: ignore[union-attr]
         return scanned
+
+    @op.register
+    def _(self, op: Convolve, step: Step) -> Meta:
+        """The operand padded (a copy), then the convolution's result; for backward torch keeps
+        the padded input and the kernel."""
+        x = self.value(op.x)
+        shape, numel = self.output(step)
+        padded = self.fresh(x.shape, x.numel, x.grad, "padded")
+        self.record.copies += x.numel
+        if x.grad:
+            self.save(padded)
+        return self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
 
     @op.register
     def _(self, op: SegmentSums, step: Step) -> Meta:
