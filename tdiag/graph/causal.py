@@ -58,7 +58,7 @@ def _masked(
     along `key` that keeps `query` (a suffix sum over the keys would reach the future), and a
     causal factor in every contraction that sums `key` beside `query` where no factor is masked
     already (an un-normalized attention: Σ_m f(S)[n m] V[m] with m <= n). `hidden` holds, for
-    each statement masked so far, the (query, key) pairs of its own legs it is masked on."""
+    each statement masked so far, the (query, key) pairs of its axes of one leg it is masked on."""
     count = 0
     if isinstance(expr, TensorRef | Scalar | CausalFactor | WindowFactor):
         return expr, 0
@@ -145,8 +145,9 @@ def _hidden_pairs(expr: Expr, hidden: Mapping[str, set[tuple[int, int]]]) -> set
         return set.intersection(*(_hidden_pairs(t, hidden) for t in expr.terms))
     if isinstance(expr, Quotient):
         return _hidden_pairs(expr.numerator, hidden)  # type: ignore[arg-type]
-    if isinstance(expr, TensorRef) and not expr.is_reshaped and expr.name in hidden:
-        return {(expr.legs[q], expr.legs[k]) for q, k in hidden[expr.name]}
+    if isinstance(expr, TensorRef) and expr.name in hidden:  # a head axis read as (g k) keeps n, m
+        groups = expr.groups
+        return {(groups[q][0], groups[k][0]) for q, k in hidden[expr.name] if len(groups[q]) == len(groups[k]) == 1}
     return set()
 
 
@@ -303,11 +304,11 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
         looking_ahead = _future_scan(expr, queries, keys, graph) or _future_shift(expr, queries, keys, graph)
         if looking_ahead is not None:
             future.append(looking_ahead)
+        position = {g[0]: k for k, g in enumerate(statement.groups) if len(g) == 1}  # axes of one leg
+        hidden[statement.target] = {
+            (position[q], position[k]) for q, k in _hidden_pairs(expr, hidden) if q in position and k in position
+        }
         if not any(len(g) != 1 for g in statement.groups):
-            position = {leg: k for k, leg in enumerate(statement.legs)}
-            hidden[statement.target] = {
-                (position[q], position[k]) for q, k in _hidden_pairs(expr, hidden) if q in position and k in position
-            }
             roles[statement.target] = {
                 axis: "query" if leg in queries else "key"
                 for axis, leg in enumerate(statement.legs)

@@ -12,7 +12,8 @@ import sympy
 
 from .. import parse as syn
 from ..errors import did_you_mean
-from ..ir import Convolution, Expr, Mask, Shift
+from ..ir import Convolution, Expr, Mask, Shift, TensorRef, walk
+from .syntax import _available
 
 if TYPE_CHECKING:
     from .calls import BoxesAndMaps
@@ -24,7 +25,8 @@ def convolution(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """The Convolution node of `e`, or a poisoned stand-in after reporting every mistake at its
     position: a shift of a leg the argument lacks or of a feature leg, a shift that is not
     `leg ± offset + whole number or size`, an offset leg the kernel lacks or that is a position
-    or a leg of the argument, a kernel leg that is neither an offset nor a leg of the argument."""
+    or a leg of the argument, a kernel leg that is neither an offset nor a leg of the argument
+    (the kernel's legs are never summed inside the conv), a kernel that reads an input."""
     b = builder.b
     if e.legs:
         b.error(
@@ -42,7 +44,7 @@ def convolution(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     mask_legs = {leg for o in e.options if o.name == "mask" for leg in _names(o.value) if leg not in b.sizes}
     operand = builder.inside(e.args[0], keep | {o.name for o in shifts} | mask_legs)
     offsets = {leg for o in shifts for leg in _names(o.value)} - {o.name for o in shifts} - set(b.sizes)
-    kernel = builder.inside(e.args[1], set(operand.legs) | offsets)
+    kernel = builder.inside(e.args[1], set(operand.legs) | offsets | _available(e.args[1], b.tensors))
     built: list[Shift] = []
     ok = True
     for option in shifts:
@@ -59,6 +61,14 @@ def convolution(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
                 hint=f"the kernel has the offset legs and legs the argument shares (a kernel per head): {USAGE}",
             )
             ok = False
+    batched = _batched_tensor(builder, kernel)
+    if batched is not None and ok:
+        b.error(
+            f"the conv kernel reads {batched}, which differs per sequence: a kernel is one for every sequence",
+            e.args[1].span,
+            hint="make the kernel of parameters and constants (param theta[h: H, i: CQ, j: CK])",
+        )
+        ok = False
     masks: list[Mask] = []
     for option in e.options:
         if option.name == "mask":
@@ -108,18 +118,18 @@ def _shift(
         )
         return None
     ((offset, sign),) = offsets.items()
-    if offset not in kernel.legs:
-        b.error(
-            f"the shift's offset leg '{offset}' is not a leg of the conv kernel",
-            option.value.span,
-            hint=f"the kernel carries one leg per shift: {USAGE}",
-        )
-        return None
     if offset in operand.legs:
         b.error(
             f"the shift's offset leg '{offset}' is a leg of the argument too",
             option.value.span,
             hint="name the kernel's offset legs apart from the argument's legs",
+        )
+        return None
+    if offset not in kernel.legs:
+        b.error(
+            f"the shift's offset leg '{offset}' is not a leg of the conv kernel",
+            option.value.span,
+            hint=f"the kernel carries one leg per shift: {USAGE}",
         )
         return None
     size = b.legs[offset].size if offset in b.legs else None
@@ -134,6 +144,21 @@ def _shift(
         b.error(f"a shift moves by whole positions, not {start}", option.value.span)
         return None
     return Shift(leg, offset, sign, start)
+
+
+def _batched_tensor(builder: BoxesAndMaps, kernel: Expr) -> str | None:
+    """The input, mask or noise the kernel depends on (directly or through statements), if any."""
+    tensors = builder.b.tensors
+    for node in walk(kernel):
+        if isinstance(node, TensorRef) and node.name in tensors:
+            tensor = tensors[node.name]
+            if tensor.is_batched:
+                return f"{tensor.kind} {tensor.name}"
+            if tensor.statement is not None:
+                found = _batched_tensor(builder, tensor.statement.expr)
+                if found is not None:
+                    return found
+    return None
 
 
 def _linear(builder: BoxesAndMaps, e: syn.Expr) -> tuple[dict[str, int], sympy.Expr] | None:
