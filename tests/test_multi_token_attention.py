@@ -118,6 +118,13 @@ def test_gradients_of_input_and_kernel_pass_gradcheck() -> None:
     assert torch.autograd.gradcheck(run, (x, *kernels), fast_mode=True)
 
 
+def test_traces_as_one_graph(design) -> None:
+    module = design.with_causal_mask().module(seed=0)
+    x = torch.randn(2, LENGTH, SIZES["F"], generator=torch.Generator().manual_seed(6))
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x), module(x), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.slow
 def test_compiles_with_fullgraph_to_the_eager_values(design) -> None:
     module = design.with_causal_mask().module(seed=0)
@@ -156,6 +163,13 @@ def test_flops_are_quadratic_in_the_length(design) -> None:
     third = flops[3] - 3 * flops[2] + 3 * flops[1] - flops[0]  # zero for a polynomial of degree 2 in N
     assert third == 0
     assert sympy.degree(sympy.expand(report.flops), N) == 2
+
+
+def test_cost_report_counts_the_kernel_taps_per_score(design) -> None:
+    point = tdiag.load("multi_token_attention", **{**SIZES, "CQ": 1, "CK": 1})
+    for n in (256, 1024):
+        extra = design.cost(N=n).at(N=n)["flops"] - point.cost(N=n).at(N=n)["flops"]
+        assert extra == 2 * SIZES["H"] * (SIZES["CQ"] * SIZES["CK"] - 1) * n**2
 
 
 SHIFT_TENSORS = """

@@ -13,6 +13,7 @@ import sympy
 from .. import parse as syn
 from ..errors import did_you_mean
 from ..ir import Convolution, Expr, Mask, Shift, TensorRef, walk
+from .sizes import expand_sizes, size_symbol, size_values
 from .syntax import _available
 
 if TYPE_CHECKING:
@@ -140,8 +141,13 @@ def _shift(
             hint="declare the kernel over a fixed size, e.g. param theta[h: H, i: CQ, j: CK]",
         )
         return None
-    if not start.is_integer and start.free_symbols == set():
-        b.error(f"a shift moves by whole positions, not {start}", option.value.span)
+    known = expand_sizes(start, b.sizes).xreplace({size_symbol(k): v for k, v in size_values(b.sizes).items()})
+    if not known.free_symbols and not known.is_integer:
+        b.error(
+            f"a shift moves by whole positions, but {sympy.sstr(start)} is {known}",
+            option.value.span,
+            hint="a kernel of odd width W centres on (W - 1) / 2",
+        )
         return None
     return Shift(leg, offset, sign, start)
 
