@@ -10,7 +10,7 @@
 #   shared by the heads, times (1 − λ_init), λ_init = 0.8 − 0.6 exp(−0.3 l) (depth scaling, l the layer from 0)
 # Readings:
 # - The key offsets as quoted from the paper, j' = ⌈−c_k/2⌉+1 .. ⌊c_k/2⌋, hold c_k values only for an
-#   even c_k; for the odd c_k = 11 of its experiments we take j' = −P .. P, P = (c_k − 1) / 2, the keys
+#   even c_k; for an odd c_k (11 here) we take j' = −P .. P, P = (c_k − 1) / 2, the keys
 #   padded by P on both sides as the authors' code does (pad_key = "both"); c_k must be odd. Queries look back only:
 #   i' = 0 .. c_q − 1 (the code pads the queries by c_q − 1 before the first).
 # - θ[h i j] is θ_h[i', j'] at i = i', j = j' + P: the i-th earlier query, the key j − P after it, so
