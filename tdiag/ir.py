@@ -424,11 +424,8 @@ class Shift:
 
     def source(self) -> str:
         """The read position as a .td writes it: `n - i`, `m - j + P`."""
-        start = (
-            ""
-            if self.start == 0
-            else (f" + {self.start}" if not str(self.start).startswith("-") else f" - {-self.start}")
-        )
+        text = sympy.sstr(sympy.factor(self.start))
+        start = "" if self.start == 0 else (f" - {text[1:]}" if text.startswith("-") else f" + {text}")
         return f"{self.leg} {'+' if self.sign > 0 else '-'} {self.offset}{start}"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 import sympy
@@ -274,3 +275,24 @@ def test_a_depthwise_token_shift_is_the_sum_of_earlier_tokens(tmp_path) -> None:
     u = module.u
     expected = sum(u[:, i] * torch.nn.functional.pad(x, (0, 0, i, 0))[:, :6] for i in range(3))
     torch.testing.assert_close(module(x), expected, rtol=0, atol=1e-12)
+
+
+def test_masks_written_out_equal_with_causal_mask(design, modules, tmp_path) -> None:
+    text = Path(design.graph.file).read_text(encoding="utf-8")
+    written = text.replace(
+        "softmax[m](conv[n = n - i, m = m - j + (CK - 1) / 2](S[h n m]",
+        "softmax[m, mask = causal(n, m)](conv[n = n - i, m = m - j + (CK - 1) / 2, mask = causal(n, m)](S[h n m]",
+    )
+    assert written != text
+    path = tmp_path / "mta_causal.td"
+    path.write_text(written, encoding="utf-8")
+    module = tdiag.load(path, **SIZES).module(seed=0, dtype=torch.float64)
+    _, causal = modules
+    x = torch.randn(2, LENGTH, SIZES["F"], dtype=torch.float64, generator=torch.Generator().manual_seed(11))
+    torch.testing.assert_close(module(x), causal(x), rtol=0, atol=1e-12)
+
+
+def test_diagram_draws_the_shifts_on_their_legs(design) -> None:
+    dot = design.dot()
+    assert 'label="conv[n = n - i, m = m - j + (CK - 1)/2]"' in dot
+    assert 'xlabel="n - i"' in dot

@@ -144,7 +144,7 @@ def _shift(
     known = expand_sizes(start, b.sizes).xreplace({size_symbol(k): v for k, v in size_values(b.sizes).items()})
     if not known.free_symbols and not known.is_integer:
         b.error(
-            f"a shift moves by whole positions, but {sympy.sstr(start)} is {known}",
+            f"a shift moves by whole positions, but {sympy.sstr(sympy.factor(start))} is {known}",
             option.value.span,
             hint="a kernel of odd width W centres on (W - 1) / 2",
         )
