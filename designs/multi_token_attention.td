@@ -20,8 +20,9 @@
 #   with_causal_mask (tdiag ... --causal) adds both, mask = causal(n, m) on the convolution (the
 #   future keys of each query zeroed before the shift; the query offsets look back, so no row reads a
 #   later query) and on the softmax box. The indicator 1_{i ≥ j − j'} of the paper's per-entry sum is
-#   read as that Mask_0 (the conv of the zero-masked logits), as the paper's implementation states.
-# - Head mixing follows the softmax (the paper's best configuration and the code's head_kernel):
+#   read as that Mask_0 (the conv of the zero-masked logits), as the masked formula above and the
+#   authors' code (scores[mask == -inf] = 0 before the conv) compute it.
+# - Head mixing follows the softmax (the code's head_kernel, applied to the probabilities):
 #   w[g k c] mixes the c_h heads of group g; the gain of the group norm is gn[e], one per head width
 #   dimension (the code's RMSNorm(head_dim)); L = l + 1 is the layer counted from 1 (the code's layer_id = l).
 # - θ is drawn normal(0, 0.3) (the code's `normal` option; its default, identity, makes MTA plain
