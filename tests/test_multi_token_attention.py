@@ -296,3 +296,14 @@ def test_diagram_draws_the_shifts_on_their_legs(design) -> None:
     dot = design.dot()
     assert 'label="conv[n = n - i, m = m - j + (CK - 1)/2]"' in dot
     assert 'xlabel="n - i"' in dot
+
+
+def test_a_convolution_along_three_position_legs_equals_the_reference_evaluator(tmp_path) -> None:
+    d = _design(
+        tmp_path,
+        "param t[i: C, j: C, k: C]\nY[n m p] = conv[n = n - i, m = m + j - 1, p = p + k](X[n f] X[m f] X[p f], t[i j k])",
+    )
+    module = d.module(seed=0, dtype=torch.float64)
+    reference = d.module(seed=0, dtype=torch.float64, impl="reference")
+    x = torch.randn(2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
+    torch.testing.assert_close(module(x), reference(x), rtol=0, atol=1e-12)

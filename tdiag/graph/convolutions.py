@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .calls import BoxesAndMaps
 
 USAGE = "conv[n = n - i, m = m - j + P](S[h n m], theta[h i j])"
+MAX_SHIFTS = 3  # one torch.nn.functional.conv1d, conv2d or conv3d call
 
 
 def convolution(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
@@ -41,6 +42,13 @@ def convolution(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     shifts = [o for o in e.options if o.name != "mask"]
     if not shifts:
         b.error("conv needs at least one shifted leg", e.name_span, hint=USAGE)
+        return builder.poison(e)
+    if len(shifts) > MAX_SHIFTS:
+        b.error(
+            f"conv shifts at most {MAX_SHIFTS} legs (torch's conv1d, conv2d, conv3d), got {len(shifts)}",
+            shifts[MAX_SHIFTS].span,
+            hint="convolve in two steps: conv[...](conv[...](S, theta1), theta2)",
+        )
         return builder.poison(e)
     mask_legs = {leg for o in e.options if o.name == "mask" for leg in _names(o.value) if leg not in b.sizes}
     operand = builder.inside(e.args[0], keep | {o.name for o in shifts} | mask_legs)
