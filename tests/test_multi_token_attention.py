@@ -301,7 +301,8 @@ def test_diagram_draws_the_shifts_on_their_legs(design) -> None:
 def test_a_convolution_along_three_position_legs_equals_the_reference_evaluator(tmp_path) -> None:
     d = _design(
         tmp_path,
-        "param t[i: C, j: C, k: C]\nY[n m p] = conv[n = n - i, m = m + j - 1, p = p + k](X[n f] X[m f] X[p f], t[i j k])",
+        "param t[i: C, j: C, k: C]\n"
+        "Y[n m p] = conv[n = n - i, m = m + j - 1, p = p + k](X[n f] X[m f] X[p f], t[i j k])",
     )
     module = d.module(seed=0, dtype=torch.float64)
     reference = d.module(seed=0, dtype=torch.float64, impl="reference")
