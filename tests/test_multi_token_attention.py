@@ -308,3 +308,13 @@ def test_a_convolution_along_three_position_legs_equals_the_reference_evaluator(
     reference = d.module(seed=0, dtype=torch.float64, impl="reference")
     x = torch.randn(2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
     torch.testing.assert_close(module(x), reference(x), rtol=0, atol=1e-12)
+
+
+def test_causal_mask_sees_the_head_mixed_probabilities_as_masked(design) -> None:
+    """M[(g c) n m] mixes heads of the masked softmax A[(g k) n m] (read with its head axis in
+    pieces): M is zero above the diagonal already, so O = M V gets no causal factor of its own."""
+    from tdiag.ir import CausalFactor, walk
+
+    causal = design.with_causal_mask()
+    (values,) = [s for s in causal.graph.statements if s.target == "O"]
+    assert not [n for n in walk(values.expr) if isinstance(n, CausalFactor)]
