@@ -27,6 +27,7 @@ from .plan.program import (
     BufferUpdate,
     ChunkEdge,
     Concat,
+    Convolve,
     CumulativeScan,
     DecayedPrefix,
     Einsum,
@@ -213,6 +214,26 @@ def _shifted(x, dim, empty, reverse=False):
     if reverse:
         return torch.cat([x.narrow(dim, 1, x.size(dim) - 1), edge], dim)
     return torch.cat([edge, x.narrow(dim, 0, x.size(dim) - 1)], dim)
+''',
+    "_convolve": '''
+
+def _convolve(x, kernel, dims, channels, pads):
+    """Σ_k kernel[c, k] x[..., c, p + k - before] along the axes `dims` of x, zero outside: one
+    grouped convolution whose groups are x's axes `channels` (the kernel's leading axes), its
+    batch x's other axes; `pads` are the (before, after) zeros of each dim (negative: cropped)."""
+    rest = [d for d in range(x.dim()) if d not in dims and d not in channels]
+    order = [*rest, *channels, *dims]
+    y = x.permute(order)
+    shape = y.shape
+    groups = 1
+    for d in channels:
+        groups *= x.size(d)
+    y = y.reshape(-1, groups, *shape[len(rest) + len(channels) :])
+    y = torch.nn.functional.pad(y, [p for before, after in reversed(pads) for p in (before, after)])
+    weight = kernel.reshape(groups, 1, *kernel.shape[len(channels) :])
+    convolve = (torch.nn.functional.conv1d, torch.nn.functional.conv2d, torch.nn.functional.conv3d)[len(dims) - 1]
+    y = convolve(y, weight, groups=groups).reshape(shape)
+    return y.permute([order.index(d) for d in range(x.dim())])
 ''',
     "_segsum": '''
 
@@ -1014,6 +1035,16 @@ def _(op: CumulativeScan, attributes: frozenset[str]) -> str:
         return code
     empty = "0.0" if op.method == "cumsum" else "-torch.inf"
     return f"_shifted({code}, {dim}, {empty}{', reverse=True' if op.reverse else ''})"
+
+
+@_op.register
+def _(op: Convolve, attributes: frozenset[str]) -> str:
+    kernel = _read(op.kernel, attributes)
+    if op.flips:
+        first = len(op.channels)
+        kernel = f"{kernel}.flip({tuple(first + k for k in op.flips)})"
+    pads = ", ".join(f"({_expr(before)}, {_expr(after)})" for before, after in op.pads)
+    return f"_convolve({_var(op.x, attributes)}, {kernel}, {op.dims}, {op.channels}, ({pads},))"
 
 
 @_op.register

@@ -22,6 +22,7 @@ from .ir import (
     CausalFactor,
     CausalMask,
     Contraction,
+    Convolution,
     ElementwiseMap,
     Expr,
     Gather,
@@ -271,6 +272,8 @@ def evaluate(node: Expr, frame: Frame) -> torch.Tensor:
         return scan(node, frame)
     if isinstance(node, SegmentSum):
         return segment_sum(node, frame)
+    if isinstance(node, Convolution):
+        return convolution(node, frame)
     if isinstance(node, CausalFactor):
         return causal_mask(CausalMask(node.query, node.key, node.span), node.legs, frame).to(frame.dtype)
     if isinstance(node, WindowFactor):
@@ -667,6 +670,34 @@ def segment_sum(node: SegmentSum, frame: Frame) -> torch.Tensor:
                 row.append(a[..., m + 1 : n + 1].sum(dim=-1))
         rows.append(torch.stack(row, -1))
     return align(torch.stack(rows, -2), (*rest, node.along, node.key), node.legs)
+
+
+def convolution(node: Convolution, frame: Frame) -> torch.Tensor:
+    """Σ over the offset legs of kernel · operand at the shifted positions, by the definition: the
+    operand's hidden entries zeroed, then for each shift the operand read at leg + sign·k + start
+    for every offset k (0 where that is outside the leg), stacked along the offset leg, and the
+    product with the kernel summed over the offsets."""
+    operand, kernel = node.operand, node.kernel
+    assert operand is not None and kernel is not None
+    x = evaluate(operand, frame)
+    allowed = masks_allowed(node.masks, operand.legs, frame)
+    if allowed is not None:
+        x, allowed = torch.broadcast_tensors(x, allowed)
+        x = torch.where(allowed, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    legs = list(operand.legs)
+    for shift in node.shifts:
+        dim = x.dim() - len(legs) + legs.index(shift.leg)
+        size = x.shape[dim]
+        copies = []
+        for k in range(frame.leg_size(shift.offset)):
+            source = torch.arange(size, device=x.device) + shift.sign * k + int(frame.number(shift.start))
+            inside = ((source >= 0) & (source < size)).to(x.dtype)
+            read = x.index_select(dim, source.clamp(0, size - 1))
+            copies.append(read * inside.reshape((size, *([1] * (x.dim() - dim - 1)))))
+        x = torch.stack(copies, -1)
+        legs.append(shift.offset)
+    product = x * align(evaluate(kernel, frame), kernel.legs, legs)
+    return align(product.sum(dim=leg_dims(node.taps, legs)), operand.legs, node.legs)
 
 
 def squared_distance(node: SquaredDistance, frame: Frame) -> torch.Tensor:

@@ -245,6 +245,22 @@ class CumulativeScan:
 
 
 @dataclass(frozen=True)
+class Convolve:
+    """Σ_k kernel[c, k] · x[..., c, p + k − before] along the axes `dims` of x (zero outside):
+    one grouped torch convolution (conv1d/2d/3d by the number of dims), x's axes `channels` (in
+    the kernel's order) its groups, its other axes the batch. `kernel` is read as (channels,
+    taps); `pads` are the (before, after) zeros of each dim; the taps of axes `flips` (counted
+    among the taps) are reversed first (a shift that counts backwards)."""
+
+    x: Value
+    kernel: Operand
+    dims: tuple[int, ...]
+    channels: tuple[int, ...]
+    pads: tuple[tuple[sympy.Expr, sympy.Expr], ...]
+    flips: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class SegmentSums:
     """The segment sums of x along axis `dim`: a result with x's other axes, then (n, m), entry
     Σ_{k=m+1..n} x_k for m ≤ n and −inf for m > n, computed as Mamba-2's reference `segsum`
@@ -695,6 +711,7 @@ Op = (
     | LayerNorm
     | Reduce
     | CumulativeScan
+    | Convolve
     | SegmentSums
     | Elementwise
     | Ratio
