@@ -291,3 +291,16 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
         statements=statements,
         graph=_dataflow_graph(tensors, statements, graph.updates),
     )
+
+
+def hides_the_future(graph: DesignGraph) -> bool:
+    """Whether some statement hides later keys from a query (a causal box, reduction, scan or
+    factor, or a one-sided window): the design is causal, so its outputs at earlier positions do
+    not change as positions are added (what decoding with a cache relies on, tdiag/decode.py)."""
+    for statement in graph.statements:
+        for node in walk(statement.expr):
+            if _causal_factor(node):
+                return True
+            if isinstance(node, SoftmaxBox | Reduction | Scan) and any(_hides_future(m) for m in node.masks):
+                return True
+    return False

@@ -1,0 +1,464 @@
+"""Incremental decoding (issue 25): a cache obtained from a compiled causal module, so that new
+positions are computed from their own inputs and what the cache holds, not by re-running the
+whole prefix.
+
+    cache = module.new_cache()          # or tdiag.DecodeCache(module)
+    y = module(x_prompt, cache=cache)   # T positions at once: their outputs, the cache extended
+    y = module(x_next, cache=cache)     # then one (or more) at a time
+
+The rule is read off the design graph, not written per design (`decode_rule`). Each statement
+is evaluated over ranges of positions: the legs the queries run over (those a result keeps)
+cover the new positions P .. P + T − 1, and the position legs a statement sums, reduces or
+normalizes over (the keys) cover every position 0 .. P + T − 1. Asking, from the outputs back,
+which rows each tensor must give then finds the frontier: a tensor computed from the input per
+position (one position axis: K[m h d], V[m h e], RoPE-rotated keys, MLA's latent, an earlier
+layer's output) that a later statement reads at every position. Such a tensor is cached: a step
+computes its new rows from the new inputs only and appends them (kind "kv"). Tensors made of
+positions alone (`index(n)`, RoPE's angles, ALiBi's and T5's biases, a table sliced at
+`n: N`) are computed at the absolute positions each use reads, and causal and window masks
+compare absolute positions, so query t sits at position P + t. A step is evaluated as the
+reference evaluator does (tdiag/reference.py: einsum on materialized tensors, here one row of
+scores per new query), which is exact and cheap for a few new positions against the cache.
+
+Where that is impossible, the cache keeps the layer's inputs and each step re-runs the compiled
+module over the prefix and the new positions (kind "prefix", O(N) work per new position), so
+decoding stays exact; `cache.reason` says why. That is the case for a design that reads the
+input itself at every position (a scan along the queries, Mamba-2's segment sums, linear
+attention written as a running sum), and for position-dependent noise drawn at each call. The
+recurrent states of linear and scan designs (O(1) per token) are not built yet.
+
+A cache serves one module and one batch shape; a step never updates buffers or draws noise, so a
+design with state updates or training-mode noise decodes in eval mode (`module.eval()`). Masks
+declared by the design are not taken with a cache (every position attends)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+from torch import nn
+
+from .graph import DesignGraph
+from .graph.causal import hides_the_future
+from .init import initial_value, numeric_shape
+from .ir import Gather, Position, Scan, SegmentSum, Statement, Tensor, TensorRef, walk
+from .reference import Frame, known_sizes, statement_value
+
+__all__ = ["DecodeCache", "DecodeRule", "decode_rule"]
+
+NEW, ALL = "new", "all"  # the rows a position axis covers in a step: the new positions, or all so far
+
+
+@dataclass(frozen=True)
+class DecodeRule:
+    """How a design decodes, read off its graph. `kind`: "kv" (cache the rows of `cached` and
+    compute new positions from them) or "prefix" (cache the input and re-run the prefix, for the
+    `reason` given). `size` is the run-time length the input's `axis` runs over; `inner` holds,
+    for each statement that reads the input, its position legs that run over every position
+    (its keys); `noise` whether training-mode noise makes decoding need eval mode;
+    `reads_length` whether a statement reads the run-time length as a number (ReLU² attention's
+    1/N, sigmoid attention's −log N, cosFormer's πi/2N): such a design's earlier outputs change
+    as positions are added, and a step computes its new positions at N = P + T, as the forward
+    over the sequence so far does."""
+
+    kind: str
+    input: str
+    axis: int
+    size: str
+    positional: frozenset[str]
+    cached: tuple[str, ...] = ()
+    inner: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    reason: str | None = None
+    noise: bool = False
+    reads_length: bool = False
+
+
+class NotDecodableError(ValueError):
+    """A module that no cache can serve: not causal, several inputs, no run-time length."""
+
+
+def decode_rule(graph: DesignGraph) -> DecodeRule:
+    """The decoding rule of a causal design with one input over a run-time length N: which
+    computed tensors the cache holds (kind "kv"), or why it must keep the input instead ("prefix").
+    Raises NotDecodableError for a graph no cache can serve."""
+    if len(graph.inputs) != 1:
+        raise NotDecodableError(
+            f"design '{graph.name}' has {len(graph.inputs)} inputs; decoding extends one sequence (one input)"
+        )
+    x = graph.inputs[0]
+    free = [k for k, a in enumerate(x.axes) if isinstance(a.size, sympy.Symbol) and graph.sizes[a.size.name].is_free]
+    if len(free) != 1:
+        raise NotDecodableError(
+            f"input {x.name} of design '{graph.name}' needs exactly one axis of a run-time length to decode along,"
+            f" has {len(free)}"
+        )
+    if not hides_the_future(graph):
+        raise NotDecodableError(
+            f"design '{graph.name}' is not causal: each position sees the later ones, so adding positions changes"
+            " the earlier outputs; decode its causal form (Design.with_causal_mask())"
+        )
+    symbol = x.axes[free[0]].size
+    positional = frozenset(name for name, leg in graph.legs.items() if leg.size == symbol)
+    walker = _Requests(graph, positional, symbol)
+    for name in graph.outputs:
+        walker.request(name, walker.output_labels(name))
+    length = _reads_length(graph, symbol)
+    if walker.problem is not None:
+        return DecodeRule(
+            "prefix", x.name, free[0], symbol.name, positional, reason=walker.problem, reads_length=length
+        )
+    return DecodeRule(
+        "kv", x.name, free[0], symbol.name, positional, tuple(walker.cached), walker.inner, None, walker.noise, length
+    )
+
+
+def _reads_length(graph: DesignGraph, symbol: sympy.Expr) -> bool:
+    """Whether a statement uses the run-time length as a number (a scale, coefficient, map
+    parameter or position number), not only as the extent of a slice."""
+
+    def numbers(value: object):
+        if isinstance(value, sympy.Basic):
+            yield value
+        elif isinstance(value, tuple):
+            for item in value:
+                yield from numbers(item)
+        elif isinstance(value, Position):
+            yield value.value
+            yield from numbers(value.operands)
+
+    for statement in graph.statements:
+        for node in walk(statement.expr):
+            if isinstance(node, TensorRef):
+                continue
+            for name in node.__dataclass_fields__:
+                for number in numbers(getattr(node, name)):
+                    if symbol in graph.evaluate(number).free_symbols:
+                        return True
+    return False
+
+
+class _Requests:
+    """Walks the graph from the outputs back, asking each tensor for the rows (NEW or ALL per
+    position axis) its readers need; the first thing that cannot be given from the new inputs
+    and the cached rows is the `problem`."""
+
+    def __init__(self, graph: DesignGraph, positional: frozenset[str], symbol: sympy.Expr):
+        self.graph, self.positional, self.symbol = graph, positional, symbol
+        self.cached: list[str] = []
+        self.inner: dict[str, tuple[str, ...]] = {}
+        self.seen: set[tuple[str, tuple]] = set()
+        self.problem: str | None = None
+        self.noise = False
+        self._depends: dict[str, bool] = {}
+
+    def fail(self, reason: str) -> None:
+        self.problem = self.problem or reason
+
+    def output_labels(self, name: str) -> tuple[str | None, ...]:
+        tensor = self.graph.tensors[name]
+        labels = tuple(NEW if self.is_position(a.size) else None for a in tensor.axes)
+        if NEW not in labels:
+            self.fail(f"output {name} has no position axis")
+        return labels
+
+    def is_position(self, size: sympy.Expr) -> bool:
+        return size == self.symbol
+
+    def depends(self, name: str) -> bool:
+        """Whether a tensor is computed from the input, a mask or noise (else from positions,
+        parameters and constants alone, computable at any positions)."""
+        if name not in self._depends:
+            tensor = self.graph.tensors[name]
+            self._depends[name] = tensor.is_batched or (
+                tensor.statement is not None
+                and any(isinstance(n, TensorRef) and self.depends(n.name) for n in walk(tensor.statement.expr))
+            )
+        return self._depends[name]
+
+    def request(self, name: str, labels: tuple[str | None, ...]) -> None:
+        if (name, labels) in self.seen or self.problem is not None:
+            return
+        self.seen.add((name, labels))
+        tensor = self.graph.tensors[name]
+        if tensor.kind == "input":
+            if ALL in labels:
+                self.fail(f"a statement reads input {name} at the earlier positions, not only the new ones")
+        elif tensor.kind == "random":
+            mode = str(tensor.init.param("mode", "train")) if tensor.init else "train"
+            if mode == "always":
+                self.fail(f"noise {name} is drawn over every position at each call (mode = always)")
+            self.noise = self.noise or mode == "train"
+        elif tensor.kind in ("param", "const", "buffer"):
+            if any(label is not None for label in labels):
+                self.fail(f"{tensor.kind} {name} has an axis of the run-time length")
+        elif tensor.kind == "derived":
+            assert tensor.statement is not None
+            axes = [k for k, label in enumerate(labels) if label is not None]
+            if self.depends(name) and len(axes) == 1 and labels[axes[0]] == ALL:
+                if name not in self.cached:
+                    self.cached.append(name)
+                labels = tuple(NEW if label is not None else None for label in labels)
+            self.statement(tensor.statement, labels, self.depends(name))
+
+    def statement(self, statement: Statement, labels: tuple[str | None, ...], depends: bool) -> None:
+        """Evaluate `statement` with its result's position axes covering `labels`: its other
+        position legs cover every position (the keys); each tensor it reads is asked in turn."""
+        if (statement.target, ("statement", labels)) in self.seen:
+            return
+        self.seen.add((statement.target, ("statement", labels)))
+        legs: dict[str, str] = {}
+        for group, label in zip(statement.groups, labels, strict=True):
+            if label is not None and len(group) != 1:
+                self.fail(f"{statement.target} merges a position leg with other legs")
+                return
+            if label is not None:
+                legs[group[0]] = label
+        inner = sorted({leg for node in walk(statement.expr) for leg in node.legs} & self.positional - set(legs))
+        if inner and not depends:
+            self.fail(f"{statement.target} sums positions {', '.join(inner)} without reading the input")
+            return
+        self.inner[statement.target] = tuple(inner)
+        legs.update(dict.fromkeys(inner, ALL))
+        for node in walk(statement.expr):
+            if isinstance(node, SegmentSum):
+                self.fail(f"{statement.target} takes segment sums along the positions (a recurrent state)")
+            elif isinstance(node, Scan) and legs.get(node.along) == NEW:
+                self.fail(f"{statement.target} scans along the positions of its result (a recurrent state)")
+            elif isinstance(node, Gather) and node.source is not None:
+                axis = node.source.legs.index(node.axis)
+                if self.is_position(self.graph.tensors[node.source.name].axes[axis].size):
+                    self.fail(f"{statement.target} gathers {node.source.name} along its positions")
+            if isinstance(node, TensorRef):
+                self.ref(node, legs)
+
+    def ref(self, ref: TensorRef, legs: Mapping[str, str]) -> None:
+        tensor = self.graph.tensors[ref.name]
+        labels: list[str | None] = []
+        for k, (group, axis) in enumerate(zip(ref.groups, tensor.axes, strict=True)):
+            here = [leg for leg in group if leg in self.positional]
+            if here and len(group) != 1:
+                self.fail(f"{ref.name} is read with a position leg merged with other legs")
+                return
+            if self.is_position(axis.size):
+                if ref.is_sliced and ref.slices[k] is not None:
+                    self.fail(f"{ref.name} is read in a slice along its positions")
+                    return
+                labels.append(legs[group[0]] if here else NEW)
+                continue
+            if here and not (ref.is_sliced and ref.slices[k] == self.symbol):
+                self.fail(f"{ref.name} is read along leg {group[0]} other than by a slice of the run-time length")
+                return
+            labels.append(None)
+        if tensor.kind != "mask":
+            self.request(ref.name, tuple(labels))
+
+
+class DecodeCache:
+    """What a causal module has seen so far, to compute new positions without re-running them.
+
+    `kind` is "kv" (the cache holds the computed tensors that later positions read at every
+    earlier position, `tensors`, e.g. K and V) or "prefix" (it holds the inputs so far and each
+    step re-runs the module over them; `reason` says why the design allows no other). `length` is
+    the number of positions seen. Obtained from `module.new_cache()` or `DecodeCache(module)`;
+    `module(x, cache=cache)` or `cache.extend(x)` computes the positions of `x` (its axis of the
+    run-time length, any count) after those cached and returns their outputs."""
+
+    def __init__(self, module: nn.Module):
+        graph = _graph_of(module)
+        self.module = module
+        self.graph = graph
+        self.rule = decode_rule(graph)
+        self.length = 0
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._batch: torch.Size | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.rule.kind
+
+    @property
+    def reason(self) -> str | None:
+        return self.rule.reason
+
+    def __repr__(self) -> str:
+        held = ", ".join(f"{name}{tuple(t.shape)}" for name, t in self.tensors.items()) or "nothing yet"
+        why = f"; {self.reason}" if self.reason else ""
+        return f"<tdiag.DecodeCache {self.graph.name}: kind {self.kind}, {self.length} positions, holds {held}{why}>"
+
+    def extend(
+        self, x: torch.Tensor, *, module: nn.Module | None = None, **masks: torch.Tensor | None
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The outputs at the positions of `x` (placed after the `length` cached ones), the
+        cache extended by them."""
+        if module is not None and module is not self.module:
+            raise ValueError("this cache was made by another module: make one with module.new_cache()")
+        given = [name for name, mask in masks.items() if mask is not None]
+        if given:
+            raise ValueError(f"mask {given[0]} cannot be given with a cache: decoding attends every cached position")
+        rank = len(self.graph.inputs[0].axes)
+        if not isinstance(x, torch.Tensor) or x.dim() < rank:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"input {self.rule.input} needs {rank} trailing axes, got {shape}")
+        batch = x.shape[: x.dim() - rank]
+        if self._batch is not None and batch != self._batch:
+            raise ValueError(f"the cache holds a batch of shape {tuple(self._batch)}; got {tuple(batch)}")
+        if self.rule.kind == "prefix":
+            return self._prefix_step(x, rank)
+        return self._kv_step(x, rank, batch)
+
+    __call__ = extend
+
+    def _prefix_step(self, x: torch.Tensor, rank: int) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        dim = self.rule.axis - rank
+        rows = self.tensors.get(self.rule.input)
+        whole = x if rows is None else torch.cat([rows, x], dim)
+        outputs = self.module(whole)
+        count = x.shape[dim]
+        single = not isinstance(outputs, tuple)
+        picked = []
+        for name, y in zip(self.graph.outputs, (outputs,) if single else outputs, strict=True):
+            tensor = self.graph.tensors[name]
+            for k, axis in enumerate(tensor.axes):
+                if axis.size == self.graph.sizes[self.rule.size].symbol:
+                    y = y.narrow(k - len(tensor.axes), y.shape[k - len(tensor.axes)] - count, count)
+            picked.append(y)
+        self.tensors[self.rule.input] = whole.detach() if not torch.is_grad_enabled() else whole
+        self.length = whole.shape[dim]
+        self._batch = x.shape[: x.dim() - rank]
+        return picked[0] if single else tuple(picked)
+
+    def _kv_step(self, x: torch.Tensor, rank: int, batch: torch.Size) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if self.module.training and (self.rule.noise or self.graph.updates):
+            raise ValueError(
+                f"design '{self.graph.name}' draws noise or updates buffers in training mode, which a decoding step"
+                " does not: decode in eval mode (module.eval())"
+            )
+        count = x.shape[self.rule.axis - rank]
+        step = _Step(self, x, count)
+        outputs = tuple(step.output(name) for name in self.graph.outputs)
+        self.tensors.update(step.joined)
+        self.length += count
+        self._batch = batch
+        return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _graph_of(module: nn.Module) -> DesignGraph:
+    plan = getattr(module, "tdiag_plan", None)
+    graph = getattr(plan, "graph", None) or getattr(module, "tdiag_graph", None)
+    if graph is None:
+        raise NotDecodableError(
+            "this module carries no design graph: build it with Design.module() to decode with a cache"
+        )
+    return graph
+
+
+@dataclass
+class _StepFrame(Frame):
+    """The reference evaluator's frame over ranges of positions: each position leg of the
+    statement being evaluated covers `ranges[leg]` = (first position, count)."""
+
+    step: Any = None
+    ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def leg_size(self, leg: str) -> int:
+        if leg in self.step.rule.positional:
+            return self.ranges[leg][1]
+        return super().leg_size(leg)
+
+    def leg_start(self, leg: str) -> int:
+        return self.ranges[leg][0] if leg in self.step.rule.positional else 0
+
+    def value(self, ref: TensorRef) -> torch.Tensor:
+        return self.step.value(ref)
+
+    def slice_window(self, ref: TensorRef, axis: int, extent: sympy.Expr) -> tuple[int, int]:
+        leg = ref.groups[axis][0]
+        if leg in self.step.rule.positional:
+            start, count = self.ranges[leg]
+            return int(self.number(ref.offset(axis))) + start, count
+        return super().slice_window(ref, axis, extent)
+
+
+class _Step:
+    """One decoding step: positions P .. P + T − 1 from the input x and the cached rows."""
+
+    def __init__(self, cache: DecodeCache, x: torch.Tensor, count: int):
+        self.cache, self.rule, self.graph = cache, cache.rule, cache.graph
+        past = cache.length
+        self.new, self.all = (past, count), (0, past + count)
+        sizes = known_sizes(self.graph, {self.rule.size: past + count})
+        dtype = x.dtype if x.is_floating_point() else next(iter(cache.module.parameters()), x).dtype
+        self.frame = _StepFrame(self.graph, sizes, {self.rule.input: x}, dtype, x.device, step=self)
+        self.memo: dict[tuple, torch.Tensor] = {}
+        self.joined: dict[str, torch.Tensor] = {}
+        for tensor in self.graph.tensors.values():
+            if tensor.kind in ("param", "const", "buffer"):
+                self.frame.values[tensor.name] = self._stored(tensor, sizes, dtype, x.device)
+
+    def _stored(self, tensor: Tensor, sizes: dict[str, int], dtype: torch.dtype, device) -> torch.Tensor:
+        """A parameter, buffer or constant as the module holds it; a constant the compiled plan
+        does not store (a literal it unrolls) from its initializer."""
+        held = getattr(self.cache.module, tensor.name, None)
+        if isinstance(held, torch.Tensor):
+            return held
+        shape = numeric_shape(tensor, sizes, self.graph)
+        return initial_value(tensor, shape, self.graph, sizes, 0, dtype).to(device)
+
+    def _range(self, label: str) -> tuple[int, int]:
+        return self.new if label == NEW else self.all
+
+    def output(self, name: str) -> torch.Tensor:
+        tensor = self.graph.tensors[name]
+        ranges = tuple(self.new if a.size == self._symbol else None for a in tensor.axes)
+        return self.frame.values[name] if tensor.kind == "input" else self.computed(tensor, ranges)
+
+    @property
+    def _symbol(self) -> sympy.Expr:
+        return self.graph.sizes[self.rule.size].symbol
+
+    def value(self, ref: TensorRef) -> torch.Tensor:
+        tensor = self.graph.tensors[ref.name]
+        if tensor.kind == "random":
+            shape = [
+                self.frame.leg_size(g[0])
+                if a.size == self._symbol
+                else int(self.graph.evaluate(a.size, **self.frame.sizes))
+                for g, a in zip(ref.groups, tensor.axes, strict=True)
+            ]
+            return torch.zeros(shape, dtype=self.frame.dtype, device=self.frame.device)
+        if tensor.kind != "derived":
+            return self.frame.values[ref.name]
+        ranges = tuple(
+            (self.frame.ranges[g[0]] if g[0] in self.rule.positional else self.new) if a.size == self._symbol else None
+            for g, a in zip(ref.groups, tensor.axes, strict=True)
+        )
+        return self.computed(tensor, ranges)
+
+    def computed(self, tensor: Tensor, ranges: tuple) -> torch.Tensor:
+        key = (tensor.name, ranges)
+        if key in self.memo:
+            return self.memo[key]
+        axes = [k for k, r in enumerate(ranges) if r is not None]
+        rows = self.cache.tensors.get(tensor.name)
+        if tensor.name in self.rule.cached and len(axes) == 1 and ranges[axes[0]] == self.all and rows is not None:
+            new = self.computed(tensor, tuple(self.new if r is not None else None for r in ranges))
+            value = self.joined[tensor.name] = torch.cat([rows, new], axes[0] - len(ranges))
+        else:
+            value = self._evaluated(tensor.statement, ranges)  # type: ignore[arg-type]
+            if tensor.name in self.rule.cached and ranges[axes[0]] == self.all:
+                self.joined[tensor.name] = value
+        self.memo[key] = value
+        return value
+
+    def _evaluated(self, statement: Statement, ranges: tuple) -> torch.Tensor:
+        saved = self.frame.ranges
+        legs = {group[0]: r for group, r in zip(statement.groups, ranges, strict=True) if r is not None}
+        legs.update(dict.fromkeys(self.rule.inner.get(statement.target, ()), self.all))
+        self.frame.ranges = legs
+        try:
+            return statement_value(statement, self.frame)
+        finally:
+            self.frame.ranges = saved
