@@ -273,6 +273,14 @@ class DecodeCache:
         self.rule = decode_rule(graph)
         self.length = 0
         self.tensors: dict[str, torch.Tensor] = {}
+        self.numbers: dict[sympy.Expr, float] = {}
+        self.expressions: dict[tuple, Any] = {}
+        self.constants: dict[tuple, torch.Tensor] = {}
+        symbol = graph.sizes[self.rule.size].symbol
+        self.position_axes = {
+            name: tuple(a.size == symbol for a in tensor.axes) for name, tensor in graph.tensors.items()
+        }
+        self.sizes = known_sizes(graph, {})
         self._batch: torch.Size | None = None
 
     @property
@@ -366,13 +374,38 @@ class _StepFrame(Frame):
     def leg_size(self, leg: str) -> int:
         if leg in self.step.rule.positional:
             return self.ranges[leg][1]
-        return super().leg_size(leg)
+        return int(self.number(self.graph.legs[leg].size))
+
+    def number(self, expr: sympy.Expr) -> float:
+        """The value of a size expression; those without the run-time length are kept between
+        steps (the cache's `numbers`), so that a step does not evaluate them again."""
+        numbers = self.step.cache.numbers
+        if expr in numbers:
+            return numbers[expr]
+        value = self.graph.evaluate(expr)
+        if value.is_number:
+            numbers[expr] = float(value)
+            return numbers[expr]
+        return super().number(expr)
 
     def leg_start(self, leg: str) -> int:
         return self.ranges[leg][0] if leg in self.step.rule.positional else 0
 
     def value(self, ref: TensorRef) -> torch.Tensor:
         return self.step.value(ref)
+
+    def einsum(self, spec: str, *operands: torch.Tensor) -> torch.Tensor:
+        """torch.einsum, in an order of pairwise contractions chosen once per spec, rank and
+        whether one position is new (opt_einsum's, as torch.einsum would choose at each call)."""
+        if len(operands) < 3:
+            return torch.einsum(spec, *operands)
+        key = (spec, tuple(x.dim() for x in operands), self.step.new[1] == 1)
+        expressions = self.step.cache.expressions
+        if key not in expressions:
+            import opt_einsum
+
+            expressions[key] = opt_einsum.contract_expression(spec, *(x.shape for x in operands))
+        return expressions[key](*operands, backend="torch")
 
     def slice_window(self, ref: TensorRef, axis: int, extent: sympy.Expr) -> tuple[int, int]:
         leg = ref.groups[axis][0]
@@ -389,51 +422,48 @@ class _Step:
         self.cache, self.rule, self.graph = cache, cache.rule, cache.graph
         past = cache.length
         self.new, self.all = (past, count), (0, past + count)
-        sizes = known_sizes(self.graph, {self.rule.size: past + count})
+        sizes = {**cache.sizes, self.rule.size: past + count}
+        if len(sizes) < len(self.graph.sizes):  # sizes defined from the run-time length
+            sizes = known_sizes(self.graph, sizes)
         dtype = x.dtype if x.is_floating_point() else next(iter(cache.module.parameters()), x).dtype
         self.frame = _StepFrame(self.graph, sizes, {self.rule.input: x}, dtype, x.device, step=self)
         self.memo: dict[tuple, torch.Tensor] = {}
         self.joined: dict[str, torch.Tensor] = {}
+        self.positions = cache.position_axes
         for tensor in self.graph.tensors.values():
             if tensor.kind in ("param", "const", "buffer"):
                 self.frame.values[tensor.name] = self._stored(tensor, sizes, dtype, x.device)
 
     def _stored(self, tensor: Tensor, sizes: dict[str, int], dtype: torch.dtype, device) -> torch.Tensor:
         """A parameter, buffer or constant as the module holds it; a constant the compiled plan
-        does not store (a literal it unrolls) from its initializer."""
+        does not store (a literal it unrolls) from its initializer, made once per dtype and device."""
         held = getattr(self.cache.module, tensor.name, None)
         if isinstance(held, torch.Tensor):
             return held
-        shape = numeric_shape(tensor, sizes, self.graph)
-        return initial_value(tensor, shape, self.graph, sizes, 0, dtype).to(device)
-
-    def _range(self, label: str) -> tuple[int, int]:
-        return self.new if label == NEW else self.all
+        key = (tensor.name, dtype, device)
+        if key not in self.cache.constants:
+            shape = numeric_shape(tensor, sizes, self.graph)
+            self.cache.constants[key] = initial_value(tensor, shape, self.graph, sizes, 0, dtype).to(device)
+        return self.cache.constants[key]
 
     def output(self, name: str) -> torch.Tensor:
         tensor = self.graph.tensors[name]
-        ranges = tuple(self.new if a.size == self._symbol else None for a in tensor.axes)
+        ranges = tuple(self.new if position else None for position in self.positions[name])
         return self.frame.values[name] if tensor.kind == "input" else self.computed(tensor, ranges)
-
-    @property
-    def _symbol(self) -> sympy.Expr:
-        return self.graph.sizes[self.rule.size].symbol
 
     def value(self, ref: TensorRef) -> torch.Tensor:
         tensor = self.graph.tensors[ref.name]
         if tensor.kind == "random":
             shape = [
-                self.frame.leg_size(g[0])
-                if a.size == self._symbol
-                else int(self.graph.evaluate(a.size, **self.frame.sizes))
-                for g, a in zip(ref.groups, tensor.axes, strict=True)
+                self.frame.leg_size(g[0]) if position else int(self.frame.number(a.size))
+                for g, a, position in zip(ref.groups, tensor.axes, self.positions[ref.name], strict=True)
             ]
             return torch.zeros(shape, dtype=self.frame.dtype, device=self.frame.device)
         if tensor.kind != "derived":
             return self.frame.values[ref.name]
         ranges = tuple(
-            (self.frame.ranges[g[0]] if g[0] in self.rule.positional else self.new) if a.size == self._symbol else None
-            for g, a in zip(ref.groups, tensor.axes, strict=True)
+            (self.frame.ranges[g[0]] if g[0] in self.rule.positional else self.new) if position else None
+            for g, position in zip(ref.groups, self.positions[ref.name], strict=True)
         )
         return self.computed(tensor, ranges)
 

@@ -252,6 +252,9 @@ class Frame:
         """The value `ref` reads, before slicing and reshaping (a decoding step joins cached rows)."""
         return self.values[ref.name]
 
+    def einsum(self, spec: str, *operands: torch.Tensor) -> torch.Tensor:
+        return torch.einsum(spec, *operands)
+
     def slice_window(self, ref: TensorRef, axis: int, extent: sympy.Expr) -> tuple[int, int]:
         """The first entry and the count that axis `axis` of `ref` reads."""
         return int(self.number(ref.offset(axis))), int(self.number(extent))
@@ -461,7 +464,7 @@ def contraction(node: Contraction, frame: Frame) -> torch.Tensor:
     letters = dict(zip(sorted(inner | set(node.legs)), string.ascii_letters, strict=False))
     inputs = ",".join("..." + "".join(letters[leg] for leg in factor.legs) for factor in node.factors)
     spec = f"{inputs}->..." + "".join(letters[leg] for leg in node.legs)
-    return frame.number(node.coefficient) * torch.einsum(spec, *(evaluate(f, frame) for f in node.factors))
+    return frame.number(node.coefficient) * frame.einsum(spec, *(evaluate(f, frame) for f in node.factors))
 
 
 def sum_node(node: SumNode, frame: Frame) -> torch.Tensor:

@@ -227,3 +227,43 @@ def test_training_mode_noise_needs_eval_mode_to_decode(decoders):
             DecodeCache(module).extend(inputs(module))
     finally:
         module.eval()
+
+
+TEXT = ("To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 8).strip()
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory):
+    import gzip
+
+    path = tmp_path_factory.mktemp("decode") / "tiny.txt.gz"
+    path.write_bytes(gzip.compress(TEXT.encode()))
+    return path
+
+
+def language_model(design: str, corpus_file):
+    from tdiag.train import TrainConfig, build_model, read_corpus
+
+    config = TrainConfig(design=str(DESIGNS / f"{design}.td"), data=str(corpus_file), layers=2, width=16, heads=2,
+                         context=16, batch=2, steps=1, out="unused")  # fmt: skip
+    corpus = read_corpus(config.data, config.context)
+    model, _ = build_model(config, corpus.vocab, torch.device("cpu"))
+    return model, corpus, config
+
+
+@pytest.mark.parametrize("design", ["mhsa", "llama"])
+def test_sampling_with_the_caches_draws_the_characters_the_re_run_draws(design, corpus_file):
+    from tdiag.train import sample
+
+    model, corpus, config = language_model(design, corpus_file)
+    assert [cache.kind for cache in model.new_caches()] == ["kv", "kv"]
+    prompt = [corpus.chars.index(c) for c in "the mind"]  # 8 characters, then 24 more: past the context of 16
+    cpu = torch.device("cpu")
+    assert sample(model, corpus, config, cpu, 24, prompt, 3) == sample(
+        model, corpus, config, cpu, 24, prompt, 3, use_cache=False
+    )
+
+
+def test_a_design_that_reads_the_length_samples_by_re_running_the_context(corpus_file):
+    model, _, _ = language_model("relu2_attention", corpus_file)
+    assert model.new_caches() is None
