@@ -33,6 +33,7 @@ declared by the design are not taken with a cache (every position attends)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -268,19 +269,14 @@ class DecodeCache:
 
     def __init__(self, module: nn.Module):
         graph = _graph_of(module)
+        prepared = _prepared(graph)
         self.module = module
         self.graph = graph
-        self.rule = decode_rule(graph)
+        self.rule: DecodeRule = prepared.rule
         self.length = 0
         self.tensors: dict[str, torch.Tensor] = {}
-        self.numbers: dict[sympy.Expr, float] = {}
-        self.expressions: dict[tuple, Any] = {}
-        self.constants: dict[tuple, torch.Tensor] = {}
-        symbol = graph.sizes[self.rule.size].symbol
-        self.position_axes = {
-            name: tuple(a.size == symbol for a in tensor.axes) for name, tensor in graph.tensors.items()
-        }
-        self.sizes = known_sizes(graph, {})
+        self.numbers, self.expressions, self.constants = prepared.numbers, prepared.expressions, prepared.constants
+        self.position_axes, self.sizes = prepared.position_axes, prepared.sizes
         self._batch: torch.Size | None = None
 
     @property
@@ -319,6 +315,48 @@ class DecodeCache:
 
     __call__ = extend
 
+    def width(self) -> int:
+        """The entries one position adds to a "kv" cache: Σ over the cached tensors of the
+        product of their axes other than the position axis."""
+        return sum(math.prod(self._row_shape(name)) for name in self.rule.cached)
+
+    def _row_shape(self, name: str) -> list[int]:
+        """The sizes of a cached tensor's axes other than its position axis."""
+        axes = zip(self.graph.tensors[name].axes, self.position_axes[name], strict=True)
+        return [int(self.graph.evaluate(a.size)) for a, position in axes if not position]
+
+    def packed(self, start: int = 0) -> torch.Tensor:
+        """The cached rows from position `start` on as one tensor [..., positions, width()]
+        (each cached tensor's position axis moved after the batch dims, the rest flattened, the
+        tensors side by side), for a store that keeps positions along one axis (Hugging Face's
+        DynamicCache, tdiag.hf)."""
+        parts = []
+        for name in self.rule.cached:
+            rows, axis = self.tensors[name], self.position_axes[name].index(True)
+            rank = len(self.position_axes[name])
+            batch = rows.dim() - rank
+            rows = rows.narrow(batch + axis, start, rows.shape[batch + axis] - start).movedim(batch + axis, batch)
+            parts.append(rows.reshape(*rows.shape[: batch + 1], -1))
+        return torch.cat(parts, -1)
+
+    def restore(self, packed: torch.Tensor) -> None:
+        """Hold the rows of `packed` (as `packed()` gives them, from position 0) and nothing else."""
+        if self.rule.kind != "kv":
+            raise ValueError(f"a cache of kind {self.rule.kind} holds no packed rows")
+        if packed.shape[-1] != self.width():
+            raise ValueError(f"packed rows of width {packed.shape[-1]}, expected {self.width()}")
+        self.tensors, offset = {}, 0
+        batch, count = packed.shape[:-2], packed.shape[-2]
+        for name in self.rule.cached:
+            axis = self.position_axes[name].index(True)
+            rest = self._row_shape(name)
+            width = math.prod(rest)
+            rows = packed[..., offset : offset + width].reshape(*batch, count, *rest)
+            self.tensors[name] = rows.movedim(len(batch), len(batch) + axis)
+            offset += width
+        self.length = count
+        self._batch = batch
+
     def _prefix_step(self, x: torch.Tensor, rank: int) -> torch.Tensor | tuple[torch.Tensor, ...]:
         dim = self.rule.axis - rank
         rows = self.tensors.get(self.rule.input)
@@ -351,6 +389,34 @@ class DecodeCache:
         self.length += count
         self._batch = batch
         return outputs[0] if len(outputs) == 1 else outputs
+
+
+@dataclass
+class _Prepared:
+    """What every cache of one design graph shares: its rule, which axes of each tensor run over
+    positions, the fixed sizes, and what steps keep between them (size numbers without the
+    run-time length, einsum orders, unrolled constants)."""
+
+    graph: DesignGraph
+    rule: DecodeRule
+    position_axes: dict[str, tuple[bool, ...]]
+    sizes: dict[str, int]
+    numbers: dict[sympy.Expr, float] = field(default_factory=dict)
+    expressions: dict[tuple, Any] = field(default_factory=dict)
+    constants: dict[tuple, torch.Tensor] = field(default_factory=dict)
+
+
+_PREPARED: dict[int, _Prepared] = {}
+
+
+def _prepared(graph: DesignGraph) -> _Prepared:
+    entry = _PREPARED.get(id(graph))
+    if entry is None or entry.graph is not graph:
+        rule = decode_rule(graph)
+        symbol = graph.sizes[rule.size].symbol
+        axes = {name: tuple(a.size == symbol for a in tensor.axes) for name, tensor in graph.tensors.items()}
+        entry = _PREPARED[id(graph)] = _Prepared(graph, rule, axes, known_sizes(graph, {}))
+    return entry
 
 
 def _graph_of(module: nn.Module) -> DesignGraph:
