@@ -303,9 +303,11 @@ class DecodeCache:
         if given:
             raise ValueError(f"mask {given[0]} cannot be given with a cache: decoding attends every cached position")
         rank = len(self.graph.inputs[0].axes)
-        if not isinstance(x, torch.Tensor) or x.dim() < rank:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"input {self.rule.input} needs {rank} trailing axes, got {shape}")
+        _check_input(x, f"input {self.rule.input}", self.module)
+        if x.dim() < rank:
+            raise ValueError(f"input {self.rule.input} needs {rank} trailing axes, got shape {tuple(x.shape)}")
+        if x.shape[self.rule.axis - rank] == 0:
+            raise ValueError(f"input {self.rule.input}: no new positions (its axis of size {self.rule.size} is empty)")
         batch = x.shape[: x.dim() - rank]
         if self._batch is not None and batch != self._batch:
             raise ValueError(f"the cache holds a batch of shape {tuple(self._batch)}; got {tuple(batch)}")
@@ -389,6 +391,22 @@ class DecodeCache:
         self.length += count
         self._batch = batch
         return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _check_input(x: object, name: str, module: nn.Module) -> None:
+    """A floating-point tensor on the device and of the dtype of the module's parameters (as the
+    compiled forward checks its input; autocast may mix the dtypes)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    like = next(iter(module.parameters()), None)
+    if like is None:
+        return
+    if x.device != like.device:
+        raise ValueError(f"{name} is on {x.device} but the module's parameters are on {like.device}")
+    if x.dtype != like.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"{name} is {x.dtype} but the module's parameters are {like.dtype}; convert one to the other")
 
 
 @dataclass

@@ -267,3 +267,13 @@ def test_sampling_with_the_caches_draws_the_characters_the_re_run_draws(design, 
 def test_a_design_that_reads_the_length_samples_by_re_running_the_context(corpus_file):
     model, _, _ = language_model("relu2_attention", corpus_file)
     assert model.new_caches() is None
+
+
+def test_an_input_of_another_dtype_is_refused_naming_both(compiled):
+    with pytest.raises(TypeError, match=r"input X is torch\.float32 but the module.s parameters are torch\.float64"):
+        compiled["mhsa"](torch.zeros(1, 1, 8), cache=compiled["mhsa"].new_cache())
+
+
+def test_an_input_without_positions_is_refused(compiled):
+    with pytest.raises(ValueError, match="no new positions"):
+        compiled["mhsa"](torch.zeros(1, 0, 8, dtype=torch.float64), cache=compiled["mhsa"].new_cache())
