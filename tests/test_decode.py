@@ -277,3 +277,11 @@ def test_an_input_of_another_dtype_is_refused_naming_both(compiled):
 def test_an_input_without_positions_is_refused(compiled):
     with pytest.raises(ValueError, match="no new positions"):
         compiled["mhsa"](torch.zeros(1, 0, 8, dtype=torch.float64), cache=compiled["mhsa"].new_cache())
+
+
+def test_a_design_causal_through_its_segment_sums_takes_a_cache_as_written():
+    module = tdiag.load(DESIGNS / "mamba2_ssd.td", **small_sizes("mamba2_ssd")).module(dtype=torch.float64, N=8)
+    x = torch.randn(1, LENGTH, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    cache = module.new_cache()
+    steps = [module(x[:, :PROMPT], cache=cache), module(x[:, PROMPT:], cache=cache)]
+    assert torch.allclose(torch.cat(steps, 1), module(x), atol=TOL, rtol=0)
