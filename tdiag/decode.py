@@ -20,11 +20,11 @@ compare absolute positions, so query t sits at position P + t. A step is evaluat
 reference evaluator does (tdiag/reference.py: einsum on materialized tensors, here one row of
 scores per new query), which is exact and cheap for a few new positions against the cache.
 
-Where that is impossible, the cache keeps the layer's inputs and each step re-runs the compiled
-module over the prefix and the new positions (kind "prefix", O(N) work per new position), so
-decoding stays exact; `cache.reason` says why. That is the case for a design that reads the
-input itself at every position (a scan along the queries, Mamba-2's segment sums, linear
-attention written as a running sum), and for position-dependent noise drawn at each call. The
+Where a score reads the input itself at every key (X[m f] inside it), the input's rows are
+cached too. Where no cached rows serve, the cache keeps the layer's inputs and each step re-runs
+the compiled module over the prefix and the new positions (kind "prefix", O(N) work per new
+position), so decoding stays exact; `cache.reason` says why: a scan along the positions of a
+statement's result, Mamba-2's segment sums, noise drawn over every position at each call. The
 recurrent states of linear and scan designs (O(1) per token) are not built yet.
 
 A cache serves one module and one batch shape; a step never updates buffers or draws noise, so a
@@ -185,8 +185,8 @@ class _Requests:
         self.seen.add((name, labels))
         tensor = self.graph.tensors[name]
         if tensor.kind == "input":
-            if ALL in labels:
-                self.fail(f"a statement reads input {name} at the earlier positions, not only the new ones")
+            if ALL in labels and name not in self.cached:
+                self.cached.append(name)  # keys that are the input itself (X[m f] inside a score)
         elif tensor.kind == "random":
             mode = str(tensor.init.param("mode", "train")) if tensor.init else "train"
             if mode == "always":
@@ -543,13 +543,23 @@ class _Step:
                 for g, a, position in zip(ref.groups, tensor.axes, self.positions[ref.name], strict=True)
             ]
             return torch.zeros(shape, dtype=self.frame.dtype, device=self.frame.device)
-        if tensor.kind != "derived":
-            return self.frame.values[ref.name]
         ranges = tuple(
             (self.frame.ranges[g[0]] if g[0] in self.rule.positional else self.new) if position else None
             for g, position in zip(ref.groups, self.positions[ref.name], strict=True)
         )
+        if tensor.kind == "input" and self.all in ranges and self.new != self.all:
+            return self._joined(tensor.name, self.frame.values[ref.name], ranges.index(self.all) - len(ranges))
+        if tensor.kind == "input" and tensor.name in self.rule.cached and self.new == self.all:
+            self.joined[tensor.name] = self.frame.values[ref.name]
+        if tensor.kind != "derived":
+            return self.frame.values[ref.name]
         return self.computed(tensor, ranges)
+
+    def _joined(self, name: str, new: torch.Tensor, dim: int) -> torch.Tensor:
+        """The cached rows of `name` and its new ones, along its position axis `dim` (from the end)."""
+        if name not in self.joined:
+            self.joined[name] = torch.cat([self.cache.tensors[name], new], dim)
+        return self.joined[name]
 
     def computed(self, tensor: Tensor, ranges: tuple) -> torch.Tensor:
         key = (tensor.name, ranges)

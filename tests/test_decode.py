@@ -99,6 +99,7 @@ def test_the_designs_that_read_the_length_are_known(decoders):
         ("deepseek_mla", ("KN", "KRr", "Vh")),
         ("gpt_neox", ("Kr", "QKV")),  # the fused projection, read at every key for its pass-through part
         ("differential_attention", ("K1", "K2", "V")),
+        ("rope_partial", ("Kr", "X", "V")),  # the pass-through scores read the input itself at every key
     ],
 )
 def test_softmax_designs_cache_the_tensors_the_attention_reads_at_every_key(decoders, name, cached):
