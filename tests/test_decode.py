@@ -8,7 +8,7 @@ from conftest import DESIGN_FILES, DESIGNS
 
 import tdiag
 from tdiag import TdiagError
-from tdiag.decode import DecodeCache, NotDecodableError
+from tdiag.decode import DecodeCache, NotDecodableError, decode_rule
 
 TOL = 1e-10
 LENGTH, PROMPT = 5, 2
@@ -96,16 +96,28 @@ def test_the_designs_that_read_the_length_are_known(decoders):
         ("llama", ("Kr", "V")),  # the RoPE-rotated keys
         ("alibi", ("K", "V")),
         ("t5_decoder", ("K", "V")),
-        ("deepseek_mla", ("KN", "KRr", "Vh")),
+        ("deepseek_mla", ("Ckn", "KRr")),  # the normalized latent and the shared rotated key
         ("gpt_neox", ("Kr", "QKV")),  # the fused projection, read at every key for its pass-through part
         ("differential_attention", ("K1", "K2", "V")),
         ("rope_partial", ("Kr", "X", "V")),  # the pass-through scores read the input itself at every key
+        ("retnet", ("Kr", "X")),  # values of width 2D per head: the input is the smaller row
     ],
 )
-def test_softmax_designs_cache_the_tensors_the_attention_reads_at_every_key(decoders, name, cached):
-    cache = DecodeCache(decoders[name])
-    assert cache.kind == "kv"
-    assert set(cache.rule.cached) == set(cached)
+def test_softmax_designs_cache_the_smallest_rows_the_attention_reads_at_every_key(name, cached):
+    """At the design's own sizes (the rule is read off the graph; no module is built)."""
+    rule = decode_rule(tdiag.load(DESIGNS / f"{name}.td").with_causal_mask().graph)
+    assert rule.kind == "kv"
+    assert set(rule.cached) == set(cached)
+
+
+def test_mla_decodes_from_its_latent_in_the_absorbed_form():
+    design = tdiag.load(DESIGNS / "deepseek_mla.td", F=16, H=4, KL=4, QL=8).with_causal_mask()
+    module = design.module(dtype=torch.float64, impl="reference").eval()
+    x = torch.randn(2, LENGTH, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    cache = DecodeCache(module)
+    steps = [cache.extend(x[:, :PROMPT])] + [cache.extend(x[:, t : t + 1]) for t in range(PROMPT, LENGTH)]
+    assert torch.allclose(torch.cat(steps, 1), module(x), atol=TOL, rtol=0)
+    assert cache.tensors["Ckn"].shape == (2, LENGTH, 4)  # KL = 4 entries per position, not H·(C + V) = 256
 
 
 def test_grouped_query_attention_caches_one_key_per_group_not_per_query_head():
