@@ -62,15 +62,15 @@ from .ir import (
 )
 from .reference import Frame, known_sizes, statement_value
 
-__all__ = ["DecodeCache", "DecodeRule", "decode_rule"]
+__all__ = ["DecodeCache", "DecodeRule", "NotDecodableError", "absorbed", "decode_rule"]
 
 NEW, ALL = "new", "all"  # the rows a position axis covers in a step: the new positions, or all so far
 
 
 @dataclass(frozen=True)
 class DecodeRule:
-    """How a design decodes, read off its graph. `kind`: "kv" (cache the rows of `cached` and
-    compute new positions from them) or "prefix" (cache the input and re-run the prefix, for the
+    """How a design decodes, read off its graph. `kind`: "kv" (cache the rows of `cached`,
+    computed tensors or the input itself, and compute new positions from them) or "prefix" (cache the input and re-run the prefix, for the
     `reason` given). `size` is the run-time length the input's `axis` runs over; `inner` holds,
     for each statement that reads the input, its position legs that run over every position
     (its keys); `noise` whether training-mode noise makes decoding need eval mode;
