@@ -70,14 +70,14 @@ NEW, ALL = "new", "all"  # the rows a position axis covers in a step: the new po
 @dataclass(frozen=True)
 class DecodeRule:
     """How a design decodes, read off its graph. `kind`: "kv" (cache the rows of `cached`,
-    computed tensors or the input itself, and compute new positions from them) or "prefix" (cache the input and re-run the prefix, for the
-    `reason` given). `size` is the run-time length the input's `axis` runs over; `inner` holds,
-    for each statement that reads the input, its position legs that run over every position
-    (its keys); `noise` whether training-mode noise makes decoding need eval mode;
-    `reads_length` whether a statement reads the run-time length as a number (ReLU² attention's
-    1/N, sigmoid attention's −log N, cosFormer's πi/2N): such a design's earlier outputs change
-    as positions are added, and a step computes its new positions at N = P + T, as the forward
-    over the sequence so far does."""
+    computed tensors or the input itself, and compute new positions from them) or "prefix"
+    (cache the input and re-run the prefix, for the `reason` given). `size` is the run-time
+    length the input's `axis` runs over; `inner` holds, for each statement that reads the input,
+    its position legs that run over every position (its keys); `noise` whether training-mode
+    noise makes decoding need eval mode; `reads_length` whether a statement reads the run-time
+    length as a number (ReLU² attention's 1/N, sigmoid attention's −log N, cosFormer's πi/2N):
+    such a design's earlier outputs change as positions are added, and a step computes its new
+    positions at N = P + T, as the forward over the sequence so far does."""
 
     kind: str
     input: str
