@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -427,7 +428,7 @@ class DecodeCache:
         graph = _graph_of(module)
         prepared = _prepared(graph)
         self.module = module
-        self.graph = prepared.work
+        self.graph = prepared.work or graph
         self.rule: DecodeRule = prepared.rule
         self.length = 0
         self.tensors: dict[str, torch.Tensor] = {}
@@ -529,7 +530,7 @@ class DecodeCache:
                 if axis.size == self.graph.sizes[self.rule.size].symbol:
                     y = y.narrow(k - len(tensor.axes), y.shape[k - len(tensor.axes)] - count, count)
             picked.append(y)
-        self.tensors[self.rule.input] = whole.detach() if not torch.is_grad_enabled() else whole
+        self.tensors[self.rule.input] = whole
         self.length = whole.shape[dim]
         self._batch = x.shape[: x.dim() - rank]
         return picked[0] if single else tuple(picked)
@@ -567,12 +568,12 @@ def _check_input(x: object, name: str, module: nn.Module) -> None:
 
 @dataclass
 class _Prepared:
-    """What every cache of one design graph shares: its rule, which axes of each tensor run over
-    positions, the fixed sizes, and what steps keep between them (size numbers without the
-    run-time length, einsum orders, unrolled constants)."""
+    """What every cache of one design graph shares: its rule, the graph a step evaluates (None:
+    the design's own; else its absorbed form), which axes of each tensor run over positions, the
+    fixed sizes, and what steps keep between them (size numbers without the run-time length,
+    einsum orders, unrolled constants). Held while the design graph lives, no longer."""
 
-    graph: DesignGraph
-    work: DesignGraph
+    work: DesignGraph | None
     rule: DecodeRule
     position_axes: dict[str, tuple[bool, ...]]
     sizes: dict[str, int]
@@ -586,11 +587,14 @@ _PREPARED: dict[int, _Prepared] = {}
 
 def _prepared(graph: DesignGraph) -> _Prepared:
     entry = _PREPARED.get(id(graph))
-    if entry is None or entry.graph is not graph:
+    if entry is None:
         rule = decode_rule(graph)
         symbol = graph.sizes[rule.size].symbol
         axes = {name: tuple(a.size == symbol for a in tensor.axes) for name, tensor in graph.tensors.items()}
-        entry = _PREPARED[id(graph)] = _Prepared(graph, absorbed(graph), rule, axes, known_sizes(graph, {}))
+        work = absorbed(graph)
+        entry = _Prepared(None if work is graph else work, rule, axes, known_sizes(graph, {}))
+        _PREPARED[id(graph)] = entry
+        weakref.finalize(graph, _PREPARED.pop, id(graph), None)
     return entry
 
 
