@@ -16,6 +16,7 @@ import sympy
 from sympy.printing.pycode import PythonCodePrinter
 
 from .graph import DesignGraph
+from .graph.causal import hides_the_future
 from .ir import Tensor
 from .plan import BATCH_SIZE, Plan, Step, reads
 from .plan.program import (
@@ -499,9 +500,11 @@ def _forward(plan: Plan) -> list[str]:
     signature = ", ".join(
         ["self", *(f"{v}: torch.Tensor" for v in inputs)]
         + (["*", *(f"{m}: torch.Tensor | None = None" for m in masks)] if masks else [])
+        + _cache_parameter(plan, keywords=bool(masks))
     )
     returns = "torch.Tensor" if len(graph.outputs) == 1 else "tuple[torch.Tensor, ...]"
     lines = [f"    def forward({signature}) -> {returns}:"]
+    lines += ["        " + line for line in _cache_entry(plan, inputs, masks)]
     lines += ["        " + line for line in _entry(plan)]
     lines += _body(plan)
     if plan.update_steps:
@@ -517,6 +520,27 @@ def _forward(plan: Plan) -> list[str]:
         outs.append(f"{source(value.var, 'name')}.reshape({_shape_args(batch, shape)})")
     lines.append(f"        return {', '.join(outs)}")
     return lines
+
+
+def _decodes(plan: Plan) -> bool:
+    """Whether the module takes a decoding cache: a causal design of one input (tdiag/decode.py)."""
+    return len(plan.graph.inputs) == 1 and hides_the_future(plan.graph)
+
+
+def _cache_parameter(plan: Plan, *, keywords: bool) -> list[str]:
+    """`cache=None` among the keyword arguments of a module that decodes."""
+    if not _decodes(plan):
+        return []
+    return ["cache=None"] if keywords else ["*", "cache=None"]
+
+
+def _cache_entry(plan: Plan, inputs: list[str], masks: list[str]) -> list[str]:
+    """With a cache (tdiag.DecodeCache, from module.new_cache()), the positions of the input come
+    after those the cache holds: the cache computes them from what it holds and extends itself."""
+    if not _decodes(plan):
+        return []
+    given = "".join(f", {m}={m}" for m in masks)
+    return ["if cache is not None:", f"    return cache.extend({inputs[0]}, module=self{given})"]
 
 
 def _body(plan: Plan) -> list[str]:

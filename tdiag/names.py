@@ -14,6 +14,7 @@ GENERATED = {
     "B": "the batch size",
     "batch_shape": "the input's batch shape",
     "self": "the module itself",
+    "cache": "the decoding cache argument",
     "torch": "the torch module",
     "nn": "torch.nn",
     "math": "the math module",
@@ -47,7 +48,7 @@ MODULE_METHODS = frozenset(
     register_load_state_dict_post_hook register_load_state_dict_pre_hook register_module register_parameter
     register_state_dict_post_hook register_state_dict_pre_hook requires_grad_ reset_parameters set_extra_state
     set_submodule share_memory state_dict to to_empty train type xpu zero_grad
-    _tdiag_given _tdiag_noise _tdiag_update_buffers""".split()
+    _tdiag_given _tdiag_noise _tdiag_update_buffers new_cache""".split()
 )
 ATTRIBUTE_KINDS = ("param", "const", "buffer")  # stored on the module as self.NAME
 LOCAL_KINDS = ("input", "mask", "random", "result")  # forward's locals, renamed by the plan where taken

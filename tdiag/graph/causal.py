@@ -28,6 +28,7 @@ from ..ir import (
     Reduction,
     Scalar,
     Scan,
+    SegmentSum,
     SoftmaxBox,
     SquaredDistance,
     SumNode,
@@ -339,3 +340,17 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
         statements=statements,
         graph=_dataflow_graph(tensors, statements, graph.updates),
     )
+
+
+def hides_the_future(graph: DesignGraph) -> bool:
+    """Whether some statement hides later keys from a query (a causal box, reduction, scan or
+    factor, a one-sided window, or segment sums, −inf past the query): the design is causal, so
+    its outputs at earlier positions do not change as positions are added (what decoding with a
+    cache relies on, tdiag/decode.py)."""
+    for statement in graph.statements:
+        for node in walk(statement.expr):
+            if _causal_factor(node) or isinstance(node, SegmentSum):
+                return True
+            if isinstance(node, SoftmaxBox | Reduction | Scan) and any(_hides_future(m) for m in node.masks):
+                return True
+    return False
