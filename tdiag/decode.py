@@ -50,6 +50,7 @@ from .init import initial_value, numeric_shape
 from .ir import (
     CausalFactor,
     Contraction,
+    Convolution,
     Expr,
     Gather,
     Position,
@@ -385,6 +386,8 @@ class _Requests:
                 self.fail(f"{statement.target} takes segment sums along the positions (a recurrent state)")
             elif isinstance(node, Scan) and legs.get(node.along) == NEW:
                 self.fail(f"{statement.target} scans along the positions of its result (a recurrent state)")
+            elif isinstance(node, Convolution) and any(legs.get(s.leg) == NEW for s in node.shifts):
+                self.fail(f"{statement.target} convolves along the positions of its result (it reads earlier rows)")
             elif isinstance(node, Gather) and node.source is not None:
                 axis = node.source.legs.index(node.axis)
                 if self.is_position(self.graph.tensors[node.source.name].axes[axis].size):
