@@ -9,6 +9,7 @@ never imports it; tests/test_robustness.py compares MODULE_METHODS with torch's 
 from __future__ import annotations
 
 import keyword
+import sys
 
 GENERATED = {
     "B": "the batch size",
@@ -72,6 +73,10 @@ def reserved_because(name: str, role: str) -> str | None:
             return f"'{name}' is a method of torch.nn.Module, and a {role} becomes an attribute of the module"
         if name in MODULE_ATTRIBUTES:
             return f"'{name}' is an attribute of torch.nn.Module, and a {role} becomes one too"
+        if name in _added_module_attributes():
+            return (
+                f"'{name}' is an attribute of torch.nn.Module here (added by a library), and a {role} becomes one too"
+            )
         return None
     if role in LOCAL_KINDS:
         return None
@@ -80,3 +85,12 @@ def reserved_because(name: str, role: str) -> str | None:
     if name in BUILTINS:
         return f"'{name}' is a Python builtin that generated code calls"
     return None
+
+
+def _added_module_attributes() -> set[str]:
+    """torch.nn.Module's attributes in this process beyond the ones listed above, where torch is
+    loaded already: libraries add methods to it (transformers adds `smart_apply`), and a
+    stored tensor of that name would shadow one. Never imports torch."""
+    torch = sys.modules.get("torch")
+    module = getattr(getattr(torch, "nn", None), "Module", None)
+    return set(dir(module)) - MODULE_METHODS - MODULE_ATTRIBUTES if module is not None else set()
