@@ -177,10 +177,14 @@ class Design:
             return ReferenceModule(self.graph, sizes or None, seed=seed, dtype=dtype).to(device)
         if impl != "compiled":
             raise ValueError(f"impl must be 'compiled' or 'reference', got {impl!r}")
+        from .call_plans import call_plans
         from .module import build_module
 
-        plan = self.plan(sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention)
-        return build_module(plan, seed=seed, dtype=dtype, device=device, source_name=shown_path(self.graph.file))
+        options = {"checkpoint_boxes": checkpoint_boxes, "objective": objective, "attention": attention}
+        plan = self.plan(sizes, **options)  # type: ignore[arg-type]
+        calls = call_plans(self, sizes, **options)
+        source_name = shown_path(self.graph.file)
+        return build_module(plan, seed=seed, dtype=dtype, device=device, source_name=source_name, calls=calls)
 
     def source(
         self,
@@ -193,11 +197,14 @@ class Design:
         **more: int,
     ) -> str:
         """The standalone Python module `tdiag compile` writes for these sizes."""
+        from .call_plans import call_plans
         from .codegen import generate
 
-        sizes = {**(sizes or {}), **more}
-        plan = self.plan(sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention)
-        return generate(plan, source_name=shown_path(self.graph.file))
+        sizes = checked_sizes(self.graph, {**(sizes or {}), **more})
+        options = {"checkpoint_boxes": checkpoint_boxes, "objective": objective, "attention": attention}
+        plan = self.plan(sizes, **options)  # type: ignore[arg-type]
+        calls = call_plans(self, sizes, **options)
+        return generate(plan, source_name=shown_path(self.graph.file), calls=calls)
 
     def cost(
         self,

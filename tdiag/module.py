@@ -19,6 +19,8 @@ from .plan import Plan, build_plan
 if TYPE_CHECKING:
     import torch
 
+    from .call_plans import CallPlans
+
 PLANNING_DEFAULTS = {"N": 1024, "B": 8}  # run-time sizes assumed when planning, unless given
 
 
@@ -73,14 +75,21 @@ def restore_generated(source: str, name: str) -> torch.nn.Module:
 
 
 def build_module(
-    plan: Plan, *, seed: int = 0, dtype: torch.dtype | None = None, device=None, source_name: str = ""
+    plan: Plan,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+    device=None,
+    source_name: str = "",
+    calls: CallPlans | None = None,
 ) -> torch.nn.Module:
-    """The plan as a live module (float32 unless `dtype` is given); torch is imported here, not
-    with this file, so that planning (`Design.plan`, `tdiag cost`) never loads it."""
+    """The plan as a live module (float32 unless `dtype` is given), taking the call-time masks of
+    `calls` (call_plans.py) where given; torch is imported here, not with this file, so that
+    planning (`Design.plan`, `tdiag cost`) never loads it."""
     import torch
 
     dtype = dtype or torch.float32
-    source = generate(plan, source_name=source_name)
+    source = generate(plan, source_name=source_name, calls=calls)
     cls = compile_source(source, plan.graph.name)
     module = cls(seed=seed, dtype=dtype, device=device)
     module.tdiag_source = source  # type: ignore[attr-defined]

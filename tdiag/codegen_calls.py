@@ -1,0 +1,178 @@
+"""The generated module's call-time masks (call_plans.py): `forward` takes `attn_mask`,
+`key_padding_mask` and `is_causal` beside the design's own inputs and masks, checks them (each
+mistake a TypeError or ValueError naming the argument), merges the two masks into one over
+(*batch, queries, keys), and runs one of the bodies, each the text codegen prints for its plan, as
+a method: `_tdiag_plain`, `_tdiag_causal`, `_tdiag_masked`, `_tdiag_causal_masked`. The bodies read
+the same parameters and buffers. docs/module.md has the table of conventions."""
+
+from __future__ import annotations
+
+from .call_plans import CallPlans
+from .codegen import _dtype_reference, _forward, _quoted, _reference_tensor, _size, source
+from .plan import Plan
+
+METHODS = ("_tdiag_plain", "_tdiag_causal", "_tdiag_masked", "_tdiag_causal_masked")
+
+CALL_HELPERS = {
+    "_call_mask": '''
+
+def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, bias, refusal):
+    """attn_mask and key_padding_mask as one mask over (*batch, queries, keys), as
+    scaled_dot_product_attention and nn.MultiheadAttention take them: attn_mask bool (True =
+    attend) or float (added to the scores after the scale), its leading axes the inputs' batch
+    axes, or those and a heads axis of size 1 ((B, 1, N, M)); key_padding_mask (*batch, keys), bool
+    (True = ignore) or float (added). Two masks intersect (bool) or add (float). With `bias` (every
+    masked node a softmax box) the mask comes back as float scores, a hidden entry the dtype's
+    lowest number; without, a float mask is refused for `refusal`."""
+    masks = []
+    for name, mask, rank, what in (
+        ("attn_mask", attn_mask, 2, f"(queries, keys) = ({queries}, {keys})"),
+        ("key_padding_mask", key_padding_mask, 1, f"(keys,) = ({keys},)"),
+    ):
+        if mask is None:
+            continue
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
+        if mask.dtype != torch.bool and not mask.is_floating_point():
+            raise TypeError(f"{name} must be a bool or floating-point tensor, got {mask.dtype}")
+        if not bias and mask.dtype != torch.bool:
+            raise TypeError(f"{name} is {mask.dtype}: {refusal}")
+        trailing = (queries, keys)[2 - rank :]
+        if mask.dim() < rank or any(s not in (1, t) for s, t in zip(mask.shape[-rank:], trailing)):
+            raise ValueError(f"{name} must end in {what} (or 1 where it broadcasts), got shape {tuple(mask.shape)}")
+        lead = mask.shape[: mask.dim() - rank]
+        if rank == 2 and len(lead) == len(batch_shape) + 1:
+            if lead[-1] != 1:
+                raise ValueError(
+                    f"{name} has a heads axis of size {lead[-1]} (shape {tuple(mask.shape)}): a mask per head is"
+                    " not taken; give one mask for all heads, (batch, 1, queries, keys) or (batch, queries, keys)"
+                )
+            mask = mask.squeeze(-3)
+            lead = lead[:-1]
+        try:
+            torch.broadcast_shapes(lead, batch_shape)
+        except RuntimeError:
+            raise ValueError(
+                f"{name} of shape {tuple(mask.shape)}: leading axes {tuple(lead)} do not broadcast with"
+                f" the inputs' batch axes {tuple(batch_shape)}"
+            ) from None
+        if len(lead) > len(batch_shape):
+            raise ValueError(
+                f"{name} of shape {tuple(mask.shape)} has more leading axes than the inputs' batch axes"
+                f" {tuple(batch_shape)}"
+            )
+        if rank == 1:
+            mask = (~mask if mask.dtype == torch.bool else mask).unsqueeze(-2)
+        masks.append(mask)
+    if bias:
+        lowest = torch.finfo(dtype).min
+        masks = [
+            m.to(dtype) if m.dtype != torch.bool else torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, lowest)
+            for m in masks
+        ]
+        mask = masks[0] if len(masks) == 1 else (masks[0] + masks[1]).clamp(min=lowest)
+    else:
+        mask = masks[0] if len(masks) == 1 else masks[0] & masks[1]
+    return mask.expand(*mask.shape[:-2], queries, keys)
+'''
+}
+
+
+def _body(plan: Plan, method: str) -> list[str]:
+    """The plan's forward, printed as the method `method`."""
+    lines = _forward(plan)
+    head = "    def forward("
+    assert lines[0].startswith(head)
+    return [f"    def {method}(" + lines[0][len(head) :], *lines[1:]]
+
+
+def _sizes(plan: Plan, calls: CallPlans) -> list[str]:
+    """Lines that check the inputs as the bodies do and bind the run-time sizes from their shapes,
+    so that the mask's expected shape can be named before any body runs."""
+    graph = plan.graph
+    lines: list[str] = []
+    bound: set[str] = set()
+    like, like_name = _reference_tensor(plan)
+    for t in graph.inputs:
+        var = source(plan.names[t.name], "name")
+        rank = len(t.axes)
+        lines.append(f"_input({var}, {_quoted(f'input {t.name}')}, {like}, {like_name})")
+        lines.append(f"if {var}.dim() < {rank}:")
+        needs = source(f"input {t.name} needs {rank} trailing axes ({' '.join(t.legs)}), got shape ", "fstring")
+        lines.append(f'    raise ValueError(f"{needs}{{tuple({var}.shape)}}")')
+        for k, axis in enumerate(t.axes):
+            size = axis.size
+            if size.is_Symbol and graph.sizes[str(size)].is_free and str(size) not in bound:
+                lines.append(f"{source(str(size), 'name')} = {var}.shape[{k - rank}]")
+                bound.add(str(size))
+    return lines
+
+
+def _batch_shape(plan: Plan) -> str:
+    """The inputs' batch axes broadcast together (the bodies check that they do)."""
+    parts = []
+    for t in plan.graph.inputs:
+        var = source(plan.names[t.name], "name")
+        rank = len(t.axes)
+        parts.append(f"{var}.shape[: {var}.dim() - {rank}]")
+    return parts[0] if len(parts) == 1 else f"torch.broadcast_shapes({', '.join(parts)})"
+
+
+def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
+    """`forward` choosing among the bodies, then the bodies; and the plans printed."""
+    graph = plan.graph
+    inputs = [source(plan.names[t.name], "name") for t in graph.inputs]
+    masks = [source(plan.names[t.name], "name") for t in graph.tensors_of_kind("mask")]
+    arguments = ["attn_mask", "key_padding_mask", "is_causal"]
+    signature = ", ".join(
+        ["self", *(f"{v}: torch.Tensor" for v in inputs), "*"]
+        + [f"{m}: torch.Tensor | None = None" for m in masks]
+        + ["attn_mask: torch.Tensor | None = None", "key_padding_mask: torch.Tensor | None = None"]
+        + ["is_causal: bool = False"]
+    )
+    returns = "torch.Tensor" if len(graph.outputs) == 1 else "tuple[torch.Tensor, ...]"
+    given = ", ".join([*inputs, *(f"{m}={m}" for m in masks)])
+    causal = "_tdiag_causal" if calls.causal is not None else "_tdiag_plain"
+    causal_masked = "_tdiag_causal_masked" if calls.causal_masked is not None else "_tdiag_masked"
+    mask_var = source(calls.masked.names[calls.name], "name")
+    call = (
+        f"{given}, {mask_var}=mask_"
+        if not calls.bias
+        else f"{', '.join(inputs)}, mask_" + "".join(f", {m}={m}" for m in masks)
+    )
+    if calls.bias:  # the float input comes last among the inputs
+        order = [source(calls.masked.names[t.name], "name") for t in calls.masked.graph.inputs]
+        assert order[-1] == mask_var, order
+    queries = _size(graph, graph.legs[calls.query].size)
+    keys = _size(graph, graph.legs[calls.key].size)
+    doc = (
+        "The design's forward; attn_mask (bool: True = attend, or float: added to the scores after the"
+        " scale; shaped (*batch, queries, keys) or (batch, 1, queries, keys)), key_padding_mask"
+        " ((*batch, keys): True = ignore, or float added) and is_causal (hide the keys after each query)"
+        " as scaled_dot_product_attention and nn.MultiheadAttention take them; see docs/module.md."
+    )
+    taken = {*inputs, *masks, *arguments}
+    assert "mask_" not in taken, "a design input named mask_"
+    lines = [
+        f"    def forward({signature}) -> {returns}:",
+        f'        """{source(doc, "text")}"""',
+        "        if not isinstance(is_causal, bool):",
+        '            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")',
+        "        if attn_mask is None and key_padding_mask is None:",
+        f"            return self.{causal}({given}) if is_causal else self._tdiag_plain({given})",
+    ]
+    lines += ["        " + line for line in _sizes(plan, calls)]
+    refusal = _quoted(calls.refusal)
+    lines.append(
+        f"        mask_ = _call_mask(attn_mask, key_padding_mask, {queries}, {keys}, {_batch_shape(plan)},"
+        f" {_dtype_reference(plan)}.dtype, {calls.bias}, {refusal})"
+    )
+    lines.append(f"        return self.{causal_masked}({call}) if is_causal else self._tdiag_masked({call})")
+    lines += ["", *_body(plan, "_tdiag_plain")]
+    if calls.causal is not None:
+        lines += ["", *_body(calls.causal, "_tdiag_causal")]
+    lines += ["", *_body(calls.masked, "_tdiag_masked")]
+    if calls.causal_masked is not None:
+        lines += ["", *_body(calls.causal_masked, "_tdiag_causal_masked")]
+    plans = [plan, calls.causal, calls.masked, calls.causal_masked]
+    return lines, [p for p in plans if p is not None]

@@ -1,0 +1,225 @@
+"""The graphs behind a compiled module's call-time masks (`attn_mask`, `key_padding_mask`), as
+`torch.nn.functional.scaled_dot_product_attention` and `nn.MultiheadAttention` take them: a mask
+over (query, key) is put exactly where `with_causal_mask` puts `causal(query, key)`, traced through
+statements the same way, so `is_causal` and a mask hide the same entries of the same nodes.
+
+- `with_call_mask`: a boolean `mask` input M[query key] (True = attend): a padding mask on every box
+  normalized over the key beside the query (softmax, normalize) and on every reduction over it and
+  reverse scan along it, and a factor M[query key] in every contraction that sums the key beside
+  the query over factors not masked already (sigmoid, ReLU² and linear attention: the hidden
+  entries are zeroed, as the language's masks are).
+- `with_call_bias`: a float `input` S[query key] added to the scores of every softmax box over the
+  key beside the query, after its scale (SDPA's float attn_mask: softmax(scale·q·k + S)). Only
+  where every node the mask would reach is a softmax box: a bias has no meaning for a normalize
+  box, a map or a sum, and `CallMaskError` says which node refuses it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import sympy
+
+from ..errors import Span
+from ..ir import (
+    ONE,
+    Axis,
+    Contraction,
+    Expr,
+    PaddingMask,
+    Quotient,
+    Reduction,
+    Scalar,
+    Scan,
+    SoftmaxBox,
+    SumNode,
+    Tensor,
+    TensorRef,
+)
+from .causal import _position_legs
+from .dataflow import _dataflow_graph
+from .model import DesignGraph
+
+
+class CallMaskError(ValueError):
+    """A float mask where the design's attention is not a softmax box: the reason, naming the node."""
+
+
+def call_mask_name(graph: DesignGraph, stem: str = "attn_mask") -> str:
+    """A tensor name for the call mask that no tensor or size of the design has."""
+    name = stem
+    while name in graph.tensors or name in graph.sizes:
+        name += "_"
+    return name
+
+
+def _ref(name: str, query: str, key: str, span: Span) -> TensorRef:
+    return TensorRef(legs=(query, key), span=span, name=name, groups=((query,), (key,)))
+
+
+def _is_call_mask(mask: object, name: str) -> bool:
+    return isinstance(mask, PaddingMask) and mask.tensor.name == name
+
+
+def _hidden_pairs(expr: Expr, name: str, hidden: Mapping[str, set[tuple[int, int]]]) -> set[tuple[str, str]]:
+    """The (query, key) leg pairs along which `expr` is hidden by the call mask already: a factor
+    of it, a box it masks (or biases), a product with such a factor, a sum of such terms, a quotient
+    of such a numerator, or an earlier statement's result masked so."""
+    if isinstance(expr, TensorRef) and expr.name == name:
+        return {(expr.legs[0], expr.legs[1])}
+    if isinstance(expr, SoftmaxBox):
+        pairs = {(m.tensor.legs[0], m.tensor.legs[1]) for m in expr.masks if _is_call_mask(m, name)}
+        return pairs | _biased_pairs(expr, name)
+    if isinstance(expr, Contraction):
+        return set().union(*(_hidden_pairs(f, name, hidden) for f in expr.factors))
+    if isinstance(expr, SumNode):
+        return set.intersection(*(_hidden_pairs(t, name, hidden) for t in expr.terms))
+    if isinstance(expr, Quotient):
+        return _hidden_pairs(expr.numerator, name, hidden)  # type: ignore[arg-type]
+    if isinstance(expr, TensorRef) and not expr.is_reshaped and expr.name in hidden:
+        return {(expr.legs[q], expr.legs[k]) for q, k in hidden[expr.name]}
+    return set()
+
+
+def _biased_pairs(box: SoftmaxBox, name: str) -> set[tuple[str, str]]:
+    """The pairs of a softmax box whose scores hold the call bias as a term."""
+    content = box.content
+    terms = content.terms if isinstance(content, SumNode) else ()
+    found = set()
+    for term in terms:
+        ref = term.factors[0] if isinstance(term, Contraction) and len(term.factors) == 1 else term
+        if isinstance(ref, TensorRef) and ref.name == name:
+            found.add((ref.legs[0], ref.legs[1]))
+    return found
+
+
+def _bias_term(box: SoftmaxBox, name: str, query: str, key: str, span: Span) -> SoftmaxBox:
+    """The box with S[query key] / scale added to its content: S after the scale, as SDPA adds it."""
+    ref = _ref(name, query, key, span)
+    term: Expr = ref
+    if sympy.simplify(box.scale - ONE) != 0:
+        term = Contraction(legs=ref.legs, span=span, factors=(ref,), coefficient=1 / box.scale)
+    content = box.content
+    assert content is not None
+    terms = (*content.terms, term) if isinstance(content, SumNode) else (content, term)
+    signs = (*content.signs, 1) if isinstance(content, SumNode) else (1, 1)
+    return dataclasses.replace(box, content=SumNode(legs=content.legs, span=content.span, terms=terms, signs=signs))
+
+
+def _construct(node: Expr) -> str:
+    if isinstance(node, SoftmaxBox):
+        return "a normalize box"
+    if isinstance(node, Reduction):
+        return f"a {node.name} reduction"
+    if isinstance(node, Scan):
+        return f"a reverse {node.name}"
+    return "a sum over the keys that is not a softmax box (a map, or linear attention)"
+
+
+def _masked(
+    expr: Expr,
+    query: str,
+    key: str,
+    name: str,
+    span: Span,
+    hidden: Mapping[str, set[tuple[int, int]]],
+    bias: bool,
+    refused: list[tuple[str, Span]],
+) -> tuple[Expr, int]:
+    """`expr` with the call mask (or, with `bias`, the call bias) on every node over `key` beside
+    `query` that `with_causal_mask` masks (graph/causal.py `_masked`); with `bias`, each such node
+    that is not a softmax box is recorded in `refused` and left as it is."""
+    if isinstance(expr, TensorRef | Scalar):
+        return expr, 0
+    count = 0
+    changes: dict[str, object] = {}
+    for field_name in ("factors", "terms"):
+        children = getattr(expr, field_name, None)
+        if children is not None:
+            rebuilt = [_masked(c, query, key, name, span, hidden, bias, refused) for c in children]
+            count += sum(n for _, n in rebuilt)
+            changes[field_name] = tuple(c for c, _ in rebuilt)
+    for field_name in ("content", "operand", "numerator", "denominator", "left", "right"):
+        child = getattr(expr, field_name, None)
+        if isinstance(child, Expr):
+            rebuilt_child, n = _masked(child, query, key, name, span, hidden, bias, refused)
+            count += n
+            changes[field_name] = rebuilt_child
+    node = dataclasses.replace(expr, **changes) if changes else expr
+    reduced = isinstance(node, Reduction) and key in node.over and query in node.legs
+    reduced = reduced or (isinstance(node, Scan) and node.reverse and node.along == key and query in node.legs)
+    boxed = isinstance(node, SoftmaxBox) and key in node.normalized and query in node.legs
+    if boxed or reduced:
+        if bias and isinstance(node, SoftmaxBox) and node.is_exp:
+            return _bias_term(node, name, query, key, span), count + 1
+        if bias:
+            refused.append((_construct(node), node.span))
+            return node, count
+        mask = PaddingMask(_ref(name, query, key, span), span)
+        return dataclasses.replace(node, masks=(*node.masks, mask)), count + 1  # type: ignore[arg-type]
+    if isinstance(node, Contraction) and key in node.summed and query in node.legs:
+        if not any((query, key) in _hidden_pairs(f, name, hidden) for f in node.factors if key in f.legs):
+            if bias:
+                refused.append((_construct(node), node.span))
+                return node, count
+            factors = (*node.factors, _ref(name, query, key, span))
+            batch = tuple(dict.fromkeys((*node.batch, query)))
+            return dataclasses.replace(node, factors=factors, batch=batch), count + 1
+    return node, count
+
+
+def _with(graph: DesignGraph, name: str, query: str, key: str, bias: bool) -> tuple[DesignGraph, int]:
+    """The graph with the call mask or bias, traced through the statements as with_causal_mask
+    traces the causal mask; raises CallMaskError where a bias meets a node that is not a softmax box."""
+    statements, total, refused = [], 0, []
+    hidden: dict[str, set[tuple[int, int]]] = {}
+    roles: dict[str, dict[int, str]] = {}
+    for statement in graph.statements:
+        queries, keys = _position_legs(statement.expr, query, key, roles, graph)
+        expr = statement.expr
+        for q, k in dict.fromkeys([(query, key), *((q, k) for q in queries for k in keys if q != k)]):
+            expr, count = _masked(expr, q, k, name, statement.span, hidden, bias, refused)
+            total += count
+        statements.append(dataclasses.replace(statement, expr=expr))
+        if not any(len(g) != 1 for g in statement.groups):
+            position = {leg: k for k, leg in enumerate(statement.legs)}
+            hidden[statement.target] = {
+                (position[q], position[k])
+                for q, k in _hidden_pairs(expr, name, hidden)
+                if q in position and k in position
+            }
+            roles[statement.target] = {
+                axis: "query" if leg in queries else "key"
+                for axis, leg in enumerate(statement.legs)
+                if leg in queries or leg in keys
+            }
+    if refused:
+        what, span = refused[0]
+        raise CallMaskError(
+            f"design '{graph.name}' attends through {what} ({span.file}:{span.line}), not a softmax box:"
+            " a float mask adds to softmax scores only; pass a bool mask (True = attend), which zeroes"
+            " the hidden entries"
+        )
+    span = Span(graph.file, 1, 1, 1, 2)
+    tensors = {n: dataclasses.replace(t) for n, t in graph.tensors.items()}
+    axes = (Axis(query, graph.legs[query].size), Axis(key, graph.legs[key].size))
+    tensors[name] = Tensor(name, "input" if bias else "mask", axes, span)
+    for statement in statements:
+        tensors[statement.target].statement = statement
+    changed = dataclasses.replace(
+        graph, tensors=tensors, statements=statements, graph=_dataflow_graph(tensors, statements, graph.updates)
+    )
+    return changed, total
+
+
+def with_call_mask(graph: DesignGraph, name: str, query: str = "n", key: str = "m") -> DesignGraph:
+    """The design with a boolean mask input `name[query key]` (True = attend) wherever
+    with_causal_mask puts causal(query, key)."""
+    return _with(graph, name, query, key, bias=False)[0]
+
+
+def with_call_bias(graph: DesignGraph, name: str, query: str = "n", key: str = "m") -> DesignGraph:
+    """The design with a float input `name[query key]` added after the scale to the scores of every
+    softmax box that with_causal_mask would mask; CallMaskError where the attention is not a
+    softmax box."""
+    return _with(graph, name, query, key, bias=True)[0]
