@@ -66,10 +66,11 @@ def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, b
         masks.append(mask)
     if bias:
         lowest = torch.finfo(dtype).min
-        masks = [
-            m.to(dtype) if m.dtype != torch.bool else torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, lowest)
-            for m in masks
-        ]
+        for k, m in enumerate(masks):
+            if m.dtype == torch.bool:
+                masks[k] = torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, lowest)
+            else:
+                masks[k] = m.to(dtype)
         mask = masks[0] if len(masks) == 1 else (masks[0] + masks[1]).clamp(min=lowest)
     else:
         mask = masks[0] if len(masks) == 1 else masks[0] & masks[1]
