@@ -5,6 +5,8 @@ on the same weights in float64; every mistake named by its argument."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -117,3 +119,148 @@ def test_bool_masks_intersect(mhsa, x):
     ignore[:, -1] = True
     expected = _sdpa_reference(mhsa, x, mask & ~ignore[:, None, :])
     assert torch.allclose(mhsa(x, attn_mask=mask, key_padding_mask=ignore), expected, atol=TOL, rtol=0)
+
+
+# ---- is_causal and attn_mask on bundled designs ------------------------------------------------
+
+DESIGNS = {  # small sizes of each: softmax, GQA with RoPE, linear attention, a map, a sink, MGK
+    "mhsa": {"F": 8, "H": 2},
+    "llama": {"F": 8, "H": 2},
+    "thsa_elu": {"F": 8, "H": 2},
+    "sigmoid_attention": {"F": 8, "H": 2},
+    "gpt_oss": {"F": 8, "H": 2, "D": 4},
+    "mgk": {"F": 8, "H": 2, "D": 4},
+}
+
+
+@pytest.fixture(scope="module")
+def modules() -> dict[str, tuple[torch.nn.Module, torch.nn.Module]]:
+    """Each design's module and the module compiled causal, with the same weights."""
+    built = {}
+    for name, sizes in DESIGNS.items():
+        design = tdiag.load(name, **sizes)
+        plain = design.module(seed=0, dtype=torch.float64, N=N)
+        causal = design.with_causal_mask().module(seed=0, dtype=torch.float64, N=N)
+        causal.load_state_dict(plain.state_dict())
+        built[name] = plain, causal
+    return built
+
+
+@pytest.mark.parametrize("name", DESIGNS)
+def test_is_causal_at_call_equals_the_module_compiled_causal(modules, name, x):
+    plain, causal = modules[name]
+    assert torch.allclose(plain(x, is_causal=True), causal(x), atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", DESIGNS)
+def test_a_causal_bool_attn_mask_equals_is_causal(modules, name, x):
+    plain, _ = modules[name]
+    lower = torch.ones(N, N, dtype=torch.bool).tril()
+    assert torch.allclose(plain(x, attn_mask=lower), plain(x, is_causal=True), atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", DESIGNS)
+def test_a_module_compiled_causal_stays_causal_without_is_causal(modules, name, x):
+    _, causal = modules[name]
+    assert torch.allclose(causal(x, is_causal=False), causal(x, is_causal=True), atol=TOL, rtol=0)
+    visible = torch.ones(N, N, dtype=torch.bool)
+    assert torch.allclose(causal(x, attn_mask=visible), causal(x), atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", DESIGNS)
+def test_key_padding_mask_equals_the_same_keys_hidden_by_attn_mask(modules, name, x):
+    plain, _ = modules[name]
+    ignore = torch.zeros(B, N, dtype=torch.bool)
+    ignore[0, 2], ignore[1, 4:] = True, True
+    expected = plain(x, attn_mask=~ignore[:, None, :].expand(B, N, N))
+    assert torch.allclose(plain(x, key_padding_mask=ignore), expected, atol=TOL, rtol=0)
+
+
+def test_is_causal_changes_the_result_of_each_design(modules, x):
+    for name, (plain, _) in modules.items():
+        assert not torch.allclose(plain(x), plain(x, is_causal=True), atol=1e-6), name
+
+
+@pytest.mark.parametrize("name", ["thsa_elu", "sigmoid_attention"])
+def test_a_float_attn_mask_is_refused_where_the_attention_is_not_a_softmax_box(modules, name, x):
+    plain, _ = modules[name]
+    with pytest.raises(TypeError, match=r"attn_mask is torch.float64: design .* not a softmax box.* bool mask"):
+        plain(x, attn_mask=torch.zeros(N, N, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"key_padding_mask is torch\.float64"):
+        plain(x, key_padding_mask=torch.zeros(B, N, dtype=torch.float64))
+
+
+# ---- mistakes, named by their argument -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "message"),
+    [
+        ({"attn_mask": torch.ones(N, N, dtype=torch.int64)}, TypeError, "attn_mask must be a bool or floating-point"),
+        ({"attn_mask": [[True]]}, TypeError, "attn_mask must be a torch.Tensor, got list"),
+        ({"attn_mask": torch.ones(N, N + 1, dtype=torch.bool)}, ValueError, r"attn_mask must end in \(queries, keys\)"),
+        ({"attn_mask": torch.ones(N, dtype=torch.bool)}, ValueError, r"attn_mask must end in .* got shape \(6,\)"),
+        ({"attn_mask": torch.ones(B, H, N, N, dtype=torch.bool)}, ValueError, "attn_mask has a heads axis of size 2"),
+        ({"attn_mask": torch.ones(B + 1, N, N, dtype=torch.bool)}, ValueError, r"attn_mask .* do not broadcast"),
+        ({"attn_mask": torch.ones(2, B, 1, N, N, dtype=torch.bool)}, ValueError, "attn_mask .* more leading axes"),
+        ({"key_padding_mask": torch.ones(B, N - 1, dtype=torch.bool)}, ValueError, r"key_padding_mask must end in"),
+        ({"key_padding_mask": torch.ones(B, N, dtype=torch.int32)}, TypeError, "key_padding_mask must be a bool"),
+        ({"key_padding_mask": torch.ones(B + 1, N, dtype=torch.bool)}, ValueError, "key_padding_mask .* broadcast"),
+        ({"is_causal": 1}, TypeError, "is_causal must be a bool, got int"),
+    ],
+    ids=lambda v: "" if isinstance(v, dict | type) else v.split(" ")[0] + "..." + v[-12:],
+)
+def test_mistakes_are_errors_naming_the_argument(mhsa, x, arguments, error, message):
+    with pytest.raises(error, match=message):
+        mhsa(x, **arguments)
+
+
+def test_a_design_without_query_and_key_legs_takes_no_mask_arguments():
+    design = tdiag.loads(
+        "design proj\nsize N, F = 4\ninput X[n: N, f: F]\nparam W[f: F, g: F]\nY[n g] = X[n f] W[f g]\noutput Y\n"
+    )
+    module = design.module(N=3)
+    assert list(inspect.signature(module.forward).parameters) == ["X"]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'is_causal'"):
+        module(torch.randn(3, 4), is_causal=True)
+
+
+# ---- the design's own masks, torch.compile and the standalone file ---------------------------
+
+
+@pytest.fixture(scope="module")
+def bert() -> torch.nn.Module:
+    return tdiag.load("bert", F=8, H=2).module(seed=0, dtype=torch.float64, N=N)
+
+
+def test_a_designs_own_mask_keeps_working_beside_the_call_masks(bert, x):
+    pad = torch.ones(B, N, dtype=torch.bool)
+    pad[0, 3:] = False
+    assert torch.allclose(bert(x, pad=pad), bert(x, key_padding_mask=~pad), atol=TOL, rtol=0)
+    mask = _bool_mask(N, N)
+    both = bert(x, pad=pad, attn_mask=mask, is_causal=True)
+    lower = torch.ones(N, N, dtype=torch.bool).tril()
+    assert torch.allclose(both, bert(x, attn_mask=mask & lower & pad[:, None, :]), atol=TOL, rtol=0)
+
+
+def test_a_designs_own_mask_of_the_wrong_length_is_named(bert, x):
+    with pytest.raises(ValueError, match="mask pad: leg m has size N = 6, got 5"):
+        bert(x, pad=torch.ones(B, N - 1, dtype=torch.bool), attn_mask=torch.ones(N, N, dtype=torch.bool))
+
+
+def test_torch_compile_fullgraph_with_a_mask(mhsa, x):
+    compiled = torch.compile(mhsa, fullgraph=True, backend="eager")
+    mask = _bool_mask(B, N, N)
+    assert torch.allclose(compiled(x, attn_mask=mask, is_causal=True), mhsa(x, attn_mask=mask, is_causal=True))
+
+
+def test_the_standalone_file_takes_the_masks_as_the_module_does(tmp_path, x):
+    from conftest import standalone_module
+
+    design = tdiag.load("mhsa", F=F, H=H)
+    module = design.module(seed=0, dtype=torch.float64)
+    standalone = standalone_module(design.source(), "mhsa_call_masks", tmp_path).Mhsa(seed=0, dtype=torch.float64)
+    mask, ignore = _float_mask(N, N), torch.zeros(B, N, dtype=torch.bool)
+    ignore[1, 0] = True
+    expected = module(x, attn_mask=mask, key_padding_mask=ignore, is_causal=True)
+    assert torch.allclose(standalone(x, attn_mask=mask, key_padding_mask=ignore, is_causal=True), expected, atol=TOL)
