@@ -8,6 +8,7 @@ its module takes exactly the arguments it took before."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,24 +21,35 @@ if TYPE_CHECKING:
     from .plan import Plan
 
 
+# forward's keywords; a design with an input or mask of one of these names keeps its own
+ARGUMENTS = ("attn_mask", "key_padding_mask", "is_causal")
+
+
 @dataclass(frozen=True)
 class CallPlans:
-    """The plans behind one module's call-time arguments."""
+    """The plans behind one module's call-time arguments; the plans are None until planned (a
+    module plans them the first time a call asks for one, module.py)."""
 
     query: str  # the query leg (n), whose size is the mask's second-to-last axis
     key: str  # the key leg (m), whose size is its last axis
-    causal: Plan | None  # the plan with causal(query, key); None where the design is causal already
-    masked: Plan  # the plan with the call mask: a float input added to the scores where `bias`, else a bool mask
-    causal_masked: Plan | None  # both; None where the design is causal already (`masked` serves)
+    already_causal: bool  # the design is causal as built: is_causal changes nothing, the plain plan serves
     bias: bool  # True: every masked node is a softmax box, a mask reaches it as float scores
     refusal: str  # why a float mask is refused (empty where `bias`)
-    name: str  # the call mask's tensor name in the masked plans
+    name: str  # the call mask's tensor name in the masked plans (a float input where `bias`, else a mask)
+    causal: Plan | None = None  # the plan with causal(query, key)
+    masked: Plan | None = None  # the plan with the call mask
+    causal_masked: Plan | None = None  # both
+
+    @property
+    def planned(self) -> bool:
+        return self.masked is not None
 
 
 def call_designs(design: Design, query: str = "n", key: str = "m") -> tuple | None:
     """(causal design or None where causal already, masked design, causal masked design or None,
-    bias, refusal, name), or None for a design without attention over `key` beside `query`; cached
-    on the design, so that its plans are cached too."""
+    bias, refusal, name), or None for a design without attention over `key` beside `query` (or
+    with an input or mask named as one of the ARGUMENTS); cached on the design, so that its plans
+    are cached too."""
     from .design import Design
 
     cache = design.__dict__.setdefault("_call_designs", {})
@@ -45,7 +57,8 @@ def call_designs(design: Design, query: str = "n", key: str = "m") -> tuple | No
         return cache[(query, key)]
     found = None
     graph = design.graph
-    if query in graph.legs and key in graph.legs:
+    own = {t.name for t in graph.tensors_of_kind("input", "mask")} & set(ARGUMENTS)
+    if query in graph.legs and key in graph.legs and not own:
         try:
             causal_graph = design.with_causal_mask(query, key).graph
         except TdiagError:
@@ -71,20 +84,22 @@ def call_designs(design: Design, query: str = "n", key: str = "m") -> tuple | No
     return found
 
 
-def call_plans(design: Design, sizes: Mapping[str, int], **options: object) -> CallPlans | None:
-    """The plans of `design`'s call-time variants at `sizes` with the plain plan's `options`
-    (objective, attention, checkpoint_boxes), or None for a design that has none."""
+def call_plans(
+    design: Design, sizes: Mapping[str, int], *, planned: bool = True, **options: object
+) -> CallPlans | None:
+    """The call-time variants of `design` at `sizes` with the plain plan's `options` (objective,
+    attention, checkpoint_boxes), planned or (`planned=False`) only described; None for a design
+    that has none."""
     designs = call_designs(design)
     if designs is None:
         return None
     causal, masked, causal_masked, bias, refusal, name = designs
-    return CallPlans(
-        query="n",
-        key="m",
+    calls = CallPlans("n", "m", already_causal=causal is None, bias=bias, refusal=refusal, name=name)
+    if not planned:
+        return calls
+    return dataclasses.replace(
+        calls,
         causal=None if causal is None else causal.plan(sizes, **options),
         masked=masked.plan(sizes, **options),
         causal_masked=None if causal_masked is None else causal_masked.plan(sizes, **options),
-        bias=bias,
-        refusal=refusal,
-        name=name,
     )

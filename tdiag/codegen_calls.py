@@ -124,7 +124,6 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
     graph = plan.graph
     inputs = [source(plan.names[t.name], "name") for t in graph.inputs]
     masks = [source(plan.names[t.name], "name") for t in graph.tensors_of_kind("mask")]
-    arguments = ["attn_mask", "key_padding_mask", "is_causal"]
     signature = ", ".join(
         ["self", *(f"{v}: torch.Tensor" for v in inputs), "*"]
         + [f"{m}: torch.Tensor | None = None" for m in masks]
@@ -133,17 +132,20 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
     )
     returns = "torch.Tensor" if len(graph.outputs) == 1 else "tuple[torch.Tensor, ...]"
     given = ", ".join([*inputs, *(f"{m}={m}" for m in masks)])
-    causal = "_tdiag_causal" if calls.causal is not None else "_tdiag_plain"
-    causal_masked = "_tdiag_causal_masked" if calls.causal_masked is not None else "_tdiag_masked"
-    mask_var = source(calls.masked.names[calls.name], "name")
+    causal = "_tdiag_plain" if calls.already_causal else "_tdiag_causal"
+    causal_masked = "_tdiag_masked" if calls.already_causal else "_tdiag_causal_masked"
+    mask_var = source(calls.name, "name")
+    if calls.masked is not None:  # the plan names its mask as the design does; a float one is its last input
+        assert calls.masked.names[calls.name] == mask_var
+        assert not calls.bias or calls.masked.graph.inputs[-1].name == calls.name
+    local = "mask_"
+    while local in {*inputs, *masks, *graph.sizes}:
+        local += "_"
     call = (
-        f"{given}, {mask_var}=mask_"
+        f"{given}, {mask_var}={local}"
         if not calls.bias
-        else f"{', '.join(inputs)}, mask_" + "".join(f", {m}={m}" for m in masks)
+        else f"{', '.join(inputs)}, {local}" + "".join(f", {m}={m}" for m in masks)
     )
-    if calls.bias:  # the float input comes last among the inputs
-        order = [source(calls.masked.names[t.name], "name") for t in calls.masked.graph.inputs]
-        assert order[-1] == mask_var, order
     queries = _size(graph, graph.legs[calls.query].size)
     keys = _size(graph, graph.legs[calls.key].size)
     doc = (
@@ -152,8 +154,6 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         " ((*batch, keys): True = ignore, or float added) and is_causal (hide the keys after each query)"
         " as scaled_dot_product_attention and nn.MultiheadAttention take them; see docs/module.md."
     )
-    taken = {*inputs, *masks, *arguments}
-    assert "mask_" not in taken, "a design input named mask_"
     lines = [
         f"    def forward({signature}) -> {returns}:",
         f'        """{source(doc, "text")}"""',
@@ -165,15 +165,12 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
     lines += ["        " + line for line in _sizes(plan, calls)]
     refusal = _quoted(calls.refusal)
     lines.append(
-        f"        mask_ = _call_mask(attn_mask, key_padding_mask, {queries}, {keys}, {_batch_shape(plan)},"
+        f"        {local} = _call_mask(attn_mask, key_padding_mask, {queries}, {keys}, {_batch_shape(plan)},"
         f" {_dtype_reference(plan)}.dtype, {calls.bias}, {refusal})"
     )
     lines.append(f"        return self.{causal_masked}({call}) if is_causal else self._tdiag_masked({call})")
-    lines += ["", *_body(plan, "_tdiag_plain")]
-    if calls.causal is not None:
-        lines += ["", *_body(calls.causal, "_tdiag_causal")]
-    lines += ["", *_body(calls.masked, "_tdiag_masked")]
-    if calls.causal_masked is not None:
-        lines += ["", *_body(calls.causal_masked, "_tdiag_causal_masked")]
     plans = [plan, calls.causal, calls.masked, calls.causal_masked]
+    for method, body in zip(METHODS, plans, strict=True):
+        if body is not None:
+            lines += ["", *_body(body, method)]
     return lines, [p for p in plans if p is not None]

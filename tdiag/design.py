@@ -155,11 +155,15 @@ class Design:
         checkpoint_boxes: bool = False,
         objective: str = DEFAULT_OBJECTIVE,
         attention: str = "sdpa",
+        plan_calls: bool = False,
         **more: int,
     ):
         """An ordinary torch.nn.Module: the compiled plan (`impl="compiled"`) or the plain
         materialized evaluation of the same graph (`impl="reference"`, the test oracle).
         `checkpoint_boxes=True` recomputes softmax boxes in the backward pass (spec §3.4).
+        A design with query and key legs (n, m) takes `attn_mask`, `key_padding_mask` and
+        `is_causal` when called (docs/module.md); their plans are made the first time a call uses
+        one, or here with `plan_calls=True` (needed before torch.compile traces such a call).
         Stored tensors that would not fit in memory are refused before anything is allocated."""
         import torch
 
@@ -182,9 +186,17 @@ class Design:
 
         options = {"checkpoint_boxes": checkpoint_boxes, "objective": objective, "attention": attention}
         plan = self.plan(sizes, **options)  # type: ignore[arg-type]
-        calls = call_plans(self, sizes, **options)
+        calls = call_plans(self, sizes, planned=plan_calls, **options)
         source_name = shown_path(self.graph.file)
-        return build_module(plan, seed=seed, dtype=dtype, device=device, source_name=source_name, calls=calls)
+        return build_module(
+            plan,
+            seed=seed,
+            dtype=dtype,
+            device=device,
+            source_name=source_name,
+            calls=calls,
+            planner=lambda: call_plans(self, sizes, **options),  # type: ignore[arg-type,return-value]
+        )
 
     def source(
         self,

@@ -248,10 +248,19 @@ def test_a_designs_own_mask_of_the_wrong_length_is_named(bert, x):
         bert(x, pad=torch.ones(B, N - 1, dtype=torch.bool), attn_mask=torch.ones(N, N, dtype=torch.bool))
 
 
-def test_torch_compile_fullgraph_with_a_mask(mhsa, x):
-    compiled = torch.compile(mhsa, fullgraph=True, backend="eager")
+def test_torch_compile_fullgraph_with_a_mask_on_a_module_built_with_its_call_plans(x):
+    module = tdiag.load("mhsa", F=F, H=H).module(seed=0, dtype=torch.float64, plan_calls=True)
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
     mask = _bool_mask(B, N, N)
-    assert torch.allclose(compiled(x, attn_mask=mask, is_causal=True), mhsa(x, attn_mask=mask, is_causal=True))
+    expected = module(x, attn_mask=mask, is_causal=True)
+    assert torch.allclose(compiled(x, attn_mask=mask, is_causal=True), expected, atol=TOL, rtol=0)
+
+
+def test_a_module_runs_the_source_tdiag_compile_writes_once_a_call_has_planned_its_variants(x):
+    design = tdiag.load("mhsa", F=F, H=H)
+    module = design.module(seed=0, dtype=torch.float64)
+    module(x, is_causal=True)
+    assert module.tdiag_source == design.source()
 
 
 def test_the_standalone_file_takes_the_masks_as_the_module_does(tmp_path, x):
