@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .plan import Plan
 
 
-# forward's keywords; a design with an input or mask of one of these names keeps its own
+# forward's keywords; a design with an input, mask or size of one of these names keeps its own
 ARGUMENTS = ("attn_mask", "key_padding_mask", "is_causal")
 
 
@@ -48,7 +48,7 @@ class CallPlans:
 def call_designs(design: Design, query: str = "n", key: str = "m") -> tuple | None:
     """(causal design or None where causal already, masked design, causal masked design or None,
     bias, refusal, name), or None for a design without attention over `key` beside `query` (or
-    with an input or mask named as one of the ARGUMENTS); cached on the design, so that its plans
+    with an input, mask or size named as one of the ARGUMENTS); cached on the design, so that its plans
     are cached too."""
     from .design import Design
 
@@ -57,7 +57,7 @@ def call_designs(design: Design, query: str = "n", key: str = "m") -> tuple | No
         return cache[(query, key)]
     found = None
     graph = design.graph
-    own = {t.name for t in graph.tensors_of_kind("input", "mask")} & set(ARGUMENTS)
+    own = {*(t.name for t in graph.tensors_of_kind("input", "mask")), *graph.sizes} & set(ARGUMENTS)
     if query in graph.legs and key in graph.legs and not own:
         try:
             causal_graph = design.with_causal_mask(query, key).graph

@@ -273,3 +273,12 @@ def test_the_standalone_file_takes_the_masks_as_the_module_does(tmp_path, x):
     ignore[1, 0] = True
     expected = module(x, attn_mask=mask, key_padding_mask=ignore, is_causal=True)
     assert torch.allclose(standalone(x, attn_mask=mask, key_padding_mask=ignore, is_causal=True), expected, atol=TOL)
+
+
+def test_a_design_with_its_own_input_named_attn_mask_keeps_it():
+    text = (
+        "design own\nsize N, F = 4\ninput X[n: N, f: F]\nmask attn_mask[m: N]\nparam W[f: F, g: F]\n"
+        "A[n m] = softmax[m, mask = attn_mask[m]](X[n f] X[m f])\nY[n g] = A[n m] X[m f] W[f g]\noutput Y\n"
+    )
+    module = tdiag.loads(text).module(N=3)
+    assert list(inspect.signature(module.forward).parameters) == ["X", "attn_mask"]
