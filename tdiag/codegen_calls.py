@@ -109,14 +109,17 @@ def _sizes(plan: Plan, calls: CallPlans) -> list[str]:
     return lines
 
 
-def _batch_shape(plan: Plan) -> str:
-    """The inputs' batch axes broadcast together (the bodies check that they do)."""
-    parts = []
-    for t in plan.graph.inputs:
+def _batch_shape(plan: Plan) -> list[str]:
+    """Lines binding `batch_shape`: the inputs' batch axes broadcast together, as the bodies do."""
+    lines = []
+    for k, t in enumerate(plan.graph.inputs):
         var = source(plan.names[t.name], "name")
         rank = len(t.axes)
-        parts.append(f"{var}.shape[: {var}.dim() - {rank}]")
-    return parts[0] if len(parts) == 1 else f"torch.broadcast_shapes({', '.join(parts)})"
+        if k == 0:
+            lines.append(f"batch_shape = {var}.shape[: {var}.dim() - {rank}]")
+        else:
+            lines.append(f"batch_shape = _batch(batch_shape, {var}, {rank}, {_quoted(f'input {t.name}')})")
+    return lines
 
 
 def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
@@ -148,24 +151,27 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
     )
     queries = _size(graph, graph.legs[calls.query].size)
     keys = _size(graph, graph.legs[calls.key].size)
-    doc = (
-        "The design's forward; attn_mask (bool: True = attend, or float: added to the scores after the"
-        " scale; shaped (*batch, queries, keys) or (batch, 1, queries, keys)), key_padding_mask"
-        " ((*batch, keys): True = ignore, or float added) and is_causal (hide the keys after each query)"
-        " as scaled_dot_product_attention and nn.MultiheadAttention take them; see docs/module.md."
-    )
+    doc = [
+        "The design's forward. The masks as scaled_dot_product_attention and nn.MultiheadAttention",
+        "        take them (tdiag's docs/module.md): attn_mask bool (True = attend) or float (added to the",
+        "        scores after the scale), (*batch, queries, keys) or (batch, 1, queries, keys);",
+        "        key_padding_mask (*batch, keys), True = ignore, or float added; is_causal hides the keys",
+        "        after each query.",
+    ]
     lines = [
         f"    def forward({signature}) -> {returns}:",
-        f'        """{source(doc, "text")}"""',
+        f'        """{source(doc[0], "text")}',
+        *(source(line, "text") for line in doc[1:]),
+        '        """',
         "        if not isinstance(is_causal, bool):",
         '            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")',
         "        if attn_mask is None and key_padding_mask is None:",
         f"            return self.{causal}({given}) if is_causal else self._tdiag_plain({given})",
     ]
-    lines += ["        " + line for line in _sizes(plan, calls)]
+    lines += ["        " + line for line in [*_sizes(plan, calls), *_batch_shape(plan)]]
     refusal = _quoted(calls.refusal)
     lines.append(
-        f"        {local} = _call_mask(attn_mask, key_padding_mask, {queries}, {keys}, {_batch_shape(plan)},"
+        f"        {local} = _call_mask(attn_mask, key_padding_mask, {queries}, {keys}, batch_shape,"
         f" {_dtype_reference(plan)}.dtype, {calls.bias}, {refusal})"
     )
     lines.append(f"        return self.{causal_masked}({call}) if is_causal else self._tdiag_masked({call})")
