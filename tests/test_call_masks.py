@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import tdiag
+from tdiag.resources import design_file
 
 TOL = 1e-10
 F, H, N, B = 8, 2, 6, 3
@@ -93,6 +94,47 @@ def test_bool_attn_mask_equals_sdpa(mhsa, x, shape):
 def test_float_attn_mask_is_added_after_the_scale_as_sdpa(mhsa, x, shape):
     bias = _float_mask(*shape)
     assert torch.allclose(mhsa(x, attn_mask=bias), _sdpa_reference(mhsa, x, bias), atol=TOL, rtol=0)
+
+
+CAPPED = "softmax[m, scale = 1 / sqrt(D)](20 * tanh(Q[n h d] K[m h d] / 20))"  # SDPA refuses a map of the scores
+
+
+@pytest.fixture(scope="module")
+def capped() -> torch.nn.Module:
+    """mhsa with its scores soft-capped (Gemma 2's c·tanh(s / c)): the materialized box."""
+    text = design_file("mhsa").read_text()
+    design = tdiag.loads(text.replace("softmax[m, scale = 1 / sqrt(D)](Q[n h d] K[m h d])", CAPPED), F=F, H=H)
+    return design.module(seed=0, dtype=torch.float64, plan_calls=True)
+
+
+def _capped_reference(module, x, mask):
+    """The soft-capped attention by hand, `mask` added to the scores after the scale."""
+    q, k, v = (torch.einsum("bnf,fhd->bhnd", x, w) for w in (module.WQ, module.WK, module.WV))
+    scores = 20 * torch.tanh(q @ k.mT / 20) / (F // H) ** 0.5 + mask
+    return torch.einsum("bhne,heg->bng", scores.softmax(-1) @ v, module.WO)
+
+
+def test_a_float_attn_mask_on_a_materialized_box_is_added_after_the_scale(capped, x):
+    assert "functional.scaled_dot_product_attention(" not in capped.tdiag_source
+    bias = _float_mask(B, N, N)
+    assert torch.allclose(capped(x, attn_mask=bias), _capped_reference(capped, x, bias[:, None]), atol=TOL, rtol=0)
+
+
+def test_a_bool_attn_mask_on_a_materialized_box_hides_the_keys(capped, x):
+    mask = _bool_mask(N, N)
+    hidden = torch.zeros(N, N, dtype=torch.float64).masked_fill(~mask, -torch.inf)
+    assert torch.allclose(capped(x, attn_mask=mask), _capped_reference(capped, x, hidden), atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("which", ["sdpa", "materialized"])
+def test_a_query_whose_keys_are_all_hidden_averages_the_values(mhsa, capped, x, which):
+    module = mhsa if which == "sdpa" else capped
+    mask = _bool_mask(N, N)
+    mask[2] = False
+    v = torch.einsum("bnf,fhd->bhnd", x, module.WV)
+    average = torch.einsum("bhe,heg->bg", v.mean(-2), module.WO)
+    got = module(x, attn_mask=mask)
+    assert torch.allclose(got[:, 2], average, atol=TOL, rtol=0)
 
 
 def test_attn_mask_with_is_causal_intersects(mhsa, x):

@@ -83,27 +83,21 @@ def _hidden_pairs(expr: Expr, name: str, hidden: Mapping[str, set[tuple[int, int
 
 def _biased_pairs(box: SoftmaxBox, name: str) -> set[tuple[str, str]]:
     """The pairs of a softmax box whose scores hold the call bias as a term."""
-    content = box.content
-    terms = content.terms if isinstance(content, SumNode) else ()
-    found = set()
-    for term in terms:
-        ref = term.factors[0] if isinstance(term, Contraction) and len(term.factors) == 1 else term
-        if isinstance(ref, TensorRef) and ref.name == name:
-            found.add((ref.legs[0], ref.legs[1]))
-    return found
+    terms = box.content.terms if isinstance(box.content, SumNode) else ()
+    return {(t.legs[0], t.legs[1]) for t in terms if isinstance(t, TensorRef) and t.name == name}
 
 
 def _bias_term(box: SoftmaxBox, name: str, query: str, key: str, span: Span) -> SoftmaxBox:
-    """The box with S[query key] / scale added to its content: S after the scale, as SDPA adds it."""
-    ref = _ref(name, query, key, span)
-    term: Expr = ref
-    if sympy.simplify(box.scale - ONE) != 0:
-        term = Contraction(legs=ref.legs, span=span, factors=(ref,), coefficient=1 / box.scale)
+    """The box softmax(scale·content + S[query key]) with scale 1: S after the scale, as SDPA adds
+    it, never multiplied (a hidden entry is the dtype's lowest number, which any factor > 1
+    would overflow to −inf)."""
     content = box.content
     assert content is not None
-    terms = (*content.terms, term) if isinstance(content, SumNode) else (content, term)
-    signs = (*content.signs, 1) if isinstance(content, SumNode) else (1, 1)
-    return dataclasses.replace(box, content=SumNode(legs=content.legs, span=content.span, terms=terms, signs=signs))
+    scaled = content
+    if sympy.simplify(box.scale - ONE) != 0:
+        scaled = Contraction(legs=content.legs, span=content.span, factors=(content,), coefficient=box.scale)
+    bias = SumNode(legs=content.legs, span=content.span, terms=(scaled, _ref(name, query, key, span)), signs=(1, 1))
+    return dataclasses.replace(box, content=bias, scale=ONE)
 
 
 def _construct(node: Expr) -> str:
