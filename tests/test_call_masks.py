@@ -202,6 +202,15 @@ def test_a_causal_bool_attn_mask_equals_is_causal(modules, name, x):
 
 
 @pytest.mark.parametrize("name", DESIGNS)
+def test_is_causal_with_an_attn_mask_equals_their_intersection(modules, name, x):
+    plain, _ = modules[name]
+    mask = _bool_mask(B, N, N)
+    lower = torch.ones(N, N, dtype=torch.bool).tril()
+    expected = plain(x, attn_mask=mask & lower)
+    assert torch.allclose(plain(x, attn_mask=mask, is_causal=True), expected, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", DESIGNS)
 def test_a_module_compiled_causal_stays_causal_without_is_causal(modules, name, x):
     _, causal = modules[name]
     assert torch.allclose(causal(x, is_causal=False), causal(x, is_causal=True), atol=TOL, rtol=0)
