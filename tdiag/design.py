@@ -206,17 +206,20 @@ class Design:
         checkpoint_boxes: bool = False,
         objective: str = DEFAULT_OBJECTIVE,
         attention: str = "sdpa",
+        calls: bool = True,
         **more: int,
     ) -> str:
-        """The standalone Python module `tdiag compile` writes for these sizes."""
+        """The standalone Python module `tdiag compile` writes for these sizes: with `calls`, its
+        forward takes attn_mask, key_padding_mask and is_causal and the file holds a body for each
+        (docs/module.md); without, forward is the plain plan alone."""
         from .call_plans import call_plans
         from .codegen import generate
 
         sizes = checked_sizes(self.graph, {**(sizes or {}), **more})
         options = {"checkpoint_boxes": checkpoint_boxes, "objective": objective, "attention": attention}
         plan = self.plan(sizes, **options)  # type: ignore[arg-type]
-        calls = call_plans(self, sizes, **options)
-        return generate(plan, source_name=shown_path(self.graph.file), calls=calls)
+        variants = call_plans(self, sizes, **options) if calls else None
+        return generate(plan, source_name=shown_path(self.graph.file), calls=variants)
 
     def cost(
         self,

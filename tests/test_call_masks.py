@@ -333,3 +333,8 @@ def test_a_design_with_its_own_input_named_attn_mask_keeps_it():
     )
     module = tdiag.loads(text).module(N=3)
     assert list(inspect.signature(module.forward).parameters) == ["X", "attn_mask"]
+
+
+def test_source_without_calls_is_the_plain_forward_alone():
+    source = tdiag.load("mhsa", F=F, H=H).source(N=N, calls=False)
+    assert "def forward(self, X: torch.Tensor) -> torch.Tensor:" in source and "_tdiag_" not in source
