@@ -133,7 +133,7 @@ def complete(module: torch.nn.Module) -> None:
     if planner is None:
         return
     source = planner()
-    module.__class__ = compile_source(source, type(module).tdiag_generated[1])
+    module.__class__ = compile_source(source, type(module).tdiag_generated[1])  # type: ignore[attr-defined]
     module.tdiag_source = source  # type: ignore[attr-defined]
 
 

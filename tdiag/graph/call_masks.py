@@ -36,6 +36,7 @@ from ..ir import (
     Tensor,
     TensorRef,
 )
+from ..resources import shown_path
 from .causal import _position_legs
 from .dataflow import _dataflow_graph
 from .model import DesignGraph
@@ -107,7 +108,7 @@ def _construct(node: Expr) -> str:
         return f"a {node.name} reduction"
     if isinstance(node, Scan):
         return f"a reverse {node.name}"
-    return "a sum over the keys that is not a softmax box (a map, or linear attention)"
+    return "a sum over the keys (a map such as sigmoid or relu^2, or linear attention)"
 
 
 def _masked(
@@ -190,9 +191,9 @@ def _with(graph: DesignGraph, name: str, query: str, key: str, bias: bool) -> tu
     if refused:
         what, span = refused[0]
         raise CallMaskError(
-            f"design '{graph.name}' attends through {what} ({span.file}:{span.line}), not a softmax box:"
-            " a float mask adds to softmax scores only; pass a bool mask (True = attend), which zeroes"
-            " the hidden entries"
+            f"design '{graph.name}' attends over {key} through {what} ({shown_path(span.file)} line {span.line}),"
+            " not a softmax box: a float mask adds to softmax scores only; pass a bool mask (True = attend),"
+            " which zeroes the hidden entries"
         )
     span = Span(graph.file, 1, 1, 1, 2)
     tensors = {n: dataclasses.replace(t) for n, t in graph.tensors.items()}
