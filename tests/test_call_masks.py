@@ -338,3 +338,15 @@ def test_a_design_with_its_own_input_named_attn_mask_keeps_it():
 def test_source_without_calls_is_the_plain_forward_alone():
     source = tdiag.load("mhsa", F=F, H=H).source(N=N, calls=False)
     assert "def forward(self, X: torch.Tensor) -> torch.Tensor:" in source and "_tdiag_" not in source
+
+
+def test_an_unbatched_input_takes_unbatched_masks(mhsa, x):
+    mask, ignore = _bool_mask(N, N), torch.zeros(N, dtype=torch.bool)
+    ignore[3] = True
+    expected = mhsa(x[:1], attn_mask=mask, key_padding_mask=ignore[None])[0]
+    assert torch.allclose(mhsa(x[0], attn_mask=mask, key_padding_mask=ignore), expected, atol=TOL, rtol=0)
+
+
+def test_a_float_mask_of_another_dtype_is_taken_in_the_modules_dtype(mhsa, x):
+    bias = _float_mask(B, N, N)
+    assert torch.allclose(mhsa(x, attn_mask=bias.float()), mhsa(x, attn_mask=bias.float().double()), atol=TOL)
