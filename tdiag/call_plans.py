@@ -9,12 +9,13 @@ its module takes exactly the arguments it took before."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import TdiagError
-from .graph.call_masks import CallMaskError, call_mask_name, with_call_bias, with_call_mask
+from .graph.call_masks import bias_refusal, call_mask_name, with_call_bias, with_call_mask
 
 if TYPE_CHECKING:
     from .design import Design
@@ -45,43 +46,57 @@ class CallPlans:
         return self.masked is not None
 
 
-def call_designs(design: Design, query: str = "n", key: str = "m") -> tuple | None:
-    """(causal design or None where causal already, masked design, causal masked design or None,
-    bias, refusal, name), or None for a design without attention over `key` beside `query` (or
-    with an input, mask or size named as one of the ARGUMENTS); cached on the design, so that its plans
-    are cached too."""
-    from .design import Design
+@dataclass
+class CallDesigns:
+    """A design's call-time variants as designs: the causal one made when the module is built
+    (whether it exists decides `is_causal`), the masked ones when first planned."""
 
+    plain: Design
+    causal: Design | None  # None where the design is causal already
+    bias: bool
+    refusal: str
+    name: str
+    query: str = "n"
+    key: str = "m"
+
+    @functools.cached_property
+    def masked(self) -> Design:
+        return self._with_mask(self.plain)
+
+    @functools.cached_property
+    def causal_masked(self) -> Design | None:
+        return None if self.causal is None else self._with_mask(self.causal)
+
+    def _with_mask(self, design: Design) -> Design:
+        from .design import Design
+
+        add = with_call_bias if self.bias else with_call_mask
+        return Design(add(design.graph, self.name, self.query, self.key), design.warnings)
+
+
+def call_designs(design: Design, query: str = "n", key: str = "m") -> CallDesigns | None:
+    """The design's call-time variants, or None for a design without attention over `key` beside
+    `query` that with_causal_mask can mask (or with an input, mask or size named as one of the
+    ARGUMENTS); cached on the design, so that their plans are cached too."""
     cache = design.__dict__.setdefault("_call_designs", {})
-    if (query, key) in cache:
-        return cache[(query, key)]
-    found = None
+    if (query, key) not in cache:
+        cache[(query, key)] = _call_designs(design, query, key)
+    return cache[(query, key)]
+
+
+def _call_designs(design: Design, query: str, key: str) -> CallDesigns | None:
     graph = design.graph
     own = {*(t.name for t in graph.tensors_of_kind("input", "mask")), *graph.sizes} & set(ARGUMENTS)
-    if query in graph.legs and key in graph.legs and not own:
-        try:
-            causal_graph = design.with_causal_mask(query, key).graph
-        except TdiagError:
-            causal_graph = None
-        if causal_graph is not None:
-            name = call_mask_name(graph)
-            already = causal_graph is graph
-            try:
-                masked, bias, refusal = with_call_bias(graph, name, query, key), True, ""
-                causal_masked = None if already else with_call_bias(causal_graph, name, query, key)
-            except CallMaskError as error:
-                masked, bias, refusal = with_call_mask(graph, name, query, key), False, str(error)
-                causal_masked = None if already else with_call_mask(causal_graph, name, query, key)
-            found = (
-                None if already else Design(causal_graph, design.warnings),
-                Design(masked, design.warnings),
-                None if causal_masked is None else Design(causal_masked, design.warnings),
-                bias,
-                refusal,
-                name,
-            )
-    cache[(query, key)] = found
-    return found
+    if query not in graph.legs or key not in graph.legs or own:
+        return None
+    try:
+        causal = design.with_causal_mask(query, key)
+    except TdiagError:
+        return None
+    name = call_mask_name(graph)
+    refusal = bias_refusal(graph, name, query, key)
+    already = causal.graph is graph
+    return CallDesigns(design, None if already else causal, not refusal, refusal, name, query, key)
 
 
 def call_plans(
@@ -93,13 +108,21 @@ def call_plans(
     designs = call_designs(design)
     if designs is None:
         return None
-    causal, masked, causal_masked, bias, refusal, name = designs
-    calls = CallPlans("n", "m", already_causal=causal is None, bias=bias, refusal=refusal, name=name)
+    causal = designs.causal
+    calls = CallPlans(
+        designs.query,
+        designs.key,
+        already_causal=causal is None,
+        bias=designs.bias,
+        refusal=designs.refusal,
+        name=designs.name,
+    )
     if not planned:
         return calls
+    causal_masked = designs.causal_masked
     return dataclasses.replace(
         calls,
         causal=None if causal is None else causal.plan(sizes, **options),
-        masked=masked.plan(sizes, **options),
+        masked=designs.masked.plan(sizes, **options),
         causal_masked=None if causal_masked is None else causal_masked.plan(sizes, **options),
     )

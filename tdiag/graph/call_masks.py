@@ -18,8 +18,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-import sympy
-
 from ..errors import Span
 from ..ir import (
     ONE,
@@ -95,7 +93,7 @@ def _bias_term(box: SoftmaxBox, name: str, query: str, key: str, span: Span) -> 
     content = box.content
     assert content is not None
     scaled = content
-    if sympy.simplify(box.scale - ONE) != 0:
+    if box.scale != ONE:
         scaled = Contraction(legs=content.legs, span=content.span, factors=(content,), coefficient=box.scale)
     bias = SumNode(legs=content.legs, span=content.span, terms=(scaled, _ref(name, query, key, span)), signs=(1, 1))
     return dataclasses.replace(box, content=bias, scale=ONE)
@@ -163,18 +161,17 @@ def _masked(
     return node, count
 
 
-def _with(graph: DesignGraph, name: str, query: str, key: str, bias: bool) -> tuple[DesignGraph, int]:
-    """The graph with the call mask or bias, traced through the statements as with_causal_mask
-    traces the causal mask; raises CallMaskError where a bias meets a node that is not a softmax box."""
-    statements, total, refused = [], 0, []
+def _rewritten(graph: DesignGraph, name: str, query: str, key: str, bias: bool) -> list:
+    """The statements with the call mask or bias, traced through them as with_causal_mask traces
+    the causal mask; raises CallMaskError where a bias meets a node that is not a softmax box."""
+    statements, refused = [], []
     hidden: dict[str, set[tuple[int, int]]] = {}
     roles: dict[str, dict[int, str]] = {}
     for statement in graph.statements:
         queries, keys = _position_legs(statement.expr, query, key, roles, graph)
         expr = statement.expr
         for q, k in dict.fromkeys([(query, key), *((q, k) for q in queries for k in keys if q != k)]):
-            expr, count = _masked(expr, q, k, name, statement.span, hidden, bias, refused)
-            total += count
+            expr, _ = _masked(expr, q, k, name, statement.span, hidden, bias, refused)
         statements.append(dataclasses.replace(statement, expr=expr))
         if not any(len(g) != 1 for g in statement.groups):
             position = {leg: k for k, leg in enumerate(statement.legs)}
@@ -195,26 +192,41 @@ def _with(graph: DesignGraph, name: str, query: str, key: str, bias: bool) -> tu
             " not a softmax box: a float mask adds to softmax scores only; pass a bool mask (True = attend),"
             " which zeroes the hidden entries"
         )
+    return statements
+
+
+def _with(graph: DesignGraph, name: str, query: str, key: str, bias: bool) -> DesignGraph:
+    """The graph with the call mask or bias: its statements rewritten, the tensor declared."""
+    statements = _rewritten(graph, name, query, key, bias)
     span = Span(graph.file, 1, 1, 1, 2)
     tensors = {n: dataclasses.replace(t) for n, t in graph.tensors.items()}
     axes = (Axis(query, graph.legs[query].size), Axis(key, graph.legs[key].size))
     tensors[name] = Tensor(name, "input" if bias else "mask", axes, span)
     for statement in statements:
         tensors[statement.target].statement = statement
-    changed = dataclasses.replace(
+    return dataclasses.replace(
         graph, tensors=tensors, statements=statements, graph=_dataflow_graph(tensors, statements, graph.updates)
     )
-    return changed, total
+
+
+def bias_refusal(graph: DesignGraph, name: str, query: str = "n", key: str = "m") -> str:
+    """Why a float mask cannot be added to the design's scores (CallMaskError's message), or ""
+    where every node the mask reaches is a softmax box; builds no graph."""
+    try:
+        _rewritten(graph, name, query, key, bias=True)
+    except CallMaskError as error:
+        return str(error)
+    return ""
 
 
 def with_call_mask(graph: DesignGraph, name: str, query: str = "n", key: str = "m") -> DesignGraph:
     """The design with a boolean mask input `name[query key]` (True = attend) wherever
     with_causal_mask puts causal(query, key)."""
-    return _with(graph, name, query, key, bias=False)[0]
+    return _with(graph, name, query, key, bias=False)
 
 
 def with_call_bias(graph: DesignGraph, name: str, query: str = "n", key: str = "m") -> DesignGraph:
     """The design with a float input `name[query key]` added after the scale to the scores of every
     softmax box that with_causal_mask would mask; CallMaskError where the attention is not a
     softmax box."""
-    return _with(graph, name, query, key, bias=True)[0]
+    return _with(graph, name, query, key, bias=True)
