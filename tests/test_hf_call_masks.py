@@ -1,0 +1,64 @@
+"""The compiled llama design called with Hugging Face's own masks (docs/module.md): HF's 4-D float
+attention_mask [batch, 1, queries, keys] (0 = attend, the dtype's lowest = hidden; causal and
+padding in one) given as attn_mask equals LlamaAttention given that mask, in float64; and a bool
+key_padding_mask with is_causal gives the same."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from test_hf_models import (  # noqa: E402
+    BATCH,
+    F64,
+    D,
+    N,
+    assert_equal64,
+    causal_float_mask,
+    compiled,
+    gqa_weights,
+    llama,
+    load_into,
+    rope_tables,
+    set_causal,
+    x_input,
+)
+
+SIZES = (("F", 64), ("H", 4), ("G", 2))
+
+
+def _padded_causal_mask() -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's float mask [batch, 1, N, N] of a causal model whose second sequence's last 4 tokens are
+    padding (hidden as keys; their own rows computed, as HF computes them), and that padding as
+    nn.MultiheadAttention's key_padding_mask (True = ignore)."""
+    ignore = torch.zeros(BATCH, N, dtype=torch.bool)
+    ignore[1, -4:] = True
+    lowest = torch.finfo(F64).min
+    mask = causal_float_mask(N).expand(BATCH, 1, N, N).masked_fill(ignore[:, None, None, :], lowest)
+    return mask, ignore
+
+
+@pytest.fixture(scope="module")
+def loaded() -> tuple[torch.nn.Module, torch.nn.Module]:
+    attn = llama()
+    module = compiled("llama", False, SIZES)
+    load_into(module, gqa_weights(attn))
+    return attn, module
+
+
+def test_llama_with_hf_float_attention_mask_equals_llama_attention(loaded):
+    attn, module = loaded
+    x, (mask, _) = x_input(), _padded_causal_mask()
+    expected = set_causal(attn, False)(x, position_embeddings=rope_tables(N, D, 10000), attention_mask=mask)[0]
+    with torch.no_grad():
+        assert_equal64(module(x, attn_mask=mask), expected)
+
+
+def test_llama_with_key_padding_mask_and_is_causal_equals_hf_with_that_mask(loaded):
+    attn, module = loaded
+    x, (mask, ignore) = x_input(), _padded_causal_mask()
+    expected = set_causal(attn, False)(x, position_embeddings=rope_tables(N, D, 10000), attention_mask=mask)[0]
+    with torch.no_grad():
+        assert_equal64(module(x, key_padding_mask=ignore, is_causal=True), expected)
