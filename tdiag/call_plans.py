@@ -40,6 +40,10 @@ class CallPlans:
     causal: Plan | None = None  # the plan with causal(query, key)
     masked: Plan | None = None  # the plan with the call mask
     causal_masked: Plan | None = None  # both
+    # the sizes of the boxes' head legs, where a mask per head is taken (softmax boxes with heads alike)
+    heads: tuple | None = None
+    masked_heads: Plan | None = None  # the plan with a float mask per head
+    causal_masked_heads: Plan | None = None  # and causal
 
     @property
     def planned(self) -> bool:
@@ -56,6 +60,7 @@ class CallDesigns:
     bias: bool
     refusal: str
     name: str
+    heads: tuple | None  # the sizes of the boxes' head legs where a mask per head is taken
     query: str = "n"
     key: str = "m"
 
@@ -67,11 +72,22 @@ class CallDesigns:
     def causal_masked(self) -> Design | None:
         return None if self.causal is None else self._with_mask(self.causal)
 
-    def _with_mask(self, design: Design) -> Design:
+    @functools.cached_property
+    def masked_heads(self) -> Design | None:
+        return None if self.heads is None else self._with_mask(self.plain, per_head=True)
+
+    @functools.cached_property
+    def causal_masked_heads(self) -> Design | None:
+        return None if self.heads is None or self.causal is None else self._with_mask(self.causal, per_head=True)
+
+    def _with_mask(self, design: Design, per_head: bool = False) -> Design:
         from .design import Design
 
-        add = with_call_bias if self.bias else with_call_mask
-        return Design(add(design.graph, self.name, self.query, self.key), design.warnings)
+        if self.bias:
+            graph = with_call_bias(design.graph, self.name, self.query, self.key, per_head)
+        else:
+            graph = with_call_mask(design.graph, self.name, self.query, self.key)
+        return Design(graph, design.warnings)
 
 
 def call_designs(design: Design, query: str = "n", key: str = "m") -> CallDesigns | None:
@@ -94,9 +110,9 @@ def _call_designs(design: Design, query: str, key: str) -> CallDesigns | None:
     except TdiagError:
         return None
     name = call_mask_name(graph)
-    refusal = bias_refusal(graph, name, query, key)
+    refusal, heads = bias_refusal(graph, name, query, key)
     already = causal.graph is graph
-    return CallDesigns(design, None if already else causal, not refusal, refusal, name, query, key)
+    return CallDesigns(design, None if already else causal, not refusal, refusal, name, heads, query, key)
 
 
 def call_plans(
@@ -116,13 +132,16 @@ def call_plans(
         bias=designs.bias,
         refusal=designs.refusal,
         name=designs.name,
+        heads=designs.heads,
     )
     if not planned:
         return calls
-    causal_masked = designs.causal_masked
-    return dataclasses.replace(
-        calls,
-        causal=None if causal is None else causal.plan(sizes, **options),
-        masked=designs.masked.plan(sizes, **options),
-        causal_masked=None if causal_masked is None else causal_masked.plan(sizes, **options),
-    )
+    planned_designs = {
+        "causal": causal,
+        "masked": designs.masked,
+        "causal_masked": designs.causal_masked,
+        "masked_heads": designs.masked_heads,
+        "causal_masked_heads": designs.causal_masked_heads,
+    }
+    plans = {k: None if d is None else d.plan(sizes, **options) for k, d in planned_designs.items()}
+    return dataclasses.replace(calls, **plans)

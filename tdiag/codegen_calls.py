@@ -11,20 +11,29 @@ from .call_plans import CallPlans
 from .codegen import _dtype_reference, _forward, _quoted, _reference_tensor, _size, source
 from .plan import Plan
 
-METHODS = ("_tdiag_plain", "_tdiag_causal", "_tdiag_masked", "_tdiag_causal_masked")
+METHODS = (
+    "_tdiag_plain",
+    "_tdiag_causal",
+    "_tdiag_masked",
+    "_tdiag_causal_masked",
+    "_tdiag_masked_heads",
+    "_tdiag_causal_masked_heads",
+)
 
 CALL_HELPERS = {
     "_call_mask": '''
 
-def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, bias, refusal):
-    """attn_mask and key_padding_mask as one mask over (*batch, queries, keys), as
-    scaled_dot_product_attention and nn.MultiheadAttention take them: attn_mask bool (True =
-    attend) or float (added to the scores after the scale), its leading axes the inputs' batch
-    axes, or those and a heads axis of size 1 ((B, 1, N, M)); key_padding_mask (*batch, keys), bool
-    (True = ignore) or float (added). Two masks intersect (bool) or add (float). With `bias` (every
-    masked node a softmax box) the mask comes back as float scores, a hidden entry the dtype's
-    lowest number; without, a float mask is refused for `refusal`."""
-    masks = []
+def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, bias, refusal, heads):
+    """attn_mask and key_padding_mask as one mask over (*batch, queries, keys), or (*batch, heads,
+    queries, keys) for a mask per head, as scaled_dot_product_attention and nn.MultiheadAttention
+    take them: attn_mask bool (True = attend) or float (added to the scores after the scale), its
+    leading axes the inputs' batch axes, or those and a heads axis ((B, 1, N, M), or (B, H, N, M)
+    where the design takes a mask per head: `heads` is its number of heads, else None);
+    key_padding_mask (*batch, keys), bool (True = ignore) or float (added). Two masks intersect
+    (bool) or add (float). With `bias` (every masked node a softmax box) the mask comes back as
+    float scores, a hidden entry the dtype's lowest number; without, a float mask is refused for
+    `refusal`."""
+    masks, per_head = [], False
     for name, mask, rank, what in (
         ("attn_mask", attn_mask, 2, f"(queries, keys) = ({queries}, {keys})"),
         ("key_padding_mask", key_padding_mask, 1, f"(keys,) = ({keys},)"),
@@ -42,12 +51,19 @@ def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, b
             raise ValueError(f"{name} must end in {what} (or 1 where it broadcasts), got shape {tuple(mask.shape)}")
         lead = mask.shape[: mask.dim() - rank]
         if rank == 2 and len(lead) == len(batch_shape) + 1:
-            if lead[-1] != 1:
+            if lead[-1] != 1 and heads is None:
                 raise ValueError(
-                    f"{name} has a heads axis of size {lead[-1]} (shape {tuple(mask.shape)}): a mask per head is"
-                    " not taken; give one mask for all heads, (batch, 1, queries, keys) or (batch, queries, keys)"
+                    f"{name} has a heads axis of size {lead[-1]} (shape {tuple(mask.shape)}): this design takes one"
+                    " mask for all heads (its attention is not softmax boxes over the same heads); give"
+                    " (batch, 1, queries, keys) or (batch, queries, keys)"
                 )
-            mask = mask.squeeze(-3)
+            if lead[-1] not in (1, heads):
+                raise ValueError(
+                    f"{name} has a heads axis of size {lead[-1]} (shape {tuple(mask.shape)}), but the design has"
+                    f" {heads} heads; give 1 or {heads}"
+                )
+            per_head = lead[-1] != 1
+            mask = mask if per_head else mask.squeeze(-3)
             lead = lead[:-1]
         try:
             torch.broadcast_shapes(lead, batch_shape)
@@ -63,6 +79,7 @@ def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, b
             )
         if rank == 1:
             mask = (~mask if mask.dtype == torch.bool else mask).unsqueeze(-2)
+            mask = mask.unsqueeze(-3) if per_head else mask
         masks.append(mask)
     if bias:
         lowest = torch.finfo(dtype).min
@@ -149,6 +166,7 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         if not calls.bias
         else f"{', '.join(inputs)}, {local}" + "".join(f", {m}={m}" for m in masks)
     )
+    heads = " * ".join(_size(graph, size) for size in calls.heads) if calls.heads is not None else "None"
     queries = _size(graph, graph.legs[calls.query].size)
     keys = _size(graph, graph.legs[calls.key].size)
     doc = [
@@ -172,10 +190,25 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
     refusal = _quoted(calls.refusal)
     lines.append(
         f"        {local} = _call_mask(attn_mask, key_padding_mask, {queries}, {keys}, batch_shape,"
-        f" {_dtype_reference(plan)}.dtype, {calls.bias}, {refusal})"
+        f" {_dtype_reference(plan)}.dtype, {calls.bias}, {refusal}, {heads})"
     )
+    if calls.heads is not None:
+        per_head = "_tdiag_masked_heads" if calls.already_causal else "_tdiag_causal_masked_heads"
+        split = ", ".join(_size(graph, size) for size in calls.heads)
+        lines += [
+            f"        if {local}.dim() == len(batch_shape) + 3:  # a mask per head, over the boxes' head legs",
+            f"            {local} = {local}.reshape(*{local}.shape[:-3], {split}, *{local}.shape[-2:])",
+            f"            return self.{per_head}({call}) if is_causal else self._tdiag_masked_heads({call})",
+        ]
     lines.append(f"        return self.{causal_masked}({call}) if is_causal else self._tdiag_masked({call})")
-    plans = [plan, calls.causal, calls.masked, calls.causal_masked]
+    plans = [
+        plan,
+        calls.causal,
+        calls.masked,
+        calls.causal_masked,
+        calls.masked_heads,
+        calls.causal_masked_heads,
+    ]
     for method, body in zip(METHODS, plans, strict=True):
         if body is not None:
             lines += ["", *_body(body, method)]

@@ -49,7 +49,7 @@ MODULE_METHODS = frozenset(
     register_state_dict_post_hook register_state_dict_pre_hook requires_grad_ reset_parameters set_extra_state
     set_submodule share_memory state_dict to to_empty train type xpu zero_grad
     _tdiag_given _tdiag_noise _tdiag_update_buffers _tdiag_plain _tdiag_causal _tdiag_masked _tdiag_causal_masked
-    _tdiag_planner""".split()
+    _tdiag_masked_heads _tdiag_causal_masked_heads _tdiag_planner""".split()
 )
 ATTRIBUTE_KINDS = ("param", "const", "buffer")  # stored on the module as self.NAME
 LOCAL_KINDS = ("input", "mask", "random", "result")  # forward's locals, renamed by the plan where taken

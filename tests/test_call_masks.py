@@ -137,6 +137,23 @@ def test_a_query_whose_keys_are_all_hidden_averages_the_values(mhsa, capped, x, 
     assert torch.allclose(got[:, 2], average, atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_a_mask_per_head_equals_sdpa(mhsa, x, kind):
+    mask = _bool_mask(B, H, N, N) if kind == "bool" else _float_mask(B, H, N, N)
+    assert torch.allclose(mhsa(x, attn_mask=mask), _sdpa_reference(mhsa, x, mask), atol=TOL, rtol=0)
+
+
+def test_a_mask_per_head_combines_with_key_padding_and_is_causal(mhsa, x):
+    bias = _float_mask(B, H, N, N)
+    ignore = torch.zeros(B, N, dtype=torch.bool)
+    ignore[2, 1:3] = True
+    causal = torch.zeros(N, N, dtype=torch.float64).masked_fill(torch.ones(N, N, dtype=torch.bool).triu(1), -torch.inf)
+    padding = torch.zeros(B, 1, 1, N, dtype=torch.float64).masked_fill(ignore[:, None, None, :], -torch.inf)
+    expected = _sdpa_reference(mhsa, x, bias + causal + padding)
+    got = mhsa(x, attn_mask=bias, key_padding_mask=ignore, is_causal=True)
+    assert torch.allclose(got, expected, atol=TOL, rtol=0)
+
+
 def test_attn_mask_with_is_causal_intersects(mhsa, x):
     mask = _bool_mask(N, N)
     causal = torch.ones(N, N, dtype=torch.bool).tril()
@@ -241,6 +258,13 @@ def test_a_float_attn_mask_is_refused_where_the_attention_is_not_a_softmax_box(m
         plain(x, key_padding_mask=torch.zeros(B, N, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("name", ["thsa_elu", "sigmoid_attention"])
+def test_a_mask_per_head_is_refused_where_the_attention_is_not_softmax_boxes(modules, name, x):
+    plain, _ = modules[name]
+    with pytest.raises(ValueError, match=r"attn_mask has a heads axis of size 2 .* takes one mask for all heads"):
+        plain(x, attn_mask=torch.ones(B, 2, N, N, dtype=torch.bool))
+
+
 # ---- mistakes, named by their argument -------------------------------------------------------
 
 
@@ -251,7 +275,7 @@ def test_a_float_attn_mask_is_refused_where_the_attention_is_not_a_softmax_box(m
         ({"attn_mask": [[True]]}, TypeError, "attn_mask must be a torch.Tensor, got list"),
         ({"attn_mask": torch.ones(N, N + 1, dtype=torch.bool)}, ValueError, r"attn_mask must end in \(queries, keys\)"),
         ({"attn_mask": torch.ones(N, dtype=torch.bool)}, ValueError, r"attn_mask must end in .* got shape \(6,\)"),
-        ({"attn_mask": torch.ones(B, H, N, N, dtype=torch.bool)}, ValueError, "attn_mask has a heads axis of size 2"),
+        ({"attn_mask": torch.ones(B, H + 1, N, N, dtype=torch.bool)}, ValueError, "heads axis of size 3.*has 2 heads"),
         ({"attn_mask": torch.ones(B + 1, N, N, dtype=torch.bool)}, ValueError, r"attn_mask .* do not broadcast"),
         ({"attn_mask": torch.ones(2, B, 1, N, N, dtype=torch.bool)}, ValueError, "attn_mask .* more leading axes"),
         ({"key_padding_mask": torch.ones(B, N - 1, dtype=torch.bool)}, ValueError, r"key_padding_mask must end in"),

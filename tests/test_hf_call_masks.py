@@ -1,7 +1,8 @@
 """The compiled llama design called with Hugging Face's own masks (docs/module.md): HF's 4-D float
 attention_mask [batch, 1, queries, keys] (0 = attend, the dtype's lowest = hidden; causal and
-padding in one) given as attn_mask equals LlamaAttention given that mask, in float64; and a bool
-key_padding_mask with is_causal gives the same."""
+padding in one) given as attn_mask equals LlamaAttention given that mask, in float64; a bool
+key_padding_mask with is_causal gives the same; and a mask per head [batch, heads, queries, keys]
+(grouped-query attention's heads g r) equals LlamaAttention given it."""
 
 from __future__ import annotations
 
@@ -62,3 +63,13 @@ def test_llama_with_key_padding_mask_and_is_causal_equals_hf_with_that_mask(load
     expected = set_causal(attn, False)(x, position_embeddings=rope_tables(N, D, 10000), attention_mask=mask)[0]
     with torch.no_grad():
         assert_equal64(module(x, key_padding_mask=ignore, is_causal=True), expected)
+
+
+def test_llama_with_a_mask_per_head_equals_llama_attention(loaded):
+    """HF numbers the query heads kv-head-major (head g·R + r), as the box's legs g r are read."""
+    attn, module = loaded
+    x = x_input()
+    bias = torch.randn(BATCH, 4, N, N, dtype=F64, generator=torch.Generator().manual_seed(7))
+    expected = set_causal(attn, False)(x, position_embeddings=rope_tables(N, D, 10000), attention_mask=bias)[0]
+    with torch.no_grad():
+        assert_equal64(module(x, attn_mask=bias), expected)

@@ -52,8 +52,9 @@ def call_mask_name(graph: DesignGraph, stem: str = "attn_mask") -> str:
     return name
 
 
-def _ref(name: str, query: str, key: str, span: Span) -> TensorRef:
-    return TensorRef(legs=(query, key), span=span, name=name, groups=((query,), (key,)))
+def _ref(name: str, query: str, key: str, span: Span, heads: tuple[str, ...] = ()) -> TensorRef:
+    legs = (*heads, query, key)
+    return TensorRef(legs=legs, span=span, name=name, groups=tuple((leg,) for leg in legs))
 
 
 def _is_call_mask(mask: object, name: str) -> bool:
@@ -65,9 +66,9 @@ def _hidden_pairs(expr: Expr, name: str, hidden: Mapping[str, set[tuple[int, int
     of it, a box it masks (or biases), a product with such a factor, a sum of such terms, a quotient
     of such a numerator, or an earlier statement's result masked so."""
     if isinstance(expr, TensorRef) and expr.name == name:
-        return {(expr.legs[0], expr.legs[1])}
+        return {(expr.legs[-2], expr.legs[-1])}
     if isinstance(expr, SoftmaxBox):
-        pairs = {(m.tensor.legs[0], m.tensor.legs[1]) for m in expr.masks if _is_call_mask(m, name)}
+        pairs = {(m.tensor.legs[-2], m.tensor.legs[-1]) for m in expr.masks if _is_call_mask(m, name)}
         return pairs | _biased_pairs(expr, name)
     if isinstance(expr, Contraction):
         return set().union(*(_hidden_pairs(f, name, hidden) for f in expr.factors))
@@ -83,19 +84,26 @@ def _hidden_pairs(expr: Expr, name: str, hidden: Mapping[str, set[tuple[int, int
 def _biased_pairs(box: SoftmaxBox, name: str) -> set[tuple[str, str]]:
     """The pairs of a softmax box whose scores hold the call bias as a term."""
     terms = box.content.terms if isinstance(box.content, SumNode) else ()
-    return {(t.legs[0], t.legs[1]) for t in terms if isinstance(t, TensorRef) and t.name == name}
+    return {(t.legs[-2], t.legs[-1]) for t in terms if isinstance(t, TensorRef) and t.name == name}
 
 
-def _bias_term(box: SoftmaxBox, name: str, query: str, key: str, span: Span) -> SoftmaxBox:
-    """The box softmax(scale·content + S[query key]) with scale 1: S after the scale, as SDPA adds
-    it, never multiplied (a hidden entry is the dtype's lowest number, which any factor > 1
-    would overflow to −inf)."""
+def box_heads(box: SoftmaxBox, query: str) -> tuple[str, ...]:
+    """A box's head legs: its legs other than the query leg and the normalized ones, in its order
+    (h; g r under grouped-query attention, kv-head-major as Hugging Face numbers the heads)."""
+    return tuple(leg for leg in box.legs if leg != query and leg not in box.normalized)
+
+
+def _bias_term(box: SoftmaxBox, name: str, query: str, key: str, span: Span, heads: bool) -> SoftmaxBox:
+    """The box softmax(scale·content + S[query key]) with scale 1 (S[heads query key] with
+    `heads`): S after the scale, as SDPA adds it, never multiplied (a hidden entry is the dtype's
+    lowest number, which any factor > 1 would overflow to −inf)."""
     content = box.content
     assert content is not None
     scaled = content
     if box.scale != ONE:
         scaled = Contraction(legs=content.legs, span=content.span, factors=(content,), coefficient=box.scale)
-    bias = SumNode(legs=content.legs, span=content.span, terms=(scaled, _ref(name, query, key, span)), signs=(1, 1))
+    ref = _ref(name, query, key, span, box_heads(box, query) if heads else ())
+    bias = SumNode(legs=content.legs, span=content.span, terms=(scaled, ref), signs=(1, 1))
     return dataclasses.replace(box, content=bias, scale=ONE)
 
 
@@ -118,10 +126,12 @@ def _masked(
     hidden: Mapping[str, set[tuple[int, int]]],
     bias: bool,
     refused: list[tuple[str, Span]],
+    heads: list[tuple[str, ...]] | None = None,
 ) -> tuple[Expr, int]:
     """`expr` with the call mask (or, with `bias`, the call bias) on every node over `key` beside
     `query` that `with_causal_mask` masks (graph/causal.py `_masked`); with `bias`, each such node
-    that is not a softmax box is recorded in `refused` and left as it is."""
+    that is not a softmax box is recorded in `refused` and left as it is. With `heads` (a list),
+    the bias is per head, over each box's head legs, which are appended to it."""
     if isinstance(expr, TensorRef | Scalar):
         return expr, 0
     count = 0
@@ -129,13 +139,13 @@ def _masked(
     for field_name in ("factors", "terms"):
         children = getattr(expr, field_name, None)
         if children is not None:
-            rebuilt = [_masked(c, query, key, name, span, hidden, bias, refused) for c in children]
+            rebuilt = [_masked(c, query, key, name, span, hidden, bias, refused, heads) for c in children]
             count += sum(n for _, n in rebuilt)
             changes[field_name] = tuple(c for c, _ in rebuilt)
     for field_name in ("content", "operand", "numerator", "denominator", "left", "right"):
         child = getattr(expr, field_name, None)
         if isinstance(child, Expr):
-            rebuilt_child, n = _masked(child, query, key, name, span, hidden, bias, refused)
+            rebuilt_child, n = _masked(child, query, key, name, span, hidden, bias, refused, heads)
             count += n
             changes[field_name] = rebuilt_child
     node = dataclasses.replace(expr, **changes) if changes else expr
@@ -144,7 +154,9 @@ def _masked(
     boxed = isinstance(node, SoftmaxBox) and key in node.normalized and query in node.legs
     if boxed or reduced:
         if bias and isinstance(node, SoftmaxBox) and node.is_exp:
-            return _bias_term(node, name, query, key, span), count + 1
+            if heads is not None:
+                heads.append(box_heads(node, query))
+            return _bias_term(node, name, query, key, span, heads is not None), count + 1
         if bias:
             refused.append((_construct(node), node.span))
             return node, count
@@ -161,9 +173,12 @@ def _masked(
     return node, count
 
 
-def _rewritten(graph: DesignGraph, name: str, query: str, key: str, bias: bool) -> list:
+def _rewritten(
+    graph: DesignGraph, name: str, query: str, key: str, bias: bool, heads: list[tuple[str, ...]] | None = None
+) -> list:
     """The statements with the call mask or bias, traced through them as with_causal_mask traces
-    the causal mask; raises CallMaskError where a bias meets a node that is not a softmax box."""
+    the causal mask; raises CallMaskError where a bias meets a node that is not a softmax box.
+    With `heads` (a list) the bias is per head, and each biased box's head legs are appended."""
     statements, refused = [], []
     hidden: dict[str, set[tuple[int, int]]] = {}
     roles: dict[str, dict[int, str]] = {}
@@ -171,7 +186,7 @@ def _rewritten(graph: DesignGraph, name: str, query: str, key: str, bias: bool) 
         queries, keys = _position_legs(statement.expr, query, key, roles, graph)
         expr = statement.expr
         for q, k in dict.fromkeys([(query, key), *((q, k) for q in queries for k in keys if q != k)]):
-            expr, _ = _masked(expr, q, k, name, statement.span, hidden, bias, refused)
+            expr, _ = _masked(expr, q, k, name, statement.span, hidden, bias, refused, heads)
         statements.append(dataclasses.replace(statement, expr=expr))
         if not any(len(g) != 1 for g in statement.groups):
             position = {leg: k for k, leg in enumerate(statement.legs)}
@@ -195,13 +210,17 @@ def _rewritten(graph: DesignGraph, name: str, query: str, key: str, bias: bool) 
     return statements
 
 
-def _with(graph: DesignGraph, name: str, query: str, key: str, bias: bool) -> DesignGraph:
-    """The graph with the call mask or bias: its statements rewritten, the tensor declared."""
-    statements = _rewritten(graph, name, query, key, bias)
+def _with(graph: DesignGraph, name: str, query: str, key: str, bias: bool, per_head: bool = False) -> DesignGraph:
+    """The graph with the call mask or bias: its statements rewritten, the tensor declared (over
+    the boxes' head legs too, `per_head`)."""
+    heads: list[tuple[str, ...]] | None = [] if per_head else None
+    statements = _rewritten(graph, name, query, key, bias, heads)
     span = Span(graph.file, 1, 1, 1, 2)
     tensors = {n: dataclasses.replace(t) for n, t in graph.tensors.items()}
-    axes = (Axis(query, graph.legs[query].size), Axis(key, graph.legs[key].size))
-    tensors[name] = Tensor(name, "input" if bias else "mask", axes, span)
+    legs = (*(heads[0] if heads else ()), query, key)
+    tensors[name] = Tensor(
+        name, "input" if bias else "mask", tuple(Axis(leg, graph.legs[leg].size) for leg in legs), span
+    )
     for statement in statements:
         tensors[statement.target].statement = statement
     return dataclasses.replace(
@@ -209,14 +228,18 @@ def _with(graph: DesignGraph, name: str, query: str, key: str, bias: bool) -> De
     )
 
 
-def bias_refusal(graph: DesignGraph, name: str, query: str = "n", key: str = "m") -> str:
+def bias_refusal(graph: DesignGraph, name: str, query: str = "n", key: str = "m") -> tuple[str, tuple | None]:
     """Why a float mask cannot be added to the design's scores (CallMaskError's message), or ""
-    where every node the mask reaches is a softmax box; builds no graph."""
+    where every node the mask reaches is a softmax box; and the sizes of the boxes' head legs
+    where every biased box has heads of the same sizes (a mask per head is then taken), else
+    None. Builds no graph."""
+    heads: list[tuple[str, ...]] = []
     try:
-        _rewritten(graph, name, query, key, bias=True)
+        _rewritten(graph, name, query, key, True, heads)
     except CallMaskError as error:
-        return str(error)
-    return ""
+        return str(error), None
+    sizes = {tuple(graph.legs[leg].size for leg in legs) for legs in heads}
+    return "", (next(iter(sizes)) if len(sizes) == 1 and () not in sizes else None)
 
 
 def with_call_mask(graph: DesignGraph, name: str, query: str = "n", key: str = "m") -> DesignGraph:
@@ -225,8 +248,10 @@ def with_call_mask(graph: DesignGraph, name: str, query: str = "n", key: str = "
     return _with(graph, name, query, key, bias=False)
 
 
-def with_call_bias(graph: DesignGraph, name: str, query: str = "n", key: str = "m") -> DesignGraph:
-    """The design with a float input `name[query key]` added after the scale to the scores of every
-    softmax box that with_causal_mask would mask; CallMaskError where the attention is not a
-    softmax box."""
-    return _with(graph, name, query, key, bias=True)
+def with_call_bias(
+    graph: DesignGraph, name: str, query: str = "n", key: str = "m", per_head: bool = False
+) -> DesignGraph:
+    """The design with a float input `name[query key]` (`name[heads query key]` per head, over
+    each box's head legs) added after the scale to the scores of every softmax box that
+    with_causal_mask would mask; CallMaskError where the attention is not a softmax box."""
+    return _with(graph, name, query, key, bias=True, per_head=per_head)
