@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import tdiag
+
 transformers = pytest.importorskip("transformers")
 
 from test_hf_models import (  # noqa: E402
@@ -71,5 +73,28 @@ def test_llama_with_a_mask_per_head_equals_llama_attention(loaded):
     x = x_input()
     bias = torch.randn(BATCH, 4, N, N, dtype=F64, generator=torch.Generator().manual_seed(7))
     expected = set_causal(attn, False)(x, position_embeddings=rope_tables(N, D, 10000), attention_mask=bias)[0]
+    with torch.no_grad():
+        assert_equal64(module(x, attn_mask=bias), expected)
+
+
+@pytest.mark.parametrize("per_head", [False, True], ids=["one mask", "per head"])
+def test_mistral_with_a_float_attn_mask_equals_mistral_attention_given_window_and_mask(per_head):
+    """A window (mistral.td is causal as written, a sliding window) and a float mask together: the
+    mask adds to the scores inside the band, as HF's attention adds its mask."""
+    from test_hf_mistral import BATCH as MB
+    from test_hf_mistral import THETA, W, hf_inputs, mistral, weights
+    from test_hf_mistral import F as MF
+    from test_hf_mistral import G as MG
+    from test_hf_mistral import H as MH
+    from test_hf_mistral import N as MN
+
+    attn = mistral()
+    module = tdiag.load("mistral", F=MF, H=MH, G=MG, W=W, Theta=THETA).module(N=MN, dtype=F64)
+    load_into(module, weights(attn))
+    x = torch.randn(MB, MN, MF, dtype=F64, generator=torch.Generator().manual_seed(1))
+    shape = (MB, MH, MN, MN) if per_head else (MB, 1, MN, MN)
+    bias = torch.randn(*shape, dtype=F64, generator=torch.Generator().manual_seed(8))
+    embeddings, window = hf_inputs(MN)
+    expected, _ = attn(x, embeddings, window + bias)
     with torch.no_grad():
         assert_equal64(module(x, attn_mask=bias), expected)
