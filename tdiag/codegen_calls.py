@@ -1,9 +1,9 @@
 """The generated module's call-time masks (call_plans.py): `forward` takes `attn_mask`,
 `key_padding_mask` and `is_causal` beside the design's own inputs and masks, checks them (each
 mistake a TypeError or ValueError naming the argument), merges the two masks into one over
-(*batch, queries, keys), and runs one of the bodies, each the text codegen prints for its plan, as
-a method: `_tdiag_plain`, `_tdiag_causal`, `_tdiag_masked`, `_tdiag_causal_masked`. The bodies read
-the same parameters and buffers. docs/module.md has the table of conventions."""
+(*batch, queries, keys) (or (*batch, heads, queries, keys), a mask per head), and runs one of the
+bodies, each the text codegen prints for its plan, as a method (METHODS). The bodies read the same
+parameters and buffers. docs/module.md has the table of conventions."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def _body(plan: Plan, method: str) -> list[str]:
     return [f"    def {method}(" + lines[0][len(head) :], *lines[1:]]
 
 
-def _sizes(plan: Plan, calls: CallPlans) -> list[str]:
+def _sizes(plan: Plan) -> list[str]:
     """Lines that check the inputs as the bodies do and bind the run-time sizes from their shapes,
     so that the mask's expected shape can be named before any body runs."""
     graph = plan.graph
@@ -172,7 +172,7 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
     doc = [
         "The design's forward. The masks as scaled_dot_product_attention and nn.MultiheadAttention",
         "        take them (tdiag's docs/module.md): attn_mask bool (True = attend) or float (added to the",
-        "        scores after the scale), (*batch, queries, keys) or (batch, 1, queries, keys);",
+        "        scores after the scale), (*batch, queries, keys) or (*batch, 1 or heads, queries, keys);",
         "        key_padding_mask (*batch, keys), True = ignore, or float added; is_causal hides the keys",
         "        after each query.",
     ]
@@ -186,7 +186,7 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         "        if attn_mask is None and key_padding_mask is None:",
         f"            return self.{causal}({given}) if is_causal else self._tdiag_plain({given})",
     ]
-    lines += ["        " + line for line in [*_sizes(plan, calls), *_batch_shape(plan)]]
+    lines += ["        " + line for line in [*_sizes(plan), *_batch_shape(plan)]]
     refusal = _quoted(calls.refusal)
     lines.append(
         f"        {local} = _call_mask(attn_mask, key_padding_mask, {queries}, {keys}, batch_shape,"

@@ -9,9 +9,10 @@ statements the same way, so `is_causal` and a mask hide the same entries of the 
   the query over factors not masked already (sigmoid, ReLU² and linear attention: the hidden
   entries are zeroed, as the language's masks are).
 - `with_call_bias`: a float `input` S[query key] added to the scores of every softmax box over the
-  key beside the query, after its scale (SDPA's float attn_mask: softmax(scale·q·k + S)). Only
-  where every node the mask would reach is a softmax box: a bias has no meaning for a normalize
-  box, a map or a sum, and `CallMaskError` says which node refuses it."""
+  key beside the query, after its scale (SDPA's float attn_mask: softmax(scale·q·k + S)); or, per
+  head, S[heads query key] over each box's head legs (`box_heads`). Only where every node the
+  mask would reach is a softmax box: a bias has no meaning for a normalize box, a map or a sum,
+  and `CallMaskError` says which node refuses it."""
 
 from __future__ import annotations
 
