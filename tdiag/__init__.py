@@ -11,6 +11,7 @@ from .weights import linear_weight, load_linear
 
 __all__ = [
     "LIMITS",
+    "DecodeCache",
     "Design",
     "DesignGraph",
     "Diagnostic",
@@ -23,3 +24,12 @@ __all__ = [
     "loads",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """`tdiag.DecodeCache`, imported on first use: it needs torch, which `import tdiag` does not load."""
+    if name == "DecodeCache":
+        from .decode import DecodeCache
+
+        return DecodeCache
+    raise AttributeError(f"module 'tdiag' has no attribute {name!r}")

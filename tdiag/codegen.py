@@ -17,6 +17,7 @@ import sympy
 from sympy.printing.pycode import PythonCodePrinter
 
 from .graph import DesignGraph
+from .graph.causal import hides_the_future
 from .ir import Tensor
 from .plan import BATCH_SIZE, Plan, Step, reads
 from .plan.program import (
@@ -28,6 +29,7 @@ from .plan.program import (
     BufferUpdate,
     ChunkEdge,
     Concat,
+    Convolve,
     CumulativeScan,
     DecayedPrefix,
     Einsum,
@@ -37,6 +39,7 @@ from .plan.program import (
     FlexAttention,
     GatherAt,
     JoinChunks,
+    LayerNorm,
     LiteralCombination,
     LiveRows,
     Map,
@@ -216,6 +219,26 @@ def _shifted(x, dim, empty, reverse=False):
     if reverse:
         return torch.cat([x.narrow(dim, 1, x.size(dim) - 1), edge], dim)
     return torch.cat([edge, x.narrow(dim, 0, x.size(dim) - 1)], dim)
+''',
+    "_convolve": '''
+
+def _convolve(x, kernel, dims, channels, pads):
+    """Σ_k kernel[c, k] x[..., c, p + k - before] along the axes `dims` of x, zero outside: one
+    grouped convolution whose groups are x's axes `channels` (the kernel's leading axes), its
+    batch x's other axes; `pads` are the (before, after) zeros of each dim (negative: cropped)."""
+    rest = [d for d in range(x.dim()) if d not in dims and d not in channels]
+    order = [*rest, *channels, *dims]
+    y = x.permute(order)
+    shape = y.shape
+    groups = 1
+    for d in channels:
+        groups *= x.size(d)
+    y = y.reshape(-1, groups, *shape[len(rest) + len(channels) :])
+    y = torch.nn.functional.pad(y, [p for before, after in reversed(pads) for p in (before, after)])
+    weight = kernel.reshape(groups, 1, *kernel.shape[len(channels) :])
+    convolve = (torch.nn.functional.conv1d, torch.nn.functional.conv2d, torch.nn.functional.conv3d)[len(dims) - 1]
+    y = convolve(y, weight, groups=groups).reshape(shape)
+    return y.permute([order.index(d) for d in range(x.dim())])
 ''',
     "_segsum": '''
 
@@ -485,9 +508,11 @@ def _forward(plan: Plan) -> list[str]:
     signature = ", ".join(
         ["self", *(f"{v}: torch.Tensor" for v in inputs)]
         + (["*", *(f"{m}: torch.Tensor | None = None" for m in masks)] if masks else [])
+        + _cache_parameter(plan, keywords=bool(masks))
     )
     returns = "torch.Tensor" if len(graph.outputs) == 1 else "tuple[torch.Tensor, ...]"
     lines = [f"    def forward({signature}) -> {returns}:"]
+    lines += ["        " + line for line in _cache_entry(plan, inputs, masks)]
     lines += ["        " + line for line in _entry(plan)]
     lines += _body(plan)
     if plan.update_steps:
@@ -503,6 +528,27 @@ def _forward(plan: Plan) -> list[str]:
         outs.append(f"{source(value.var, 'name')}.reshape({_shape_args(batch, shape)})")
     lines.append(f"        return {', '.join(outs)}")
     return lines
+
+
+def _decodes(plan: Plan) -> bool:
+    """Whether the module takes a decoding cache: a causal design of one input (tdiag/decode.py)."""
+    return len(plan.graph.inputs) == 1 and hides_the_future(plan.graph)
+
+
+def _cache_parameter(plan: Plan, *, keywords: bool) -> list[str]:
+    """`cache=None` among the keyword arguments of a module that decodes."""
+    if not _decodes(plan):
+        return []
+    return ["cache=None"] if keywords else ["*", "cache=None"]
+
+
+def _cache_entry(plan: Plan, inputs: list[str], masks: list[str]) -> list[str]:
+    """With a cache (tdiag.DecodeCache, from module.new_cache()), the positions of the input come
+    after those the cache holds: the cache computes them from what it holds and extends itself."""
+    if not _decodes(plan):
+        return []
+    given = "".join(f", {m}={m}" for m in masks)
+    return ["if cache is not None:", f"    return cache.extend({inputs[0]}, module=self{given})"]
 
 
 def _body(plan: Plan) -> list[str]:
@@ -993,6 +1039,15 @@ def _map(name: str, x: str, parameters: Sequence[sympy.Expr]) -> str:
 
 
 @_op.register
+def _(op: LayerNorm, attributes: frozenset[str]) -> str:
+    shape = f"({_sizes(op.shape)},)"
+    affine = "".join(
+        f", {name}={_read(t, attributes)}" for name, t in (("weight", op.weight), ("bias", op.bias)) if t is not None
+    )
+    return f"torch.nn.functional.layer_norm({_read(op.x, attributes)}, {shape}{affine}, eps={_scalar(op.eps)})"
+
+
+@_op.register
 def _(op: Reduce, attributes: frozenset[str]) -> str:
     x = _var(op.x, attributes)
     if op.hidden:
@@ -1012,6 +1067,16 @@ def _(op: CumulativeScan, attributes: frozenset[str]) -> str:
         return code
     empty = "0.0" if op.method == "cumsum" else "-torch.inf"
     return f"_shifted({code}, {dim}, {empty}{', reverse=True' if op.reverse else ''})"
+
+
+@_op.register
+def _(op: Convolve, attributes: frozenset[str]) -> str:
+    kernel = _read(op.kernel, attributes)
+    if op.flips:
+        first = len(op.channels)
+        kernel = f"{kernel}.flip({tuple(first + k for k in op.flips)})"
+    pads = ", ".join(f"({_expr(before)}, {_expr(after)})" for before, after in op.pads)
+    return f"_convolve({_var(op.x, attributes)}, {kernel}, {op.dims}, {op.channels}, ({pads},))"
 
 
 @_op.register

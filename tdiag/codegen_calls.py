@@ -8,7 +8,7 @@ parameters and buffers. docs/module.md has the table of conventions."""
 from __future__ import annotations
 
 from .call_plans import CallPlans
-from .codegen import _dtype_reference, _forward, _quoted, _reference_tensor, _size, source
+from .codegen import _decodes, _dtype_reference, _forward, _quoted, _reference_tensor, _size, source
 from .plan import Plan
 
 METHODS = (
@@ -97,11 +97,18 @@ def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, b
 
 
 def _body(plan: Plan, method: str) -> list[str]:
-    """The plan's forward, printed as the method `method`."""
+    """The plan's forward, printed as the method `method`. Only the plain body decodes with a cache
+    (forward hands it over): a variant's body is printed without the cache argument and its entry."""
     lines = _forward(plan)
     head = "    def forward("
     assert lines[0].startswith(head)
-    return [f"    def {method}(" + lines[0][len(head) :], *lines[1:]]
+    lines = [f"    def {method}(" + lines[0][len(head) :], *lines[1:]]
+    if method != METHODS[0] and _decodes(plan):
+        signature = lines[0].replace(", *, cache=None)", ")").replace(", cache=None)", ")")
+        entry = ["        if cache is not None:", lines[2]]
+        assert signature != lines[0] and lines[1:3] == entry and lines[2].lstrip().startswith("return cache.extend(")
+        lines = [signature, *lines[3:]]
+    return lines
 
 
 def _sizes(plan: Plan) -> list[str]:
@@ -139,6 +146,24 @@ def _batch_shape(plan: Plan) -> list[str]:
     return lines
 
 
+def _chosen(causal: str, plain: str, arguments: str) -> str:
+    """The call of the causal body when is_causal, else of the plain one (one call where they are one)."""
+    if causal == plain:
+        return f"self.{plain}({arguments})"
+    return f"self.{causal}({arguments}) if is_causal else self.{plain}({arguments})"
+
+
+def _cache_lines(given: str) -> list[str]:
+    """With a decoding cache (tdiag/decode.py), the plain body decodes; masks cannot come with it."""
+    return [
+        "        if cache is not None:",
+        "            if attn_mask is not None or key_padding_mask is not None:",
+        '                raise ValueError("attn_mask and key_padding_mask cannot be given with a cache:'
+        ' decoding attends every cached position")',
+        f"            return self._tdiag_plain({given}, cache=cache)",
+    ]
+
+
 def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
     """`forward` choosing among the bodies, then the bodies; and the plans printed."""
     graph = plan.graph
@@ -149,6 +174,7 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         + [f"{m}: torch.Tensor | None = None" for m in masks]
         + ["attn_mask: torch.Tensor | None = None", "key_padding_mask: torch.Tensor | None = None"]
         + ["is_causal: bool = False"]
+        + (["cache=None"] if _decodes(plan) else [])
     )
     returns = "torch.Tensor" if len(graph.outputs) == 1 else "tuple[torch.Tensor, ...]"
     given = ", ".join([*inputs, *(f"{m}={m}" for m in masks)])
@@ -183,8 +209,9 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         '        """',
         "        if not isinstance(is_causal, bool):",
         '            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")',
+        *(_cache_lines(given) if _decodes(plan) else []),
         "        if attn_mask is None and key_padding_mask is None:",
-        f"            return self.{causal}({given}) if is_causal else self._tdiag_plain({given})",
+        f"            return {_chosen(causal, '_tdiag_plain', given)}",
     ]
     lines += ["        " + line for line in [*_sizes(plan), *_batch_shape(plan)]]
     refusal = _quoted(calls.refusal)
@@ -198,9 +225,9 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         lines += [
             f"        if {local}.dim() == len(batch_shape) + 3:  # a mask per head, over the boxes' head legs",
             f"            {local} = {local}.reshape(*{local}.shape[:-3], {split}, *{local}.shape[-2:])",
-            f"            return self.{per_head}({call}) if is_causal else self._tdiag_masked_heads({call})",
+            f"            return {_chosen(per_head, '_tdiag_masked_heads', call)}",
         ]
-    lines.append(f"        return self.{causal_masked}({call}) if is_causal else self._tdiag_masked({call})")
+    lines.append(f"        return {_chosen(causal_masked, '_tdiag_masked', call)}")
     plans = [
         plan,
         calls.causal,

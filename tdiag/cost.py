@@ -168,9 +168,9 @@ def step_cost(step: Step, plan: Plan, convention: str) -> sympy.Expr:
         return sympy.Integer(0)
     if convention == "paper":
         return _paper_cost(step, plan)
-    if step.kind not in ("contraction", "norm", "sum", "sdpa"):
+    if step.kind not in ("contraction", "conv", "norm", "sum", "sdpa"):
         return sympy.Integer(0)
-    macs = step.flops / 2 if step.kind in ("contraction", "norm", "sdpa") else step.flops
+    macs = step.flops / 2 if step.kind in ("contraction", "conv", "norm", "sdpa") else step.flops
     return macs if convention == "mac" else step.flops
 
 
@@ -179,7 +179,7 @@ def _paper_cost(step: Step, plan: Plan) -> sympy.Expr:
         return step.paper
     if step.kind == "sum" and step.description == "sum":  # a sum node: one add per extra term
         return step.elementwise
-    if step.kind != "contraction" or not step.summed:
+    if step.kind not in ("contraction", "conv") or not step.summed:  # a convolution sums its kernel's taps
         return sympy.Integer(0)
     outputs = sympy.Mul(*(plan.leg_sizes[leg] for leg in step.out.legs))  # type: ignore[union-attr]
     summed = sympy.Mul(*(plan.leg_sizes[leg] for leg in step.summed))

@@ -16,6 +16,7 @@ from .ir import (
     CausalFactor,
     CausalMask,
     Contraction,
+    Convolution,
     ElementwiseMap,
     Expr,
     PaddingMask,
@@ -484,6 +485,8 @@ def _describe_nodes(expr: Expr) -> list[str]:
             out.append(f"scan: {format_expr(node)} [{' '.join(node.legs)}]")
         elif isinstance(node, SegmentSum):
             out.append(f"segment sums along {node.along} over [{' '.join(node.legs)}]")
+        elif isinstance(node, Convolution):
+            out.append(f"convolution: {format_expr(node)} [{' '.join(node.legs)}], summed {' '.join(node.taps)}")
         elif isinstance(node, SoftmaxBox):
             masks = ", ".join(_format_mask(m) for m in node.masks)
             scale = f", scale {node.scale}" if node.is_exp else ""
@@ -545,6 +548,9 @@ def format_expr(e: Expr) -> str:
         return f"{e.name}[{e.along}{flags}{masks}]({format_expr(e.operand)})"  # type: ignore[arg-type]
     if isinstance(e, SegmentSum):
         return f"segsum[{e.along}, {e.key}]({format_expr(e.operand)})"  # type: ignore[arg-type]
+    if isinstance(e, Convolution):
+        options = [f"{s.leg} = {s.source()}" for s in e.shifts] + [f"mask = {_format_mask(m)}" for m in e.masks]
+        return f"conv[{', '.join(options)}]({format_expr(e.operand)}, {format_expr(e.kernel)})"  # type: ignore[arg-type]
     if isinstance(e, CausalFactor):
         return f"causal({e.query}, {e.key})"
     if isinstance(e, WindowFactor):

@@ -10,10 +10,13 @@ config's sizes and each layer's weights are imported, so the logits do not chang
 designs/llama.td; Qwen3: designs/qwen3.td; GPT-2: designs/gpt2.td). Any other design is compiled causal, at the config's
 model width F (and head count H where the design has one), with weights from its initializers.
 
-Decoding re-runs the design over the whole prefix at each step: a layer keeps its inputs (not
-keys and values) in the model's DynamicCache, so generation with the cache is exact for every
-design, at O(N) work per new token per position. A design's own key-value or recurrent cache is
-not built yet. Padding inside a batch (an attention mask that is not the causal one) is refused.
+Decoding with the model's DynamicCache uses the design's own key-value rows where it has them
+(tdiag/decode.py, docs/decoding.md: softmax designs, e.g. llama's rotated keys and values, grouped
+per key-value head): each layer keeps them in the cache, packed as one tensor, and computes only the
+new positions' projections. A design without them (a scan, segment sums) keeps the layer's inputs
+in the cache and re-runs the prefix at each step, at O(N) work per new token. Generation with the
+cache is exact for every design; recurrent states are not built yet. Padding inside a batch (an
+attention mask that is not the causal one) is refused.
 transformers is optional: this module never imports it (it reads the model it is given); `import
 tdiag` does not import this module."""
 
@@ -167,9 +170,11 @@ def use_design(model: Any, design: str | Path | Design | None = None, *, seed: i
 
 
 class DesignAttention(torch.nn.Module):
-    """A compiled causal design in the place of a HF attention block. With a cache, the layer's
-    inputs so far are kept in it and the design runs over the whole prefix, returning the new
-    positions' outputs; HF's (output, weights) pair is returned with no weights."""
+    """A compiled causal design in the place of a HF attention block. With a cache, a design that
+    decodes with its own key-value rows (tdiag.DecodeCache of kind "kv") keeps them in the HF
+    cache, packed as one tensor per layer, and computes the new positions from them; any other
+    keeps the layer's inputs so far there and runs over the whole prefix, returning the new
+    positions' outputs. HF's (output, weights) pair is returned with no weights."""
 
     def __init__(self, block: torch.nn.Module, layer_idx: int) -> None:
         super().__init__()
@@ -180,10 +185,55 @@ class DesignAttention(torch.nn.Module):
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, cache: Any = None, **_: Any
     ) -> tuple[torch.Tensor, None]:
         new = hidden_states.shape[-2]
+        if cache is not None and _decodes(self.block):
+            return _decoded(cache, self.block, hidden_states, self.layer_idx, attention_mask), None
         if cache is not None:
             hidden_states = _prefix(cache, hidden_states, self.layer_idx)
         _check_causal(attention_mask, new, hidden_states.shape[-2])
         return self.block(hidden_states)[..., -new:, :], None
+
+
+def _decodes(block: torch.nn.Module) -> bool:
+    """Whether the block decodes with its own key-value rows (tdiag.DecodeCache of kind "kv")."""
+    from .decode import DecodeCache, NotDecodableError
+
+    try:
+        return DecodeCache(block).kind == "kv"
+    except NotDecodableError:
+        return False
+
+
+def _decoded(
+    cache: Any, block: torch.nn.Module, hidden_states: torch.Tensor, layer_idx: int, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """The new positions' outputs from the block's key-value rows so far, which the HF cache
+    keeps as its keys (one tensor [batch, 1, positions, width], values empty), so that its own
+    bookkeeping (its length, reordering for beam search, cropping) applies to them; the new
+    positions' rows are appended."""
+    from .decode import DecodeCache
+
+    decoder = DecodeCache(block)
+    batch = hidden_states.shape[0]
+    empty = hidden_states.new_zeros(batch, 1, 0, decoder.width())
+    kept, _ = cache.update(empty, empty[..., :0], layer_idx)  # the rows so far, nothing added
+    if kept.shape[-1] != decoder.width() or kept.dim() != 4:
+        raise ValueError(
+            f"cache: a {type(cache).__name__} whose layer {layer_idx} holds other rows than the design's;"
+            " tdiag.hf needs a fresh DynamicCache"
+        )
+    before = kept.shape[-2]
+    _check_causal(mask, hidden_states.shape[-2], before + hidden_states.shape[-2])
+    if before:
+        decoder.restore(kept[:, 0])
+    output = decoder.extend(hidden_states)
+    rows = decoder.packed(before)[:, None]
+    added, _ = cache.update(rows, rows[..., :0], layer_idx)
+    if added.shape[-2] != before + hidden_states.shape[-2]:
+        raise ValueError(
+            f"cache: a {type(cache).__name__} that does not keep every position (static or sliding "
+            "window); tdiag.hf needs transformers' default DynamicCache"
+        )
+    return output
 
 
 def _prefix(cache: Any, hidden_states: torch.Tensor, layer_idx: int) -> torch.Tensor:

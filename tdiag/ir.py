@@ -1,6 +1,6 @@
 """The design graph's dataclasses: sizes, legs, tensors, statements and the expression nodes
-(contraction, sum node, softmax box, elementwise map, reduction, scan, segment sum, squared
-distance). Every node
+(contraction, sum node, softmax box, elementwise map, reduction, scan, segment sum, convolution,
+squared distance). Every node
 knows its output legs and its Span, so later stages never look at text."""
 
 from __future__ import annotations
@@ -409,6 +409,48 @@ class Scan(Expr):
 
     def children(self) -> tuple[Expr, ...]:
         return (self.operand,)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Shift:
+    """One shifted leg of a convolution: the operand is read along position leg `leg` at
+    `leg + sign·offset + start`, `offset` a leg of the kernel (a fixed width), `sign` ±1 and
+    `start` a whole number or size; a read before the first or past the last entry is 0."""
+
+    leg: str
+    offset: str
+    sign: int
+    start: sympy.Expr = ZERO
+
+    def source(self) -> str:
+        """The read position as a .td writes it: `n - i`, `m - j + P`."""
+        text = sympy.sstr(sympy.factor(self.start))
+        start = "" if self.start == 0 else (f" - {text[1:]}" if text.startswith("-") else f" + {text}")
+        return f"{self.leg} {'+' if self.sign > 0 else '-'} {self.offset}{start}"
+
+
+@dataclass(frozen=True)
+class Convolution(Expr):
+    """`conv[n = n - i, m = m - j + P](S[h n m], theta[h i j])`: Σ over the offset legs of
+    theta[h i j] · S[h, n − i, m − j + P], S read as 0 outside its positions (a zero-padded
+    convolution along position legs, Multi-Token Attention's key-query convolution). The result
+    has the operand's legs; the kernel's other legs are legs of the operand (a kernel per head:
+    a grouped convolution). `masks` zero the operand's hidden entries before it is shifted
+    (MTA's Mask_0: a causal mask over (n, m) zeroes the future keys of each query)."""
+
+    operand: Expr | None = None
+    kernel: Expr | None = None
+    shifts: tuple[Shift, ...] = ()
+    masks: tuple[Mask, ...] = ()
+    kind: ClassVar[str] = "conv"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.operand, self.kernel)  # type: ignore[return-value]
+
+    @property
+    def taps(self) -> tuple[str, ...]:
+        """The kernel's offset legs, one per shifted leg, summed inside the convolution."""
+        return tuple(s.offset for s in self.shifts)
 
 
 @dataclass(frozen=True)

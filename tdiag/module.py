@@ -57,8 +57,17 @@ def compile_source(source: str, name: str) -> type[torch.nn.Module]:
         cls = getattr(module, class_name(name))
         cls.tdiag_generated = (source, name)
         cls.__reduce_ex__ = _reduce_generated
+        cls.new_cache = new_cache
         sys.modules[module_name] = module
     return getattr(sys.modules[module_name], class_name(name))
+
+
+def new_cache(self: torch.nn.Module):
+    """A decoding cache for this module (tdiag.DecodeCache): `self(x, cache=cache)` computes the
+    positions of x after those the cache holds, and adds them to it (docs/decoding.md)."""
+    from .decode import DecodeCache
+
+    return DecodeCache(self)
 
 
 def _reduce_generated(self: torch.nn.Module, protocol: int) -> tuple:

@@ -9,11 +9,13 @@ never imports it; tests/test_robustness.py compares MODULE_METHODS with torch's 
 from __future__ import annotations
 
 import keyword
+import sys
 
 GENERATED = {
     "B": "the batch size",
     "batch_shape": "the input's batch shape",
     "self": "the module itself",
+    "cache": "the decoding cache argument",
     "torch": "the torch module",
     "nn": "torch.nn",
     "math": "the math module",
@@ -48,8 +50,8 @@ MODULE_METHODS = frozenset(
     register_load_state_dict_post_hook register_load_state_dict_pre_hook register_module register_parameter
     register_state_dict_post_hook register_state_dict_pre_hook requires_grad_ reset_parameters set_extra_state
     set_submodule share_memory state_dict to to_empty train type xpu zero_grad
-    _tdiag_given _tdiag_noise _tdiag_update_buffers _tdiag_plain _tdiag_causal _tdiag_masked _tdiag_causal_masked
-    _tdiag_masked_heads _tdiag_causal_masked_heads _tdiag_planner""".split()
+    _tdiag_given _tdiag_noise _tdiag_update_buffers new_cache _tdiag_plain _tdiag_causal _tdiag_masked
+    _tdiag_causal_masked _tdiag_masked_heads _tdiag_causal_masked_heads _tdiag_planner""".split()
 )
 ATTRIBUTE_KINDS = ("param", "const", "buffer")  # stored on the module as self.NAME
 LOCAL_KINDS = ("input", "mask", "random", "result")  # forward's locals, renamed by the plan where taken
@@ -73,6 +75,10 @@ def reserved_because(name: str, role: str) -> str | None:
             return f"'{name}' is a method of torch.nn.Module, and a {role} becomes an attribute of the module"
         if name in MODULE_ATTRIBUTES:
             return f"'{name}' is an attribute of torch.nn.Module, and a {role} becomes one too"
+        if name in _added_module_attributes():
+            return (
+                f"'{name}' is an attribute of torch.nn.Module here (added by a library), and a {role} becomes one too"
+            )
         return None
     if role in LOCAL_KINDS:
         return None
@@ -81,3 +87,12 @@ def reserved_because(name: str, role: str) -> str | None:
     if name in BUILTINS:
         return f"'{name}' is a Python builtin that generated code calls"
     return None
+
+
+def _added_module_attributes() -> set[str]:
+    """torch.nn.Module's attributes in this process beyond the ones listed above, where torch is
+    loaded already: libraries add methods to it (transformers adds `smart_apply`), and a
+    stored tensor of that name would shadow one. Never imports torch."""
+    torch = sys.modules.get("torch")
+    module = getattr(getattr(torch, "nn", None), "Module", None)
+    return set(dir(module)) - MODULE_METHODS - MODULE_ATTRIBUTES if module is not None else set()

@@ -22,6 +22,7 @@ from .ir import (
     CausalFactor,
     CausalMask,
     Contraction,
+    Convolution,
     ElementwiseMap,
     Expr,
     Gather,
@@ -238,6 +239,27 @@ class Frame:
             self._leg_sizes[leg] = int(self.graph.evaluate(self.graph.legs[leg].size, **self.sizes))
         return self._leg_sizes[leg]
 
+    def leg_start(self, leg: str) -> int:
+        """The position of a leg's first entry: 0 in a whole forward pass; a decoding step
+        (tdiag.decode) runs the new queries from the cached length on."""
+        return 0
+
+    def leg_indices(self, leg: str) -> torch.Tensor:
+        """The positions a leg runs over, int64: leg_start .. leg_start + leg_size − 1."""
+        start = self.leg_start(leg)
+        return torch.arange(start, start + self.leg_size(leg), device=self.device)
+
+    def value(self, ref: TensorRef) -> torch.Tensor:
+        """The value `ref` reads, before slicing and reshaping (a decoding step joins cached rows)."""
+        return self.values[ref.name]
+
+    def einsum(self, spec: str, *operands: torch.Tensor) -> torch.Tensor:
+        return torch.einsum(spec, *operands)
+
+    def slice_window(self, ref: TensorRef, axis: int, extent: sympy.Expr) -> tuple[int, int]:
+        """The first entry and the count that axis `axis` of `ref` reads."""
+        return int(self.number(ref.offset(axis))), int(self.number(extent))
+
 
 def statement_value(statement: Statement, frame: Frame) -> torch.Tensor:
     """`target[groups] = expr`: the expression with its legs in the target's order, each group of
@@ -271,12 +293,14 @@ def evaluate(node: Expr, frame: Frame) -> torch.Tensor:
         return scan(node, frame)
     if isinstance(node, SegmentSum):
         return segment_sum(node, frame)
+    if isinstance(node, Convolution):
+        return convolution(node, frame)
     if isinstance(node, CausalFactor):
         return causal_mask(CausalMask(node.query, node.key, node.span), node.legs, frame).to(frame.dtype)
     if isinstance(node, WindowFactor):
         return window_mask(node.mask, node.legs, frame).to(frame.dtype)
     if isinstance(node, PositionIndex):
-        return torch.arange(frame.leg_size(node.leg), dtype=frame.dtype, device=frame.device)
+        return frame.leg_indices(node.leg).to(frame.dtype)
     if isinstance(node, Gather):
         return gather(node, frame)
     raise TypeError(f"the reference cannot evaluate a {type(node).__name__}")
@@ -304,7 +328,7 @@ def tensor_ref(ref: TensorRef, frame: Frame) -> torch.Tensor:
     A mask used as a factor is its 1s (attend) and 0s (hidden); a mask not given is all 1s."""
     if frame.graph.tensors[ref.name].kind == "mask":
         return mask_numbers(ref, frame)
-    x = frame.values[ref.name]
+    x = frame.value(ref)
     if ref.is_sliced:
         x = sliced(ref, x, frame)
     if not ref.is_reshaped:
@@ -321,7 +345,7 @@ def sliced(ref: TensorRef, x: torch.Tensor, frame: Frame) -> torch.Tensor:
         if extent is None:
             continue
         dim = k - len(tensor.axes)  # from the end: a computed tensor has the batch dims first
-        start, want = int(frame.number(ref.offset(k))), int(frame.number(extent))
+        start, want = frame.slice_window(ref, k, extent)
         if ref.offset(k) == 0 and want > x.shape[dim]:
             raise ValueError(
                 f"{ref.name}[{axis.leg}: {extent}] reads {want} entries, but axis {axis.leg} has {x.shape[dim]}"
@@ -354,7 +378,7 @@ def _position_part(position: Position, frame: Frame) -> torch.Tensor | int | flo
         return _position_number(position, frame)
     legs = position.legs()
     if position.op == "leg":
-        return torch.arange(frame.leg_size(position.name), device=frame.device)
+        return frame.leg_indices(position.name)
     if position.op == "floor" and position.operands[0].op == "/" and not position.operands[0].is_real():
         a, b = (_aligned(o, legs, frame) for o in position.operands[0].operands)
         return a // b
@@ -416,7 +440,7 @@ def gather(node: Gather, frame: Frame) -> torch.Tensor:
     position's legs (advanced indexing); a position past a run-time axis is a ValueError."""
     source = node.source
     assert source is not None and node.position is not None
-    x = frame.values[source.name]
+    x = frame.value(source)
     k = source.legs.index(node.axis) - len(source.legs)
     if node.checked is not None and x.shape[k] <= node.checked:
         raise ValueError(
@@ -443,7 +467,7 @@ def contraction(node: Contraction, frame: Frame) -> torch.Tensor:
     letters = dict(zip(sorted(inner | set(node.legs)), string.ascii_letters, strict=False))
     inputs = ",".join("..." + "".join(letters[leg] for leg in factor.legs) for factor in node.factors)
     spec = f"{inputs}->..." + "".join(letters[leg] for leg in node.legs)
-    return frame.number(node.coefficient) * torch.einsum(spec, *(evaluate(f, frame) for f in node.factors))
+    return frame.number(node.coefficient) * frame.einsum(spec, *(evaluate(f, frame) for f in node.factors))
 
 
 def sum_node(node: SumNode, frame: Frame) -> torch.Tensor:
@@ -539,7 +563,7 @@ def causal_mask(mask: CausalMask, legs: Sequence[str], frame: Frame) -> torch.Te
 
     def index(leg: str) -> torch.Tensor:
         shape = [-1 if other == leg else 1 for other in legs]
-        return torch.arange(frame.leg_size(leg), device=frame.device).reshape(shape)
+        return frame.leg_indices(leg).reshape(shape)
 
     return index(mask.key) <= index(mask.query)
 
@@ -549,7 +573,7 @@ def window_mask(mask: WindowMask, legs: Sequence[str], frame: Frame) -> torch.Te
 
     def index(leg: str) -> torch.Tensor:
         shape = [-1 if other == leg else 1 for other in legs]
-        return torch.arange(frame.leg_size(leg), device=frame.device).reshape(shape)
+        return frame.leg_indices(leg).reshape(shape)
 
     offset = index(mask.key) - index(mask.query)
     return (offset > -int(frame.number(mask.before))) & (offset < int(frame.number(mask.after)))
@@ -667,6 +691,34 @@ def segment_sum(node: SegmentSum, frame: Frame) -> torch.Tensor:
                 row.append(a[..., m + 1 : n + 1].sum(dim=-1))
         rows.append(torch.stack(row, -1))
     return align(torch.stack(rows, -2), (*rest, node.along, node.key), node.legs)
+
+
+def convolution(node: Convolution, frame: Frame) -> torch.Tensor:
+    """Σ over the offset legs of kernel · operand at the shifted positions, by the definition: the
+    operand's hidden entries zeroed, then for each shift the operand read at leg + sign·k + start
+    for every offset k (0 where that is outside the leg), stacked along the offset leg, and the
+    product with the kernel summed over the offsets."""
+    operand, kernel = node.operand, node.kernel
+    assert operand is not None and kernel is not None
+    x = evaluate(operand, frame)
+    allowed = masks_allowed(node.masks, operand.legs, frame)
+    if allowed is not None:
+        x, allowed = torch.broadcast_tensors(x, allowed)
+        x = torch.where(allowed, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    legs = list(operand.legs)
+    for shift in node.shifts:
+        dim = x.dim() - len(legs) + legs.index(shift.leg)
+        size = x.shape[dim]
+        copies = []
+        for k in range(frame.leg_size(shift.offset)):
+            source = torch.arange(size, device=x.device) + shift.sign * k + int(frame.number(shift.start))
+            inside = ((source >= 0) & (source < size)).to(x.dtype)
+            read = x.index_select(dim, source.clamp(0, size - 1))
+            copies.append(read * inside.reshape((size, *([1] * (x.dim() - dim - 1)))))
+        x = torch.stack(copies, -1)
+        legs.append(shift.offset)
+    product = x * align(evaluate(kernel, frame), kernel.legs, legs)
+    return align(product.sum(dim=leg_dims(node.taps, legs)), operand.legs, node.legs)
 
 
 def squared_distance(node: SquaredDistance, frame: Frame) -> torch.Tensor:

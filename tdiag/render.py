@@ -29,6 +29,7 @@ from .ir import (
     CausalFactor,
     CausalMask,
     Contraction,
+    Convolution,
     ElementwiseMap,
     Expr,
     Gather,
@@ -211,6 +212,18 @@ def _draw(d: _Drawing, e: Expr, env: dict[str, str], cluster: str | None) -> Non
                 _draw_tensor(d, mask.tensor, env, box)
         node = d.node("scan", f'shape=rarrow width=0.3 height=0.2 label="" xlabel="{e.name}"', box)
         d.attach(node, env[e.along])
+        _draw(d, e.operand, {leg: env[leg] for leg in e.operand.legs}, box)  # type: ignore[union-attr]
+    elif isinstance(e, Convolution):  # a shift node joins each shifted leg to the kernel's offset leg
+        masks = _position_masks(e.masks)
+        shifts = ", ".join(f"{s.leg} = {s.source()}" for s in e.shifts)
+        box = d.cluster(f"conv[{shifts}]" + (" · mask " + ", ".join(masks) if masks else ""), "dotted", cluster)
+        inner = env | {s.offset: d.leg(s.offset, box) for s in e.shifts}
+        _draw(d, e.kernel, {leg: inner[leg] for leg in e.kernel.legs}, box)  # type: ignore[union-attr]
+        for shift in e.shifts:
+            label = _escape(shift.source())
+            node = d.node("shift", f'shape=rarrow width=0.3 height=0.2 label="" xlabel="{label}"', box)
+            d.attach(node, env[shift.leg])
+            d.attach(node, inner[shift.offset])
         _draw(d, e.operand, {leg: env[leg] for leg in e.operand.legs}, box)  # type: ignore[union-attr]
     elif isinstance(e, SegmentSum):  # a scan node joining the position leg n and the new key leg m
         box = d.cluster(f"segsum along {e.along} · ({e.along}, {e.key})", "dotted", cluster)

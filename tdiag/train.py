@@ -32,6 +32,7 @@ from torch import nn
 
 import tdiag
 
+from .decode import DecodeCache, NotDecodableError
 from .device import data_sheet
 from .errors import Diagnostic, TdiagError
 from .files import node_kind
@@ -123,8 +124,8 @@ class Block(nn.Module):
         self.attention = attention
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.norm1(x))
+    def forward(self, x: torch.Tensor, cache: DecodeCache | None = None) -> torch.Tensor:
+        x = x + (self.attention(self.norm1(x)) if cache is None else self.attention(self.norm1(x), cache=cache))
         return x + self.mlp(self.norm2(x))
 
 
@@ -139,11 +140,25 @@ class LanguageModel(nn.Module):
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab, bias=False)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.tokens(ids) + self.positions(torch.arange(ids.shape[-1], device=ids.device))
-        for block in self.blocks:
-            x = block(x)
+    def forward(self, ids: torch.Tensor, caches: list[DecodeCache] | None = None) -> torch.Tensor:
+        """Logits at the positions of `ids`; with `caches` (one per block, `new_caches()`), those
+        positions follow the ones the caches hold, and the caches are extended by them."""
+        start = caches[0].length if caches else 0
+        x = self.tokens(ids) + self.positions(torch.arange(start, start + ids.shape[-1], device=ids.device))
+        for k, block in enumerate(self.blocks):
+            x = block(x, caches[k] if caches else None)
         return self.head(self.norm(x))
+
+    def new_caches(self) -> list[DecodeCache] | None:
+        """A decoding cache per block (tdiag/decode.py), or None where some block's design cannot
+        decode with one exactly as the model is run here: a design that reads the run-time length
+        as a number (its outputs depend on how many positions are given, and sampling gives it the
+        whole context) or one no cache serves."""
+        try:
+            caches = [DecodeCache(block.attention) for block in self.blocks]
+        except NotDecodableError:
+            return None
+        return None if any(cache.rule.reads_length for cache in caches) else caches
 
 
 def design_for(config: TrainConfig, source: str | None = None) -> tdiag.Design:
@@ -323,19 +338,32 @@ def sample(
     length: int = 400,
     prompt: list[int] | None = None,
     seed: int | None = None,
+    use_cache: bool = True,
 ) -> str:
     """Text drawn from the model after `prompt` (character ids; by default the first context of
-    the training text), the model re-run over the last `context` characters for each new one;
-    where its outputs are not finite numbers (a diverged run), the text so far and a line saying so."""
+    the training text); where its outputs are not finite numbers (a diverged run), the text so far
+    and a line saying so. While the text fits in the context, each new character is computed from
+    the decoding caches of the model's layers (`use_cache`, where the design has one), else the
+    model is re-run over the last `context` characters (padded to the context) for each new one;
+    both draw the same characters."""
     model.eval()
     generator = torch.Generator(device="cpu").manual_seed(config.seed if seed is None else seed)
     ids = corpus.train[: config.context].tolist() if prompt is None else list(prompt)
     out: list[int] = []
     ending = ""
+    caches = model.new_caches() if use_cache else None
+    fed = 0  # the characters the caches hold
     for _ in range(length):
-        window = torch.tensor(ids[-config.context :], device=device)[None]
-        logits = model(torch.cat([window, window.new_zeros(1, config.context - window.shape[1])], 1))
-        probabilities = logits[0, window.shape[1] - 1].float().softmax(-1).cpu()
+        if caches is not None and len(ids) <= config.context:
+            with torch.no_grad():
+                logits = model(torch.tensor(ids[fed:], device=device)[None], caches)
+            fed, last = len(ids), logits[0, -1]
+        else:
+            window = torch.tensor(ids[-config.context :], device=device)[None]
+            with torch.no_grad():
+                logits = model(torch.cat([window, window.new_zeros(1, config.context - window.shape[1])], 1))
+            last = logits[0, window.shape[1] - 1]
+        probabilities = last.float().softmax(-1).cpu()
         if not torch.isfinite(probabilities).all():
             ending = (
                 "\n[sampling stopped: the model's outputs are not finite numbers; the run diverged, try a lower --lr]\n"

@@ -374,3 +374,16 @@ def test_an_unbatched_input_takes_unbatched_masks(mhsa, x):
 def test_a_float_mask_of_another_dtype_is_taken_in_the_modules_dtype(mhsa, x):
     bias = _float_mask(B, N, N)
     assert torch.allclose(mhsa(x, attn_mask=bias.float()), mhsa(x, attn_mask=bias.float().double()), atol=TOL)
+
+
+def test_masks_cannot_come_with_a_decoding_cache(x):
+    module = tdiag.load("mhsa", F=F, H=H).with_causal_mask().module(seed=0, dtype=torch.float64)
+    with pytest.raises(ValueError, match="attn_mask and key_padding_mask cannot be given with a cache"):
+        module(x, cache=module.new_cache(), attn_mask=_bool_mask(N, N))
+
+
+def test_a_module_compiled_causal_decodes_through_forward(x):
+    module = tdiag.load("mhsa", F=F, H=H).with_causal_mask().module(seed=0, dtype=torch.float64)
+    cache = module.new_cache()
+    steps = torch.cat([module(x[:, k : k + 1], cache=cache) for k in range(N)], dim=1)
+    assert torch.allclose(steps, module(x), atol=TOL, rtol=0)

@@ -170,3 +170,30 @@ def test_a_qwen3_config_with_another_norm_epsilon_is_refused_with_the_reason():
     )
     with pytest.raises(ValueError, match=r"rms_norm_eps = 1e-05 \(designs/qwen3.td"):
         tdiag.hf.use_design(transformers.Qwen3ForCausalLM(config))
+
+
+def test_the_cache_holds_the_designs_key_value_rows_not_the_layer_inputs():
+    model = tdiag.hf.use_design(llama())
+    with torch.no_grad():
+        past = model(prompt(), use_cache=True).past_key_values
+    # llama.td's cached rows per position: rotated keys Kr[m g d] and values V[m g e], G = 2 key-value heads of 16
+    assert past.layers[0].keys.shape == (2, 1, PROMPT, 2 * 2 * 16)
+    assert past.get_seq_length() == PROMPT
+
+
+def test_beam_search_with_the_key_value_rows_gives_the_tokens_without_the_cache():
+    model = tdiag.hf.use_design(llama(), "mhsa")
+    ids = prompt()
+    with torch.no_grad():
+        beams = [
+            model.generate(ids, max_new_tokens=NEW, num_beams=3, do_sample=False, pad_token_id=0, use_cache=use)
+            for use in (True, False)
+        ]
+    assert torch.equal(*beams)
+
+
+def test_a_design_without_key_value_rows_generates_by_re_running_the_prefix():
+    model = tdiag.hf.use_design(llama(), "forgetting_attention")
+    ids = prompt()
+    assert tdiag.DecodeCache(model.model.layers[0].self_attn.block).kind == "prefix"
+    assert torch.equal(greedy(model, ids), greedy(model, ids, use_cache=False))

@@ -31,12 +31,14 @@ from ..ir import (
     WindowFactor,
     WindowMask,
 )
+from .convolutions import convolution
 from .map_sums import lone_sums, map_sum_warning
 from .sizes import _number, expand_sizes, size_symbol, size_values
 from .syntax import _available, _is_scalar_syntax, _ordered_union, _statement_targets
 from .vocabulary import (
     BOX_OPTIONS,
     BOXES,
+    CONVOLUTIONS,
     FUNCTIONS,
     MAPS,
     MASK_FACTORS,
@@ -73,6 +75,8 @@ class BoxesAndMaps:
             return self.scan(e, keep)
         if e.name in SEGMENT_SUMS:
             return self.segment_sum(e, keep)
+        if e.name in CONVOLUTIONS:
+            return convolution(self, e, keep)
         if e.name in PAIRINGS:
             return self.squared_distance(e, keep)
         if e.name == "window":

@@ -6,7 +6,10 @@ earlier statements so nothing is masked twice. A reverse scan along the key besi
 masked too; a forward scan is a prefix, causal as it is. A sum, reduction or box that mixes the
 keys of an input without the query leg (Σ_m K[m] V[m] of a factored linear attention, a mean over
 keys, a softmax over queries), and a reverse scan along a position leg without it (a suffix sum
-sees the future), have no causal form and are refused at their position."""
+sees the future), have no causal form and are refused at their position. A convolution that shifts
+the query or key leg of an operand with both is masked before the shift (zeroed above the
+diagonal, Multi-Token Attention's Mask_0); one whose shift reads a later query, or a later position
+of an operand without the query leg, is refused at its position."""
 
 from __future__ import annotations
 
@@ -19,11 +22,13 @@ from ..ir import (
     CausalFactor,
     CausalMask,
     Contraction,
+    Convolution,
     Expr,
     Quotient,
     Reduction,
     Scalar,
     Scan,
+    SegmentSum,
     SoftmaxBox,
     SquaredDistance,
     SumNode,
@@ -54,7 +59,7 @@ def _masked(
     along `key` that keeps `query` (a suffix sum over the keys would reach the future), and a
     causal factor in every contraction that sums `key` beside `query` where no factor is masked
     already (an un-normalized attention: Σ_m f(S)[n m] V[m] with m <= n). `hidden` holds, for
-    each statement masked so far, the (query, key) pairs of its own legs it is masked on."""
+    each statement masked so far, the (query, key) pairs of its axes of one leg it is masked on."""
     count = 0
     if isinstance(expr, TensorRef | Scalar | CausalFactor | WindowFactor):
         return expr, 0
@@ -77,6 +82,12 @@ def _masked(
         if not any(_hides_future(m) and (m.query, m.key) == (query, key) for m in expr.masks):
             changes["masks"] = (*expr.masks, CausalMask(query, key, span))
             count += 1
+    if isinstance(expr, Convolution) and _shifts_positions(expr, query, key):
+        operand = changes.get("operand", expr.operand)
+        hides = any(_hides_future(m) and (m.query, m.key) == (query, key) for m in expr.masks)
+        if not hides and (query, key) not in _hidden_pairs(operand, hidden):
+            changes["masks"] = (*expr.masks, CausalMask(query, key, span))
+            count += 1
     if isinstance(expr, Contraction) and key in expr.summed and query in expr.legs:
         factors = changes.get("factors", expr.factors)
         if not any((query, key) in _hidden_pairs(f, hidden) for f in factors if key in f.legs):
@@ -84,6 +95,43 @@ def _masked(
             changes["batch"] = tuple(dict.fromkeys((*expr.batch, query)))
             count += 1
     return (dataclasses.replace(expr, **changes) if changes else expr), count
+
+
+def _shifts_positions(expr: Convolution, query: str, key: str) -> bool:
+    """Whether a convolution over an operand with both `query` and `key` legs shifts either: its
+    operand is then zeroed where the key is after the query before the shift (Multi-Token
+    Attention's Mask_0), so that a shifted read sees no key after its own query."""
+    shifted = {s.leg for s in expr.shifts}
+    return query in expr.legs and key in expr.legs and bool(shifted & {query, key})
+
+
+def _future_shift(expr: Expr, queries: set[str], keys: set[str], graph: DesignGraph) -> Diagnostic | None:
+    """A shift that reads a later position where nothing hides it: along a query leg, or along a
+    position leg of an operand without a query leg beside its key (a token shift of the keys),
+    any offset that reads ahead (n + i, or m - j + P with P > 0) would let a position see the
+    ones after it. A shift along the key leg of an operand with the query leg reads ahead safely
+    once the operand is zeroed above the diagonal (mask = causal(n, m), Mask_0)."""
+    size = graph.legs[next(iter(keys))].size if keys and next(iter(keys)) in graph.legs else None
+    for node in walk(expr):
+        if not isinstance(node, Convolution) or not _reads_an_input(node, graph):
+            continue
+        for shift in node.shifts:
+            leg = shift.leg
+            positional = leg in queries or leg in keys or (leg in graph.legs and graph.legs[leg].size == size)
+            if not positional:
+                continue
+            width = graph.evaluate(graph.legs[shift.offset].size)
+            ahead = graph.evaluate(shift.start + (width - 1 if shift.sign > 0 else 0))
+            masked = any(_hides_future(m) and m.key == leg and m.query in node.legs for m in node.masks)
+            if ahead > 0 and not (masked and leg not in queries):
+                return Diagnostic(
+                    f"with_causal_mask cannot mask the conv's shift {leg} = {shift.source()}: it reads position"
+                    f" {leg} + {ahead}, after the one it computes",
+                    (node.span,),
+                    f"shift along the query leg backwards only ({leg} = {leg} - {shift.offset}); a centred shift"
+                    " of the keys needs the query leg beside them, as in conv[n = n - i, m = m - j + P](S[h n m], ...)",
+                )
+    return None
 
 
 def _hidden_pairs(expr: Expr, hidden: Mapping[str, set[tuple[int, int]]]) -> set[tuple[str, str]]:
@@ -98,8 +146,9 @@ def _hidden_pairs(expr: Expr, hidden: Mapping[str, set[tuple[int, int]]]) -> set
         return set.intersection(*(_hidden_pairs(t, hidden) for t in expr.terms))
     if isinstance(expr, Quotient):
         return _hidden_pairs(expr.numerator, hidden)  # type: ignore[arg-type]
-    if isinstance(expr, TensorRef) and not expr.is_reshaped and expr.name in hidden:
-        return {(expr.legs[q], expr.legs[k]) for q, k in hidden[expr.name]}
+    if isinstance(expr, TensorRef) and expr.name in hidden:  # a head axis read as (g k) keeps n, m
+        groups = expr.groups
+        return {(groups[q][0], groups[k][0]) for q, k in hidden[expr.name] if len(groups[q]) == len(groups[k]) == 1}
     return set()
 
 
@@ -253,14 +302,14 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
             expr, count = _masked(expr, q, k, statement.span, hidden)
             total += count
         statements.append(dataclasses.replace(statement, expr=expr))
-        looking_ahead = _future_scan(expr, queries, keys, graph)
+        looking_ahead = _future_scan(expr, queries, keys, graph) or _future_shift(expr, queries, keys, graph)
         if looking_ahead is not None:
             future.append(looking_ahead)
+        position = {g[0]: k for k, g in enumerate(statement.groups) if len(g) == 1}  # axes of one leg
+        hidden[statement.target] = {
+            (position[q], position[k]) for q, k in _hidden_pairs(expr, hidden) if q in position and k in position
+        }
         if not any(len(g) != 1 for g in statement.groups):
-            position = {leg: k for k, leg in enumerate(statement.legs)}
-            hidden[statement.target] = {
-                (position[q], position[k]) for q, k in _hidden_pairs(expr, hidden) if q in position and k in position
-            }
             roles[statement.target] = {
                 axis: "query" if leg in queries else "key"
                 for axis, leg in enumerate(statement.legs)
@@ -291,3 +340,17 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
         statements=statements,
         graph=_dataflow_graph(tensors, statements, graph.updates),
     )
+
+
+def hides_the_future(graph: DesignGraph) -> bool:
+    """Whether some statement hides later keys from a query (a causal box, reduction, scan or
+    factor, a one-sided window, or segment sums, −inf past the query): the design is causal, so
+    its outputs at earlier positions do not change as positions are added (what decoding with a
+    cache relies on, tdiag/decode.py)."""
+    for statement in graph.statements:
+        for node in walk(statement.expr):
+            if _causal_factor(node) or isinstance(node, SegmentSum):
+                return True
+            if isinstance(node, SoftmaxBox | Reduction | Scan) and any(_hides_future(m) for m in node.masks):
+                return True
+    return False

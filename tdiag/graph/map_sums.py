@@ -14,6 +14,7 @@ from ..errors import Diagnostic, Span
 from ..ir import (
     CausalFactor,
     Contraction,
+    Convolution,
     ElementwiseMap,
     Expr,
     Reduction,
@@ -29,7 +30,7 @@ from .syntax import _syntax_nodes, _syntax_text
 from .vocabulary import REDUCTIONS
 
 # nodes that apply the leg rule at their own boundary: a sum inside them is theirs, not the map's
-_BOUNDARIES = (ElementwiseMap, SoftmaxBox, Reduction, Scan, SegmentSum, SquaredDistance)
+_BOUNDARIES = (ElementwiseMap, SoftmaxBox, Reduction, Scan, SegmentSum, Convolution, SquaredDistance)
 
 
 def lone_sums(operand: Expr, tensors: Mapping[str, Tensor]) -> list[str]:

@@ -14,7 +14,15 @@ import networkx as nx
 from .. import parse as syn
 from ..errors import Span
 from ..ir import Position, Tensor
-from .vocabulary import FUNCTIONS, MASK_FACTORS, PAIRINGS, POSITION_FUNCTIONS, REDUCTIONS, SCALAR_FUNCTIONS
+from .vocabulary import (
+    CONVOLUTIONS,
+    FUNCTIONS,
+    MASK_FACTORS,
+    PAIRINGS,
+    POSITION_FUNCTIONS,
+    REDUCTIONS,
+    SCALAR_FUNCTIONS,
+)
 
 
 def _place(tensor: str, span: Span, relative_to: Span) -> str:
@@ -125,6 +133,8 @@ def _available(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
         return {a.name for a in e.args if isinstance(a, syn.Name)}
     if isinstance(e, syn.Call) and e.name in POSITION_FUNCTIONS:
         return {a.name for a in e.args[:1] if isinstance(a, syn.Name)}
+    if isinstance(e, syn.Call) and e.name in CONVOLUTIONS:  # the kernel's offset legs are summed inside
+        return _available(e.args[0], tensors) if e.args else set()
     if isinstance(e, syn.Call):
         inner = set().union(*(_available(a, tensors) for a in e.args)) if e.args else set()
         over = {leg for item in e.legs or () for leg in _leg_names(item)}

@@ -18,6 +18,7 @@ MAPS = {
 REDUCTIONS = ("max", "logsumexp", "mean")
 SCANS = ("cumsum", "logcumsumexp")  # prefix scans along a position leg, which stays
 SEGMENT_SUMS = ("segsum",)  # Σ_{k=m+1..n} a_k over (n, m), causal
+CONVOLUTIONS = ("conv",)  # conv[n = n - i](x, kernel): shifts along position legs, summed with a kernel
 PAIRINGS = ("sqdist",)
 SCALAR_FUNCTIONS = ("sqrt", "exp", "log")  # of numbers and sizes: a scalar, not a map
 MASK_FACTORS = ("causal", "window")
@@ -30,6 +31,7 @@ FUNCTIONS = tuple(
             *REDUCTIONS,
             *SCANS,
             *SEGMENT_SUMS,
+            *CONVOLUTIONS,
             *PAIRINGS,
             *SCALAR_FUNCTIONS,
             *MASK_FACTORS,

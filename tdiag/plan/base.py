@@ -33,6 +33,7 @@ from ..ir import (
     POSITION_MASKS,
     CausalFactor,
     Contraction,
+    Convolution,
     ElementwiseMap,
     Expr,
     Gather,
@@ -53,6 +54,8 @@ from ..ir import (
     walk,
 )
 from ..names import BUILTINS, GENERATED
+from .convolution import lower_convolution
+from .norms import LayerNormNode, lower_layer_norm
 from .program import (
     BATCH,
     BATCH_SIZE,
@@ -318,6 +321,8 @@ class LoweringBase:
             return self.lower_scan(e, ren, var)
         if isinstance(e, SegmentSum):
             return self.lower_segment_sum(e, ren, var)
+        if isinstance(e, Convolution):
+            return lower_convolution(self, e, ren, var)  # type: ignore[arg-type]
         if isinstance(e, SumNode):
             return self.lower_sum(e, ren, var)
         if isinstance(e, Quotient):
@@ -328,6 +333,8 @@ class LoweringBase:
             return self.positions(ren[e.leg])
         if isinstance(e, Gather):
             return self.lower_gather(e, ren, var)
+        if isinstance(e, LayerNormNode):
+            return lower_layer_norm(self, e, ren, var)  # type: ignore[arg-type]
         raise AssertionError(f"cannot lower {type(e).__name__}")
 
     def numel_number(self, legs: Iterable[str]) -> int:
@@ -479,6 +486,14 @@ def _leg_splits(graph: DesignGraph, uses: Counter[str]) -> dict[str, tuple[tuple
         for node in walk(statement.expr)
         if isinstance(node, CausalFactor | WindowFactor)
         for leg in node.legs
+    }
+    masked |= {  # a convolution shifts whole legs with whole kernel legs
+        leg
+        for statement in [*graph.statements, *graph.updates]
+        for node in walk(statement.expr)
+        if isinstance(node, Convolution)
+        for shift in node.shifts
+        for leg in (shift.leg, shift.offset)
     }
     masked |= {  # a scan runs along a whole leg, never along a piece of one
         leg

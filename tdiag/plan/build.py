@@ -17,6 +17,7 @@ from .elementwise import ElementwiseLowering
 from .flex import ATTENTION_KERNELS
 from .layout import Sizes, assign_layouts
 from .literals import LiteralUnrolling
+from .norms import fuse_layer_norms
 from .objective import fastest_plan
 from .positions import PositionLowering
 from .program import (
@@ -77,6 +78,7 @@ def build_plan(
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if attention not in ATTENTION_KERNELS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}")
+    graph = fuse_layer_norms(graph)
     lowering = _Lowering(graph, sizes, objective)
     lowering.attention = attention
     lowering.lower_design()

@@ -35,6 +35,7 @@ from .program import (
     BufferUpdate,
     ChunkEdge,
     Concat,
+    Convolve,
     CumulativeScan,
     DecayedPrefix,
     Einsum,
@@ -44,6 +45,7 @@ from .program import (
     FlexAttention,
     GatherAt,
     JoinChunks,
+    LayerNorm,
     LiteralCombination,
     LiveRows,
     Map,
@@ -133,7 +135,7 @@ class _Interpreter(AbstractMachine):
         the matrix needs a gradient and the fold is no view), else both go to bmm as 3-D (copied
         where the batch legs do not merge); each operand is saved when the other needs a gradient.
         True when a matrix times a batched operand ran as (bᵀ aᵀ)ᵀ, whose result torch copies."""
-        a, b = _matrix_if_unit_batch(a), _matrix_if_unit_batch(b)
+        a, b = _matrix_if_unit_batch(a, b), _matrix_if_unit_batch(b, a)
         da, db = len(a.shape), len(b.shape)
         transposed = False
         if da >= 3 and db <= 2:
@@ -284,6 +286,23 @@ class _Interpreter(AbstractMachine):
         return out
 
     @op.register
+    def _(self, op: LayerNorm, step: Step) -> Meta:
+        """layer_norm reads x contiguous (a copy otherwise) and keeps x, its rows' mean and
+        reciprocal standard deviation for backward."""
+        x = self.read(op.x)
+        if x.strides != contiguous(x.shape):
+            self.record.copies += x.numel
+            self.record.moved += 2 * x.numel * FLOAT
+        out = self.fresh(x.shape, x.numel, x.grad, step.out.var)  # type: ignore[union-attr]
+        if x.grad:
+            rows = x.shape[: len(x.shape) - len(op.shape)]
+            count = x.numel / sympy.Mul(*op.shape)
+            self.save(x)
+            self.save(self.fresh((*rows, 1), count, False, "layer norm mean"))
+            self.save(self.fresh((*rows, 1), count, False, "layer norm reciprocal deviation"))
+        return out
+
+    @op.register
     def _(self, op: Reduce, step: Step) -> Meta:
         x = self.value(op.x)
         shape, numel = self.output(step)
@@ -379,6 +398,22 @@ class _Interpreter(AbstractMachine):
             self.record.copies += x.numel
             scanned = self.fresh(x.shape, x.numel, x.grad, step.out.var)  # type: ignore[union-attr]
         return scanned
+
+    @op.register
+    def _(self, op: Convolve, step: Step) -> Meta:
+        """The operand padded (a copy), then the convolution's result; for backward torch keeps
+        the padded input and the kernel."""
+        x = self.value(op.x)
+        shape, numel = self.output(step)
+        sizes = [self.plan.leg_sizes[leg] for leg in op.x.legs]
+        widths = dict(zip(op.dims, op.pads, strict=True))
+        padded_numel = sympy.Mul(*(size + sum(widths[d]) if d in widths else size for d, size in enumerate(sizes)))
+        padded_shape = tuple(n + int(sum(widths[d])) if d in widths else n for d, n in enumerate(x.shape))
+        padded = self.fresh(padded_shape, padded_numel, x.grad, "padded")
+        self.record.copies += padded_numel
+        if x.grad:
+            self.save(padded)
+        return self.fresh(shape, numel, x.grad, step.out.var)  # type: ignore[union-attr]
 
     @op.register
     def _(self, op: SegmentSums, step: Step) -> Meta:
@@ -772,9 +807,11 @@ def _loops(a: Meta, b: Meta) -> bool:
     return inner * rows * b.shape[-1] >= SMALL_MATRIX and not (_blas_ready(a) and _blas_ready(b))
 
 
-def _matrix_if_unit_batch(m: Meta) -> Meta:
-    """torch.matmul treats an operand whose batch axes are all 1 as a matrix."""
-    if len(m.shape) >= 3 and all(size == 1 for size in m.shape[:-2]):
+def _matrix_if_unit_batch(m: Meta, other: Meta) -> Meta:
+    """torch.matmul treats a 3-D operand whose batch axis is 1 as a matrix (a 4-D one with unit
+    batch axes beside a 4-D batched operand is expanded for bmm instead, measured with torch
+    2.13: the head mix `w[:, None, :, :] @ A.reshape(1, B, C, N*N)` copies no score)."""
+    if (len(m.shape) == 3 or len(other.shape) <= 2) and all(size == 1 for size in m.shape[:-2]):
         return Meta(m.shape[-2:], m.strides[-2:], m.storage, m.grad, m.numel)
     return m
 

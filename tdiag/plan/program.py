@@ -208,6 +208,19 @@ class Map:
 
 
 @dataclass(frozen=True)
+class LayerNorm:
+    """torch.nn.functional.layer_norm of x over its trailing axes of `shape` (norms.py): x
+    minus its mean, over the root of its mean square plus eps, times `weight`, plus `bias`
+    (each over those axes, or None)."""
+
+    x: Operand
+    shape: tuple[sympy.Expr, ...]
+    eps: sympy.Expr
+    weight: Operand | None = None
+    bias: Operand | None = None
+
+
+@dataclass(frozen=True)
 class Reduce:
     """A nonlinear reduction of x over `dims`: max, logsumexp, mean. A mean with `hidden`
     operands (x zeroed where they hold) divides by the count of visible entries, at least 1."""
@@ -229,6 +242,22 @@ class CumulativeScan:
     dim: int
     exclusive: bool = False
     reverse: bool = False
+
+
+@dataclass(frozen=True)
+class Convolve:
+    """Σ_k kernel[c, k] · x[..., c, p + k − before] along the axes `dims` of x (zero outside):
+    one grouped torch convolution (conv1d/2d/3d by the number of dims), x's axes `channels` (in
+    the kernel's order) its groups, its other axes the batch. `kernel` is read as (channels,
+    taps); `pads` are the (before, after) zeros of each dim; the taps of axes `flips` (counted
+    among the taps) are reversed first (a shift that counts backwards)."""
+
+    x: Value
+    kernel: Operand
+    dims: tuple[int, ...]
+    channels: tuple[int, ...]
+    pads: tuple[tuple[sympy.Expr, sympy.Expr], ...]
+    flips: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -679,8 +708,10 @@ Op = (
     | Expand
     | Materialize
     | Map
+    | LayerNorm
     | Reduce
     | CumulativeScan
+    | Convolve
     | SegmentSums
     | Elementwise
     | Ratio

@@ -2,8 +2,9 @@
 attention's scores, `softmax[m](c tanh(S / c))` with S = q·k plus its terms (Gemma 2's logit
 softcapping, `attn_logit_softcapping`), plus terms outside the map. The map's argument is
 matched as any box's content (sdpa_match.py); the map, its weight and the outer terms ride on the
-match as a `ScoreMapping`, which only FlexAttention applies, in its score_mod
-(forms/flex.py, flex.py): SDPA adds nothing but a mask to its scores, so it refuses the match."""
+match as a `ScoreMapping`, which FlexAttention applies in its score_mod (forms/flex.py, flex.py)
+and the banded form of a windowed box to each block's scores (forms/banded.py): SDPA adds nothing
+but a mask to its scores, so it refuses the match."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from .sdpa_match import MatchedAttention, ScoreMapping
 if TYPE_CHECKING:
     from .build import _Lowering
 
-MAPPED = "a map of the scores (only FlexAttention's score_mod applies it: attention='flex')"
+MAPPED = (
+    "a map of the scores (FlexAttention's score_mod applies it under attention='flex', the banded form under a window)"
+)
 
 
 def terms(e: Expr, weight: sympy.Expr = ONE) -> list[tuple[sympy.Expr, Expr]]:

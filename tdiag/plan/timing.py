@@ -27,6 +27,7 @@ from .program import (
     Einsum,
     Elementwise,
     FlexAttention,
+    LayerNorm,
     Map,
     MaskFill,
     Matmul,
@@ -109,7 +110,7 @@ def op_kind(op: object) -> str | None:
         return "softmax"
     if isinstance(op, MaskFill):
         return "mask"
-    if isinstance(op, Map):
+    if isinstance(op, Map | LayerNorm):
         return "map"
     if isinstance(op, Scale):
         return "scale"

@@ -13,7 +13,8 @@ N·(C + before + after − 2), not N²: the cost formulas are linear in N at fix
 C is the largest power of two at most half the window (from 16 to 256): a block's keys then
 stay within 1.5 times its window while the blocks stay large enough for a matmul. Weighed by the one cost model against
 SDPA with the band as its boolean attn_mask (which computes and, on CPU, keeps N² entries) and the
-materialized box; `tdiag plan` lists it."""
+materialized box; `tdiag plan` lists it. A map of the scores (Gemma 2's softcap c · tanh(s / c),
+score_maps.py) is applied to each block's scores before the band is masked."""
 
 from __future__ import annotations
 
@@ -22,7 +23,21 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ..base import _Leaf
-from ..program import BATCH, BandBlocks, BandMask, JoinChunks, MaskFill, Operand, Softmax, Step, Value, align, show_legs
+from ..program import (
+    BATCH,
+    BandBlocks,
+    BandMask,
+    JoinChunks,
+    Map,
+    MaskFill,
+    Operand,
+    Softmax,
+    Step,
+    Value,
+    align,
+    show_legs,
+)
+from ..score_maps import MAPPED
 from ..sdpa import emit_prelude, query_and_key
 from .base import BoxSite, Form, Unfit
 
@@ -52,9 +67,11 @@ class Banded(Form):
     def refusal(self, ctx: _Lowering, site: BoxSite) -> str | None:
         if site.kind != "softmax":
             return Unfit("a normalize box (the banded form is a windowed softmax's)")
-        if site.attention is None:
+        match = site.attention or site.found.get(MAPPED)
+        if match is None:
             return Unfit(f"no attention match ({site.mismatch})")
-        match = site.attention
+        if match.score_map is not None and match.score_map.outer:
+            return "terms of the scores outside their map (the banded form maps the query·key products alone)"
         if match.window is None:
             return Unfit("no window mask")
         if len(match.keys) != 1:
@@ -71,7 +88,7 @@ class Banded(Form):
         return None
 
     def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
-        match = site.matched()
+        match = site.attention or site.found[MAPPED]
         before, after = (int(w) for w in match.window)  # type: ignore[union-attr]
         emit_prelude(ctx, match)
         ctx.box_depth += 1
@@ -94,6 +111,8 @@ class Banded(Form):
             ctx.runtime(match.scale),
             "scores",
         )
+        if match.score_map is not None:
+            scores = mapped_scores(ctx, match, scores)
         scores = masked_scores(ctx, match, scores, blocks, within, before, after)
         weights = block_softmax(ctx, scores, band)
         v_blocks = blocks.of(v)
@@ -142,6 +161,26 @@ class Blocks:
             "view", op, Value(name, legs, value.broadcast), f"{shown} in blocks of {self.width}", inputs=(value,)
         )
         return ctx.emit(step)  # type: ignore[return-value]
+
+
+def mapped_scores(ctx: _Lowering, match: MatchedAttention, scores: Value) -> Value:
+    """The block scores through the box's map of the scores, times its weight (Gemma 2's
+    c · tanh(s / c), score_maps.py), before the band is masked, as the materialized box does."""
+    mapping = match.score_map
+    assert mapping is not None
+    params = tuple(ctx.runtime(p) for p in mapping.params)
+    mapped = Value(ctx.names.fresh(mapping.name), scores.legs, scores.broadcast)
+    step = Step(
+        "map",
+        Map(scores, mapping.name, params),
+        mapped,
+        mapping.name,
+        elementwise=ctx.numel(scores.legs),
+        inputs=(scores,),
+    )
+    mapped = ctx.emit(step)  # type: ignore[assignment]
+    weight = ctx.runtime(sympy.simplify(mapping.weight))
+    return mapped if weight == 1 else ctx.scale(mapped, weight)
 
 
 def masked_scores(

@@ -35,7 +35,6 @@ MEMORY = "objective memory takes a fused attention wherever one applies (it neve
 
 def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...], forms: Sequence[Form]) -> list[_Leaf]:
     """The region's leaves with each box leaf replaced by the form taken for it."""
-    flex = ctx.attention == "flex"
     while any(leaf.box is not None for leaf in leaves):
         k = next(i for i, leaf in enumerate(leaves) if leaf.box is not None)
         box, ren = leaves[k].box  # type: ignore[misc]
@@ -43,8 +42,8 @@ def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...], for
         site = BoxSite(box, ren, k, others, out)
         if box.is_exp:
             match = ctx.fusable(box, ren, leaves[k], others, out)
-            mapped = match_map(ctx, box, ren, leaves[k], others, out) if isinstance(match, str) and flex else None
-            if mapped is not None:  # only FlexAttention applies a map of the scores (score_maps.py)
+            mapped = match_map(ctx, box, ren, leaves[k], others, out) if isinstance(match, str) else None
+            if mapped is not None:  # FlexAttention and the banded form apply a map of the scores (score_maps.py)
                 site.mismatch = MAPPED
                 site.found[MAPPED] = mapped
             elif isinstance(match, str):

@@ -1,0 +1,752 @@
+"""Incremental decoding (issue 25): a cache obtained from a compiled causal module, so that new
+positions are computed from their own inputs and what the cache holds, not by re-running the
+whole prefix.
+
+    cache = module.new_cache()          # or tdiag.DecodeCache(module)
+    y = module(x_prompt, cache=cache)   # T positions at once: their outputs, the cache extended
+    y = module(x_next, cache=cache)     # then one (or more) at a time
+
+The rule is read off the design graph, not written per design (`decode_rule`). Each statement
+is evaluated over ranges of positions: the legs the queries run over (those a result keeps)
+cover the new positions P .. P + T − 1, and the position legs a statement sums, reduces or
+normalizes over (the keys) cover every position 0 .. P + T − 1. Asking, from the outputs back,
+which rows each tensor must give then finds the frontier: a tensor computed from the input per
+position (one position axis: K[m h d], V[m h e], RoPE-rotated keys, MLA's latent, an earlier
+layer's output) that a later statement reads at every position. Such a tensor is cached: a step
+computes its new rows from the new inputs only and appends them (kind "kv"). Tensors made of
+positions alone (`index(n)`, RoPE's angles, ALiBi's and T5's biases, a table sliced at
+`n: N`) are computed at the absolute positions each use reads, and causal and window masks
+compare absolute positions, so query t sits at position P + t. A step is evaluated as the
+reference evaluator does (tdiag/reference.py: einsum on materialized tensors, here one row of
+scores per new query), which is exact and cheap for a few new positions against the cache.
+
+Where a score reads the input itself at every key (X[m f] inside it), the input's rows are
+cached too. Where no cached rows serve, the cache keeps the layer's inputs and each step re-runs
+the compiled module over the prefix and the new positions (kind "prefix", O(N) work per new
+position), so decoding stays exact; `cache.reason` says why: a scan along the positions of a
+statement's result, Mamba-2's segment sums, noise drawn over every position at each call. The
+recurrent states of linear and scan designs (O(1) per token) are not built yet.
+
+A cache serves one module and one batch shape; a step never updates buffers or draws noise, so a
+design with state updates or training-mode noise decodes in eval mode (`module.eval()`). Masks
+declared by the design are not taken with a cache (every position attends)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+from torch import nn
+
+from .graph import DesignGraph
+from .graph.causal import hides_the_future
+from .init import initial_value, numeric_shape
+from .ir import (
+    CausalFactor,
+    Contraction,
+    Convolution,
+    Expr,
+    Gather,
+    Position,
+    Scan,
+    SegmentSum,
+    Statement,
+    Tensor,
+    TensorRef,
+    WindowFactor,
+    walk,
+)
+from .reference import Frame, known_sizes, statement_value
+
+__all__ = ["DecodeCache", "DecodeRule", "NotDecodableError", "absorbed", "decode_rule"]
+
+NEW, ALL = "new", "all"  # the rows a position axis covers in a step: the new positions, or all so far
+
+
+@dataclass(frozen=True)
+class DecodeRule:
+    """How a design decodes, read off its graph. `kind`: "kv" (cache the rows of `cached`,
+    computed tensors or the input itself, and compute new positions from them) or "prefix"
+    (cache the input and re-run the prefix, for the `reason` given). `size` is the run-time
+    length the input's `axis` runs over; `inner` holds, for each statement that reads the input,
+    its position legs that run over every position (its keys); `noise` whether training-mode
+    noise makes decoding need eval mode; `reads_length` whether a statement reads the run-time
+    length as a number (ReLU² attention's 1/N, sigmoid attention's −log N, cosFormer's πi/2N):
+    such a design's earlier outputs change as positions are added, and a step computes its new
+    positions at N = P + T, as the forward over the sequence so far does."""
+
+    kind: str
+    input: str
+    axis: int
+    size: str
+    positional: frozenset[str]
+    cached: tuple[str, ...] = ()
+    inner: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    reason: str | None = None
+    noise: bool = False
+    reads_length: bool = False
+
+
+class NotDecodableError(ValueError):
+    """A module that no cache can serve: not causal, several inputs, no run-time length."""
+
+
+def decode_rule(graph: DesignGraph) -> DecodeRule:
+    """The decoding rule of a causal design with one input over a run-time length N: which
+    computed tensors the cache holds (kind "kv"), or why it must keep the input instead ("prefix").
+    Raises NotDecodableError for a graph no cache can serve."""
+    if len(graph.inputs) != 1:
+        raise NotDecodableError(
+            f"design '{graph.name}' has {len(graph.inputs)} inputs; decoding extends one sequence (one input)"
+        )
+    x = graph.inputs[0]
+    free = [k for k, a in enumerate(x.axes) if isinstance(a.size, sympy.Symbol) and graph.sizes[a.size.name].is_free]
+    if len(free) != 1:
+        raise NotDecodableError(
+            f"input {x.name} of design '{graph.name}' needs exactly one axis of a run-time length to decode along,"
+            f" has {len(free)}"
+        )
+    if not hides_the_future(graph):
+        raise NotDecodableError(
+            f"design '{graph.name}' is not causal: each position sees the later ones, so adding positions changes"
+            " the earlier outputs; decode its causal form (Design.with_causal_mask())"
+        )
+    symbol = x.axes[free[0]].size
+    graph = absorbed(graph)
+    positional = frozenset(name for name, leg in graph.legs.items() if leg.size == symbol)
+    walker = _Requests(graph, positional, symbol)
+    for name in graph.outputs:
+        walker.request(name, walker.output_labels(name))
+    length = _reads_length(graph, symbol)
+    if walker.problem is not None:
+        return DecodeRule(
+            "prefix", x.name, free[0], symbol.name, positional, reason=walker.problem, reads_length=length
+        )
+    return DecodeRule(
+        "kv", x.name, free[0], symbol.name, positional, tuple(walker.cached), walker.inner, None, walker.noise, length
+    )
+
+
+def absorbed(graph: DesignGraph) -> DesignGraph:
+    """The graph a decoding step evaluates: where a statement reads at every key a tensor S that
+    is a linear map of a smaller per-position tensor D (S[m h c] = D[m l] W[l h c] with
+    parameters and constants beside D; MLA's per-head keys and values of its latent), S's
+    factors are put in its place in the reader's product, so that the frontier, and what the
+    cache holds, is D, and the step contracts the new queries with the weights first (the
+    absorbed form, in the order opt_einsum picks for one query). Size decides: the cache keeps the
+    fewer entries per position (what a decoding step reads from memory)."""
+    symbol = _length_symbol(graph)
+    if symbol is None:
+        return graph
+    positional = {name for name, leg in graph.legs.items() if leg.size == symbol}
+    legs = dict(graph.legs)
+    statements = []
+    for statement in graph.statements:
+        keys = _key_legs(statement, positional)
+        expr = _absorb(statement.expr, graph, positional, keys, legs)
+        statements.append(statement if expr is statement.expr else dataclasses.replace(statement, expr=expr))
+    if all(a is b for a, b in zip(statements, graph.statements, strict=True)):
+        return graph
+    tensors = {name: dataclasses.replace(t) for name, t in graph.tensors.items()}
+    for statement in statements:
+        tensors[statement.target].statement = statement
+    return dataclasses.replace(graph, legs=legs, tensors=tensors, statements=statements)
+
+
+def _length_symbol(graph: DesignGraph) -> sympy.Expr | None:
+    if len(graph.inputs) != 1:
+        return None
+    free = [
+        a.size for a in graph.inputs[0].axes if isinstance(a.size, sympy.Symbol) and graph.sizes[a.size.name].is_free
+    ]
+    return free[0] if len(free) == 1 else None
+
+
+def _key_legs(statement: Statement, positional: set[str]) -> set[str]:
+    """The position legs a statement reads at every key: those it sums over without keeping, and
+    those a mask of it hides the future of."""
+    inner = {leg for node in walk(statement.expr) for leg in node.legs} - set(statement.legs)
+    keys = inner & positional
+    for node in walk(statement.expr):
+        for mask in getattr(node, "masks", ()):
+            if hasattr(mask, "key") and mask.key in positional:
+                keys.add(mask.key)
+        if isinstance(node, CausalFactor | WindowFactor):
+            keys.add(node.key)
+    return keys
+
+
+def _absorb(expr: Expr, graph: DesignGraph, positional: set[str], keys: set[str], legs: dict) -> Expr:
+    changes = {}
+    for field_name in ("factors", "terms"):
+        children = getattr(expr, field_name, None)
+        if children:
+            rebuilt = tuple(_absorb(c, graph, positional, keys, legs) for c in children)
+            if any(a is not b for a, b in zip(rebuilt, children, strict=True)):
+                changes[field_name] = rebuilt
+    for field_name in ("content", "operand", "numerator", "denominator", "left", "right"):
+        child = getattr(expr, field_name, None)
+        if isinstance(child, Expr):
+            rebuilt = _absorb(child, graph, positional, keys, legs)
+            if rebuilt is not child:
+                changes[field_name] = rebuilt
+    if changes:
+        expr = dataclasses.replace(expr, **changes)
+    if not isinstance(expr, Contraction):
+        return expr
+    factors, summed, coefficient = [], list(expr.summed), expr.coefficient
+    for factor in expr.factors:
+        inlined = _linear_map(factor, graph, positional, keys, legs) if isinstance(factor, TensorRef) else None
+        if inlined is None:
+            factors.append(factor)
+            continue
+        more, fresh, scale = inlined
+        factors += more
+        summed += fresh
+        coefficient *= scale
+    if len(factors) == len(expr.factors):
+        return expr
+    return dataclasses.replace(expr, factors=tuple(factors), summed=tuple(summed), coefficient=coefficient)
+
+
+def _linear_map(
+    ref: TensorRef, graph: DesignGraph, positional: set[str], keys: set[str], legs: dict
+) -> tuple[list[Expr], list[str], sympy.Expr] | None:
+    """The factors of the statement `ref` reads, with its legs named as `ref` names them and its
+    summed legs given fresh names, where that statement is a product of one smaller per-position
+    tensor computed from the input and stored tensors, read here at every key; else None."""
+    tensor = graph.tensors[ref.name]
+    statement = tensor.statement
+    if statement is None or ref.is_reshaped or ref.is_sliced or not isinstance(statement.expr, Contraction):
+        return None
+    if any(len(g) != 1 for g in statement.groups) or not (set(ref.legs) & keys):
+        return None
+    inner = statement.expr
+    computed = [
+        f for f in inner.factors if isinstance(f, TensorRef) and graph.tensors[f.name].kind in ("derived", "input")
+    ]
+    stored = [
+        f
+        for f in inner.factors
+        if isinstance(f, TensorRef) and graph.tensors[f.name].kind in ("param", "const", "buffer")
+    ]
+    if (
+        len(computed) != 1
+        or len(computed) + len(stored) != len(inner.factors)
+        or computed[0].is_reshaped
+        or computed[0].is_sliced
+    ):
+        return None
+    source = computed[0]
+    if len(set(source.legs) & positional) != 1 or len(set(statement.legs) & positional) != 1:
+        return None
+    if any(set(f.legs) & positional for f in stored) or any(f.is_sliced or f.is_reshaped for f in stored):
+        return None
+
+    def entries(names) -> int | None:
+        values = [graph.evaluate(graph.legs[leg].size) for leg in names if leg not in positional]
+        return int(math.prod(values)) if all(v.is_Integer for v in values) else None
+
+    small, large = entries(source.legs), entries(statement.legs)
+    if small is None or large is None or small >= large:
+        return None
+    renamed = dict(zip(statement.legs, ref.legs, strict=True))
+    fresh = []
+    for leg in inner.summed:
+        name = f"{leg}_{ref.name}"
+        while name in legs:
+            name += "_"
+        legs[name] = dataclasses.replace(graph.legs[leg], name=name)
+        renamed[leg] = name
+        fresh.append(name)
+    factors = [
+        dataclasses.replace(
+            f, legs=tuple(renamed[leg] for leg in f.legs), groups=tuple((renamed[leg],) for leg in f.legs)
+        )
+        for f in inner.factors
+    ]
+    return factors, fresh, inner.coefficient
+
+
+def _reads_length(graph: DesignGraph, symbol: sympy.Expr) -> bool:
+    """Whether a statement uses the run-time length as a number (a scale, coefficient, map
+    parameter or position number), not only as the extent of a slice."""
+
+    def numbers(value: object):
+        if isinstance(value, sympy.Basic):
+            yield value
+        elif isinstance(value, tuple):
+            for item in value:
+                yield from numbers(item)
+        elif isinstance(value, Position):
+            yield value.value
+            yield from numbers(value.operands)
+
+    for statement in graph.statements:
+        for node in walk(statement.expr):
+            if isinstance(node, TensorRef):
+                continue
+            for name in node.__dataclass_fields__:
+                for number in numbers(getattr(node, name)):
+                    if symbol in graph.evaluate(number).free_symbols:
+                        return True
+    return False
+
+
+class _Requests:
+    """Walks the graph from the outputs back, asking each tensor for the rows (NEW or ALL per
+    position axis) its readers need; the first thing that cannot be given from the new inputs
+    and the cached rows is the `problem`."""
+
+    def __init__(self, graph: DesignGraph, positional: frozenset[str], symbol: sympy.Expr):
+        self.graph, self.positional, self.symbol = graph, positional, symbol
+        self.cached: list[str] = []
+        self.inner: dict[str, tuple[str, ...]] = {}
+        self.seen: set[tuple[str, tuple]] = set()
+        self.problem: str | None = None
+        self.noise = False
+        self._depends: dict[str, bool] = {}
+
+    def fail(self, reason: str) -> None:
+        self.problem = self.problem or reason
+
+    def output_labels(self, name: str) -> tuple[str | None, ...]:
+        tensor = self.graph.tensors[name]
+        labels = tuple(NEW if self.is_position(a.size) else None for a in tensor.axes)
+        if NEW not in labels:
+            self.fail(f"output {name} has no position axis")
+        return labels
+
+    def is_position(self, size: sympy.Expr) -> bool:
+        return size == self.symbol
+
+    def depends(self, name: str) -> bool:
+        """Whether a tensor is computed from the input, a mask or noise (else from positions,
+        parameters and constants alone, computable at any positions)."""
+        if name not in self._depends:
+            tensor = self.graph.tensors[name]
+            self._depends[name] = tensor.is_batched or (
+                tensor.statement is not None
+                and any(isinstance(n, TensorRef) and self.depends(n.name) for n in walk(tensor.statement.expr))
+            )
+        return self._depends[name]
+
+    def request(self, name: str, labels: tuple[str | None, ...]) -> None:
+        if (name, labels) in self.seen or self.problem is not None:
+            return
+        self.seen.add((name, labels))
+        tensor = self.graph.tensors[name]
+        if tensor.kind == "input":
+            if ALL in labels and name not in self.cached:
+                self.cached.append(name)  # keys that are the input itself (X[m f] inside a score)
+        elif tensor.kind == "random":
+            mode = str(tensor.init.param("mode", "train")) if tensor.init else "train"
+            if mode == "always":
+                self.fail(f"noise {name} is drawn over every position at each call (mode = always)")
+            self.noise = self.noise or mode == "train"
+        elif tensor.kind in ("param", "const", "buffer"):
+            if any(label is not None for label in labels):
+                self.fail(f"{tensor.kind} {name} has an axis of the run-time length")
+        elif tensor.kind == "derived":
+            assert tensor.statement is not None
+            axes = [k for k, label in enumerate(labels) if label is not None]
+            if self.depends(name) and len(axes) == 1 and labels[axes[0]] == ALL:
+                if name not in self.cached:
+                    self.cached.append(name)
+                labels = tuple(NEW if label is not None else None for label in labels)
+            self.statement(tensor.statement, labels, self.depends(name))
+
+    def statement(self, statement: Statement, labels: tuple[str | None, ...], depends: bool) -> None:
+        """Evaluate `statement` with its result's position axes covering `labels`: its other
+        position legs cover every position (the keys); each tensor it reads is asked in turn."""
+        if (statement.target, ("statement", labels)) in self.seen:
+            return
+        self.seen.add((statement.target, ("statement", labels)))
+        legs: dict[str, str] = {}
+        for group, label in zip(statement.groups, labels, strict=True):
+            if label is not None and len(group) != 1:
+                self.fail(f"{statement.target} merges a position leg with other legs")
+                return
+            if label is not None:
+                legs[group[0]] = label
+        inner = sorted({leg for node in walk(statement.expr) for leg in node.legs} & self.positional - set(legs))
+        if inner and not depends:
+            self.fail(f"{statement.target} sums positions {', '.join(inner)} without reading the input")
+            return
+        self.inner[statement.target] = tuple(inner)
+        legs.update(dict.fromkeys(inner, ALL))
+        for node in walk(statement.expr):
+            if isinstance(node, SegmentSum):
+                self.fail(f"{statement.target} takes segment sums along the positions (a recurrent state)")
+            elif isinstance(node, Scan) and legs.get(node.along) == NEW:
+                self.fail(f"{statement.target} scans along the positions of its result (a recurrent state)")
+            elif isinstance(node, Convolution) and any(legs.get(s.leg) == NEW for s in node.shifts):
+                self.fail(f"{statement.target} convolves along the positions of its result (it reads earlier rows)")
+            elif isinstance(node, Gather) and node.source is not None:
+                axis = node.source.legs.index(node.axis)
+                if self.is_position(self.graph.tensors[node.source.name].axes[axis].size):
+                    self.fail(f"{statement.target} gathers {node.source.name} along its positions")
+            if isinstance(node, TensorRef):
+                self.ref(node, legs)
+
+    def ref(self, ref: TensorRef, legs: Mapping[str, str]) -> None:
+        tensor = self.graph.tensors[ref.name]
+        labels: list[str | None] = []
+        for k, (group, axis) in enumerate(zip(ref.groups, tensor.axes, strict=True)):
+            here = [leg for leg in group if leg in self.positional]
+            if here and len(group) != 1:
+                self.fail(f"{ref.name} is read with a position leg merged with other legs")
+                return
+            if self.is_position(axis.size):
+                if ref.is_sliced and ref.slices[k] is not None:
+                    self.fail(f"{ref.name} is read in a slice along its positions")
+                    return
+                labels.append(legs[group[0]] if here else NEW)
+                continue
+            if here and not (ref.is_sliced and ref.slices[k] == self.symbol):
+                self.fail(f"{ref.name} is read along leg {group[0]} other than by a slice of the run-time length")
+                return
+            labels.append(None)
+        if tensor.kind != "mask":
+            self.request(ref.name, tuple(labels))
+
+
+class DecodeCache:
+    """What a causal module has seen so far, to compute new positions without re-running them.
+
+    `kind` is "kv" (the cache holds the computed tensors that later positions read at every
+    earlier position, `tensors`, e.g. K and V) or "prefix" (it holds the inputs so far and each
+    step re-runs the module over them; `reason` says why the design allows no other). `length` is
+    the number of positions seen. Obtained from `module.new_cache()` or `DecodeCache(module)`;
+    `module(x, cache=cache)` or `cache.extend(x)` computes the positions of `x` (its axis of the
+    run-time length, any count) after those cached and returns their outputs."""
+
+    def __init__(self, module: nn.Module):
+        graph = _graph_of(module)
+        prepared = _prepared(graph)
+        self.module = module
+        self.graph = prepared.work or graph
+        self.rule: DecodeRule = prepared.rule
+        self.length = 0
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.numbers, self.expressions, self.constants = prepared.numbers, prepared.expressions, prepared.constants
+        self.position_axes, self.sizes = prepared.position_axes, prepared.sizes
+        self._batch: torch.Size | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.rule.kind
+
+    @property
+    def reason(self) -> str | None:
+        return self.rule.reason
+
+    def __repr__(self) -> str:
+        held = ", ".join(f"{name}{tuple(t.shape)}" for name, t in self.tensors.items()) or "nothing yet"
+        why = f"; {self.reason}" if self.reason else ""
+        return f"<tdiag.DecodeCache {self.graph.name}: kind {self.kind}, {self.length} positions, holds {held}{why}>"
+
+    def extend(
+        self, x: torch.Tensor, *, module: nn.Module | None = None, **masks: torch.Tensor | None
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The outputs at the positions of `x` (placed after the `length` cached ones), the
+        cache extended by them."""
+        if module is not None and module is not self.module:
+            raise ValueError("this cache was made by another module: make one with module.new_cache()")
+        given = [name for name, mask in masks.items() if mask is not None]
+        if given:
+            raise ValueError(f"mask {given[0]} cannot be given with a cache: decoding attends every cached position")
+        rank = len(self.graph.inputs[0].axes)
+        _check_input(x, f"input {self.rule.input}", self.module)
+        if x.dim() < rank:
+            raise ValueError(f"input {self.rule.input} needs {rank} trailing axes, got shape {tuple(x.shape)}")
+        if x.shape[self.rule.axis - rank] == 0:
+            raise ValueError(f"input {self.rule.input}: no new positions (its axis of size {self.rule.size} is empty)")
+        batch = x.shape[: x.dim() - rank]
+        if self._batch is not None and batch != self._batch:
+            raise ValueError(f"the cache holds a batch of shape {tuple(self._batch)}; got {tuple(batch)}")
+        if self.rule.kind == "prefix":
+            return self._prefix_step(x, rank)
+        return self._kv_step(x, rank, batch)
+
+    __call__ = extend
+
+    def width(self) -> int:
+        """The entries one position adds to a "kv" cache: Σ over the cached tensors of the
+        product of their axes other than the position axis."""
+        return sum(math.prod(self._row_shape(name)) for name in self.rule.cached)
+
+    def _row_shape(self, name: str) -> list[int]:
+        """The sizes of a cached tensor's axes other than its position axis."""
+        axes = zip(self.graph.tensors[name].axes, self.position_axes[name], strict=True)
+        return [int(self.graph.evaluate(a.size)) for a, position in axes if not position]
+
+    def packed(self, start: int = 0) -> torch.Tensor:
+        """The cached rows from position `start` on as one tensor [..., positions, width()]
+        (each cached tensor's position axis moved after the batch dims, the rest flattened, the
+        tensors side by side), for a store that keeps positions along one axis (Hugging Face's
+        DynamicCache, tdiag.hf)."""
+        parts = []
+        for name in self.rule.cached:
+            rows, axis = self.tensors[name], self.position_axes[name].index(True)
+            rank = len(self.position_axes[name])
+            batch = rows.dim() - rank
+            rows = rows.narrow(batch + axis, start, rows.shape[batch + axis] - start).movedim(batch + axis, batch)
+            parts.append(rows.reshape(*rows.shape[: batch + 1], -1))
+        return torch.cat(parts, -1)
+
+    def restore(self, packed: torch.Tensor) -> None:
+        """Hold the rows of `packed` (as `packed()` gives them, from position 0) and nothing else."""
+        if self.rule.kind != "kv":
+            raise ValueError(f"a cache of kind {self.rule.kind} holds no packed rows")
+        if packed.shape[-1] != self.width():
+            raise ValueError(f"packed rows of width {packed.shape[-1]}, expected {self.width()}")
+        self.tensors, offset = {}, 0
+        batch, count = packed.shape[:-2], packed.shape[-2]
+        for name in self.rule.cached:
+            axis = self.position_axes[name].index(True)
+            rest = self._row_shape(name)
+            width = math.prod(rest)
+            rows = packed[..., offset : offset + width].reshape(*batch, count, *rest)
+            self.tensors[name] = rows.movedim(len(batch), len(batch) + axis)
+            offset += width
+        self.length = count
+        self._batch = batch
+
+    def _prefix_step(self, x: torch.Tensor, rank: int) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        dim = self.rule.axis - rank
+        rows = self.tensors.get(self.rule.input)
+        whole = x if rows is None else torch.cat([rows, x], dim)
+        outputs = self.module(whole)
+        count = x.shape[dim]
+        single = not isinstance(outputs, tuple)
+        picked = []
+        for name, y in zip(self.graph.outputs, (outputs,) if single else outputs, strict=True):
+            tensor = self.graph.tensors[name]
+            for k, axis in enumerate(tensor.axes):
+                if axis.size == self.graph.sizes[self.rule.size].symbol:
+                    y = y.narrow(k - len(tensor.axes), y.shape[k - len(tensor.axes)] - count, count)
+            picked.append(y)
+        self.tensors[self.rule.input] = whole
+        self.length = whole.shape[dim]
+        self._batch = x.shape[: x.dim() - rank]
+        return picked[0] if single else tuple(picked)
+
+    def _kv_step(self, x: torch.Tensor, rank: int, batch: torch.Size) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if self.module.training and (self.rule.noise or self.graph.updates):
+            raise ValueError(
+                f"design '{self.graph.name}' draws noise or updates buffers in training mode, which a decoding step"
+                " does not: decode in eval mode (module.eval())"
+            )
+        count = x.shape[self.rule.axis - rank]
+        step = _Step(self, x, count)
+        outputs = tuple(step.output(name) for name in self.graph.outputs)
+        self.tensors.update(step.joined)
+        self.length += count
+        self._batch = batch
+        return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _check_input(x: object, name: str, module: nn.Module) -> None:
+    """A floating-point tensor on the device and of the dtype of the module's parameters (as the
+    compiled forward checks its input; autocast may mix the dtypes)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    like = next(iter(module.parameters()), None)
+    if like is None:
+        return
+    if x.device != like.device:
+        raise ValueError(f"{name} is on {x.device} but the module's parameters are on {like.device}")
+    if x.dtype != like.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"{name} is {x.dtype} but the module's parameters are {like.dtype}; convert one to the other")
+
+
+@dataclass
+class _Prepared:
+    """What every cache of one design graph shares: its rule, the graph a step evaluates (None:
+    the design's own; else its absorbed form), which axes of each tensor run over positions, the
+    fixed sizes, and what steps keep between them (size numbers without the run-time length,
+    einsum orders, unrolled constants). Held while the design graph lives, no longer."""
+
+    work: DesignGraph | None
+    rule: DecodeRule
+    position_axes: dict[str, tuple[bool, ...]]
+    sizes: dict[str, int]
+    numbers: dict[sympy.Expr, float] = field(default_factory=dict)
+    expressions: dict[tuple, Any] = field(default_factory=dict)
+    constants: dict[tuple, torch.Tensor] = field(default_factory=dict)
+
+
+_PREPARED: dict[int, _Prepared] = {}
+
+
+def _prepared(graph: DesignGraph) -> _Prepared:
+    entry = _PREPARED.get(id(graph))
+    if entry is None:
+        rule = decode_rule(graph)
+        symbol = graph.sizes[rule.size].symbol
+        axes = {name: tuple(a.size == symbol for a in tensor.axes) for name, tensor in graph.tensors.items()}
+        work = absorbed(graph)
+        entry = _Prepared(None if work is graph else work, rule, axes, known_sizes(graph, {}))
+        _PREPARED[id(graph)] = entry
+        weakref.finalize(graph, _PREPARED.pop, id(graph), None)
+    return entry
+
+
+def _graph_of(module: nn.Module) -> DesignGraph:
+    plan = getattr(module, "tdiag_plan", None)
+    graph = getattr(plan, "graph", None) or getattr(module, "tdiag_graph", None)
+    if graph is None:
+        raise NotDecodableError(
+            "this module carries no design graph: build it with Design.module() to decode with a cache"
+        )
+    return graph
+
+
+@dataclass
+class _StepFrame(Frame):
+    """The reference evaluator's frame over ranges of positions: each position leg of the
+    statement being evaluated covers `ranges[leg]` = (first position, count)."""
+
+    step: Any = None
+    ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def leg_size(self, leg: str) -> int:
+        if leg in self.step.rule.positional:
+            return self.ranges[leg][1]
+        return int(self.number(self.graph.legs[leg].size))
+
+    def number(self, expr: sympy.Expr) -> float:
+        """The value of a size expression; those without the run-time length are kept between
+        steps (the cache's `numbers`), so that a step does not evaluate them again."""
+        numbers = self.step.cache.numbers
+        if expr in numbers:
+            return numbers[expr]
+        value = self.graph.evaluate(expr)
+        if value.is_number:
+            numbers[expr] = float(value)
+            return numbers[expr]
+        return super().number(expr)
+
+    def leg_start(self, leg: str) -> int:
+        return self.ranges[leg][0] if leg in self.step.rule.positional else 0
+
+    def value(self, ref: TensorRef) -> torch.Tensor:
+        return self.step.value(ref)
+
+    def einsum(self, spec: str, *operands: torch.Tensor) -> torch.Tensor:
+        """torch.einsum, in an order of pairwise contractions chosen once per spec, rank and
+        whether one position is new (opt_einsum's, as torch.einsum would choose at each call)."""
+        if len(operands) < 3:
+            return torch.einsum(spec, *operands)
+        key = (spec, tuple(x.dim() for x in operands), self.step.new[1] == 1)
+        expressions = self.step.cache.expressions
+        if key not in expressions:
+            import opt_einsum
+
+            expressions[key] = opt_einsum.contract_expression(spec, *(x.shape for x in operands))
+        return expressions[key](*operands, backend="torch")
+
+    def slice_window(self, ref: TensorRef, axis: int, extent: sympy.Expr) -> tuple[int, int]:
+        leg = ref.groups[axis][0]
+        if leg in self.step.rule.positional:
+            start, count = self.ranges[leg]
+            return int(self.number(ref.offset(axis))) + start, count
+        return super().slice_window(ref, axis, extent)
+
+
+class _Step:
+    """One decoding step: positions P .. P + T − 1 from the input x and the cached rows."""
+
+    def __init__(self, cache: DecodeCache, x: torch.Tensor, count: int):
+        self.cache, self.rule, self.graph = cache, cache.rule, cache.graph
+        past = cache.length
+        self.new, self.all = (past, count), (0, past + count)
+        sizes = {**cache.sizes, self.rule.size: past + count}
+        if len(sizes) < len(self.graph.sizes):  # sizes defined from the run-time length
+            sizes = known_sizes(self.graph, sizes)
+        dtype = x.dtype if x.is_floating_point() else next(iter(cache.module.parameters()), x).dtype
+        self.frame = _StepFrame(self.graph, sizes, {self.rule.input: x}, dtype, x.device, step=self)
+        self.memo: dict[tuple, torch.Tensor] = {}
+        self.joined: dict[str, torch.Tensor] = {}
+        self.positions = cache.position_axes
+        for tensor in self.graph.tensors.values():
+            if tensor.kind in ("param", "const", "buffer"):
+                self.frame.values[tensor.name] = self._stored(tensor, sizes, dtype, x.device)
+
+    def _stored(self, tensor: Tensor, sizes: dict[str, int], dtype: torch.dtype, device) -> torch.Tensor:
+        """A parameter, buffer or constant as the module holds it; a constant the compiled plan
+        does not store (a literal it unrolls) from its initializer, made once per dtype and device."""
+        held = getattr(self.cache.module, tensor.name, None)
+        if isinstance(held, torch.Tensor):
+            return held
+        key = (tensor.name, dtype, device)
+        if key not in self.cache.constants:
+            shape = numeric_shape(tensor, sizes, self.graph)
+            self.cache.constants[key] = initial_value(tensor, shape, self.graph, sizes, 0, dtype).to(device)
+        return self.cache.constants[key]
+
+    def output(self, name: str) -> torch.Tensor:
+        tensor = self.graph.tensors[name]
+        ranges = tuple(self.new if position else None for position in self.positions[name])
+        return self.frame.values[name] if tensor.kind == "input" else self.computed(tensor, ranges)
+
+    def value(self, ref: TensorRef) -> torch.Tensor:
+        tensor = self.graph.tensors[ref.name]
+        if tensor.kind == "random":
+            shape = [
+                self.frame.leg_size(g[0]) if position else int(self.frame.number(a.size))
+                for g, a, position in zip(ref.groups, tensor.axes, self.positions[ref.name], strict=True)
+            ]
+            return torch.zeros(shape, dtype=self.frame.dtype, device=self.frame.device)
+        ranges = tuple(
+            (self.frame.ranges[g[0]] if g[0] in self.rule.positional else self.new) if position else None
+            for g, position in zip(ref.groups, self.positions[ref.name], strict=True)
+        )
+        if tensor.kind == "input" and self.all in ranges and self.new != self.all:
+            return self._joined(tensor.name, self.frame.values[ref.name], ranges.index(self.all) - len(ranges))
+        if tensor.kind == "input" and tensor.name in self.rule.cached and self.new == self.all:
+            self.joined[tensor.name] = self.frame.values[ref.name]
+        if tensor.kind != "derived":
+            return self.frame.values[ref.name]
+        return self.computed(tensor, ranges)
+
+    def _joined(self, name: str, new: torch.Tensor, dim: int) -> torch.Tensor:
+        """The cached rows of `name` and its new ones, along its position axis `dim` (from the end)."""
+        if name not in self.joined:
+            self.joined[name] = torch.cat([self.cache.tensors[name], new], dim)
+        return self.joined[name]
+
+    def computed(self, tensor: Tensor, ranges: tuple) -> torch.Tensor:
+        key = (tensor.name, ranges)
+        if key in self.memo:
+            return self.memo[key]
+        axes = [k for k, r in enumerate(ranges) if r is not None]
+        rows = self.cache.tensors.get(tensor.name)
+        if tensor.name in self.rule.cached and len(axes) == 1 and ranges[axes[0]] == self.all and rows is not None:
+            new = self.computed(tensor, tuple(self.new if r is not None else None for r in ranges))
+            value = self.joined[tensor.name] = torch.cat([rows, new], axes[0] - len(ranges))
+        else:
+            value = self._evaluated(tensor.statement, ranges)  # type: ignore[arg-type]
+            if tensor.name in self.rule.cached and ranges[axes[0]] == self.all:
+                self.joined[tensor.name] = value
+        self.memo[key] = value
+        return value
+
+    def _evaluated(self, statement: Statement, ranges: tuple) -> torch.Tensor:
+        saved = self.frame.ranges
+        legs = {group[0]: r for group, r in zip(statement.groups, ranges, strict=True) if r is not None}
+        legs.update(dict.fromkeys(self.rule.inner.get(statement.target, ()), self.all))
+        self.frame.ranges = legs
+        try:
+            return statement_value(statement, self.frame)
+        finally:
+            self.frame.ranges = saved

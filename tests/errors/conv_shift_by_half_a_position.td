@@ -1,0 +1,22 @@
+# mistake: a centred shift of an even kernel width C = 4 moves by half a position
+design bad
+
+size F = 64, H = 4, D = F / H, C = 4
+size N
+
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D]
+param WK[f: F, h: H, d: D]
+param WV[f: F, h: H, e: D]
+param WO[h: H, e: D, g: F]
+param theta[h: H, i: C, j: C]
+param w[h: H, i: C]
+
+Q[n h d] = X[n f] WQ[f h d]
+K[m h d] = X[m f] WK[f h d]
+V[m h e] = X[m f] WV[f h e]
+S[h n m] = Q[n h d] K[m h d]
+A[h n m] = softmax[m](conv[n = n - i, m = m - j + (C - 1) / 2](S[h n m], theta[h i j]))
+Y[n g] = A[h n m] V[m h e] WO[h e g]
+
+output Y

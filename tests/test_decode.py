@@ -1,0 +1,303 @@
+"""Incremental decoding with a cache (issue 25, tdiag/decode.py): a step computes the new positions
+from their own inputs and the cached key-side rows, and equals the causal forward over the
+sequence so far, for every bundled design that has a causal form."""
+
+import pytest
+import torch
+from conftest import DESIGN_FILES, DESIGNS
+
+import tdiag
+from tdiag import TdiagError
+from tdiag.decode import DecodeCache, NotDecodableError, decode_rule
+
+TOL = 1e-10
+LENGTH, PROMPT = 5, 2
+
+
+def small_sizes(name: str) -> dict[str, int]:
+    sizes = {"F": 8, "H": 2}
+    if "mgk" in name or "mlk" in name:
+        sizes["D"] = 4
+    return sizes
+
+
+def causal(name: str) -> tdiag.Design | None:
+    """The design's causal form at small sizes, or None where it has none."""
+    try:
+        return tdiag.load(DESIGNS / f"{name}.td", **small_sizes(name)).with_causal_mask()
+    except TdiagError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def decoders() -> dict[str, torch.nn.Module]:
+    """Every bundled design that has a causal form and one input over a run-time length, as its
+    reference module in float64 (the graph evaluated as written), built once."""
+    built = {}
+    for path in DESIGN_FILES:
+        design = causal(path.stem)
+        if design is None or len(design.graph.inputs) != 1 or not design.graph.sizes["N"].is_free:
+            continue
+        built[path.stem] = design.module(dtype=torch.float64, impl="reference").eval()
+    return built
+
+
+def width(module: torch.nn.Module) -> int:
+    graph = module.tdiag_graph
+    return int(graph.evaluate(graph.inputs[0].axes[-1].size))
+
+
+def inputs(module: torch.nn.Module, n: int = LENGTH) -> torch.Tensor:
+    return torch.randn(2, n, width(module), dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+
+def decoded(module: torch.nn.Module, x: torch.Tensor, chunks: list[int]) -> list[torch.Tensor]:
+    cache = DecodeCache(module)
+    outputs, start = [], 0
+    for count in chunks:
+        outputs.append(cache.extend(x[:, start : start + count]))
+        start += count
+    return outputs
+
+
+def test_the_bundled_causal_designs_are_all_decoded(decoders):
+    assert len(decoders) >= 55
+    assert {"mhsa", "llama", "deepseek_mla", "t5_decoder", "alibi", "mamba2_ssd", "relu2_attention"} <= set(decoders)
+
+
+@pytest.mark.parametrize("chunks", [[1] * LENGTH, [PROMPT] + [1] * (LENGTH - PROMPT)], ids=["tokens", "prompt"])
+def test_each_step_equals_the_causal_forward_over_the_sequence_so_far(decoders, chunks):
+    """Where the outputs do not depend on the length (all but three), the rows of the whole
+    forward; for the three that read it, the forward over the positions so far."""
+    wrong = {}
+    for name, module in decoders.items():
+        x = inputs(module)
+        whole = module(x)
+        stable = not DecodeCache(module).rule.reads_length
+        start = 0
+        for count, step in zip(chunks, decoded(module, x, chunks), strict=True):
+            so_far = whole if stable or start + count == LENGTH else module(x[:, : start + count])
+            expected = so_far[:, start : start + count]
+            if not torch.allclose(step, expected, atol=TOL, rtol=0):
+                wrong[name] = (step - expected).abs().max().item()
+            start += count
+    assert not wrong
+
+
+def test_the_designs_that_read_the_length_are_known(decoders):
+    reading = {name for name, module in decoders.items() if DecodeCache(module).rule.reads_length}
+    assert reading == {"cosformer", "relu2_attention", "sigmoid_attention"}
+
+
+@pytest.mark.parametrize(
+    ("name", "cached"),
+    [
+        ("mhsa", ("K", "V")),
+        ("llama", ("Kr", "V")),  # the RoPE-rotated keys
+        ("alibi", ("K", "V")),
+        ("t5_decoder", ("K", "V")),
+        ("deepseek_mla", ("Ckn", "KRr")),  # the normalized latent and the shared rotated key
+        ("gpt_neox", ("Kr", "QKV")),  # the fused projection, read at every key for its pass-through part
+        ("differential_attention", ("K1", "K2", "V")),
+        ("rope_partial", ("Kr", "X", "V")),  # the pass-through scores read the input itself at every key
+        ("retnet", ("Kr", "X")),  # values of width 2D per head: the input is the smaller row
+    ],
+)
+def test_softmax_designs_cache_the_smallest_rows_the_attention_reads_at_every_key(name, cached):
+    """At the design's own sizes (the rule is read off the graph; no module is built)."""
+    rule = decode_rule(tdiag.load(DESIGNS / f"{name}.td").with_causal_mask().graph)
+    assert rule.kind == "kv"
+    assert set(rule.cached) == set(cached)
+
+
+def test_mla_decodes_from_its_latent_in_the_absorbed_form():
+    design = tdiag.load(DESIGNS / "deepseek_mla.td", F=16, H=4, KL=4, QL=8).with_causal_mask()
+    module = design.module(dtype=torch.float64, impl="reference").eval()
+    x = torch.randn(2, LENGTH, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    cache = DecodeCache(module)
+    steps = [cache.extend(x[:, :PROMPT])] + [cache.extend(x[:, t : t + 1]) for t in range(PROMPT, LENGTH)]
+    assert torch.allclose(torch.cat(steps, 1), module(x), atol=TOL, rtol=0)
+    assert cache.tensors["Ckn"].shape == (2, LENGTH, 4)  # KL = 4 entries per position, not H·(C + V) = 256
+
+
+def test_grouped_query_attention_caches_one_key_per_group_not_per_query_head():
+    design = tdiag.load(DESIGNS / "grouped_query.td", F=8, H=4, G=2).with_causal_mask()
+    module = design.module(dtype=torch.float64, impl="reference").eval()
+    cache = DecodeCache(module)
+    cache.extend(inputs(module))
+    assert cache.tensors["K"].shape == cache.tensors["V"].shape == (2, LENGTH, 2, 2)  # [batch, m, g, d]
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("forgetting_attention", "scans along the positions"),
+        ("mamba2_ssd", "segment sums"),
+        ("mlstm", "segment sums"),
+        ("gla", "segment sums"),
+    ],
+)
+def test_designs_with_a_recurrent_state_keep_the_prefix_and_say_why(decoders, name, why):
+    cache = DecodeCache(decoders[name])
+    assert cache.kind == "prefix"
+    assert why in cache.reason
+
+
+def test_a_step_computes_the_key_rows_of_the_new_positions_only(decoders, monkeypatch):
+    import tdiag.decode as decode
+
+    seen: list[tuple[str, int]] = []
+    real = decode.statement_value
+
+    def recording(statement, frame):
+        value = real(statement, frame)
+        if statement.target in ("K", "Q"):
+            seen.append((statement.target, value.shape[-3]))
+        return value
+
+    monkeypatch.setattr(decode, "statement_value", recording)
+    module = decoders["mhsa"]
+    x = inputs(module)
+    cache = DecodeCache(module)
+    cache.extend(x[:, :PROMPT])
+    assert seen == [("Q", PROMPT), ("K", PROMPT)]
+    for t in range(PROMPT, LENGTH):
+        seen.clear()
+        cache.extend(x[:, t : t + 1])
+        assert seen == [("Q", 1), ("K", 1)]
+        assert cache.tensors["K"].shape[-3] == cache.tensors["V"].shape[-3] == cache.length == t + 1
+
+
+def test_a_prefix_cache_holds_the_inputs_so_far(decoders):
+    module = decoders["forgetting_attention"]
+    x = inputs(module)
+    cache = DecodeCache(module)
+    for t in range(LENGTH):
+        cache.extend(x[:, t : t + 1])
+    assert list(cache.tensors) == ["X"] and torch.equal(cache.tensors["X"], x)
+    assert cache.length == LENGTH
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, torch.nn.Module]:
+    built = {}
+    for name in ("mhsa", "llama"):
+        built[name] = causal(name).module(dtype=torch.float64, N=8)
+    return built
+
+
+@pytest.mark.parametrize("name", ["mhsa", "llama"])
+def test_a_compiled_module_called_with_its_cache_decodes_as_its_forward(compiled, name):
+    module = compiled[name]
+    x = torch.randn(3, LENGTH, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    cache = module.new_cache()
+    steps = [module(x[:, :PROMPT], cache=cache)] + [module(x[:, t : t + 1], cache=cache) for t in range(PROMPT, LENGTH)]
+    assert torch.allclose(torch.cat(steps, 1), module(x), atol=TOL, rtol=0)
+    assert cache.length == LENGTH
+
+
+def test_tdiag_exports_the_cache_class(compiled):
+    assert isinstance(compiled["mhsa"].new_cache(), tdiag.DecodeCache)
+
+
+def test_only_a_causal_module_takes_a_cache_argument():
+    design = tdiag.load(DESIGNS / "mhsa.td", **small_sizes("mhsa"))
+    assert "cache" not in design.source(N=8)
+    assert "cache=None" in design.with_causal_mask().source(N=8)
+
+
+def test_a_module_that_is_not_causal_has_no_cache():
+    module = tdiag.load(DESIGNS / "mhsa.td", **small_sizes("mhsa")).module(dtype=torch.float64, N=8)
+    with pytest.raises(NotDecodableError, match=r"is not causal: .* \(Design.with_causal_mask\(\)\)"):
+        module.new_cache()
+
+
+def test_a_design_of_two_inputs_has_no_cache():
+    module = tdiag.load(DESIGNS / "cross_attention.td", **small_sizes("cross")).module(dtype=torch.float64, N=8)
+    with pytest.raises(NotDecodableError, match="has 2 inputs"):
+        DecodeCache(module)
+
+
+def test_a_cache_serves_only_the_module_that_made_it(compiled):
+    cache = compiled["mhsa"].new_cache()
+    other = causal("mhsa").module(dtype=torch.float64, N=8)
+    with pytest.raises(ValueError, match="made by another module"):
+        other(torch.zeros(1, 1, 8, dtype=torch.float64), cache=cache)
+
+
+def test_a_cache_refuses_a_new_batch_shape(compiled):
+    module = compiled["mhsa"]
+    cache = module.new_cache()
+    module(torch.zeros(2, 3, 8, dtype=torch.float64), cache=cache)
+    with pytest.raises(ValueError, match=r"holds a batch of shape \(2,\); got \(3,\)"):
+        module(torch.zeros(3, 1, 8, dtype=torch.float64), cache=cache)
+
+
+def test_training_mode_noise_needs_eval_mode_to_decode(decoders):
+    module = decoders["fish"].train()
+    try:
+        with pytest.raises(ValueError, match=r"decode in eval mode \(module.eval\(\)\)"):
+            DecodeCache(module).extend(inputs(module))
+    finally:
+        module.eval()
+
+
+TEXT = ("To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 8).strip()
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory):
+    import gzip
+
+    path = tmp_path_factory.mktemp("decode") / "tiny.txt.gz"
+    path.write_bytes(gzip.compress(TEXT.encode()))
+    return path
+
+
+def language_model(design: str, corpus_file):
+    from tdiag.train import TrainConfig, build_model, read_corpus
+
+    config = TrainConfig(design=str(DESIGNS / f"{design}.td"), data=str(corpus_file), layers=2, width=16, heads=2,
+                         context=16, batch=2, steps=1, out="unused")  # fmt: skip
+    corpus = read_corpus(config.data, config.context)
+    model, _ = build_model(config, corpus.vocab, torch.device("cpu"))
+    return model, corpus, config
+
+
+@pytest.mark.parametrize("design", ["mhsa", "llama"])
+def test_sampling_with_the_caches_draws_the_characters_the_re_run_draws(design, corpus_file):
+    from tdiag.train import sample
+
+    model, corpus, config = language_model(design, corpus_file)
+    assert [cache.kind for cache in model.new_caches()] == ["kv", "kv"]
+    prompt = [corpus.chars.index(c) for c in "the mind"]  # 8 characters, then 24 more: past the context of 16
+    cpu = torch.device("cpu")
+    assert sample(model, corpus, config, cpu, 24, prompt, 3) == sample(
+        model, corpus, config, cpu, 24, prompt, 3, use_cache=False
+    )
+
+
+def test_a_design_that_reads_the_length_samples_by_re_running_the_context(corpus_file):
+    model, _, _ = language_model("relu2_attention", corpus_file)
+    assert model.new_caches() is None
+
+
+def test_an_input_of_another_dtype_is_refused_naming_both(compiled):
+    with pytest.raises(TypeError, match=r"input X is torch\.float32 but the module.s parameters are torch\.float64"):
+        compiled["mhsa"](torch.zeros(1, 1, 8), cache=compiled["mhsa"].new_cache())
+
+
+def test_an_input_without_positions_is_refused(compiled):
+    with pytest.raises(ValueError, match="no new positions"):
+        compiled["mhsa"](torch.zeros(1, 0, 8, dtype=torch.float64), cache=compiled["mhsa"].new_cache())
+
+
+def test_a_design_causal_through_its_segment_sums_takes_a_cache_as_written():
+    module = tdiag.load(DESIGNS / "mamba2_ssd.td", **small_sizes("mamba2_ssd")).module(
+        dtype=torch.float64, impl="reference"
+    )
+    x = inputs(module)
+    cache = DecodeCache(module)
+    steps = [cache.extend(x[:, :PROMPT]), cache.extend(x[:, PROMPT:])]
+    assert cache.kind == "prefix"
+    assert torch.allclose(torch.cat(steps, 1), module(x), atol=TOL, rtol=0)
