@@ -182,13 +182,14 @@ def test_bool_masks_intersect(mhsa, x):
 
 # ---- is_causal and attn_mask on bundled designs ------------------------------------------------
 
-DESIGNS = {  # small sizes of each: softmax, GQA with RoPE, linear attention, a map, a sink, MGK
+DESIGNS = {  # small sizes of each: softmax, GQA with RoPE, linear attention, a map, a sink, MGK, MTA
     "mhsa": {"F": 8, "H": 2},
     "llama": {"F": 8, "H": 2},
     "thsa_elu": {"F": 8, "H": 2},
     "sigmoid_attention": {"F": 8, "H": 2},
     "gpt_oss": {"F": 8, "H": 2, "D": 4},
     "mgk": {"F": 8, "H": 2, "D": 4},
+    "multi_token_attention": {"F": 8, "H": 2},  # a convolution of the scores, masked before its shift
 }
 
 
@@ -249,7 +250,7 @@ def test_is_causal_changes_the_result_of_each_design(modules, x):
         assert not torch.allclose(plain(x), plain(x, is_causal=True), atol=1e-6), name
 
 
-@pytest.mark.parametrize("name", ["thsa_elu", "sigmoid_attention"])
+@pytest.mark.parametrize("name", ["thsa_elu", "sigmoid_attention", "multi_token_attention"])
 def test_a_float_attn_mask_is_refused_where_the_attention_is_not_a_softmax_box(modules, name, x):
     plain, _ = modules[name]
     with pytest.raises(TypeError, match=r"attn_mask is torch.float64: design .* not a softmax box.* bool mask"):

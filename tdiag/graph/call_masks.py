@@ -24,6 +24,7 @@ from ..ir import (
     ONE,
     Axis,
     Contraction,
+    Convolution,
     Expr,
     PaddingMask,
     Quotient,
@@ -36,7 +37,7 @@ from ..ir import (
     TensorRef,
 )
 from ..resources import shown_path
-from .causal import _position_legs
+from .causal import _position_legs, _shifts_positions
 from .dataflow import _dataflow_graph
 from .model import DesignGraph
 
@@ -77,8 +78,9 @@ def _hidden_pairs(expr: Expr, name: str, hidden: Mapping[str, set[tuple[int, int
         return set.intersection(*(_hidden_pairs(t, name, hidden) for t in expr.terms))
     if isinstance(expr, Quotient):
         return _hidden_pairs(expr.numerator, name, hidden)  # type: ignore[arg-type]
-    if isinstance(expr, TensorRef) and not expr.is_reshaped and expr.name in hidden:
-        return {(expr.legs[q], expr.legs[k]) for q, k in hidden[expr.name]}
+    if isinstance(expr, TensorRef) and expr.name in hidden:  # a head axis read as (g k) keeps n, m
+        groups = expr.groups
+        return {(groups[q][0], groups[k][0]) for q, k in hidden[expr.name] if len(groups[q]) == len(groups[k]) == 1}
     return set()
 
 
@@ -109,6 +111,8 @@ def _bias_term(box: SoftmaxBox, name: str, query: str, key: str, span: Span, hea
 
 
 def _construct(node: Expr) -> str:
+    if isinstance(node, Convolution):
+        return "a convolution along the positions (its operand masked before the shift)"
     if isinstance(node, SoftmaxBox):
         return "a normalize box"
     if isinstance(node, Reduction):
@@ -163,6 +167,12 @@ def _masked(
             return node, count
         mask = PaddingMask(_ref(name, query, key, span), span)
         return dataclasses.replace(node, masks=(*node.masks, mask)), count + 1  # type: ignore[arg-type]
+    if isinstance(node, Convolution) and _shifts_positions(node, query, key):  # MTA's Mask_0, as causal.py
+        if bias:
+            refused.append((_construct(node), node.span))
+            return node, count
+        mask = PaddingMask(_ref(name, query, key, span), span)
+        return dataclasses.replace(node, masks=(*node.masks, mask)), count + 1
     if isinstance(node, Contraction) and key in node.summed and query in node.legs:
         if not any((query, key) in _hidden_pairs(f, name, hidden) for f in node.factors if key in f.legs):
             if bias:
@@ -189,13 +199,11 @@ def _rewritten(
         for q, k in dict.fromkeys([(query, key), *((q, k) for q in queries for k in keys if q != k)]):
             expr, _ = _masked(expr, q, k, name, statement.span, hidden, bias, refused, heads)
         statements.append(dataclasses.replace(statement, expr=expr))
+        position = {g[0]: k for k, g in enumerate(statement.groups) if len(g) == 1}  # axes of one leg
+        hidden[statement.target] = {
+            (position[q], position[k]) for q, k in _hidden_pairs(expr, name, hidden) if q in position and k in position
+        }
         if not any(len(g) != 1 for g in statement.groups):
-            position = {leg: k for k, leg in enumerate(statement.legs)}
-            hidden[statement.target] = {
-                (position[q], position[k])
-                for q, k in _hidden_pairs(expr, name, hidden)
-                if q in position and k in position
-            }
             roles[statement.target] = {
                 axis: "query" if leg in queries else "key"
                 for axis, leg in enumerate(statement.legs)
