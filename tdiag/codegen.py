@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from functools import singledispatch
+from typing import TYPE_CHECKING
 
 import sympy
 from sympy.printing.pycode import PythonCodePrinter
@@ -76,6 +77,9 @@ from .plan.program import (
     VisibleMask,
     show_legs,
 )
+
+if TYPE_CHECKING:
+    from .call_plans import CallPlans
 
 HELPERS = '''
 
@@ -373,14 +377,18 @@ def _init_line(tensor: Tensor, graph: DesignGraph, sizes: dict[str, int] | None)
 _FLEX_IMPORT = ["from torch.nn.attention.flex_attention import create_block_mask, flex_attention"]
 
 
-def generate(plan: Plan, *, source_name: str = "") -> str:
-    """The module source for `plan`."""
+def generate(plan: Plan, *, source_name: str = "", calls: CallPlans | None = None) -> str:
+    """The module source for `plan`; with `calls`, forward takes the call-time masks and runs the
+    plan of the variant they ask for (codegen_calls.py)."""
     graph = plan.graph
     name = class_name(graph.name)
     origin = f" from {source(source_name, 'text')}" if source_name else ""
     sizes = ", ".join(f"{source(k, 'text')}={source(v, 'text')}" for k, v in plan.sizes.items() if k != "B")
-    forward = _forward(plan)
-    called = "".join(text for helper, text in CALLED_HELPERS.items() if f"{helper}(" in "\n".join(forward))
+    from .codegen_calls import CALL_HELPERS, call_forward
+
+    forward, plans = (_forward(plan), [plan]) if calls is None else call_forward(plan, calls)
+    helpers = {**CALLED_HELPERS, **CALL_HELPERS}
+    called = "".join(text for helper, text in helpers.items() if f"{helper}(" in "\n".join(forward))
     lines = [
         f'"""{name}: the `{source(graph.name, "text")}` design compiled by tdiag{origin}.',
         "",
@@ -392,7 +400,7 @@ def generate(plan: Plan, *, source_name: str = "") -> str:
         "",
         "import torch",
         "from torch import nn",
-        *(_FLEX_IMPORT if any(isinstance(step.op, FlexAttention) for step in plan.steps) else []),
+        *(_FLEX_IMPORT if any(isinstance(step.op, FlexAttention) for p in plans for step in p.steps) else []),
         HELPERS + called,
         "",
         f"class {name}(nn.Module):",

@@ -156,11 +156,15 @@ class Design:
         checkpoint_boxes: bool = False,
         objective: str = DEFAULT_OBJECTIVE,
         attention: str = "sdpa",
+        plan_calls: bool = False,
         **more: int,
     ):
         """An ordinary torch.nn.Module: the compiled plan (`impl="compiled"`) or the plain
         materialized evaluation of the same graph (`impl="reference"`, the test oracle).
         `checkpoint_boxes=True` recomputes softmax boxes in the backward pass (spec §3.4).
+        A design with query and key legs (n, m) takes `attn_mask`, `key_padding_mask` and
+        `is_causal` when called (docs/module.md); their plans are made the first time a call uses
+        one, or here with `plan_calls=True` (needed before torch.compile traces such a call).
         Stored tensors that would not fit in memory are refused before anything is allocated."""
         import torch
 
@@ -178,10 +182,22 @@ class Design:
             return ReferenceModule(self.graph, sizes or None, seed=seed, dtype=dtype).to(device)
         if impl != "compiled":
             raise ValueError(f"impl must be 'compiled' or 'reference', got {impl!r}")
+        from .call_plans import call_plans
         from .module import build_module
 
-        plan = self.plan(sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention)
-        return build_module(plan, seed=seed, dtype=dtype, device=device, source_name=shown_path(self.graph.file))
+        options = {"checkpoint_boxes": checkpoint_boxes, "objective": objective, "attention": attention}
+        plan = self.plan(sizes, **options)  # type: ignore[arg-type]
+        calls = call_plans(self, sizes, planned=plan_calls, **options)
+        source_name = shown_path(self.graph.file)
+        return build_module(
+            plan,
+            seed=seed,
+            dtype=dtype,
+            device=device,
+            source_name=source_name,
+            calls=calls,
+            planner=lambda: call_plans(self, sizes, **options),  # type: ignore[arg-type,return-value]
+        )
 
     def source(
         self,
@@ -191,14 +207,20 @@ class Design:
         checkpoint_boxes: bool = False,
         objective: str = DEFAULT_OBJECTIVE,
         attention: str = "sdpa",
+        calls: bool = True,
         **more: int,
     ) -> str:
-        """The standalone Python module `tdiag compile` writes for these sizes."""
+        """The standalone Python module `tdiag compile` writes for these sizes: with `calls`, its
+        forward takes attn_mask, key_padding_mask and is_causal and the file holds a body for each
+        (docs/module.md); without, forward is the plain plan alone."""
+        from .call_plans import call_plans
         from .codegen import generate
 
-        sizes = {**(sizes or {}), **more}
-        plan = self.plan(sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention)
-        return generate(plan, source_name=shown_path(self.graph.file))
+        sizes = checked_sizes(self.graph, {**(sizes or {}), **more})
+        options = {"checkpoint_boxes": checkpoint_boxes, "objective": objective, "attention": attention}
+        plan = self.plan(sizes, **options)  # type: ignore[arg-type]
+        variants = call_plans(self, sizes, **options) if calls else None
+        return generate(plan, source_name=shown_path(self.graph.file), calls=variants)
 
     def cost(
         self,

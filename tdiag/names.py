@@ -26,6 +26,7 @@ GENERATED = {
     "_uniform": "a helper function",
     "_fill": "a helper function",
     "_identity": "a helper function",
+    "_call_mask": "a helper function",
 }
 # builtins the generated code calls; a local of forward with such a name would hide it
 BUILTINS = ("ValueError", "abs", "bool", "float", "int", "isinstance", "len", "max", "min", "range", "round")
@@ -49,7 +50,8 @@ MODULE_METHODS = frozenset(
     register_load_state_dict_post_hook register_load_state_dict_pre_hook register_module register_parameter
     register_state_dict_post_hook register_state_dict_pre_hook requires_grad_ reset_parameters set_extra_state
     set_submodule share_memory state_dict to to_empty train type xpu zero_grad
-    _tdiag_given _tdiag_noise _tdiag_update_buffers new_cache""".split()
+    _tdiag_given _tdiag_noise _tdiag_update_buffers new_cache _tdiag_plain _tdiag_causal _tdiag_masked
+    _tdiag_causal_masked _tdiag_masked_heads _tdiag_causal_masked_heads _tdiag_planner""".split()
 )
 ATTRIBUTE_KINDS = ("param", "const", "buffer")  # stored on the module as self.NAME
 LOCAL_KINDS = ("input", "mask", "random", "result")  # forward's locals, renamed by the plan where taken

@@ -91,7 +91,7 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
             future = seen_operand(ctx, fused, score_groups, hidden_future)
     elif fused.masks and fused.window is None and (keys == [fused.masks[0][1]] or fused.repeated):
         causal = True
-    elif fused.masks:
+    elif fused.masks and visible is None:  # a score bias's mask holds the band already (-inf outside it)
         visible = causal_attention_mask(ctx, fused, fused.masks[0][0], keys)
     repeat = ctx.numel(keys[1:]) if fused.repeated else sympy.Integer(1)
     name = ctx.names.fresh("attended")

@@ -1,0 +1,147 @@
+"""The plans a compiled module chooses among when it is called (`attn_mask`, `key_padding_mask`,
+`is_causal`, as `scaled_dot_product_attention` and `nn.MultiheadAttention` take them): the plain
+plan, the causal one (graph/causal.py), and each with the call mask (graph/call_masks.py). All are
+planned when the module is built, so a call only picks a method: nothing is planned or compiled at
+call time, and `torch.compile` sees ordinary Python. A design that `with_causal_mask` refuses (no
+attention over the key leg beside the query leg, or one that mixes positions) has none of them:
+its module takes exactly the arguments it took before."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .errors import TdiagError
+from .graph.call_masks import bias_refusal, call_mask_name, with_call_bias, with_call_mask
+
+if TYPE_CHECKING:
+    from .design import Design
+    from .plan import Plan
+
+
+# forward's keywords; a design with an input, mask or size of one of these names keeps its own
+ARGUMENTS = ("attn_mask", "key_padding_mask", "is_causal")
+
+
+@dataclass(frozen=True)
+class CallPlans:
+    """The plans behind one module's call-time arguments; the plans are None until planned (a
+    module plans them the first time a call asks for one, module.py)."""
+
+    query: str  # the query leg (n), whose size is the mask's second-to-last axis
+    key: str  # the key leg (m), whose size is its last axis
+    already_causal: bool  # the design is causal as built: is_causal changes nothing, the plain plan serves
+    bias: bool  # True: every masked node is a softmax box, a mask reaches it as float scores
+    refusal: str  # why a float mask is refused (empty where `bias`)
+    name: str  # the call mask's tensor name in the masked plans (a float input where `bias`, else a mask)
+    causal: Plan | None = None  # the plan with causal(query, key)
+    masked: Plan | None = None  # the plan with the call mask
+    causal_masked: Plan | None = None  # both
+    # the sizes of the boxes' head legs, where a mask per head is taken (softmax boxes with heads alike)
+    heads: tuple | None = None
+    masked_heads: Plan | None = None  # the plan with a float mask per head
+    causal_masked_heads: Plan | None = None  # and causal
+
+    @property
+    def planned(self) -> bool:
+        return self.masked is not None
+
+
+@dataclass
+class CallDesigns:
+    """A design's call-time variants as designs: the causal one made when the module is built
+    (whether it exists decides `is_causal`), the masked ones when first planned."""
+
+    plain: Design
+    causal: Design | None  # None where the design is causal already
+    bias: bool
+    refusal: str
+    name: str
+    heads: tuple | None  # the sizes of the boxes' head legs where a mask per head is taken
+    query: str = "n"
+    key: str = "m"
+
+    @functools.cached_property
+    def masked(self) -> Design:
+        return self._with_mask(self.plain)
+
+    @functools.cached_property
+    def causal_masked(self) -> Design | None:
+        return None if self.causal is None else self._with_mask(self.causal)
+
+    @functools.cached_property
+    def masked_heads(self) -> Design | None:
+        return None if self.heads is None else self._with_mask(self.plain, per_head=True)
+
+    @functools.cached_property
+    def causal_masked_heads(self) -> Design | None:
+        return None if self.heads is None or self.causal is None else self._with_mask(self.causal, per_head=True)
+
+    def _with_mask(self, design: Design, per_head: bool = False) -> Design:
+        from .design import Design
+
+        if self.bias:
+            graph = with_call_bias(design.graph, self.name, self.query, self.key, per_head)
+        else:
+            graph = with_call_mask(design.graph, self.name, self.query, self.key)
+        return Design(graph, design.warnings)
+
+
+def call_designs(design: Design, query: str = "n", key: str = "m") -> CallDesigns | None:
+    """The design's call-time variants, or None for a design without attention over `key` beside
+    `query` that with_causal_mask can mask (or with an input, mask or size named as one of the
+    ARGUMENTS); cached on the design, so that their plans are cached too."""
+    cache = design.__dict__.setdefault("_call_designs", {})
+    if (query, key) not in cache:
+        cache[(query, key)] = _call_designs(design, query, key)
+    return cache[(query, key)]
+
+
+def _call_designs(design: Design, query: str, key: str) -> CallDesigns | None:
+    graph = design.graph
+    own = {*(t.name for t in graph.tensors_of_kind("input", "mask")), *graph.sizes} & set(ARGUMENTS)
+    if query not in graph.legs or key not in graph.legs or own:
+        return None
+    try:
+        causal = design.with_causal_mask(query, key)
+    except TdiagError:
+        return None
+    name = call_mask_name(graph)
+    refusal, heads = bias_refusal(graph, name, query, key)
+    already = causal.graph is graph
+    return CallDesigns(design, None if already else causal, not refusal, refusal, name, heads, query, key)
+
+
+def call_plans(
+    design: Design, sizes: Mapping[str, int], *, planned: bool = True, **options: object
+) -> CallPlans | None:
+    """The call-time variants of `design` at `sizes` with the plain plan's `options` (objective,
+    attention, checkpoint_boxes), planned or (`planned=False`) only described; None for a design
+    that has none."""
+    designs = call_designs(design)
+    if designs is None:
+        return None
+    causal = designs.causal
+    calls = CallPlans(
+        designs.query,
+        designs.key,
+        already_causal=causal is None,
+        bias=designs.bias,
+        refusal=designs.refusal,
+        name=designs.name,
+        heads=designs.heads,
+    )
+    if not planned:
+        return calls
+    planned_designs = {
+        "causal": causal,
+        "masked": designs.masked,
+        "causal_masked": designs.causal_masked,
+        "masked_heads": designs.masked_heads,
+        "causal_masked_heads": designs.causal_masked_heads,
+    }
+    plans = {k: None if d is None else d.plan(sizes, **options) for k, d in planned_designs.items()}
+    return dataclasses.replace(calls, **plans)

@@ -1,0 +1,242 @@
+"""The generated module's call-time masks (call_plans.py): `forward` takes `attn_mask`,
+`key_padding_mask` and `is_causal` beside the design's own inputs and masks, checks them (each
+mistake a TypeError or ValueError naming the argument), merges the two masks into one over
+(*batch, queries, keys) (or (*batch, heads, queries, keys), a mask per head), and runs one of the
+bodies, each the text codegen prints for its plan, as a method (METHODS). The bodies read the same
+parameters and buffers. docs/module.md has the table of conventions."""
+
+from __future__ import annotations
+
+from .call_plans import CallPlans
+from .codegen import _decodes, _dtype_reference, _forward, _quoted, _reference_tensor, _size, source
+from .plan import Plan
+
+METHODS = (
+    "_tdiag_plain",
+    "_tdiag_causal",
+    "_tdiag_masked",
+    "_tdiag_causal_masked",
+    "_tdiag_masked_heads",
+    "_tdiag_causal_masked_heads",
+)
+
+CALL_HELPERS = {
+    "_call_mask": '''
+
+def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, bias, refusal, heads):
+    """attn_mask and key_padding_mask as one mask over (*batch, queries, keys), or (*batch, heads,
+    queries, keys) for a mask per head, as scaled_dot_product_attention and nn.MultiheadAttention
+    take them: attn_mask bool (True = attend) or float (added to the scores after the scale), its
+    leading axes the inputs' batch axes, or those and a heads axis ((B, 1, N, M), or (B, H, N, M)
+    where the design takes a mask per head: `heads` is its number of heads, else None);
+    key_padding_mask (*batch, keys), bool (True = ignore) or float (added). Two masks intersect
+    (bool) or add (float). With `bias` (every masked node a softmax box) the mask comes back as
+    float scores, a hidden entry the dtype's lowest number; without, a float mask is refused for
+    `refusal`."""
+    masks, per_head = [], False
+    for name, mask, rank, what in (
+        ("attn_mask", attn_mask, 2, f"(queries, keys) = ({queries}, {keys})"),
+        ("key_padding_mask", key_padding_mask, 1, f"(keys,) = ({keys},)"),
+    ):
+        if mask is None:
+            continue
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
+        if mask.dtype != torch.bool and not mask.is_floating_point():
+            raise TypeError(f"{name} must be a bool or floating-point tensor, got {mask.dtype}")
+        if not bias and mask.dtype != torch.bool:
+            raise TypeError(f"{name} is {mask.dtype}: {refusal}")
+        trailing = (queries, keys)[2 - rank :]
+        if mask.dim() < rank or any(s not in (1, t) for s, t in zip(mask.shape[-rank:], trailing)):
+            raise ValueError(f"{name} must end in {what} (or 1 where it broadcasts), got shape {tuple(mask.shape)}")
+        lead = mask.shape[: mask.dim() - rank]
+        if rank == 2 and len(lead) == len(batch_shape) + 1:
+            if lead[-1] != 1 and heads is None:
+                raise ValueError(
+                    f"{name} has a heads axis of size {lead[-1]} (shape {tuple(mask.shape)}): this design takes one"
+                    " mask for all heads (its attention is not softmax boxes over the same heads); give"
+                    " (batch, 1, queries, keys) or (batch, queries, keys)"
+                )
+            if lead[-1] not in (1, heads):
+                raise ValueError(
+                    f"{name} has a heads axis of size {lead[-1]} (shape {tuple(mask.shape)}), but the design has"
+                    f" {heads} heads; give 1 or {heads}"
+                )
+            per_head = lead[-1] != 1
+            mask = mask if per_head else mask.squeeze(-3)
+            lead = lead[:-1]
+        try:
+            torch.broadcast_shapes(lead, batch_shape)
+        except RuntimeError:
+            raise ValueError(
+                f"{name} of shape {tuple(mask.shape)}: leading axes {tuple(lead)} do not broadcast with"
+                f" the inputs' batch axes {tuple(batch_shape)}"
+            ) from None
+        if len(lead) > len(batch_shape):
+            raise ValueError(
+                f"{name} of shape {tuple(mask.shape)} has more leading axes than the inputs' batch axes"
+                f" {tuple(batch_shape)}"
+            )
+        if rank == 1:
+            mask = (~mask if mask.dtype == torch.bool else mask).unsqueeze(-2)
+            mask = mask.unsqueeze(-3) if per_head else mask
+        masks.append(mask)
+    if bias:
+        lowest = torch.finfo(dtype).min
+        for k, m in enumerate(masks):
+            if m.dtype == torch.bool:
+                masks[k] = torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, lowest)
+            else:
+                masks[k] = m.to(dtype)
+        mask = masks[0] if len(masks) == 1 else (masks[0] + masks[1]).clamp(min=lowest)
+    else:
+        mask = masks[0] if len(masks) == 1 else masks[0] & masks[1]
+    return mask.expand(*mask.shape[:-2], queries, keys)
+'''
+}
+
+
+def _body(plan: Plan, method: str) -> list[str]:
+    """The plan's forward, printed as the method `method`. Only the plain body decodes with a cache
+    (forward hands it over): a variant's body is printed without the cache argument and its entry."""
+    lines = _forward(plan)
+    head = "    def forward("
+    assert lines[0].startswith(head)
+    lines = [f"    def {method}(" + lines[0][len(head) :], *lines[1:]]
+    if method != METHODS[0] and _decodes(plan):
+        signature = lines[0].replace(", *, cache=None)", ")").replace(", cache=None)", ")")
+        entry = ["        if cache is not None:", lines[2]]
+        assert signature != lines[0] and lines[1:3] == entry and lines[2].lstrip().startswith("return cache.extend(")
+        lines = [signature, *lines[3:]]
+    return lines
+
+
+def _sizes(plan: Plan) -> list[str]:
+    """Lines that check the inputs as the bodies do and bind the run-time sizes from their shapes,
+    so that the mask's expected shape can be named before any body runs."""
+    graph = plan.graph
+    lines: list[str] = []
+    bound: set[str] = set()
+    like, like_name = _reference_tensor(plan)
+    for t in graph.inputs:
+        var = source(plan.names[t.name], "name")
+        rank = len(t.axes)
+        lines.append(f"_input({var}, {_quoted(f'input {t.name}')}, {like}, {like_name})")
+        lines.append(f"if {var}.dim() < {rank}:")
+        needs = source(f"input {t.name} needs {rank} trailing axes ({' '.join(t.legs)}), got shape ", "fstring")
+        lines.append(f'    raise ValueError(f"{needs}{{tuple({var}.shape)}}")')
+        for k, axis in enumerate(t.axes):
+            size = axis.size
+            if size.is_Symbol and graph.sizes[str(size)].is_free and str(size) not in bound:
+                lines.append(f"{source(str(size), 'name')} = {var}.shape[{k - rank}]")
+                bound.add(str(size))
+    return lines
+
+
+def _batch_shape(plan: Plan) -> list[str]:
+    """Lines binding `batch_shape`: the inputs' batch axes broadcast together, as the bodies do."""
+    lines = []
+    for k, t in enumerate(plan.graph.inputs):
+        var = source(plan.names[t.name], "name")
+        rank = len(t.axes)
+        if k == 0:
+            lines.append(f"batch_shape = {var}.shape[: {var}.dim() - {rank}]")
+        else:
+            lines.append(f"batch_shape = _batch(batch_shape, {var}, {rank}, {_quoted(f'input {t.name}')})")
+    return lines
+
+
+def _chosen(causal: str, plain: str, arguments: str) -> str:
+    """The call of the causal body when is_causal, else of the plain one (one call where they are one)."""
+    if causal == plain:
+        return f"self.{plain}({arguments})"
+    return f"self.{causal}({arguments}) if is_causal else self.{plain}({arguments})"
+
+
+def _cache_lines(given: str) -> list[str]:
+    """With a decoding cache (tdiag/decode.py), the plain body decodes; masks cannot come with it."""
+    return [
+        "        if cache is not None:",
+        "            if attn_mask is not None or key_padding_mask is not None:",
+        '                raise ValueError("attn_mask and key_padding_mask cannot be given with a cache:'
+        ' decoding attends every cached position")',
+        f"            return self._tdiag_plain({given}, cache=cache)",
+    ]
+
+
+def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
+    """`forward` choosing among the bodies, then the bodies; and the plans printed."""
+    graph = plan.graph
+    inputs = [source(plan.names[t.name], "name") for t in graph.inputs]
+    masks = [source(plan.names[t.name], "name") for t in graph.tensors_of_kind("mask")]
+    signature = ", ".join(
+        ["self", *(f"{v}: torch.Tensor" for v in inputs), "*"]
+        + [f"{m}: torch.Tensor | None = None" for m in masks]
+        + ["attn_mask: torch.Tensor | None = None", "key_padding_mask: torch.Tensor | None = None"]
+        + ["is_causal: bool = False"]
+        + (["cache=None"] if _decodes(plan) else [])
+    )
+    returns = "torch.Tensor" if len(graph.outputs) == 1 else "tuple[torch.Tensor, ...]"
+    given = ", ".join([*inputs, *(f"{m}={m}" for m in masks)])
+    causal = "_tdiag_plain" if calls.already_causal else "_tdiag_causal"
+    causal_masked = "_tdiag_masked" if calls.already_causal else "_tdiag_causal_masked"
+    mask_var = source(calls.name, "name")
+    if calls.masked is not None:  # the plan names its mask as the design does; a float one is its last input
+        assert calls.masked.names[calls.name] == mask_var
+        assert not calls.bias or calls.masked.graph.inputs[-1].name == calls.name
+    local = "mask_"
+    while local in {*inputs, *masks, *graph.sizes}:
+        local += "_"
+    call = (
+        f"{given}, {mask_var}={local}"
+        if not calls.bias
+        else f"{', '.join(inputs)}, {local}" + "".join(f", {m}={m}" for m in masks)
+    )
+    heads = " * ".join(_size(graph, size) for size in calls.heads) if calls.heads is not None else "None"
+    queries = _size(graph, graph.legs[calls.query].size)
+    keys = _size(graph, graph.legs[calls.key].size)
+    doc = [
+        "The design's forward. The masks as scaled_dot_product_attention and nn.MultiheadAttention",
+        "        take them (tdiag's docs/module.md): attn_mask bool (True = attend) or float (added to the",
+        "        scores after the scale), (*batch, queries, keys) or (*batch, 1 or heads, queries, keys);",
+        "        key_padding_mask (*batch, keys), True = ignore, or float added; is_causal hides the keys",
+        "        after each query.",
+    ]
+    lines = [
+        f"    def forward({signature}) -> {returns}:",
+        f'        """{source(doc[0], "text")}',
+        *(source(line, "text") for line in doc[1:]),
+        '        """',
+        "        if not isinstance(is_causal, bool):",
+        '            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")',
+        *(_cache_lines(given) if _decodes(plan) else []),
+        "        if attn_mask is None and key_padding_mask is None:",
+        f"            return {_chosen(causal, '_tdiag_plain', given)}",
+    ]
+    lines += ["        " + line for line in [*_sizes(plan), *_batch_shape(plan)]]
+    refusal = _quoted(calls.refusal)
+    lines.append(
+        f"        {local} = _call_mask(attn_mask, key_padding_mask, {queries}, {keys}, batch_shape,"
+        f" {_dtype_reference(plan)}.dtype, {calls.bias}, {refusal}, {heads})"
+    )
+    if calls.heads is not None:
+        per_head = "_tdiag_masked_heads" if calls.already_causal else "_tdiag_causal_masked_heads"
+        split = ", ".join(_size(graph, size) for size in calls.heads)
+        lines += [
+            f"        if {local}.dim() == len(batch_shape) + 3:  # a mask per head, over the boxes' head legs",
+            f"            {local} = {local}.reshape(*{local}.shape[:-3], {split}, *{local}.shape[-2:])",
+            f"            return {_chosen(per_head, '_tdiag_masked_heads', call)}",
+        ]
+    lines.append(f"        return {_chosen(causal_masked, '_tdiag_masked', call)}")
+    plans = [
+        plan,
+        calls.causal,
+        calls.masked,
+        calls.causal_masked,
+        calls.masked_heads,
+        calls.causal_masked_heads,
+    ]
+    for method, body in zip(METHODS, plans, strict=True):
+        if body is not None:
+            lines += ["", *_body(body, method)]
+    return lines, [p for p in plans if p is not None]

@@ -1,0 +1,266 @@
+"""The graphs behind a compiled module's call-time masks (`attn_mask`, `key_padding_mask`), as
+`torch.nn.functional.scaled_dot_product_attention` and `nn.MultiheadAttention` take them: a mask
+over (query, key) is put exactly where `with_causal_mask` puts `causal(query, key)`, traced through
+statements the same way, so `is_causal` and a mask hide the same entries of the same nodes.
+
+- `with_call_mask`: a boolean `mask` input M[query key] (True = attend): a padding mask on every box
+  normalized over the key beside the query (softmax, normalize) and on every reduction over it and
+  reverse scan along it, and a factor M[query key] in every contraction that sums the key beside
+  the query over factors not masked already (sigmoid, ReLU² and linear attention: the hidden
+  entries are zeroed, as the language's masks are).
+- `with_call_bias`: a float `input` S[query key] added to the scores of every softmax box over the
+  key beside the query, after its scale (SDPA's float attn_mask: softmax(scale·q·k + S)); or, per
+  head, S[heads query key] over each box's head legs (`box_heads`). Only where every node the
+  mask would reach is a softmax box: a bias has no meaning for a normalize box, a map or a sum,
+  and `CallMaskError` says which node refuses it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from ..errors import Span
+from ..ir import (
+    ONE,
+    Axis,
+    Contraction,
+    Convolution,
+    Expr,
+    PaddingMask,
+    Quotient,
+    Reduction,
+    Scalar,
+    Scan,
+    SoftmaxBox,
+    SumNode,
+    Tensor,
+    TensorRef,
+)
+from ..resources import shown_path
+from .causal import _position_legs, _shifts_positions
+from .dataflow import _dataflow_graph
+from .model import DesignGraph
+
+
+class CallMaskError(ValueError):
+    """A float mask where the design's attention is not a softmax box: the reason, naming the node."""
+
+
+def call_mask_name(graph: DesignGraph, stem: str = "attn_mask") -> str:
+    """A tensor name for the call mask that no tensor or size of the design has."""
+    name = stem
+    while name in graph.tensors or name in graph.sizes:
+        name += "_"
+    return name
+
+
+def _ref(name: str, query: str, key: str, span: Span, heads: tuple[str, ...] = ()) -> TensorRef:
+    legs = (*heads, query, key)
+    return TensorRef(legs=legs, span=span, name=name, groups=tuple((leg,) for leg in legs))
+
+
+def _is_call_mask(mask: object, name: str) -> bool:
+    return isinstance(mask, PaddingMask) and mask.tensor.name == name
+
+
+def _hidden_pairs(expr: Expr, name: str, hidden: Mapping[str, set[tuple[int, int]]]) -> set[tuple[str, str]]:
+    """The (query, key) leg pairs along which `expr` is hidden by the call mask already: a factor
+    of it, a box it masks (or biases), a product with such a factor, a sum of such terms, a quotient
+    of such a numerator, or an earlier statement's result masked so."""
+    if isinstance(expr, TensorRef) and expr.name == name:
+        return {(expr.legs[-2], expr.legs[-1])}
+    if isinstance(expr, SoftmaxBox):
+        pairs = {(m.tensor.legs[-2], m.tensor.legs[-1]) for m in expr.masks if _is_call_mask(m, name)}
+        return pairs | _biased_pairs(expr, name)
+    if isinstance(expr, Contraction):
+        return set().union(*(_hidden_pairs(f, name, hidden) for f in expr.factors))
+    if isinstance(expr, SumNode):
+        return set.intersection(*(_hidden_pairs(t, name, hidden) for t in expr.terms))
+    if isinstance(expr, Quotient):
+        return _hidden_pairs(expr.numerator, name, hidden)  # type: ignore[arg-type]
+    if isinstance(expr, TensorRef) and expr.name in hidden:  # a head axis read as (g k) keeps n, m
+        groups = expr.groups
+        return {(groups[q][0], groups[k][0]) for q, k in hidden[expr.name] if len(groups[q]) == len(groups[k]) == 1}
+    return set()
+
+
+def _biased_pairs(box: SoftmaxBox, name: str) -> set[tuple[str, str]]:
+    """The pairs of a softmax box whose scores hold the call bias as a term."""
+    terms = box.content.terms if isinstance(box.content, SumNode) else ()
+    return {(t.legs[-2], t.legs[-1]) for t in terms if isinstance(t, TensorRef) and t.name == name}
+
+
+def box_heads(box: SoftmaxBox, query: str) -> tuple[str, ...]:
+    """A box's head legs: its legs other than the query leg and the normalized ones, in its order
+    (h; g r under grouped-query attention, kv-head-major as Hugging Face numbers the heads)."""
+    return tuple(leg for leg in box.legs if leg != query and leg not in box.normalized)
+
+
+def _bias_term(box: SoftmaxBox, name: str, query: str, key: str, span: Span, heads: bool) -> SoftmaxBox:
+    """The box softmax(scale·content + S[query key]) with scale 1 (S[heads query key] with
+    `heads`): S after the scale, as SDPA adds it, never multiplied (a hidden entry is the dtype's
+    lowest number, which any factor > 1 would overflow to −inf)."""
+    content = box.content
+    assert content is not None
+    scaled = content
+    if box.scale != ONE:
+        scaled = Contraction(legs=content.legs, span=content.span, factors=(content,), coefficient=box.scale)
+    ref = _ref(name, query, key, span, box_heads(box, query) if heads else ())
+    bias = SumNode(legs=content.legs, span=content.span, terms=(scaled, ref), signs=(1, 1))
+    return dataclasses.replace(box, content=bias, scale=ONE)
+
+
+def _construct(node: Expr) -> str:
+    if isinstance(node, Convolution):
+        return "a convolution along the positions (its operand masked before the shift)"
+    if isinstance(node, SoftmaxBox):
+        return "a normalize box"
+    if isinstance(node, Reduction):
+        return f"a {node.name} reduction"
+    if isinstance(node, Scan):
+        return f"a reverse {node.name}"
+    return "a sum over the keys (a map such as sigmoid or relu^2, or linear attention)"
+
+
+def _masked(
+    expr: Expr,
+    query: str,
+    key: str,
+    name: str,
+    span: Span,
+    hidden: Mapping[str, set[tuple[int, int]]],
+    bias: bool,
+    refused: list[tuple[str, Span]],
+    heads: list[tuple[str, ...]] | None = None,
+) -> tuple[Expr, int]:
+    """`expr` with the call mask (or, with `bias`, the call bias) on every node over `key` beside
+    `query` that `with_causal_mask` masks (graph/causal.py `_masked`); with `bias`, each such node
+    that is not a softmax box is recorded in `refused` and left as it is. With `heads` (a list),
+    the bias is per head, over each box's head legs, which are appended to it."""
+    if isinstance(expr, TensorRef | Scalar):
+        return expr, 0
+    count = 0
+    changes: dict[str, object] = {}
+    for field_name in ("factors", "terms"):
+        children = getattr(expr, field_name, None)
+        if children is not None:
+            rebuilt = [_masked(c, query, key, name, span, hidden, bias, refused, heads) for c in children]
+            count += sum(n for _, n in rebuilt)
+            changes[field_name] = tuple(c for c, _ in rebuilt)
+    for field_name in ("content", "operand", "numerator", "denominator", "left", "right"):
+        child = getattr(expr, field_name, None)
+        if isinstance(child, Expr):
+            rebuilt_child, n = _masked(child, query, key, name, span, hidden, bias, refused, heads)
+            count += n
+            changes[field_name] = rebuilt_child
+    node = dataclasses.replace(expr, **changes) if changes else expr
+    reduced = isinstance(node, Reduction) and key in node.over and query in node.legs
+    reduced = reduced or (isinstance(node, Scan) and node.reverse and node.along == key and query in node.legs)
+    boxed = isinstance(node, SoftmaxBox) and key in node.normalized and query in node.legs
+    if boxed or reduced:
+        if bias and isinstance(node, SoftmaxBox) and node.is_exp:
+            if heads is not None:
+                heads.append(box_heads(node, query))
+            return _bias_term(node, name, query, key, span, heads is not None), count + 1
+        if bias:
+            refused.append((_construct(node), node.span))
+            return node, count
+        mask = PaddingMask(_ref(name, query, key, span), span)
+        return dataclasses.replace(node, masks=(*node.masks, mask)), count + 1  # type: ignore[arg-type]
+    if isinstance(node, Convolution) and _shifts_positions(node, query, key):  # MTA's Mask_0, as causal.py
+        if bias:
+            refused.append((_construct(node), node.span))
+            return node, count
+        mask = PaddingMask(_ref(name, query, key, span), span)
+        return dataclasses.replace(node, masks=(*node.masks, mask)), count + 1
+    if isinstance(node, Contraction) and key in node.summed and query in node.legs:
+        if not any((query, key) in _hidden_pairs(f, name, hidden) for f in node.factors if key in f.legs):
+            if bias:
+                refused.append((_construct(node), node.span))
+                return node, count
+            factors = (*node.factors, _ref(name, query, key, span))
+            batch = tuple(dict.fromkeys((*node.batch, query)))
+            return dataclasses.replace(node, factors=factors, batch=batch), count + 1
+    return node, count
+
+
+def _rewritten(
+    graph: DesignGraph, name: str, query: str, key: str, bias: bool, heads: list[tuple[str, ...]] | None = None
+) -> list:
+    """The statements with the call mask or bias, traced through them as with_causal_mask traces
+    the causal mask; raises CallMaskError where a bias meets a node that is not a softmax box.
+    With `heads` (a list) the bias is per head, and each biased box's head legs are appended."""
+    statements, refused = [], []
+    hidden: dict[str, set[tuple[int, int]]] = {}
+    roles: dict[str, dict[int, str]] = {}
+    for statement in graph.statements:
+        queries, keys = _position_legs(statement.expr, query, key, roles, graph)
+        expr = statement.expr
+        for q, k in dict.fromkeys([(query, key), *((q, k) for q in queries for k in keys if q != k)]):
+            expr, _ = _masked(expr, q, k, name, statement.span, hidden, bias, refused, heads)
+        statements.append(dataclasses.replace(statement, expr=expr))
+        position = {g[0]: k for k, g in enumerate(statement.groups) if len(g) == 1}  # axes of one leg
+        hidden[statement.target] = {
+            (position[q], position[k]) for q, k in _hidden_pairs(expr, name, hidden) if q in position and k in position
+        }
+        if not any(len(g) != 1 for g in statement.groups):
+            roles[statement.target] = {
+                axis: "query" if leg in queries else "key"
+                for axis, leg in enumerate(statement.legs)
+                if leg in queries or leg in keys
+            }
+    if refused:
+        what, span = refused[0]
+        raise CallMaskError(
+            f"design '{graph.name}' attends over {key} through {what} ({shown_path(span.file)} line {span.line}),"
+            " not a softmax box: a float mask adds to softmax scores only; pass a bool mask (True = attend),"
+            " which zeroes the hidden entries"
+        )
+    return statements
+
+
+def _with(graph: DesignGraph, name: str, query: str, key: str, bias: bool, per_head: bool = False) -> DesignGraph:
+    """The graph with the call mask or bias: its statements rewritten, the tensor declared (over
+    the boxes' head legs too, `per_head`)."""
+    heads: list[tuple[str, ...]] | None = [] if per_head else None
+    statements = _rewritten(graph, name, query, key, bias, heads)
+    span = Span(graph.file, 1, 1, 1, 2)
+    tensors = {n: dataclasses.replace(t) for n, t in graph.tensors.items()}
+    legs = (*(heads[0] if heads else ()), query, key)
+    tensors[name] = Tensor(
+        name, "input" if bias else "mask", tuple(Axis(leg, graph.legs[leg].size) for leg in legs), span
+    )
+    for statement in statements:
+        tensors[statement.target].statement = statement
+    return dataclasses.replace(
+        graph, tensors=tensors, statements=statements, graph=_dataflow_graph(tensors, statements, graph.updates)
+    )
+
+
+def bias_refusal(graph: DesignGraph, name: str, query: str = "n", key: str = "m") -> tuple[str, tuple | None]:
+    """Why a float mask cannot be added to the design's scores (CallMaskError's message), or ""
+    where every node the mask reaches is a softmax box; and the sizes of the boxes' head legs
+    where every biased box has heads of the same sizes (a mask per head is then taken), else
+    None. Builds no graph."""
+    heads: list[tuple[str, ...]] = []
+    try:
+        _rewritten(graph, name, query, key, True, heads)
+    except CallMaskError as error:
+        return str(error), None
+    sizes = {tuple(graph.legs[leg].size for leg in legs) for legs in heads}
+    return "", (next(iter(sizes)) if len(sizes) == 1 and () not in sizes else None)
+
+
+def with_call_mask(graph: DesignGraph, name: str, query: str = "n", key: str = "m") -> DesignGraph:
+    """The design with a boolean mask input `name[query key]` (True = attend) wherever
+    with_causal_mask puts causal(query, key)."""
+    return _with(graph, name, query, key, bias=False)
+
+
+def with_call_bias(
+    graph: DesignGraph, name: str, query: str = "n", key: str = "m", per_head: bool = False
+) -> DesignGraph:
+    """The design with a float input `name[query key]` (`name[heads query key]` per head, over
+    each box's head legs) added after the scale to the scores of every softmax box that
+    with_causal_mask would mask; CallMaskError where the attention is not a softmax box."""
+    return _with(graph, name, query, key, bias=True, per_head=per_head)
