@@ -37,26 +37,33 @@ def eager_attention_forward_f64(
     return torch.matmul(attn_weights, value_states).transpose(1, 2).contiguous(), attn_weights
 
 
-@pytest.fixture(scope="module")
-def hf():
+def gemma2_attention(layer_type: str, seed: int, **extra) -> Gemma2Attention:
+    """One Gemma2Attention layer of `layer_type` in float64, its weights normal(0, 2): scores of
+    tens, which the softcap bends."""
     config = Gemma2Config(
         hidden_size=F,
         num_attention_heads=H,
         num_key_value_heads=G,
         head_dim=D,
         num_hidden_layers=1,
-        layer_types=["full_attention"],
+        layer_types=[layer_type],
         query_pre_attn_scalar=SCALAR,
         attn_logit_softcapping=SOFTCAP,
         rope_parameters={"rope_type": "default", "rope_theta": THETA},
+        **extra,
     )
     config._attn_implementation = "eager"
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     module = Gemma2Attention(config, layer_idx=0).to(F64).eval()
     with torch.no_grad():
         for parameter in module.parameters():
-            parameter.normal_(0.0, 2.0)  # scores of tens: the softcap bends them
+            parameter.normal_(0.0, 2.0)
     return module
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return gemma2_attention("full_attention", seed=0)
 
 
 def weights(hf) -> dict[str, torch.Tensor]:
@@ -123,26 +130,8 @@ def test_the_softcap_changes_the_output_at_these_scales(hf, monkeypatch):
 
 @pytest.fixture(scope="module")
 def hf_sliding():
-    """A local sliding-window layer (window 3, shorter than N = 7), weights as `hf`'s scale."""
-    config = Gemma2Config(
-        hidden_size=F,
-        num_attention_heads=H,
-        num_key_value_heads=G,
-        head_dim=D,
-        num_hidden_layers=1,
-        layer_types=["sliding_attention"],
-        sliding_window=3,
-        query_pre_attn_scalar=SCALAR,
-        attn_logit_softcapping=SOFTCAP,
-        rope_parameters={"rope_type": "default", "rope_theta": THETA},
-    )
-    config._attn_implementation = "eager"
-    torch.manual_seed(2)
-    module = Gemma2Attention(config, layer_idx=0).to(F64).eval()
-    with torch.no_grad():
-        for parameter in module.parameters():
-            parameter.normal_(0.0, 2.0)
-    return module
+    """A local sliding-window layer (window 3, shorter than N = 7)."""
+    return gemma2_attention("sliding_attention", seed=2, sliding_window=3)
 
 
 def sliding_design() -> tdiag.Design:
