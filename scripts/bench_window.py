@@ -16,7 +16,6 @@ to the banded one first (float32, 1e-4 relative).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
 import platform
@@ -26,20 +25,10 @@ import torch
 
 import tdiag
 from tdiag.bench import measure_all
-from tdiag.plan import forms
+from tdiag.plan.forms import only_forms
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("banded", "sdpa band mask", "materialized", "causal sdpa, no window")
-
-
-@contextlib.contextmanager
-def only_forms(*names: str):
-    saved = forms.FORMS
-    forms.FORMS = [form for form in saved if form.name in names]
-    try:
-        yield
-    finally:
-        forms.FORMS = saved
 
 
 def variants(args: argparse.Namespace) -> tuple[str, ...]:

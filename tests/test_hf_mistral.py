@@ -8,7 +8,6 @@ boolean attn_mask, the banded form and the materialized box."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import pytest
@@ -16,7 +15,7 @@ import torch
 from conftest import DESIGNS
 
 import tdiag
-from tdiag.plan import forms
+from tdiag.plan.forms import only_forms
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,17 +23,6 @@ F64 = torch.float64
 F, H, G, W, THETA = 64, 4, 2, 5, 10000
 D = F // H
 N, BATCH = 12, 2
-
-
-@contextlib.contextmanager
-def only_forms(*names: str):
-    """Plan with these candidate forms of a box alone (the one taken is then the first that applies)."""
-    saved = forms.FORMS
-    forms.FORMS = [form for form in saved if form.name in names]
-    try:
-        yield
-    finally:
-        forms.FORMS = saved
 
 
 @functools.cache

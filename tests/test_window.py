@@ -16,8 +16,8 @@ import torch
 from conftest import standalone_module
 
 import tdiag
-from tdiag.plan import forms
 from tdiag.plan.footprint import footprint
+from tdiag.plan.forms import only_forms
 
 F64 = torch.float64
 F, H, W, L, R = 8, 2, 5, 4, 3
@@ -41,17 +41,6 @@ Y[n g] = A[h n m] V[m h e] WO[h e g]
 output Y
 """
 WINDOWS = {"one-sided": ("window(n, m, W)", W, 1), "two-sided": ("window(n, m, L, R)", L, R)}
-
-
-@contextlib.contextmanager
-def only_forms(*names: str):
-    """Plan with these candidate forms of a box alone."""
-    saved = forms.FORMS
-    forms.FORMS = [form for form in saved if form.name in names]
-    try:
-        yield
-    finally:
-        forms.FORMS = saved
 
 
 def load(window: str, tmp_path_factory, text: str = DESIGN) -> tdiag.Design:

@@ -34,6 +34,8 @@ below. Nothing else changes: the chooser costs it, the report lists it."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..base import _Leaf
@@ -66,6 +68,19 @@ FORMS: list[Form] = [
 ]
 
 
+@contextlib.contextmanager
+def only_forms(*names: str) -> Iterator[None]:
+    """Plan with these candidate forms of a box alone (benchmarks and tests that weigh one form
+    against another); a design caches its plans, so load one per form."""
+    global FORMS
+    saved = FORMS
+    FORMS = [form for form in saved if form.name in names]
+    try:
+        yield
+    finally:
+        FORMS = saved
+
+
 def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
     """The region's leaves with each box replaced by the form the chooser takes for it."""
     return choice.resolve_boxes(ctx, leaves, out, FORMS)
@@ -82,5 +97,6 @@ __all__ = [
     "Unfit",
     "choose",
     "cost",
+    "only_forms",
     "resolve_boxes",
 ]
