@@ -8,6 +8,7 @@ from ..design import DEFAULT_OBJECTIVE, OBJECTIVES
 from ..graph import DesignGraph
 from ..ir import Expr, TensorRef
 from .base import LoweringBase, _all_legs
+from .bias_fusion import fuse_linear_biases
 from .boxes import BoxLowering
 from .chunked import ChunkedCausal
 from .constants import ConstantFolding
@@ -104,6 +105,10 @@ def build_plan(
         lowering.emit(Step("update", BufferUpdate(update.target, value, shape), None, f"update {update.target}"))
     plan.steps = lowering.steps
     keep = {value.var for _, value in plan.outputs} | {v.var for s in plan.update_steps for v in reads(s.op)}
+    gone = fuse_linear_biases(lowering, plan.steps, keep)
+    lowering.box_segments = [
+        (_shifted(start, gone), _shifted(end, gone), var) for start, end, var in lowering.box_segments
+    ]
     assign_layouts(plan.steps, keep, Sizes(lowering.number, lambda leg: lowering.shape([leg])[0]))
     plan.names = lowering.input_vars
     plan.lowered = lowering.lowered
@@ -160,6 +165,11 @@ def _reorder(lowering: _Lowering, value: Value, order: list[str]) -> Value:
     name = lowering.names.fresh(f"{value.var}_out")
     permutation = tuple(value.legs.index(leg) for leg in order)
     return lowering.emit(Step("permute", Permute(value, permutation), Value(name, tuple(order)), "reorder legs"))  # type: ignore[return-value]
+
+
+def _shifted(index: int, gone: list[int]) -> int:
+    """A step's index once the steps at `gone` are removed (a removed one: the step after it)."""
+    return index - sum(1 for k in gone if k < index)
 
 
 def _checkpoint_segments(steps: list[Step], boxes: list[tuple[int, int, str]]) -> list[tuple[int, int]]:

@@ -128,7 +128,10 @@ class _Interpreter(AbstractMachine):
         if transposed:  # (bᵀ aᵀ)ᵀ comes back transposed; torch copies it contiguous
             self.record.copies += numel
             self.record.moved += 2 * numel * FLOAT
-        return self.fresh(shape, numel, a.grad or b.grad, step.out.var)  # type: ignore[union-attr]
+        grad = a.grad or b.grad
+        if op.bias is not None:  # addmm saves what mm saves; its bias's gradient needs nothing saved
+            grad = grad or self.read(op.bias).grad
+        return self.fresh(shape, numel, grad, step.out.var)  # type: ignore[union-attr]
 
     def matmul(self, a: Meta, b: Meta) -> bool:
         """torch.matmul: a batched operand beside a matrix is folded into a matrix (copied when

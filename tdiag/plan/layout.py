@@ -99,6 +99,8 @@ def _movable(steps: list[Step], keep: set[str]) -> set[str]:
             fixed |= {v.var for v in reads(step.op)}
         elif isinstance(step.op, Permute) or (isinstance(step.op, Matmul) and len(step.inputs) != 2):
             fixed |= {v.var for v in reads(step.op)}
+            if isinstance(step.op, Matmul) and step.op.bias is not None:  # the bias runs along the last axis
+                fixed.add(step.out.var)  # type: ignore[union-attr]
     produced = {s.out.var: s for s in steps if s.out is not None and isinstance(s.op, CHOOSERS + FOLLOWERS)}
     movable = set(produced) - fixed
     changed = True

@@ -119,11 +119,14 @@ class SumAxes:
 
 @dataclass(frozen=True)
 class Matmul:
-    """a @ b (batched), the result regrouped to `shape` when given."""
+    """a @ b (batched), the result regrouped to `shape` when given. With `bias` (bias_fusion.py),
+    a projection with a bias in one kernel: a is read as rows (its leading axes flattened), b is
+    a matrix, bias a vector over b's columns: addmm(bias, a, b), then regrouped to `shape`."""
 
     a: Operand
     b: Operand
     shape: tuple[sympy.Expr, ...] | None = None
+    bias: Operand | None = None
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def _propagate(steps: list[Step], noise: set[str], kept: set[str]) -> set[str]:
         if step.out is None or step.out.var in kept:
             continue
         read = {v.var for v in reads(step.op)}
-        if isinstance(step.op, PRODUCTS) and read & zero:
+        if isinstance(step.op, PRODUCTS) and getattr(step.op, "bias", None) is None and read & zero:
             zero.add(step.out.var)
         elif isinstance(step.op, Map) and step.op.name in ZERO_MAPS and step.op.x.var in zero:
             zero.add(step.out.var)
