@@ -25,6 +25,7 @@ ONE_LEG = "Y[n g] = X[n f] W[f g] + b[g]\noutput Y\n"
 TWO_LEGS = "Q[n h d] = X[n f] WQ[f h d] + bq[h d]\noutput Q\n"
 WITH_RESIDUAL = "Y[n g] = X[n f] W[f g] + b[g] + X[n g]\noutput Y\n"
 OVER_ROWS = "Y[n g] = X[n f] W[f g] + c[n]\noutput Y\n"
+PRODUCT_TWICE = "Y[n g] = X[n f] W[f g] + b[g] + X[n f] W[f g]\noutput Y\n"
 
 
 def design(body: str) -> tdiag.Design:
@@ -52,6 +53,10 @@ def test_a_bias_over_the_rows_is_not_fused():
     assert not biased(OVER_ROWS) and len(sums(OVER_ROWS)) == 1
 
 
+def test_a_product_the_sum_reads_twice_is_not_fused():
+    assert not biased(PRODUCT_TWICE) and len(sums(PRODUCT_TWICE)) == 1
+
+
 def test_the_fused_step_is_written_as_addmm():
     assert "torch.addmm(self.bq.reshape(6), X.flatten(0, -2), self.W" in design(TWO_LEGS).source()
 
@@ -71,7 +76,7 @@ def test_the_fused_step_keeps_the_costs_of_the_matmul_and_the_sum(body, monkeypa
     assert fused == costs(body)
 
 
-@pytest.mark.parametrize("body", [ONE_LEG, TWO_LEGS, WITH_RESIDUAL, OVER_ROWS])
+@pytest.mark.parametrize("body", [ONE_LEG, TWO_LEGS, WITH_RESIDUAL, OVER_ROWS, PRODUCT_TWICE])
 def test_the_projection_equals_the_reference_with_its_gradients(body):
     compiled = design(body).module(dtype=torch.float64, seed=0)
     reference = design(body).module(impl="reference", dtype=torch.float64)

@@ -11,21 +11,27 @@ over as `elementwise` (and, for the papers' count, as `paper`), its FLOPs are th
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import sympy
 
 from .program import BATCH, Binary, Elementwise, Matmul, Operand, Step, Value, read_groups, reads
 
+if TYPE_CHECKING:
+    from .build import _Lowering
+
 
 @dataclasses.dataclass
 class _Candidate:
+    """A sum step (`total`) that reads the matmul step's result and `bias` over its `right` legs."""
+
     matmul: int
     total: int
     bias: Value
     right: tuple[str, ...]
 
 
-def fuse_linear_biases(lowering, steps: list[Step], kept: set[str]) -> list[int]:
+def fuse_linear_biases(lowering: _Lowering, steps: list[Step], kept: set[str]) -> list[int]:
     """Fuse every bias the pattern allows (module docstring) into `steps`, in place; `kept`:
     values read outside `steps` (outputs, state updates). Returns the indices (into the steps as
     they were) of the sum steps removed."""
@@ -70,7 +76,8 @@ def _candidate(steps, k, producer, readers, kept) -> _Candidate | None:
     for sign, leaf in leaves:
         var = leaf.value.var
         m = producer.get(var)
-        if sign < 0 or m is None or m >= k or readers.get(var) != 1 or var in kept:
+        once = sum(1 for _, other in leaves if other.value.var == var) == 1
+        if sign < 0 or m is None or m >= k or readers.get(var) != 1 or var in kept or not once:
             continue
         if leaf.permutation is not None or leaf.index is not None or leaf.shape is not None:
             continue
