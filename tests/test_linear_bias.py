@@ -19,12 +19,23 @@ param WQ[f: F, h: H, d: D] = normal(std = 1)
 param b[g: F] = normal(std = 1)
 param bq[h: H, d: D] = normal(std = 1)
 param c[n: N] = normal(std = 1)
+param WK[f: F, h: H, d: D] = normal(std = 1)
+param bk[h: H, d: D] = normal(std = 1)
+param WO[h: H, g: F, e: F] = normal(std = 1)
+param bo[e: F] = normal(std = 1)
 """
 
 ONE_LEG = "Y[n g] = X[n f] W[f g] + b[g]\noutput Y\n"
 TWO_LEGS = "Q[n h d] = X[n f] WQ[f h d] + bq[h d]\noutput Q\n"
 WITH_RESIDUAL = "Y[n g] = X[n f] W[f g] + b[g] + X[n g]\noutput Y\n"
 OVER_ROWS = "Y[n g] = X[n f] W[f g] + c[n]\noutput Y\n"
+ATTENTION = """
+Q[n h d] = X[n f] WQ[f h d] + bq[h d]
+K[m h d] = X[m f] WK[f h d] + bk[h d]
+A[h n m] = softmax[m](Q[n h d] K[m h d])
+Z[n e] = A[h n m] X[m g] WO[h g e] + bo[e]
+output Z
+"""
 PRODUCT_TWICE = "Y[n g] = X[n f] W[f g] + b[g] + X[n f] W[f g]\noutput Y\n"
 
 
@@ -98,3 +109,15 @@ def test_the_fused_projection_passes_gradcheck(body):
     module = design(body).module(dtype=torch.float64, seed=0)
     x = torch.randn(1, 5, 4, dtype=torch.float64, requires_grad=True)
     assert gradcheck_parameters(module, (x,))
+
+
+def test_recomputed_boxes_keep_their_steps_when_sums_are_fused_away():
+    plain = design(ATTENTION).module(dtype=torch.float64, seed=0, objective="flops")
+    checkpointed = design(ATTENTION).module(dtype=torch.float64, seed=0, objective="flops", checkpoint_boxes=True)
+    assert "torch.utils.checkpoint.checkpoint" in checkpointed.tdiag_source
+    assert checkpointed.tdiag_source.count("torch.addmm") == 3
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    plain(x).square().sum().backward()
+    checkpointed(x).square().sum().backward()
+    for a, b in zip(plain.parameters(), checkpointed.parameters(), strict=True):
+        assert (a.grad is None and b.grad is None) or torch.allclose(a.grad, b.grad, atol=1e-12, rtol=0)
