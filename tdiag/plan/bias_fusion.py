@@ -1,8 +1,9 @@
 """A projection with a bias as one step: `Q[n h d] = X[n f] WQ[f h d] + bq[h d]` (BERT's, GPT-2's,
 BLOOM's, Falcon's projections) is lowered as a matmul then a sum; nn.Linear runs it as one addmm.
-This pass finds a matmul whose right operand is a 2-D weight (no batch leg shared with the left
-one) and a sum that reads its result once, whole, beside a bias over exactly the matmul's column
-legs (the result legs that come from the weight, in their order) with the same sign, and moves
+This pass, run after the layout pass (whose result orders it keeps), finds a matmul whose right
+operand is read as a 2-D matrix (no batch leg) with its columns last in the result, and a sum
+that reads its result once, whole, beside a bias over exactly the matmul's column legs (the
+result legs that come from the weight) with the same sign, and moves
 the bias into the matmul (`Matmul.bias`: `torch.addmm(bias, x.flatten(0, -2), w)`). The sum keeps
 its other terms; where the bias was its only other term, the sum step goes away and the fused
 step defines the sum's value. The costs are kept: the fused step carries the additions it took
@@ -86,19 +87,28 @@ def _candidate(steps, k, producer, readers, kept) -> _Candidate | None:
         if not isinstance(op, Matmul) or op.bias is not None or len(matmul.inputs) != 2 or matmul.training_only:
             continue
         a, b = matmul.inputs
-        right = tuple(leg for leg in b.legs if leg not in a.legs)
-        shared = [leg for leg in a.legs if leg in b.legs and leg not in matmul.summed]
-        if shared or not right or BATCH in b.legs or op.b.index is not None or op.a.index is not None:
-            continue
-        if matmul.out.legs[-len(right) :] != right or len(matmul.out.legs) == len(right):
+        right = tuple(leg for leg in matmul.out.legs if leg in b.legs and leg not in a.legs)
+        if not _rows_times_matrix(op, a, b, matmul.out.legs, right):
             continue
         for other_sign, other in leaves:
             bias = other.value
             source = producer.get(bias.var)
-            if other is leaf or other_sign < 0 or bias.legs != right or (source is not None and source >= m):
+            if other is leaf or other_sign < 0 or set(bias.legs) != set(right) or len(bias.legs) != len(right):
+                continue
+            if source is not None and source >= m:
                 continue
             return _Candidate(m, k, bias, right)
     return None
+
+
+def _rows_times_matrix(op: Matmul, a: Value, b: Value, out: tuple[str, ...], right: tuple[str, ...]) -> bool:
+    """Is the matmul, as the layout pass left it, (rows of a) @ (a matrix over b's legs alone),
+    its result's trailing axes b's columns (`right`, in the result's order), as addmm computes
+    it? A weight read batched, or a result whose columns are not last, is left as it is."""
+    matrix = len(op.b.shape or op.b.value.legs) == 2 and op.b.index is None and BATCH not in b.legs
+    shared = [leg for leg in a.legs if leg in b.legs and leg in out]
+    trailing = len(out) > len(right) > 0 and out[-len(right) :] == right
+    return matrix and not shared and trailing and op.a.index is None and set(b.legs) - set(a.legs) == set(right)
 
 
 def _fuse(lowering, steps: list[Step | None], c: _Candidate) -> bool:

@@ -105,11 +105,11 @@ def build_plan(
         lowering.emit(Step("update", BufferUpdate(update.target, value, shape), None, f"update {update.target}"))
     plan.steps = lowering.steps
     keep = {value.var for _, value in plan.outputs} | {v.var for s in plan.update_steps for v in reads(s.op)}
+    assign_layouts(plan.steps, keep, Sizes(lowering.number, lambda leg: lowering.shape([leg])[0]))
     gone = fuse_linear_biases(lowering, plan.steps, keep)
     lowering.box_segments = [
         (_shifted(start, gone), _shifted(end, gone), var) for start, end, var in lowering.box_segments
     ]
-    assign_layouts(plan.steps, keep, Sizes(lowering.number, lambda leg: lowering.shape([leg])[0]))
     plan.names = lowering.input_vars
     plan.lowered = lowering.lowered
     plan.refused = lowering.refused

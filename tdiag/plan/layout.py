@@ -97,8 +97,6 @@ def _movable(steps: list[Step], keep: set[str]) -> set[str]:
     for step in steps:
         if not isinstance(step.op, CHOOSERS + FOLLOWERS + (Permute,)):
             fixed |= {v.var for v in reads(step.op)}
-        elif _biased(step.op):  # the bias runs along the result's last axis
-            fixed.add(step.out.var)  # type: ignore[union-attr]
         elif isinstance(step.op, Permute) or (isinstance(step.op, Matmul) and len(step.inputs) != 2):
             fixed |= {v.var for v in reads(step.op)}
     produced = {s.out.var: s for s in steps if s.out is not None and isinstance(s.op, CHOOSERS + FOLLOWERS)}
@@ -114,12 +112,6 @@ def _movable(steps: list[Step], keep: set[str]) -> set[str]:
                     movable.discard(step.out.var)
                     changed = True
     return movable
-
-
-def _biased(op) -> bool:
-    """A projection with a bias (bias_fusion.py): its result keeps its order, its operands are
-    read through their moves."""
-    return isinstance(op, Matmul) and op.bias is not None
 
 
 def _follower_input(op) -> Value:
@@ -166,10 +158,6 @@ def _wanted(steps: list[Step], movable: set[str], sizes: Sizes) -> dict[str, tup
             order = target or out.legs  # type: ignore[union-attr]
             for leaf in operands(op.tree):
                 ask(leaf.value, [leg for leg in order if leg in leaf.value.legs])
-        elif _biased(op):  # its operands asked for in the order it reads them, no copy
-            for read in (op.a, op.b):
-                order = read.value.legs if read.permutation is None else [read.value.legs[k] for k in read.permutation]
-                ask(read.value, order)
         elif isinstance(op, Matmul) and len(step.inputs) == 2:
             a, b = step.inputs
             free = {v.var for v in (a, b) if v.var in movable}
@@ -343,7 +331,7 @@ def _relayout(
     step.inputs = tuple(_move_value(v, moved) for v in step.inputs)
     op, out = step.op, step.out
     unchanged = out is not None and (out.var not in movable or wanted.get(out.var, out.legs) == out.legs)
-    if isinstance(op, CHOOSERS) and not _biased(op) and out is not None and (touched or not unchanged):
+    if isinstance(op, CHOOSERS) and out is not None and (touched or not unchanged):
         candidates = [out.legs] if out.var not in movable else [wanted.get(out.var, out.legs), out.legs]
         new_op, order = _choose(step, op, candidates, moved, sizes)
     elif isinstance(op, FOLLOWERS) and out is not None and touched:
