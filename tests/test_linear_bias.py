@@ -9,6 +9,7 @@ from conftest import gradcheck_parameters
 import tdiag
 from tdiag.plan import build
 from tdiag.plan.program import Elementwise, Matmul
+from tdiag.space.canonical import canonical_program
 
 HEADER = """
 size F = 4, H = 2, D = 3
@@ -120,3 +121,9 @@ def test_recomputed_boxes_keep_their_steps_when_sums_are_fused_away():
     checkpointed(x).square().sum().backward()
     for a, b in zip(plain.parameters(), checkpointed.parameters(), strict=True):
         assert (a.grad is None and b.grad is None) or torch.allclose(a.grad, b.grad, atol=1e-12, rtol=0)
+
+
+def test_a_fused_bias_is_part_of_the_canonical_program():
+    without = "Y[n g] = X[n f] W[f g]\noutput Y\n"
+    assert biased(ONE_LEG)
+    assert canonical_program(design(ONE_LEG).plan(N=5)) != canonical_program(design(without).plan(N=5))

@@ -170,7 +170,8 @@ class _Namer:
         if isinstance(item, Matmul | Multiply):
             a, b = sorted((item.a, item.b), key=self._order)
             summed = (len(item.summed),) if isinstance(item, Multiply) else ()
-            return (type(item).__name__, self.form(a), self.form(b), *summed)
+            bias = (self.form(item.bias),) if isinstance(item, Matmul) and item.bias is not None else ()
+            return (type(item).__name__, self.form(a), self.form(b), *summed, *bias)
         if isinstance(item, Softmax | Normalize):  # over the last `count` axes: say which legs
             over = self.fused(_read_legs(item.x)[len(_read_legs(item.x)) - item.count :])
             rest = tuple(self.form(getattr(item, f.name), f.name) for f in dataclasses.fields(item) if f.name == "eps")
