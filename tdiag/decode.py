@@ -60,6 +60,7 @@ from .ir import (
     Tensor,
     TensorRef,
     WindowFactor,
+    map_children,
     walk,
 )
 from .reference import Frame, known_sizes, statement_value
@@ -183,21 +184,7 @@ def _key_legs(statement: Statement, positional: set[str]) -> set[str]:
 
 
 def _absorb(expr: Expr, graph: DesignGraph, positional: set[str], keys: set[str], legs: dict) -> Expr:
-    changes = {}
-    for field_name in ("factors", "terms"):
-        children = getattr(expr, field_name, None)
-        if children:
-            rebuilt = tuple(_absorb(c, graph, positional, keys, legs) for c in children)
-            if any(a is not b for a, b in zip(rebuilt, children, strict=True)):
-                changes[field_name] = rebuilt
-    for field_name in ("content", "operand", "numerator", "denominator", "left", "right"):
-        child = getattr(expr, field_name, None)
-        if isinstance(child, Expr):
-            rebuilt = _absorb(child, graph, positional, keys, legs)
-            if rebuilt is not child:
-                changes[field_name] = rebuilt
-    if changes:
-        expr = dataclasses.replace(expr, **changes)
+    expr = map_children(expr, lambda child: _absorb(child, graph, positional, keys, legs))
     if not isinstance(expr, Contraction):
         return expr
     factors, summed, coefficient = [], list(expr.summed), expr.coefficient

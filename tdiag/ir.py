@@ -5,6 +5,8 @@ knows its output legs and its Span, so later stages never look at text."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -505,3 +507,23 @@ def walk(expr: Expr):
     for child in expr.children():
         if child is not None:
             yield from walk(child)
+
+
+def map_children(expr: Expr, rebuild: Callable[[Expr], Expr]) -> Expr:
+    """`expr` with `rebuild` applied to the sub-expressions the graph rewrites descend into: the
+    factors of a product, the terms of a sum, and a box's content, a map's or reduction's
+    operand, a quotient's sides; `expr` itself where every one comes back unchanged."""
+    changes: dict[str, object] = {}
+    for field_name in ("factors", "terms"):
+        children = getattr(expr, field_name, None)
+        if children:
+            rebuilt = tuple(rebuild(c) for c in children)
+            if any(new is not old for new, old in zip(rebuilt, children, strict=True)):
+                changes[field_name] = rebuilt
+    for field_name in ("content", "operand", "numerator", "denominator", "left", "right"):
+        child = getattr(expr, field_name, None)
+        if isinstance(child, Expr):
+            rebuilt_child = rebuild(child)
+            if rebuilt_child is not child:
+                changes[field_name] = rebuilt_child
+    return dataclasses.replace(expr, **changes) if changes else expr

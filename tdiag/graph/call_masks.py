@@ -35,6 +35,7 @@ from ..ir import (
     SumNode,
     Tensor,
     TensorRef,
+    map_children,
 )
 from ..resources import shown_path
 from .causal import _position_legs, _shifts_positions
@@ -140,20 +141,14 @@ def _masked(
     if isinstance(expr, TensorRef | Scalar):
         return expr, 0
     count = 0
-    changes: dict[str, object] = {}
-    for field_name in ("factors", "terms"):
-        children = getattr(expr, field_name, None)
-        if children is not None:
-            rebuilt = [_masked(c, query, key, name, span, hidden, bias, refused, heads) for c in children]
-            count += sum(n for _, n in rebuilt)
-            changes[field_name] = tuple(c for c, _ in rebuilt)
-    for field_name in ("content", "operand", "numerator", "denominator", "left", "right"):
-        child = getattr(expr, field_name, None)
-        if isinstance(child, Expr):
-            rebuilt_child, n = _masked(child, query, key, name, span, hidden, bias, refused, heads)
-            count += n
-            changes[field_name] = rebuilt_child
-    node = dataclasses.replace(expr, **changes) if changes else expr
+
+    def rebuild(child: Expr) -> Expr:
+        nonlocal count
+        rebuilt, n = _masked(child, query, key, name, span, hidden, bias, refused, heads)
+        count += n
+        return rebuilt
+
+    node = map_children(expr, rebuild)
     reduced = isinstance(node, Reduction) and key in node.over and query in node.legs
     reduced = reduced or (isinstance(node, Scan) and node.reverse and node.along == key and query in node.legs)
     boxed = isinstance(node, SoftmaxBox) and key in node.normalized and query in node.legs

@@ -35,6 +35,7 @@ from ..ir import (
     TensorRef,
     WindowFactor,
     WindowMask,
+    map_children,
     walk,
 )
 from .dataflow import _dataflow_graph
@@ -60,22 +61,18 @@ def _masked(
     causal factor in every contraction that sums `key` beside `query` where no factor is masked
     already (an un-normalized attention: Σ_m f(S)[n m] V[m] with m <= n). `hidden` holds, for
     each statement masked so far, the (query, key) pairs of its axes of one leg it is masked on."""
-    count = 0
     if isinstance(expr, TensorRef | Scalar | CausalFactor | WindowFactor):
         return expr, 0
-    changes = {}
-    for field_name in ("factors", "terms"):
-        children = getattr(expr, field_name, None)
-        if children is not None:
-            rebuilt = [_masked(c, query, key, span, hidden) for c in children]
-            count += sum(n for _, n in rebuilt)
-            changes[field_name] = tuple(c for c, _ in rebuilt)
-    for field_name in ("content", "operand", "numerator", "denominator", "left", "right"):
-        child = getattr(expr, field_name, None)
-        if isinstance(child, Expr):
-            rebuilt, n = _masked(child, query, key, span, hidden)
-            count += n
-            changes[field_name] = rebuilt
+    count = 0
+
+    def rebuild(child: Expr) -> Expr:
+        nonlocal count
+        rebuilt, n = _masked(child, query, key, span, hidden)
+        count += n
+        return rebuilt
+
+    expr = map_children(expr, rebuild)
+    changes: dict[str, object] = {}
     reduced = isinstance(expr, Reduction) and key in expr.over and query in expr.legs
     reduced = reduced or (isinstance(expr, Scan) and expr.reverse and expr.along == key and query in expr.legs)
     if (isinstance(expr, SoftmaxBox) and key in expr.normalized and query in expr.legs) or reduced:
@@ -83,13 +80,13 @@ def _masked(
             changes["masks"] = (*expr.masks, CausalMask(query, key, span))
             count += 1
     if isinstance(expr, Convolution) and _shifts_positions(expr, query, key):
-        operand = changes.get("operand", expr.operand)
+        operand = expr.operand
         hides = any(_hides_future(m) and (m.query, m.key) == (query, key) for m in expr.masks)
         if not hides and (query, key) not in _hidden_pairs(operand, hidden):
             changes["masks"] = (*expr.masks, CausalMask(query, key, span))
             count += 1
     if isinstance(expr, Contraction) and key in expr.summed and query in expr.legs:
-        factors = changes.get("factors", expr.factors)
+        factors = expr.factors
         if not any((query, key) in _hidden_pairs(f, hidden) for f in factors if key in f.legs):
             changes["factors"] = (*factors, CausalFactor((query, key), span, query, key))
             changes["batch"] = tuple(dict.fromkeys((*expr.batch, query)))

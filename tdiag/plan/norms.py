@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 import sympy
 
 from ..graph.dataflow import _dataflow_graph
-from ..ir import ONE, Contraction, ElementwiseMap, Expr, Reduction, Scalar, SumNode, TensorRef, walk
+from ..ir import ONE, Contraction, ElementwiseMap, Expr, Reduction, Scalar, SumNode, TensorRef, map_children, walk
 from .program import LayerNorm, Operand, Step, Value, align, show_legs
 
 if TYPE_CHECKING:
@@ -70,21 +70,7 @@ def _uses(statements: list[Statement], graph: DesignGraph) -> Counter[str]:
 def _rewritten(e: Expr, graph: DesignGraph) -> Expr:
     """`e` with each product holding a centred tensor times its inverse root mean square read as
     the layer norm of the tensor it centres, below and at `e`."""
-    changes = {}
-    for field_name in ("factors", "terms"):
-        children = getattr(e, field_name, None)
-        if children is not None:
-            rebuilt = tuple(_rewritten(c, graph) for c in children)
-            if any(new is not old for new, old in zip(rebuilt, children, strict=True)):
-                changes[field_name] = rebuilt
-    for field_name in ("content", "operand", "numerator", "denominator", "left", "right"):
-        child = getattr(e, field_name, None)
-        if isinstance(child, Expr):
-            rebuilt_child = _rewritten(child, graph)
-            if rebuilt_child is not child:
-                changes[field_name] = rebuilt_child
-    if changes:
-        e = dataclasses.replace(e, **changes)
+    e = map_children(e, lambda child: _rewritten(child, graph))
     if isinstance(e, Contraction) and not e.summed:
         return _fused_product(e, graph)
     if isinstance(e, SumNode):
