@@ -143,7 +143,7 @@ class RegionLowering:
         if expand_powers and isinstance(e, ElementwiseMap) and e.name == "pow" and e.params[0].is_Integer:
             coefficient = sympy.Integer(1)
             for _ in range(int(e.params[0])):
-                inner = self.with_fresh_legs(ren, _all_legs(e.operand) - set(e.operand.legs))  # type: ignore[arg-type]
+                inner = self.with_fresh_legs(ren, sorted(_all_legs(e.operand) - set(e.operand.legs)))  # type: ignore[arg-type]
                 coefficient *= self.collect(e.operand, inner, leaves, expand_powers=True)  # type: ignore[arg-type]
             return coefficient
         if isinstance(e, Contraction):
@@ -246,7 +246,7 @@ class RegionLowering:
         mapping = self.align_definition(statement, axes)
         if mapping is None:
             return None
-        return self.with_fresh_legs(mapping, [leg for leg in _all_legs(statement.expr) if leg not in mapping])
+        return self.with_fresh_legs(mapping, sorted(leg for leg in _all_legs(statement.expr) if leg not in mapping))
 
     def align_definition(
         self, statement: Statement, axes: tuple[tuple[str, ...], ...]
