@@ -46,12 +46,17 @@ class Case:
 
 
 def load(path: Path, causal: bool, sizes: dict[str, int]):
-    """The design at `sizes` (only those it declares and fixes), with a causal mask if asked."""
+    """The design at `sizes` (only those it declares and fixes), with a causal mask if asked, and
+    without its own masks (graph/absent_masks.py): the sweep calls the module with the inputs only,
+    so the body that runs is the one planned without them."""
     import tdiag
+    from tdiag.graph.absent_masks import without_masks
 
     declared = tdiag.load(path).graph.sizes
     design = tdiag.load(path, **{k: v for k, v in sizes.items() if k in declared and not declared[k].is_free})
-    return design.with_causal_mask() if causal else design
+    design = design.with_causal_mask() if causal else design
+    unmasked = without_masks(design.graph)
+    return design if unmasked is None else tdiag.Design(unmasked, design.warnings)
 
 
 def lengths_of(design, n: int) -> dict[str, int]:

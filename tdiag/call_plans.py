@@ -1,8 +1,10 @@
 """The plans a compiled module chooses among when it is called (`attn_mask`, `key_padding_mask`,
 `is_causal`, as `scaled_dot_product_attention` and `nn.MultiheadAttention` take them): the plain
-plan, the causal one (graph/causal.py), and each with the call mask (graph/call_masks.py). All are
-planned when the module is built, so a call only picks a method: nothing is planned or compiled at
-call time, and `torch.compile` sees ordinary Python. A design that `with_causal_mask` refuses (no
+plan, the causal one (graph/causal.py), each with the call mask (graph/call_masks.py), and each
+without the design's own masks where none is given (graph/absent_masks.py). The plain plans are
+made with the module, the others the first time a call asks for one or with
+`Design.module(plan_calls=True)` (module.py); a call then only picks a method, and
+`torch.compile` sees ordinary Python. A design that `with_causal_mask` refuses (no
 attention over the key leg beside the query leg, or one that mixes positions) has none of them:
 its module takes exactly the arguments it took before."""
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import TdiagError
+from .graph.absent_masks import without_masks
 from .graph.call_masks import bias_refusal, call_mask_name, with_call_bias, with_call_mask
 
 if TYPE_CHECKING:
@@ -44,6 +47,10 @@ class CallPlans:
     heads: tuple | None = None
     masked_heads: Plan | None = None  # the plan with a float mask per head
     causal_masked_heads: Plan | None = None  # and causal
+    # the plans without the design's own masks (graph/absent_masks.py), run when none is given;
+    # the plain one is planned with the module (it serves the plain call), the causal one later
+    unmasked: Plan | None = None
+    causal_unmasked: Plan | None = None
 
     @property
     def planned(self) -> bool:
@@ -80,6 +87,14 @@ class CallDesigns:
     def causal_masked_heads(self) -> Design | None:
         return None if self.heads is None or self.causal is None else self._with_mask(self.causal, per_head=True)
 
+    @functools.cached_property
+    def unmasked(self) -> Design | None:
+        return _without_masks(self.plain)
+
+    @functools.cached_property
+    def causal_unmasked(self) -> Design | None:
+        return None if self.causal is None else _without_masks(self.causal)
+
     def _with_mask(self, design: Design, per_head: bool = False) -> Design:
         from .design import Design
 
@@ -88,6 +103,13 @@ class CallDesigns:
         else:
             graph = with_call_mask(design.graph, self.name, self.query, self.key)
         return Design(graph, design.warnings)
+
+
+def _without_masks(design: Design) -> Design | None:
+    from .design import Design
+
+    graph = without_masks(design.graph)
+    return None if graph is None else Design(graph, design.warnings)
 
 
 def call_designs(design: Design, query: str = "n", key: str = "m") -> CallDesigns | None:
@@ -134,6 +156,9 @@ def call_plans(
         name=designs.name,
         heads=designs.heads,
     )
+    unmasked = designs.unmasked
+    if unmasked is not None:
+        calls = dataclasses.replace(calls, unmasked=unmasked.plan(sizes, **options))
     if not planned:
         return calls
     planned_designs = {
@@ -142,6 +167,7 @@ def call_plans(
         "causal_masked": designs.causal_masked,
         "masked_heads": designs.masked_heads,
         "causal_masked_heads": designs.causal_masked_heads,
+        "causal_unmasked": designs.causal_unmasked,
     }
     plans = {k: None if d is None else d.plan(sizes, **options) for k, d in planned_designs.items()}
     return dataclasses.replace(calls, **plans)

@@ -18,6 +18,8 @@ METHODS = (
     "_tdiag_causal_masked",
     "_tdiag_masked_heads",
     "_tdiag_causal_masked_heads",
+    "_tdiag_unmasked",
+    "_tdiag_causal_unmasked",
 )
 
 CALL_HELPERS = {
@@ -164,6 +166,14 @@ def _cache_lines(given: str) -> list[str]:
     ]
 
 
+def _unmasked_lines(calls: CallPlans, inputs: list[str], masks: list[str]) -> list[str]:
+    """With none of the design's own masks and no call mask, the body planned without the masks
+    (graph/absent_masks.py): the same values, without an all-True mask to build and apply."""
+    none = " and ".join(f"{m} is None" for m in [*masks, "attn_mask", "key_padding_mask"])
+    causal = "_tdiag_unmasked" if calls.already_causal else "_tdiag_causal_unmasked"
+    return [f"        if {none}:", f"            return {_chosen(causal, '_tdiag_unmasked', ', '.join(inputs))}"]
+
+
 def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
     """`forward` choosing among the bodies, then the bodies; and the plans printed."""
     graph = plan.graph
@@ -210,6 +220,7 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         "        if not isinstance(is_causal, bool):",
         '            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")',
         *(_cache_lines(given) if _decodes(plan) else []),
+        *(_unmasked_lines(calls, inputs, masks) if calls.unmasked is not None else []),
         "        if attn_mask is None and key_padding_mask is None:",
         f"            return {_chosen(causal, '_tdiag_plain', given)}",
     ]
@@ -235,6 +246,8 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         calls.causal_masked,
         calls.masked_heads,
         calls.causal_masked_heads,
+        calls.unmasked,
+        calls.causal_unmasked,
     ]
     for method, body in zip(METHODS, plans, strict=True):
         if body is not None:
