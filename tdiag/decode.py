@@ -44,6 +44,7 @@ import sympy
 import torch
 from torch import nn
 
+from . import decode_state
 from .graph import DesignGraph
 from .graph.causal import hides_the_future
 from .init import initial_value, numeric_shape
@@ -92,6 +93,7 @@ class DecodeRule:
     reason: str | None = None
     noise: bool = False
     reads_length: bool = False
+    states: tuple[str, ...] = ()
 
 
 class NotDecodableError(ValueError):
@@ -119,19 +121,30 @@ def decode_rule(graph: DesignGraph) -> DecodeRule:
             " the earlier outputs; decode its causal form (Design.with_causal_mask())"
         )
     symbol = x.axes[free[0]].size
-    graph = absorbed(graph)
+    design, graph = graph, absorbed(graph)
     positional = frozenset(name for name, leg in graph.legs.items() if leg.size == symbol)
     walker = _Requests(graph, positional, symbol)
     for name in graph.outputs:
         walker.request(name, walker.output_labels(name))
     length = _reads_length(graph, symbol)
     if walker.problem is not None:
-        return DecodeRule(
+        rule = DecodeRule(
             "prefix", x.name, free[0], symbol.name, positional, reason=walker.problem, reads_length=length
         )
-    return DecodeRule(
-        "kv", x.name, free[0], symbol.name, positional, tuple(walker.cached), walker.inner, None, walker.noise, length
-    )
+    else:
+        rule = DecodeRule(
+            "kv",
+            x.name,
+            free[0],
+            symbol.name,
+            positional,
+            tuple(walker.cached),
+            walker.inner,
+            None,
+            walker.noise,
+            length,
+        )
+    return decode_state.with_state(design, rule)
 
 
 def absorbed(graph: DesignGraph) -> DesignGraph:
@@ -460,6 +473,8 @@ class DecodeCache:
             raise ValueError(f"the cache holds a batch of shape {tuple(self._batch)}; got {tuple(batch)}")
         if self.rule.kind == "prefix":
             return self._prefix_step(x, rank)
+        if self.rule.kind == "state":
+            return decode_state.step(self, _graph_of(self.module), x, batch)
         return self._kv_step(x, rank, batch)
 
     __call__ = extend
