@@ -79,11 +79,13 @@ from .ir import (
     walk,
 )
 from .plan.decay import additive_terms
+from .plan.norms import LayerNormNode
 from .reference import Frame, align, evaluate, known_sizes, statement_value
 
 __all__ = ["CausalProduct", "StatePlan", "state_plan"]
 
 Signed = tuple[tuple[int, Expr], ...]
+CHUNK = 64  # a step over more new positions runs in steps of this many: the part within them is CHUNK² per head
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,9 @@ class StatePlan:
     products: tuple[CausalProduct, ...]
     statements: list[Statement]
     constants: dict[tuple, torch.Tensor] = field(default_factory=dict)
+    numbers: dict[sympy.Expr, float] = field(default_factory=dict)
+    expressions: dict[tuple, object] = field(default_factory=dict)
+    sizes: dict[str, int] | None = None
 
     def names(self) -> tuple[str, ...]:
         """The cache's tensors, by product: its state, and for a decay U at the last position
@@ -132,14 +137,9 @@ class StatePlan:
         held = []
         for p in self.products:
             held.append(p.slot)
-            if p.decays:
+            if p.u:
                 held.append(f"{_base(p)}.decay")
-            held += [_running(p, k) for k in range(len(p.running))]
         return tuple(held)
-
-
-def _running(p: CausalProduct, k: int) -> str:
-    return f"{_base(p)}.running" + (str(k + 1) if len(p.running) > 1 else "")
 
 
 def _base(p: CausalProduct) -> str:
@@ -235,7 +235,8 @@ class _Planner:
         return name
 
     def plan(self) -> StatePlan:
-        statements = self.unboxed(list(self.graph.statements))
+        statements = [dataclasses.replace(s, expr=_written_out(s.expr)) for s in self.graph.statements]
+        statements = self.unboxed(statements)
         work = []
         for statement in statements:
             if sum(self.positional(leg) for leg in statement.legs) > 1:
@@ -505,6 +506,35 @@ class _Planner:
         return ", ".join(node.legs)
 
 
+def _written_out(e: Expr) -> Expr:
+    """`e` with each layer norm the planner fused (a compiled module's graph, plan/norms.py)
+    written out again in nodes the reference evaluator takes:
+    (Z − mean(Z)) (mean((Z − mean(Z))²) + eps)^(−1/2) [· weight] [+ bias]."""
+    e = map_children(e, _written_out)
+    if not isinstance(e, LayerNormNode):
+        return e
+    z = e.operand
+    assert z is not None
+    rest = tuple(leg for leg in z.legs if leg not in e.over)
+    centred = SumNode(
+        z.legs, e.span, terms=(z, Reduction(rest, e.span, name="mean", over=e.over, operand=z)), signs=(1, -1)
+    )
+    square = ElementwiseMap(z.legs, e.span, name="pow", operand=centred, params=(sympy.Integer(2),))
+    variance = Reduction(rest, e.span, name="mean", over=e.over, operand=square)
+    shifted = SumNode(rest, e.span, terms=(variance, Scalar((), e.span, value=e.eps)), signs=(1, 1))
+    root = ElementwiseMap(rest, e.span, name="pow", operand=shifted, params=(sympy.Rational(-1, 2),))
+    factors = (centred, root) if e.weight is None else (centred, root, e.weight)
+    normed = Contraction(z.legs, e.span, factors=factors)
+    if e.bias is None:
+        return align_legs(normed, e.legs)
+    return SumNode(e.legs, e.span, terms=(normed, e.bias), signs=(1, 1))
+
+
+def align_legs(e: Expr, legs: tuple[str, ...]) -> Expr:
+    """`e` with its legs listed as `legs` (a product of it alone where they differ in order)."""
+    return e if tuple(e.legs) == tuple(legs) else Contraction(tuple(legs), e.span, factors=(e,))
+
+
 def _content_terms(e: Expr) -> list[tuple[Expr, int]]:
     if not isinstance(e, SumNode):
         return [(e, 1)]
@@ -522,6 +552,22 @@ class _NewRows(Frame):
     start: int = 0
     count: int = 0
     symbol: sympy.Expr | None = None
+    numbers: dict[sympy.Expr, float] = field(default_factory=dict)
+    expressions: dict[tuple, object] = field(default_factory=dict)
+
+    def number(self, expr: sympy.Expr) -> float:
+        """A size expression's value; those without the run-time length are kept in the plan
+        between steps (`numbers`), so that a step does not evaluate them again."""
+        if expr in self.numbers:
+            return self.numbers[expr]
+        value = self.graph.evaluate(expr)
+        if value.is_number:
+            self.numbers[expr] = float(value)
+            return self.numbers[expr]
+        return super().number(expr)
+
+    def einsum(self, spec: str, *operands: torch.Tensor) -> torch.Tensor:
+        return _contract(self.expressions, spec, operands)
 
     def leg_size(self, leg: str) -> int:
         if self.graph.legs[leg].size == self.symbol:
@@ -538,12 +584,29 @@ class _NewRows(Frame):
         return super().slice_window(ref, axis, extent)
 
 
-def _einsum(operands: list[tuple[torch.Tensor, tuple[str, ...]]], out: tuple[str, ...]) -> torch.Tensor:
+def _contract(expressions: dict, spec: str, operands: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """torch.einsum, in the order of pairwise contractions opt_einsum picks, chosen once per spec
+    and shapes and kept in the plan (as torch.einsum would choose it again at every call)."""
+    if len(operands) < 3:
+        return torch.einsum(spec, *operands)
+    key = (spec, tuple(x.shape for x in operands))
+    if key not in expressions:
+        if len(expressions) > 1024:  # many shapes of prompts and batches: forget the old ones
+            expressions.clear()
+        import opt_einsum
+
+        expressions[key] = opt_einsum.contract_expression(spec, *(x.shape for x in operands))
+    return expressions[key](*operands, backend="torch")
+
+
+def _einsum(
+    frame: _NewRows, operands: list[tuple[torch.Tensor, tuple[str, ...]]], out: tuple[str, ...]
+) -> torch.Tensor:
     letters = dict(
         zip(dict.fromkeys([*(leg for _, legs in operands for leg in legs), *out]), string.ascii_letters, strict=False)
     )
     spec = ",".join("..." + "".join(letters[leg] for leg in legs) for _, legs in operands)
-    return torch.einsum(spec + "->..." + "".join(letters[leg] for leg in out), *(x for x, _ in operands))
+    return frame.einsum(spec + "->..." + "".join(letters[leg] for leg in out), *(x for x, _ in operands))
 
 
 def step(cache, design: DesignGraph, x: torch.Tensor, batch: torch.Size) -> torch.Tensor | tuple[torch.Tensor, ...]:
@@ -557,13 +620,22 @@ def step(cache, design: DesignGraph, x: torch.Tensor, batch: torch.Size) -> torc
             f"design '{graph.name}' draws noise or updates buffers in training mode, which a decoding step"
             " does not: decode in eval mode (module.eval())"
         )
-    count = x.shape[cache.rule.axis - len(graph.inputs[0].axes)]
+    dim = cache.rule.axis - len(graph.inputs[0].axes)
+    count = x.shape[dim]
+    if count > CHUNK:
+        pieces = [step(cache, design, part, batch) for part in x.split(CHUNK, dim)]
+        return _joined(graph, symbol_of(graph, cache.rule.size), pieces)
     symbol = graph.sizes[cache.rule.size].symbol
-    sizes = known_sizes(graph, {cache.rule.size: cache.length + count})
+    if plan.sizes is None:
+        plan.sizes = known_sizes(graph, {})
+    sizes = {**plan.sizes, cache.rule.size: cache.length + count}
+    if len(sizes) < len(graph.sizes):  # sizes defined from the run-time length
+        sizes = known_sizes(graph, sizes)
     dtype = x.dtype
     frame = _NewRows(
-        graph, sizes, {cache.rule.input: x}, dtype, x.device, start=cache.length, count=count, symbol=symbol
-    )
+        graph, sizes, {cache.rule.input: x}, dtype, x.device, start=cache.length, count=count, symbol=symbol,
+        numbers=plan.numbers, expressions=plan.expressions,
+    )  # fmt: skip
     for tensor in graph.tensors.values():
         if tensor.kind in ("param", "const", "buffer"):
             frame.values[tensor.name] = _stored(plan, module, tensor, sizes, dtype, x.device)
@@ -583,6 +655,22 @@ def step(cache, design: DesignGraph, x: torch.Tensor, batch: torch.Size) -> torc
     cache._batch = batch
     outputs = tuple(frame.values[name] for name in graph.outputs)
     return outputs[0] if len(outputs) == 1 else outputs
+
+
+def symbol_of(graph: DesignGraph, size: str) -> sympy.Expr:
+    return graph.sizes[size].symbol
+
+
+def _joined(graph: DesignGraph, symbol: sympy.Expr, pieces: list) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """The outputs of consecutive steps joined along each output's position axis."""
+    single = not isinstance(pieces[0], tuple)
+    rows = [(piece,) if single else piece for piece in pieces]
+    joined = []
+    for k, name in enumerate(graph.outputs):
+        axes = graph.tensors[name].axes
+        dim = next(j for j, a in enumerate(axes) if a.size == symbol) - len(axes)
+        joined.append(torch.cat([row[k] for row in rows], dim))
+    return joined[0] if single else tuple(joined)
 
 
 def _stored(plan: StatePlan, module, tensor: Tensor, sizes: dict, dtype: torch.dtype, device) -> torch.Tensor:
@@ -612,9 +700,10 @@ def _signed_sum(parts: list[tuple[int, torch.Tensor, tuple[str, ...]]], legs: tu
 
 def _product(p: CausalProduct, frame: _NewRows, before: dict[str, torch.Tensor], held: dict) -> torch.Tensor:
     """The causal product at the new positions: the part within them as written, plus the
-    query side read against the state; the state carried to the last new position (`held`)."""
+    query side read against the state; the state carried to the last new position (`held`).
+    A segment sum's running sum is taken from the last position held (c[n] − c[r], the new
+    entries' cumsum), so that no running total of the whole sequence is ever formed."""
     within = evaluate(p.node, frame)
-    coefficient = frame.number(p.coefficient)
     ones = {leg: torch.ones(frame.count, dtype=frame.dtype, device=frame.device) for leg in (p.query, p.key)}
     queries = [_value(f, frame) for f in p.queries]
     keys = [_value(f, frame) for f in p.keys]
@@ -622,44 +711,43 @@ def _product(p: CausalProduct, frame: _NewRows, before: dict[str, torch.Tensor],
         keys.append((ones[p.key], (p.key,)))
     state = before.get(p.slot)
     if p.decays:
-        running = []
-        for k, (sign, seg) in enumerate(p.running):
-            a = align(evaluate(seg.operand, frame), seg.operand.legs, seg.operand.legs)
-            dim = list(seg.operand.legs).index(seg.along) - len(seg.operand.legs)
-            last = before.get(_running(p, k))
-            c = a.cumsum(dim) + (0 if last is None else last.unsqueeze(dim))
-            held[_running(p, k)] = c.select(dim, -1)
-            running.append((sign, c, seg))
-        u = _signed_sum(
-            [(s, *_value(t, frame)) for s, t in p.u] + [(s, c, seg.operand.legs) for s, c, seg in running], p.u_legs
-        )
-        w = _signed_sum(
-            [(s, *_value(t, frame)) for s, t in p.w]
-            + [(-s, c, tuple(seg.key if x == seg.along else x for x in seg.operand.legs)) for s, c, seg in running],
-            p.w_legs,
-        )
-        rest = tuple(leg for leg in p.u_legs if leg != p.query)
-        dim = list(p.u_legs).index(p.query) - len(p.u_legs)
-        end = u.select(dim, -1)
-        held[f"{_base(p)}.decay"] = end
-        last = before.get(f"{_base(p)}.decay")
-        legs = tuple(dict.fromkeys((*rest, *p.w_legs)))
-        keys.append((torch.exp(align(end, rest, legs) + align(w, p.w_legs, legs)), legs))
-    increment = _einsum(keys, p.state_legs)
+        kept = tuple(leg for leg in p.u_legs if leg != p.query)
+        dim = p.u_legs.index(p.query) - len(p.u_legs)
+        sums = []
+        for sign, seg in p.running:
+            operand = seg.operand
+            assert operand is not None
+            at_keys = tuple(seg.key if leg == seg.along else leg for leg in operand.legs)
+            sums.append(
+                (
+                    sign,
+                    evaluate(operand, frame).cumsum(operand.legs.index(seg.along) - len(operand.legs)),
+                    operand.legs,
+                    at_keys,
+                )
+            )
+        terms = [(s, *_value(t, frame)) for s, t in p.u]
+        u = _signed_sum(terms + [(s, c, legs) for s, c, legs, _ in sums], p.u_legs)  # U[n] − Σ ± c[r]
+        w = _signed_sum([(s, *_value(t, frame)) for s, t in p.w] + [(-s, c, legs) for s, c, _, legs in sums], p.w_legs)
+        last = before.get(f"{_base(p)}.decay")  # the terms of U other than segment sums, at r
+        if terms:
+            held[f"{_base(p)}.decay"] = _signed_sum(terms, p.u_legs).select(dim, -1)
+        since = u if last is None else u - align(last, kept, p.u_legs)  # U[n] − U[r]
+        legs = tuple(dict.fromkeys((*kept, *p.w_legs)))
+        keys.append((torch.exp(align(u.select(dim, -1), kept, legs) + align(w, p.w_legs, legs)), legs))
+    increment = _einsum(frame, keys, p.state_legs)
     if state is None:
         held[p.slot] = increment
         return within
+    read = state
     if p.decays:
-        queries.append((torch.exp(u - align(last, rest, p.u_legs)), p.u_legs))
-        state_then = state
-        state = align(torch.exp(end - last), rest, p.state_legs) * state
-    else:
-        state_then = state
+        queries.append((torch.exp(since), p.u_legs))
+        state = align(torch.exp(since.select(dim, -1)), kept, p.state_legs) * state
     if not any(p.query in legs for _, legs in queries):
         queries.append((ones[p.query], (p.query,)))
-    across = _einsum([*queries, (state_then, p.state_legs)], tuple(p.node.legs))
+    across = _einsum(frame, [*queries, (read, p.state_legs)], tuple(p.node.legs))
     held[p.slot] = state + increment
-    return within + coefficient * across
+    return within + frame.number(p.coefficient) * across
 
 
 def with_state(graph: DesignGraph, rule):
