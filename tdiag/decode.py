@@ -100,10 +100,12 @@ class NotDecodableError(ValueError):
     """A module that no cache can serve: not causal, several inputs, no run-time length."""
 
 
-def decode_rule(graph: DesignGraph) -> DecodeRule:
-    """The decoding rule of a causal design with one input over a run-time length N: which
-    computed tensors the cache holds (kind "kv"), or why it must keep the input instead ("prefix").
-    Raises NotDecodableError for a graph no cache can serve."""
+def decode_rule(graph: DesignGraph, *, state: bool = True) -> DecodeRule:
+    """The decoding rule of a causal design with one input over a run-time length N: its
+    recurrent states (kind "state", tdiag/decode_state.py), else which computed tensors the cache
+    holds ("kv"), or why it must keep the input instead ("prefix"); with `state=False`, the rule
+    the design has without its recurrent state (to compare them). Raises NotDecodableError for a
+    graph no cache can serve."""
     if len(graph.inputs) != 1:
         raise NotDecodableError(
             f"design '{graph.name}' has {len(graph.inputs)} inputs; decoding extends one sequence (one input)"
@@ -144,7 +146,7 @@ def decode_rule(graph: DesignGraph) -> DecodeRule:
             walker.noise,
             length,
         )
-    return decode_state.with_state(design, rule)
+    return decode_state.with_state(design, rule) if state else rule
 
 
 def absorbed(graph: DesignGraph) -> DesignGraph:
