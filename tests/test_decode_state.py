@@ -194,6 +194,36 @@ def test_grouped_heads_keep_one_state_per_key_value_group():
     assert cache.tensors["A.numerator"].shape == (2, 2, 2, 2)  # [batch, g, d, e], not per query head r
 
 
+TWO_BOXES = """design two_boxes
+size F = 8, H = 2, D = 2
+size N
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D] = normal(std = 1)
+param WK[f: F, h: H, d: D] = normal(std = 1)
+param WV[f: F, h: H, e: D] = normal(std = 1)
+param WO[h: H, e: D, o: F] = normal(std = 1)
+Q[n h d] = X[n f] WQ[f h d]
+K[m h d] = X[m f] WK[f h d]
+V[m h e] = X[m f] WV[f h e]
+A1[h n m] = normalize[m, eps = 1e-6](elu1(Q[n h d]) elu1(K[m h d]))
+A2[h n m] = normalize[m, eps = 1e-6](relu(Q[n h d]) relu(K[m h d]) + 1)
+Y1[n o] = A1[h n m] V[m h e] WO[h e o]
+Y2[n o] = A2[h n m] V[m h e] WO[h e o]
+Y[n o] = Y1[n o] - 0.5 Y2[n o]
+output Y
+"""
+
+
+def test_each_box_of_a_design_keeps_its_own_states():
+    module = tdiag.loads(TWO_BOXES).with_causal_mask().module(dtype=torch.float64, impl="reference")
+    x = inputs(module)
+    steps, cache = decoded(module, x, [2, 1, 3])
+    assert torch.allclose(steps, module(x), atol=TOL, rtol=0)
+    assert set(cache.tensors) == {"A1.numerator", "A1.denominator"} | {
+        f"A2.{part}{k}" for part in ("numerator", "denominator") for k in (1, 2)
+    }
+
+
 @pytest.mark.parametrize(
     ("name", "kind", "why"),
     [
