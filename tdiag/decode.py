@@ -24,8 +24,11 @@ Where a score reads the input itself at every key (X[m f] inside it), the input'
 cached too. Where no cached rows serve, the cache keeps the layer's inputs and each step re-runs
 the compiled module over the prefix and the new positions (kind "prefix", O(N) work per new
 position), so decoding stays exact; `cache.reason` says why: a scan along the positions of a
-statement's result, Mamba-2's segment sums, noise drawn over every position at each call. The
-recurrent states of linear and scan designs (O(1) per token) are not built yet.
+statement's result, a convolution along them, noise drawn over every position at each call.
+Before either, a design whose sums over the keys are causal products or causal normalize boxes
+in their linear order (linear attention, RetNet, GLA, Mamba-2, mLSTM) keeps their running sums
+instead (kind "state", O(1) work per new position; tdiag/decode_state.py); where it has none,
+`cache.reason` says that too.
 
 A cache serves one module and one batch shape; a step never updates buffers or draws noise, so a
 design with state updates or training-mode noise decodes in eval mode (`module.eval()`). Masks
