@@ -701,14 +701,17 @@ def _signed_sum(parts: list[tuple[int, torch.Tensor, tuple[str, ...]]], legs: tu
 def _product(p: CausalProduct, frame: _NewRows, before: dict[str, torch.Tensor], held: dict) -> torch.Tensor:
     """The causal product at the new positions: the part within them as written, plus the
     query side read against the state; the state carried to the last new position (`held`).
+    The part within is Σ_{P ≤ m ≤ n} of the same split factors and the decay's block, its
+    entries above the diagonal −inf before the exp (as the planner's chunked form takes it).
     A segment sum's running sum is taken from the last position held (c[n] − c[r], the new
     entries' cumsum), so that no running total of the whole sequence is ever formed."""
-    within = evaluate(p.node, frame)
     ones = {leg: torch.ones(frame.count, dtype=frame.dtype, device=frame.device) for leg in (p.query, p.key)}
     queries = [_value(f, frame) for f in p.queries]
     keys = [_value(f, frame) for f in p.keys]
     if not any(p.key in legs for _, legs in keys):
         keys.append((ones[p.key], (p.key,)))
+    future = torch.ones(frame.count, frame.count, dtype=torch.bool, device=frame.device).triu(1)
+    block = (torch.where(future, 0.0, 1.0).to(frame.dtype), (p.query, p.key))  # causal(n, m) within the new positions
     state = before.get(p.slot)
     if p.decays:
         kept = tuple(leg for leg in p.u_legs if leg != p.query)
@@ -733,8 +736,13 @@ def _product(p: CausalProduct, frame: _NewRows, before: dict[str, torch.Tensor],
         if terms:
             held[f"{_base(p)}.decay"] = _signed_sum(terms, p.u_legs).select(dim, -1)
         since = u if last is None else u - align(last, kept, p.u_legs)  # U[n] − U[r]
+        pair = tuple(dict.fromkeys((*p.u_legs, *p.w_legs)))
+        exponent = align(u, p.u_legs, pair) + align(w, p.w_legs, pair)  # U[n] + W[m]
+        mask = align(future, (p.query, p.key), pair)
+        block = (torch.exp(exponent.masked_fill(mask, float("-inf"))), pair)  # the future's growth never taken
         legs = tuple(dict.fromkeys((*kept, *p.w_legs)))
         keys.append((torch.exp(align(u.select(dim, -1), kept, legs) + align(w, p.w_legs, legs)), legs))
+    within = frame.number(p.coefficient) * _einsum(frame, [*queries, *keys[: len(p.keys)], block], tuple(p.node.legs))
     increment = _einsum(frame, keys, p.state_legs)
     if state is None:
         held[p.slot] = increment
