@@ -25,9 +25,12 @@ and a step over new positions P .. P + T − 1 returns
 
 then S_{r'} = exp(U[r'] − U[r]) ⊙ S_r + Σ_{P ≤ m ≤ r'} exp(U[r'] + W[m]) K(m), r' = P + T − 1
 (Katharopoulos et al. 2020 §3.4, with the decay of Sun et al. 2023 eq. 6 / Dao & Gu 2024 §3).
-The cache holds S, U at the last position and each segment sum's running sum c there: a size
-set by the design's widths, never by the positions. The part within the new positions is the
-product as written, evaluated by the reference evaluator over them (T² entries).
+The cache holds S and, where U has terms other than segment sums, their value at r: a size set
+by the design's widths, never by the positions. A segment sum's running sum is taken from r
+(the new entries' cumsum is c[n] − c[r]), so no running total of the sequence is formed. The
+part within the new positions is the same split product with a T × T causal block (the decay's
+exponent −inf above the diagonal before the exp, as the planner's chunked form takes it); a
+step over more than CHUNK new positions runs in steps of CHUNK.
 
 A causal normalize box read by one product that sums its key leg
 (`A[h n m] = normalize[m, mask = causal(n, m)](x)`, `Y = A[h n m] V[m h e] …`) is first
@@ -36,8 +39,12 @@ a sum content (cosFormer, Based) a causal product of its own (plan/linear.py's h
 hoist_sum, Tuformer §3.3). Every other statement must then read positions only along the rows
 it computes: a step evaluates the whole design at the new positions only. Anything else (a
 softmax over the keys, a scan or convolution along the positions, a reduction over them, a
-design that reads the length N) is not a state; `why_not` names it, and the design keeps the
-kind it had ("kv" or "prefix")."""
+design that reads the length N) is not a state; `state_plan` returns the sentence naming it,
+and the design keeps the kind it had ("kv" or "prefix", with that sentence in its reason).
+
+A step evaluates every statement with the reference evaluator (tdiag/reference.py) over the
+new positions, the products by their states; a compiled module's graph has its layer norms
+fused by the planner (plan/norms.py), which are written out again for it."""
 
 from __future__ import annotations
 
@@ -91,12 +98,12 @@ CHUNK = 64  # a step over more new positions runs in steps of this many: the par
 @dataclass(frozen=True)
 class CausalProduct:
     """One causal product of a statement (see the module's docstring): `node` as the work graph
-    writes it (its part within new positions is evaluated as is), its `query` and `key` legs,
-    the factors of its query side (reading n, or neither leg) and key side (reading m), with
-    `coefficient` the product of those of the products multiplied out; the decay's exponent
-    terms `u` (reading n) and `w` (reading m), and the segment sums `running` whose running sums
-    count in u (with the sign given) at n and in w (negated) at m; `state_legs`, the legs the
-    state keeps. `slot` names the tensor that stands for the product in its statement."""
+    writes it, its `query` and `key` legs, the factors of its query side (reading n, or neither
+    leg) and key side (reading m), with `coefficient` the product of those of the products
+    multiplied out; the decay's exponent terms `u` (reading n, over `u_legs`) and `w` (reading
+    m, over `w_legs`), and the segment sums `running` whose running sums count in u (with the
+    sign given) at n and in w (negated) at m; `state_legs`, the legs the state keeps. `slot`
+    names the tensor that stands for the product in its statement, and the state in the cache."""
 
     slot: str
     statement: str
@@ -132,8 +139,8 @@ class StatePlan:
     sizes: dict[str, int] | None = None
 
     def names(self) -> tuple[str, ...]:
-        """The cache's tensors, by product: its state, and for a decay U at the last position
-        and each segment sum's running sum there."""
+        """The cache's tensors, by product: its state, and where its decay has query-side terms
+        other than segment sums, their value at the last position (`.decay`)."""
         held = []
         for p in self.products:
             held.append(p.slot)
@@ -177,9 +184,7 @@ def renamed(node, names: dict[str, str]):
     """An expression (or mask, position, shift) with its legs renamed by `names`, others kept."""
     if isinstance(node, tuple):
         return tuple(renamed(item, names) for item in node)
-    if not dataclasses.is_dataclass(node) or not isinstance(node, Expr | CausalMask | Position | Shift | PaddingMask):
-        if dataclasses.is_dataclass(node) and isinstance(node, POSITION_MASKS):
-            return dataclasses.replace(node, query=names.get(node.query, node.query), key=names.get(node.key, node.key))
+    if not isinstance(node, Expr | Position | Shift | PaddingMask | POSITION_MASKS):
         return node
     changes = {}
     for f in dataclasses.fields(node):
