@@ -184,7 +184,7 @@ def renamed(node, names: dict[str, str]):
     """An expression (or mask, position, shift) with its legs renamed by `names`, others kept."""
     if isinstance(node, tuple):
         return tuple(renamed(item, names) for item in node)
-    if not isinstance(node, Expr | Position | Shift | PaddingMask | POSITION_MASKS):
+    if not isinstance(node, (Expr, Position, Shift, PaddingMask, *POSITION_MASKS)):
         return node
     changes = {}
     for f in dataclasses.fields(node):
