@@ -286,8 +286,10 @@ class _Planner:
             raise _NoStateError(f"{name} normalizes over several legs or merges legs")
         key = box.normalized[0]
         causal = [m for m in box.masks if isinstance(m, CausalMask) and m.key == key and self.positional(m.query)]
-        if len(causal) != 1 or len(box.masks) != 1:
+        if len(causal) != len(box.masks) or len(box.masks) > 1:
             raise _NoStateError(f"{name}'s masks are not one causal mask over {key}: no running sum serves them")
+        if len([leg for leg in statement.legs if self.positional(leg)]) != 2:
+            raise _NoStateError(f"{name} normalizes over {key} without one query position beside it")
         if box.sink is not None:
             raise _NoStateError(f"{name} has a sink")
         if name in self.graph.outputs or len(readers) != 1:
@@ -319,8 +321,9 @@ class _Planner:
         names = dict(zip(statement.legs, ref.legs, strict=True))
         for leg in _legs_in(box.content) - set(names):
             names[leg] = self.fresh(leg, statement.target)
-        mask = next(m for m in box.masks if isinstance(m, CausalMask))
-        query, key = names[mask.query], names[mask.key]
+        key = box.normalized[0]
+        query = next(leg for leg in statement.legs if self.positional(leg) and leg != key)
+        query, key = names[query], names[key]
         beside = [f for f in expr.factors if f is not ref and key in f.legs]
         rest = [f for f in expr.factors if f is not ref and key not in f.legs]
         if any(query in f.legs for f in beside):
@@ -328,7 +331,7 @@ class _Planner:
         outside = set(reader.legs) | {leg for f in rest for leg in f.legs}
         kept = [leg for leg in ref.legs if leg != key]
         kept += [leg for f in beside for leg in f.legs if leg in outside and leg not in kept and leg != key]
-        causal = CausalFactor((query, key), box.span, query=query, key=key)
+        causal = [CausalFactor((query, key), box.span, query=query, key=key)] if box.masks else []  # else in x
 
         def product(factors: list[Expr], legs: list[str]) -> Contraction:
             inner = list(dict.fromkeys(leg for f in factors for leg in f.legs))
@@ -341,8 +344,8 @@ class _Planner:
         terms = _content_terms(box.content)
         for k, (term, sign) in enumerate(terms):
             term = renamed(term, names)
-            numerators.append(product([causal, term, *beside], kept))
-            denominators.append(product([causal, term], [leg for leg in ref.legs if leg != key]))
+            numerators.append(product([*causal, term, *beside], kept))
+            denominators.append(product([*causal, term], [leg for leg in ref.legs if leg != key]))
             signs.append(sign)
             number = str(k + 1) if len(terms) > 1 else ""
             self.labels[id(numerators[-1])] = f"{statement.target}.numerator{number}"

@@ -224,6 +224,34 @@ def test_each_box_of_a_design_keeps_its_own_states():
     }
 
 
+DECAYED_BOX = """design decayed_box
+size F = 8, H = 2, D = 2
+size N
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D] = normal(std = 1)
+param WK[f: F, h: H, d: D] = normal(std = 1)
+param WV[f: F, h: H, e: D] = normal(std = 1)
+param Wa[f: F, h: H] = normal(std = 1)
+Q[n h d] = X[n f] WQ[f h d]
+K[m h d] = X[m f] WK[f h d]
+V[m h e] = X[m f] WV[f h e]
+La[n h] = -softplus(X[n f] Wa[f h])
+A[h n m] = normalize[m, eps = 1e-6](exp(segsum[n, m](La[n h])) elu1(Q[n h d]) elu1(K[m h d]))
+Y[n h e] = A[h n m] V[m h e]
+output Y
+"""
+
+
+def test_a_normalize_box_causal_through_its_decay_keeps_decayed_states():
+    """No causal mask: the segment sums hide the future; numerator and denominator both decay."""
+    module = tdiag.loads(DECAYED_BOX).module(dtype=torch.float64, impl="reference")
+    x = inputs(module)
+    steps, cache = decoded(module, x, [2, 1, 3])
+    assert cache.kind == "state"
+    assert torch.allclose(steps, module(x), atol=TOL, rtol=0)
+    assert set(cache.tensors) == {"A.numerator", "A.denominator"}
+
+
 @pytest.mark.parametrize(
     ("name", "kind", "why"),
     [
