@@ -320,8 +320,9 @@ def test_sampling_with_state_caches_draws_the_characters_the_re_run_draws(tmp_pa
 def test_a_hugging_face_model_with_a_state_design_generates_by_re_running_the_prefix():
     """HF's DynamicCache has no place for a state: tdiag.hf re-runs the positions it holds."""
     pytest.importorskip("transformers")
-    import tdiag.hf
     from test_hf_bridge import greedy, llama, prompt
+
+    import tdiag.hf
 
     model = tdiag.hf.use_design(llama(), "mlk")
     ids = prompt()
