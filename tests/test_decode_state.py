@@ -315,16 +315,3 @@ def test_sampling_with_state_caches_draws_the_characters_the_re_run_draws(tmp_pa
     assert sample(model, corpus, config, cpu, 24, prompt, 3) == sample(
         model, corpus, config, cpu, 24, prompt, 3, use_cache=False
     )
-
-
-def test_a_hugging_face_model_with_a_state_design_generates_by_re_running_the_prefix():
-    """HF's DynamicCache has no place for a state: tdiag.hf re-runs the positions it holds."""
-    pytest.importorskip("transformers")
-    from test_hf_bridge import greedy, llama, prompt
-
-    import tdiag.hf
-
-    model = tdiag.hf.use_design(llama(), "mlk")
-    ids = prompt()
-    assert DecodeCache(model.model.layers[0].self_attn.block).kind == "state"
-    assert torch.equal(greedy(model, ids), greedy(model, ids, use_cache=False))
