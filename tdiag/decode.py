@@ -109,6 +109,14 @@ def decode_rule(graph: DesignGraph, *, state: bool = True) -> DecodeRule:
     holds ("kv"), or why it must keep the input instead ("prefix"); with `state=False`, the rule
     the design has without its recurrent state (to compare them). Raises NotDecodableError for a
     graph no cache can serve."""
+    rule = _rows_rule(graph)
+    return decode_state.with_state(graph, rule) if state else rule
+
+
+def _rows_rule(graph: DesignGraph) -> DecodeRule:
+    """The decoding rule of a causal design with one input over a run-time length N: which
+    computed tensors the cache holds (kind "kv"), or why it must keep the input instead ("prefix").
+    Raises NotDecodableError for a graph no cache can serve."""
     if len(graph.inputs) != 1:
         raise NotDecodableError(
             f"design '{graph.name}' has {len(graph.inputs)} inputs; decoding extends one sequence (one input)"
@@ -126,30 +134,19 @@ def decode_rule(graph: DesignGraph, *, state: bool = True) -> DecodeRule:
             " the earlier outputs; decode its causal form (Design.with_causal_mask())"
         )
     symbol = x.axes[free[0]].size
-    design, graph = graph, absorbed(graph)
+    graph = absorbed(graph)
     positional = frozenset(name for name, leg in graph.legs.items() if leg.size == symbol)
     walker = _Requests(graph, positional, symbol)
     for name in graph.outputs:
         walker.request(name, walker.output_labels(name))
     length = _reads_length(graph, symbol)
     if walker.problem is not None:
-        rule = DecodeRule(
+        return DecodeRule(
             "prefix", x.name, free[0], symbol.name, positional, reason=walker.problem, reads_length=length
         )
-    else:
-        rule = DecodeRule(
-            "kv",
-            x.name,
-            free[0],
-            symbol.name,
-            positional,
-            tuple(walker.cached),
-            walker.inner,
-            None,
-            walker.noise,
-            length,
-        )
-    return decode_state.with_state(design, rule) if state else rule
+    return DecodeRule(
+        "kv", x.name, free[0], symbol.name, positional, tuple(walker.cached), walker.inner, None, walker.noise, length
+    )
 
 
 def absorbed(graph: DesignGraph) -> DesignGraph:
