@@ -252,6 +252,19 @@ def test_a_normalize_box_causal_through_its_decay_keeps_decayed_states():
     assert set(cache.tensors) == {"A.numerator", "A.denominator"}
 
 
+def test_cosformer_at_a_fixed_horizon_keeps_a_state_per_re_weighting():
+    """cosFormer's πi/2N re-weights every key as N grows (no state); with the paper's horizon a
+    fixed size L, its cos and sin terms each keep a numerator and a denominator."""
+    text = (DESIGNS / "cosformer.td").read_text()
+    text = text.replace("size N\n", "size N, L = 64\n").replace("(index(n) + 1) / N", "(index(n) + 1) / L")
+    module = tdiag.loads(text, F=8, H=2).with_causal_mask().module(dtype=torch.float64, impl="reference")
+    x = inputs(module)
+    steps, cache = decoded(module, x, [2, 1, 3])
+    assert cache.kind == "state"
+    assert torch.allclose(steps, module(x), atol=TOL, rtol=0)
+    assert len(cache.tensors) == 4
+
+
 @pytest.mark.parametrize(
     ("name", "kind", "why"),
     [
