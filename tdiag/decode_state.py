@@ -285,8 +285,9 @@ class _Planner:
         if len(box.normalized) != 1 or any(len(g) != 1 for g in statement.groups):
             raise _NoStateError(f"{name} normalizes over several legs or merges legs")
         key = box.normalized[0]
-        causal = [m for m in box.masks if isinstance(m, CausalMask) and m.key == key and self.positional(m.query)]
-        if len(causal) != len(box.masks) or len(box.masks) > 1:
+        positions = [m for m in box.masks if not isinstance(m, PaddingMask)]  # a cache takes no design mask
+        causal = [m for m in positions if isinstance(m, CausalMask) and m.key == key and self.positional(m.query)]
+        if len(causal) != len(positions) or len(positions) > 1:
             raise _NoStateError(f"{name}'s masks are not one causal mask over {key}: no running sum serves them")
         if len([leg for leg in statement.legs if self.positional(leg)]) != 2:
             raise _NoStateError(f"{name} normalizes over {key} without one query position beside it")
@@ -331,7 +332,9 @@ class _Planner:
         outside = set(reader.legs) | {leg for f in rest for leg in f.legs}
         kept = [leg for leg in ref.legs if leg != key]
         kept += [leg for f in beside for leg in f.legs if leg in outside and leg not in kept and leg != key]
-        causal = [CausalFactor((query, key), box.span, query=query, key=key)] if box.masks else []  # else in x
+        causal = [
+            CausalFactor((query, key), box.span, query=query, key=key) for m in box.masks if isinstance(m, CausalMask)
+        ]
 
         def product(factors: list[Expr], legs: list[str]) -> Contraction:
             inner = list(dict.fromkeys(leg for f in factors for leg in f.legs))

@@ -252,6 +252,16 @@ def test_a_normalize_box_causal_through_its_decay_keeps_decayed_states():
     assert set(cache.tensors) == {"A.numerator", "A.denominator"}
 
 
+def test_a_box_with_a_padding_mask_keeps_its_state_since_a_cache_takes_no_design_mask():
+    text = (DESIGNS / "mlk.td").read_text().replace("input X[n: N, f: F]", "input X[n: N, f: F]\nmask pad[m: N]")
+    text = text.replace("normalize[m, eps = 1e-6]", "normalize[m, eps = 1e-6, mask = pad[m]]")
+    module = tdiag.loads(text, F=8, H=2, D=4).with_causal_mask().module(dtype=torch.float64, impl="reference")
+    x = inputs(module)
+    steps, cache = decoded(module, x, [2, 1, 3])
+    assert cache.kind == "state"
+    assert torch.allclose(steps, module(x), atol=TOL, rtol=0)
+
+
 def test_cosformer_at_a_fixed_horizon_keeps_a_state_per_re_weighting():
     """cosFormer's πi/2N re-weights every key as N grows (no state); with the paper's horizon a
     fixed size L, its cos and sin terms each keep a numerator and a denominator."""
