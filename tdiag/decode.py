@@ -24,8 +24,11 @@ Where a score reads the input itself at every key (X[m f] inside it), the input'
 cached too. Where no cached rows serve, the cache keeps the layer's inputs and each step re-runs
 the compiled module over the prefix and the new positions (kind "prefix", O(N) work per new
 position), so decoding stays exact; `cache.reason` says why: a scan along the positions of a
-statement's result, Mamba-2's segment sums, noise drawn over every position at each call. The
-recurrent states of linear and scan designs (O(1) per token) are not built yet.
+statement's result, a convolution along them, noise drawn over every position at each call.
+Before either, a design whose sums over the keys are causal products or causal normalize boxes
+in their linear order (linear attention, RetNet, GLA, Mamba-2, mLSTM) keeps their running sums
+instead (kind "state", O(1) work per new position; tdiag/decode_state.py); where it has none,
+`cache.reason` says that too.
 
 A cache serves one module and one batch shape; a step never updates buffers or draws noise, so a
 design with state updates or training-mode noise decodes in eval mode (`module.eval()`). Masks
@@ -44,6 +47,7 @@ import sympy
 import torch
 from torch import nn
 
+from . import decode_state
 from .graph import DesignGraph
 from .graph.causal import hides_the_future
 from .init import initial_value, numeric_shape
@@ -92,13 +96,24 @@ class DecodeRule:
     reason: str | None = None
     noise: bool = False
     reads_length: bool = False
+    states: tuple[str, ...] = ()
 
 
 class NotDecodableError(ValueError):
     """A module that no cache can serve: not causal, several inputs, no run-time length."""
 
 
-def decode_rule(graph: DesignGraph) -> DecodeRule:
+def decode_rule(graph: DesignGraph, *, state: bool = True) -> DecodeRule:
+    """The decoding rule of a causal design with one input over a run-time length N: its
+    recurrent states (kind "state", tdiag/decode_state.py), else which computed tensors the cache
+    holds ("kv"), or why it must keep the input instead ("prefix"); with `state=False`, the rule
+    the design has without its recurrent state (to compare them). Raises NotDecodableError for a
+    graph no cache can serve."""
+    rule = _rows_rule(graph)
+    return decode_state.with_state(graph, rule) if state else rule
+
+
+def _rows_rule(graph: DesignGraph) -> DecodeRule:
     """The decoding rule of a causal design with one input over a run-time length N: which
     computed tensors the cache holds (kind "kv"), or why it must keep the input instead ("prefix").
     Raises NotDecodableError for a graph no cache can serve."""
@@ -460,6 +475,8 @@ class DecodeCache:
             raise ValueError(f"the cache holds a batch of shape {tuple(self._batch)}; got {tuple(batch)}")
         if self.rule.kind == "prefix":
             return self._prefix_step(x, rank)
+        if self.rule.kind == "state":
+            return decode_state.step(self, _graph_of(self.module), x, batch)
         return self._kv_step(x, rank, batch)
 
     __call__ = extend

@@ -100,7 +100,6 @@ def test_the_designs_that_read_the_length_are_known(decoders):
         ("gpt_neox", ("Kr", "QKV")),  # the fused projection, read at every key for its pass-through part
         ("differential_attention", ("K1", "K2", "V")),
         ("rope_partial", ("Kr", "X", "V")),  # the pass-through scores read the input itself at every key
-        ("retnet", ("Kr", "X")),  # values of width 2D per head: the input is the smaller row
     ],
 )
 def test_softmax_designs_cache_the_smallest_rows_the_attention_reads_at_every_key(name, cached):
@@ -131,13 +130,11 @@ def test_grouped_query_attention_caches_one_key_per_group_not_per_query_head():
 @pytest.mark.parametrize(
     ("name", "why"),
     [
-        ("forgetting_attention", "scans along the positions"),
-        ("mamba2_ssd", "segment sums"),
-        ("mlstm", "segment sums"),
-        ("gla", "segment sums"),
+        ("forgetting_attention", "scans along the positions"),  # and a softmax over the keys: no state either
+        ("multi_token_attention", "convolves along the positions"),
     ],
 )
-def test_designs_with_a_recurrent_state_keep_the_prefix_and_say_why(decoders, name, why):
+def test_designs_without_a_recurrent_state_keep_the_prefix_and_say_why(decoders, name, why):
     cache = DecodeCache(decoders[name])
     assert cache.kind == "prefix"
     assert why in cache.reason
@@ -299,5 +296,5 @@ def test_a_design_causal_through_its_segment_sums_takes_a_cache_as_written():
     x = inputs(module)
     cache = DecodeCache(module)
     steps = [cache.extend(x[:, :PROMPT]), cache.extend(x[:, PROMPT:])]
-    assert cache.kind == "prefix"
+    assert cache.kind == "state"
     assert torch.allclose(torch.cat(steps, 1), module(x), atol=TOL, rtol=0)
