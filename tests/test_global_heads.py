@@ -237,4 +237,4 @@ def test_the_global_head_form_is_credited_with_the_blocks_a_causal_kernel_skips(
     assert (step.kernel_flops is not None) == causal
     if causal:
         dense, skipping = (plan.graph.evaluate(f, **plan.sizes) for f in (step.flops, step.kernel_flops))
-        assert skipping == dense * sympy.Rational(1280, 2048)
+        assert skipping == dense * sympy.Rational(1536, 2048)

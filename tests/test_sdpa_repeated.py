@@ -122,7 +122,7 @@ def test_the_form_is_credited_with_the_blocks_the_kernel_skips(repeated_only):
     plan = causal("mgk", F=256, H=4).plan(N=4096)
     (step,) = [step for step in plan.steps if step.kind == "sdpa"]
     ratio = float(plan.graph.evaluate(step.kernel_flops / step.flops, N=4096))
-    assert ratio == pytest.approx(2 * (8192 + 256) / (2 * 8192))  # M = 2 times the rows, the upper blocks skipped
+    assert ratio == pytest.approx(2 * (8192 + 512) / (2 * 8192))  # M = 2 times the rows, the upper blocks skipped
 
 
 # ---- refusals ----------------------------------------------------------------------------

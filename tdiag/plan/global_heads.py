@@ -49,7 +49,7 @@ import sympy
 
 from ..ir import CausalMask, PaddingMask, SoftmaxBox, TensorRef, walk
 from .base import _Leaf, _value_leaves
-from .program import BATCH, Attention, Expand, Step, Value, causal_kernel_flops, sdpa_query_block, show_legs
+from .program import BATCH, Attention, Expand, Step, Value, causal_kernel_flops, sdpa_causal_block, show_legs
 
 
 @dataclass(frozen=True)
@@ -292,7 +292,7 @@ def emit(ctx, form: GlobalHeads) -> list[_Leaf]:
             paper=entries * (2 * ctx.numel(latent) - 1) + ctx.numel(legs) * (2 * ctx.numel(keys) - 1),
             score_flops=2 * entries * padded,
             score_paper=entries * (2 * ctx.numel(latent) - 1),
-            kernel_flops=causal_kernel_flops(4 * entries * padded, ctx.numel(keys), sdpa_query_block(ctx.numel(keys)))
+            kernel_flops=causal_kernel_flops(4 * entries * padded, ctx.numel(keys), sdpa_causal_block(ctx.numel(keys)))
             if form.causal
             else None,
         )

@@ -805,11 +805,19 @@ def executed_flops(step: Step) -> sympy.Expr:
     return step.flops if step.kernel_flops is None else step.kernel_flops
 
 
-# The CPU flash kernel's query block (ATen native/cpu/FlashAttentionKernel.cpp, torch 2.x: 256
-# rows from 768 queries, 64 from 192, else 32); FlexAttention's block mask (create_block_mask's
-# BLOCK_SIZE). CUDA's flash kernels use 64 to 128 rows.
-def sdpa_query_block(length: sympy.Expr) -> sympy.Expr:
-    return sympy.Piecewise((32, length < 192), (64, length < 768), (256, True))
+# The CPU flash kernel's tiles (ATen native/cpu/FlashAttentionKernel.cpp, torch 2.x): query blocks
+# of 256 rows from 768 queries (64 from 192, else 32) and key blocks of 512 (kv_split_size) at every
+# length. A query block lies within one key block, and under is_causal it visits each key block that
+# starts at or before its last row, whole: the rows of key block j all visit (j + 1)·512 keys, so
+# the kernel skips at the key block's grain (nothing at N ≤ 512). FlexAttention's block mask
+# (create_block_mask's BLOCK_SIZE): 128. CUDA's flash kernels use blocks of 64 to 128.
+SDPA_KEY_BLOCK = 512
+
+
+def sdpa_causal_block(length: sympy.Expr) -> sympy.Expr:
+    """The block at whose grain the CPU flash kernel skips the keys above the diagonal under
+    is_causal over `length` keys (`causal_kernel_flops`'s `block`): its key block."""
+    return sympy.Integer(SDPA_KEY_BLOCK)
 
 
 FLEX_BLOCK = 128
@@ -817,11 +825,13 @@ FLEX_BLOCK = 128
 
 def causal_kernel_flops(flops: sympy.Expr, length: sympy.Expr, block: sympy.Expr) -> sympy.Expr:
     """The FLOPs of a causal attention over `length` queries and keys whose kernel visits, for
-    each block of `block` query rows, only the keys up to the block's last row: L(L + b)/2 of
-    the L² score entries with b = min(block, L) (exact when b divides L; an empty triangle's
-    N(N+1)/2 is the limit b = 1). Measured on torch 2.13's CPU kernel at N=2048, one thread, fwd+bwd: is_causal
-    takes 0.62 of the time without a mask (this formula: 0.56), a boolean triangle given as
-    attn_mask 1.08 (it skips nothing)."""
+    each block of `block` rows, only the keys up to the block's end: L(L + b)/2 of the L² score
+    entries with b = min(block, L) (exact when b divides L; an empty triangle's N(N+1)/2 is the
+    limit b = 1). For the CPU flash kernel b is its key block of 512 (`sdpa_causal_block`):
+    measured on torch 2.13's CPU kernel, one thread, fwd+bwd, is_causal over no mask
+    (docs/results/bench-cpu/time-model, section 9): 1.0 at N = 512, 0.75 at 1024, 0.63 at
+    2048, 0.57 at 4096, as (N + 512)/(2N) gives; a boolean triangle given as attn_mask 1.08 (it
+    skips nothing)."""
     b = sympy.Min(block, length)
     return flops * (length + b) / (2 * length)
 

@@ -30,7 +30,7 @@ from .program import (
     VisibleMask,
     align,
     causal_kernel_flops,
-    sdpa_query_block,
+    sdpa_causal_block,
     show_legs,
 )
 from .sdpa_match import MatchedAttention
@@ -162,7 +162,7 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
             paper=entries * (2 * latent_size - 1) + ctx.numel(legs) * (2 * ctx.numel(keys) - 1),
             score_flops=2 * entries * latent_size,
             score_paper=entries * (2 * latent_size - 1),
-            kernel_flops=causal_kernel_flops(flops * repeat, ctx.numel(keys), sdpa_query_block(ctx.numel(keys)))
+            kernel_flops=causal_kernel_flops(flops * repeat, ctx.numel(keys), sdpa_causal_block(ctx.numel(keys)))
             if causal and visible is None  # with an attn_mask, the triangle is in the mask: no skipping
             else None,
             # a key bias column holds absolute values (FoX's running sum of log-gates grows with the
