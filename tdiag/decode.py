@@ -44,6 +44,7 @@ import sympy
 import torch
 from torch import nn
 
+from .decode_step import chosen_form, form_of
 from .graph import DesignGraph
 from .graph.causal import hides_the_future
 from .init import initial_value, numeric_shape
@@ -119,7 +120,7 @@ def decode_rule(graph: DesignGraph) -> DecodeRule:
             " the earlier outputs; decode its causal form (Design.with_causal_mask())"
         )
     symbol = x.axes[free[0]].size
-    graph = absorbed(graph)
+    graph = chosen_form(graph)
     positional = frozenset(name for name, leg in graph.legs.items() if leg.size == symbol)
     walker = _Requests(graph, positional, symbol)
     for name in graph.outputs:
@@ -425,6 +426,7 @@ class DecodeCache:
         self.numbers, self.expressions, self.constants = prepared.numbers, prepared.expressions, prepared.constants
         self.position_axes, self.sizes = prepared.position_axes, prepared.sizes
         self._batch: torch.Size | None = None
+        self.original_graph = graph
 
     @property
     def kind(self) -> str:
@@ -437,7 +439,10 @@ class DecodeCache:
     def __repr__(self) -> str:
         held = ", ".join(f"{name}{tuple(t.shape)}" for name, t in self.tensors.items()) or "nothing yet"
         why = f"; {self.reason}" if self.reason else ""
-        return f"<tdiag.DecodeCache {self.graph.name}: kind {self.kind}, {self.length} positions, holds {held}{why}>"
+        return (
+            f"<tdiag.DecodeCache {self.graph.name}: kind {self.kind}, {self.length} positions, holds {held}{why}"
+            f"{_form_text(self.original_graph)}>"
+        )
 
     def extend(
         self, x: torch.Tensor, *, module: nn.Module | None = None, **masks: torch.Tensor | None
@@ -540,6 +545,12 @@ class DecodeCache:
         return outputs[0] if len(outputs) == 1 else outputs
 
 
+def _form_text(graph: DesignGraph) -> str:
+    """The form the planner chose for a design with an absorbed form, and its estimates."""
+    form = form_of(graph)
+    return f"; {form}" if form is not None else ""
+
+
 def _check_input(x: object, name: str, module: nn.Module) -> None:
     """A floating-point tensor on the device and of the dtype of the module's parameters (as the
     compiled forward checks its input; autocast may mix the dtypes)."""
@@ -581,7 +592,7 @@ def _prepared(graph: DesignGraph) -> _Prepared:
         rule = decode_rule(graph)
         symbol = graph.sizes[rule.size].symbol
         axes = {name: tuple(a.size == symbol for a in tensor.axes) for name, tensor in graph.tensors.items()}
-        work = absorbed(graph)
+        work = chosen_form(graph)
         entry = _Prepared(None if work is graph else work, rule, axes, known_sizes(graph, {}))
         _PREPARED[id(graph)] = entry
         weakref.finalize(graph, _PREPARED.pop, id(graph), None)
