@@ -44,7 +44,7 @@ import sympy
 import torch
 from torch import nn
 
-from .decode_step import chosen_form, form_of
+from .decode_step import CompiledStep, chosen_form, form_of
 from .graph import DesignGraph
 from .graph.causal import hides_the_future
 from .init import initial_value, numeric_shape
@@ -415,7 +415,7 @@ class DecodeCache:
     `module(x, cache=cache)` or `cache.extend(x)` computes the positions of `x` (its axis of the
     run-time length, any count) after those cached and returns their outputs."""
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, *, compiled: bool | None = None):
         graph = _graph_of(module)
         prepared = _prepared(graph)
         self.module = module
@@ -427,6 +427,9 @@ class DecodeCache:
         self.position_axes, self.sizes = prepared.position_axes, prepared.sizes
         self._batch: torch.Size | None = None
         self.original_graph = graph
+        if compiled is None:  # a module of the reference evaluator steps as it does
+            compiled = getattr(module, "tdiag_plan", None) is not None
+        self.step = CompiledStep(self) if compiled and self.rule.kind == "kv" else None
 
     @property
     def kind(self) -> str:
@@ -441,7 +444,7 @@ class DecodeCache:
         why = f"; {self.reason}" if self.reason else ""
         return (
             f"<tdiag.DecodeCache {self.graph.name}: kind {self.kind}, {self.length} positions, holds {held}{why}"
-            f"{_form_text(self.original_graph)}>"
+            f"{_step_text(self.step)}{_form_text(self.original_graph)}>"
         )
 
     def extend(
@@ -536,6 +539,10 @@ class DecodeCache:
                 f"design '{self.graph.name}' draws noise or updates buffers in training mode, which a decoding step"
                 " does not: decode in eval mode (module.eval())"
             )
+        if self.step is not None and self.step.reason is None:
+            done = self.step.extend(self, x, rank)
+            if done is not None:
+                return done[0] if len(done) == 1 else done
         count = x.shape[self.rule.axis - rank]
         step = _Step(self, x, count)
         outputs = tuple(step.output(name) for name in self.graph.outputs)
@@ -543,6 +550,14 @@ class DecodeCache:
         self.length += count
         self._batch = batch
         return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _step_text(step: CompiledStep | None) -> str:
+    """How a step runs, for the cache's repr (decode_step.py): generated code or the reference
+    evaluator and why."""
+    if step is None:
+        return ""
+    return "; steps by generated code" if step.reason is None else f"; steps by the reference evaluator: {step.reason}"
 
 
 def _form_text(graph: DesignGraph) -> str:

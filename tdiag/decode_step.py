@@ -636,10 +636,10 @@ class CompiledStep:
     def _bound(self, module: torch.nn.Module):
         """Instances of the programs' classes holding `module`'s parameters, buffers and constants
         (the same tensors, not copies), made once per module."""
+        like = next(iter(module.parameters()), None)
+        kwargs = {} if like is None else {"dtype": like.dtype, "device": like.device}
         known = self.programs.modules.get(module)
-        if known is None:
-            like = next(iter(module.parameters()), None)
-            kwargs = {} if like is None else {"dtype": like.dtype, "device": like.device}
+        if known is None or known[0] != kwargs:  # made anew after module.to(dtype or device)
             made = []
             assert self.programs.classes is not None
             for cls in self.programs.classes:
@@ -649,11 +649,11 @@ class CompiledStep:
                 instance = cls(**kwargs).eval()
                 instance.tdiag_source = cls.tdiag_generated[0]
                 made.append(instance)
-            known = self.programs.modules[module] = tuple(made)
-        for instance in known:
+            known = self.programs.modules[module] = (kwargs, tuple(made))
+        for instance in known[1]:
             if instance is not None:
                 _share(module, instance)
-        return known
+        return known[1]
 
     def extend(self, cache: Any, x: torch.Tensor, rank: int) -> tuple[torch.Tensor, ...] | None:
         """The outputs at the positions of `x` after the cached ones, the cache extended; None
