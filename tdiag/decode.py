@@ -16,9 +16,11 @@ layer's output) that a later statement reads at every position. Such a tensor is
 computes its new rows from the new inputs only and appends them (kind "kv"). Tensors made of
 positions alone (`index(n)`, RoPE's angles, ALiBi's and T5's biases, a table sliced at
 `n: N`) are computed at the absolute positions each use reads, and causal and window masks
-compare absolute positions, so query t sits at position P + t. A step is evaluated as the
-reference evaluator does (tdiag/reference.py: einsum on materialized tensors, here one row of
-scores per new query), which is exact and cheap for a few new positions against the cache.
+compare absolute positions, so query t sits at position P + t. A step of a compiled module
+runs generated code: its rows and attention programs, planned and printed like any design
+(tdiag/decode_step.py); what those do not take, and every step of an `impl="reference"` module,
+is evaluated as the reference evaluator does (tdiag/reference.py: einsum on materialized
+tensors, here one row of scores per new query), with the same answer.
 
 Where a score reads the input itself at every key (X[m f] inside it), the input's rows are
 cached too. Where no cached rows serve, the cache keeps the layer's inputs and each step re-runs
@@ -141,8 +143,9 @@ def absorbed(graph: DesignGraph) -> DesignGraph:
     parameters and constants beside D; MLA's per-head keys and values of its latent), S's
     factors are put in its place in the reader's product, so that the frontier, and what the
     cache holds, is D, and the step contracts the new queries with the weights first (the
-    absorbed form, in the order opt_einsum picks for one query). Size decides: the cache keeps the
-    fewer entries per position (what a decoding step reads from memory)."""
+    absorbed form). It is offered where the cache would keep fewer entries per position (what a
+    decoding step reads from memory), and taken where the planner's time model finds a step
+    cheaper in it (decode_step.chosen_form)."""
     symbol = _length_symbol(graph)
     if symbol is None:
         return graph

@@ -49,10 +49,10 @@ import sympy
 from .errors import Span
 from .graph import DesignGraph
 from .graph.dataflow import _dataflow_graph
+from .graph.sizes import size_symbol
 from .ir import (
     Axis,
     CausalFactor,
-    CausalMask,
     Contraction,
     Expr,
     Gather,
@@ -72,6 +72,8 @@ from .names import BUILTINS, GENERATED
 
 if TYPE_CHECKING:
     import torch
+
+    from .decode import DecodeCache, DecodeRule
 
 __all__ = ["CompiledStep", "DecodeForm", "NotCompiledError", "decode_form", "step_graphs"]
 
@@ -101,6 +103,7 @@ class StepGraphs:
     inputs: tuple[str, ...]
     rows_inputs: tuple[str, ...]
     cached_inputs: Mapping[str, str]
+    windows: Mapping[str, int] = field(default_factory=dict)
 
 
 def _fresh(stem: str, taken: set[str]) -> str:
@@ -163,14 +166,14 @@ class _Builder:
     """One graph of a step: the statements `requests` reach from the given tensors, over the
     position legs' roles (NEW: the new positions, T; ALL: every position, M)."""
 
-    def __init__(self, work: DesignGraph, rule, symbol: sympy.Symbol, sizes: Mapping[str, Size], stop: set[str]):
+    def __init__(self, work: DesignGraph, rule: DecodeRule, symbol: sympy.Symbol, stop: set[str]):
         self.work, self.rule, self.symbol, self.stop = work, rule, symbol, stop
-        self.step_sizes = sizes
         self.labels: dict[str, tuple] = {}  # tensor -> the rows it is computed at
         self.roles: dict[str, str] = {}  # position leg -> NEW or ALL
         self.order: list[str] = []
         self.cached_reads: dict[str, str] = {}  # a cached tensor read at every position -> its input's name
         self.index_read = False
+        self.windows: dict[str, int] = {}  # a window's key mask input -> the window's width before
 
     def role(self, leg: str, role: str) -> None:
         if self.roles.setdefault(leg, role) != role:
@@ -210,10 +213,8 @@ class _Builder:
         for leg, label in legs.items():
             self.role(leg, label)
         for node in walk(statement.expr):
-            if isinstance(node, WindowMask | WindowFactor) or any(
-                isinstance(m, WindowMask) for m in getattr(node, "masks", ())
-            ):
-                raise NotCompiledError(f"{name} has a window: it hides keys a last position does not see")
+            if isinstance(node, WindowFactor):
+                raise NotCompiledError(f"{name} multiplies by a window (a map's window mask)")
             if isinstance(node, PositionIndex) and self.roles.get(node.leg) == NEW:
                 self.index_read = True
             if isinstance(node, TensorRef):
@@ -232,7 +233,14 @@ class _Builder:
         self.request(ref.name, tuple(labels))
 
 
-def _rule_of(work: DesignGraph):
+def _fresh_name(stem: str, work: DesignGraph, *more) -> str:
+    taken = {*work.sizes, *work.tensors, *work.legs, *GENERATED, *BUILTINS}
+    for names in more:
+        taken |= {names} if isinstance(names, str) else set(names)
+    return _fresh(stem, taken)
+
+
+def _rule_of(work: DesignGraph) -> DecodeRule | None:
     """The decoding rule of a graph as given (its cached tensors and key legs), without taking
     its absorbed form (decode.decode_rule takes the form `decode_form` chooses)."""
     from .decode import DecodeRule, _length_symbol, _Requests
@@ -251,7 +259,7 @@ def _rule_of(work: DesignGraph):
     )
 
 
-def step_graphs(work: DesignGraph, rule=None) -> StepGraphs:
+def step_graphs(work: DesignGraph, rule: DecodeRule | None = None) -> StepGraphs:
     """The rows and attention graphs of a step of `work` (a causal design of one input, or its
     absorbed form) under `rule` (its decoding rule, of kind "kv"). Raises NotCompiledError with the
     reason where the programs cannot take it."""
@@ -263,8 +271,7 @@ def step_graphs(work: DesignGraph, rule=None) -> StepGraphs:
     symbol = work.sizes[rule.size].symbol
     taken = {*work.sizes, *work.tensors, *work.legs, *GENERATED, *BUILTINS}
     t_name, m_name, p_name = _fresh("T", taken), _fresh("M", taken), _fresh("P", taken)
-    t_sym, m_sym, p_sym = sympy.Symbol(t_name, positive=True), sympy.Symbol(m_name, positive=True), None
-    p_sym = sympy.Symbol(p_name, positive=True)
+    t_sym, m_sym, p_sym = (size_symbol(name) for name in (t_name, m_name, p_name))
     span = work.sizes[rule.size].span
     sizes = {name: s for name, s in work.sizes.items() if name != rule.size}
     sizes[t_name] = Size(t_name, t_sym, None, span)
@@ -274,7 +281,7 @@ def step_graphs(work: DesignGraph, rule=None) -> StepGraphs:
     names = {"T": t_name, "M": m_name, "P": p_name}
 
     cached = tuple(rule.cached)
-    attend = _Builder(work, rule, symbol, sizes, set(cached))
+    attend = _Builder(work, rule, symbol, set(cached))
     for name in work.outputs:
         tensor = work.tensors[name]
         attend.request(name, tuple(NEW if a.size == symbol else None for a in tensor.axes))
@@ -286,7 +293,7 @@ def step_graphs(work: DesignGraph, rule=None) -> StepGraphs:
     derived = [name for name in cached if work.tensors[name].kind == "derived"]
     rows_graph = None
     if derived:
-        rows = _Builder(work, rule, symbol, sizes, set())
+        rows = _Builder(work, rule, symbol, set())
         for name in derived:
             tensor = work.tensors[name]
             rows.request(name, tuple(NEW if a.size == symbol else None for a in tensor.axes))
@@ -297,7 +304,9 @@ def step_graphs(work: DesignGraph, rule=None) -> StepGraphs:
         )
     inputs = tuple(t.name for t in attend_graph.inputs)
     rows_inputs = tuple(t.name for t in rows_graph.inputs) if rows_graph is not None else (x,)
-    return StepGraphs(attend_graph, rows_graph, cached, names, positions_name, inputs, rows_inputs, cached_inputs)
+    return StepGraphs(
+        attend_graph, rows_graph, cached, names, positions_name, inputs, rows_inputs, cached_inputs, attend.windows
+    )
 
 
 def _graph(
@@ -369,12 +378,23 @@ def _graph(
                 node = dataclasses.replace(node, position=_offset_position(node.position, roles, p))
         masks = getattr(node, "masks", None)
         if masks:
-            for mask in masks:
-                if isinstance(mask, PaddingMask) and mask.tensor.name in cached_inputs:
-                    raise NotCompiledError("a mask over cached rows")
-            kept = tuple(mask for mask in masks if not isinstance(mask, CausalMask | PaddingMask))
+            kept = tuple(_window_keys(mask) for mask in masks if isinstance(mask, WindowMask))
             node = dataclasses.replace(node, masks=kept)
         return _substituted(node, subs)
+
+    windows: dict[sympy.Expr, str] = {}
+
+    def _window_keys(mask: WindowMask) -> PaddingMask:
+        """A window at one new position (the last, P = M − 1) as a mask over the keys: it sees
+        the keys after P − before (none after it is cached yet), given as an input at each step."""
+        if outputs is not None or roles.get(mask.query) != NEW or roles.get(mask.key) != ALL:
+            raise NotCompiledError("a window over other than the new positions and every key")
+        if mask.before not in windows:
+            windows[mask.before] = _fresh_name("window", work, positions_name, windows.values())
+            tensors[windows[mask.before]] = Tensor(windows[mask.before], "mask", (Axis(mask.key, m),), mask.span)
+            built.windows[windows[mask.before]] = int(work.evaluate(mask.before))
+        ref = TensorRef((mask.key,), mask.span, windows[mask.before], ((mask.key,),))
+        return PaddingMask(ref, mask.span)
 
     def _ref(ref: TensorRef) -> TensorRef:
         tensor = work.tensors[ref.name]
@@ -545,6 +565,7 @@ class _Programs:
 
     form: DecodeForm | None
     graphs: StepGraphs | None = None
+    mask_arguments: dict[str, str] = field(default_factory=dict)  # a window's key mask -> its keyword
     classes: tuple[type, type | None] | None = None
     reason: str | None = None
     modules: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
@@ -587,7 +608,7 @@ def form_of(graph: DesignGraph) -> DecodeForm | None:
     return _FORMS.get(id(graph))
 
 
-def _programs(graph: DesignGraph, work: DesignGraph, rule) -> _Programs:
+def _programs(graph: DesignGraph, work: DesignGraph, rule: DecodeRule) -> _Programs:
     def make() -> _Programs:
         from .codegen import generate
         from .module import compile_source
@@ -606,6 +627,7 @@ def _programs(graph: DesignGraph, work: DesignGraph, rule) -> _Programs:
                 continue
             plan = _planned(part, at)
             classes.append(compile_source(generate(plan), part.name))
+            programs.mask_arguments.update({t.name: plan.names[t.name] for t in part.tensors_of_kind("mask")})
         programs.graphs, programs.classes = graphs, (classes[0], classes[1])
         return programs
 
@@ -617,7 +639,7 @@ class CompiledStep:
     `reason` is None where they serve it, else why the cache evaluates its steps with the
     reference evaluator. `source` gives the generated text of both programs."""
 
-    def __init__(self, cache: Any):
+    def __init__(self, cache: DecodeCache):
         graph = cache.original_graph
         self.programs = _programs(graph, cache.graph, cache.rule)
         self.module = cache.module
@@ -655,7 +677,7 @@ class CompiledStep:
                 _share(module, instance)
         return known[1]
 
-    def extend(self, cache: Any, x: torch.Tensor, rank: int) -> tuple[torch.Tensor, ...] | None:
+    def extend(self, cache: DecodeCache, x: torch.Tensor, rank: int) -> tuple[torch.Tensor, ...] | None:
         """The outputs at the positions of `x` after the cached ones, the cache extended; None
         for several new positions after cached ones of a design that reads the length (the
         reference step computes them together at N = P + T, which one-position steps do not)."""
@@ -679,10 +701,15 @@ class CompiledStep:
         assert graphs is not None and self.attend is not None
         named = {graphs.inputs[0]: x, graphs.positions: self._positions(cache.length - count, count, x)}
         named.update({graphs.cached_inputs[name]: rows[name] for name in graphs.cached})
-        outputs = self.attend(*(named[name] for name in graphs.inputs))
+        length = cache.length
+        keys = torch.arange(length, device=x.device)
+        windows = {
+            self.programs.mask_arguments[name]: keys > length - 1 - before for name, before in graphs.windows.items()
+        }
+        outputs = self.attend(*(named[name] for name in graphs.inputs), **windows)
         return outputs if isinstance(outputs, tuple) else (outputs,)
 
-    def _output_axis(self, cache: Any, name: str) -> int:
+    def _output_axis(self, cache: DecodeCache, name: str) -> int:
         axes = cache.position_axes[name]
         return axes.index(True) - len(axes)
 
@@ -695,7 +722,7 @@ class CompiledStep:
         like = next(iter(self.module.parameters()), None)
         return like.dtype if like is not None else x.dtype
 
-    def _append(self, cache: Any, x: torch.Tensor, dim: int, count: int) -> dict[str, torch.Tensor]:
+    def _append(self, cache: DecodeCache, x: torch.Tensor, dim: int, count: int) -> dict[str, torch.Tensor]:
         """The cached rows with those of `x`'s positions appended (computed by the rows program)."""
         import torch
 
