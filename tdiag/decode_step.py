@@ -16,13 +16,15 @@ T and M are run-time sizes of the generated code (bound from the inputs' shapes)
 serves every length; `index(n)` of a new position is read from an input of absolute positions
 P .. P + T − 1, and a gather's address or a table's slice along a new position is offset by
 P = M − T. The design's causal masks are dropped from the attention program, which is exact
-for one new position (it sees every key so far): a step of T > 1 positions after cached ones
-runs as T steps of one, and the first step of an empty cache runs the module's own compiled
-causal forward and the rows program. Where a design needs what these programs do not take (a
-window, which hides keys that a last position does not see; a position-only tensor read over
-both the new and every position; a leg that is a query in one statement and a key in another),
-`CompiledStep.reason` says so and the cache evaluates the step with the reference evaluator, as
-before: the answer is the same either way (tests/test_decode_step.py).
+for one new position (it sees every key so far), and a window becomes a mask over the keys given
+at each step (the keys after P − W): a step of T > 1 positions after cached ones runs as T steps
+of one, and the first step of an empty cache runs the module's own compiled causal forward and
+the rows program. Where a design needs what these programs do not take (noise drawn over the
+positions; a map's window factor; a position-only tensor read over both the new and every
+position; a cached tensor also read at the new positions alone; a leg that is a query in one
+statement and a key in another), `CompiledStep.reason` says so and the cache evaluates the step
+with the reference evaluator, as before: the answer is the same either way
+(tests/test_decode_step.py).
 
 The form (`decode_form`): where a statement reads at every key a linear map of a smaller
 per-position tensor (MLA's per-head keys and values of its latent, decode.absorbed), the step can
@@ -699,13 +701,14 @@ class CompiledStep:
         rows = self._append(cache, x, dim, count)
         graphs = self.programs.graphs
         assert graphs is not None and self.attend is not None
-        named = {graphs.inputs[0]: x, graphs.positions: self._positions(cache.length - count, count, x)}
-        named.update({graphs.cached_inputs[name]: rows[name] for name in graphs.cached})
-        length = cache.length
-        keys = torch.arange(length, device=x.device)
-        windows = {
-            self.programs.mask_arguments[name]: keys > length - 1 - before for name, before in graphs.windows.items()
-        }
+        named = {graphs.inputs[0]: x, **{graphs.cached_inputs[name]: rows[name] for name in graphs.cached}}
+        if graphs.positions in graphs.inputs:
+            named[graphs.positions] = self._positions(cache.length - count, count, x)
+        windows = {}
+        if graphs.windows:
+            keys = torch.arange(cache.length, device=x.device)
+            for name, before in graphs.windows.items():  # the keys after P − before, P = length − 1
+                windows[self.programs.mask_arguments[name]] = keys > cache.length - 1 - before
         outputs = self.attend(*(named[name] for name in graphs.inputs), **windows)
         return outputs if isinstance(outputs, tuple) else (outputs,)
 
