@@ -19,12 +19,12 @@ P = M − T. The design's causal masks are dropped from the attention program, w
 for one new position (it sees every key so far), and a window becomes a mask over the keys given
 at each step (the keys after P − W): a step of T > 1 positions after cached ones runs as T steps
 of one, and the first step of an empty cache runs the module's own compiled causal forward and
-the rows program. Where a design needs what these programs do not take (noise drawn over the
-positions; a map's window factor; a position-only tensor read over both the new and every
-position; a cached tensor also read at the new positions alone; a leg that is a query in one
-statement and a key in another), `CompiledStep.reason` says so and the cache evaluates the step
-with the reference evaluator, as before: the answer is the same either way
-(tests/test_decode_step.py).
+the rows program; noise is zero, as in the eval mode a cache of a noisy design needs. Where a
+design needs what these programs do not take (a map's window factor; a position-only tensor read
+over both the new and every position; a cached tensor also read at the new positions alone; a
+leg that is a query in one statement and a key in another), `CompiledStep.reason` says so and
+the cache evaluates the step with the reference evaluator, as before: the answer is the same
+either way (tests/test_decode_step.py).
 
 The form (`decode_form`): where a statement reads at every key a linear map of a smaller
 per-position tensor (MLA's per-head keys and values of its latent, decode.absorbed), the step can
@@ -176,6 +176,7 @@ class _Builder:
         self.cached_reads: dict[str, str] = {}  # a cached tensor read at every position -> its input's name
         self.index_read = False
         self.windows: dict[str, int] = {}  # a window's key mask input -> the window's width before
+        self.randoms: list[str] = []  # noise over positions
 
     def role(self, leg: str, role: str) -> None:
         if self.roles.setdefault(leg, role) != role:
@@ -194,16 +195,17 @@ class _Builder:
                 self.cached_reads.setdefault(name, name)
             return
         if name in self.stop:
-            raise NotCompiledError(f"cached {name} is read at the new positions only")
+            raise NotCompiledError(f"cached {name} is read at the new positions alone")
         if tensor.kind in ("param", "const", "buffer", "mask"):
             return
-        if tensor.kind == "random":
-            raise NotCompiledError(f"noise {name} is drawn over positions")
         if name in self.labels:
             if self.labels[name] != labels:
                 raise NotCompiledError(f"{name} is read at the new positions and at every position")
             return
         self.labels[name] = labels
+        if tensor.kind == "random":  # zero in a step, as in the eval-mode forward a cache needs
+            self.randoms.append(name)
+            return
         statement = tensor.statement
         assert statement is not None
         legs = {}
@@ -307,7 +309,15 @@ def step_graphs(work: DesignGraph, rule: DecodeRule | None = None) -> StepGraphs
     inputs = tuple(t.name for t in attend_graph.inputs)
     rows_inputs = tuple(t.name for t in rows_graph.inputs) if rows_graph is not None else (x,)
     return StepGraphs(
-        attend_graph, rows_graph, cached, names, positions_name, inputs, rows_inputs, cached_inputs, attend.windows
+        attend_graph,
+        rows_graph,
+        cached,
+        names,
+        positions_name,
+        inputs,
+        rows_inputs,
+        cached_inputs,
+        attend.windows,
     )
 
 
@@ -358,6 +368,13 @@ def _graph(
             tuple(Axis(a.leg, m) if a.size == symbol else a for a in source.axes),
             source.span,
         )
+    for noise in built.randoms:
+        source = work.tensors[noise]
+        labels = built.labels[noise]
+        axes = tuple(
+            Axis(a.leg, by_role[lab]) if lab is not None else a for a, lab in zip(source.axes, labels, strict=True)
+        )
+        tensors[noise] = dataclasses.replace(source, axes=axes)
     uses_index: list[str] = []
 
     def rewrite(node: Expr) -> Expr:
@@ -402,6 +419,7 @@ def _graph(
         tensor = work.tensors[ref.name]
         if tensor.kind == "input" and ref.name in cached_inputs and any(roles.get(g[0]) == ALL for g in ref.groups):
             ref = dataclasses.replace(ref, name=cached_inputs[ref.name])
+
         if ref.is_sliced:
             slices, offsets = list(ref.slices), list(ref.offsets) or [sympy.Integer(0)] * len(ref.slices)
             for k, group in enumerate(ref.groups):
