@@ -166,6 +166,16 @@ def test_the_compiled_step_runs_under_torch_compile():
         assert (eager - module(x[:, :4])[:, 3:]).abs().max().item() < TOL
 
 
+def test_a_module_under_torch_compile_decodes_with_its_cache():
+    module = compiled("mhsa")
+    traced = torch.compile(module, backend="eager")
+    cache = module.new_cache()
+    x = sequence(module)
+    with torch.no_grad():
+        steps = [traced(x[:, :2], cache=cache)] + [traced(x[:, k : k + 1], cache=cache) for k in range(2, x.shape[1])]
+        assert (torch.cat(steps, 1) - module(x)).abs().max().item() < TOL
+
+
 @pytest.fixture(scope="module")
 def mla() -> tdiag.Design:
     return tdiag.load(DESIGNS / "deepseek_mla.td").with_causal_mask()
