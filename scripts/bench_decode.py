@@ -21,6 +21,7 @@ import torch
 
 import tdiag
 from tdiag.decode import DecodeCache
+from tdiag.decode_step import form_of, pin_form
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,6 +54,40 @@ def spread(values: list[float]) -> str:
     return f"{values[len(values) // 2]:.2f} ({values[0]:.2f}-{values[-1]:.2f})"
 
 
+def compare_forms(args: argparse.Namespace) -> None:
+    """The compiled step with the plain and the absorbed form pinned (decode_step.pin_form), in
+    turn within each round; the planner's choice and estimates beside."""
+    total = args.prompt + args.new
+    for name in args.designs:
+        modules = {}
+        for form in ("plain", "absorbed"):
+            design = tdiag.load(ROOT / "designs" / f"{name}.td", F=args.width, H=args.heads).with_causal_mask()
+            if form_of(design.graph) is None:
+                break
+            chosen = form_of(design.graph)
+            pin_form(design.graph, form)
+            modules[form] = design.module(N=total).eval()
+        if not modules:
+            print(f"{name:<13} has no absorbed form")
+            continue
+        x = torch.randn(1, total, args.width, generator=torch.Generator().manual_seed(0))
+        times: dict[str, list[float]] = {form: [] for form in modules}
+        with torch.no_grad():
+            outputs = [with_cache(module, x, args.prompt) for module in modules.values()]  # same seed: same weights
+            difference = (outputs[0] - outputs[-1]).abs().max().item()
+            assert difference < 1e-4, (name, difference)
+            for round_ in range(args.repeat):
+                for form in list(modules)[round_ % 2 :] + list(modules)[: round_ % 2]:
+                    times[form].append(timed(with_cache, modules[form], x, args.prompt) / args.new)
+        ratio = spread([p / a for a, p in zip(times["absorbed"], times["plain"], strict=True)])
+        print(
+            f"{name:<13} "
+            + "  ".join(f"{form} {spread([1e3 * t for t in times[form]])} ms" for form in modules)
+            + f"  | plain/absorbed {ratio}  [{chosen}]",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--designs", nargs="+", default=["mhsa", "llama", "deepseek_mla"])
@@ -61,6 +96,9 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--new", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--forms", action="store_true", help="for a design with an absorbed form: the compiled step in each form"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     total = args.prompt + args.new
@@ -68,6 +106,9 @@ def main() -> None:
         f"F={args.width} H={args.heads}, batch 1, float32, prompt {args.prompt}, {args.new} new positions one at"
         f" a time; per-token ms of the new positions (prompt included) median (min-max) over {args.repeat} rounds"
     )
+    if args.forms:
+        compare_forms(args)
+        return
     for name in args.designs:
         design = tdiag.load(ROOT / "designs" / f"{name}.td", F=args.width, H=args.heads).with_causal_mask()
         module = design.module(N=total).eval()

@@ -511,6 +511,7 @@ class DecodeForm:
     queries: int
     past: int
     costs: tuple[FormCost, ...]
+    pinned: bool = False  # set by `pin_form`, not chosen
 
     def __str__(self) -> str:
         where = f"a forward over N = {self.queries}" if self.past == 0 else f"T = {self.queries} after P = {self.past}"
@@ -518,7 +519,8 @@ class DecodeForm:
             f"{c.form} {c.seconds * 1e3:.3g} ms (caches {', '.join(c.cached)}: {c.width} per position)"
             for c in self.costs
         ]
-        return f"{self.form} form at {where}: " + "; ".join(parts)
+        chosen = f"{self.form} form pinned (the planner's choice" if self.pinned else f"{self.form} form"
+        return f"{chosen} at {where}: " + "; ".join(parts) + (")" if self.pinned else "")
 
 
 def _width(work: DesignGraph, cached: tuple[str, ...], symbol: sympy.Symbol) -> int:
@@ -620,6 +622,18 @@ def chosen_form(graph: DesignGraph) -> DesignGraph:
 
     form = _remembered(_FORMS, graph, choose)
     return other if form is None or form.form == "absorbed" else graph
+
+
+def pin_form(graph: DesignGraph, form: str) -> None:
+    """Make the caches of `graph` take `form` ("plain" or "absorbed") instead of the planner's
+    choice, to measure one against the other (scripts/bench_decode.py `--forms`); before the
+    first cache of `graph` is made, since the rule is read once per design graph."""
+    if form not in ("plain", "absorbed"):
+        raise ValueError(f"form must be 'plain' or 'absorbed', got {form!r}")
+    chosen = form_of(graph)
+    if chosen is None:
+        raise ValueError(f"design '{graph.name}' has no absorbed form")
+    _FORMS[id(graph)] = dataclasses.replace(chosen, form=form, pinned=True)
 
 
 def form_of(graph: DesignGraph) -> DecodeForm | None:
