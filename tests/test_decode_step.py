@@ -9,7 +9,7 @@ from test_decode import causal
 
 import tdiag
 from tdiag.decode import DecodeCache, NotDecodableError
-from tdiag.decode_step import decode_form, step_graphs
+from tdiag.decode_step import decode_form, pin_form, step_graphs
 
 TOL = 1e-10
 CHUNKS = [2, 1, 2, 1]  # a prompt, one position, two at once after cached ones, one more
@@ -203,3 +203,21 @@ def test_the_cache_shows_the_form_and_its_estimates(mla):
     assert cache.rule.cached == ("Ckn", "KRr")
     assert "absorbed form at T = 1 after P = 1023" in repr(cache)
     assert cache.step.reason is None
+
+
+def test_a_pinned_form_replaces_the_planners_choice_and_says_so():
+    design = tdiag.load(DESIGNS / "deepseek_mla.td", F=64, H=4).with_causal_mask()
+    pin_form(design.graph, "plain")
+    module = design.module(dtype=torch.float64).eval()
+    cache = module.new_cache()
+    assert cache.rule.cached == ("KN", "KRr", "Vh")
+    assert "plain form pinned (the planner's choice" in repr(cache)
+    x = torch.randn(1, 4, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        steps = torch.cat([cache.extend(x[:, :2]), cache.extend(x[:, 2:3]), cache.extend(x[:, 3:4])], 1)
+        assert (steps - module(x)).abs().max().item() < TOL
+
+
+def test_pinning_an_unknown_form_is_refused():
+    with pytest.raises(ValueError, match="form must be 'plain' or 'absorbed'"):
+        pin_form(causal("llama").graph, "latent")
