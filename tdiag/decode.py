@@ -46,7 +46,7 @@ import sympy
 import torch
 from torch import nn
 
-from .decode_step import CompiledStep, chosen_form, form_of
+from .decode_step import CompiledStep, chosen_form, step_summary
 from .graph import DesignGraph
 from .graph.causal import hides_the_future
 from .init import initial_value, numeric_shape
@@ -447,7 +447,7 @@ class DecodeCache:
         why = f"; {self.reason}" if self.reason else ""
         return (
             f"<tdiag.DecodeCache {self.graph.name}: kind {self.kind}, {self.length} positions, holds {held}{why}"
-            f"{_step_text(self.step)}{_form_text(self.original_graph)}>"
+            f"{step_summary(self)}>"
         )
 
     def extend(
@@ -553,20 +553,6 @@ class DecodeCache:
         self.length += count
         self._batch = batch
         return outputs[0] if len(outputs) == 1 else outputs
-
-
-def _step_text(step: CompiledStep | None) -> str:
-    """How a step runs, for the cache's repr (decode_step.py): generated code or the reference
-    evaluator and why."""
-    if step is None:
-        return ""
-    return "; steps by generated code" if step.reason is None else f"; steps by the reference evaluator: {step.reason}"
-
-
-def _form_text(graph: DesignGraph) -> str:
-    """The form the planner chose for a design with an absorbed form, and its estimates."""
-    form = form_of(graph)
-    return f"; {form}" if form is not None else ""
 
 
 def _check_input(x: object, name: str, module: nn.Module) -> None:

@@ -786,6 +786,18 @@ class CompiledStep:
         return rows
 
 
+def step_summary(cache: DecodeCache) -> str:
+    """How a cache's steps run and, for a design with an absorbed form, the form taken with its
+    estimates: the end of the cache's repr."""
+    step, form = cache.step, form_of(cache.original_graph)
+    text = ""
+    if step is not None:
+        text = (
+            "; steps by generated code" if step.reason is None else f"; steps by the reference evaluator: {step.reason}"
+        )
+    return text + (f"; {form}" if form is not None else "")
+
+
 def _share(module: torch.nn.Module, instance: torch.nn.Module) -> None:
     """Point `instance`'s parameters and buffers at `module`'s of the same names."""
     for table in ("_parameters", "_buffers"):
