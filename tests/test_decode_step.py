@@ -28,7 +28,7 @@ def built(name: str) -> tuple[torch.nn.Module, torch.nn.Module] | None:
             reference = design.module(dtype=torch.float64, impl="reference").eval()
             try:
                 if DecodeCache(reference).kind == "kv":
-                    module = design.module(dtype=torch.float64).eval()
+                    module = design.module(dtype=torch.float64, objective="flops").eval()  # planned faster
                     reference.load_state_dict(module.state_dict())
                     pair = module, reference
             except NotDecodableError:
@@ -198,7 +198,7 @@ def test_mla_training_forward_stays_plain(mla):
 
 
 def test_the_cache_shows_the_form_and_its_estimates(mla):
-    module = mla.module(dtype=torch.float64)
+    module = mla.module(dtype=torch.float64, objective="flops")
     cache = module.new_cache()
     assert cache.rule.cached == ("Ckn", "KRr")
     assert "absorbed form at T = 1 after P = 1023" in repr(cache)
