@@ -32,11 +32,12 @@ cache either the mapped rows (the plain form) or the smaller tensor, with the ma
 multiplied into the query and the output (the absorbed form, DeepSeek-V2 Sec. 2.1). Each form's
 two programs are planned at the step's sizes and priced by the planner's one time model
 (plan/timing.py `plan_time`: a roofline of FLOPs and bytes moved on the planning device), and the
-cheaper is taken: for one query against a long cache reading the cache dominates (memory traffic,
-not FLOPs), and the absorbed form reads the fewer entries per position; over a whole sequence
-(T = N new positions, nothing cached: the training forward, both forms planned as whole forward
-passes) the absorbed form multiplies every score by the latent's width instead of the head's,
-and the plain form is cheaper."""
+cheaper is taken, the plain form on a tie: for one query against a long cache reading the cache
+dominates (memory traffic, not FLOPs), and the absorbed form reads the fewer entries per
+position; over a whole sequence (T = N new positions; with nothing cached, the training forward,
+both forms planned as whole forward passes) the planner contracts the latent with the weights
+first in either form, its cheaper order at N × N, so the forms cost the same or the absorbed one
+a little more, and the plain form is kept."""
 
 from __future__ import annotations
 
