@@ -175,7 +175,6 @@ class _Builder:
         self.roles: dict[str, str] = {}  # position leg -> NEW or ALL
         self.order: list[str] = []
         self.cached_reads: dict[str, str] = {}  # a cached tensor read at every position -> its input's name
-        self.index_read = False
         self.windows: dict[str, int] = {}  # a window's key mask input -> the window's width before
         self.randoms: list[str] = []  # noise over positions
 
@@ -220,8 +219,6 @@ class _Builder:
         for node in walk(statement.expr):
             if isinstance(node, WindowFactor):
                 raise NotCompiledError(f"{name} multiplies by a window (a map's window mask)")
-            if isinstance(node, PositionIndex) and self.roles.get(node.leg) == NEW:
-                self.index_read = True
             if isinstance(node, TensorRef):
                 self.ref(node, legs)
         self.order.append(name)
