@@ -544,8 +544,7 @@ class DecodeCache:
             )
         if self.step is not None and self.step.reason is None:
             done = self.step.extend(self, x, rank)
-            if done is not None:
-                return done[0] if len(done) == 1 else done
+            return done[0] if len(done) == 1 else done
         count = x.shape[self.rule.axis - rank]
         step = _Step(self, x, count)
         outputs = tuple(step.output(name) for name in self.graph.outputs)

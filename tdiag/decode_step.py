@@ -15,16 +15,15 @@ through codegen's one door:
 T and M are run-time sizes of the generated code (bound from the inputs' shapes), so one program
 serves every length; `index(n)` of a new position is read from an input of absolute positions
 P .. P + T − 1, and a gather's address or a table's slice along a new position is offset by
-P = M − T. The design's causal masks are dropped from the attention program, which is exact
-for one new position (it sees every key so far), and a window becomes a mask over the keys given
-at each step (the keys after P − W): a step of T > 1 positions after cached ones runs as T steps
-of one, and the first step of an empty cache runs the module's own compiled causal forward and
-the rows program; noise is zero, as in the eval mode a cache of a noisy design needs. Where a
-design needs what these programs do not take (a map's window factor; a position-only tensor read
-over both the new and every position; a cached tensor also read at the new positions alone; a
-leg that is a query in one statement and a key in another), `CompiledStep.reason` says so and
-the cache evaluates the step with the reference evaluator, as before: the answer is the same
-either way (tests/test_decode_step.py).
+P = M − T. The design's causal masks and windows compare absolute positions, so each becomes a
+mask input over its query and key legs made at each step (`PositionMask`; a causal mask of one
+new position against every key hides nothing and is left out), and the first step of an empty
+cache runs the module's own compiled causal forward and the rows program; noise is zero, as in
+the eval mode a cache of a noisy design needs. Where a design needs what these programs do not
+take (a position-only tensor read over both the new and every position; a cached tensor also
+read at the new positions alone; a leg that is a query in one statement and a key in another),
+`CompiledStep.reason` says so and the cache evaluates the step with the reference evaluator, as
+before: the answer is the same either way (tests/test_decode_step.py).
 
 The form (`decode_form`): where a statement reads at every key a linear map of a smaller
 per-position tensor (MLA's per-head keys and values of its latent, decode.absorbed), the step can
@@ -56,13 +55,12 @@ from .graph.sizes import size_symbol
 from .ir import (
     Axis,
     CausalFactor,
-    Contraction,
+    CausalMask,
     Expr,
     Gather,
     PaddingMask,
     Position,
     PositionIndex,
-    Scalar,
     Size,
     Statement,
     Tensor,
@@ -82,6 +80,36 @@ __all__ = ["CompiledStep", "DecodeForm", "NotCompiledError", "decode_form", "ste
 
 NEW, ALL = "new", "all"
 STEP_PLANNED_LENGTH = 1024  # the cache length a step is planned and its form chosen at, unless given
+
+
+@dataclass(frozen=True)
+class PositionMask:
+    """A causal mask (`before` None) or a window of a step, over a query leg and a key leg each
+    running over the new positions (NEW) or every position (ALL): True where the key is visible."""
+
+    query: str
+    key: str
+    before: int | None = None
+    after: int | None = None
+
+    def value(self, past: int, count: int, device) -> torch.Tensor:
+        import torch
+
+        def positions(role: str) -> torch.Tensor:
+            return (
+                torch.arange(past, past + count, device=device)
+                if role == NEW
+                else torch.arange(past + count, device=device)
+            )
+
+        q, k = positions(self.query)[:, None], positions(self.key)[None, :]
+        if self.before is None:
+            return k <= q
+        return (k > q - self.before) & (k < q + self.after)
+
+    def everywhere(self, past: int, count: int) -> bool:
+        """Whether it hides nothing: a causal mask of the last position against every key."""
+        return self.before is None and count == 1 and self.query == NEW and self.key == ALL
 
 
 class NotCompiledError(ValueError):
@@ -106,7 +134,7 @@ class StepGraphs:
     inputs: tuple[str, ...]
     rows_inputs: tuple[str, ...]
     cached_inputs: Mapping[str, str]
-    windows: Mapping[str, int] = field(default_factory=dict)
+    masks: Mapping[str, PositionMask] = field(default_factory=dict)
 
 
 def _fresh(stem: str, taken: set[str]) -> str:
@@ -175,7 +203,7 @@ class _Builder:
         self.roles: dict[str, str] = {}  # position leg -> NEW or ALL
         self.order: list[str] = []
         self.cached_reads: dict[str, str] = {}  # a cached tensor read at every position -> its input's name
-        self.windows: dict[str, int] = {}  # a window's key mask input -> the window's width before
+        self.masks: dict[str, PositionMask] = {}  # the mask inputs of the causal masks and windows
         self.randoms: list[str] = []  # noise over positions
 
     def role(self, leg: str, role: str) -> None:
@@ -217,8 +245,6 @@ class _Builder:
         for leg, label in legs.items():
             self.role(leg, label)
         for node in walk(statement.expr):
-            if isinstance(node, WindowFactor):
-                raise NotCompiledError(f"{name} multiplies by a window (a map's window mask)")
             if isinstance(node, TensorRef):
                 self.ref(node, legs)
         self.order.append(name)
@@ -315,7 +341,7 @@ def step_graphs(work: DesignGraph, rule: DecodeRule | None = None) -> StepGraphs
         inputs,
         rows_inputs,
         cached_inputs,
-        attend.windows,
+        attend.masks,
     )
 
 
@@ -381,11 +407,10 @@ def _graph(
             return TensorRef((node.leg,), node.span, positions_name, ((node.leg,),))
         if isinstance(node, TensorRef):
             return _ref(node)
-        if isinstance(node, Contraction) and any(isinstance(f, CausalFactor) for f in node.factors):
-            factors = tuple(f for f in node.factors if not isinstance(f, CausalFactor))
-            if not factors:
-                return Scalar(node.legs, node.span, node.coefficient)
-            return dataclasses.replace(node, factors=factors)
+        if isinstance(node, CausalFactor):
+            return _mask_ref(CausalMask(node.query, node.key, node.span))
+        if isinstance(node, WindowFactor):
+            return _mask_ref(node.mask)
         if isinstance(node, Gather):
             if node.source is not None and any(roles.get(leg) for leg in node.source.legs):
                 raise NotCompiledError("a gather from a tensor over positions")
@@ -395,23 +420,33 @@ def _graph(
                 node = dataclasses.replace(node, position=_offset_position(node.position, roles, p))
         masks = getattr(node, "masks", None)
         if masks:
-            kept = tuple(_window_keys(mask) for mask in masks if isinstance(mask, WindowMask))
+            kept = tuple(
+                PaddingMask(_mask_ref(mask), mask.span) for mask in masks if isinstance(mask, CausalMask | WindowMask)
+            )
             node = dataclasses.replace(node, masks=kept)
         return _substituted(node, subs)
 
-    windows: dict[sympy.Expr, str] = {}
+    made: dict[PositionMask, str] = {}
 
-    def _window_keys(mask: WindowMask) -> PaddingMask:
-        """A window at one new position (the last, P = M − 1) as a mask over the keys: it sees
-        the keys after P − before (none after it is cached yet), given as an input at each step."""
-        if outputs is not None or roles.get(mask.query) != NEW or roles.get(mask.key) != ALL:
-            raise NotCompiledError("a window over other than the new positions and every key")
-        if mask.before not in windows:
-            windows[mask.before] = _fresh_name("window", work, positions_name, windows.values())
-            tensors[windows[mask.before]] = Tensor(windows[mask.before], "mask", (Axis(mask.key, m),), mask.span)
-            built.windows[windows[mask.before]] = int(work.evaluate(mask.before))
-        ref = TensorRef((mask.key,), mask.span, windows[mask.before], ((mask.key,),))
-        return PaddingMask(ref, mask.span)
+    def _mask_ref(mask: CausalMask | WindowMask) -> TensorRef:
+        """A causal mask or window as a mask input over its query and key legs, made at each step
+        from the legs' absolute positions (the new ones P .. P + T − 1, or every one)."""
+        if outputs is not None or roles.get(mask.query) is None or roles.get(mask.key) is None:
+            raise NotCompiledError("a causal mask or window over other than the step's positions")
+        window = isinstance(mask, WindowMask)
+        spec = PositionMask(
+            roles[mask.query],
+            roles[mask.key],
+            int(work.evaluate(mask.before)) if window else None,
+            int(work.evaluate(mask.after)) if window else None,
+        )
+        if spec not in made:
+            made[spec] = _fresh_name("window" if window else "causal", work, positions_name, made.values())
+            axes = (Axis(mask.query, by_role[spec.query]), Axis(mask.key, by_role[spec.key]))
+            tensors[made[spec]] = Tensor(made[spec], "mask", axes, mask.span)
+            built.masks[made[spec]] = spec
+        legs = (mask.query, mask.key)
+        return TensorRef(legs, mask.span, made[spec], tuple((leg,) for leg in legs))
 
     def _ref(ref: TensorRef) -> TensorRef:
         tensor = work.tensors[ref.name]
@@ -438,8 +473,6 @@ def _graph(
         statement = tensor.statement
         assert statement is not None
         expr = _rebuild(statement.expr, rewrite)
-        if any(isinstance(node, CausalFactor) for node in walk(expr)):
-            raise NotCompiledError(f"{tensor_name} has a causal factor outside a product")
         new_statement = dataclasses.replace(statement, expr=expr)
         axes = tuple(
             Axis(a.leg, by_role[label]) if label is not None else a
@@ -709,37 +742,29 @@ class CompiledStep:
                 _share(module, instance)
         return known[1]
 
-    def extend(self, cache: DecodeCache, x: torch.Tensor, rank: int) -> tuple[torch.Tensor, ...] | None:
-        """The outputs at the positions of `x` after the cached ones, the cache extended; None
-        for several new positions after cached ones of a design that reads the length (the
-        reference step computes them together at N = P + T, which one-position steps do not)."""
-        import torch
+    def extend(self, cache: DecodeCache, x: torch.Tensor, rank: int) -> tuple[torch.Tensor, ...]:
+        """The outputs at the positions of `x` after the cached ones, the cache extended."""
 
         dim = cache.rule.axis - rank
         count = x.shape[dim]
-        if count > 1 and cache.length > 0 and cache.rule.reads_length:
-            return None
         if cache.length == 0:
             outputs = self.module(x)
             outputs = outputs if isinstance(outputs, tuple) else (outputs,)
             self._append(cache, x, dim, count)
             return outputs
-        if count > 1:
-            parts = [self.extend(cache, x.narrow(dim, k, 1), rank) for k in range(count)]
-            axes = [self._output_axis(cache, name) for name in cache.graph.outputs]
-            return tuple(torch.cat([p[j] for p in parts], axis) for j, axis in enumerate(axes))
         rows = self._append(cache, x, dim, count)
         graphs = self.programs.graphs
         assert graphs is not None and self.attend is not None
         named = {graphs.inputs[0]: x, **{graphs.cached_inputs[name]: rows[name] for name in graphs.cached}}
         if graphs.positions in graphs.inputs:
             named[graphs.positions] = self._positions(cache.length - count, count, x)
-        windows = {}
-        if graphs.windows:
-            keys = torch.arange(cache.length, device=x.device)
-            for name, before in graphs.windows.items():  # the keys after P − before, P = length − 1
-                windows[self.programs.mask_arguments[name]] = keys > cache.length - 1 - before
-        outputs = self.attend(*(named[name] for name in graphs.inputs), **windows)
+        past = cache.length - count
+        masks = {
+            self.programs.mask_arguments[name]: mask.value(past, count, x.device)
+            for name, mask in graphs.masks.items()
+            if not mask.everywhere(past, count)
+        }
+        outputs = self.attend(*(named[name] for name in graphs.inputs), **masks)
         return outputs if isinstance(outputs, tuple) else (outputs,)
 
     def _output_axis(self, cache: DecodeCache, name: str) -> int:

@@ -139,6 +139,20 @@ def test_a_reference_module_steps_by_the_reference_evaluator():
     assert DecodeCache(module).step is None
 
 
+def test_several_new_positions_after_cached_ones_run_the_attention_program_once():
+    module = compiled("llama")
+    cache = DecodeCache(module)
+    calls = []
+    hook = cache.step.attend.register_forward_hook(lambda *_: calls.append(1))
+    x = sequence(module)
+    with torch.no_grad():
+        cache.extend(x[:, :2])
+        three = cache.extend(x[:, 2:5])
+        assert (three - module(x[:, :5])[:, 2:]).abs().max().item() < TOL
+    hook.remove()
+    assert len(calls) == 1
+
+
 def test_the_step_programs_take_the_lengths_at_run_time():
     graphs = step_graphs(causal("llama").graph)
     sizes = {graphs.sizes["T"], graphs.sizes["M"]}
