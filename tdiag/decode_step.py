@@ -16,9 +16,11 @@ T and M are run-time sizes of the generated code (bound from the inputs' shapes)
 serves every length; `index(n)` of a new position is read from an input of absolute positions
 P .. P + T − 1, and a gather's address or a table's slice along a new position is offset by
 P = M − T. The design's causal masks and windows compare absolute positions, so each becomes a
-mask input over its query and key legs made at each step (`PositionMask`; a causal mask of one
-new position against every key hides nothing and is left out), and the first step of an empty
-cache runs the module's own compiled causal forward and the rows program; noise is zero, as in
+mask input over its query and key legs made at each step (`PositionMask`). A causal mask of one
+new position against every key hides nothing, so the attention program is planned twice: for one
+new position without those masks (the common step, planned with the cache), and for any count
+with them (planned the first time a call brings several). The first step of an empty cache runs
+the module's own compiled causal forward and the rows program; noise is zero, as in
 the eval mode a cache of a noisy design needs. Where a design needs what these programs do not
 take (a position-only tensor read over both the new and every position; a cached tensor also
 read at the new positions alone; a leg that is a query in one statement and a key in another),
@@ -56,11 +58,13 @@ from .ir import (
     Axis,
     CausalFactor,
     CausalMask,
+    Contraction,
     Expr,
     Gather,
     PaddingMask,
     Position,
     PositionIndex,
+    Scalar,
     Size,
     Statement,
     Tensor,
@@ -107,10 +111,6 @@ class PositionMask:
             return k <= q
         return (k > q - self.before) & (k < q + self.after)
 
-    def everywhere(self, past: int, count: int) -> bool:
-        """Whether it hides nothing: a causal mask of the last position against every key."""
-        return self.before is None and count == 1 and self.query == NEW and self.key == ALL
-
 
 class NotCompiledError(ValueError):
     """A design whose step the generated programs cannot take: the reason."""
@@ -135,6 +135,8 @@ class StepGraphs:
     rows_inputs: tuple[str, ...]
     cached_inputs: Mapping[str, str]
     masks: Mapping[str, PositionMask] = field(default_factory=dict)
+    attend_one: DesignGraph | None = None
+    masks_one: Mapping[str, PositionMask] = field(default_factory=dict)
 
 
 def _fresh(stem: str, taken: set[str]) -> str:
@@ -203,7 +205,6 @@ class _Builder:
         self.roles: dict[str, str] = {}  # position leg -> NEW or ALL
         self.order: list[str] = []
         self.cached_reads: dict[str, str] = {}  # a cached tensor read at every position -> its input's name
-        self.masks: dict[str, PositionMask] = {}  # the mask inputs of the causal masks and windows
         self.randoms: list[str] = []  # noise over positions
 
     def role(self, leg: str, role: str) -> None:
@@ -315,8 +316,14 @@ def step_graphs(work: DesignGraph, rule: DecodeRule | None = None) -> StepGraphs
         attend.request(name, tuple(NEW if a.size == symbol else None for a in tensor.axes))
     x = work.inputs[0].name
     cached_inputs = {name: (name if name != x else _fresh(f"{x}_rows", taken)) for name in cached}
+    symbols = (t_sym, m_sym, p_sym)
+    masks: dict[str, PositionMask] = {}
     attend_graph = _graph(
-        work, attend, sizes, symbol, (t_sym, m_sym, p_sym), positions_name, cached_inputs, f"{work.name}_step"
+        work, attend, sizes, symbol, symbols, positions_name, cached_inputs, f"{work.name}_step", masks
+    )
+    masks_one: dict[str, PositionMask] = {}
+    attend_one = _graph(
+        work, attend, sizes, symbol, symbols, positions_name, cached_inputs, f"{work.name}_step1", masks_one, False
     )
     derived = [name for name in cached if work.tensors[name].kind == "derived"]
     rows_graph = None
@@ -328,7 +335,7 @@ def step_graphs(work: DesignGraph, rule: DecodeRule | None = None) -> StepGraphs
         if ALL in rows.roles.values():
             raise NotCompiledError("a cached tensor's new rows read every position")
         rows_graph = _graph(
-            work, rows, sizes, symbol, (t_sym, m_sym, p_sym), positions_name, {}, f"{work.name}_rows", derived
+            work, rows, sizes, symbol, symbols, positions_name, {}, f"{work.name}_rows", {}, outputs=derived
         )
     inputs = tuple(t.name for t in attend_graph.inputs)
     rows_inputs = tuple(t.name for t in rows_graph.inputs) if rows_graph is not None else (x,)
@@ -341,7 +348,9 @@ def step_graphs(work: DesignGraph, rule: DecodeRule | None = None) -> StepGraphs
         inputs,
         rows_inputs,
         cached_inputs,
-        attend.masks,
+        masks,
+        attend_one,
+        masks_one,
     )
 
 
@@ -354,6 +363,8 @@ def _graph(
     positions_name: str,
     cached_inputs: Mapping[str, str],
     name: str,
+    masks_made: dict[str, PositionMask],
+    causal: bool = True,
     outputs: list[str] | None = None,
 ) -> DesignGraph:
     """The design graph of one program of a step: `built`'s statements over their legs' roles,
@@ -407,8 +418,15 @@ def _graph(
             return TensorRef((node.leg,), node.span, positions_name, ((node.leg,),))
         if isinstance(node, TensorRef):
             return _ref(node)
-        if isinstance(node, CausalFactor):
+        if isinstance(node, CausalFactor) and not _hides_nothing(node):
             return _mask_ref(CausalMask(node.query, node.key, node.span))
+        if isinstance(node, Contraction) and any(isinstance(f, CausalFactor) for f in node.factors):
+            factors = tuple(f for f in node.factors if not isinstance(f, CausalFactor))
+            node = (
+                dataclasses.replace(node, factors=factors)
+                if factors
+                else Scalar(node.legs, node.span, node.coefficient)
+            )
         if isinstance(node, WindowFactor):
             return _mask_ref(node.mask)
         if isinstance(node, Gather):
@@ -421,12 +439,19 @@ def _graph(
         masks = getattr(node, "masks", None)
         if masks:
             kept = tuple(
-                PaddingMask(_mask_ref(mask), mask.span) for mask in masks if isinstance(mask, CausalMask | WindowMask)
+                PaddingMask(_mask_ref(mask), mask.span)
+                for mask in masks
+                if isinstance(mask, WindowMask) or (isinstance(mask, CausalMask) and not _hides_nothing(mask))
             )
             node = dataclasses.replace(node, masks=kept)
         return _substituted(node, subs)
 
     made: dict[PositionMask, str] = {}
+
+    def _hides_nothing(mask: CausalMask | CausalFactor) -> bool:
+        """A causal mask of the one new position (the last) against every key, in the program
+        for one new position (`causal` False): every key is visible, the mask is left out."""
+        return not causal and roles.get(mask.query) == NEW and roles.get(mask.key) == ALL
 
     def _mask_ref(mask: CausalMask | WindowMask) -> TensorRef:
         """A causal mask or window as a mask input over its query and key legs, made at each step
@@ -444,7 +469,7 @@ def _graph(
             made[spec] = _fresh_name("window" if window else "causal", work, positions_name, made.values())
             axes = (Axis(mask.query, by_role[spec.query]), Axis(mask.key, by_role[spec.key]))
             tensors[made[spec]] = Tensor(made[spec], "mask", axes, mask.span)
-            built.masks[made[spec]] = spec
+            masks_made[made[spec]] = spec
         legs = (mask.query, mask.key)
         return TensorRef(legs, mask.span, made[spec], tuple((leg,) for leg in legs))
 
@@ -473,6 +498,8 @@ def _graph(
         statement = tensor.statement
         assert statement is not None
         expr = _rebuild(statement.expr, rewrite)
+        if any(isinstance(node, CausalFactor) for node in walk(expr)):
+            raise NotCompiledError(f"{tensor_name} has a causal factor outside a product")
         new_statement = dataclasses.replace(statement, expr=expr)
         axes = tuple(
             Axis(a.leg, by_role[label]) if label is not None else a
@@ -618,10 +645,29 @@ class _Programs:
 
     form: DecodeForm | None
     graphs: StepGraphs | None = None
-    mask_arguments: dict[str, str] = field(default_factory=dict)  # a window's key mask -> its keyword
-    classes: tuple[type, type | None] | None = None
+    classes: dict[str, type] = field(default_factory=dict)  # "one", "any", "rows": planned when first used
+    mask_arguments: dict[str, dict[str, str]] = field(default_factory=dict)  # program -> mask input -> keyword
     reason: str | None = None
     modules: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+
+    def part(self, key: str) -> DesignGraph | None:
+        assert self.graphs is not None
+        return {"one": self.graphs.attend_one, "any": self.graphs.attend, "rows": self.graphs.rows}[key]
+
+    def cls(self, key: str) -> type:
+        """The generated class of program `key`: "one" (the attention program for one new
+        position), "any" (for any count, its causal masks given), "rows"; planned on first use."""
+        if key not in self.classes:
+            from .codegen import generate
+            from .module import compile_source
+
+            assert self.graphs is not None
+            part = self.part(key)
+            assert part is not None
+            plan = _planned(part, _step_sizes(self.graphs, 1 if key != "any" else 2, STEP_PLANNED_LENGTH - 1))
+            self.classes[key] = compile_source(generate(plan), part.name)
+            self.mask_arguments[key] = {t.name: plan.names[t.name] for t in part.tensors_of_kind("mask")}
+        return self.classes[key]
 
 
 _FORMS: dict[int, DecodeForm | None] = {}
@@ -675,25 +721,15 @@ def form_of(graph: DesignGraph) -> DecodeForm | None:
 
 def _programs(graph: DesignGraph, work: DesignGraph, rule: DecodeRule) -> _Programs:
     def make() -> _Programs:
-        from .codegen import generate
-        from .module import compile_source
-
         programs = _Programs(_FORMS.get(id(graph)))
         try:
-            graphs = step_graphs(work, rule)
+            programs.graphs = step_graphs(work, rule)
         except NotCompiledError as error:
             programs.reason = str(error)
             return programs
-        at = _step_sizes(graphs, 1, STEP_PLANNED_LENGTH - 1)
-        classes = []
-        for part in (graphs.attend, graphs.rows):
-            if part is None:
-                classes.append(None)
-                continue
-            plan = _planned(part, at)
-            classes.append(compile_source(generate(plan), part.name))
-            programs.mask_arguments.update({t.name: plan.names[t.name] for t in part.tensors_of_kind("mask")})
-        programs.graphs, programs.classes = graphs, (classes[0], classes[1])
+        programs.cls("one")
+        if programs.graphs.rows is not None:
+            programs.cls("rows")
         return programs
 
     return _remembered(_PROGRAMS, graph, make)
@@ -713,34 +749,30 @@ class CompiledStep:
         self.attend: torch.nn.Module | None = None
         self.rows: torch.nn.Module | None = None
         if self.reason is None:
-            self.attend, self.rows = self._bound(cache.module)
+            self.attend = self.program("one")
+            self.rows = self.program("rows") if self.programs.graphs.rows is not None else None
 
     @property
     def source(self) -> str:
-        """The generated text of the attention program, then of the rows program."""
+        """The generated text of the attention program for one new position, then of the rows
+        program."""
         return "\n\n".join(m.tdiag_source for m in (self.attend, self.rows) if m is not None)
 
-    def _bound(self, module: torch.nn.Module):
-        """Instances of the programs' classes holding `module`'s parameters, buffers and constants
-        (the same tensors, not copies), made once per module."""
-        like = next(iter(module.parameters()), None)
+    def program(self, key: str) -> torch.nn.Module:
+        """An instance of program `key` (`_Programs.cls`) holding the module's parameters,
+        buffers and constants (the same tensors, not copies), made once per module."""
+        like = next(iter(self.module.parameters()), None)
         kwargs = {} if like is None else {"dtype": like.dtype, "device": like.device}
-        known = self.programs.modules.get(module)
+        known = self.programs.modules.get(self.module)
         if known is None or known[0] != kwargs:  # made anew after module.to(dtype or device)
-            made = []
-            assert self.programs.classes is not None
-            for cls in self.programs.classes:
-                if cls is None:
-                    made.append(None)
-                    continue
-                instance = cls(**kwargs).eval()
-                instance.tdiag_source = cls.tdiag_generated[0]
-                made.append(instance)
-            known = self.programs.modules[module] = (kwargs, tuple(made))
-        for instance in known[1]:
-            if instance is not None:
-                _share(module, instance)
-        return known[1]
+            known = self.programs.modules[self.module] = (kwargs, {})
+        if key not in known[1]:
+            cls = self.programs.cls(key)
+            instance = cls(**kwargs).eval()
+            instance.tdiag_source = cls.tdiag_generated[0]
+            known[1][key] = instance
+        _share(self.module, known[1][key])
+        return known[1][key]
 
     def extend(self, cache: DecodeCache, x: torch.Tensor, rank: int) -> tuple[torch.Tensor, ...]:
         """The outputs at the positions of `x` after the cached ones, the cache extended."""
@@ -759,12 +791,14 @@ class CompiledStep:
         if graphs.positions in graphs.inputs:
             named[graphs.positions] = self._positions(cache.length - count, count, x)
         past = cache.length - count
+        key = "one" if count == 1 else "any"  # one new position: its causal masks hide nothing
+        program = self.attend if count == 1 else self.program("any")
+        arguments = self.programs.mask_arguments[key]
         masks = {
-            self.programs.mask_arguments[name]: mask.value(past, count, x.device)
-            for name, mask in graphs.masks.items()
-            if not mask.everywhere(past, count)
+            arguments[name]: mask.value(past, count, x.device)
+            for name, mask in (graphs.masks_one if count == 1 else graphs.masks).items()
         }
-        outputs = self.attend(*(named[name] for name in graphs.inputs), **masks)
+        outputs = program(*(named[name] for name in graphs.inputs), **masks)
         return outputs if isinstance(outputs, tuple) else (outputs,)
 
     def _output_axis(self, cache: DecodeCache, name: str) -> int:

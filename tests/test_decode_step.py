@@ -143,14 +143,19 @@ def test_several_new_positions_after_cached_ones_run_the_attention_program_once(
     module = compiled("llama")
     cache = DecodeCache(module)
     calls = []
-    hook = cache.step.attend.register_forward_hook(lambda *_: calls.append(1))
+    hooks = [
+        program.register_forward_hook(lambda *_, key=key: calls.append(key))
+        for key, program in (("one", cache.step.attend), ("any", cache.step.program("any")))
+    ]
     x = sequence(module)
     with torch.no_grad():
         cache.extend(x[:, :2])
         three = cache.extend(x[:, 2:5])
         assert (three - module(x[:, :5])[:, 2:]).abs().max().item() < TOL
-    hook.remove()
-    assert len(calls) == 1
+        cache.extend(x[:, 5:6])
+    for hook in hooks:
+        hook.remove()
+    assert calls == ["any", "one"]  # the three positions at once with their causal mask, then one without
 
 
 def test_the_step_programs_take_the_lengths_at_run_time():
