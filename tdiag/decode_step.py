@@ -80,7 +80,7 @@ if TYPE_CHECKING:
 
     from .decode import DecodeCache, DecodeRule
 
-__all__ = ["CompiledStep", "DecodeForm", "NotCompiledError", "decode_form", "step_graphs"]
+__all__ = ["CompiledStep", "DecodeForm", "NotCompiledError", "PositionMask", "decode_form", "pin_form", "step_graphs"]
 
 NEW, ALL = "new", "all"
 STEP_PLANNED_LENGTH = 1024  # the cache length a step is planned and its form chosen at, unless given
@@ -118,13 +118,15 @@ class NotCompiledError(ValueError):
 
 @dataclass(frozen=True)
 class StepGraphs:
-    """The two graphs of a step (module docstring): `rows` gives the new rows of the `cached`
-    tensors computed from the input (None where only the input itself is cached), `attend` the
-    outputs. `sizes` names the step's sizes in them: T (new positions), M (all positions) and
-    P (= M − T, cached). `positions` is the input of absolute positions of the new rows (None
-    where no `index` of a new position is read); `inputs` the attention graph's inputs in the
-    order of its forward: the design's input, then each cached tensor's rows (by its name in the
-    cache), then the positions."""
+    """The graphs of a step (module docstring): `rows` gives the new rows of the `cached` tensors
+    computed from the input (None where only the input itself is cached), `attend` the outputs at
+    any count of new positions, with the mask inputs `masks`, and `attend_one` those at one new
+    position, with `masks_one` (no causal mask of the new position against every key). `sizes`
+    names the step's sizes in them: T (new positions), M (all positions) and P (= M − T, cached).
+    `positions` is the input of absolute positions of the new rows; `inputs` the attention
+    graphs' inputs in the order of their forward: the design's input, then the cached tensors'
+    rows (`cached_inputs`: a cached tensor's name -> its input's), then the positions where read;
+    `rows_inputs` the rows graph's."""
 
     attend: DesignGraph
     rows: DesignGraph | None
@@ -134,9 +136,9 @@ class StepGraphs:
     inputs: tuple[str, ...]
     rows_inputs: tuple[str, ...]
     cached_inputs: Mapping[str, str]
-    masks: Mapping[str, PositionMask] = field(default_factory=dict)
-    attend_one: DesignGraph | None = None
-    masks_one: Mapping[str, PositionMask] = field(default_factory=dict)
+    masks: Mapping[str, PositionMask]
+    attend_one: DesignGraph
+    masks_one: Mapping[str, PositionMask]
 
 
 def _fresh(stem: str, taken: set[str]) -> str:

@@ -161,7 +161,7 @@ def test_several_new_positions_after_cached_ones_run_the_attention_program_once(
 def test_the_step_programs_take_the_lengths_at_run_time():
     graphs = step_graphs(causal("llama").graph)
     sizes = {graphs.sizes["T"], graphs.sizes["M"]}
-    for part in (graphs.attend, graphs.rows):
+    for part in (graphs.attend, graphs.attend_one, graphs.rows):
         assert sizes & {name for name, size in part.sizes.items() if size.is_free}
         assert "N" not in part.sizes
     assert graphs.attend.sizes[graphs.sizes["P"]].definition is not None  # P = M − T
