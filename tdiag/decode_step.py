@@ -686,7 +686,9 @@ def _remembered(table: dict, graph: DesignGraph, make):
 def chosen_form(graph: DesignGraph) -> DesignGraph:
     """The graph a decoding step of `graph` evaluates: its absorbed form (decode.absorbed) where
     the planner finds a step of one position after STEP_PLANNED_LENGTH − 1 cheaper in it
-    (`decode_form`), else the design as written. Chosen once per design graph."""
+    (`decode_form`), else the design as written; where neither form's step can be planned (the
+    reference evaluator steps it), the absorbed one, whose cache is the smaller. Chosen once per
+    design graph."""
     from .decode import absorbed
 
     other = absorbed(graph)
