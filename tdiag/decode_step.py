@@ -23,7 +23,8 @@ with them (planned the first time a call brings several). The first step of an e
 the module's own compiled causal forward and the rows program; noise is zero, as in
 the eval mode a cache of a noisy design needs. Where a design needs what these programs do not
 take (a position-only tensor read over both the new and every position; a cached tensor also
-read at the new positions alone; a leg that is a query in one statement and a key in another),
+read at the new positions alone, or read in a slice; a leg that is a query in one statement and
+a key in another),
 `CompiledStep.reason` says so and the cache evaluates the step with the reference evaluator, as
 before: the answer is the same either way (tests/test_decode_step.py).
 
@@ -479,7 +480,8 @@ def _graph(
         tensor = work.tensors[ref.name]
         if tensor.kind == "input" and ref.name in cached_inputs and any(roles.get(g[0]) == ALL for g in ref.groups):
             ref = dataclasses.replace(ref, name=cached_inputs[ref.name])
-
+        if (tensor.kind == "input" or ref.name in cached_inputs) and ref.is_sliced:
+            raise NotCompiledError(f"{ref.name} would be an input read in a slice, which an input is not (check.py)")
         if ref.is_sliced:
             slices, offsets = list(ref.slices), list(ref.offsets) or [sympy.Integer(0)] * len(ref.slices)
             for k, group in enumerate(ref.groups):
