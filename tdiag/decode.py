@@ -16,9 +16,11 @@ layer's output) that a later statement reads at every position. Such a tensor is
 computes its new rows from the new inputs only and appends them (kind "kv"). Tensors made of
 positions alone (`index(n)`, RoPE's angles, ALiBi's and T5's biases, a table sliced at
 `n: N`) are computed at the absolute positions each use reads, and causal and window masks
-compare absolute positions, so query t sits at position P + t. A step is evaluated as the
-reference evaluator does (tdiag/reference.py: einsum on materialized tensors, here one row of
-scores per new query), which is exact and cheap for a few new positions against the cache.
+compare absolute positions, so query t sits at position P + t. A step of a compiled module
+runs generated code: its rows and attention programs, planned and printed like any design
+(tdiag/decode_step.py); what those do not take, and every step of an `impl="reference"` module,
+is evaluated as the reference evaluator does (tdiag/reference.py: einsum on materialized
+tensors, here one row of scores per new query), with the same answer.
 
 Where a score reads the input itself at every key (X[m f] inside it), the input's rows are
 cached too. Where no cached rows serve, the cache keeps the layer's inputs and each step re-runs
@@ -48,6 +50,7 @@ import torch
 from torch import nn
 
 from . import decode_state
+from .decode_step import CompiledStep, chosen_form, step_summary
 from .graph import DesignGraph
 from .graph.causal import hides_the_future
 from .init import initial_value, numeric_shape
@@ -134,7 +137,7 @@ def _rows_rule(graph: DesignGraph) -> DecodeRule:
             " the earlier outputs; decode its causal form (Design.with_causal_mask())"
         )
     symbol = x.axes[free[0]].size
-    graph = absorbed(graph)
+    graph = chosen_form(graph)
     positional = frozenset(name for name, leg in graph.legs.items() if leg.size == symbol)
     walker = _Requests(graph, positional, symbol)
     for name in graph.outputs:
@@ -155,8 +158,9 @@ def absorbed(graph: DesignGraph) -> DesignGraph:
     parameters and constants beside D; MLA's per-head keys and values of its latent), S's
     factors are put in its place in the reader's product, so that the frontier, and what the
     cache holds, is D, and the step contracts the new queries with the weights first (the
-    absorbed form, in the order opt_einsum picks for one query). Size decides: the cache keeps the
-    fewer entries per position (what a decoding step reads from memory)."""
+    absorbed form). It is offered where the cache would keep fewer entries per position (what a
+    decoding step reads from memory), and taken where the planner's time model finds a step
+    cheaper in it (decode_step.chosen_form)."""
     symbol = _length_symbol(graph)
     if symbol is None:
         return graph
@@ -429,7 +433,7 @@ class DecodeCache:
     `module(x, cache=cache)` or `cache.extend(x)` computes the positions of `x` (its axis of the
     run-time length, any count) after those cached and returns their outputs."""
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, *, compiled: bool | None = None):
         graph = _graph_of(module)
         prepared = _prepared(graph)
         self.module = module
@@ -440,6 +444,10 @@ class DecodeCache:
         self.numbers, self.expressions, self.constants = prepared.numbers, prepared.expressions, prepared.constants
         self.position_axes, self.sizes = prepared.position_axes, prepared.sizes
         self._batch: torch.Size | None = None
+        self.original_graph = graph
+        if compiled is None:  # a module of the reference evaluator steps as it does
+            compiled = getattr(module, "tdiag_plan", None) is not None
+        self.step = CompiledStep(self) if compiled and self.rule.kind == "kv" else None
 
     @property
     def kind(self) -> str:
@@ -452,7 +460,10 @@ class DecodeCache:
     def __repr__(self) -> str:
         held = ", ".join(f"{name}{tuple(t.shape)}" for name, t in self.tensors.items()) or "nothing yet"
         why = f"; {self.reason}" if self.reason else ""
-        return f"<tdiag.DecodeCache {self.graph.name}: kind {self.kind}, {self.length} positions, holds {held}{why}>"
+        return (
+            f"<tdiag.DecodeCache {self.graph.name}: kind {self.kind}, {self.length} positions, holds {held}{why}"
+            f"{step_summary(self)}>"
+        )
 
     def extend(
         self, x: torch.Tensor, *, module: nn.Module | None = None, **masks: torch.Tensor | None
@@ -548,6 +559,9 @@ class DecodeCache:
                 f"design '{self.graph.name}' draws noise or updates buffers in training mode, which a decoding step"
                 " does not: decode in eval mode (module.eval())"
             )
+        if self.step is not None and self.step.reason is None:
+            done = self.step.extend(self, x, rank)
+            return done[0] if len(done) == 1 else done
         count = x.shape[self.rule.axis - rank]
         step = _Step(self, x, count)
         outputs = tuple(step.output(name) for name in self.graph.outputs)
@@ -598,7 +612,7 @@ def _prepared(graph: DesignGraph) -> _Prepared:
         rule = decode_rule(graph)
         symbol = graph.sizes[rule.size].symbol
         axes = {name: tuple(a.size == symbol for a in tensor.axes) for name, tensor in graph.tensors.items()}
-        work = absorbed(graph)
+        work = chosen_form(graph)
         entry = _Prepared(None if work is graph else work, rule, axes, known_sizes(graph, {}))
         _PREPARED[id(graph)] = entry
         weakref.finalize(graph, _PREPARED.pop, id(graph), None)
