@@ -113,6 +113,15 @@ def _identity(shape, scale=1.0):
 
 # helpers printed only into a module whose forward calls them
 CALLED_HELPERS = {
+    "_extend": '''
+
+def _extend(cache, x, module, **masks):
+    """The outputs at the positions of x, placed after those the decoding cache holds (tdiag's
+    DecodeCache, from module.new_cache()), which it then holds too."""
+    if not callable(getattr(cache, "extend", None)):
+        raise TypeError(f"cache must be the decoding cache module.new_cache() makes, got {type(cache).__name__}")
+    return cache.extend(x, module=module, **masks)
+''',
     "_nonzero": '''
 
 def _nonzero(x):
@@ -548,7 +557,7 @@ def _cache_entry(plan: Plan, inputs: list[str], masks: list[str]) -> list[str]:
     if not _decodes(plan):
         return []
     given = "".join(f", {m}={m}" for m in masks)
-    return ["if cache is not None:", f"    return cache.extend({inputs[0]}, module=self{given})"]
+    return ["if cache is not None:", f"    return _extend(cache, {inputs[0]}, self{given})"]
 
 
 def _body(plan: Plan) -> list[str]:

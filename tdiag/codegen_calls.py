@@ -108,7 +108,7 @@ def _body(plan: Plan, method: str) -> list[str]:
     if method != METHODS[0] and _decodes(plan):
         signature = lines[0].replace(", *, cache=None)", ")").replace(", cache=None)", ")")
         entry = ["        if cache is not None:", lines[2]]
-        assert signature != lines[0] and lines[1:3] == entry and lines[2].lstrip().startswith("return cache.extend(")
+        assert signature != lines[0] and lines[1:3] == entry and lines[2].lstrip().startswith("return _extend(cache, ")
         lines = [signature, *lines[3:]]
     return lines
 

@@ -289,6 +289,16 @@ def test_an_input_without_positions_is_refused(compiled):
         compiled["mhsa"](torch.zeros(1, 0, 8, dtype=torch.float64), cache=compiled["mhsa"].new_cache())
 
 
+def test_an_input_of_another_width_is_refused_naming_the_leg(compiled):
+    with pytest.raises(ValueError, match="input X: leg f has size F = 8, got 9"):
+        compiled["mhsa"](torch.zeros(1, 2, 9, dtype=torch.float64), cache=compiled["mhsa"].new_cache())
+
+
+def test_a_cache_that_is_not_a_decoding_cache_is_refused_naming_it(compiled):
+    with pytest.raises(TypeError, match=r"cache must be the decoding cache module\.new_cache\(\) makes, got dict"):
+        compiled["mhsa"](torch.zeros(1, 2, 8, dtype=torch.float64), cache={})
+
+
 def test_a_design_causal_through_its_segment_sums_takes_a_cache_as_written():
     module = tdiag.load(DESIGNS / "mamba2_ssd.td", **small_sizes("mamba2_ssd")).module(
         dtype=torch.float64, impl="reference"
