@@ -103,3 +103,15 @@ def test_a_scan_masked_by_the_design_equals_it_without_the_mask():
     module = design.module(seed=0, dtype=torch.float64)
     y = torch.randn(B, N, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     assert torch.allclose(module(y), module(y, pad=torch.ones(B, N, dtype=torch.bool)), atol=TOL, rtol=0)
+
+
+def test_the_memory_kept_without_the_mask_is_the_unmasked_plan_s(bert):
+    """What autograd keeps when the mask is left out is what the footprint model says of the plan
+    without it, to the byte (the footprint sweep models that plan for the same reason)."""
+    from tdiag.measure import saved_for_backward
+
+    unmasked = tdiag.Design(without_masks(bert.graph), ())
+    module = bert.module(seed=0, N=64, B=1)
+    x = torch.randn(1, 64, 16)
+    modelled = unmasked.cost(objective="time", N=64, B=1).saved_bytes_at(B=1, N=64)
+    assert saved_for_backward(module, x).total_bytes == modelled
