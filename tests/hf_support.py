@@ -64,3 +64,15 @@ def additive_mask(visible: torch.Tensor) -> torch.Tensor:
     """HF's additive mask [1, 1, n, m] from a boolean [n, m]: 0 where visible, the lowest float64
     elsewhere."""
     return torch.zeros(visible.shape, dtype=F64).masked_fill(~visible, torch.finfo(F64).min)[None, None]
+
+
+class Float64GemmaRMSNorm(torch.nn.Module):
+    """Gemma's RMSNorm (Gemma 3's q_norm and k_norm: x / √(mean(x²) + eps) · (1 + weight)) with
+    its weight, in float64 instead of its float32."""
+
+    def __init__(self, norm: torch.nn.Module) -> None:
+        super().__init__()
+        self.weight, self.eps = norm.weight, norm.eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * (x.pow(2).mean(-1, keepdim=True) + self.eps).rsqrt() * (1.0 + self.weight)
