@@ -18,8 +18,9 @@
 # - The sizes are HF's rope_parameters: Factor = factor = 8, Lo = low_freq_factor = 1,
 #   Hi = high_freq_factor = 4, L = original_max_position_embeddings = 8192 (Llama 3.1's values;
 #   Llama 3.2 sets factor 32), Theta = rope_theta = 500000. HF computes the frequencies and the
-#   cos, sin tables in float32; here they are computed in the compute dtype. π is written as a
-#   number (the language has no π constant).
+#   cos, sin tables in float32; here they are computed in the compute dtype. theta0 is HF's
+#   inv_freq = 1 / base ^ (arange(0, D, 2) / D) as written there (docs/language.md, "Frequency
+#   arithmetic").
 # - attention_factor is 1 for this rope type (cos and sin are not rescaled). Causal as a decoder:
 #   `with_causal_mask()`.
 # family: production
@@ -28,6 +29,6 @@ design llama3 extends llama
 replace size Theta = 500000
 size Factor = 8, Lo = 1, Hi = 4, L = 8192
 
-theta0[p] = exp(-2 index(p, P) / D * log(Theta))
-c[p]      = clamp((L * theta0[p] / (2 * 3.141592653589793) - Lo) / (Hi - Lo), 0, 1)
+theta0[p] = 1 / Theta ^ (2 index(p, P) / D)
+c[p]      = clamp((L theta0[p] / (2 * pi) - Lo) / (Hi - Lo), 0, 1)
 replace theta[p] = theta0[p] ((1 - c[p]) / Factor + c[p])

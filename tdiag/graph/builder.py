@@ -303,6 +303,8 @@ class _Builder(Declarations):
         if isinstance(e, syn.Name):
             if e.name in known or e.name in self.sizes:
                 return size_symbol(e.name)
+            if e.name == "pi" and not sizes_only:
+                return sympy.pi
             self._unknown_size(e, {*known, *self.sizes})
             return POISON_SIZE
         if isinstance(e, syn.Neg):

@@ -16,6 +16,8 @@ MAPS = {
     "clamp": 2,
 }
 REDUCTIONS = ("max", "logsumexp", "mean")
+# `max(x, c)`, `min(x, c)`: a tensor and a number or size, elementwise (no legs): the map's name
+BOUNDS = {"max": "maximum", "min": "minimum"}
 SCANS = ("cumsum", "logcumsumexp")  # prefix scans along a position leg, which stays
 SEGMENT_SUMS = ("segsum",)  # Σ_{k=m+1..n} a_k over (n, m), causal
 CONVOLUTIONS = ("conv",)  # conv[n = n - i](x, kernel): shifts along position legs, summed with a kernel
@@ -29,6 +31,7 @@ FUNCTIONS = tuple(
             *BOXES,
             *MAPS,
             *REDUCTIONS,
+            *BOUNDS,
             *SCANS,
             *SEGMENT_SUMS,
             *CONVOLUTIONS,

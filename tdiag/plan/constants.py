@@ -161,6 +161,8 @@ class ConstantFolding:
                 return x ** e.params[0]
             if e.name == "clamp":
                 return sympy.Min(sympy.Max(x, e.params[0]), e.params[1])
+            if e.name in ("maximum", "minimum"):
+                return (sympy.Max if e.name == "maximum" else sympy.Min)(x, e.params[0])
             return SCALAR_MAPS[e.name](x)
         if isinstance(e, Reduction) and not e.masks:
             x = self.constant_value(e.operand)  # type: ignore[arg-type]

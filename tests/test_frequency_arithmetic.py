@@ -1,0 +1,82 @@
+"""Arithmetic on constant tensors as production RoPE code writes it (issue 24): a number or size
+raised to a tensor (`Theta ^ (-2 index(p, P) / D)`, HF's 1 / base ^ (arange / dim)), an elementwise
+bound `max(x, c)` / `min(x, c)` of a tensor by a number or size (Llama 3's piecewise frequencies),
+and the number `pi`. Each is computed by the compiled module and by the reference evaluator and
+compared with the same formula in torch; bad uses get positioned errors (tests/errors/)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import tdiag
+from tdiag import TdiagError
+
+F64 = torch.float64
+N = 5
+
+FREQUENCIES = """
+design frequencies
+size F = 8, P = 4, Theta = 10000
+size N
+input X[n: N, f: F]
+param W[p: P, g: F] = normal(std = 1)
+theta[p] = {frequency}
+Y[n g]   = X[n g] + index(n) theta[p] W[p g]
+output Y
+"""
+
+P, F, THETA = 4, 8, 10000
+ARANGE = torch.arange(P, dtype=F64)
+WRITTEN = {  # the frequency as written: the same in torch
+    "size_to_a_tensor": ("Theta ^ (-2 index(p, P) / F)", THETA ** (-2 * ARANGE / F)),
+    "number_to_a_tensor_as_a_divisor": ("1 / 10000 ^ (2 index(p, P) / F)", 1 / 10000 ** (2 * ARANGE / F)),
+    "max_with_a_number": ("max(index(p, P) - 1.5, 0.25)", (ARANGE - 1.5).clamp(min=0.25)),
+    "min_with_a_size_first": ("min(P / 2, index(p, P))", ARANGE.clamp(max=P / 2)),
+    "min_of_max": ("min(max(2 index(p, P) - 3, -1), 2)", (2 * ARANGE - 3).clamp(-1, 2)),
+    "pi": ("2 * pi / (index(p, P) + 1)", 2 * math.pi / (ARANGE + 1)),
+}
+
+
+@pytest.mark.parametrize("impl", ["module", "reference"])
+@pytest.mark.parametrize("name", WRITTEN)
+def test_frequency_computes_as_written(name: str, impl: str):
+    text, theta = WRITTEN[name]
+    design = tdiag.loads(FREQUENCIES.format(frequency=text))
+    module = design.module(dtype=F64, seed=3, **({} if impl == "module" else {"impl": "reference"}))
+    x = torch.randn(2, N, F, dtype=F64, generator=torch.Generator().manual_seed(0))
+    expected = x + torch.arange(N, dtype=F64)[:, None] * (theta @ module.W.detach())
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_declared_size_named_pi_is_that_size():
+    design = tdiag.loads(
+        FREQUENCIES.replace("Theta = 10000", "Theta = 10000, pi = 3").format(frequency="pi + 0 index(p, P)")
+    )
+    module = design.module(dtype=F64, seed=3)
+    x = torch.zeros(1, N, F, dtype=F64)
+    with torch.no_grad():
+        expected = torch.arange(N, dtype=F64)[:, None] * (3 * torch.ones(P, dtype=F64) @ module.W)
+        torch.testing.assert_close(module(x)[0], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_bound_is_shown_as_written():
+    design = tdiag.loads(FREQUENCIES.format(frequency="min(max(index(p, P), 1), 2)"))
+    assert "min(max(" in design.show()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("max(W[p g], W[p g])", "max(a, b) takes a tensor and a number or size, got two tensors"),
+        ("min(2, 3)", "min(a, b) takes a tensor and a number or size, got two numbers"),
+        ("0 ^ index(p, P)", "the base of a power with a tensor exponent must be positive, got 0"),
+    ],
+)
+def test_bad_frequency_arithmetic_is_refused_at_its_position(text: str, message: str):
+    with pytest.raises(TdiagError) as error:
+        tdiag.loads(FREQUENCIES.format(frequency=text))
+    assert message in str(error.value) and ":7:12:" in str(error.value)
