@@ -1,8 +1,9 @@
-"""Arithmetic on constant tensors as production RoPE code writes it (issue 24): a number or size
+"""Arithmetic on constant tensors as production model code writes it (issue 24): a number or size
 raised to a tensor (`Theta ^ (-2 index(p, P) / D)`, HF's 1 / base ^ (arange / dim)), an elementwise
 bound `max(x, c)` / `min(x, c)` of a tensor by a number or size (Llama 3's piecewise frequencies),
-and the number `pi`. Each is computed by the compiled module and by the reference evaluator and
-compared with the same formula in torch; bad uses get positioned errors (tests/errors/)."""
+the number `pi`, and `rsqrt(x)` (x ^ -0.5, as HF writes its RMS norms). Each is computed by the
+compiled module and by the reference evaluator and compared with the same formula in torch; bad
+uses get positioned errors (tests/errors/)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ WRITTEN = {  # the frequency as written: the same in torch
     "max_with_a_number": ("max(index(p, P) - 1.5, 0.25)", (ARANGE - 1.5).clamp(min=0.25)),
     "min_with_a_size_first": ("min(P / 2, index(p, P))", ARANGE.clamp(max=P / 2)),
     "min_of_max": ("min(max(2 index(p, P) - 3, -1), 2)", (2 * ARANGE - 3).clamp(-1, 2)),
+    "rsqrt": ("rsqrt(index(p, P) + 1)", (ARANGE + 1).rsqrt()),
     "pi": ("2 * pi / (index(p, P) + 1)", 2 * math.pi / (ARANGE + 1)),
 }
 
@@ -61,6 +63,28 @@ def test_a_declared_size_named_pi_is_that_size():
     with torch.no_grad():
         expected = torch.arange(N, dtype=F64)[:, None] * (3 * torch.ones(P, dtype=F64) @ module.W)
         torch.testing.assert_close(module(x)[0], expected, rtol=1e-12, atol=1e-12)
+
+
+QK_NORM = """
+design qk_norm
+size F = 8, H = 2, D = F / H
+size N
+input X[n: N, f: F]
+param W[f: F, h: H, d: D] = normal(std = 1)
+Q[n h d] = X[n f] W[f h d]
+R[n h d] = {norm}
+A[h n m] = softmax[m](R[n h d] R[m h d])
+Y[n f]   = A[h n m] Q[m h d] W[f h d]
+output Y
+"""
+
+
+def test_an_rms_norm_with_rsqrt_is_the_power_minus_a_half():
+    norms = ("Q[n h d] rsqrt(mean[d](Q[n h d] ^ 2) + 1e-6)", "Q[n h d] (mean[d](Q[n h d] ^ 2) + 1e-6) ^ -0.5")
+    modules = [tdiag.loads(QK_NORM.format(norm=norm)).module(dtype=F64, seed=3) for norm in norms]
+    x = torch.randn(2, N, F, dtype=F64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(modules[0](x), modules[1](x))
 
 
 def test_a_bound_is_shown_as_written():

@@ -37,6 +37,7 @@ from .sizes import _number, expand_sizes, size_symbol, size_values
 from .syntax import _available, _is_scalar_syntax, _ordered_union, _statement_targets
 from .vocabulary import (
     BOUNDS,
+    RSQRT,
     BOX_OPTIONS,
     BOXES,
     CONVOLUTIONS,
@@ -70,6 +71,8 @@ class BoxesAndMaps:
             return self.box(e, keep)
         if e.name in MAPS:
             return self.elementwise_map(e, keep)
+        if e.name == RSQRT:
+            return self.rsqrt(e, keep)
         if e.name in BOUNDS and e.legs is None and not e.options and len(e.args) == 2:
             return self.bound(e, keep)
         if e.name in BOUNDS and e.name not in REDUCTIONS:
@@ -491,6 +494,14 @@ class BoxesAndMaps:
         self.warn_lone_sums(written or e, args[0], operand)
         params = tuple(self.b._scalar(a) for a in args[1:])
         return ElementwiseMap(operand.legs, e.span, e.name, operand, params)
+
+    def rsqrt(self, e: syn.Call, keep: set[str]) -> Expr:
+        """`rsqrt(x)` is x ^ -0.5 (torch.rsqrt): an RMS norm as HF writes it,
+        `x rsqrt(mean[d](x ^ 2) + eps)`, planned as the power is (a layer norm's kernel included)."""
+        if e.legs is not None or e.options or e.keywords or len(e.args) != 1:
+            self.b.error("rsqrt takes one argument and no legs", e.span, hint="rsqrt(x) is x ^ -0.5")
+            return self.poison(e)
+        return self.inside(syn.BinOp(e.span, "^", e.args[0], syn.Number(e.name_span, -0.5)), keep)
 
     def bound(self, e: syn.Call, keep: set[str]) -> Expr:
         """`max(x, c)`, `min(x, c)` (either order): elementwise, a tensor against a number or size,
