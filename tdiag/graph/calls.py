@@ -37,7 +37,6 @@ from .sizes import _number, expand_sizes, size_symbol, size_values
 from .syntax import _available, _is_scalar_syntax, _ordered_union, _statement_targets
 from .vocabulary import (
     BOUNDS,
-    RSQRT,
     BOX_OPTIONS,
     BOXES,
     CONVOLUTIONS,
@@ -47,6 +46,7 @@ from .vocabulary import (
     PAIRINGS,
     POSITION_FUNCTIONS,
     REDUCTIONS,
+    RSQRT,
     SCALAR_FUNCTIONS,
     SCAN_OPTIONS,
     SCANS,
