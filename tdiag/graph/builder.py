@@ -23,7 +23,7 @@ from .merge import _item_name, _item_name_span, _what
 from .model import LIMITS, DesignGraph
 from .sizes import SizeTable, _same_size, size_symbol
 from .syntax import _cycles, _group_name, _leg_names, _place, _place_line, _syntax_nodes, _tensor_names
-from .vocabulary import FUNCTIONS, POISON_SIZE, SCALAR_FUNCTIONS
+from .vocabulary import BOUNDS, FUNCTIONS, POISON_SIZE, SCALAR_FUNCTIONS
 
 # how many legs deep find_leg follows tensors not built yet (T[a] = U[a], U[b] = ...) before it
 # gives up and the leg is reported unbound: a bound on the recursion, far beyond any design's chain
@@ -325,6 +325,9 @@ class _Builder(Declarations):
                 return POISON_SIZE
             function = {"sqrt": sympy.sqrt, "exp": sympy.exp, "log": sympy.log}[e.name]
             return function(self._scalar(e.args[0], known=known))
+        if isinstance(e, syn.Call) and e.name in BOUNDS and e.legs is None and len(e.args) == 2:
+            a, b = (self._scalar(x, sizes_only=sizes_only, known=known) for x in e.args)
+            return sympy.Max(a, b) if e.name == "max" else sympy.Min(a, b)
         what = "a size expression (numbers, sizes, + - * / ^)" if sizes_only else "a number or size expression"
         self.error(f"expected {what}", e.span)
         return POISON_SIZE

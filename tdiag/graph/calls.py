@@ -506,12 +506,11 @@ class BoxesAndMaps:
     def bound(self, e: syn.Call, keep: set[str]) -> Expr:
         """`max(x, c)`, `min(x, c)` (either order): elementwise, a tensor against a number or size,
         the maps "maximum" and "minimum" (torch.clamp with one bound); the frequency pieces of
-        Llama 3's rope scaling, for one."""
+        Llama 3's rope scaling, for one. Of two numbers or sizes it is a number (builder._scalar)."""
         scalar = [_is_scalar_syntax(a, self.b.tensors) for a in e.args]
-        if scalar.count(True) != 1:
-            what = "two numbers: write the number" if all(scalar) else "two tensors"
+        if not any(scalar):
             self.b.error(
-                f"{e.name}(a, b) takes a tensor and a number or size, got {what}",
+                f"{e.name}(a, b) takes a tensor and a number or size, got two tensors",
                 e.span,
                 hint=f"{e.name}[r](x) reduces x over leg r; {e.name}(x, c) bounds x by c entry by entry",
             )
