@@ -12,20 +12,20 @@
 # (repeat_kv); dense (bias = True).
 # Readings:
 # - The rotated part is Dr = int(D · partial_rotary_factor) features, an even number (HF rotates
-#   halves of it). Phi-2: F = 2560, H = 32, D = 80, partial_rotary_factor = 0.4, Dr = 32 (the
-#   defaults here, Dr = 2·D/5); PhiConfig's defaults are F = 2048, H = 32, D = 64, factor 0.5:
-#   set Dr = D / 2. Within it the rotation is rotate-half: the rotated leg j viewed as (s p),
-#   half-major, θ_p = Theta^(−2p/Dr) (HF's inv_freq over the rotary dims), positions from 0.
+#   halves of it). PhiConfig's defaults, taken here: F = 2048, H = 32, D = 64, factor 0.5, so
+#   Dr = D / 2; Phi-2 is F = 2560, H = 32, D = 80, factor 0.4: set F = 2560, Dr = 32. Within it
+#   the rotation is rotate-half: the rotated leg j viewed as (s p), half-major,
+#   θ_p = Theta^(−2p/Dr) (HF's inv_freq over the rotary dims), positions from 0.
 # - The score of each head is the rotated parts' product plus the passed parts' product, the
 #   concatenation's dot product split by ranges of d: Q[n, g, r, c: Dr..D] K[m, g, c: Dr..D].
 # - H query heads in G key-value groups of R = H / G (query head (g r) = g·R + r, repeat_kv);
-#   Phi-1.5 and Phi-2 have G = H (num_key_value_heads = None). Biases bq[g r d], bk[g d], bv[g e]
-#   (HF's q_proj.bias viewed head-major), bo[o] (dense.bias).
+#   Phi-1.5 and Phi-2 have G = H (num_key_value_heads = None; the default here). Biases
+#   bq[g r d], bk[g d], bv[g e] (HF's q_proj.bias viewed head-major), bo[o] (dense.bias).
 # - Head width D = F / H; scale head_dim^−0.5. Causal as a decoder: `with_causal_mask()`.
 # family: production
 design phi
 
-size F = 2560, H = 32, G = 32, R = H / G, D = F / H, Dr = 2 * D / 5, P = Dr / 2, Theta = 10000
+size F = 2048, H = 32, G = H, R = H / G, D = F / H, Dr = D / 2, P = Dr / 2, Theta = 10000
 size N
 
 input X[n: N, f: F]
