@@ -1,7 +1,8 @@
 """Arithmetic on constant tensors as production model code writes it (issue 24): a number or size
 raised to a tensor (`Theta ^ (-2 index(p, P) / D)`, HF's 1 / base ^ (arange / dim)), an elementwise
 bound `max(x, c)` / `min(x, c)` of a tensor by a number or size (Llama 3's piecewise frequencies),
-the number `pi`, and `rsqrt(x)` (x ^ -0.5, as HF writes its RMS norms). Each is computed by the
+the number `pi`, `floor` and `ceil` of numbers and sizes (YaRN's correction range, Phi's
+int(head_dim · factor)), and `rsqrt(x)` (x ^ -0.5, as HF writes its RMS norms). Each is computed by the
 compiled module and by the reference evaluator and compared with the same formula in torch; bad
 uses get positioned errors (tests/errors/)."""
 
@@ -37,6 +38,10 @@ WRITTEN = {  # the frequency as written: the same in torch
     "max_with_a_number": ("max(index(p, P) - 1.5, 0.25)", (ARANGE - 1.5).clamp(min=0.25)),
     "min_with_a_size_first": ("min(P / 2, index(p, P))", ARANGE.clamp(max=P / 2)),
     "min_of_max": ("min(max(2 index(p, P) - 3, -1), 2)", (2 * ARANGE - 3).clamp(-1, 2)),
+    "floor_and_ceil_of_numbers": (
+        "clamp((index(p, P) - floor(F * log(2.5))) / (ceil(2.2) - floor(1.5)), 0, 1)",
+        ((ARANGE - math.floor(F * math.log(2.5))) / (3 - 1)).clamp(0, 1),
+    ),
     "rsqrt": ("rsqrt(index(p, P) + 1)", (ARANGE + 1).rsqrt()),
     "pi": ("2 * pi / (index(p, P) + 1)", 2 * math.pi / (ARANGE + 1)),
 }
@@ -52,6 +57,14 @@ def test_frequency_computes_as_written(name: str, impl: str):
     expected = x + torch.arange(N, dtype=F64)[:, None] * (theta @ module.W.detach())
     with torch.no_grad():
         torch.testing.assert_close(module(x), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_size_may_be_the_floor_of_a_real_formula():
+    """Phi's rotary_ndims = int(head_dim · partial_rotary_factor)."""
+    design = tdiag.loads(
+        FREQUENCIES.replace("Theta = 10000", "Theta = 10000, Dr = floor(F * 0.4)").format(frequency="Dr index(p, P)")
+    )
+    assert design.size_values["Dr"] == 3
 
 
 def test_a_declared_size_named_pi_is_that_size():

@@ -320,11 +320,14 @@ class _Builder(Declarations):
                 return POISON_SIZE
             return a**b if e.op == "^" else _ARITHMETIC[e.op](a, b)  # only this one: 1e10 ^ 1e10 never runs
         if isinstance(e, syn.Call) and e.name in SCALAR_FUNCTIONS and e.legs is None and len(e.args) == 1:
-            if sizes_only:
+            whole = e.name in ("floor", "ceil")  # a whole number: a size may be one (int(D · 0.4))
+            if sizes_only and not whole:
                 self.error(f"a size is a whole number; {e.name} is for scales", e.name_span)
                 return POISON_SIZE
-            function = {"sqrt": sympy.sqrt, "exp": sympy.exp, "log": sympy.log}[e.name]
-            return function(self._scalar(e.args[0], known=known))
+            function = {"sqrt": sympy.sqrt, "exp": sympy.exp, "log": sympy.log, "floor": sympy.floor}.get(
+                e.name, sympy.ceiling
+            )
+            return function(self._scalar(e.args[0], sizes_only=sizes_only and not whole, known=known))
         if isinstance(e, syn.Call) and e.name in BOUNDS and e.legs is None and len(e.args) == 2:
             a, b = (self._scalar(x, sizes_only=sizes_only, known=known) for x in e.args)
             return sympy.Max(a, b) if e.name == "max" else sympy.Min(a, b)

@@ -24,7 +24,7 @@ SCANS = ("cumsum", "logcumsumexp")  # prefix scans along a position leg, which s
 SEGMENT_SUMS = ("segsum",)  # Σ_{k=m+1..n} a_k over (n, m), causal
 CONVOLUTIONS = ("conv",)  # conv[n = n - i](x, kernel): shifts along position legs, summed with a kernel
 PAIRINGS = ("sqdist",)
-SCALAR_FUNCTIONS = ("sqrt", "exp", "log")  # of numbers and sizes: a scalar, not a map
+SCALAR_FUNCTIONS = ("sqrt", "exp", "log", "floor", "ceil")  # of numbers and sizes: a scalar, not a map
 MASK_FACTORS = ("causal", "window")
 POSITION_FUNCTIONS = ("index",)
 FUNCTIONS = tuple(

@@ -6,9 +6,9 @@ size N
 
 input X[n: N, f: F]
 param WO[p: P, g: F] = normal(std = 1)
-param floor[p: P] = zeros
+param lower[p: P] = zeros
 
-theta[p] = max(exp(-2 index(p, P) / D * log(10000)), floor[p])
+theta[p] = max(exp(-2 index(p, P) / D * log(10000)), lower[p])
 Y[n g]   = index(n) theta[p] WO[p g] + X[n g]
 
 output Y
