@@ -15,6 +15,7 @@ import torch
 
 import tdiag
 from tdiag import TdiagError
+from tdiag.plan.program import Fill, reads
 
 F64 = torch.float64
 N = 5
@@ -128,3 +129,41 @@ def test_bad_frequency_arithmetic_is_refused_at_its_position(text: str, message:
     with pytest.raises(TdiagError) as error:
         tdiag.loads(FREQUENCIES.format(frequency=text))
     assert message in str(error.value) and ":7:12:" in str(error.value)
+
+
+SCALARS = """
+design scalars
+size F = 8, P = 4, Lo = 1
+size N
+input X[n: N, f: F]
+param W[p: P, g: F] = normal(std = 1)
+lo[]     = floor(2.5)
+hi[]     = ceil(4.5)
+theta[p] = clamp((index(p, P) - lo[]) / (hi[] - lo[]), 0, 1) - Lo + (1 - index(p, P))
+Y[n g]   = X[n g] + index(n) theta[p] W[p g]
+output Y
+"""
+
+
+def test_a_scalar_statement_folded_into_its_uses_leaves_no_step():
+    """`hi[]` is read only inside `hi[] - lo[]`, a number: no step computes it unread."""
+    plan = tdiag.loads(SCALARS).plan()
+    read = {value.var for step in plan.steps for value in reads(step.op)} | {v.var for _, v in plan.outputs}
+    assert all(step.out.var in read for step in plan.steps if step.out is not None)
+
+
+def test_one_constant_step_per_number_whatever_it_is_written_as():
+    """The size Lo = 1 and the number 1 are one constant."""
+    fills = [step for step in tdiag.loads(SCALARS).plan().steps if isinstance(step.op, Fill)]
+    values = [step.op.value for step in fills]
+    assert len(values) == len(set(values))
+
+
+def test_scalar_statements_compute_as_written():
+    design = tdiag.loads(SCALARS)
+    module = design.module(dtype=F64, seed=3)
+    x = torch.zeros(1, N, F, dtype=F64)
+    theta = ((ARANGE - 2) / (5 - 2)).clamp(0, 1) - 1 + (1 - ARANGE)
+    with torch.no_grad():
+        expected = torch.arange(N, dtype=F64)[:, None] * (theta @ module.W)
+        torch.testing.assert_close(module(x)[0], expected, rtol=1e-12, atol=1e-12)

@@ -180,9 +180,10 @@ class ConstantFolding:
         return None
 
     def fill(self, value: sympy.Expr, legs: tuple[str, ...], var: str | None) -> Value:
-        """A constant as a 0-dim tensor (one per number per program), broadcast along `legs`."""
+        """A constant as a 0-dim tensor (one per number per program: `1` and a size Lo = 1 are one
+        step), broadcast along `legs`."""
         value = sympy.sympify(value)
-        key = ("fill", value)
+        key = ("fill", self.runtime(value))
         if key not in self.memo:
             inputs = [t.name for t in self.g.inputs]
             like = self.input_vars[inputs[0]] if inputs else None
