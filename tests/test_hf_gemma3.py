@@ -128,3 +128,21 @@ def test_gemma3_sliding_equals_hf_gemma3_local_attention_float64():
     x = x_input()
     with torch.no_grad():
         assert_equal64(module(x), attn(x, rotary("sliding_attention"), additive_mask(visible))[0])
+
+
+def test_gemma3_gradients_equal_hf_gemma3_attention_float64():
+    """The gradients in the input and in the (1 + w) norm weights equal HF's (global layer, causal)."""
+    attn = hf("full_attention")
+    attn.zero_grad()
+    design = tdiag.load(DESIGNS / "gemma3.td", F=F, H=H, G=G, D=D, QS=QS, Factor=FACTOR)
+    module = design.with_causal_mask().module(dtype=F64)
+    load_into(module, weights(attn))
+    x = x_input().requires_grad_()
+    x_hf = x.detach().clone().requires_grad_()
+    weight = torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(3))
+    (module(x) * weight).sum().backward()
+    mask = additive_mask(torch.ones(N, N, dtype=torch.bool).tril())
+    (attn(x_hf, rotary("full_attention"), mask)[0] * weight).sum().backward()
+    assert_equal64(x.grad, x_hf.grad)
+    assert_equal64(module.nq.grad, attn.q_norm.weight.grad)
+    assert_equal64(module.nk.grad, attn.k_norm.weight.grad)

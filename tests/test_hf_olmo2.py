@@ -72,3 +72,21 @@ def test_olmo2_equals_hf_olmo2_attention_float64(causal):
     mask = additive_mask(visible.tril() if causal else visible)
     with torch.no_grad():
         assert_equal64(module(x), hf()(x, rope_cos_sin(N, D, THETA), mask)[0])
+
+
+def test_olmo2_gradients_equal_hf_olmo2_attention_float64():
+    """The gradients in the input and in the full-width norm weights equal HF's (causal)."""
+    attn = hf()
+    attn.zero_grad()
+    module = tdiag.load(DESIGNS / "olmo2.td", F=F, H=H, G=G).with_causal_mask().module(dtype=F64)
+    load_into(module, weights(attn))
+    x = torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    x_hf = x.detach().clone().requires_grad_()
+    weight = torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(3))
+    (module(x) * weight).sum().backward()
+    mask = additive_mask(torch.ones(N, N, dtype=torch.bool).tril())
+    (attn(x_hf, rope_cos_sin(N, D, THETA), mask)[0] * weight).sum().backward()
+    assert_equal64(x.grad, x_hf.grad)
+    r = H // G
+    assert_equal64(module.nq.grad, attn.q_norm.weight.grad.view(G, r, D))
+    assert_equal64(module.nk.grad, attn.k_norm.weight.grad.view(G, D))
