@@ -1054,6 +1054,8 @@ def _map(name: str, x: str, parameters: Sequence[sympy.Expr]) -> str:
         "sqrt": lambda: f"torch.sqrt({x})",
         "abs": lambda: f"torch.abs({x})",
         "clamp": lambda: f"{x}.clamp({', '.join(params)})",
+        "maximum": lambda: f"{x}.clamp(min={params[0]})",
+        "minimum": lambda: f"{x}.clamp(max={params[0]})",
         "pow": lambda: f"{x} ** {params[0] if params else 1}",
     }[name]()
 

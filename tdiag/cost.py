@@ -10,9 +10,9 @@ Conventions for contractions (FiSH App. D, MGK App. B count differently from opt
 - mac: 1 per multiply-add (fvcore's count);
 - paper: a k-term sum costs 2k − 1 per output element (a multiply and an add each).
 Softmax exponentials and divisions, and other elementwise work, are reported apart: every
-elementwise map (exp log relu elu1 sigmoid tanh softplus silu gelu sin cos sqrt abs clamp pow)
-counts one elementwise operation per element it produces, whatever its inner arithmetic, in
-`elementwise`, never in `flops`; so does each addition of a sum node and each scaling.
+elementwise map (exp log relu elu1 sigmoid tanh softplus silu gelu sin cos sqrt abs clamp pow, and
+max or min with a bound) counts one elementwise operation per element it produces, whatever its
+inner arithmetic, in `elementwise`, never in `flops`; so does each addition of a sum node and each scaling.
 
 `flops` counts every entry of a causal attention, the papers' convention; `kernel_flops` counts
 what a kernel that skips the key blocks above the diagonal does (SDPA's is_causal, a

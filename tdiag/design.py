@@ -538,7 +538,8 @@ def format_expr(e: Expr) -> str:
         if e.name == "pow":
             return f"{_wrap(e.operand)} ^ {e.params[0]}"  # type: ignore[arg-type]
         params = "".join(f", {p}" for p in e.params)
-        return f"{e.name}({format_expr(e.operand)}{params})"  # type: ignore[arg-type]
+        name = {"maximum": "max", "minimum": "min"}.get(e.name, e.name)
+        return f"{name}({format_expr(e.operand)}{params})"  # type: ignore[arg-type]
     if isinstance(e, Reduction):
         masks = "".join(f", mask = {_format_mask(m)}" for m in e.masks)
         return f"{e.name}[{' '.join(e.over)}{masks}]({format_expr(e.operand)})"  # type: ignore[arg-type]

@@ -365,7 +365,8 @@ class SoftmaxBox(Expr):
 @dataclass(frozen=True)
 class ElementwiseMap(Expr):
     """Shape-preserving maps: exp, log, relu, elu1 (elu + 1), sigmoid, tanh, softplus, silu, gelu
-    (exact, with erf), sin, cos, sqrt, abs, clamp(lo, hi), pow(p)."""
+    (exact, with erf), sin, cos, sqrt, abs, clamp(lo, hi), maximum(c) and minimum(c) (`max(x, c)`,
+    `min(x, c)`), pow(p)."""
 
     name: str = ""
     operand: Expr | None = None

@@ -489,7 +489,10 @@ def _syntax_error(
         if expected:
             message += f"; {expected}"
         previous = error.token_history[-1] if error.token_history else None
+        nested_group = token.type == "LPAR" and _accepted(error, set(error.expected)) <= {"RPAR", "NAME"}
         hint = (
+            "a leg group does not nest: (g r s p) splits one axis into the legs g, r, s and p" if nested_group else None
+        ) or (
             _unclosed_hint(token, postlex)
             or _token_hint(token, previous, text)
             or _continuation_hint(token, error, text)

@@ -609,6 +609,8 @@ def elementwise_map(node: ElementwiseMap, frame: Frame) -> torch.Tensor:
         return TORCH_MAPS[node.name](x)
     if node.name == "clamp":
         return torch.clamp(x, params[0], params[1])
+    if node.name in ("maximum", "minimum"):
+        return torch.clamp(x, **{"min" if node.name == "maximum" else "max": params[0]})
     if node.name == "pow":
         return x ** (int(params[0]) if params[0].is_integer() else params[0])
     raise ValueError(f"unknown elementwise map {node.name}")

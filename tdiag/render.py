@@ -95,6 +95,8 @@ MAP_LABEL = {
     "relu": "ReLU",
     "elu1": "elu + 1",
     "clamp": "clamp",
+    "maximum": "max",
+    "minimum": "min",
     "sigmoid": "σ",
     "tanh": "tanh",
     "softplus": "softplus",

@@ -23,7 +23,7 @@ from .merge import _item_name, _item_name_span, _what
 from .model import LIMITS, DesignGraph
 from .sizes import SizeTable, _same_size, size_symbol
 from .syntax import _cycles, _group_name, _leg_names, _place, _place_line, _syntax_nodes, _tensor_names
-from .vocabulary import FUNCTIONS, POISON_SIZE, SCALAR_FUNCTIONS
+from .vocabulary import BOUNDS, FUNCTIONS, POISON_SIZE, SCALAR_FUNCTIONS
 
 # how many legs deep find_leg follows tensors not built yet (T[a] = U[a], U[b] = ...) before it
 # gives up and the leg is reported unbound: a bound on the recursion, far beyond any design's chain
@@ -303,6 +303,8 @@ class _Builder(Declarations):
         if isinstance(e, syn.Name):
             if e.name in known or e.name in self.sizes:
                 return size_symbol(e.name)
+            if e.name == "pi" and not sizes_only:
+                return sympy.pi
             self._unknown_size(e, {*known, *self.sizes})
             return POISON_SIZE
         if isinstance(e, syn.Neg):
@@ -318,11 +320,17 @@ class _Builder(Declarations):
                 return POISON_SIZE
             return a**b if e.op == "^" else _ARITHMETIC[e.op](a, b)  # only this one: 1e10 ^ 1e10 never runs
         if isinstance(e, syn.Call) and e.name in SCALAR_FUNCTIONS and e.legs is None and len(e.args) == 1:
-            if sizes_only:
+            whole = e.name in ("floor", "ceil")  # a whole number: a size may be one (int(D · 0.4))
+            if sizes_only and not whole:
                 self.error(f"a size is a whole number; {e.name} is for scales", e.name_span)
                 return POISON_SIZE
-            function = {"sqrt": sympy.sqrt, "exp": sympy.exp, "log": sympy.log}[e.name]
-            return function(self._scalar(e.args[0], known=known))
+            function = {"sqrt": sympy.sqrt, "exp": sympy.exp, "log": sympy.log, "floor": sympy.floor}.get(
+                e.name, sympy.ceiling
+            )
+            return function(self._scalar(e.args[0], sizes_only=sizes_only and not whole, known=known))
+        if isinstance(e, syn.Call) and e.name in BOUNDS and e.legs is None and len(e.args) == 2:
+            a, b = (self._scalar(x, sizes_only=sizes_only, known=known) for x in e.args)
+            return sympy.Max(a, b) if e.name == "max" else sympy.Min(a, b)
         what = "a size expression (numbers, sizes, + - * / ^)" if sizes_only else "a number or size expression"
         self.error(f"expected {what}", e.span)
         return POISON_SIZE

@@ -36,6 +36,7 @@ from .map_sums import lone_sums, map_sum_warning
 from .sizes import _number, expand_sizes, size_symbol, size_values
 from .syntax import _available, _is_scalar_syntax, _ordered_union, _statement_targets
 from .vocabulary import (
+    BOUNDS,
     BOX_OPTIONS,
     BOXES,
     CONVOLUTIONS,
@@ -45,6 +46,7 @@ from .vocabulary import (
     PAIRINGS,
     POSITION_FUNCTIONS,
     REDUCTIONS,
+    RSQRT,
     SCALAR_FUNCTIONS,
     SCAN_OPTIONS,
     SCANS,
@@ -69,6 +71,17 @@ class BoxesAndMaps:
             return self.box(e, keep)
         if e.name in MAPS:
             return self.elementwise_map(e, keep)
+        if e.name == RSQRT:
+            return self.rsqrt(e, keep)
+        if e.name in BOUNDS and e.legs is None and not e.options and len(e.args) == 2:
+            return self.bound(e, keep)
+        if e.name in BOUNDS and e.name not in REDUCTIONS:
+            self.b.error(
+                f"{e.name} takes a tensor and a bound: {e.name}(x, c) with c a number or size",
+                e.span,
+                hint="a minimum over a leg r is -max[r](-x)",
+            )
+            return self.poison(e)
         if e.name in REDUCTIONS:
             return self.reduction(e, keep)
         if e.name in SCANS:
@@ -481,6 +494,31 @@ class BoxesAndMaps:
         self.warn_lone_sums(written or e, args[0], operand)
         params = tuple(self.b._scalar(a) for a in args[1:])
         return ElementwiseMap(operand.legs, e.span, e.name, operand, params)
+
+    def rsqrt(self, e: syn.Call, keep: set[str]) -> Expr:
+        """`rsqrt(x)` is x ^ -0.5 (torch.rsqrt): an RMS norm as HF writes it,
+        `x rsqrt(mean[d](x ^ 2) + eps)`, planned as the power is (a layer norm's kernel included)."""
+        if e.legs is not None or e.options or e.keywords or len(e.args) != 1:
+            self.b.error("rsqrt takes one argument and no legs", e.span, hint="rsqrt(x) is x ^ -0.5")
+            return self.poison(e)
+        return self.inside(syn.BinOp(e.span, "^", e.args[0], syn.Number(e.name_span, -0.5)), keep)
+
+    def bound(self, e: syn.Call, keep: set[str]) -> Expr:
+        """`max(x, c)`, `min(x, c)` (either order): elementwise, a tensor against a number or size,
+        the maps "maximum" and "minimum" (torch.clamp with one bound); the frequency pieces of
+        Llama 3's rope scaling, for one. Of two numbers or sizes it is a number (builder._scalar)."""
+        scalar = [_is_scalar_syntax(a, self.b.tensors) for a in e.args]
+        if not any(scalar):
+            self.b.error(
+                f"{e.name}(a, b) takes a tensor and a number or size, got two tensors",
+                e.span,
+                hint=f"{e.name}[r](x) reduces x over leg r; {e.name}(x, c) bounds x by c entry by entry",
+            )
+            return self.poison(e)
+        tensor, bound = (e.args[1], e.args[0]) if scalar[0] else e.args
+        operand = self.inside(tensor, keep)
+        self.warn_lone_sums(e, tensor, operand)
+        return ElementwiseMap(operand.legs, e.span, BOUNDS[e.name], operand, (self.b._scalar(bound),))
 
     def warn_lone_sums(self, call: syn.Call | syn.BinOp, argument: syn.Expr, operand: Expr) -> None:
         """Warn of a leg summed inside a map, reduction or power that one factor of its argument alone

@@ -79,6 +79,15 @@ class Declarations:
                 continue
             if value.is_integer and value > 0:  # type: ignore[attr-defined]
                 continue
+            definition = size.definition if size.definition is not None else sympy.S.Zero
+            if definition.is_Rational and not definition.is_integer and value > 0:
+                written = repr(float(value))
+                self.error(
+                    f"size {name} = {written} is not a whole number; a size must be a whole positive number",
+                    size.span,
+                    hint=f"a real constant (a RoPE base, say) goes into the statements as a number: log({written})",
+                )
+                continue
             shown = ", ".join(
                 f"{k}={v}"
                 for k, v in values.items()

@@ -254,11 +254,31 @@ class Products:
 
     def power(self, e: syn.BinOp, keep: set[str]) -> Expr:
         if not _is_scalar_syntax(e.right, self.b.tensors):
-            self.b.error("an exponent is a number or size, not a tensor", e.right.span)
+            if _is_scalar_syntax(e.left, self.b.tensors):
+                return self.scalar_power(e, keep)
+            self.b.error(
+                "an exponent is a number or size, not a tensor",
+                e.right.span,
+                hint="a tensor exponent needs a number or size as its base: Theta ^ x[p] is exp(x[p] log(Theta))",
+            )
             return self.poison(e)
         base = self.inside(e.left, keep)
         self.warn_lone_sums(e, e.left, base)
         return ElementwiseMap(base.legs, e.span, "pow", base, (self.b._scalar(e.right),))
+
+    def scalar_power(self, e: syn.BinOp, keep: set[str]) -> Expr:
+        """`Theta ^ x[p]`, a positive number or size raised to a tensor, is exp(x[p] · log(Theta))
+        (RoPE's inverse frequencies as HF writes them, 1 / base ^ (2p / D))."""
+        base = self.b._scalar(e.left)
+        if base.is_positive is False or base.is_zero:
+            self.b.error(
+                f"the base of a power with a tensor exponent must be positive, got {base}",
+                e.left.span,
+                hint="it is read as exp(exponent · log(base))",
+            )
+            return self.poison(e)
+        log = syn.Call(e.left.span, "log", e.left.span, None, (), (e.left,), ())
+        return self.inside(syn.Call(e.span, "exp", e.span, None, (), (syn.BinOp(e.span, "*", e.right, log),), ()), keep)
 
 
 def _product_text(group: syn.LegGroup, legs: Mapping[str, Leg]) -> str:

@@ -15,6 +15,7 @@ from .. import parse as syn
 from ..errors import Span
 from ..ir import Position, Tensor
 from .vocabulary import (
+    BOUNDS,
     CONVOLUTIONS,
     FUNCTIONS,
     MASK_FACTORS,
@@ -83,7 +84,7 @@ def _flatten_sum(e: syn.Expr, sign: int = 1) -> tuple[list[syn.Expr], list[int]]
 
 
 def _is_scalar_syntax(e: syn.Expr, tensors: Mapping[str, Tensor]) -> bool:
-    """Numbers, sizes and sqrt/arithmetic of them: things that carry no legs."""
+    """Numbers, sizes and sqrt/arithmetic/max/min of them: things that carry no legs."""
     if isinstance(e, syn.Number):
         return True
     if isinstance(e, syn.Name):
@@ -92,6 +93,9 @@ def _is_scalar_syntax(e: syn.Expr, tensors: Mapping[str, Tensor]) -> bool:
         return _is_scalar_syntax(e.operand, tensors)
     if isinstance(e, syn.BinOp):
         return _is_scalar_syntax(e.left, tensors) and _is_scalar_syntax(e.right, tensors)
+    if isinstance(e, syn.Call) and e.name in BOUNDS:
+        scalars = all(_is_scalar_syntax(a, tensors) for a in e.args)
+        return e.legs is None and not e.options and len(e.args) == 2 and scalars
     if isinstance(e, syn.Call):
         return e.name in SCALAR_FUNCTIONS and e.legs is None and all(_is_scalar_syntax(a, tensors) for a in e.args)
     return False

@@ -16,11 +16,15 @@ MAPS = {
     "clamp": 2,
 }
 REDUCTIONS = ("max", "logsumexp", "mean")
+# `max(x, c)`, `min(x, c)`: a tensor and a number or size, elementwise (no legs): the map's name
+BOUNDS = {"max": "maximum", "min": "minimum"}
+# maps written as another expression: `rsqrt(x)` is x ^ -0.5 (torch.rsqrt, as RMS norms are written)
+RSQRT = "rsqrt"
 SCANS = ("cumsum", "logcumsumexp")  # prefix scans along a position leg, which stays
 SEGMENT_SUMS = ("segsum",)  # Σ_{k=m+1..n} a_k over (n, m), causal
 CONVOLUTIONS = ("conv",)  # conv[n = n - i](x, kernel): shifts along position legs, summed with a kernel
 PAIRINGS = ("sqdist",)
-SCALAR_FUNCTIONS = ("sqrt", "exp", "log")  # of numbers and sizes: a scalar, not a map
+SCALAR_FUNCTIONS = ("sqrt", "exp", "log", "floor", "ceil")  # of numbers and sizes: a scalar, not a map
 MASK_FACTORS = ("causal", "window")
 POSITION_FUNCTIONS = ("index",)
 FUNCTIONS = tuple(
@@ -29,6 +33,8 @@ FUNCTIONS = tuple(
             *BOXES,
             *MAPS,
             *REDUCTIONS,
+            *BOUNDS,
+            RSQRT,
             *SCANS,
             *SEGMENT_SUMS,
             *CONVOLUTIONS,

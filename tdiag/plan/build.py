@@ -107,8 +107,10 @@ def build_plan(
     keep = {value.var for _, value in plan.outputs} | {v.var for s in plan.update_steps for v in reads(s.op)}
     assign_layouts(plan.steps, keep, Sizes(lowering.number, lambda leg: lowering.shape([leg])[0]))
     gone = fuse_linear_biases(lowering, plan.steps, keep)
+    dropped = _drop_unread_constants(plan.steps, keep)
     lowering.box_segments = [
-        (_shifted(start, gone), _shifted(end, gone), var) for start, end, var in lowering.box_segments
+        (_shifted(_shifted(start, gone), dropped), _shifted(_shifted(end, gone), dropped), var)
+        for start, end, var in lowering.box_segments
     ]
     plan.names = lowering.input_vars
     plan.lowered = lowering.lowered
@@ -165,6 +167,15 @@ def _reorder(lowering: _Lowering, value: Value, order: list[str]) -> Value:
     name = lowering.names.fresh(f"{value.var}_out")
     permutation = tuple(value.legs.index(leg) for leg in order)
     return lowering.emit(Step("permute", Permute(value, permutation), Value(name, tuple(order)), "reorder legs"))  # type: ignore[return-value]
+
+
+def _drop_unread_constants(steps: list[Step], kept: set[str]) -> list[int]:
+    """Remove, in place, each constant step no step reads (a statement of no legs, `hi[] = ...`,
+    whose every use was folded into a number); returns their indices in `steps` as they were."""
+    read = kept | {value.var for step in steps for value in reads(step.op)}
+    gone = [k for k, s in enumerate(steps) if s.kind == "constant" and s.out is not None and s.out.var not in read]
+    steps[:] = [s for k, s in enumerate(steps) if k not in set(gone)]
+    return gone
 
 
 def _shifted(index: int, gone: list[int]) -> int:

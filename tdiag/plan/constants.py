@@ -161,6 +161,8 @@ class ConstantFolding:
                 return x ** e.params[0]
             if e.name == "clamp":
                 return sympy.Min(sympy.Max(x, e.params[0]), e.params[1])
+            if e.name in ("maximum", "minimum"):
+                return (sympy.Max if e.name == "maximum" else sympy.Min)(x, e.params[0])
             return SCALAR_MAPS[e.name](x)
         if isinstance(e, Reduction) and not e.masks:
             x = self.constant_value(e.operand)  # type: ignore[arg-type]
@@ -178,9 +180,10 @@ class ConstantFolding:
         return None
 
     def fill(self, value: sympy.Expr, legs: tuple[str, ...], var: str | None) -> Value:
-        """A constant as a 0-dim tensor (one per number per program), broadcast along `legs`."""
+        """A constant as a 0-dim tensor (one per number per program: `1` and a size Lo = 1 are one
+        step), broadcast along `legs`."""
         value = sympy.sympify(value)
-        key = ("fill", value)
+        key = ("fill", self.runtime(value))
         if key not in self.memo:
             inputs = [t.name for t in self.g.inputs]
             like = self.input_vars[inputs[0]] if inputs else None

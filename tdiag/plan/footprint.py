@@ -82,6 +82,8 @@ from .strides import contiguous, padded, view_strides
 SAVES_INPUT = {
     "log",
     "clamp",
+    "maximum",
+    "minimum",
     "pow",
     "elu1",
     "softplus",

@@ -203,7 +203,7 @@ class Materialize:
 @dataclass(frozen=True)
 class Map:
     """An elementwise map: exp, log, relu, elu1 (elu + 1), sigmoid, tanh, softplus, silu, gelu,
-    sin, cos, sqrt, abs, clamp, pow."""
+    sin, cos, sqrt, abs, clamp, maximum, minimum (max and min with a bound), pow."""
 
     x: Value
     name: str
