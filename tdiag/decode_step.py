@@ -546,7 +546,7 @@ def _graph(
 def _planned(graph: DesignGraph, at: Mapping[str, int]):
     from .module import plan_for
 
-    return plan_for(graph, {**at, "B": 1})
+    return plan_for(graph, {**at, "B": 1}, absorb=False)
 
 
 def _step_sizes(graphs: StepGraphs, queries: int, past: int) -> dict[str, int]:

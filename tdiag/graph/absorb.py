@@ -15,18 +15,20 @@ import sympy
 from ..ir import CausalFactor, Contraction, Expr, Statement, TensorRef, WindowFactor, map_children, walk
 from .model import DesignGraph
 
-__all__ = ["absorbed", "length_symbol"]
+__all__ = ["absorbed", "length_symbol", "unread_dropped"]
 
 
 def absorbed(graph: DesignGraph) -> DesignGraph:
-    """The graph a decoding step evaluates: where a statement reads at every key a tensor S that
-    is a linear map of a smaller per-position tensor D (S[m h c] = D[m l] W[l h c] with
-    parameters and constants beside D; MLA's per-head keys and values of its latent), S's
-    factors are put in its place in the reader's product, so that the frontier, and what the
-    cache holds, is D, and the step contracts the new queries with the weights first (the
+    """The design's absorbed form, or `graph` itself where it has none: where a statement reads
+    at every key a tensor S that is a linear map of a smaller per-position tensor D
+    (S[m h c] = D[m l] W[l h c] with parameters and constants beside D; MLA's per-head keys and
+    values of its latent), S's factors are put in its place in the reader's product, so that
+    the frontier, and what the cache holds, is D, and the step contracts the new queries with the weights first (the
     absorbed form). It is offered where the cache would keep fewer entries per position (what a
     decoding step reads from memory), and taken where the planner's time model finds a step
-    cheaper in it (decode_step.chosen_form)."""
+    cheaper in it (decode_step.chosen_form), and by the planner for a whole forward pass where
+    its objective finds that cheaper (plan/absorb_choice.py). The replaced tensors' statements
+    stay (a decoding step reads only what its outputs need); `unread_dropped` removes them."""
     symbol = length_symbol(graph)
     if symbol is None:
         return graph
@@ -45,7 +47,38 @@ def absorbed(graph: DesignGraph) -> DesignGraph:
     return dataclasses.replace(graph, legs=legs, tensors=tensors, statements=statements)
 
 
+def unread_dropped(graph: DesignGraph) -> DesignGraph:
+    """`graph` without the statements (and their tensors) that no output and no state update
+    reads, directly or through other statements: what `absorbed` leaves behind (MLA's per-head
+    keys and values once their readers contract the latent), which a plan would otherwise
+    compute and never use."""
+    read = set(graph.outputs)
+    for update in graph.updates:
+        read |= {update.target} | _names_read(update.expr)
+    for statement in reversed(graph.statements):
+        if statement.target in read:
+            read |= _names_read(statement.expr)
+    statements = [s for s in graph.statements if s.target in read]
+    if len(statements) == len(graph.statements):
+        return graph
+    gone = {s.target for s in graph.statements} - read
+    tensors = {name: t for name, t in graph.tensors.items() if name not in gone}
+    return dataclasses.replace(graph, tensors=tensors, statements=statements)
+
+
+def _names_read(expr: Expr) -> set[str]:
+    """The tensors an expression reads: its references and its masks' tensors (a padding mask)."""
+    names = set()
+    for node in walk(expr):
+        if isinstance(node, TensorRef):
+            names.add(node.name)
+        names |= {mask.tensor.name for mask in getattr(node, "masks", ()) if getattr(mask, "tensor", None) is not None}
+    return names
+
+
 def length_symbol(graph: DesignGraph) -> sympy.Expr | None:
+    """The run-time length the design's one input runs over (N), or None where there is not
+    exactly one input with exactly one such axis."""
     if len(graph.inputs) != 1:
         return None
     free = [
@@ -55,11 +88,14 @@ def length_symbol(graph: DesignGraph) -> sympy.Expr | None:
 
 
 def _key_legs(statement: Statement, positional: set[str]) -> set[str]:
-    """The position legs a statement reads at every key: those it sums over without keeping, and
-    those a mask of it hides the future of."""
+    """The position legs a statement reads at every key: those it sums over without keeping,
+    those a box normalizes over, and those a mask of it hides the future of. (A box's normalized
+    leg is its mask's key wherever a decoding cache applies, since the design is causal; only an
+    unmasked box, planned for training, needs it named.)"""
     inner = {leg for node in walk(statement.expr) for leg in node.legs} - set(statement.legs)
     keys = inner & positional
     for node in walk(statement.expr):
+        keys |= set(getattr(node, "normalized", ())) & positional
         for mask in getattr(node, "masks", ()):
             if hasattr(mask, "key") and mask.key in positional:
                 keys.add(mask.key)
