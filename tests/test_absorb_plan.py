@@ -85,11 +85,25 @@ def test_absorbed_form_is_taken_by_the_other_objectives_where_they_find_it_cheap
     assert f"taken, by the {objective} objective" in " ".join(plan.lowered)
 
 
-def test_absorbed_plan_reads_the_latent_not_the_per_head_keys(shared):
+def test_absorbed_plan_computes_the_latent_and_no_per_head_keys(shared):
     plan = shared.plan(N=64)
-    assert plan.graph.statements != shared.graph.statements
-    targets = {s.target for s in plan.graph.statements}
-    assert "D" in targets and not {"K", "Vh"} & targets
+    values = {step.out.var for step in plan.steps if step.out is not None}
+    assert "D" in values and not {"K", "Vh"} & values
+
+
+def test_absorbed_plan_keeps_the_design_graph_so_decoding_chooses_its_own_form(shared):
+    assert shared.plan(N=64).graph.statements == shared.graph.statements
+
+
+def test_module_of_an_absorbed_plan_decodes_equal_to_its_causal_forward(shared):
+    torch = pytest.importorskip("torch")
+    module = shared.with_causal_mask().module(N=12, dtype=torch.float64)
+    assert module.tdiag_plan.forms.taken == ABSORBED
+    x = torch.randn(1, 12, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    cache = module.new_cache()
+    steps = [module(x[:, :5], cache=cache)] + [module(x[:, t : t + 1], cache=cache) for t in range(5, 12)]
+    torch.testing.assert_close(torch.cat(steps, 1), module(x), rtol=0, atol=1e-10)
+    assert "absorbed form at T = 1 after P = 1023" in repr(cache)
 
 
 def test_unread_dropped_removes_only_the_statements_the_absorbed_form_no_longer_reads(shared):

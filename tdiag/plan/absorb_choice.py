@@ -75,12 +75,15 @@ def replaced_tensors(graph: DesignGraph, other: DesignGraph) -> tuple[str, ...]:
 def cheaper_form(plan: Plan, objective: str, replaced: tuple[str, ...], build: Callable[[], Plan]) -> Plan:
     """`plan` (the design as written) or the plan `build` makes of its absorbed form, whichever
     the objective's order of figures finds cheaper (the design as written on a tie), with the
-    choice recorded (`Plan.forms`) and said in the taken plan's rewrite notes."""
+    choice recorded (`Plan.forms`) and said in the taken plan's rewrite notes. The taken plan's
+    graph is the design's either way: its ops are what the form changes, and a decoding cache
+    of its module chooses its own form from the design (decode_step.decode_form)."""
     other = build()
     costs = {WRITTEN: plan_cost(plan), ABSORBED: plan_cost(other)}
     taken = ABSORBED if key(objective, costs[ABSORBED]) < key(objective, costs[WRITTEN]) else WRITTEN
     best, loser = (other, WRITTEN) if taken == ABSORBED else (plan, ABSORBED)
     best.forms = FormChoice(taken, costs, replaced)
+    best.graph = plan.graph
     what = f"the absorbed form ({', '.join(replaced)} replaced by their factors in their readers' products)"
     figures = f"{_figures(costs[taken])} against {_figures(costs[loser])} {_named(loser)}"
     if taken == ABSORBED:
