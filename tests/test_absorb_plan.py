@@ -63,7 +63,7 @@ def test_mla_refusal_note_gives_both_estimates(mla_plan):
     (note,) = [n for n in mla_plan.refused if n.startswith("whole graph")]
     costs = mla_plan.forms.costs
     assert "the absorbed form (KN, Vh replaced by their factors" in note
-    assert "refused: it costs the same as (and is listed after) the design as written" in note
+    assert "refused: it costs the same as (a tie keeps) the design as written, by the time objective" in note
     assert f"{costs[ABSORBED].flops:,} FLOPs against" in note
     assert not any(n.startswith("whole graph") for n in mla_plan.lowered)
 

@@ -89,7 +89,8 @@ def cheaper_form(plan: Plan, objective: str, replaced: tuple[str, ...], build: C
     if taken == ABSORBED:
         best.lowered.append(f"whole graph: {what} taken, by the {objective} objective: {figures}")
     else:
-        how = worse(objective, costs[ABSORBED], costs[WRITTEN])
+        tie = key(objective, costs[ABSORBED]) == key(objective, costs[WRITTEN])
+        how = "costs the same as (a tie keeps)" if tie else worse(objective, costs[ABSORBED], costs[WRITTEN])
         best.refused.append(
             f"whole graph: {what} refused: it {how} the design as written, by the {objective} objective "
             f"({_figures(costs[ABSORBED])} against {_figures(costs[WRITTEN])})"
