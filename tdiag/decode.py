@@ -38,7 +38,6 @@ declared by the design are not taken with a cache (every position attends)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import weakref
 from collections.abc import Mapping
@@ -52,13 +51,11 @@ from torch import nn
 from . import decode_state
 from .decode_step import CompiledStep, chosen_form, step_summary
 from .graph import DesignGraph
+from .graph.absorb import absorbed
 from .graph.causal import hides_the_future
 from .init import initial_value, numeric_shape
 from .ir import (
-    CausalFactor,
-    Contraction,
     Convolution,
-    Expr,
     Gather,
     Position,
     Scan,
@@ -66,8 +63,6 @@ from .ir import (
     Statement,
     Tensor,
     TensorRef,
-    WindowFactor,
-    map_children,
     walk,
 )
 from .reference import Frame, known_sizes, statement_value
@@ -150,134 +145,6 @@ def _rows_rule(graph: DesignGraph) -> DecodeRule:
     return DecodeRule(
         "kv", x.name, free[0], symbol.name, positional, tuple(walker.cached), walker.inner, None, walker.noise, length
     )
-
-
-def absorbed(graph: DesignGraph) -> DesignGraph:
-    """The graph a decoding step evaluates: where a statement reads at every key a tensor S that
-    is a linear map of a smaller per-position tensor D (S[m h c] = D[m l] W[l h c] with
-    parameters and constants beside D; MLA's per-head keys and values of its latent), S's
-    factors are put in its place in the reader's product, so that the frontier, and what the
-    cache holds, is D, and the step contracts the new queries with the weights first (the
-    absorbed form). It is offered where the cache would keep fewer entries per position (what a
-    decoding step reads from memory), and taken where the planner's time model finds a step
-    cheaper in it (decode_step.chosen_form)."""
-    symbol = _length_symbol(graph)
-    if symbol is None:
-        return graph
-    positional = {name for name, leg in graph.legs.items() if leg.size == symbol}
-    legs = dict(graph.legs)
-    statements = []
-    for statement in graph.statements:
-        keys = _key_legs(statement, positional)
-        expr = _absorb(statement.expr, graph, positional, keys, legs)
-        statements.append(statement if expr is statement.expr else dataclasses.replace(statement, expr=expr))
-    if all(a is b for a, b in zip(statements, graph.statements, strict=True)):
-        return graph
-    tensors = {name: dataclasses.replace(t) for name, t in graph.tensors.items()}
-    for statement in statements:
-        tensors[statement.target].statement = statement
-    return dataclasses.replace(graph, legs=legs, tensors=tensors, statements=statements)
-
-
-def _length_symbol(graph: DesignGraph) -> sympy.Expr | None:
-    if len(graph.inputs) != 1:
-        return None
-    free = [
-        a.size for a in graph.inputs[0].axes if isinstance(a.size, sympy.Symbol) and graph.sizes[a.size.name].is_free
-    ]
-    return free[0] if len(free) == 1 else None
-
-
-def _key_legs(statement: Statement, positional: set[str]) -> set[str]:
-    """The position legs a statement reads at every key: those it sums over without keeping, and
-    those a mask of it hides the future of."""
-    inner = {leg for node in walk(statement.expr) for leg in node.legs} - set(statement.legs)
-    keys = inner & positional
-    for node in walk(statement.expr):
-        for mask in getattr(node, "masks", ()):
-            if hasattr(mask, "key") and mask.key in positional:
-                keys.add(mask.key)
-        if isinstance(node, CausalFactor | WindowFactor):
-            keys.add(node.key)
-    return keys
-
-
-def _absorb(expr: Expr, graph: DesignGraph, positional: set[str], keys: set[str], legs: dict) -> Expr:
-    expr = map_children(expr, lambda child: _absorb(child, graph, positional, keys, legs))
-    if not isinstance(expr, Contraction):
-        return expr
-    factors, summed, coefficient = [], list(expr.summed), expr.coefficient
-    for factor in expr.factors:
-        inlined = _linear_map(factor, graph, positional, keys, legs) if isinstance(factor, TensorRef) else None
-        if inlined is None:
-            factors.append(factor)
-            continue
-        more, fresh, scale = inlined
-        factors += more
-        summed += fresh
-        coefficient *= scale
-    if len(factors) == len(expr.factors):
-        return expr
-    return dataclasses.replace(expr, factors=tuple(factors), summed=tuple(summed), coefficient=coefficient)
-
-
-def _linear_map(
-    ref: TensorRef, graph: DesignGraph, positional: set[str], keys: set[str], legs: dict
-) -> tuple[list[Expr], list[str], sympy.Expr] | None:
-    """The factors of the statement `ref` reads, with its legs named as `ref` names them and its
-    summed legs given fresh names, where that statement is a product of one smaller per-position
-    tensor computed from the input and stored tensors, read here at every key; else None."""
-    tensor = graph.tensors[ref.name]
-    statement = tensor.statement
-    if statement is None or ref.is_reshaped or ref.is_sliced or not isinstance(statement.expr, Contraction):
-        return None
-    if any(len(g) != 1 for g in statement.groups) or not (set(ref.legs) & keys):
-        return None
-    inner = statement.expr
-    computed = [
-        f for f in inner.factors if isinstance(f, TensorRef) and graph.tensors[f.name].kind in ("derived", "input")
-    ]
-    stored = [
-        f
-        for f in inner.factors
-        if isinstance(f, TensorRef) and graph.tensors[f.name].kind in ("param", "const", "buffer")
-    ]
-    if (
-        len(computed) != 1
-        or len(computed) + len(stored) != len(inner.factors)
-        or computed[0].is_reshaped
-        or computed[0].is_sliced
-    ):
-        return None
-    source = computed[0]
-    if len(set(source.legs) & positional) != 1 or len(set(statement.legs) & positional) != 1:
-        return None
-    if any(set(f.legs) & positional for f in stored) or any(f.is_sliced or f.is_reshaped for f in stored):
-        return None
-
-    def entries(names) -> int | None:
-        values = [graph.evaluate(graph.legs[leg].size) for leg in names if leg not in positional]
-        return int(math.prod(values)) if all(v.is_Integer for v in values) else None
-
-    small, large = entries(source.legs), entries(statement.legs)
-    if small is None or large is None or small >= large:
-        return None
-    renamed = dict(zip(statement.legs, ref.legs, strict=True))
-    fresh = []
-    for leg in inner.summed:
-        name = f"{leg}_{ref.name}"
-        while name in legs:
-            name += "_"
-        legs[name] = dataclasses.replace(graph.legs[leg], name=name)
-        renamed[leg] = name
-        fresh.append(name)
-    factors = [
-        dataclasses.replace(
-            f, legs=tuple(renamed[leg] for leg in f.legs), groups=tuple((renamed[leg],) for leg in f.legs)
-        )
-        for f in inner.factors
-    ]
-    return factors, fresh, inner.coefficient
 
 
 def _reads_length(graph: DesignGraph, symbol: sympy.Expr) -> bool:

@@ -29,8 +29,8 @@ a key in another),
 before: the answer is the same either way (tests/test_decode_step.py).
 
 The form (`decode_form`): where a statement reads at every key a linear map of a smaller
-per-position tensor (MLA's per-head keys and values of its latent, decode.absorbed), the step can
-cache either the mapped rows (the plain form) or the smaller tensor, with the map's weights
+per-position tensor (MLA's per-head keys and values of its latent, graph/absorb.py), the step
+can cache either the mapped rows (the plain form) or the smaller tensor, with the map's weights
 multiplied into the query and the output (the absorbed form, DeepSeek-V2 Sec. 2.1). Each form's
 two programs are planned at the step's sizes and priced by the planner's one time model
 (plan/timing.py `plan_time`: a roofline of FLOPs and bytes moved on the planning device), and the
@@ -53,6 +53,7 @@ import sympy
 
 from .errors import Span
 from .graph import DesignGraph
+from .graph.absorb import absorbed, length_symbol
 from .graph.dataflow import _dataflow_graph
 from .graph.sizes import size_symbol
 from .ir import (
@@ -275,9 +276,9 @@ def _fresh_name(stem: str, work: DesignGraph, *more) -> str:
 def _rule_of(work: DesignGraph) -> DecodeRule | None:
     """The decoding rule of a graph as given (its cached tensors and key legs), without taking
     its absorbed form (decode.decode_rule takes the form `decode_form` chooses)."""
-    from .decode import DecodeRule, _length_symbol, _Requests
+    from .decode import DecodeRule, _Requests
 
-    symbol = _length_symbol(work)
+    symbol = length_symbol(work)
     positional = frozenset(name for name, leg in work.legs.items() if leg.size == symbol)
     walker = _Requests(work, positional, symbol)
     for name in work.outputs:
@@ -545,7 +546,7 @@ def _graph(
 def _planned(graph: DesignGraph, at: Mapping[str, int]):
     from .module import plan_for
 
-    return plan_for(graph, {**at, "B": 1})
+    return plan_for(graph, {**at, "B": 1}, absorb=False)
 
 
 def _step_sizes(graphs: StepGraphs, queries: int, past: int) -> dict[str, int]:
@@ -598,11 +599,10 @@ def _width(work: DesignGraph, cached: tuple[str, ...], symbol: sympy.Symbol) -> 
 
 def decode_form(graph: DesignGraph, queries: int = 1, past: int = STEP_PLANNED_LENGTH - 1) -> DecodeForm:
     """The form a step of `queries` new positions after `past` cached ones takes, by the
-    planner's time model (plan/timing.py): the plain and the absorbed graph (decode.absorbed)
+    planner's time model (plan/timing.py): the plain and the absorbed graph (graph/absorb.py `absorbed`)
     each planned, as a step's rows and attention programs at those sizes, or with nothing cached
     (`past` = 0) as whole forward passes over N = `queries` (the training forward), and the
     cheaper taken (the plain one on a tie, or where the absorbed one cannot be planned)."""
-    from .decode import absorbed
     from .plan.timing import plan_time
 
     forms = {"plain": graph}
@@ -686,13 +686,11 @@ def _remembered(table: dict, graph: DesignGraph, make):
 
 
 def chosen_form(graph: DesignGraph) -> DesignGraph:
-    """The graph a decoding step of `graph` evaluates: its absorbed form (decode.absorbed) where
+    """The graph a decoding step of `graph` evaluates: its absorbed form (graph/absorb.py `absorbed`) where
     the planner finds a step of one position after STEP_PLANNED_LENGTH − 1 cheaper in it
     (`decode_form`), else the design as written; where neither form's step can be planned (the
     reference evaluator steps it), the absorbed one, whose cache is the smaller. Chosen once per
     design graph."""
-    from .decode import absorbed
-
     other = absorbed(graph)
     if other is graph:
         return graph

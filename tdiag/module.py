@@ -153,6 +153,11 @@ def plan_for(
     checkpoint_boxes: bool = False,
     objective: str = DEFAULT_OBJECTIVE,
     attention: str = "sdpa",
+    absorb: bool = True,
 ) -> Plan:
+    """The plan of `graph` at `sizes` (planning_sizes fills the rest); with `absorb=False`, of
+    the design as written even where its absorbed form is cheaper (decode_step compares both)."""
     sizes = planning_sizes(graph, sizes)
-    return build_plan(graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention)
+    return build_plan(
+        graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention, absorb=absorb
+    )

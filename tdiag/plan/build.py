@@ -6,7 +6,9 @@ import sympy
 
 from ..design import DEFAULT_OBJECTIVE, OBJECTIVES
 from ..graph import DesignGraph
+from ..graph.absorb import absorbed, unread_dropped
 from ..ir import Expr, TensorRef
+from .absorb_choice import cheaper_form, replaced_tensors
 from .base import LoweringBase, _all_legs
 from .bias_fusion import fuse_linear_biases
 from .boxes import BoxLowering
@@ -60,6 +62,33 @@ class _Lowering(
 
 
 def build_plan(
+    graph: DesignGraph,
+    sizes: Mapping[str, int],
+    *,
+    checkpoint_boxes: bool = False,
+    objective: str = DEFAULT_OBJECTIVE,
+    attention: str = "sdpa",
+    absorb: bool = True,
+) -> Plan:
+    """The plan of `graph` (`_planned`), or, where the design has an absorbed form
+    (graph/absorb.py: MLA's key/value maps multiplied into the query and output side) and
+    `absorb` is set, the plan of whichever form the objective finds cheaper, both planned whole
+    (absorb_choice.py; the design as written on a tie)."""
+    plan = _planned(graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention)
+    other = absorbed(graph) if absorb else graph
+    if other is graph:
+        return plan
+    return cheaper_form(
+        plan,
+        objective,
+        replaced_tensors(graph, other),
+        lambda: _planned(
+            unread_dropped(other), sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention
+        ),
+    )
+
+
+def _planned(
     graph: DesignGraph,
     sizes: Mapping[str, int],
     *,
@@ -132,7 +161,7 @@ def build_plan(
             plan,
             lowering.device,
             lowering.rival_objectives(),
-            lambda other: build_plan(
+            lambda other: _planned(
                 graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=other, attention=attention
             ),
         )

@@ -18,6 +18,7 @@ from ..graph import DesignGraph
 from ..ir import ONE, ZERO, Position
 
 if TYPE_CHECKING:
+    from .absorb_choice import FormChoice
     from .forms.base import BoxChoice
 
 BATCH = "#b"
@@ -880,6 +881,7 @@ class Plan:
     training_noise: frozenset[str] = frozenset()  # noise variables eval mode never reads (not drawn there)
     device: DeviceModel | None = None  # the planning device the `time` objective estimated on
     compared: dict[str, float] = field(default_factory=dict)  # objective -> its plan's predicted step time (s)
+    forms: FormChoice | None = None  # the whole-graph form taken, where the design has two (absorb_choice.py)
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
