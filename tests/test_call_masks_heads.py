@@ -155,6 +155,19 @@ Y[n g] = A[h n m] X[m e] WV[e g] + C[k n m] X[m e] WV[e g]
 output Y
 """
 
+GROUPED = """design grouped
+size N, F = 8, G = 2, R = 2, D = 2
+input X[n: N, f: F]
+param WQ[f: F, g: G, r: R, d: D]
+param WK[f: F, g: G, d: D]
+param WV[f: F, g: G, e: D]
+Q[n g r d] = X[n f] WQ[f g r d]
+K[m g d] = X[m f] WK[f g d]
+V[m g e] = X[m f] WV[f g e]
+Y[n g r e] = Q[n g r d] K[m g d] V[m g e]
+output Y
+"""
+
 
 @pytest.mark.parametrize(
     ("text", "heads", "message"),
@@ -165,8 +178,13 @@ output Y
             2,
             r"for all heads: a sum over the keys .* line 9\) has head legs \(k\) of other sizes than those \(h\)",
         ),
+        (
+            GROUPED,
+            4,
+            r"for all heads: a sum over the keys .* line 10\) keeps legs \(r\) that only its query side holds",
+        ),
     ],
-    ids=["no head legs", "head legs of other sizes"],
+    ids=["no head legs", "head legs of other sizes", "heads on the query side alone"],
 )
 def test_a_mask_per_head_is_refused_naming_the_node_without_heads_alike(x, text, heads, message):
     module = tdiag.loads(text).module(seed=0, dtype=torch.float64, N=N)

@@ -274,7 +274,20 @@ def _node_named(node: Expr) -> str:
     return f"{what} ({shown_path(node.span.file)} line {node.span.line})"
 
 
-def _heads_of(graph: DesignGraph, reached: list[tuple[Expr, tuple[str, ...]]]) -> tuple[tuple | None, str]:
+def _query_side_heads(node: Expr, query: str, key: str) -> tuple[str, ...]:
+    """A contraction's kept legs that only its factors with the query leg hold, none with the key
+    leg (the query heads r of grouped heads written Q[g r n d] K[g m d] V[g m e]): a mask per head
+    cannot be laid over them."""
+    if not isinstance(node, Contraction):
+        return ()
+    key_side = {leg for f in node.factors if key in f.legs for leg in f.legs}
+    query_side = {leg for f in node.factors if query in f.legs for leg in f.legs}
+    return tuple(leg for leg in node.legs if leg != query and leg in query_side and leg not in key_side)
+
+
+def _heads_of(
+    graph: DesignGraph, reached: list[tuple[Expr, tuple[str, ...]]], query: str, key: str
+) -> tuple[tuple | None, str]:
     """The sizes of the head legs of the nodes a mask per head reaches, where every one has head
     legs of the same sizes; else None and why, naming the node."""
     if not reached:
@@ -284,6 +297,11 @@ def _heads_of(graph: DesignGraph, reached: list[tuple[Expr, tuple[str, ...]]]) -
     for node, legs in reached:
         if not legs:
             return None, f"{_node_named(node)} has no head legs beside the query and key legs"
+        if alone := _query_side_heads(node, query, key):
+            return None, (
+                f"{_node_named(node)} keeps legs ({' '.join(alone)}) that only its query side holds, heads"
+                " that no factor over the keys has; write the scores as a statement over all head legs"
+            )
         if tuple(graph.legs[leg].size for leg in legs) != sizes:
             return None, (
                 f"{_node_named(node)} has head legs ({' '.join(legs)}) of other sizes than those"
@@ -307,7 +325,7 @@ def call_mask_refusals(
     except CallMaskError as error:
         refusal, reached = str(error), []
         _rewritten(graph, name, query, key, False, reached)
-    sizes, why = _heads_of(graph, reached)
+    sizes, why = _heads_of(graph, reached, query, key)
     return refusal, sizes, why
 
 
