@@ -30,7 +30,8 @@ def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, b
     queries, keys) for a mask per head, as scaled_dot_product_attention and nn.MultiheadAttention
     take them: attn_mask bool (True = attend) or float (added to the scores after the scale), its
     leading axes the inputs' batch axes, or those and a heads axis ((B, 1, N, M), or (B, H, N, M)
-    where the design takes a mask per head: `heads` is its number of heads, else None and `why`);
+    where the design takes a mask per head: `heads` is its number of heads, else None and `why`;
+    with one batch axis B, nn.MultiheadAttention's (B·H, queries, keys), read as (B, H, ...));
     key_padding_mask (*batch, keys), bool (True = ignore) or float (added). Two masks intersect
     (bool) or add (float). With `bias` (every masked node a softmax box) the mask comes back as
     float scores, a hidden entry the dtype's lowest number; without, a float mask is refused for
@@ -52,6 +53,23 @@ def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, b
         if mask.dim() < rank or any(s not in (1, t) for s, t in zip(mask.shape[-rank:], trailing)):
             raise ValueError(f"{name} must end in {what} (or 1 where it broadcasts), got shape {tuple(mask.shape)}")
         lead = mask.shape[: mask.dim() - rank]
+        if rank == 2 and len(lead) == len(batch_shape) == 1 and lead[0] not in (1, batch_shape[0]):
+            if heads is not None and lead[0] == batch_shape[0] * heads:  # nn.MultiheadAttention's (B·H, N, M)
+                mask = mask.reshape(batch_shape[0], heads, *mask.shape[-2:])
+                lead = mask.shape[:-2]
+            elif heads is None:
+                raise ValueError(
+                    f"{name} of shape {tuple(mask.shape)}: leading axes {tuple(lead)} do not broadcast with the"
+                    f" inputs' batch axes {tuple(batch_shape)}; as nn.MultiheadAttention's (batch * heads, queries,"
+                    f" keys) it would be a mask per head, and this design takes one mask for all heads: {why}"
+                )
+            else:
+                raise ValueError(
+                    f"{name} of shape {tuple(mask.shape)}: leading axes {tuple(lead)} do not broadcast with the"
+                    f" inputs' batch axes {tuple(batch_shape)}, nor are they nn.MultiheadAttention's (batch * heads)"
+                    f" = {batch_shape[0]} * {heads}; give (batch, queries, keys), (batch, heads, queries, keys) or"
+                    " (batch * heads, queries, keys)"
+                )
         if rank == 2 and len(lead) == len(batch_shape) + 1:
             if lead[-1] != 1 and heads is None:
                 raise ValueError(

@@ -191,3 +191,52 @@ def test_a_mask_per_head_is_refused_naming_the_node_without_heads_alike(x, text,
     module(x, attn_mask=_bool_mask(B, N, N))
     with pytest.raises(ValueError, match=message):
         module(x, attn_mask=_bool_mask(B, heads, N, N))
+
+
+# ---- nn.MultiheadAttention's (batch * heads, queries, keys) layout ----------------------------
+
+
+@pytest.fixture(scope="module")
+def mhsa() -> torch.nn.Module:
+    return tdiag.load("mhsa", F=F, H=H).module(seed=0, dtype=torch.float64, plan_calls=True)
+
+
+@pytest.fixture(scope="module")
+def mha(mhsa) -> torch.nn.MultiheadAttention:
+    """nn.MultiheadAttention with mhsa's weights: in_proj rows are (h d) per projection."""
+    module = torch.nn.MultiheadAttention(F, H, bias=False, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        module.in_proj_weight.copy_(torch.cat([w.reshape(F, F).T for w in (mhsa.WQ, mhsa.WK, mhsa.WV)]))
+        module.out_proj.weight.copy_(mhsa.WO.reshape(F, F).T)
+    return module
+
+
+def test_a_float_mask_in_multihead_attentions_layout_equals_multihead_attention(mhsa, mha, x):
+    bias = torch.randn(B * H, N, N, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    expected, _ = mha(x, x, x, attn_mask=bias, need_weights=False)
+    assert torch.allclose(mhsa(x, attn_mask=bias), expected, atol=TOL, rtol=0)
+    assert torch.allclose(mhsa(x, attn_mask=bias), mhsa(x, attn_mask=bias.reshape(B, H, N, N)), atol=TOL, rtol=0)
+
+
+def test_a_bool_mask_in_multihead_attentions_layout_keeps_true_meaning_attend(mhsa, mha, x):
+    """nn.MultiheadAttention's bool mask is True = ignore; the module's is SDPA's True = attend."""
+    attend = _bool_mask(B * H, N, N)
+    expected, _ = mha(x, x, x, attn_mask=~attend, need_weights=False)
+    assert torch.allclose(mhsa(x, attn_mask=attend), expected, atol=TOL, rtol=0)
+
+
+def test_a_mask_in_multihead_attentions_layout_is_read_per_head_on_a_map(modules, x, mask):
+    module = modules["sigmoid_attention"]
+    flat = mask.reshape(B * H, N, N)
+    assert torch.allclose(module(x, attn_mask=flat), _sigmoid_reference(module, x, mask), atol=TOL, rtol=0)
+
+
+def test_a_first_axis_neither_batch_nor_batch_times_heads_is_named(mhsa, x):
+    with pytest.raises(ValueError, match=r"leading axes \(4,\) do not broadcast .* nor .* \(batch \* heads\) = 3 \* 2"):
+        mhsa(x, attn_mask=torch.ones(B + 1, N, N, dtype=torch.bool))
+
+
+def test_multihead_attentions_layout_is_refused_where_one_mask_serves_all_heads(x):
+    module = tdiag.loads(HEADLESS).module(seed=0, dtype=torch.float64, N=N)
+    with pytest.raises(ValueError, match=r"nn.MultiheadAttention's .* one mask for all heads: a sum over the keys"):
+        module(x, attn_mask=_bool_mask(B * 2, N, N))
