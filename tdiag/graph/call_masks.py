@@ -42,6 +42,9 @@ from .causal import _position_legs, _shifts_positions
 from .dataflow import _dataflow_graph
 from .model import DesignGraph
 
+# a node a mask per head reaches, its head legs (node_heads) and the legs only its query side holds
+Reached = tuple[Expr, tuple[str, ...], tuple[str, ...]]
+
 
 class CallMaskError(ValueError):
     """A float mask where the design's attention is not a softmax box: the reason, naming the node."""
@@ -154,7 +157,7 @@ def _masked(
     hidden: Mapping[str, set[tuple[int, int]]],
     bias: bool,
     refused: list[tuple[str, Span]],
-    heads: list[tuple[Expr, tuple[str, ...]]] | None = None,
+    heads: list[Reached] | None = None,
 ) -> tuple[Expr, int]:
     """`expr` with the call mask (or, with `bias`, the call bias) on every node over `key` beside
     `query` that `with_causal_mask` masks (graph/causal.py `_masked`); with `bias`, each such node
@@ -179,13 +182,13 @@ def _masked(
     if boxed or reduced:
         if bias and isinstance(node, SoftmaxBox) and node.is_exp:
             if heads is not None:
-                heads.append((node, legs))
+                heads.append((node, legs, _query_side_heads(node, query, key)))
             return _bias_term(node, name, query, key, span, heads is not None), count + 1
         if bias:
             refused.append((_construct(node), node.span))
             return node, count
         if heads is not None:
-            heads.append((node, legs))
+            heads.append((node, legs, _query_side_heads(node, query, key)))
         mask = PaddingMask(_ref(name, query, key, span, legs), span)
         return dataclasses.replace(node, masks=(*node.masks, mask)), count + 1  # type: ignore[arg-type]
     if isinstance(node, Convolution) and _shifts_positions(node, query, key):  # MTA's Mask_0, as causal.py
@@ -193,7 +196,7 @@ def _masked(
             refused.append((_construct(node), node.span))
             return node, count
         if heads is not None:
-            heads.append((node, legs))
+            heads.append((node, legs, _query_side_heads(node, query, key)))
         mask = PaddingMask(_ref(name, query, key, span, legs), span)
         return dataclasses.replace(node, masks=(*node.masks, mask)), count + 1
     if isinstance(node, Contraction) and key in node.summed and query in node.legs:
@@ -202,7 +205,7 @@ def _masked(
                 refused.append((_construct(node), node.span))
                 return node, count
             if heads is not None:
-                heads.append((node, legs))
+                heads.append((node, legs, _query_side_heads(node, query, key)))
             factors = (*node.factors, _ref(name, query, key, span, legs))
             batch = tuple(dict.fromkeys((*node.batch, query)))
             return dataclasses.replace(node, factors=factors, batch=batch), count + 1
@@ -215,7 +218,7 @@ def _rewritten(
     query: str,
     key: str,
     bias: bool,
-    heads: list[tuple[Expr, tuple[str, ...]]] | None = None,
+    heads: list[Reached] | None = None,
 ) -> list:
     """The statements with the call mask or bias, traced through them as with_causal_mask traces
     the causal mask; raises CallMaskError where a bias meets a node that is not a softmax box.
@@ -253,7 +256,7 @@ def _rewritten(
 def _with(graph: DesignGraph, name: str, query: str, key: str, bias: bool, per_head: bool = False) -> DesignGraph:
     """The graph with the call mask or bias: its statements rewritten, the tensor declared (over
     the nodes' head legs too, `per_head`)."""
-    heads: list[tuple[Expr, tuple[str, ...]]] | None = [] if per_head else None
+    heads: list[Reached] | None = [] if per_head else None
     statements = _rewritten(graph, name, query, key, bias, heads)
     span = Span(graph.file, 1, 1, 1, 2)
     tensors = {n: dataclasses.replace(t) for n, t in graph.tensors.items()}
@@ -285,19 +288,17 @@ def _query_side_heads(node: Expr, query: str, key: str) -> tuple[str, ...]:
     return tuple(leg for leg in node.legs if leg != query and leg in query_side and leg not in key_side)
 
 
-def _heads_of(
-    graph: DesignGraph, reached: list[tuple[Expr, tuple[str, ...]]], query: str, key: str
-) -> tuple[tuple | None, str]:
+def _heads_of(graph: DesignGraph, reached: list[Reached]) -> tuple[tuple | None, str]:
     """The sizes of the head legs of the nodes a mask per head reaches, where every one has head
     legs of the same sizes; else None and why, naming the node."""
     if not reached:
         return None, "no node takes the mask per head"
-    first, first_legs = reached[0]
+    first, first_legs, _ = reached[0]
     sizes = tuple(graph.legs[leg].size for leg in first_legs)
-    for node, legs in reached:
+    for node, legs, alone in reached:
         if not legs:
             return None, f"{_node_named(node)} has no head legs beside the query and key legs"
-        if alone := _query_side_heads(node, query, key):
+        if alone:
             return None, (
                 f"{_node_named(node)} keeps legs ({' '.join(alone)}) that only its query side holds, heads"
                 " that no factor over the keys has; write the scores as a statement over all head legs"
@@ -318,14 +319,14 @@ def call_mask_refusals(
     the mask reaches (`node_heads`), where every one has head legs of the same sizes (a mask per
     head is then taken, float where the nodes are softmax boxes, else bool), else None; and then
     why not, naming the node. Builds no graph."""
-    reached: list[tuple[Expr, tuple[str, ...]]] = []
+    reached: list[Reached] = []
     refusal = ""
     try:
         _rewritten(graph, name, query, key, True, reached)
     except CallMaskError as error:
         refusal, reached = str(error), []
         _rewritten(graph, name, query, key, False, reached)
-    sizes, why = _heads_of(graph, reached, query, key)
+    sizes, why = _heads_of(graph, reached)
     return refusal, sizes, why
 
 
