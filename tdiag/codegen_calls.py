@@ -253,7 +253,7 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         per_head = "_tdiag_masked_heads" if calls.already_causal else "_tdiag_causal_masked_heads"
         split = ", ".join(_size(graph, size) for size in calls.heads)
         lines += [
-            f"        if {local}.dim() == len(batch_shape) + 3:  # a mask per head, over the boxes' head legs",
+            f"        if {local}.dim() == len(batch_shape) + 3:  # a mask per head, over the nodes' head legs",
             f"            {local} = {local}.reshape(*{local}.shape[:-3], {split}, *{local}.shape[-2:])",
             f"            return {_chosen(per_head, '_tdiag_masked_heads', call)}",
         ]
