@@ -1,10 +1,11 @@
 """A bool mask per head, `attn_mask` of shape (*batch, H, N, M), where the attention is not softmax
-boxes: maps summed over the keys (sigmoid attention), normalize boxes (linear attention) and
-contractions of a scan's decay (Mamba-2's SSD). The mask's heads axis is laid over the head legs
-of each node it reaches (graph/call_masks.py `node_heads`), as for softmax boxes; checked in
-float64 against the attention written out with einsum and against one call per head, with
-gradients and torch.compile; a design whose nodes have no head legs, or head legs of other
-sizes, refuses it naming the node."""
+boxes: maps summed over the keys (sigmoid attention), normalize boxes (linear attention),
+contractions of a scan's decay (Mamba-2's SSD) and reverse scans (stick-breaking attention). The
+mask's heads axis is laid over the head legs of each node it reaches (graph/call_masks.py
+`node_heads`), as for softmax boxes; checked in float64 against the attention written out with
+einsum and against one call per head, with gradients and torch.compile; a design whose nodes have
+no head legs, or head legs of other sizes, refuses it naming the node. Then nn.MultiheadAttention's
+(batch * heads, queries, keys) layout."""
 
 from __future__ import annotations
 
@@ -35,7 +36,12 @@ def mask() -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def modules() -> dict[str, torch.nn.Module]:
-    sizes = {"sigmoid_attention": {"F": F, "H": H}, "mlk": {"F": F, "H": H, "D": 4}, "mamba2_ssd": {"F": F, "H": H}}
+    sizes = {
+        "sigmoid_attention": {"F": F, "H": H},
+        "mlk": {"F": F, "H": H, "D": 4},
+        "mamba2_ssd": {"F": F, "H": H},
+        "stick_breaking": {"F": F, "H": H},  # a reverse scan over the keys
+    }
     return {
         name: tdiag.load(name, **s).module(seed=0, dtype=torch.float64, N=N, plan_calls=True)
         for name, s in sizes.items()
@@ -71,7 +77,7 @@ def test_a_bool_mask_per_head_equals_the_attention_written_out(modules, x, mask,
     assert torch.allclose(module(x, attn_mask=mask), reference(module, x, mask), atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["sigmoid_attention", "mlk", "mamba2_ssd"])
+@pytest.mark.parametrize("name", ["sigmoid_attention", "mlk", "mamba2_ssd", "stick_breaking"])
 def test_a_bool_mask_per_head_equals_one_call_per_head(modules, x, mask, name):
     """Y is linear in WO[h ...]: head k's part is the module with the other heads' WO rows zeroed,
     called with head k's mask for all heads."""
