@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from .errors import TdiagError
 from .graph.absent_masks import without_masks
-from .graph.call_masks import bias_refusal, call_mask_name, with_call_bias, with_call_mask
+from .graph.call_masks import call_mask_name, call_mask_refusals, with_call_bias, with_call_mask
 
 if TYPE_CHECKING:
     from .design import Design
@@ -43,9 +43,11 @@ class CallPlans:
     causal: Plan | None = None  # the plan with causal(query, key)
     masked: Plan | None = None  # the plan with the call mask
     causal_masked: Plan | None = None  # both
-    # the sizes of the boxes' head legs, where a mask per head is taken (softmax boxes with heads alike)
+    # the sizes of the head legs of the nodes the mask reaches, where a mask per head is taken
+    # (every node with head legs of the same sizes; graph/call_masks.py node_heads)
     heads: tuple | None = None
-    masked_heads: Plan | None = None  # the plan with a float mask per head
+    heads_refusal: str = ""  # why a mask per head is refused (empty where `heads`)
+    masked_heads: Plan | None = None  # the plan with a mask per head
     causal_masked_heads: Plan | None = None  # and causal
     # the plans without the design's own masks (graph/absent_masks.py), run when none is given;
     # the plain one is planned with the module (it serves the plain call), the causal one later
@@ -67,7 +69,8 @@ class CallDesigns:
     bias: bool
     refusal: str
     name: str
-    heads: tuple | None  # the sizes of the boxes' head legs where a mask per head is taken
+    heads: tuple | None  # the sizes of the nodes' head legs where a mask per head is taken
+    heads_refusal: str = ""  # why a mask per head is refused
     query: str = "n"
     key: str = "m"
 
@@ -101,7 +104,7 @@ class CallDesigns:
         if self.bias:
             graph = with_call_bias(design.graph, self.name, self.query, self.key, per_head)
         else:
-            graph = with_call_mask(design.graph, self.name, self.query, self.key)
+            graph = with_call_mask(design.graph, self.name, self.query, self.key, per_head)
         return Design(graph, design.warnings)
 
 
@@ -132,9 +135,10 @@ def _call_designs(design: Design, query: str, key: str) -> CallDesigns | None:
     except TdiagError:
         return None
     name = call_mask_name(graph)
-    refusal, heads = bias_refusal(graph, name, query, key)
+    refusal, heads, heads_refusal = call_mask_refusals(graph, name, query, key)
     already = causal.graph is graph
-    return CallDesigns(design, None if already else causal, not refusal, refusal, name, heads, query, key)
+    causal_design = None if already else causal
+    return CallDesigns(design, causal_design, not refusal, refusal, name, heads, heads_refusal, query, key)
 
 
 def call_plans(
@@ -155,6 +159,7 @@ def call_plans(
         refusal=designs.refusal,
         name=designs.name,
         heads=designs.heads,
+        heads_refusal=designs.heads_refusal,
     )
     unmasked = designs.unmasked
     if unmasked is not None:

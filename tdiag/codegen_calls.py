@@ -25,12 +25,13 @@ METHODS = (
 CALL_HELPERS = {
     "_call_mask": '''
 
-def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, bias, refusal, heads):
+def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, bias, refusal, heads, why=""):
     """attn_mask and key_padding_mask as one mask over (*batch, queries, keys), or (*batch, heads,
     queries, keys) for a mask per head, as scaled_dot_product_attention and nn.MultiheadAttention
     take them: attn_mask bool (True = attend) or float (added to the scores after the scale), its
     leading axes the inputs' batch axes, or those and a heads axis ((B, 1, N, M), or (B, H, N, M)
-    where the design takes a mask per head: `heads` is its number of heads, else None);
+    where the design takes a mask per head: `heads` is its number of heads, else None and `why`;
+    with one batch axis B, nn.MultiheadAttention's (B·H, queries, keys), read as (B, H, ...));
     key_padding_mask (*batch, keys), bool (True = ignore) or float (added). Two masks intersect
     (bool) or add (float). With `bias` (every masked node a softmax box) the mask comes back as
     float scores, a hidden entry the dtype's lowest number; without, a float mask is refused for
@@ -52,11 +53,28 @@ def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, b
         if mask.dim() < rank or any(s not in (1, t) for s, t in zip(mask.shape[-rank:], trailing)):
             raise ValueError(f"{name} must end in {what} (or 1 where it broadcasts), got shape {tuple(mask.shape)}")
         lead = mask.shape[: mask.dim() - rank]
+        if rank == 2 and len(lead) == len(batch_shape) == 1 and lead[0] not in (1, batch_shape[0]):
+            if heads is not None and lead[0] == batch_shape[0] * heads:  # nn.MultiheadAttention's (B·H, N, M)
+                mask = mask.reshape(batch_shape[0], heads, *mask.shape[-2:])
+                lead = mask.shape[:-2]
+            elif heads is None:
+                raise ValueError(
+                    f"{name} of shape {tuple(mask.shape)}: leading axes {tuple(lead)} do not broadcast with the"
+                    f" inputs' batch axes {tuple(batch_shape)}; as nn.MultiheadAttention's (batch * heads, queries,"
+                    f" keys) it would be a mask per head, and this design takes one mask for all heads: {why}"
+                )
+            else:
+                raise ValueError(
+                    f"{name} of shape {tuple(mask.shape)}: leading axes {tuple(lead)} do not broadcast with the"
+                    f" inputs' batch axes {tuple(batch_shape)}, nor are they nn.MultiheadAttention's (batch * heads)"
+                    f" = {batch_shape[0]} * {heads}; give (batch, queries, keys), (batch, heads, queries, keys) or"
+                    " (batch * heads, queries, keys)"
+                )
         if rank == 2 and len(lead) == len(batch_shape) + 1:
             if lead[-1] != 1 and heads is None:
                 raise ValueError(
                     f"{name} has a heads axis of size {lead[-1]} (shape {tuple(mask.shape)}): this design takes one"
-                    " mask for all heads (its attention is not softmax boxes over the same heads); give"
+                    f" mask for all heads: {why}; give"
                     " (batch, 1, queries, keys) or (batch, queries, keys)"
                 )
             if lead[-1] not in (1, heads):
@@ -228,13 +246,14 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
     refusal = _quoted(calls.refusal)
     lines.append(
         f"        {local} = _call_mask(attn_mask, key_padding_mask, {queries}, {keys}, batch_shape,"
-        f" {_dtype_reference(plan)}.dtype, {calls.bias}, {refusal}, {heads})"
+        f" {_dtype_reference(plan)}.dtype, {calls.bias}, {refusal}, {heads}"
+        + (f", {_quoted(calls.heads_refusal)})" if calls.heads is None else ")")
     )
     if calls.heads is not None:
         per_head = "_tdiag_masked_heads" if calls.already_causal else "_tdiag_causal_masked_heads"
         split = ", ".join(_size(graph, size) for size in calls.heads)
         lines += [
-            f"        if {local}.dim() == len(batch_shape) + 3:  # a mask per head, over the boxes' head legs",
+            f"        if {local}.dim() == len(batch_shape) + 3:  # a mask per head, over the nodes' head legs",
             f"            {local} = {local}.reshape(*{local}.shape[:-3], {split}, *{local}.shape[-2:])",
             f"            return {_chosen(per_head, '_tdiag_masked_heads', call)}",
         ]

@@ -259,10 +259,15 @@ def test_a_float_attn_mask_is_refused_where_the_attention_is_not_a_softmax_box(m
         plain(x, key_padding_mask=torch.zeros(B, N, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("name", ["thsa_elu", "sigmoid_attention"])
-def test_a_mask_per_head_is_refused_where_the_attention_is_not_softmax_boxes(modules, name, x):
-    plain, _ = modules[name]
-    with pytest.raises(ValueError, match=r"attn_mask has a heads axis of size 2 .* takes one mask for all heads"):
+def test_a_bool_mask_per_head_on_linear_attention_is_over_its_score_maps(modules, x):
+    """thsa_elu's normalize box A[r n m] has R = H·D score maps: a mask per head is over r (one per
+    map; tests/test_call_masks_heads.py has the other designs), and 2 heads are refused."""
+    plain, _ = modules["thsa_elu"]
+    maps = plain.C.shape[0]
+    mask = _bool_mask(B, N, N)
+    per_map = plain(x, attn_mask=mask[:, None].expand(B, maps, N, N))
+    assert torch.allclose(per_map, plain(x, attn_mask=mask), atol=TOL, rtol=0)
+    with pytest.raises(ValueError, match=f"attn_mask has a heads axis of size 2 .* the design has {maps} heads"):
         plain(x, attn_mask=torch.ones(B, 2, N, N, dtype=torch.bool))
 
 

@@ -42,6 +42,9 @@ from .causal import _position_legs, _shifts_positions
 from .dataflow import _dataflow_graph
 from .model import DesignGraph
 
+# a node a mask per head reaches, its head legs (node_heads) and the legs only its query side holds
+Reached = tuple[Expr, tuple[str, ...], tuple[str, ...]]
+
 
 class CallMaskError(ValueError):
     """A float mask where the design's attention is not a softmax box: the reason, naming the node."""
@@ -97,6 +100,28 @@ def box_heads(box: SoftmaxBox, query: str) -> tuple[str, ...]:
     return tuple(leg for leg in box.legs if leg != query and leg not in box.normalized)
 
 
+def node_heads(node: Expr, query: str, key: str) -> tuple[str, ...]:
+    """The head legs of a node the call mask reaches, over which a mask per head is laid: a box's
+    (box_heads); a reduction's, reverse scan's or convolution's legs other than the query and key
+    legs, in its order; a contraction's legs that its query side and its key side share (each in
+    a factor with the query leg and in one with the key leg), other than the features they
+    contract (a summed leg of a factor with the query leg and not the key leg and of one with the
+    key leg and not the query leg): h in sigmoid attention's A[h n m] V[m h e] WO[h e g] and in
+    gla's Q[n h d] K[m h d] V[m h e], not d. In the order the contraction's legs, then its
+    factors', name them."""
+    if isinstance(node, SoftmaxBox):
+        return box_heads(node, query)
+    if not isinstance(node, Contraction):
+        return tuple(leg for leg in node.legs if leg not in (query, key))
+
+    def side(has: str, lacks: str | None = None) -> set[str]:
+        return {leg for f in node.factors if has in f.legs and lacks not in f.legs for leg in f.legs}
+
+    features = side(query, key) & side(key, query) & set(node.summed)
+    legs = dict.fromkeys(leg for f in (node, *node.factors) for leg in f.legs if leg not in (query, key))
+    return tuple(leg for leg in legs if leg in side(query) and leg in side(key) and leg not in features)
+
+
 def _bias_term(box: SoftmaxBox, name: str, query: str, key: str, span: Span, heads: bool) -> SoftmaxBox:
     """The box softmax(scale·content + S[query key]) with scale 1 (S[heads query key] with
     `heads`): S after the scale, as SDPA adds it, never multiplied (a hidden entry is the dtype's
@@ -132,12 +157,13 @@ def _masked(
     hidden: Mapping[str, set[tuple[int, int]]],
     bias: bool,
     refused: list[tuple[str, Span]],
-    heads: list[tuple[str, ...]] | None = None,
+    heads: list[Reached] | None = None,
 ) -> tuple[Expr, int]:
     """`expr` with the call mask (or, with `bias`, the call bias) on every node over `key` beside
     `query` that `with_causal_mask` masks (graph/causal.py `_masked`); with `bias`, each such node
     that is not a softmax box is recorded in `refused` and left as it is. With `heads` (a list),
-    the bias is per head, over each box's head legs, which are appended to it."""
+    the mask or bias is per head, over each node's head legs (`node_heads`): each node and its
+    head legs are appended to it."""
     if isinstance(expr, TensorRef | Scalar):
         return expr, 0
     count = 0
@@ -152,39 +178,52 @@ def _masked(
     reduced = isinstance(node, Reduction) and key in node.over and query in node.legs
     reduced = reduced or (isinstance(node, Scan) and node.reverse and node.along == key and query in node.legs)
     boxed = isinstance(node, SoftmaxBox) and key in node.normalized and query in node.legs
+    legs = node_heads(node, query, key) if heads is not None else ()
     if boxed or reduced:
         if bias and isinstance(node, SoftmaxBox) and node.is_exp:
             if heads is not None:
-                heads.append(box_heads(node, query))
+                heads.append((node, legs, _query_side_heads(node, query, key)))
             return _bias_term(node, name, query, key, span, heads is not None), count + 1
         if bias:
             refused.append((_construct(node), node.span))
             return node, count
-        mask = PaddingMask(_ref(name, query, key, span), span)
+        if heads is not None:
+            heads.append((node, legs, _query_side_heads(node, query, key)))
+        mask = PaddingMask(_ref(name, query, key, span, legs), span)
         return dataclasses.replace(node, masks=(*node.masks, mask)), count + 1  # type: ignore[arg-type]
     if isinstance(node, Convolution) and _shifts_positions(node, query, key):  # MTA's Mask_0, as causal.py
         if bias:
             refused.append((_construct(node), node.span))
             return node, count
-        mask = PaddingMask(_ref(name, query, key, span), span)
+        if heads is not None:
+            heads.append((node, legs, _query_side_heads(node, query, key)))
+        mask = PaddingMask(_ref(name, query, key, span, legs), span)
         return dataclasses.replace(node, masks=(*node.masks, mask)), count + 1
     if isinstance(node, Contraction) and key in node.summed and query in node.legs:
         if not any((query, key) in _hidden_pairs(f, name, hidden) for f in node.factors if key in f.legs):
             if bias:
                 refused.append((_construct(node), node.span))
                 return node, count
-            factors = (*node.factors, _ref(name, query, key, span))
+            if heads is not None:
+                heads.append((node, legs, _query_side_heads(node, query, key)))
+            factors = (*node.factors, _ref(name, query, key, span, legs))
             batch = tuple(dict.fromkeys((*node.batch, query)))
             return dataclasses.replace(node, factors=factors, batch=batch), count + 1
     return node, count
 
 
 def _rewritten(
-    graph: DesignGraph, name: str, query: str, key: str, bias: bool, heads: list[tuple[str, ...]] | None = None
+    graph: DesignGraph,
+    name: str,
+    query: str,
+    key: str,
+    bias: bool,
+    heads: list[Reached] | None = None,
 ) -> list:
     """The statements with the call mask or bias, traced through them as with_causal_mask traces
     the causal mask; raises CallMaskError where a bias meets a node that is not a softmax box.
-    With `heads` (a list) the bias is per head, and each biased box's head legs are appended."""
+    With `heads` (a list) the mask or bias is per head, and each node it reaches is appended
+    with its head legs."""
     statements, refused = [], []
     hidden: dict[str, set[tuple[int, int]]] = {}
     roles: dict[str, dict[int, str]] = {}
@@ -216,12 +255,12 @@ def _rewritten(
 
 def _with(graph: DesignGraph, name: str, query: str, key: str, bias: bool, per_head: bool = False) -> DesignGraph:
     """The graph with the call mask or bias: its statements rewritten, the tensor declared (over
-    the boxes' head legs too, `per_head`)."""
-    heads: list[tuple[str, ...]] | None = [] if per_head else None
+    the nodes' head legs too, `per_head`)."""
+    heads: list[Reached] | None = [] if per_head else None
     statements = _rewritten(graph, name, query, key, bias, heads)
     span = Span(graph.file, 1, 1, 1, 2)
     tensors = {n: dataclasses.replace(t) for n, t in graph.tensors.items()}
-    legs = (*(heads[0] if heads else ()), query, key)
+    legs = (*(heads[0][1] if heads else ()), query, key)
     tensors[name] = Tensor(
         name, "input" if bias else "mask", tuple(Axis(leg, graph.legs[leg].size) for leg in legs), span
     )
@@ -232,24 +271,72 @@ def _with(graph: DesignGraph, name: str, query: str, key: str, bias: bool, per_h
     )
 
 
-def bias_refusal(graph: DesignGraph, name: str, query: str = "n", key: str = "m") -> tuple[str, tuple | None]:
+def _node_named(node: Expr) -> str:
+    """A node as a refusal names it: what it is and where it is written."""
+    what = "a softmax box" if isinstance(node, SoftmaxBox) and node.is_exp else _construct(node)
+    return f"{what} ({shown_path(node.span.file)} line {node.span.line})"
+
+
+def _query_side_heads(node: Expr, query: str, key: str) -> tuple[str, ...]:
+    """A contraction's kept legs that only its factors with the query leg hold, none with the key
+    leg (the query heads r of grouped heads written Q[g r n d] K[g m d] V[g m e]): a mask per head
+    cannot be laid over them."""
+    if not isinstance(node, Contraction):
+        return ()
+    key_side = {leg for f in node.factors if key in f.legs for leg in f.legs}
+    query_side = {leg for f in node.factors if query in f.legs for leg in f.legs}
+    return tuple(leg for leg in node.legs if leg != query and leg in query_side and leg not in key_side)
+
+
+def _heads_of(graph: DesignGraph, reached: list[Reached]) -> tuple[tuple | None, str]:
+    """The sizes of the head legs of the nodes a mask per head reaches, where every one has head
+    legs of the same sizes; else None and why, naming the node."""
+    if not reached:
+        return None, "no node takes the mask per head"
+    first, first_legs, _ = reached[0]
+    sizes = tuple(graph.legs[leg].size for leg in first_legs)
+    for node, legs, alone in reached:
+        if not legs:
+            return None, f"{_node_named(node)} has no head legs beside the query and key legs"
+        if alone:
+            return None, (
+                f"{_node_named(node)} keeps legs ({' '.join(alone)}) that only its query side holds, heads"
+                " that no factor over the keys has; write the scores as a statement over all head legs"
+            )
+        if tuple(graph.legs[leg].size for leg in legs) != sizes:
+            return None, (
+                f"{_node_named(node)} has head legs ({' '.join(legs)}) of other sizes than those"
+                f" ({' '.join(first_legs)}) of {_node_named(first)}"
+            )
+    return sizes, ""
+
+
+def call_mask_refusals(
+    graph: DesignGraph, name: str, query: str = "n", key: str = "m"
+) -> tuple[str, tuple | None, str]:
     """Why a float mask cannot be added to the design's scores (CallMaskError's message), or ""
-    where every node the mask reaches is a softmax box; and the sizes of the boxes' head legs
-    where every biased box has heads of the same sizes (a mask per head is then taken), else
-    None. Builds no graph."""
-    heads: list[tuple[str, ...]] = []
+    where every node the mask reaches is a softmax box; the sizes of the head legs of the nodes
+    the mask reaches (`node_heads`), where every one has head legs of the same sizes (a mask per
+    head is then taken, float where the nodes are softmax boxes, else bool), else None; and then
+    why not, naming the node. Builds no graph."""
+    reached: list[Reached] = []
+    refusal = ""
     try:
-        _rewritten(graph, name, query, key, True, heads)
+        _rewritten(graph, name, query, key, True, reached)
     except CallMaskError as error:
-        return str(error), None
-    sizes = {tuple(graph.legs[leg].size for leg in legs) for legs in heads}
-    return "", (next(iter(sizes)) if len(sizes) == 1 and () not in sizes else None)
+        refusal, reached = str(error), []
+        _rewritten(graph, name, query, key, False, reached)
+    sizes, why = _heads_of(graph, reached)
+    return refusal, sizes, why
 
 
-def with_call_mask(graph: DesignGraph, name: str, query: str = "n", key: str = "m") -> DesignGraph:
+def with_call_mask(
+    graph: DesignGraph, name: str, query: str = "n", key: str = "m", per_head: bool = False
+) -> DesignGraph:
     """The design with a boolean mask input `name[query key]` (True = attend) wherever
-    with_causal_mask puts causal(query, key)."""
-    return _with(graph, name, query, key, bias=False)
+    with_causal_mask puts causal(query, key); `name[heads query key]` per head, over each
+    node's head legs (`node_heads`)."""
+    return _with(graph, name, query, key, bias=False, per_head=per_head)
 
 
 def with_call_bias(

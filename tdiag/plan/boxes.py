@@ -22,6 +22,7 @@ from .program import (
     Materialize,
     Normalize,
     Operand,
+    Reshape,
     Softmax,
     Step,
     Value,
@@ -184,7 +185,17 @@ class BoxLowering:
             return align(Value(self.position_mask(mask, query, key), (query, key)), legs)
         ref = mask.tensor
         mask_legs = tuple(p for leg in ref.legs for p in ren[leg])
-        return align(Value(self.input_vars[ref.name], (BATCH, *mask_legs)), legs, invert=True)
+        value = Value(self.input_vars[ref.name], (BATCH, *mask_legs))
+        if len(mask_legs) != len(ref.legs):  # a head leg the region splits (h as h.0 k): a view of it
+            whole = Value(value.var, (BATCH, *ref.legs))
+            value = Value(self.names.fresh(f"{ref.name}_view"), value.legs)
+            shape = self.shape((BATCH, *mask_legs))
+            self.emit(
+                Step(
+                    "view", Reshape(whole, shape), value, f"view {ref.name} with legs {' '.join(show_legs(mask_legs))}"
+                )
+            )
+        return align(value, legs, invert=True)
 
     def expand_broadcast(self, value: Value, legs: set[str]) -> Value:
         """Materialize broadcast legs that an operation needs as real axes."""
