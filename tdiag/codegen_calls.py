@@ -35,7 +35,8 @@ def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, b
     key_padding_mask (*batch, keys), bool (True = ignore) or float (added). Two masks intersect
     (bool) or add (float). With `bias` (every masked node a softmax box) the mask comes back as
     float scores, a hidden entry the dtype's lowest number; without, a float mask is refused for
-    `refusal`."""
+    `refusal`. Sizes are compared with != (not `in`): under torch.compile, after a call at
+    another length, a size is symbolic, and Dynamo's `in` on a tuple does not compare it by value."""
     masks, per_head = [], False
     for name, mask, rank, what in (
         ("attn_mask", attn_mask, 2, f"(queries, keys) = ({queries}, {keys})"),
@@ -50,10 +51,10 @@ def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, b
         if not bias and mask.dtype != torch.bool:
             raise TypeError(f"{name} is {mask.dtype}: {refusal}")
         trailing = (queries, keys)[2 - rank :]
-        if mask.dim() < rank or any(s not in (1, t) for s, t in zip(mask.shape[-rank:], trailing)):
+        if mask.dim() < rank or any(s != 1 and s != t for s, t in zip(mask.shape[-rank:], trailing)):
             raise ValueError(f"{name} must end in {what} (or 1 where it broadcasts), got shape {tuple(mask.shape)}")
         lead = mask.shape[: mask.dim() - rank]
-        if rank == 2 and len(lead) == len(batch_shape) == 1 and lead[0] not in (1, batch_shape[0]):
+        if rank == 2 and len(lead) == len(batch_shape) == 1 and lead[0] != 1 and lead[0] != batch_shape[0]:
             if heads is not None and lead[0] == batch_shape[0] * heads:  # nn.MultiheadAttention's (B·H, N, M)
                 mask = mask.reshape(batch_shape[0], heads, *mask.shape[-2:])
                 lead = mask.shape[:-2]
@@ -77,7 +78,7 @@ def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, b
                     f" mask for all heads: {why}; give"
                     " (batch, 1, queries, keys) or (batch, queries, keys)"
                 )
-            if lead[-1] not in (1, heads):
+            if lead[-1] != 1 and lead[-1] != heads:
                 raise ValueError(
                     f"{name} has a heads axis of size {lead[-1]} (shape {tuple(mask.shape)}), but the design has"
                     f" {heads} heads; give 1 or {heads}"

@@ -337,6 +337,16 @@ def test_torch_compile_fullgraph_with_a_mask_on_a_module_built_with_its_call_pla
     assert torch.allclose(compiled(x, attn_mask=mask, is_causal=True), expected, atol=TOL, rtol=0)
 
 
+def test_torch_compile_takes_a_mask_after_a_call_at_another_length(x):
+    """Dynamo marks the length dynamic after a second length; the mask's shape check still holds."""
+    module = tdiag.load("mhsa", F=F, H=H).module(seed=0, dtype=torch.float64, plan_calls=True)
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    compiled(torch.randn(2, N + 3, F, dtype=torch.float64))
+    mask = _bool_mask(B, N, N)
+    expected = module(x, attn_mask=mask, is_causal=True)
+    assert torch.allclose(compiled(x, attn_mask=mask, is_causal=True), expected, atol=TOL, rtol=0)
+
+
 def test_a_module_runs_the_source_tdiag_compile_writes_once_a_call_has_planned_its_variants(x):
     design = tdiag.load("mhsa", F=F, H=H)
     module = design.module(seed=0, dtype=torch.float64)
