@@ -78,7 +78,7 @@ def test_compiled_step_equals_the_reference_step_and_the_forward(name):
 
 
 # the designs whose "kv" steps the generated programs do not take (docs/decoding.md says why)
-STEPPED_BY_THE_REFERENCE = {"cosformer", "gpt_neox"}
+STEPPED_BY_THE_REFERENCE = {"cosformer", "gpt_neox", "phi"}
 
 
 @pytest.mark.slow
