@@ -1,5 +1,7 @@
 """What the tests against Hugging Face modules share: HF's float32 parts (RMSNorm, RoPE tables)
-computed in float64, so that a float64 HF module is the exact reference."""
+computed in float64, so that a float64 HF module is the exact reference; the small SDPA configs, the
+random weights and inputs, HF's additive masks, and the HF weights as the designs' leg-shaped
+parameters, so that each test file states only what its model does differently."""
 
 from __future__ import annotations
 
@@ -47,10 +49,10 @@ def load_into(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None
             getattr(module, name).copy_(value)
 
 
-def assert_equal64(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """Equal to 1e-10 relative to the largest entry of `expected`."""
+def assert_equal64(actual: torch.Tensor, expected: torch.Tensor, scale: float | None = None) -> None:
+    """Equal to 1e-10 relative to `scale`, by default the largest entry of `expected`."""
     assert actual.shape == expected.shape
-    scale = expected.abs().max()
+    scale = expected.abs().max() if scale is None else scale
     assert scale > 0 and (actual - expected).abs().max() <= 1e-10 * scale
 
 
@@ -76,3 +78,94 @@ class Float64GemmaRMSNorm(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * (x.pow(2).mean(-1, keepdim=True) + self.eps).rsqrt() * (1.0 + self.weight)
+
+
+def sdpa_config(config_class: type, hidden: int, heads: int, kv_heads: int, **settings: object) -> object:
+    """A small HF config of `config_class` (LlamaConfig, Qwen2Config, ...) with `heads` query heads
+    in `kv_heads` groups over `hidden` features, run by SDPA; `settings` are the model's own."""
+    return config_class(
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        **settings,
+        attn_implementation="sdpa",
+    )
+
+
+def default_rope(theta: float, **settings: object) -> dict[str, object]:
+    """HF's rope_parameters for the default (unscaled) RoPE at base `theta`."""
+    return {"rope_type": "default", "rope_theta": theta, **settings}
+
+
+def gqa_weights(
+    attn: torch.nn.Module, f: int, g: int, r: int, d: int, output: str = "o_proj", biases: bool = False
+) -> dict[str, torch.Tensor]:
+    """q/k/v_proj and the output projection `output` ([out, in] nn.Linear weights, heads
+    head-major) as the designs' leg-shaped WQ[f g r d], WK[f g d], WV[f g e], WO[g r e o] (query
+    head (g r) = g·R + r); with `biases`, also the q/k/v biases bq[g r d], bk[g d], bv[g e]."""
+    out = getattr(attn, output)
+    tensors = {
+        "WQ": attn.q_proj.weight.T.reshape(f, g, r, d),
+        "WK": attn.k_proj.weight.T.reshape(f, g, d),
+        "WV": attn.v_proj.weight.T.reshape(f, g, d),
+        "WO": out.weight.T.reshape(g, r, d, f),
+    }
+    if biases:
+        tensors |= {
+            "bq": attn.q_proj.bias.view(g, r, d),
+            "bk": attn.k_proj.bias.view(g, d),
+            "bv": attn.v_proj.bias.view(g, d),
+        }
+    return tensors
+
+
+def random_input(batch: int, n: int, f: int, seed: int = 1) -> torch.Tensor:
+    """A float64 input [batch, n, f] drawn normal(0, 1) from its own generator at `seed`."""
+    return torch.randn(batch, n, f, dtype=F64, generator=torch.Generator().manual_seed(seed))
+
+
+def compiled64(design: object, causal: bool) -> torch.nn.Module:
+    """The design's float64 module, with the causal mask where `causal`."""
+    return (design.with_causal_mask() if causal else design).module(dtype=F64)
+
+
+def plain_or_causal_mask(n: int, causal: bool) -> torch.Tensor:
+    """HF's additive mask [1, 1, n, n]: every key visible, or (causal) keys m ≤ query n."""
+    visible = torch.ones(n, n, dtype=torch.bool)
+    return additive_mask(visible.tril() if causal else visible)
+
+
+def sliding_window_mask(n: int, window: int) -> torch.Tensor:
+    """The additive mask [1, 1, n, n] HF's model gives a sliding-window layer
+    (masking_utils.sliding_window_causal_mask_function)."""
+    from transformers.masking_utils import sliding_window_causal_mask_function
+
+    index = torch.arange(n)
+    return additive_mask(sliding_window_causal_mask_function(window)(0, 0, index[:, None], index[None, :]))
+
+
+def rotary_tables(inv_freq: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotate-half (cos, sin) [1, n, 2·len(inv_freq)] of the given inverse frequencies over
+    positions 0 .. n − 1, in float64: what an HF rotary embedding returns for its inv_freq."""
+    freqs = torch.arange(n, dtype=F64)[:, None] * inv_freq
+    angles = torch.cat((freqs, freqs), dim=-1)[None]
+    return angles.cos(), angles.sin()
+
+
+def assert_tables_near_float32(ours: tuple[torch.Tensor, ...], theirs: tuple[torch.Tensor, ...]) -> None:
+    """Each float64 table within 1e-5 of HF's float32 one (float32's rounding of values near 1)."""
+    for table, hf_table in zip(ours, theirs, strict=True):
+        assert (table - hf_table).abs().max() < 1e-5
+
+
+def input_gradients(
+    module: torch.nn.Module, attn: torch.nn.Module, x: torch.Tensor, *hf_args: torch.Tensor | tuple
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradients in `x` of a random weighting (seed 3) of the compiled module's output and of
+    the HF module's (called with `hf_args` after the input): (ours, HF's). The parameters'
+    gradients accumulate in both modules (zero the HF module's first: it is shared)."""
+    ours, theirs = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+    weight = torch.randn(x.shape, dtype=F64, generator=torch.Generator().manual_seed(3))
+    (module(ours) * weight).sum().backward()
+    (attn(theirs, *hf_args)[0] * weight).sum().backward()
+    return ours.grad, theirs.grad

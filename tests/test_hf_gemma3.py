@@ -19,11 +19,17 @@ from conftest import DESIGNS  # noqa: E402
 from hf_support import (  # noqa: E402
     F64,
     Float64GemmaRMSNorm,
-    additive_mask,
     assert_equal64,
+    assert_tables_near_float32,
+    compiled64,
+    gqa_weights,
+    input_gradients,
     load_into,
+    plain_or_causal_mask,
+    random_input,
     randomized,
     rope_angles,
+    sliding_window_mask,
 )
 
 import tdiag  # noqa: E402
@@ -68,15 +74,7 @@ def hf(layer_type: str) -> torch.nn.Module:
 def weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
     """q/k/v/o_proj ([out, in], heads head-major) and the per-head norm weights on the design's
     legs; query head (g r) = g·R + r."""
-    r = H // G
-    return {
-        "WQ": attn.q_proj.weight.T.reshape(F, G, r, D),
-        "WK": attn.k_proj.weight.T.reshape(F, G, D),
-        "WV": attn.v_proj.weight.T.reshape(F, G, D),
-        "WO": attn.o_proj.weight.T.reshape(G, r, D, F),
-        "nq": attn.q_norm.weight,
-        "nk": attn.k_norm.weight,
-    }
+    return gqa_weights(attn, F, G, H // G, D) | {"nq": attn.q_norm.weight, "nk": attn.k_norm.weight}
 
 
 def rotary(layer_type: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,7 +88,7 @@ def rotary(layer_type: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def x_input() -> torch.Tensor:
-    return torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(1))
+    return random_input(BATCH, N, F)
 
 
 @pytest.mark.parametrize("layer_type", list(LAYERS))
@@ -98,36 +96,29 @@ def test_the_float64_rotary_tables_are_hf_gemma3_rotary_embedding(layer_type):
     from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
 
     theirs = Gemma3RotaryEmbedding(config())(x_input(), torch.arange(N)[None], layer_type)
-    for ours, hf_table in zip(rotary(layer_type), theirs, strict=True):
-        assert (ours - hf_table).abs().max() < 1e-5
+    assert_tables_near_float32(rotary(layer_type), theirs)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
 def test_gemma3_equals_hf_gemma3_global_attention_float64(causal):
     design = tdiag.load(DESIGNS / "gemma3.td", F=F, H=H, G=G, D=D, QS=QS, Factor=FACTOR)
-    module = (design.with_causal_mask() if causal else design).module(dtype=F64)
+    module = compiled64(design, causal)
     attn = hf("full_attention")
     load_into(module, weights(attn))
-    visible = torch.ones(N, N, dtype=torch.bool)
-    mask = additive_mask(visible.tril() if causal else visible)
     x = x_input()
     with torch.no_grad():
-        assert_equal64(module(x), attn(x, rotary("full_attention"), mask)[0])
+        assert_equal64(module(x), attn(x, rotary("full_attention"), plain_or_causal_mask(N, causal))[0])
 
 
 def test_gemma3_sliding_equals_hf_gemma3_local_attention_float64():
-    from transformers.masking_utils import sliding_window_causal_mask_function
-
     design = tdiag.load(DESIGNS / "gemma3_sliding.td", F=F, H=H, G=G, D=D, QS=QS, W=W)
     assert design.with_causal_mask().graph is design.graph
     module = design.module(dtype=F64)
     attn = hf("sliding_attention")
     load_into(module, weights(attn))
-    index = torch.arange(N)
-    visible = sliding_window_causal_mask_function(W)(0, 0, index[:, None], index[None, :])
     x = x_input()
     with torch.no_grad():
-        assert_equal64(module(x), attn(x, rotary("sliding_attention"), additive_mask(visible))[0])
+        assert_equal64(module(x), attn(x, rotary("sliding_attention"), sliding_window_mask(N, W))[0])
 
 
 def test_gemma3_gradients_equal_hf_gemma3_attention_float64():
@@ -135,14 +126,9 @@ def test_gemma3_gradients_equal_hf_gemma3_attention_float64():
     attn = hf("full_attention")
     attn.zero_grad()
     design = tdiag.load(DESIGNS / "gemma3.td", F=F, H=H, G=G, D=D, QS=QS, Factor=FACTOR)
-    module = design.with_causal_mask().module(dtype=F64)
+    module = compiled64(design, causal=True)
     load_into(module, weights(attn))
-    x = x_input().requires_grad_()
-    x_hf = x.detach().clone().requires_grad_()
-    weight = torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(3))
-    (module(x) * weight).sum().backward()
-    mask = additive_mask(torch.ones(N, N, dtype=torch.bool).tril())
-    (attn(x_hf, rotary("full_attention"), mask)[0] * weight).sum().backward()
-    assert_equal64(x.grad, x_hf.grad)
+    ours, theirs = input_gradients(module, attn, x_input(), rotary("full_attention"), plain_or_causal_mask(N, True))
+    assert_equal64(ours, theirs)
     assert_equal64(module.nq.grad, attn.q_norm.weight.grad)
     assert_equal64(module.nk.grad, attn.k_norm.weight.grad)

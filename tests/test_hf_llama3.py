@@ -16,7 +16,18 @@ transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 from conftest import DESIGNS  # noqa: E402
-from hf_support import F64, additive_mask, assert_equal64, load_into, randomized  # noqa: E402
+from hf_support import (  # noqa: E402
+    F64,
+    assert_equal64,
+    compiled64,
+    gqa_weights,
+    load_into,
+    plain_or_causal_mask,
+    random_input,
+    randomized,
+    rotary_tables,
+    sdpa_config,
+)
 
 import tdiag  # noqa: E402
 
@@ -38,25 +49,12 @@ def hf() -> torch.nn.Module:
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaAttention
 
-    config = LlamaConfig(
-        hidden_size=F,
-        num_attention_heads=H,
-        num_key_value_heads=G,
-        max_position_embeddings=4 * OLD_CONTEXT,
-        rope_parameters=ROPE,
-        attn_implementation="sdpa",
-    )
+    config = sdpa_config(LlamaConfig, F, H, G, max_position_embeddings=4 * OLD_CONTEXT, rope_parameters=ROPE)
     return randomized(LlamaAttention(config, 0))
 
 
 def weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
-    r = H // G
-    return {
-        "WQ": attn.q_proj.weight.T.reshape(F, G, r, D),
-        "WK": attn.k_proj.weight.T.reshape(F, G, D),
-        "WV": attn.v_proj.weight.T.reshape(F, G, D),
-        "WO": attn.o_proj.weight.T.reshape(G, r, D, F),
-    }
+    return gqa_weights(attn, F, G, H // G, D)
 
 
 def llama3_inv_freq() -> torch.Tensor:
@@ -72,9 +70,7 @@ def llama3_inv_freq() -> torch.Tensor:
 
 def rotary(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """LlamaRotaryEmbedding's (cos, sin) [1, n, D] (rotate-half layout) in float64."""
-    freqs = torch.arange(n, dtype=F64)[:, None] * llama3_inv_freq()
-    angles = torch.cat((freqs, freqs), dim=-1)[None]
-    return angles.cos(), angles.sin()
+    return rotary_tables(llama3_inv_freq(), n)
 
 
 def test_the_frequencies_fall_in_all_three_pieces():
@@ -94,10 +90,8 @@ def test_the_float64_frequencies_are_hf_llama3_rope_in_float32():
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
 def test_llama3_equals_hf_llama_attention_with_llama3_rope_float64(causal):
     design = tdiag.load(DESIGNS / "llama3.td", F=F, H=H, G=G)
-    module = (design.with_causal_mask() if causal else design).module(dtype=F64)
+    module = compiled64(design, causal)
     load_into(module, weights(hf()))
-    x = torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(1))
-    visible = torch.ones(N, N, dtype=torch.bool)
-    mask = additive_mask(visible.tril() if causal else visible)
+    x = random_input(BATCH, N, F)
     with torch.no_grad():
-        assert_equal64(module(x), hf()(x, rotary(N), mask)[0])
+        assert_equal64(module(x), hf()(x, rotary(N), plain_or_causal_mask(N, causal))[0])

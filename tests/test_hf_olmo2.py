@@ -17,11 +17,17 @@ from conftest import DESIGNS  # noqa: E402
 from hf_support import (  # noqa: E402
     F64,
     Float64RMSNorm,
-    additive_mask,
     assert_equal64,
+    compiled64,
+    default_rope,
+    gqa_weights,
+    input_gradients,
     load_into,
+    plain_or_causal_mask,
+    random_input,
     randomized,
     rope_cos_sin,
+    sdpa_config,
 )
 
 import tdiag  # noqa: E402
@@ -35,14 +41,7 @@ def hf() -> torch.nn.Module:
     from transformers import Olmo2Config
     from transformers.models.olmo2.modeling_olmo2 import Olmo2Attention
 
-    config = Olmo2Config(
-        hidden_size=F,
-        num_attention_heads=H,
-        num_key_value_heads=G,
-        rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": THETA},
-        attn_implementation="sdpa",
-    )
+    config = sdpa_config(Olmo2Config, F, H, G, rms_norm_eps=1e-6, rope_parameters=default_rope(THETA))
     attn = randomized(Olmo2Attention(config, 0))
     attn.q_norm, attn.k_norm = Float64RMSNorm(attn.q_norm), Float64RMSNorm(attn.k_norm)
     return attn
@@ -52,26 +51,17 @@ def weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
     """q/k/v/o_proj ([out, in], heads head-major) and the full-width norm weights on the design's
     legs; query head (g r) = g·R + r."""
     r = H // G
-    return {
-        "WQ": attn.q_proj.weight.T.reshape(F, G, r, D),
-        "WK": attn.k_proj.weight.T.reshape(F, G, D),
-        "WV": attn.v_proj.weight.T.reshape(F, G, D),
-        "WO": attn.o_proj.weight.T.reshape(G, r, D, F),
-        "nq": attn.q_norm.weight.view(G, r, D),
-        "nk": attn.k_norm.weight.view(G, D),
-    }
+    return gqa_weights(attn, F, G, r, D) | {"nq": attn.q_norm.weight.view(G, r, D), "nk": attn.k_norm.weight.view(G, D)}
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
 def test_olmo2_equals_hf_olmo2_attention_float64(causal):
     design = tdiag.load(DESIGNS / "olmo2.td", F=F, H=H, G=G)
-    module = (design.with_causal_mask() if causal else design).module(dtype=F64)
+    module = compiled64(design, causal)
     load_into(module, weights(hf()))
-    x = torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(1))
-    visible = torch.ones(N, N, dtype=torch.bool)
-    mask = additive_mask(visible.tril() if causal else visible)
+    x = random_input(BATCH, N, F)
     with torch.no_grad():
-        assert_equal64(module(x), hf()(x, rope_cos_sin(N, D, THETA), mask)[0])
+        assert_equal64(module(x), hf()(x, rope_cos_sin(N, D, THETA), plain_or_causal_mask(N, causal))[0])
 
 
 def test_olmo2_gradients_equal_hf_olmo2_attention_float64():
@@ -80,13 +70,10 @@ def test_olmo2_gradients_equal_hf_olmo2_attention_float64():
     attn.zero_grad()
     module = tdiag.load(DESIGNS / "olmo2.td", F=F, H=H, G=G).with_causal_mask().module(dtype=F64)
     load_into(module, weights(attn))
-    x = torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(1), requires_grad=True)
-    x_hf = x.detach().clone().requires_grad_()
-    weight = torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(3))
-    (module(x) * weight).sum().backward()
-    mask = additive_mask(torch.ones(N, N, dtype=torch.bool).tril())
-    (attn(x_hf, rope_cos_sin(N, D, THETA), mask)[0] * weight).sum().backward()
-    assert_equal64(x.grad, x_hf.grad)
+    ours, theirs = input_gradients(
+        module, attn, random_input(BATCH, N, F), rope_cos_sin(N, D, THETA), plain_or_causal_mask(N, True)
+    )
+    assert_equal64(ours, theirs)
     r = H // G
     assert_equal64(module.nq.grad, attn.q_norm.weight.grad.view(G, r, D))
     assert_equal64(module.nk.grad, attn.k_norm.weight.grad.view(G, D))

@@ -15,7 +15,18 @@ transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 from conftest import DESIGNS  # noqa: E402
-from hf_support import F64, additive_mask, assert_equal64, load_into, randomized, rope_cos_sin  # noqa: E402
+from hf_support import (  # noqa: E402
+    assert_equal64,
+    compiled64,
+    default_rope,
+    gqa_weights,
+    load_into,
+    plain_or_causal_mask,
+    random_input,
+    randomized,
+    rope_cos_sin,
+    sdpa_config,
+)
 
 import tdiag  # noqa: E402
 
@@ -28,13 +39,7 @@ def hf() -> torch.nn.Module:
     from transformers import PhiConfig
     from transformers.models.phi.modeling_phi import PhiAttention
 
-    config = PhiConfig(
-        hidden_size=F,
-        num_attention_heads=H,
-        num_key_value_heads=G,
-        rope_parameters={"rope_type": "default", "rope_theta": THETA, "partial_rotary_factor": DR / D},
-        attn_implementation="sdpa",
-    )
+    config = sdpa_config(PhiConfig, F, H, G, rope_parameters=default_rope(THETA, partial_rotary_factor=DR / D))
     attn = randomized(PhiAttention(config, 0))
     assert attn.rotary_ndims == DR
     return attn
@@ -42,26 +47,14 @@ def hf() -> torch.nn.Module:
 
 def weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
     """q/k/v_proj and dense ([out, in], heads head-major) and their biases on the design's legs."""
-    r = H // G
-    return {
-        "WQ": attn.q_proj.weight.T.reshape(F, G, r, D),
-        "WK": attn.k_proj.weight.T.reshape(F, G, D),
-        "WV": attn.v_proj.weight.T.reshape(F, G, D),
-        "WO": attn.dense.weight.T.reshape(G, r, D, F),
-        "bq": attn.q_proj.bias.view(G, r, D),
-        "bk": attn.k_proj.bias.view(G, D),
-        "bv": attn.v_proj.bias.view(G, D),
-        "bo": attn.dense.bias,
-    }
+    return gqa_weights(attn, F, G, H // G, D, output="dense", biases=True) | {"bo": attn.dense.bias}
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
 def test_phi_equals_hf_phi_attention_float64(causal):
     design = tdiag.load(DESIGNS / "phi.td", F=F, H=H, G=G, Dr=DR)
-    module = (design.with_causal_mask() if causal else design).module(dtype=F64)
+    module = compiled64(design, causal)
     load_into(module, weights(hf()))
-    x = torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(1))
-    visible = torch.ones(N, N, dtype=torch.bool)
-    mask = additive_mask(visible.tril() if causal else visible)
+    x = random_input(BATCH, N, F)
     with torch.no_grad():
-        assert_equal64(module(x), hf()(x, rope_cos_sin(N, DR, THETA), mask)[0])
+        assert_equal64(module(x), hf()(x, rope_cos_sin(N, DR, THETA), plain_or_causal_mask(N, causal))[0])

@@ -13,7 +13,18 @@ transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 from conftest import DESIGNS  # noqa: E402
-from hf_support import F64, additive_mask, assert_equal64, load_into, randomized, rope_cos_sin  # noqa: E402
+from hf_support import (  # noqa: E402
+    assert_equal64,
+    compiled64,
+    default_rope,
+    gqa_weights,
+    load_into,
+    plain_or_causal_mask,
+    random_input,
+    randomized,
+    rope_cos_sin,
+    sdpa_config,
+)
 
 import tdiag  # noqa: E402
 
@@ -26,37 +37,20 @@ def hf() -> torch.nn.Module:
     from transformers import Qwen2Config
     from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention
 
-    config = Qwen2Config(
-        hidden_size=F,
-        num_attention_heads=H,
-        num_key_value_heads=G,
-        rope_parameters={"rope_type": "default", "rope_theta": THETA},
-        attn_implementation="sdpa",
-    )
+    config = sdpa_config(Qwen2Config, F, H, G, rope_parameters=default_rope(THETA))
     return randomized(Qwen2Attention(config, 0))
 
 
 def weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
     """q/k/v/o_proj ([out, in], heads head-major) on the design's legs; query head (g r) = g·R + r."""
-    r = H // G
-    return {
-        "WQ": attn.q_proj.weight.T.reshape(F, G, r, D),
-        "WK": attn.k_proj.weight.T.reshape(F, G, D),
-        "WV": attn.v_proj.weight.T.reshape(F, G, D),
-        "WO": attn.o_proj.weight.T.reshape(G, r, D, F),
-        "bq": attn.q_proj.bias.view(G, r, D),
-        "bk": attn.k_proj.bias.view(G, D),
-        "bv": attn.v_proj.bias.view(G, D),
-    }
+    return gqa_weights(attn, F, G, H // G, D, biases=True)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
 def test_qwen2_equals_hf_qwen2_attention_float64(causal):
     design = tdiag.load(DESIGNS / "qwen2.td", F=F, H=H, G=G)
-    module = (design.with_causal_mask() if causal else design).module(dtype=F64)
+    module = compiled64(design, causal)
     load_into(module, weights(hf()))
-    x = torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(1))
-    visible = torch.ones(N, N, dtype=torch.bool)
-    mask = additive_mask(visible.tril() if causal else visible)
+    x = random_input(BATCH, N, F)
     with torch.no_grad():
-        assert_equal64(module(x), hf()(x, rope_cos_sin(N, D, THETA), mask)[0])
+        assert_equal64(module(x), hf()(x, rope_cos_sin(N, D, THETA), plain_or_causal_mask(N, causal))[0])

@@ -17,7 +17,19 @@ transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 from conftest import DESIGNS  # noqa: E402
-from hf_support import F64, additive_mask, assert_equal64, load_into, randomized  # noqa: E402
+from hf_support import (  # noqa: E402
+    F64,
+    assert_equal64,
+    assert_tables_near_float32,
+    compiled64,
+    gqa_weights,
+    load_into,
+    plain_or_causal_mask,
+    random_input,
+    randomized,
+    rotary_tables,
+    sdpa_config,
+)
 
 import tdiag  # noqa: E402
 
@@ -31,10 +43,11 @@ def hf() -> torch.nn.Module:
     from transformers import Qwen2Config
     from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention
 
-    config = Qwen2Config(
-        hidden_size=F,
-        num_attention_heads=H,
-        num_key_value_heads=G,
+    config = sdpa_config(
+        Qwen2Config,
+        F,
+        H,
+        G,
         max_position_embeddings=FACTOR * OLD_CONTEXT,
         rope_parameters={
             "rope_type": "yarn",
@@ -42,22 +55,12 @@ def hf() -> torch.nn.Module:
             "factor": float(FACTOR),
             "original_max_position_embeddings": OLD_CONTEXT,
         },
-        attn_implementation="sdpa",
     )
     return randomized(Qwen2Attention(config, 0))
 
 
 def weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
-    r = H // G
-    return {
-        "WQ": attn.q_proj.weight.T.reshape(F, G, r, D),
-        "WK": attn.k_proj.weight.T.reshape(F, G, D),
-        "WV": attn.v_proj.weight.T.reshape(F, G, D),
-        "WO": attn.o_proj.weight.T.reshape(G, r, D, F),
-        "bq": attn.q_proj.bias.view(G, r, D),
-        "bk": attn.k_proj.bias.view(G, D),
-        "bv": attn.v_proj.bias.view(G, D),
-    }
+    return gqa_weights(attn, F, G, H // G, D, biases=True)
 
 
 def ramp() -> torch.Tensor:
@@ -76,10 +79,9 @@ def yarn_tables(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     extrapolation = 1.0 / THETA ** (torch.arange(0, D, 2, dtype=F64) / D)
     keep = 1 - ramp()
     inv_freq = extrapolation / FACTOR * (1 - keep) + extrapolation * keep
-    freqs = torch.arange(n, dtype=F64)[:, None] * inv_freq
-    angles = torch.cat((freqs, freqs), dim=-1)[None]
+    cos, sin = rotary_tables(inv_freq, n)
     factor = 0.1 * math.log(FACTOR) + 1
-    return angles.cos() * factor, angles.sin() * factor
+    return cos * factor, sin * factor
 
 
 def test_the_ramp_has_every_piece():
@@ -91,17 +93,14 @@ def test_the_float64_tables_are_hf_yarn_rotary_embedding():
 
     x = torch.zeros(1, N, F, dtype=F64)
     theirs = Qwen2RotaryEmbedding(hf().config)(x, torch.arange(N)[None])
-    for ours, table in zip(yarn_tables(N), theirs, strict=True):
-        assert (ours - table).abs().max() < 1e-5
+    assert_tables_near_float32(yarn_tables(N), theirs)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
 def test_qwen2_yarn_equals_hf_qwen2_attention_with_yarn_float64(causal):
     design = tdiag.load(DESIGNS / "qwen2_yarn.td", F=F, H=H, G=G, Theta=THETA, Factor=FACTOR, L=OLD_CONTEXT)
-    module = (design.with_causal_mask() if causal else design).module(dtype=F64)
+    module = compiled64(design, causal)
     load_into(module, weights(hf()))
-    x = torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(1))
-    visible = torch.ones(N, N, dtype=torch.bool)
-    mask = additive_mask(visible.tril() if causal else visible)
+    x = random_input(BATCH, N, F)
     with torch.no_grad():
-        assert_equal64(module(x), hf()(x, yarn_tables(N), mask)[0])
+        assert_equal64(module(x), hf()(x, yarn_tables(N), plain_or_causal_mask(N, causal))[0])

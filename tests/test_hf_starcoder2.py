@@ -16,7 +16,18 @@ transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 from conftest import DESIGNS  # noqa: E402
-from hf_support import F64, additive_mask, assert_equal64, load_into, randomized, rope_cos_sin  # noqa: E402
+from hf_support import (  # noqa: E402
+    F64,
+    assert_equal64,
+    default_rope,
+    gqa_weights,
+    load_into,
+    random_input,
+    randomized,
+    rope_cos_sin,
+    sdpa_config,
+    sliding_window_mask,
+)
 
 import tdiag  # noqa: E402
 from tdiag.plan.forms import only_forms  # noqa: E402
@@ -30,14 +41,8 @@ def hf() -> torch.nn.Module:
     from transformers import Starcoder2Config
     from transformers.models.starcoder2.modeling_starcoder2 import Starcoder2Attention
 
-    config = Starcoder2Config(
-        hidden_size=F,
-        num_attention_heads=H,
-        num_key_value_heads=G,
-        sliding_window=W,
-        use_bias=True,
-        rope_parameters={"rope_type": "default", "rope_theta": THETA},
-        attn_implementation="sdpa",
+    config = sdpa_config(
+        Starcoder2Config, F, H, G, sliding_window=W, use_bias=True, rope_parameters=default_rope(THETA)
     )
     return randomized(Starcoder2Attention(config, 0))
 
@@ -45,25 +50,11 @@ def hf() -> torch.nn.Module:
 def weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
     """q/k/v/o_proj ([out, in], heads head-major) and their biases on the design's legs; query head
     (g r) = g·R + r."""
-    r = H // G
-    return {
-        "WQ": attn.q_proj.weight.T.reshape(F, G, r, D),
-        "WK": attn.k_proj.weight.T.reshape(F, G, D),
-        "WV": attn.v_proj.weight.T.reshape(F, G, D),
-        "WO": attn.o_proj.weight.T.reshape(G, r, D, F),
-        "bq": attn.q_proj.bias.view(G, r, D),
-        "bk": attn.k_proj.bias.view(G, D),
-        "bv": attn.v_proj.bias.view(G, D),
-        "bo": attn.o_proj.bias,
-    }
+    return gqa_weights(attn, F, G, H // G, D, biases=True) | {"bo": attn.o_proj.bias}
 
 
 def hf_output(x: torch.Tensor) -> torch.Tensor:
-    from transformers.masking_utils import sliding_window_causal_mask_function
-
-    index = torch.arange(N)
-    visible = sliding_window_causal_mask_function(W)(0, 0, index[:, None], index[None, :])
-    return hf()(x, rope_cos_sin(N, D, THETA), additive_mask(visible))[0]
+    return hf()(x, rope_cos_sin(N, D, THETA), sliding_window_mask(N, W))[0]
 
 
 @pytest.mark.parametrize("form", ["sdpa_grouped", "banded", "materialized"])
@@ -73,7 +64,7 @@ def test_starcoder2_equals_hf_starcoder2_attention_float64(form):
         module = design.module(N=N, dtype=F64)
     assert [choice.taken for choice in module.tdiag_plan.choices] == [form]
     load_into(module, weights(hf()))
-    x = torch.randn(BATCH, N, F, dtype=F64, generator=torch.Generator().manual_seed(1))
+    x = random_input(BATCH, N, F)
     with torch.no_grad():
         assert_equal64(module(x), hf_output(x))
 
