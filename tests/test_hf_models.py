@@ -19,12 +19,23 @@ from unittest import mock
 import pytest
 import torch
 from conftest import DESIGNS, ROOT
+from hf_support import (
+    F64,
+    assert_equal64,
+    default_rope,
+    gqa_weights,
+    load_into,
+    plain_or_causal_mask,
+    random_input,
+    randomized,
+    rope_cos_sin,
+    sdpa_config,
+)
 
 import tdiag
 
 transformers = pytest.importorskip("transformers")
 
-F64 = torch.float64
 F, H, G, D = 64, 4, 2, 16
 N, BATCH = 12, 2
 QWEN3_D = 24  # Qwen3's head_dim is its own size (not F / H)
@@ -38,63 +49,15 @@ def compiled(name: str, causal: bool, sizes: tuple[tuple[str, int], ...]) -> tor
 
 
 def x_input(n: int = N, seed: int = 1) -> torch.Tensor:
-    return torch.randn(BATCH, n, F, dtype=F64, generator=torch.Generator().manual_seed(seed))
-
-
-def randomized(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """The HF module in float64, eval mode, every parameter drawn at random (norm weights and
-    biases too, so that each one matters)."""
-    module = module.to(F64).eval()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in module.parameters():
-            parameter.copy_(0.3 * torch.randn(parameter.shape, dtype=F64, generator=generator))
-    return module
-
-
-def load_into(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Copy leg-shaped tensors into the compiled module's parameters of those names (every one)."""
-    assert set(tensors) == {name for name, _ in module.named_parameters()}
-    with torch.no_grad():
-        for name, value in tensors.items():
-            getattr(module, name).copy_(value)
-
-
-def assert_equal64(actual: torch.Tensor, expected: torch.Tensor, scale: float | None = None) -> None:
-    """Equal to 1e-10 relative to `scale`, by default the largest entry of `expected`."""
-    assert actual.shape == expected.shape
-    scale = expected.abs().max() if scale is None else scale
-    assert scale > 0 and (actual - expected).abs().max() <= 1e-10 * scale
-
-
-def rope_tables(n: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """HF's default RoPE cos and sin ([1, n, head_dim], rotate-half layout: the frequencies twice)
-    as LlamaRotaryEmbedding computes them, in float64 instead of its float32."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=F64) / head_dim))
-    freqs = torch.arange(n, dtype=F64)[:, None] * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)[None]
-    return emb.cos(), emb.sin()
-
-
-def causal_float_mask(n: int) -> torch.Tensor:
-    """HF's additive causal mask [1, 1, n, n]: 0 where key m <= query n, the dtype's lowest elsewhere."""
-    hidden = torch.ones(n, n, dtype=torch.bool).triu(1)
-    return torch.zeros(n, n, dtype=F64).masked_fill(hidden, torch.finfo(F64).min)[None, None]
+    return random_input(BATCH, n, F, seed)
 
 
 # The HF modules ------------------------------------------------------------------------------------
 
 
-def gqa_weights(attn: torch.nn.Module, d: int = D) -> dict[str, torch.Tensor]:
-    """q/k/v/o_proj ([out, in] nn.Linear weights, heads head-major) as the designs' leg-shaped
-    WQ[f g r d], WK[f g d], WV[f g e], WO[g r e o], at head width d."""
-    r = H // G
-    return {
-        "WQ": attn.q_proj.weight.T.reshape(F, G, r, d),
-        "WK": attn.k_proj.weight.T.reshape(F, G, d),
-        "WV": attn.v_proj.weight.T.reshape(F, G, d),
-        "WO": attn.o_proj.weight.T.reshape(G, r, d, F),
-    }
+def projections(attn: torch.nn.Module, d: int = D) -> dict[str, torch.Tensor]:
+    """The grouped-query projections (hf_support.gqa_weights) at this file's sizes and head width d."""
+    return gqa_weights(attn, F, G, H // G, d)
 
 
 @functools.cache
@@ -102,14 +65,7 @@ def llama(theta: int = 10000) -> torch.nn.Module:
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaAttention
 
-    config = LlamaConfig(
-        hidden_size=F,
-        num_attention_heads=H,
-        num_key_value_heads=G,
-        attention_bias=False,
-        rope_parameters={"rope_type": "default", "rope_theta": theta},
-        attn_implementation="sdpa",
-    )
+    config = sdpa_config(LlamaConfig, F, H, G, attention_bias=False, rope_parameters=default_rope(theta))
     return randomized(LlamaAttention(config, 0))
 
 
@@ -130,14 +86,8 @@ def qwen3() -> torch.nn.Module:
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
 
-    config = Qwen3Config(
-        hidden_size=F,
-        num_attention_heads=H,
-        num_key_value_heads=G,
-        head_dim=QWEN3_D,
-        rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000},
-        attn_implementation="sdpa",
+    config = sdpa_config(
+        Qwen3Config, F, H, G, head_dim=QWEN3_D, rms_norm_eps=1e-6, rope_parameters=default_rope(1000000)
     )
     attn = randomized(Qwen3Attention(config, 0))
     attn.q_norm, attn.k_norm = RMSNorm64(attn.q_norm), RMSNorm64(attn.k_norm)
@@ -145,7 +95,7 @@ def qwen3() -> torch.nn.Module:
 
 
 def qwen3_weights(attn: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {**gqa_weights(attn, d=QWEN3_D), "nq": attn.q_norm.weight, "nk": attn.k_norm.weight}
+    return {**projections(attn, d=QWEN3_D), "nq": attn.q_norm.weight, "nk": attn.k_norm.weight}
 
 
 @functools.cache
@@ -230,7 +180,7 @@ def bloom_call(attn: torch.nn.Module, x: torch.Tensor, causal: bool) -> torch.Te
     from transformers.models.bloom import modeling_bloom
 
     batch, n, _ = x.shape
-    mask = causal_float_mask(n) if causal else None
+    mask = plain_or_causal_mask(n, True) if causal else None
     with mock.patch.object(modeling_bloom, "F", SoftmaxInInputDtype()):
         return attn(x, torch.zeros_like(x), bloom_alibi(batch, n), mask)[0]
 
@@ -293,9 +243,9 @@ CASES = {
         "llama",
         (("F", F), ("H", H), ("G", G)),
         llama,
-        gqa_weights,
+        projections,
         lambda attn, x, causal: set_causal(attn, causal)(
-            x, position_embeddings=rope_tables(x.shape[-2], D, 10000), attention_mask=None
+            x, position_embeddings=rope_cos_sin(x.shape[-2], D, 10000), attention_mask=None
         )[0],
     ),
     "qwen3": Case(
@@ -304,7 +254,7 @@ CASES = {
         qwen3,
         qwen3_weights,
         lambda attn, x, causal: set_causal(attn, causal)(
-            x, position_embeddings=rope_tables(x.shape[-2], QWEN3_D, 1000000), attention_mask=None
+            x, position_embeddings=rope_cos_sin(x.shape[-2], QWEN3_D, 1000000), attention_mask=None
         )[0],
     ),
     "gpt2": Case(
@@ -320,7 +270,7 @@ CASES = {
         falcon,
         falcon_weights,
         lambda attn, x, causal: set_causal(attn, causal)(
-            x, alibi=None, attention_mask=None, position_embeddings=rope_tables(x.shape[-2], D, 10000)
+            x, alibi=None, attention_mask=None, position_embeddings=rope_cos_sin(x.shape[-2], D, 10000)
         )[0],
     ),
     "bloom": Case("bloom", (("F", F), ("H", H)), bloom, bloom_weights, bloom_call),
@@ -389,9 +339,9 @@ def test_llama_rope_base_is_the_theta_size():
     """Llama 3's rope_theta = 500000 is the size Theta."""
     attn = llama(500000)
     module = compiled("llama", True, (("F", F), ("H", H), ("G", G), ("Theta", 500000)))
-    load_into(module, gqa_weights(attn))
+    load_into(module, projections(attn))
     x = x_input(n=40)
-    expected = set_causal(attn, True)(x, position_embeddings=rope_tables(40, D, 500000), attention_mask=None)[0]
+    expected = set_causal(attn, True)(x, position_embeddings=rope_cos_sin(40, D, 500000), attention_mask=None)[0]
     with torch.no_grad():
         assert_equal64(module(x), expected)
 
@@ -401,7 +351,7 @@ def test_the_float64_rope_tables_are_hf_rotary_embedding_in_float32():
 
     x = x_input(n=40)
     hf = LlamaRotaryEmbedding(llama(500000).config)(x, torch.arange(40)[None])
-    for ours, theirs in zip(rope_tables(40, D, 500000), hf, strict=True):
+    for ours, theirs in zip(rope_cos_sin(40, D, 500000), hf, strict=True):
         assert theirs.dtype == F64 and (ours - theirs).abs().max() < 1e-5
 
 

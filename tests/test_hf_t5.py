@@ -14,12 +14,12 @@ import functools
 import pytest
 import torch
 from conftest import DESIGNS
+from hf_support import F64, assert_equal64, load_into, plain_or_causal_mask, random_input, randomized
 
 import tdiag
 
 transformers = pytest.importorskip("transformers")
 
-F64 = torch.float64
 F, H, D, BATCH = 16, 2, 4, 2
 CONFIGS = {"small": (8, 12, 20), "t5": (32, 128, 150)}  # name: (buckets, max_distance, test length)
 
@@ -41,12 +41,7 @@ def hf(decoder: bool, config: str) -> torch.nn.Module:
         is_decoder=decoder,
         attn_implementation="eager",
     )
-    module = T5Attention(cfg, has_relative_attention_bias=True, layer_idx=0).to(F64).eval()
-    generator = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for parameter in module.parameters():
-            parameter.copy_(0.5 * torch.randn(parameter.shape, dtype=F64, generator=generator))
-    return module
+    return randomized(T5Attention(cfg, has_relative_attention_bias=True, layer_idx=0), seed=7, std=0.5)
 
 
 @functools.cache
@@ -56,42 +51,30 @@ def compiled(decoder: bool, config: str) -> torch.nn.Module:
     design = tdiag.load(DESIGNS / f"{'t5_decoder' if decoder else 't5'}.td", F=F, H=H, D=D, R=buckets, MD=distance)
     module = design.module(dtype=F64)
     attn = hf(decoder, config)
-    weights = {
-        "WQ": attn.q.weight.T.reshape(F, H, D),
-        "WK": attn.k.weight.T.reshape(F, H, D),
-        "WV": attn.v.weight.T.reshape(F, H, D),
-        "WO": attn.o.weight.T.reshape(H, D, F),
-        "Rel": attn.relative_attention_bias.weight,
-    }
-    assert set(weights) == {name for name, _ in module.named_parameters()}
-    with torch.no_grad():
-        for name, value in weights.items():
-            getattr(module, name).copy_(value)
+    load_into(
+        module,
+        {
+            "WQ": attn.q.weight.T.reshape(F, H, D),
+            "WK": attn.k.weight.T.reshape(F, H, D),
+            "WV": attn.v.weight.T.reshape(F, H, D),
+            "WO": attn.o.weight.T.reshape(H, D, F),
+            "Rel": attn.relative_attention_bias.weight,
+        },
+    )
     return module
 
 
 def hf_forward(attn: torch.nn.Module, x: torch.Tensor, decoder: bool) -> torch.Tensor:
     """The encoder unmasked; the decoder with HF's additive causal mask (0 on and below the
     diagonal, the dtype's lowest above)."""
-    mask = None
-    if decoder:
-        n = x.shape[-2]
-        hidden = torch.ones(n, n, dtype=torch.bool).triu(1)
-        mask = torch.zeros(n, n, dtype=F64).masked_fill(hidden, torch.finfo(F64).min)[None, None]
-    return attn(x, mask=mask)[0]
-
-
-def assert_equal64(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    assert actual.shape == expected.shape
-    scale = expected.abs().max()
-    assert scale > 0 and (actual - expected).abs().max() <= 1e-10 * scale
+    return attn(x, mask=plain_or_causal_mask(x.shape[-2], True) if decoder else None)[0]
 
 
 @pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("decoder", [False, True], ids=["encoder", "decoder"])
 def test_t5_attention_and_its_gradients_equal_hf(decoder: bool, config: str):
     n = CONFIGS[config][2]
-    x = torch.randn(BATCH, n, F, dtype=F64, generator=torch.Generator().manual_seed(1))
+    x = random_input(BATCH, n, F)
     ours, theirs = compiled(decoder, config), hf(decoder, config)
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
     ya, yb = ours(xa), hf_forward(theirs, xb, decoder)
@@ -107,7 +90,7 @@ def test_t5_attention_and_its_gradients_equal_hf(decoder: bool, config: str):
 def test_t5_decoder_hides_later_keys():
     """A change to the last position leaves every earlier output of the decoder as it was."""
     module = compiled(True, "small")
-    x = torch.randn(1, 10, F, dtype=F64, generator=torch.Generator().manual_seed(3))
+    x = random_input(1, 10, F, seed=3)
     changed = x.clone()
     changed[:, -1] += 1.0
     with torch.no_grad():
