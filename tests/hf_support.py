@@ -5,7 +5,12 @@ parameters, so that each test file states only what its model does differently."
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from tdiag.design import Design
 
 F64 = torch.float64
 
@@ -124,7 +129,7 @@ def random_input(batch: int, n: int, f: int, seed: int = 1) -> torch.Tensor:
     return torch.randn(batch, n, f, dtype=F64, generator=torch.Generator().manual_seed(seed))
 
 
-def compiled64(design: object, causal: bool) -> torch.nn.Module:
+def compiled64(design: Design, causal: bool) -> torch.nn.Module:
     """The design's float64 module, with the causal mask where `causal`."""
     return (design.with_causal_mask() if causal else design).module(dtype=F64)
 
