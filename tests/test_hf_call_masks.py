@@ -13,18 +13,15 @@ import tdiag
 
 transformers = pytest.importorskip("transformers")
 
+from hf_support import assert_equal64, load_into, plain_or_causal_mask, rope_cos_sin  # noqa: E402
 from test_hf_models import (  # noqa: E402
     BATCH,
     F64,
     D,
     N,
-    assert_equal64,
-    causal_float_mask,
     compiled,
-    gqa_weights,
     llama,
-    load_into,
-    rope_tables,
+    projections,
     set_causal,
     x_input,
 )
@@ -39,7 +36,7 @@ def _padded_causal_mask() -> tuple[torch.Tensor, torch.Tensor]:
     ignore = torch.zeros(BATCH, N, dtype=torch.bool)
     ignore[1, -4:] = True
     lowest = torch.finfo(F64).min
-    mask = causal_float_mask(N).expand(BATCH, 1, N, N).masked_fill(ignore[:, None, None, :], lowest)
+    mask = plain_or_causal_mask(N, True).expand(BATCH, 1, N, N).masked_fill(ignore[:, None, None, :], lowest)
     return mask, ignore
 
 
@@ -47,14 +44,14 @@ def _padded_causal_mask() -> tuple[torch.Tensor, torch.Tensor]:
 def loaded() -> tuple[torch.nn.Module, torch.nn.Module]:
     attn = llama()
     module = compiled("llama", False, SIZES)
-    load_into(module, gqa_weights(attn))
+    load_into(module, projections(attn))
     return attn, module
 
 
 def test_llama_with_hf_float_attention_mask_equals_llama_attention(loaded):
     attn, module = loaded
     x, (mask, _) = x_input(), _padded_causal_mask()
-    expected = set_causal(attn, False)(x, position_embeddings=rope_tables(N, D, 10000), attention_mask=mask)[0]
+    expected = set_causal(attn, False)(x, position_embeddings=rope_cos_sin(N, D, 10000), attention_mask=mask)[0]
     with torch.no_grad():
         assert_equal64(module(x, attn_mask=mask), expected)
 
@@ -62,7 +59,7 @@ def test_llama_with_hf_float_attention_mask_equals_llama_attention(loaded):
 def test_llama_with_key_padding_mask_and_is_causal_equals_hf_with_that_mask(loaded):
     attn, module = loaded
     x, (mask, ignore) = x_input(), _padded_causal_mask()
-    expected = set_causal(attn, False)(x, position_embeddings=rope_tables(N, D, 10000), attention_mask=mask)[0]
+    expected = set_causal(attn, False)(x, position_embeddings=rope_cos_sin(N, D, 10000), attention_mask=mask)[0]
     with torch.no_grad():
         assert_equal64(module(x, key_padding_mask=ignore, is_causal=True), expected)
 
@@ -72,7 +69,7 @@ def test_llama_with_a_mask_per_head_equals_llama_attention(loaded):
     attn, module = loaded
     x = x_input()
     bias = torch.randn(BATCH, 4, N, N, dtype=F64, generator=torch.Generator().manual_seed(7))
-    expected = set_causal(attn, False)(x, position_embeddings=rope_tables(N, D, 10000), attention_mask=bias)[0]
+    expected = set_causal(attn, False)(x, position_embeddings=rope_cos_sin(N, D, 10000), attention_mask=bias)[0]
     with torch.no_grad():
         assert_equal64(module(x, attn_mask=bias), expected)
 
