@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 import tdiag
-from tdiag.bench import measure_all
+from tdiag.bench import columns, measure_all
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("conv", "shift tensors", "hand-written")
@@ -95,22 +95,10 @@ def measure(n: int, args: argparse.Namespace) -> dict:
     built = modules(n, args)
     measured = measure_all(list(built.values()), torch.randn(1, n, args.width), False, args.repeat)
     timings = dict(zip(built, measured, strict=True))
-    base = timings["conv"].seconds
     row: dict = {"n": n}
     for name in VARIANTS:
-        if name not in timings:
-            continue
-        seconds = sorted(timings[name].seconds)
-        ratios = sorted(a / b for a, b in zip(timings[name].seconds, base, strict=True))
-        row |= {
-            f"{name} ms": 1e3 * seconds[len(seconds) // 2],
-            f"{name} ms min": 1e3 * seconds[0],
-            f"{name} ms max": 1e3 * seconds[-1],
-            f"{name} / conv": ratios[len(ratios) // 2],
-            f"{name} / conv min": ratios[0],
-            f"{name} / conv max": ratios[-1],
-            f"{name} kept MB": timings[name].saved_bytes / 1e6,
-        }
+        if name in timings:
+            row |= columns(name, timings[name], timings["conv"], "conv")
     cells = [
         f"{name}: {row[f'{name} ms']:.0f} ms ({row[f'{name} ms min']:.0f}-{row[f'{name} ms max']:.0f}),"
         f" x{row[f'{name} / conv']:.2f} ({row[f'{name} / conv min']:.2f}-{row[f'{name} / conv max']:.2f}),"

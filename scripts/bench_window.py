@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 import tdiag
-from tdiag.bench import measure_all
+from tdiag.bench import columns, measure_all
 from tdiag.plan.forms import only_forms
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,20 +80,9 @@ def measure(n: int, args: argparse.Namespace) -> dict:
     built = modules(n, args)
     measured = measure_all(list(built.values()), torch.randn(1, n, args.width), False, args.repeat)
     timings = dict(zip(built, measured, strict=True))
-    base = timings["banded"].seconds
     row: dict = {"n": n, "window": args.window}
     for name in variants(args):
-        seconds = sorted(timings[name].seconds)
-        ratios = sorted(a / b for a, b in zip(timings[name].seconds, base, strict=True))
-        row |= {
-            f"{name} ms": 1e3 * seconds[len(seconds) // 2],
-            f"{name} ms min": 1e3 * seconds[0],
-            f"{name} ms max": 1e3 * seconds[-1],
-            f"{name} / banded": ratios[len(ratios) // 2],
-            f"{name} / banded min": ratios[0],
-            f"{name} / banded max": ratios[-1],
-            f"{name} kept MB": timings[name].saved_bytes / 1e6,
-        }
+        row |= columns(name, timings[name], timings["banded"], "banded")
     cells = [
         f"{name}: {row[f'{name} ms']:.0f} ms, x{row[f'{name} / banded']:.2f}"
         f" ({row[f'{name} / banded min']:.2f}-{row[f'{name} / banded max']:.2f}), {row[f'{name} kept MB']:.0f} MB"

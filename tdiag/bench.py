@@ -235,6 +235,23 @@ class Timing:
     cuda_peak_bytes: int | None
 
 
+def columns(name: str, timing: Timing, base: Timing, against: str) -> dict[str, float]:
+    """One implementation's columns of a benchmark row: its median and min–max milliseconds, its
+    time over `base`'s taken round by round (median, min–max; the ratio is named `name / against`)
+    and the megabytes it keeps for backward."""
+    seconds = sorted(timing.seconds)
+    ratios = sorted(a / b for a, b in zip(timing.seconds, base.seconds, strict=True))
+    return {
+        f"{name} ms": 1e3 * seconds[len(seconds) // 2],
+        f"{name} ms min": 1e3 * seconds[0],
+        f"{name} ms max": 1e3 * seconds[-1],
+        f"{name} / {against}": ratios[len(ratios) // 2],
+        f"{name} / {against} min": ratios[0],
+        f"{name} / {against} max": ratios[-1],
+        f"{name} kept MB": timing.saved_bytes / 1e6,
+    }
+
+
 def _rotated(count: int, start: int) -> list[int]:
     """0 .. count - 1 starting at `start` (mod count), wrapping around."""
     return [(start + k) % count for k in range(count)]
