@@ -21,10 +21,10 @@ def small_sizes(name: str) -> dict[str, int]:
     return sizes
 
 
-def causal(name: str) -> tdiag.Design | None:
-    """The design's causal form at small sizes, or None where it has none."""
+def causal(name: str, **sizes: int) -> tdiag.Design | None:
+    """The design's causal form at small sizes (and `sizes`), or None where it has none."""
     try:
-        return tdiag.load(DESIGNS / f"{name}.td", **small_sizes(name)).with_causal_mask()
+        return tdiag.load(DESIGNS / f"{name}.td", **(small_sizes(name) | sizes)).with_causal_mask()
     except TdiagError:
         return None
 

@@ -6,10 +6,10 @@ causal forward."""
 import pytest
 import torch
 from conftest import DESIGN_FILES, DESIGNS
+from test_decode import causal as small_causal
 
 import tdiag
 import tdiag.decode_state as decode_state
-from tdiag import TdiagError
 from tdiag.decode import DecodeCache, decode_rule
 
 TOL = 1e-10
@@ -30,22 +30,11 @@ STATE = {
 }
 
 
-def small_sizes(name: str) -> dict[str, int]:
-    sizes = {"F": 8, "H": 2}
-    if "mgk" in name or "mlk" in name:
-        sizes["D"] = 4
-    if name == "mamba2_ssd":
-        sizes["S"] = 4
-    if name == "based":
-        sizes["Dk"] = 3
-    return sizes
+SMALLER = {"mamba2_ssd": {"S": 4}, "based": {"Dk": 3}}  # beside test_decode's small sizes
 
 
 def causal(name: str) -> tdiag.Design | None:
-    try:
-        return tdiag.load(DESIGNS / f"{name}.td", **small_sizes(name)).with_causal_mask()
-    except TdiagError:
-        return None
+    return small_causal(name, **SMALLER.get(name, {}))
 
 
 @pytest.fixture(scope="module")
