@@ -179,26 +179,17 @@ def _masked(
     reduced = reduced or (isinstance(node, Scan) and node.reverse and node.along == key and query in node.legs)
     boxed = isinstance(node, SoftmaxBox) and key in node.normalized and query in node.legs
     legs = node_heads(node, query, key) if heads is not None else ()
-    if boxed or reduced:
-        if bias and isinstance(node, SoftmaxBox) and node.is_exp:
-            if heads is not None:
-                heads.append((node, legs, _query_side_heads(node, query, key)))
-            return _bias_term(node, name, query, key, span, heads is not None), count + 1
-        if bias:
+    shifted = isinstance(node, Convolution) and _shifts_positions(node, query, key)  # MTA's Mask_0, as causal.py
+    if boxed or reduced or shifted:
+        if bias and not (isinstance(node, SoftmaxBox) and node.is_exp):
             refused.append((_construct(node), node.span))
             return node, count
         if heads is not None:
             heads.append((node, legs, _query_side_heads(node, query, key)))
+        if bias:
+            return _bias_term(node, name, query, key, span, heads is not None), count + 1  # type: ignore[arg-type]
         mask = PaddingMask(_ref(name, query, key, span, legs), span)
         return dataclasses.replace(node, masks=(*node.masks, mask)), count + 1  # type: ignore[arg-type]
-    if isinstance(node, Convolution) and _shifts_positions(node, query, key):  # MTA's Mask_0, as causal.py
-        if bias:
-            refused.append((_construct(node), node.span))
-            return node, count
-        if heads is not None:
-            heads.append((node, legs, _query_side_heads(node, query, key)))
-        mask = PaddingMask(_ref(name, query, key, span, legs), span)
-        return dataclasses.replace(node, masks=(*node.masks, mask)), count + 1
     if isinstance(node, Contraction) and key in node.summed and query in node.legs:
         if not any((query, key) in _hidden_pairs(f, name, hidden) for f in node.factors if key in f.legs):
             if bias:
