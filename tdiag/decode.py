@@ -65,7 +65,7 @@ from .ir import (
     TensorRef,
     walk,
 )
-from .reference import Frame, known_sizes, statement_value
+from .reference import Frame, bind_sizes, known_sizes, statement_value
 
 __all__ = ["DecodeCache", "DecodeRule", "NotDecodableError", "absorbed", "decode_rule"]
 
@@ -346,9 +346,9 @@ class DecodeCache:
         _check_input(x, f"input {self.rule.input}", self.module)
         if x.dim() < rank:
             raise ValueError(f"input {self.rule.input} needs {rank} trailing axes, got shape {tuple(x.shape)}")
-        _check_axes(x, self.graph.inputs[0], self.rule.axis, self.graph, self.sizes)
         if x.shape[self.rule.axis - rank] == 0:
             raise ValueError(f"input {self.rule.input}: no new positions (its axis of size {self.rule.size} is empty)")
+        bind_sizes(self.graph, self.sizes, {self.rule.input: x})  # the other axes' sizes, as a forward checks them
         batch = x.shape[: x.dim() - rank]
         if self._batch is not None and batch != self._batch:
             raise ValueError(f"the cache holds a batch of shape {tuple(self._batch)}; got {tuple(batch)}")
@@ -453,20 +453,6 @@ def _check_input(x: object, name: str, module: nn.Module) -> None:
         raise ValueError(f"{name} is on {x.device} but the module's parameters are on {like.device}")
     if x.dtype != like.dtype and not torch.is_autocast_enabled(x.device.type):
         raise TypeError(f"{name} is {x.dtype} but the module's parameters are {like.dtype}; convert one to the other")
-
-
-def _check_axes(x: torch.Tensor, tensor: Tensor, position: int, graph: DesignGraph, sizes: dict[str, int]) -> None:
-    """The input's axes other than its position axis have the sizes the design fixes (as the
-    compiled forward checks them)."""
-    rank = len(tensor.axes)
-    for k, axis in enumerate(tensor.axes):
-        if k == position:
-            continue
-        want = graph.evaluate_at(axis.size, sizes)
-        if want.is_Integer and x.shape[k - rank] != int(want):
-            raise ValueError(
-                f"input {tensor.name}: leg {axis.leg} has size {axis.size} = {int(want)}, got {x.shape[k - rank]}"
-            )
 
 
 @dataclass
