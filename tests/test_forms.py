@@ -37,6 +37,7 @@ def test_the_registry_lists_every_form_once():
     assert names == [
         "sdpa_grouped",
         "sdpa",
+        "sdpa_padded",
         "sdpa_repeated",
         "sdpa_sink",
         "global_heads",

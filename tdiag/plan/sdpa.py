@@ -73,7 +73,7 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
     bias_operand, pad_value, pad_query_key, width = None, 0, 0, None
     if bias is not None:
         bias_operand = ctx.arrange(bias, [*k_groups, keys])
-    if bias is not None or len(fused.sides) > 1 or sink is not None:
+    if bias is not None or len(fused.sides) > 1 or sink is not None or fused.padded:
         # the fused kernels want one head width for q, k and v: zero features change nothing
         query_width = ctx.numel_number(latent) + (1 if bias is not None else 0) + (1 if sink is not None else 0)
         value_width = ctx.numel_number(features)
@@ -118,7 +118,8 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
     # a sink is one more key per row (the sink key) and one more latent feature
     entries = ctx.numel([*heads, *queries]) * (ctx.numel(keys) + (1 if sink is not None else 0))
     latent_size = ctx.numel(latent) + (1 if bias is not None else 0) + (1 if sink is not None else 0)
-    flops = 2 * entries * (latent_size + ctx.numel(features))
+    # the kernel multiplies the zero features that pad q, k and v to one head width too
+    flops = 2 * entries * (latent_size + pad_query_key + ctx.numel(features) + pad_value)
     description = f"scaled_dot_product_attention over {' '.join(show_legs(keys))}, heads {' '.join(show_legs(heads))}"
     notes = []
     if len(fused.sides) > 1:
@@ -160,7 +161,7 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
             entries=entries,
             inputs=tuple(x for x in (q, k, v, bias, visible, live, sink) if x is not None),
             paper=entries * (2 * latent_size - 1) + ctx.numel(legs) * (2 * ctx.numel(keys) - 1),
-            score_flops=2 * entries * latent_size,
+            score_flops=2 * entries * (latent_size + pad_query_key),
             score_paper=entries * (2 * latent_size - 1),
             kernel_flops=causal_kernel_flops(flops * repeat, ctx.numel(keys), sdpa_causal_block(ctx.numel(keys)))
             if causal and visible is None  # with an attn_mask, the triangle is in the mask: no skipping

@@ -54,7 +54,7 @@ class MatchedAttention:
     """A softmax box and its consumer read as one attention (what `AttentionMatch.fusable`
     finds): the query, key and value sides as the region's factors and the legs they meet in.
     The forms that fuse it (SDPA folded or grouped, FlexAttention) emit from this record;
-    `grouped` and `repeated` are the fields a form sets (`dataclasses.replace`), the rest is the
+    `grouped`, `repeated` and `padded` are the fields a form sets (`dataclasses.replace`), the rest is the
     match."""
 
     query: list[_Leaf]  # the query side's factors (of the first query·key product)
@@ -87,6 +87,9 @@ class MatchedAttention:
     window: tuple[sympy.Expr, sympy.Expr] | None = None
     # a map of the scores: the match above is of the map's argument (FlexAttention only)
     score_map: ScoreMapping | None = None
+    # q, k and v zero-padded to one head width, so that the flash kernel takes the call
+    # (forms/sdpa_padded.py)
+    padded: bool = False
 
 
 class AttentionMatch:

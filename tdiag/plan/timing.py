@@ -74,11 +74,15 @@ SOFTMAX_PASSES = 2  # a softmax reads and writes its entries once forward (devic
 MASK_PASSES = 1
 
 
-def softmax_seconds(device: DeviceModel, entries: float, passes: int = SOFTMAX_PASSES) -> float:
+def softmax_seconds(device: DeviceModel, entries: float, passes: int = SOFTMAX_PASSES, stored: bool = False) -> float:
     """Seconds of a training step's softmax over `entries` score entries (exponentials and the
     normalization, forward and backward, `passes` over the entries each) at the device's measured
-    softmax rate, no overhead."""
-    return FORWARD_AND_BACKWARD * passes * FLOAT * entries / device.bandwidth * device.factor("softmax")
+    softmax rate, no overhead. A fused kernel works on blocks in the caches; one that `stored` the
+    scores (SDPA's math kernel) runs at the rate of a softmax over a score tensor of that size
+    (`DeviceModel.factor` at its bytes), as the materialized box's softmax does."""
+    size = passes * FLOAT * entries
+    factor = device.factor("softmax", size if stored else None)
+    return FORWARD_AND_BACKWARD * size / device.bandwidth * factor
 
 
 def op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Callable[[sympy.Expr], float]) -> float:
@@ -94,12 +98,14 @@ def op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Call
     if math_kernel:  # it masks a causal product and skips no block
         flops = dense
     entries = number(step.entries) * (flops / dense if dense else 1.0)
-    if math_kernel:
-        seconds = step_time(device, flops, 0.0) + step_time(device, 0.0, moved) - KERNELS_PER_OP * device.overhead
+    if math_kernel:  # its traffic is fresh score tensors written and read, at a map's rate for their size
+        seconds = (
+            step_time(device, flops, 0.0) + step_time(device, 0.0, moved, "map") - KERNELS_PER_OP * device.overhead
+        )
     else:
         seconds = step_time(device, flops, moved)
     passes = SOFTMAX_PASSES + (MASK_PASSES if record.converted_mask else 0)
-    return seconds + softmax_seconds(device, entries, passes)
+    return seconds + softmax_seconds(device, entries, passes, stored=math_kernel)
 
 
 def op_kind(op: object) -> str | None:

@@ -11,6 +11,7 @@ comes before the linear-time order: at equal cost the box is not rewritten into 
 
 - sdpa_grouped: SDPA with query heads grouped over the key heads (enable_gqa), several query legs
 - sdpa: SDPA with the query legs folded into the query rows (plain SDPA for one query leg)
+- sdpa_padded: SDPA with q and k (or v) zero-padded to one head width, for the flash kernel
 - sdpa_repeated: causal SDPA over several keys per position, each query repeated over them
 - sdpa_sink: SDPA for a box with a sink, the sink as one more key (grouped or folded query heads)
 - global_heads: SDPA in the global-head form (k over the global heads shared by local heads)
@@ -49,6 +50,7 @@ from .linear import LinearOrder
 from .materialized import Materialized
 from .sdpa import Sdpa
 from .sdpa_grouped import SdpaGrouped
+from .sdpa_padded import SdpaPadded
 from .sdpa_repeated import SdpaRepeated
 from .sdpa_sink import SdpaSink
 
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
 FORMS: list[Form] = [
     SdpaGrouped(),
     Sdpa(),
+    SdpaPadded(),
     SdpaRepeated(),
     SdpaSink(),
     GlobalHeadSdpa(),
