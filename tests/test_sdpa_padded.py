@@ -117,3 +117,16 @@ def test_the_padded_form_is_refused_where_q_k_and_v_have_one_width():
 def test_the_chooser_takes_the_padded_call_for_causal_differential_attention_at_a_long_sequence():
     plan = tdiag.load("differential_attention", F=256, H=4).with_causal_mask().plan(N=4096)
     assert [c.taken for c in plan.choices] == ["sdpa_padded", "sdpa_padded"]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("name", ["differential_attention", "narrow_values"])
+def test_the_report_keeps_what_autograd_keeps_for_the_padded_call(name, causal):
+    n = 64
+    with only_forms("sdpa_padded", "materialized"):
+        loaded = design(name, causal)
+        module = loaded.module(N=n, B=1)
+        modelled = loaded.cost(objective="time", N=n, B=1).saved_bytes_at(B=1, N=n)
+    assert set(c.taken for c in module.tdiag_plan.choices) == {"sdpa_padded"}
+    x = torch.randn(1, n, 12 if name == "narrow_values" else 16)
+    assert modelled == saved_for_backward(module, x).total_bytes

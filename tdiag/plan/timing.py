@@ -38,6 +38,7 @@ from .program import (
     SegmentSums,
     Softmax,
     Step,
+    column_vectors,
     executed_flops,
 )
 
@@ -89,6 +90,10 @@ def op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Call
     """Seconds of one step of the plan in a training step; `number` evaluates its formulas."""
     flops, moved = number(executed_flops(step)), number(record.moved)
     looping = FORWARD_AND_BACKWARD * LOOP_OVERHEADS * record.looped * device.overhead
+    if isinstance(step.op, Matmul) and step.op.bias is None and column_vectors(step.op.b):
+        # codegen's _matvec: a pass over the matrices forward and one backward, and their
+        # gradient written fresh, at the measured rate of a map over that many bytes
+        return step_time(device, flops, moved, "map") + looping
     if isinstance(step.op, Matmul | Einsum) and flops < THIN * device.ridge * moved:
         return step_time(device, flops, moved, "thin") + looping
     if not isinstance(step.op, Attention | FlexAttention):
