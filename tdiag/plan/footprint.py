@@ -76,6 +76,7 @@ from .program import (
     SumAxes,
     Triangle,
     VisibleMask,
+    column_vectors,
 )
 from .strides import contiguous, padded, view_strides
 
@@ -125,8 +126,14 @@ class _Interpreter(AbstractMachine):
     @op.register
     def _(self, op: Matmul, step: Step) -> Meta:
         a, b = self.read(op.a), self.read(op.b)
-        transposed = self.matmul(a, b)
         shape, numel = self.output(step)
+        if op.bias is None and column_vectors(op.b):  # codegen's _matvec keeps its operands as given
+            if b.grad:
+                self.save(a)
+            if a.grad:
+                self.save(b)
+            return self.fresh(shape, numel, a.grad or b.grad, step.out.var)  # type: ignore[union-attr]
+        transposed = self.matmul(a, b)
         if transposed:  # (bᵀ aᵀ)ᵀ comes back transposed; torch copies it contiguous
             self.record.copies += numel
             self.record.moved += 2 * numel * FLOAT

@@ -118,8 +118,10 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
     # a sink is one more key per row (the sink key) and one more latent feature
     entries = ctx.numel([*heads, *queries]) * (ctx.numel(keys) + (1 if sink is not None else 0))
     latent_size = ctx.numel(latent) + (1 if bias is not None else 0) + (1 if sink is not None else 0)
-    # the kernel multiplies the zero features that pad q, k and v to one head width too
-    flops = 2 * entries * (latent_size + pad_query_key + ctx.numel(features) + pad_value)
+    # the padded form's kernel multiplies the zero features of q and k (or v) too; the single
+    # feature a key bias or a sink adds, and the pad of concatenated sides, stay uncounted
+    padding = pad_query_key + pad_value if fused.padded else 0
+    flops = 2 * entries * (latent_size + ctx.numel(features) + padding)
     description = f"scaled_dot_product_attention over {' '.join(show_legs(keys))}, heads {' '.join(show_legs(heads))}"
     notes = []
     if len(fused.sides) > 1:
@@ -161,7 +163,7 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
             entries=entries,
             inputs=tuple(x for x in (q, k, v, bias, visible, live, sink) if x is not None),
             paper=entries * (2 * latent_size - 1) + ctx.numel(legs) * (2 * ctx.numel(keys) - 1),
-            score_flops=2 * entries * (latent_size + pad_query_key),
+            score_flops=2 * entries * latent_size,
             score_paper=entries * (2 * latent_size - 1),
             kernel_flops=causal_kernel_flops(flops * repeat, ctx.numel(keys), sdpa_causal_block(ctx.numel(keys)))
             if causal and visible is None  # with an attn_mask, the triangle is in the mask: no skipping
