@@ -1,7 +1,7 @@
 """A new candidate form against the plans made without it: for each bundled design, mask (plain,
 causal) and length, plan with every form and with every form but `--form`; where the plan
 with every form takes `--form` for a box, time both forward + backward round-robin in one
-process (one thread, batch 1, the module with the form given the other's weights, outputs
+process (one thread, batch 1 and planned for it, the module with the form given the other's weights, outputs
 checked equal first) and print the plan without
 the form over the plan with it per round (median, min–max: above 1 the new form is faster) with
 the bytes each keeps for backward. Cases where the form is not taken are left out. Writes
@@ -41,12 +41,12 @@ def pair(path: Path, n: int, causal: bool, form: str, args: argparse.Namespace):
     if "N" not in with_form.graph.sizes or not with_form.graph.sizes["N"].is_free:
         return None, with_form
     with only_forms(*every):
-        if form not in [c.taken for c in with_form.plan(N=n).choices]:
+        if form not in [c.taken for c in with_form.plan(N=n, B=1).choices]:
             return None, with_form
     modules = []
     for names, design in designs:
         with only_forms(*names):
-            modules.append(design.module(N=n))
+            modules.append(design.module(N=n, B=1))  # planned at the batch timed
     modules[1].load_state_dict(modules[0].state_dict())
     return modules, with_form
 

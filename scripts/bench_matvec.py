@@ -3,7 +3,8 @@ each design whose plan multiplies a score tensor by one value per head (Tuformer
 Kronecker and skip cores: heads of width 1), time forward + backward of the module as compiled
 now and of the same plan printed with `a @ v` and priced as before (tdiag.codegen and
 tdiag.plan.timing with `column_vectors` patched off), round-robin in one process (one thread,
-batch 1, F = 256, H = 4, the two given one set of weights and checked equal first), and print
+batch 1, planned for it, F = 256, H = 4, the two given one set of weights and checked equal
+first), and print
 before / after per round (median, min–max) with the bytes each keeps for backward.
 
     OMP_NUM_THREADS=1 python scripts/bench_matvec.py --n 1024 4096 --repeat 5 --out docs/results/bench-cpu/matvec"""
@@ -61,7 +62,7 @@ def modules(stem: str, n: int, causal: bool, args: argparse.Namespace) -> list[t
         with as_before() if before else contextlib.nullcontext():
             design = tdiag.load(str(ROOT / "designs" / f"{stem}.td"), **sizes)
             design = design.with_causal_mask() if causal else design
-            built.append((design.source(N=n), design.module(N=n)))
+            built.append((design.source(N=n, B=1), design.module(N=n, B=1)))  # planned at the batch timed
     (_, old), (new_source, new) = built
     if "_matvec(" not in new_source:
         return None

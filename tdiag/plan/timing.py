@@ -65,6 +65,11 @@ THIN = 0.25
 # 4096 matrices of 64x2 by 2x4 or 8x8 by 8x8, with an op overhead of 1.0 µs).
 LOOP_OVERHEADS = 2
 
+# codegen's _matvec is an autograd.Function: its Python forward and backward and their views and
+# casts cost about 28 op overheads more than a bmm's fwd+bwd (measured on torch 2.13's CPU build,
+# one thread: 100 µs against 72 µs for 8 matrices of 16 x 16, with an op overhead of 1.0 µs)
+MATVEC_OVERHEADS = 28
+
 SOFTMAX_PASSES = 2  # a softmax reads and writes its entries once forward (device.PASSES)
 # an SDPA given a boolean attn_mask converts it to a float one (footprint.py `kernel_mask`) and
 # adds an entry of it to each score, forward and again backward: one more pass over the entries
@@ -93,7 +98,7 @@ def op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Call
     if isinstance(step.op, Matmul) and step.op.bias is None and column_vectors(step.op.b):
         # codegen's _matvec: a pass over the matrices forward and one backward, and their
         # gradient written fresh, at the measured rate of a map over that many bytes
-        return step_time(device, flops, moved, "map") + looping
+        return step_time(device, flops, moved, "map") + looping + MATVEC_OVERHEADS * device.overhead
     if isinstance(step.op, Matmul | Einsum) and flops < THIN * device.ridge * moved:
         return step_time(device, flops, moved, "thin") + looping
     if not isinstance(step.op, Attention | FlexAttention):
