@@ -11,6 +11,8 @@ from conftest import gradcheck_parameters, perturbed
 
 import tdiag
 from tdiag.measure import saved_for_backward
+from tdiag.plan.forms import only_forms
+from tdiag.plan.program import Matmul, column_vectors
 
 TOL = 1e-10
 N = 6
@@ -21,12 +23,15 @@ def design(name: str, causal: bool) -> tdiag.Design:
     return loaded.with_causal_mask() if causal else loaded
 
 
-def matvec_module(name: str, causal: bool, **options):
-    """The module of a design whose plan takes the materialized box and its matrix-vector product
-    (at F = 8, H = 2, on the nominal device)."""
-    loaded = design(name, causal)
-    assert "_matvec(" in loaded.source(N=N), "the plan has no matrix-vector product"
-    return loaded.module(N=N, **options)
+def matvec_module(name: str, causal: bool, n: int = N, **options):
+    """The module of a design planned with its box materialized (a design of its own: a design
+    caches its plans), whose value product is then a batch of matrix-vector products."""
+    with only_forms("materialized"):
+        loaded = design(name, causal)
+        module = loaded.module(N=n, **options)
+    steps = module.tdiag_plan.steps
+    assert any(isinstance(s.op, Matmul) and column_vectors(s.op.b) for s in steps), "no matrix-vector product"
+    return module
 
 
 def matvec_helper():
@@ -120,7 +125,7 @@ def test_the_module_with_matrix_vector_products_compiles_fullgraph():
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
 def test_the_report_keeps_what_autograd_keeps_for_the_matrix_vector_product(causal):
-    loaded = design("trainable_heads_only", causal)
-    module = loaded.module(N=64, B=1)
-    modelled = loaded.cost(objective="time", N=64, B=1).saved_bytes_at(B=1, N=64)
+    module = matvec_module("trainable_heads_only", causal, n=64, B=1)
+    with only_forms("materialized"):
+        modelled = design("trainable_heads_only", causal).cost(objective="time", N=64, B=1).saved_bytes_at(B=1, N=64)
     assert modelled == saved_for_backward(module, torch.randn(1, 64, 8)).total_bytes
