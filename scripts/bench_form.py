@@ -13,15 +13,12 @@ form.json and form.csv in --out.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
-import platform
 from pathlib import Path
 
 import torch
 
 import tdiag
-from tdiag.bench import _sizes_for, columns, measure_all, other_inputs
+from tdiag.bench import _sizes_for, columns, measure_all, other_inputs, write_rows
 from tdiag.plan.forms import FORMS, only_forms
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,14 +92,7 @@ def main() -> None:
                 )
     if args.list or not rows:
         return
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"torch": torch.__version__, "python": platform.python_version(), "threads": 1, "args": vars(args)}
-    (out / "form.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    with open(out / "form.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(rows, args.out, "form", vars(args))
 
 
 if __name__ == "__main__":

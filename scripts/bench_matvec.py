@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
-import json
-import platform
 from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
@@ -23,7 +20,7 @@ from unittest import mock
 import torch
 
 import tdiag
-from tdiag.bench import _sizes_for, columns, measure_all
+from tdiag.bench import _sizes_for, columns, measure_all, write_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 DESIGNS = (
@@ -107,14 +104,7 @@ def main() -> None:
                 )
     if not rows:
         return
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"torch": torch.__version__, "python": platform.python_version(), "threads": 1, "args": vars(args)}
-    (out / "matvec.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    with open(out / "matvec.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(rows, args.out, "matvec", vars(args))
 
 
 if __name__ == "__main__":

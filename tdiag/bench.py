@@ -252,6 +252,19 @@ def columns(name: str, timing: Timing, base: Timing, against: str) -> dict[str, 
     }
 
 
+def write_rows(rows: list[dict], out: str | Path, stem: str, settings: dict) -> None:
+    """A side-by-side benchmark's rows as OUT/STEM.json (with the torch and Python versions, one
+    thread, and `settings`) and OUT/STEM.csv, one row a line."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"torch": torch.__version__, "python": platform.python_version(), "threads": 1, "args": settings}
+    (folder / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    with open(folder / f"{stem}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def _rotated(count: int, start: int) -> list[int]:
     """0 .. count - 1 starting at `start` (mod count), wrapping around."""
     return [(start + k) % count for k in range(count)]
