@@ -75,7 +75,6 @@ from .plan.program import (
     Triangle,
     Value,
     VisibleMask,
-    column_vectors,
     show_legs,
 )
 
@@ -988,9 +987,8 @@ def _(op: SumAxes, attributes: frozenset[str]) -> str:
 def _(op: Matmul, attributes: frozenset[str]) -> str:
     if op.bias is not None:
         return _addmm(op, attributes)
-    product = f"{_read(op.a, attributes)} @ {_read(op.b, attributes)}"
-    if column_vectors(op.b):
-        product = f"_matvec({_read(op.a, attributes)}, {_read(op.b, attributes)})"
+    a, b = _read(op.a, attributes), _read(op.b, attributes)
+    product = f"_matvec({a}, {b})" if op.matvec else f"{a} @ {b}"
     if op.shape is None:
         return product
     return f"({product}).reshape({_sizes(op.shape) or '()'})"

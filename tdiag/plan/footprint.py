@@ -76,7 +76,6 @@ from .program import (
     SumAxes,
     Triangle,
     VisibleMask,
-    column_vectors,
 )
 from .strides import contiguous, padded, view_strides
 
@@ -127,7 +126,7 @@ class _Interpreter(AbstractMachine):
     def _(self, op: Matmul, step: Step) -> Meta:
         a, b = self.read(op.a), self.read(op.b)
         shape, numel = self.output(step)
-        if op.bias is None and column_vectors(op.b):  # codegen's _matvec keeps its operands as given
+        if op.matvec:  # codegen's _matvec keeps its operands as given
             if b.grad:
                 self.save(a)
             if a.grad:

@@ -56,15 +56,6 @@ class Operand:
     invert: bool = False
 
 
-def column_vectors(operand: Operand) -> bool:
-    """Whether a matmul operand's matrices have one column (a unit axis inserted last): the
-    product is then a batch of matrix-vector products, which codegen runs through `_matvec`
-    (torch's CPU bmm takes a column vector several times slower than a row vector)."""
-    if operand.index is not None:
-        return not operand.index[-1]
-    return operand.shape is not None and len(operand.shape) > 1 and operand.shape[-1] == 1
-
-
 def align(value: Value, target: tuple[str, ...], invert: bool = False) -> Operand:
     """Read `value` so it broadcasts against axes `target` (permuted, unit axes inserted)."""
     legs = value.legs
@@ -137,6 +128,19 @@ class Matmul:
     b: Operand
     shape: tuple[sympy.Expr, ...] | None = None
     bias: Operand | None = None
+
+    @property
+    def matvec(self) -> bool:
+        """Whether b's matrices have one column (a unit axis inserted last) and there is no bias:
+        a batch of matrix-vector products, which codegen runs through `_matvec` (torch's CPU bmm
+        takes a column vector several times slower than a row vector) and the footprint and the
+        time model read as such."""
+        b = self.b
+        if self.bias is not None:
+            return False
+        if b.index is not None:
+            return not b.index[-1]
+        return b.shape is not None and len(b.shape) > 1 and b.shape[-1] == 1
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
     bias_operand, pad_value, pad_query_key, width = None, 0, 0, None
     if bias is not None:
         bias_operand = ctx.arrange(bias, [*k_groups, keys])
-    if bias is not None or len(fused.sides) > 1 or sink is not None or fused.padded:
+    if fused.widened or sink is not None or fused.padded:
         # the fused kernels want one head width for q, k and v: zero features change nothing
         query_width = ctx.numel_number(latent) + (1 if bias is not None else 0) + (1 if sink is not None else 0)
         value_width = ctx.numel_number(features)

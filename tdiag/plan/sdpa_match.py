@@ -91,6 +91,13 @@ class MatchedAttention:
     # (forms/sdpa_padded.py)
     padded: bool = False
 
+    @property
+    def widened(self) -> bool:
+        """Whether the SDPA call pads q, k and v to one head width whatever the form: a key bias
+        is one more feature of q and k (MGK P17), several query·key products are concatenated
+        along the features; a sink adds one more, but a sink's box is matched apart."""
+        return bool(self.biases) or len(self.sides) > 1
+
 
 class AttentionMatch:
     """Finds the query, key and value sides of a fusable softmax box."""

@@ -38,7 +38,6 @@ from .program import (
     SegmentSums,
     Softmax,
     Step,
-    column_vectors,
     executed_flops,
 )
 
@@ -95,7 +94,7 @@ def op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Call
     """Seconds of one step of the plan in a training step; `number` evaluates its formulas."""
     flops, moved = number(executed_flops(step)), number(record.moved)
     looping = FORWARD_AND_BACKWARD * LOOP_OVERHEADS * record.looped * device.overhead
-    if isinstance(step.op, Matmul) and step.op.bias is None and column_vectors(step.op.b):
+    if isinstance(step.op, Matmul) and step.op.matvec:
         # codegen's _matvec: a pass over the matrices forward and one backward, and their
         # gradient written fresh, at the measured rate of a map over that many bytes
         return step_time(device, flops, moved, "map") + looping + MATVEC_OVERHEADS * device.overhead

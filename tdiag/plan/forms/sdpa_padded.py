@@ -31,7 +31,7 @@ class SdpaPadded(Form):
         match = site.attention
         if match is None:
             return site.mismatch
-        if match.biases or len(match.sides) > 1:
+        if match.widened:
             return Unfit("the SDPA forms pad to one head width already (a key bias or several query·key products)")
         if ctx.numel_number(match.latent) == ctx.numel_number(match.features):
             return Unfit("q, k and v have one head width already")
