@@ -229,8 +229,8 @@ def cache_path() -> Path:
 
 def _cache_file(threads: int) -> Path:
     return (
-        _cache_dir() / f"device-{_machine()}-{threads}threads-v3.json"
-    )  # v3: threads and large_kinds, which v2 readers refuse
+        _cache_dir() / f"device-{_machine()}-{threads}threads-v4.json"
+    )  # v4: the "rows" kind (a v3 file lacks it, and its factor would read as 1)
 
 
 def local_cpu(
@@ -315,6 +315,7 @@ PASSES = {
     "scale": 2,
     "sum": 3,
     "thin": 1.5,
+    "rows": 1.5,
 }  # forward reads + writes
 
 
@@ -324,7 +325,10 @@ def measure_kinds(model: DeviceModel, *, shape: tuple[int, ...] = KIND_SHAPE, re
     backward reads and writes the tensor about four times more than its forward, and a boolean
     mask fill are several times their roofline on a CPU. A matmul is measured only where it is
     thin ("thin": an inner size and one outer size of 2 and 4, FiSH's mixing of global heads,
-    which moves far more bytes than it computes and runs well below the bandwidth)."""
+    which moves far more bytes than it computes and runs well below the bandwidth). "rows" is a
+    sum over an innermost axis of 2 entries (MGK's M = 2 keys of a softmax over m r): torch's CPU
+    reduction pays per row, so a short innermost reduction runs several times below the
+    bandwidth (timing.py `short_rows_factor` scales it to other short extents)."""
     import torch
 
     x = torch.rand(shape).add_(0.5).requires_grad_()
@@ -333,6 +337,8 @@ def measure_kinds(model: DeviceModel, *, shape: tuple[int, ...] = KIND_SHAPE, re
     grad = torch.ones(shape)
     mixing = torch.rand(4, 2).requires_grad_()  # FiSH's M = 2 global heads mixed into H = 4
     rows = torch.rand(2, math.prod(shape) // 4).requires_grad_()
+    pairs = torch.rand(*shape[:-1], shape[-1] // 2, 2).requires_grad_()  # the same bytes, rows of 2
+    pair_grad = torch.ones(pairs.shape[:-1])
     ops = {
         "normalize": lambda: x / (x.sum(-1, keepdim=True) + 1e-6),
         "softmax": lambda: x.softmax(-1),
@@ -341,11 +347,13 @@ def measure_kinds(model: DeviceModel, *, shape: tuple[int, ...] = KIND_SHAPE, re
         "scale": lambda: x * 0.5,
         "sum": lambda: x + y,
         "thin": lambda: (mixing @ rows).view(shape),
+        "rows": lambda: pairs.sum(-1),
     }
     size = x.numel() * x.element_size()
     kinds = []
     for kind, op in ops.items():
-        seconds = _median(lambda op=op: op().backward(grad), repeats)
+        gradient = pair_grad if kind == "rows" else grad
+        seconds = _median(lambda op=op, gradient=gradient: op().backward(gradient), repeats)
         roofline = 3 * PASSES[kind] * size / model.bandwidth + 2 * model.overhead
         kinds.append((kind, round(seconds / roofline, 3)))
     return tuple(kinds)

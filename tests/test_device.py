@@ -120,7 +120,7 @@ def test_the_measured_op_kinds_are_kept_in_the_cache_file(cache, monkeypatch):
     measured = DeviceModel("cpu", 1e11, 1e10, 1e-6, kinds=(("normalize", 4.2), ("mask", 2.3)))
     monkeypatch.setattr(device, "measure_cpu", lambda: measured)
     local_cpu()
-    (path,) = (device._cache_dir()).glob("device-*-v3.json")
+    (path,) = (device._cache_dir()).glob("device-*-v4.json")
     assert json.loads(path.read_text())["kinds"] == [["normalize", 4.2], ["mask", 2.3]]
     assert device._read(path) == measured
 
@@ -231,5 +231,5 @@ def test_a_measurement_calibrates_each_kind_in_and_beyond_the_caches(cache, monk
     measured = DeviceModel("cpu", 1e11, 1e10, 1e-6, kinds=(("mask", 2.3),), large_kinds=(("mask", 5.1),))
     monkeypatch.setattr(device, "measure_cpu", lambda: measured)
     local_cpu()
-    (path,) = (device._cache_dir()).glob("device-*-v3.json")
+    (path,) = (device._cache_dir()).glob("device-*-v4.json")
     assert device._read(path) == measured

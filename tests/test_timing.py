@@ -168,3 +168,82 @@ def test_a_causal_sdpa_on_its_math_kernel_is_timed_for_the_dense_flops():
     causal = attention_time(single.with_causal_mask().plan(N=512, objective="memory"), model)
     assert causal[2].kernel.startswith("math") and causal[1].kernel_flops is not None
     assert causal[0] == pytest.approx(plain[0])
+
+
+# ---- sums over short innermost rows ------------------------------------------------------------
+
+
+def test_a_sum_over_an_innermost_axis_of_few_entries_is_a_short_row():
+    from tdiag.plan.footprint import row_extent
+
+    assert row_extent((4, 512, 512, 2), (524288, 1024, 2, 1), (3,)) == 2
+    assert row_extent((4, 512, 2, 512), (524288, 1024, 512, 1), (2,)) == 0  # an outer axis: vector adds
+    assert row_extent((4, 512, 512), (262144, 512, 1), (2,)) == 0  # a long row runs at the bandwidth
+    assert row_extent((4, 512, 4, 2), (4096, 8, 2, 1), (2, 3)) == 8  # two innermost axes, one row of 8
+
+
+def test_the_materialized_mgk_box_sums_its_keys_over_short_rows():
+    """MGK's softmax over m r leaves r (M = 2 keys) innermost; Σ over r then runs per row."""
+    from tdiag.plan.footprint import footprint
+
+    plan = tdiag.load(DESIGNS / "smgk.td", F=256, H=4).plan(N=256, objective="flops")
+    records = footprint(plan).steps
+    rows = [(s.description, r.short_rows) for s, r in zip(plan.steps, records, strict=True) if r.short_rows]
+    assert rows == [("Σ over r", 2)]
+
+
+def test_a_device_whose_short_rows_are_slow_prices_them_and_one_without_the_figure_does_not():
+    from tdiag.plan.footprint import footprint
+    from tdiag.plan.program import BATCH_SIZE
+    from tdiag.plan.timing import op_time, short_rows_factor
+
+    plan = tdiag.load(DESIGNS / "smgk.td", F=256, H=4).plan(N=256, objective="flops")
+    records = footprint(plan).steps
+    (k,) = [k for k, r in enumerate(records) if r.short_rows]
+
+    def number(expr):
+        return float(plan.graph.evaluate(expr, N=256).xreplace({BATCH_SIZE: 1}))
+
+    plain = device.DeviceModel("toy", 1e11, 1e10, 0.0)
+    slow = device.DeviceModel("toy", 1e11, 1e10, 0.0, kinds=(("rows", 4.0),))
+    assert short_rows_factor(plain, 2, 1e6) == 1.0
+    assert short_rows_factor(slow, 2, 1e6) == 4.0 and short_rows_factor(slow, 4, 1e6) == 2.0
+    assert short_rows_factor(slow, 16, 1e6) == 1.0
+    moved = number(records[k].short_bytes)
+    extra = op_time(slow, plan.steps[k], records[k], number) - op_time(plain, plan.steps[k], records[k], number)
+    assert extra == pytest.approx(3 * 3 * moved / 1e10)
+
+
+# The project CPU as measured at one thread (torch 2.13, 2026-12-01), before the "rows" figure
+PROJECT_CPU = {
+    "kinds": (("normalize", 3.59), ("softmax", 0.96), ("mask", 1.52), ("map", 0.77), ("scale", 0.68), ("sum", 0.45)),
+    "large_kinds": (
+        ("normalize", 7.14),
+        ("softmax", 2.86),
+        ("mask", 2.89),
+        ("map", 2.52),
+        ("scale", 2.25),
+        ("sum", 1.2),
+    ),
+}
+
+
+def test_short_rows_make_the_materialized_smgk_box_dearer_and_leave_sdpa_as_it_is(cpu, monkeypatch):
+    """sMGK at N = 512: the materialized box and SDPA tie on the project CPU's figures without
+    "rows" (16.18 against 16.19 ms, measured 32 against 23 ms); with its measured figure for rows
+    of 2 the box costs more by the sum over r and SDPA is taken."""
+    from tdiag.plan import timing
+
+    def box_forms(*rows: tuple[str, float]) -> tuple[dict[str, float], str]:
+        figures = {"kinds": PROJECT_CPU["kinds"] + rows[:1], "large_kinds": PROJECT_CPU["large_kinds"] + rows[1:]}
+        model = device.DeviceModel("cpu", 1.96e11, 1.55e10, 8.3e-7, **figures)
+        monkeypatch.setattr(timing, "planning_device", lambda: model)
+        (choice,) = tdiag.load(DESIGNS / "smgk.td", F=256, H=4).plan(N=512, B=1).choices
+        return {c.form: c.cost.time for c in choice.candidates if c.cost}, choice.taken
+
+    cpu(1.96e11, 1.55e10, 8.3e-7)
+    before, _ = box_forms()
+    after, taken = box_forms(("rows", 2.66), ("rows", 4.07))
+    assert after["sdpa"] == pytest.approx(before["sdpa"])
+    assert after["materialized"] > before["materialized"] * 1.1
+    assert taken == "sdpa"

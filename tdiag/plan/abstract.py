@@ -53,6 +53,8 @@ class StepFootprint:
     kernel: str = ""  # for SDPA: "flash" or "math"
     converted_mask: bool = False  # for SDPA: its boolean attn_mask converted to a float one
     looped: int = 0  # for a batched matmul: matrices torch multiplies one by one (footprint.py `_loops`)
+    short_rows: int = 0  # for a sum over innermost axes of few entries: the entries a row (footprint.py `row_extent`)
+    short_bytes: sympy.Expr = ZERO  # ... and the bytes that sum reads and writes
     moved: sympy.Expr = ZERO  # bytes read and written, copies included
 
 

@@ -90,8 +90,26 @@ def softmax_seconds(device: DeviceModel, entries: float, passes: int = SOFTMAX_P
     return FORWARD_AND_BACKWARD * size / device.bandwidth * factor
 
 
+def short_rows_factor(device: DeviceModel, extent: int, moved: float) -> float:
+    """How much longer than at the bandwidth a sum over innermost rows of `extent` entries takes:
+    the device's measured factor for rows of 2 ("rows", device.measure_kinds), the per-row cost
+    spread over `extent` entries (measured: the rate grows about linearly with the row up to 16
+    entries), never below 1. A device without the figure (a data sheet) pays nothing more."""
+    rows = device.factor("rows", moved)
+    return max(1.0, rows * 2 / extent) if dict(device.kinds).get("rows") else 1.0
+
+
 def op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Callable[[sympy.Expr], float]) -> float:
     """Seconds of one step of the plan in a training step; `number` evaluates its formulas."""
+    seconds = _op_time(device, step, record, number)
+    if record.short_rows:  # the reduction's pass over what it sums, at its rate instead of the bandwidth
+        moved = number(record.short_bytes)
+        excess = short_rows_factor(device, record.short_rows, moved) - 1
+        seconds += excess * FORWARD_AND_BACKWARD * moved / device.bandwidth
+    return seconds
+
+
+def _op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Callable[[sympy.Expr], float]) -> float:
     flops, moved = number(executed_flops(step)), number(record.moved)
     looping = FORWARD_AND_BACKWARD * LOOP_OVERHEADS * record.looped * device.overhead
     if isinstance(step.op, Matmul) and step.op.matvec:
