@@ -833,3 +833,32 @@ def test_a_full_disk_while_checkpointing_is_a_one_line_error_and_keeps_the_last_
     assert f"cannot write '{tmp_path / 'run' / 'checkpoint.pt'}': {reason}" in err and "Traceback" not in err
     assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["step"] == 2
     assert not list((tmp_path / "run").glob("*.tmp"))
+
+
+def test_a_cpu_run_flushes_subnormals_while_it_trains_and_restores_the_mode(corpus_file, tmp_path, monkeypatch):
+    from tdiag import train as training
+
+    seen = []
+    steps = training._Run.steps
+
+    def spying(self, *args, **kwargs):
+        seen.append(training._flushing())
+        return steps(self, *args, **kwargs)
+
+    monkeypatch.setattr(training._Run, "steps", spying)
+    assert not training._flushing()
+    train(tiny("mhsa.td", corpus_file, tmp_path), progress=False)
+    assert seen == [True] and not training._flushing()
+
+
+def test_flushing_subnormals_leaves_a_mode_already_set_as_it_was():
+    from tdiag.train import _flushing, subnormals_flushed
+
+    torch.set_flush_denormal(True)
+    try:
+        with subnormals_flushed(torch.device("cpu")):
+            assert _flushing()
+        assert _flushing()
+    finally:
+        torch.set_flush_denormal(False)
+    assert not _flushing()
