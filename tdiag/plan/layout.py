@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from .footprint import SHORT_ROW
 from .program import (
     Binary,
     Elementwise,
@@ -140,12 +141,18 @@ def _wanted(steps: list[Step], movable: set[str], sizes: Sizes) -> dict[str, tup
         if out is not None and out.var in wanted:
             target = wanted[out.var]
         if isinstance(op, FOLLOWERS):
+            source = _follower_input(op)
             if target is not None:
-                source = _follower_input(op)
                 kept = [leg for leg in source.legs if _kept(op, source, leg)]
                 renaming = dict(zip(out.legs, kept, strict=True))  # type: ignore[union-attr]
                 order = [renaming[leg] for leg in target]
-                ask(source, [*order, *(leg for leg in source.legs if leg not in order)])
+                ask(source, _summed_placed(order, [leg for leg in source.legs if leg not in order], sizes))
+            elif isinstance(op, SumAxes | Reduce):
+                summed = [source.legs[d] for d in op.dims]
+                kept = [leg for leg in source.legs if leg not in summed]
+                ordered = _summed_placed(kept, summed, sizes)
+                if ordered != [*kept, *summed] or list(source.legs) != ordered:
+                    ask(source, ordered)
         elif isinstance(op, Softmax | Normalize):
             order = _box_order(out.legs, op.count, target)  # type: ignore[union-attr]
             ask(op.x.value, order)
@@ -171,6 +178,16 @@ def _wanted(steps: list[Step], movable: set[str], sizes: Sizes) -> dict[str, tup
             ask(best.x, best.x_order)
             ask(best.y, best.y_order)
     return wanted
+
+
+def _summed_placed(kept: list[str], summed: list[str], sizes: Sizes) -> list[str]:
+    """A reduction's input order: the kept legs in order, the summed ones last, unless those hold
+    fewer than SHORT_ROW entries and a long kept leg would follow them: then just before the last
+    kept leg, so that the sum adds whole rows instead of summing many short ones (a CPU sums a
+    short innermost row several times below the bandwidth, footprint.py SHORT_ROW)."""
+    if summed and kept and sizes.numel(summed) < SHORT_ROW <= sizes.number(kept[-1]):
+        return [*kept[:-1], *summed, kept[-1]]
+    return [*kept, *summed]
 
 
 def _kept(op, source: Value, leg: str) -> bool:

@@ -1,0 +1,101 @@
+"""Two versions of tdiag's generated modules timed side by side: `write` has a checkout (ROOT, its
+own tdiag and design files) write `design.source()` of each case as OUT/NAME.MASK.N.py (F = 256,
+H = 4 where the design has them, planned at N and batch 1); `time` loads OLD/... and NEW/...,
+gives them one set of weights, checks them equal, and times forward + backward round-robin in one
+process (one thread, batch 1), printing new / old per round (median, min–max) and the bytes each
+keeps for backward. A case is NAME:MASK:N (MASK plain or causal).
+
+    git worktree add /tmp/old HEAD~1
+    python scripts/bench_versions.py write /tmp/old out/versions/old mgk_harde:causal:1024
+    python scripts/bench_versions.py write . out/versions/new mgk_harde:causal:1024
+    OMP_NUM_THREADS=1 python scripts/bench_versions.py time --old out/versions/old --new out/versions/new \\
+        --repeat 5 mgk_harde:causal:1024"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+WRITER = """
+import sys
+root, out = sys.argv[1], sys.argv[2]
+sys.path.insert(0, root)
+import tdiag
+from tdiag.bench import _sizes_for
+for case in sys.argv[3:]:
+    name, mask, n = case.split(":")
+    file = f"{root}/designs/{name}.td"
+    design = tdiag.load(file, **_sizes_for(file, 256, 4))
+    design = design.with_causal_mask() if mask == "causal" else design
+    lengths = {k: int(n) for k, size in design.graph.sizes.items() if size.is_free} | {"B": 1}
+    open(f"{out}/{name}.{mask}.{n}.py", "w").write(design.source(lengths))
+"""
+
+
+def load(path: Path):
+    """The one nn.Module class of a generated file, instantiated."""
+    from torch import nn
+
+    spec = importlib.util.spec_from_file_location(f"version_{path.parent.name}_{path.stem.replace('.', '_')}", path)
+    assert spec is not None and spec.loader is not None
+    namespace = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(namespace)
+    (cls,) = [
+        c
+        for c in vars(namespace).values()
+        if isinstance(c, type) and issubclass(c, nn.Module) and c.__module__ == namespace.__name__
+    ]
+    return cls()
+
+
+def time_cases(args: argparse.Namespace) -> None:
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tdiag.bench import measure_all
+
+    torch.set_num_threads(1)
+    for case in args.cases:
+        name, mask, n = case.split(":")
+        old, new = (load(Path(folder) / f"{name}.{mask}.{n}.py") for folder in (args.old, args.new))
+        new.load_state_dict(old.state_dict())
+        x = torch.randn(1, int(n), 256)
+        with torch.no_grad():
+            torch.testing.assert_close(new(x), old(x), rtol=1e-4, atol=1e-5)
+        before, after = measure_all([old, new], x, False, args.repeat)
+        ratios = sorted(a / b for a, b in zip(after.seconds, before.seconds, strict=True))
+        ms = [1e3 * sorted(t.seconds)[len(t.seconds) // 2] for t in (before, after)]
+        print(
+            f"{name:<10} {mask:<6} N={n:<5} old {ms[0]:8.1f} ms  new {ms[1]:8.1f} ms"
+            f"  new/old {ratios[len(ratios) // 2]:.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+            f"  kept {before.saved_bytes / 1e6:.1f} / {after.saved_bytes / 1e6:.1f} MB",
+            flush=True,
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    write = commands.add_parser("write", help="generate the cases' modules with the checkout ROOT")
+    write.add_argument("root")
+    write.add_argument("out")
+    write.add_argument("cases", nargs="+")
+    timed = commands.add_parser("time", help="time OLD's modules against NEW's")
+    timed.add_argument("--old", required=True)
+    timed.add_argument("--new", required=True)
+    timed.add_argument("--repeat", type=int, default=5)
+    timed.add_argument("cases", nargs="+")
+    args = parser.parse_args()
+    if args.command == "write":
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        root = str(Path(args.root).resolve())
+        subprocess.run([sys.executable, "-c", WRITER, root, args.out, *args.cases], check=True, cwd="/")
+    else:
+        time_cases(args)
+
+
+if __name__ == "__main__":
+    main()
