@@ -1,6 +1,6 @@
 """Two versions of tdiag's generated modules timed side by side: `write` has a checkout (ROOT, its
 own tdiag and design files) write `design.source()` of each case as OUT/NAME.MASK.N.py (F = 256,
-H = 4 where the design has them, planned at N and batch 1); `time` loads OLD/... and NEW/...,
+H = 4 where the design has them, planned at N, batch 1 and one thread); `time` loads OLD/... and NEW/...,
 gives them one set of weights, checks them equal, and times forward + backward round-robin in one
 process (one thread, batch 1), printing new / old per round (median, min–max) and the bytes each
 keeps for backward. A case is NAME:MASK:N (MASK plain or causal).
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -92,7 +93,11 @@ def main() -> None:
     if args.command == "write":
         Path(args.out).mkdir(parents=True, exist_ok=True)
         root = str(Path(args.root).resolve())
-        subprocess.run([sys.executable, "-c", WRITER, root, args.out, *args.cases], check=True, cwd="/")
+        out = str(Path(args.out).resolve())
+        threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # planned for the one thread timed
+        subprocess.run(
+            [sys.executable, "-c", WRITER, root, out, *args.cases], check=True, cwd="/", env=os.environ | threads
+        )
     else:
         time_cases(args)
 

@@ -192,27 +192,41 @@ def _batch(batch_shape, x, rank, name):
 
 class _Earlier(torch.autograd.Function):
     """The exclusive prefix sum along an axis by one vector add per chunk, forward and backward
-    (the suffix sum): a CPU's cumsum along an outer axis, and its flipped backward, run several
-    times slower than these adds."""
+    (the suffix sum), each add written into its slice of one result: a CPU's cumsum along an outer
+    axis, and its flipped backward, run several times slower than these adds, and stacking the
+    sums afterwards would copy them all once more."""
 
     @staticmethod
     def forward(ctx, x, dim):
         ctx.dim = dim
-        return torch.stack(_running(x.unbind(dim)), dim)
+        return _running(x, dim, reverse=False)
 
     @staticmethod
     def backward(ctx, grad):
-        return torch.stack(_running(grad.unbind(ctx.dim)[::-1])[::-1], ctx.dim), None
+        return _running(grad, ctx.dim, reverse=True), None
 
 
-def _running(parts):
-    """The sums of the parts before each, the first 0."""
-    total = torch.zeros_like(parts[0])
-    sums = [total]
-    for part in parts[:-1]:
-        total = total + part
-        sums.append(total)
-    return sums
+def _running(x, dim, reverse):
+    """Each slice along `dim` the sum of the slices before it (after it, `reverse`), the first 0."""
+    parts = x.unbind(dim)
+    order = range(len(parts) - 1, -1, -1) if reverse else range(len(parts))
+    if torch.compiler.is_compiling():  # Dynamo takes no out= into a strided slice: the sums stacked
+        sums, total = [None] * len(parts), torch.zeros_like(parts[0])
+        for k in order:
+            sums[k] = total
+            if k != order[-1]:
+                total = total + parts[k]
+        return torch.stack(sums, dim)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    sums = out.unbind(dim)
+    previous = None
+    for k in order:
+        if previous is None:
+            sums[k].zero_()
+        else:
+            torch.add(sums[previous], parts[previous], out=sums[k])
+        previous = k
+    return out
 
 
 def _earlier(x, dim):
