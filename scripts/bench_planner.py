@@ -18,8 +18,9 @@ prints side by side:
 Single thread by default (--threads; OMP_NUM_THREADS is set before torch starts, so the
 planner's device, keyed by that thread count, is the one timed), batch 1, F=256, H=4; each
 module is planned at the sizes it is timed at, the batch included (the time objective's choices
-depend on it: a score tensor of batch 8 no longer fits in the caches). Writes
-planner.json, planner.csv and (with matplotlib) planner.png in --out.
+depend on it: a score tensor of batch 8 no longer fits in the caches). `--flush-denormal` times
+everything with subnormal floats flushed to zero, as `tdiag train` runs on a CPU (../docs/results/
+bench-cpu/denormals). Writes planner.json, planner.csv and (with matplotlib) planner.png in --out.
 """
 
 from __future__ import annotations
@@ -71,12 +72,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=256, help="F")
     parser.add_argument("--heads", type=int, default=4, help="H")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--flush-denormal",
+        action="store_true",
+        help="flush subnormal floats to zero for the whole run, as `tdiag train` does on a CPU",
+    )
     parser.add_argument("--out", type=Path, default=None, help="folder for planner.json, .csv, .png")
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.flush_denormal and not torch.set_flush_denormal(True):
+        parser.error("--flush-denormal: this CPU has no flush-to-zero mode")
     objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
     cases = [(d, m == "causal", n) for d in args.designs for m in args.masks for n in args.n]
     results = []
@@ -209,6 +217,7 @@ def write(results: list[Result], objectives: list[str], args: argparse.Namespace
         "F": args.width,
         "H": args.heads,
         "threads": args.threads,
+        "flush_denormal": args.flush_denormal,
         "repeat": args.repeat,
         "objectives": objectives,
         "machine": platform.platform(),
