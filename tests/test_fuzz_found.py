@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import DESIGNS
 
 import tdiag
 
@@ -354,3 +355,27 @@ def test_grouped_query_heads_read_from_a_computed_tensor_are_computed_under_ever
     (gradient,) = torch.autograd.grad((y * weights).sum(), x)
     (expected_gradient,) = torch.autograd.grad((expected * weights).sum(), x)
     torch.testing.assert_close(gradient, expected_gradient, rtol=1e-12, atol=1e-12)
+
+
+def test_a_causal_product_whose_key_side_varies_only_through_its_mask_is_not_chunked():
+    # causal(n, m) X[f] / (1 + exp(max_m W1[m h n])): no factor but the mask reads m, so the state of
+    # a chunk has no chunk leg; the chunked order indexed it anyway (ValueError while planning)
+    text = (
+        "design key_side_constant\nsize N = 3, F = 3, H = 3\ninput X[f: F]\n"
+        "param W1[m: N, h: H, n: N] = normal(std = 0.5)\n"
+        "T0[f] = causal(n, m) X[f] / (1 + exp(max[m, mask = causal(n, m)](W1[m h n])))\noutput T0\n"
+    )
+    design = tdiag.loads(text)
+    reference = design.module(impl="reference", dtype=torch.float64)
+    m = module(text, "compiled")
+    m.load_state_dict(reference.state_dict())
+    x = torch.randn(2, 3, dtype=torch.float64)
+    torch.testing.assert_close(m(x), reference(x), rtol=0, atol=1e-12)
+
+
+def test_with_causal_mask_names_the_query_leg_where_a_statement_has_none():
+    # Mamba-2's SSD with one key leg renamed (Bm[mclass s]): a statement holding key legs but no
+    # query leg; the refusal's message took its query leg from an empty set (ValueError)
+    text = (DESIGNS / "mamba2_ssd.td").read_text().replace("Bm[m s] dt[m h]", "Bm[mclass s] dt[m h]")
+    assert "mclass" in text
+    compile(tdiag.loads(text).source(N=8), "<generated>", "exec")

@@ -172,7 +172,9 @@ def _position_legs(
     return queries, keys
 
 
-def _mixes_positions(expr: Expr, queries: set[str], keys: set[str], graph: DesignGraph) -> Diagnostic | None:
+def _mixes_positions(
+    expr: Expr, queries: set[str], keys: set[str], graph: DesignGraph, query_leg: str
+) -> Diagnostic | None:
     """Why `expr` cannot be made causal, at the node that mixes the positions of an input: a
     contraction, reduction, box or distance over a key leg without a query leg beside it (each
     query would see every key), or a box normalized over a query leg beside a key leg (each query
@@ -183,7 +185,7 @@ def _mixes_positions(expr: Expr, queries: set[str], keys: set[str], graph: Desig
             continue
         mixed_keys = sorted(keys & set(over))
         if mixed_keys and not queries & set(node.legs):
-            (query, *_), what = sorted(queries), _construct(node)
+            query, what = min(queries, default=query_leg), _construct(node)
             return Diagnostic(
                 f"with_causal_mask cannot mask {what} over key leg '{mixed_keys[0]}': it has no query leg"
                 f" '{query}', so every query would see every key",
@@ -291,7 +293,7 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
     roles: dict[str, dict[int, str]] = {}
     for statement in graph.statements:
         queries, keys = _position_legs(statement.expr, query, key, roles, graph)
-        problem = _mixes_positions(statement.expr, queries, keys, graph)
+        problem = _mixes_positions(statement.expr, queries, keys, graph, query)
         if problem is not None:
             mixing.append(problem)
         expr = statement.expr

@@ -187,6 +187,8 @@ class ChunkedCausal:
         )
         state = self.contract(key_side, state_legs, sympy.Integer(1), None)
         name = self.names.fresh("earlier")
+        if chunks not in state.legs:
+            raise NotPrefixSumError("no factor of the key side varies along the key position")
         axis = state.legs.index(chunks)
         if decays:
             if not set(start.legs) <= set(state.legs):
