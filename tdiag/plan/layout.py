@@ -151,7 +151,7 @@ def _wanted(steps: list[Step], movable: set[str], sizes: Sizes) -> dict[str, tup
                 summed = [source.legs[d] for d in op.dims]
                 kept = [leg for leg in source.legs if leg not in summed]
                 ordered = _summed_placed(kept, summed, sizes)
-                if ordered != [*kept, *summed] or list(source.legs) != ordered:
+                if ordered != [*kept, *summed]:  # a short sum, asked for even where nothing else asks
                     ask(source, ordered)
         elif isinstance(op, Softmax | Normalize):
             order = _box_order(out.legs, op.count, target)  # type: ignore[union-attr]
