@@ -94,9 +94,8 @@ def short_rows_factor(device: DeviceModel, extent: int, moved: float) -> float:
     """How much longer than at the bandwidth a sum over innermost rows of `extent` entries takes:
     the device's measured factor for rows of 2 ("rows", device.measure_kinds), the per-row cost
     spread over `extent` entries (measured: the rate grows about linearly with the row up to 16
-    entries), never below 1. A device without the figure (a data sheet) pays nothing more."""
-    rows = device.factor("rows", moved)
-    return max(1.0, rows * 2 / extent) if dict(device.kinds).get("rows") else 1.0
+    entries), never below 1. A device without the figure (a data sheet: factor 1) pays nothing more."""
+    return max(1.0, device.factor("rows", moved) * 2 / extent)
 
 
 def op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Callable[[sympy.Expr], float]) -> float:
