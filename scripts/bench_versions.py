@@ -14,7 +14,6 @@ keeps for backward. A case is NAME:MASK:N (MASK plain or causal).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import subprocess
 import sys
@@ -36,43 +35,28 @@ for case in sys.argv[3:]:
 """
 
 
-def load(path: Path):
-    """The one nn.Module class of a generated file, instantiated."""
-    from torch import nn
-
-    spec = importlib.util.spec_from_file_location(f"version_{path.parent.name}_{path.stem.replace('.', '_')}", path)
-    assert spec is not None and spec.loader is not None
-    namespace = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(namespace)
-    (cls,) = [
-        c
-        for c in vars(namespace).values()
-        if isinstance(c, type) and issubclass(c, nn.Module) and c.__module__ == namespace.__name__
-    ]
-    return cls()
-
-
 def time_cases(args: argparse.Namespace) -> None:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tdiag.bench import measure_all
+    from tdiag.bench import columns, measure_all, module_from_file
 
     torch.set_num_threads(1)
     for case in args.cases:
         name, mask, n = case.split(":")
-        old, new = (load(Path(folder) / f"{name}.{mask}.{n}.py") for folder in (args.old, args.new))
+        stem = f"{name}.{mask}.{n}"
+        paths = [Path(folder) / f"{stem}.py" for folder in (args.old, args.new)]
+        old, new = (module_from_file(path, f"version_{k}_{stem.replace('.', '_')}") for k, path in enumerate(paths))
         new.load_state_dict(old.state_dict())
         x = torch.randn(1, int(n), 256)
         with torch.no_grad():
             torch.testing.assert_close(new(x), old(x), rtol=1e-4, atol=1e-5)
         before, after = measure_all([old, new], x, False, args.repeat)
-        ratios = sorted(a / b for a, b in zip(after.seconds, before.seconds, strict=True))
-        ms = [1e3 * sorted(t.seconds)[len(t.seconds) // 2] for t in (before, after)]
+        row = columns("old", before, before, "old") | columns("new", after, before, "old")
         print(
-            f"{name:<10} {mask:<6} N={n:<5} old {ms[0]:8.1f} ms  new {ms[1]:8.1f} ms"
-            f"  new/old {ratios[len(ratios) // 2]:.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
-            f"  kept {before.saved_bytes / 1e6:.1f} / {after.saved_bytes / 1e6:.1f} MB",
+            f"{name:<10} {mask:<6} N={n:<5} old {row['old ms']:8.1f} ms  new {row['new ms']:8.1f} ms"
+            f"  new/old {row['new / old']:.2f} ({row['new / old min']:.2f}-{row['new / old max']:.2f})"
+            f"  kept {row['old kept MB']:.1f} / {row['new kept MB']:.1f} MB",
             flush=True,
         )
 

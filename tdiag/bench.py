@@ -303,9 +303,15 @@ def load_baseline(folder: Path, stem: str, causal: bool) -> nn.Module | None:
     path = folder / f"{stem}{'.causal' if causal else ''}.py"
     if not os.path.isfile(path):
         return None
+    return module_from_file(path, f"tdiag_baseline_{stem}")
+
+
+def module_from_file(path: Path, name: str) -> nn.Module:
+    """The one nn.Module class a standalone compiled file defines, instantiated; the file is the
+    user's own Python, imported as module `name`."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"tdiag_baseline_{stem}", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     namespace = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(namespace)
