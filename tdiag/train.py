@@ -454,7 +454,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
 def subnormals_flushed(device: torch.device) -> Iterator[None]:
     """On a CPU, subnormal floats (below 2^-126 in float32) flushed to zero for the run, then the
     mode restored: x86 cores multiply and add them tens of times slower, and a softmax over
-    ALiBi's distances or an exponential decay over many positions makes many (alibi 2.3-2.8x,
+    ALiBi's distances or an exponential decay over many positions makes many (alibi 1.5-2.8x,
     forgetting_attention 2.2-2.7x, lightning 1.9x faster per training step with them flushed,
     docs/results/bench-cpu/denormals). No value above 2^-126 changes."""
     if device.type != "cpu" or _flushing():
