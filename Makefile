@@ -3,6 +3,7 @@
 #   make test         venv + graphviz, then the whole test suite
 #   make test-fast    the suite without the tests marked slow (training, gradcheck, sweeps): the inner loop
 #   make wheel-check  build the wheel, install it into a fresh venv outside the repo, run the CLI there
+#   make goldens-check every bundled design's plans, module hashes and cost formulas against tests/goldens
 #   make fuzz         a longer offline fuzz (FUZZ_SECONDS, default 1200) with a JSON report
 #   make bench-baseline  every bundled design timed against its plan at an older commit (BASELINE_COMMIT)
 #   make gpu-report   on a CUDA machine: gpu tests, benchmarks, training -> docs/results/gpu-DEVICE-DATE/
@@ -17,7 +18,7 @@ TORCH_VERSION := 2.13.0
 # process, so that its fixtures are built once): 2 cores. PYTEST_WORKERS= runs it in one process
 PYTEST_WORKERS ?= -n 2 --dist loadscope
 
-.PHONY: venv cpu-only-check graphviz demo test test-fast wheel wheel-check lint format clean fuzz bench-baseline gpu-report
+.PHONY: venv cpu-only-check graphviz demo test test-fast wheel wheel-check lint format clean fuzz bench-baseline gpu-report goldens goldens-check
 
 venv: $(STAMP)
 
@@ -102,6 +103,14 @@ format: venv
 clean:
 	rm -rf out build dist .pytest_cache .ruff_cache .mypy_cache .hypothesis *.egg-info
 	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +
+
+# The planner's goldens (scripts/goldens.py): a refactor that keeps behaviour keeps them; `make
+# goldens` records them again after a change that means to alter plans (say which in its commit).
+goldens: venv
+	OMP_NUM_THREADS=1 $(BIN)/python scripts/goldens.py record
+
+goldens-check: venv
+	OMP_NUM_THREADS=1 $(BIN)/python scripts/goldens.py check
 
 # Offline fuzzing: grammar-generated designs and mutations of designs/*.td for FUZZ_SECONDS;
 # inputs tried, crashes, unpositioned errors and hangs go to docs/results/fuzz/fuzz.json.
