@@ -1,5 +1,5 @@
 # tdiag: set up and run everything from a fresh clone.
-#   make demo         venv + graphviz, then check/show/render the bundled designs
+#   make demo         venv + graphviz, then the main job: compile, draw, cost and train a design beside mhsa
 #   make test         venv + graphviz, then the whole test suite
 #   make test-fast    the suite without the tests marked slow (training, gradcheck, sweeps): the inner loop
 #   make wheel-check  build the wheel, install it into a fresh venv outside the repo, run the CLI there
@@ -54,13 +54,10 @@ graphviz:
 	  fi; \
 	fi
 
+# The main job end to end (scripts/demo.sh): check, draw, cost, compile fish and train it beside
+# mhsa on the bundled corpus; prints where the diagram, cost table, module and loss plot are.
 demo: venv graphviz
-	mkdir -p out
-	$(BIN)/tdiag check designs/*.td
-	$(BIN)/tdiag show designs/thsa.td
-	$(BIN)/tdiag render designs/mhsa.td -o out/mhsa.svg
-	$(BIN)/tdiag render designs/thsa.td -o out/thsa.svg
-	$(BIN)/tdiag render designs/mhsa.td -o out/mhsa.dot
+	TDIAG=$(BIN)/tdiag bash scripts/demo.sh out/demo
 
 test: venv graphviz
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_WORKERS)
