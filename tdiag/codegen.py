@@ -1083,7 +1083,7 @@ def _(op: Map, attributes: frozenset[str]) -> str:
 
 def _map(name: str, x: str, parameters: Sequence[sympy.Expr]) -> str:
     """Elementwise map `name` of the Python expression `x` (a variable or parenthesized)."""
-    params = [_scalar(p) for p in parameters]
+    params = [_bound(p, x) if name in ("clamp", "maximum", "minimum") else _scalar(p) for p in parameters]
     return {
         "exp": lambda: f"{x}.exp()",
         "log": lambda: f"{x}.log()",
@@ -1103,6 +1103,19 @@ def _map(name: str, x: str, parameters: Sequence[sympy.Expr]) -> str:
         "minimum": lambda: f"{x}.clamp(max={params[0]})",
         "pow": lambda: f"{x} ** {params[0] if params else 1}",
     }[name]()
+
+
+HALF_MAX = 65504.0  # float16's largest finite number: a bound beyond it overflows a half tensor
+
+
+def _bound(value: sympy.Expr, x: str) -> str:
+    """A clamp bound as Python, taken into the dtype of `x` where float16 cannot hold it (mLSTM's
+    clamp(|n·q|, 1, 1e15)): a finite x lies within its dtype's range, so the clamp is the same, and
+    torch refuses a bound a half tensor cannot convert to."""
+    code = _scalar(value)
+    if not value.is_number or abs(float(value)) <= HALF_MAX:
+        return code
+    return f"max({code}, torch.finfo({x}.dtype).min)" if value < 0 else f"min({code}, torch.finfo({x}.dtype).max)"
 
 
 @_op.register

@@ -447,3 +447,52 @@ def test_text_in_generated_source_reads_back_as_itself(text):
     assert eval('"' + codegen.source(text, "text") + '"') == text
     assert eval('f"' + codegen.source(text, "fstring") + '"') == text
     assert "\n" not in codegen.source(text, "comment")
+
+
+# ---- numerics: every bundled design runs in float16 and under float16 and bfloat16 autocast ----
+
+
+def narrow_design(path, causal: bool) -> tdiag.Design:
+    """A bundled design at width 32 with 4 heads (head size 4 for the Gaussian-key designs), plain
+    or causal."""
+    sizes = {"F": 32, "H": 4, **({"D": 4} if "mgk" in path.stem or "mlk" in path.stem else {})}
+    sizes |= {"N": 16} if path.stem == "mgk_softe" else {}
+    design = tdiag.load(path, **sizes)
+    return design.with_causal_mask() if causal else design
+
+
+def narrow_outputs(design: tdiag.Design, n: int = 16) -> dict[str, torch.Tensor]:
+    """The outputs of the module built in float16 (float16 input), and of the float32 module under
+    float16 and bfloat16 autocast, for a standard normal input."""
+    x = [torch.randn(2, n, 32, generator=torch.Generator().manual_seed(1))] * len(design.graph.inputs)
+    module = design.module(N=n, seed=0).eval()
+    with torch.no_grad():
+        outputs = {"float16 module": design.module(N=n, seed=0, dtype=torch.float16).eval()(*(v.half() for v in x))}
+        for dtype in (torch.float16, torch.bfloat16):
+            with torch.autocast("cpu", dtype=dtype):
+                outputs[f"{dtype} autocast"] = module(*x)
+    return outputs
+
+
+def test_a_clamp_bound_beyond_float16s_range_runs_in_a_float16_module():
+    """mLSTM's max{|n·q|, 1} is clamp(abs(...), 1, 1e15): the bound 1e15 does not fit a half tensor
+    (was: 'value cannot be converted to type c10::Half without overflow'); it is the same clamp there."""
+    outputs = narrow_outputs(narrow_design(DESIGNS / "mlstm.td", causal=False))
+    assert all(torch.isfinite(y).all() for y in outputs.values())
+    assert "torch.finfo(" in tdiag.load(DESIGNS / "mlstm.td", F=32, H=4).source(N=16)
+
+
+def test_a_clamp_bound_float16_can_hold_is_printed_as_it_is():
+    text = HEAD + "Y[n f] = clamp(X[n f], -2, 3) + clamp(X[n f], -1e5, 1e5)\noutput Y\n"
+    source = tdiag.loads(text).source()
+    assert ".clamp(-2, 3)" in source and source.count("torch.finfo(") == 2
+    x = 1e4 * torch.randn(4, 3, dtype=torch.float16)
+    torch.testing.assert_close(tdiag.loads(text).module(dtype=torch.float16)(x), x.clamp(-2, 3) + x)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
+def test_every_bundled_design_runs_finite_in_float16_and_under_autocast(path, causal):
+    for precision, y in narrow_outputs(narrow_design(path, causal)).items():
+        assert torch.isfinite(y).all(), precision
