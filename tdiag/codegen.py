@@ -848,7 +848,7 @@ def _step_lines(step: Step, plan: Plan) -> list[str]:
     comment = "  # " + source(f"{step.description} [{legs}]{cost}", "comment") if step.description else ""
     wide = {s.out.var for s in plan.steps if s.wide and s.out is not None} | set(plan.causal.values())
     widened = _WIDENED.set(frozenset(v.var for v in reads(step.op) if v.var not in wide) if step.wide else frozenset())
-    like = _LIKE.set(_dtype_reference(plan))
+    like = _LIKE.set(_dtype_reference(plan) if step.wide else "None")
     try:
         code = _op(step.op, plan.attributes)
         if step.training_only:  # zero in eval mode: neither computed nor allocated there
@@ -948,7 +948,7 @@ def _dims(dims: Sequence[int]) -> str:
 
 # while a step computed in float32 under autocast is printed: the variables it reads through _wide
 _WIDENED: ContextVar[frozenset[str]] = ContextVar("widened", default=frozenset())
-_LIKE: ContextVar[str] = ContextVar("like", default="None")  # ... and the tensor whose dtype it takes
+_LIKE: ContextVar[str] = ContextVar("like", default="None")  # ... and the tensor whose dtype it takes ("None" outside)
 
 
 def _var(value: Value, attributes: frozenset[str]) -> str:
@@ -1424,7 +1424,10 @@ def _(op: MaskNumbers, attributes: frozenset[str]) -> str:
 
 @_op.register
 def _(op: Positions, attributes: frozenset[str]) -> str:
-    like = f", dtype={op.like}.dtype, device={op.like}.device" if op.like else ""
+    # in a step run in float32 under autocast, the positions too: bfloat16 holds no whole number
+    # above 256 exactly, so a bfloat16 input's index(n) would put Lightning's decays at wrong distances
+    dtype = f"_wide({op.like}, {_LIKE.get()}).dtype" if op.like and _LIKE.get() != "None" else f"{op.like}.dtype"
+    like = f", dtype={dtype}, device={op.like}.device" if op.like else ""
     total = _expr(sympy.Mul(*op.shape))
     code = f"torch.arange({total}{like})"
     return code if len(op.shape) == 1 else f"{code}.reshape({_sizes(op.shape)})"
