@@ -15,7 +15,7 @@
 # - The stabilizer m_t of the paper's numerics (App. A.2) is left out: it scales C_t and n_t by
 #   e^{−m_t} and the bound 1 by the same, so h̃ is the same function; without it exp(ĩ) overflows
 #   float32 for ĩ above 88.
-# - max{|x|, 1} is written clamp(abs(x), 1, 1e15) (the largest number a .td file takes).
+# - max{|x|, 1} is max(abs(x), 1): a bound from below only.
 # family: scans
 design mlstm
 
@@ -40,7 +40,7 @@ K[m h d]  = X[m f] WK[f h d] / sqrt(D)
 V[m h e]  = X[m f] WV[f h e]
 Num[n h e] = exp(segsum[n, m](Lf[n h]) + Li[m h]) Q[n h d] K[m h d] V[m h e]   # C_t q_t
 Den[n h]   = exp(segsum[n, m](Lf[n h]) + Li[m h]) Q[n h d] K[m h d]            # n_tᵀ q_t
-Hc[n h e]  = Num[n h e] / clamp(abs(Den[n h]), 1, 1e15)
+Hc[n h e]  = Num[n h e] / max(abs(Den[n h]), 1)
 Y[n g]     = sigmoid(X[n f] Wo[f h e]) Hc[n h e] WO[h e g]
 
 output Y

@@ -848,7 +848,7 @@ def _step_lines(step: Step, plan: Plan) -> list[str]:
     comment = "  # " + source(f"{step.description} [{legs}]{cost}", "comment") if step.description else ""
     wide = {s.out.var for s in plan.steps if s.wide and s.out is not None} | set(plan.causal.values())
     widened = _WIDENED.set(frozenset(v.var for v in reads(step.op) if v.var not in wide) if step.wide else frozenset())
-    like = _LIKE.set(_dtype_reference(plan))
+    like = _LIKE.set(_dtype_reference(plan) if step.wide else "None")
     try:
         code = _op(step.op, plan.attributes)
         if step.training_only:  # zero in eval mode: neither computed nor allocated there
@@ -948,7 +948,7 @@ def _dims(dims: Sequence[int]) -> str:
 
 # while a step computed in float32 under autocast is printed: the variables it reads through _wide
 _WIDENED: ContextVar[frozenset[str]] = ContextVar("widened", default=frozenset())
-_LIKE: ContextVar[str] = ContextVar("like", default="None")  # ... and the tensor whose dtype it takes
+_LIKE: ContextVar[str] = ContextVar("like", default="None")  # ... and the tensor whose dtype it takes ("None" outside)
 
 
 def _var(value: Value, attributes: frozenset[str]) -> str:
@@ -1083,7 +1083,7 @@ def _(op: Map, attributes: frozenset[str]) -> str:
 
 def _map(name: str, x: str, parameters: Sequence[sympy.Expr]) -> str:
     """Elementwise map `name` of the Python expression `x` (a variable or parenthesized)."""
-    params = [_scalar(p) for p in parameters]
+    params = [_bound(p, x) if name in ("clamp", "maximum", "minimum") else _scalar(p) for p in parameters]
     return {
         "exp": lambda: f"{x}.exp()",
         "log": lambda: f"{x}.log()",
@@ -1103,6 +1103,19 @@ def _map(name: str, x: str, parameters: Sequence[sympy.Expr]) -> str:
         "minimum": lambda: f"{x}.clamp(max={params[0]})",
         "pow": lambda: f"{x} ** {params[0] if params else 1}",
     }[name]()
+
+
+HALF_MAX = 65504.0  # float16's largest finite number: a bound beyond it overflows a half tensor
+
+
+def _bound(value: sympy.Expr, x: str) -> str:
+    """A clamp bound as Python, taken into the dtype of `x` where float16 cannot hold it (mLSTM's
+    clamp(|n·q|, 1, 1e15)): a finite x lies within its dtype's range, so the clamp is the same, and
+    torch refuses a bound a half tensor cannot convert to."""
+    code = _scalar(value)
+    if not value.is_number or abs(float(value)) <= HALF_MAX:
+        return code
+    return f"max({code}, torch.finfo({x}.dtype).min)" if value < 0 else f"min({code}, torch.finfo({x}.dtype).max)"
 
 
 @_op.register
@@ -1411,7 +1424,10 @@ def _(op: MaskNumbers, attributes: frozenset[str]) -> str:
 
 @_op.register
 def _(op: Positions, attributes: frozenset[str]) -> str:
-    like = f", dtype={op.like}.dtype, device={op.like}.device" if op.like else ""
+    # in a step run in float32 under autocast, the positions too: bfloat16 holds no whole number
+    # above 256 exactly, so a bfloat16 input's index(n) would put Lightning's decays at wrong distances
+    dtype = f"_wide({op.like}, {_LIKE.get()}).dtype" if op.like and _LIKE.get() != "None" else f"{op.like}.dtype"
+    like = f", dtype={dtype}, device={op.like}.device" if op.like else ""
     total = _expr(sympy.Mul(*op.shape))
     code = f"torch.arange({total}{like})"
     return code if len(op.shape) == 1 else f"{code}.reshape({_sizes(op.shape)})"

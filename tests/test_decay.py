@@ -377,3 +377,18 @@ def test_a_decay_inside_a_causal_normalize_box_takes_the_chunks_and_equals_its_r
         o = torch.einsum("bhd,bhde->bhe", q, state) / (torch.einsum("bhd,bhdo->bho", q, total) + 1e-6)
         outputs.append(torch.einsum("bhe,heg->bg", o, module.WO))
     assert torch.allclose(module(x), torch.stack(outputs, 1), atol=1e-10, rtol=0)
+
+
+def test_mlstm_bounds_its_normalizer_by_one_from_below_only(chunks_of_4):
+    """h̃ = C q / max(|nᵀq|, 1) however large |nᵀq| is: input gates of e^40 make it about 1e17
+    (was: clamp(|nᵀq|, 1, 1e15), which divided by 1e15 there)."""
+    module = chunked64("mlstm", F=16, H=2)
+    x = torch.randn(2, 9, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        saved = module.bi.clone()
+        module.bi.fill_(40.0)
+        try:
+            out, expected = module(x), _mlstm_recurrent(module, x)
+        finally:
+            module.bi.copy_(saved)
+    assert torch.allclose(out, expected, rtol=1e-9, atol=1e-9)
