@@ -7,10 +7,11 @@ byte and token mutations of designs/*.td that must be refused with positioned er
 plan and generate Python that compiles. Every generated design with a causal form is also
 decoded, token by token and a prompt then chunks, and must equal its causal forward over each
 prefix (float64, 1e-10 relative) or be refused by the cache with a reason. Each input runs under
-a time limit; the report counts each outcome (crashes: any other exception, a mismatch with the
+a limit of CPU time; the report counts each outcome (crashes: any other exception, a mismatch with the
 reference, generated code that does not compile; unpositioned errors; hangs; decode mismatches),
-groups the failures by their message with the shortest input of each, and is written as JSON
-(default docs/results/fuzz/fuzz.json) with the seed, commit, seconds and load.
+groups the failures by their message with the shortest input of each, tallies the cache kinds
+the decoded seam designs got, and is written as JSON (default docs/results/fuzz/fuzz.json) with
+the seed, commit, seconds and load.
 
     python scripts/fuzz.py --seconds 1200 --out docs/results/fuzz/fuzz.json
 """
@@ -39,7 +40,8 @@ from tdiag import TdiagError  # noqa: E402
 
 
 class HangError(Exception):
-    """An input ran past its time limit."""
+    """An input ran past its time limit, counted in the process's CPU time (user and system) so
+    that other jobs on a loaded machine do not turn slow inputs into hangs."""
 
 
 def _alarm(signum, frame):
@@ -60,7 +62,7 @@ def classify(run, text: str, limit: float) -> tuple[str, str]:
     """(outcome, detail): what `run` returns (an outcome, or an outcome and its detail: ok,
     decoded, not_decodable, causal_refused), refused, unpositioned, crash, hang, or the outcome an
     exception names (decode_mismatch)."""
-    signal.setitimer(signal.ITIMER_REAL, limit)
+    signal.setitimer(signal.ITIMER_PROF, limit)
     try:
         outcome = run()
         return outcome if isinstance(outcome, tuple) else (outcome, "")
@@ -78,7 +80,7 @@ def classify(run, text: str, limit: float) -> tuple[str, str]:
             return named, str(error)[:500]
         return "crash", _relative(traceback.format_exc(limit=-4))[-1500:]
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.setitimer(signal.ITIMER_PROF, 0)
 
 
 def _relative(text: str) -> str:
@@ -135,16 +137,18 @@ def mutate(text: str, rng: random.Random) -> str:
     return text
 
 
-GENERATED = {"refused": "refused", "ran": "ok", "fixed length": "ok", "decoded": "decoded"}
-GENERATED["not decodable"] = "not_decodable"
+GENERATED = {"refused": "refused", "ran": "ok", "fixed length": "ok", "not decodable": "not_decodable"}
 
 
 def run_generated(generator, text: str, sizes: dict[str, int], mode: str) -> tuple[str, str]:
-    """A generated design run and decoded (the generator's run_design): its outcome, and for a
-    seam design, written causal, that has no causal form, causal_refused and why."""
+    """A generated design run and decoded (the generator's run_design): its outcome, with the
+    cache's kind where it decoded, and for a seam design, written causal, that has no causal
+    form, causal_refused and why."""
     result = generator.run_design(text, sizes, decode=True)
     if result.startswith("no causal form"):
         return ("causal_refused", result) if mode == "seam" else ("ok", "")
+    if result.startswith("decoded as "):
+        return "decoded", result.removeprefix("decoded as ")
     return GENERATED[result], ""
 
 
@@ -167,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=1200, help="wall-clock budget (default 1200)")
     parser.add_argument("--inputs", type=int, default=0, help="stop after this many inputs (0: no limit)")
-    parser.add_argument("--limit", type=float, default=20.0, help="seconds one input may take before it is a hang")
+    parser.add_argument("--limit", type=float, default=20.0, help="CPU seconds one input may take before it is a hang")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--grammar-share", type=float, default=0.25, help="share of grammar-generated inputs")
     parser.add_argument("--seam-share", type=float, default=0.35, help="share of seam designs (seam_design)")
@@ -179,13 +183,14 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     generator = _load_generator()
-    signal.signal(signal.SIGALRM, _alarm)
+    signal.signal(signal.SIGPROF, _alarm)
     rng = random.Random(args.seed)
     designs = {p.name: p.read_text() for p in sorted((ROOT / "designs").glob("*.td"))}
     counts = {"grammar": {}, "seam": {}, "mutation": {}}
     failures: list[dict] = []
     distinct: dict[str, dict] = {}
     causal_refusals: list[dict] = []
+    cache_kinds: dict[str, dict[str, int]] = {}
     commit = _commit()  # the code under test is the code at the start
     load_at_start = os.getloadavg()
     started = time.monotonic()
@@ -197,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             bad = sum(c.get(o, 0) for c in counts.values() for o in FAILURES)
             print(f"{tried} inputs, {time.monotonic() - started:.0f} s, {bad} failures", file=sys.stderr, flush=True)
         entry = {"mode": mode, "outcome": outcome, "detail": detail, "input": text, **(extra or {})}
+        if outcome == "decoded":  # the cache kind each form got: a decay as a statement should keep a state
+            form = cache_kinds.setdefault((extra or {}).get("kinds", [mode])[0], {})
+            form[detail] = form.get(detail, 0) + 1
         if outcome == "causal_refused" and len(causal_refusals) < 50:
             causal_refusals.append(entry)
         if outcome not in FAILURES:
@@ -263,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "seconds": round(time.monotonic() - started, 1),
         "per_input_limit_s": args.limit,
+        "limit_clock": "process CPU time",
         "inputs_tried": sum(tried.values()),
         "by_mode": {mode: {"tried": tried[mode], **counts[mode]} for mode in counts},
         "crashes": total("crash"),
@@ -276,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         "distinct_failures": [
             {"signature": k, **v} for k, v in sorted(distinct.items(), key=lambda kv: -kv[1]["count"])
         ],
+        "cache_kinds": cache_kinds,
         "causal_refusals": causal_refusals,
         "failures": failures,
     }

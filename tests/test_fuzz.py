@@ -14,6 +14,7 @@ import random
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -517,7 +518,7 @@ def _relative_error(step: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def check_decoding(design: tdiag.Design, sizes: dict[str, int]) -> str:
-    """'decoded' where the design's float64 module decodes token by token and a prompt then
+    """'decoded as KIND' where the design's float64 module decodes token by token and a prompt then
     chunks as its causal forward over each prefix, stepped by generated code and by the
     reference evaluator; 'not decodable' where the cache refuses with a reason; 'fixed length'
     where the input has no axis of a run-time length N. Raises DecodeMismatchError past 1e-10."""
@@ -546,7 +547,7 @@ def check_decoding(design: tdiag.Design, sizes: dict[str, int]) -> str:
             if not error <= DECODE_TOLERANCE:
                 step = "generated code" if compiled is None else "the reference evaluator"
                 raise DecodeMismatchError(f"decoding in chunks {chunks} stepped by {step}: relative error {error:.3g}")
-    return "decoded"
+    return f"decoded as {tdiag.DecodeCache(module).kind}"
 
 
 def _decoding_input(design: tdiag.Design, sizes: dict[str, int], module: torch.nn.Module) -> tuple[torch.Tensor, int]:
@@ -621,25 +622,21 @@ CAUSAL_SOFTMAX = (
 )
 
 
-def _fuzz_script():
+@pytest.fixture
+def fuzz_script():
+    """scripts/fuzz.py as a module, its time limit's handler installed as its main() does."""
     spec = importlib.util.spec_from_file_location("fuzz_script", DESIGNS.parent / "scripts" / "fuzz.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)  # type: ignore[union-attr]
-    return script
+    previous = signal.signal(signal.SIGPROF, script._alarm)
+    yield script
+    signal.signal(signal.SIGPROF, previous)
 
 
-def test_the_fuzzer_counts_a_decode_that_differs_from_the_forward_as_a_decode_mismatch(monkeypatch):
-    script, generator = _fuzz_script(), sys.modules[__name__]
-    previous = signal.signal(signal.SIGALRM, script._alarm)
-    try:
-        _classify_a_wrong_decoder(script, generator, monkeypatch)
-    finally:
-        signal.signal(signal.SIGALRM, previous)
-
-
-def _classify_a_wrong_decoder(script, generator, monkeypatch) -> None:
+def test_the_fuzzer_counts_a_decode_that_differs_from_the_forward_as_a_decode_mismatch(fuzz_script, monkeypatch):
+    script, generator = fuzz_script, sys.modules[__name__]
     run = lambda: script.run_generated(generator, CAUSAL_SOFTMAX, {"N": 4}, "seam")  # noqa: E731
-    assert script.classify(run, CAUSAL_SOFTMAX, 120) == ("decoded", "")
+    assert script.classify(run, CAUSAL_SOFTMAX, 120) == ("decoded", "kv")
     extend = tdiag.decode.DecodeCache.extend
     wrong = lambda cache, x, **kwargs: extend(cache, x, **kwargs) * (1 + 1e-6)  # noqa: E731
     monkeypatch.setattr(tdiag.decode.DecodeCache, "extend", wrong)
@@ -647,6 +644,19 @@ def _classify_a_wrong_decoder(script, generator, monkeypatch) -> None:
     assert outcome == "decode_mismatch" and outcome in script.FAILURES
     assert "relative error 1e-06" in detail
     assert script.signature(outcome, detail).startswith("decode_mismatch: decoding in chunks [#")
+
+
+def test_an_input_past_its_limit_of_cpu_time_is_a_hang_and_one_that_waits_is_not(fuzz_script):
+    def spin() -> str:
+        while True:
+            pass
+
+    def wait() -> str:  # as an input does while other jobs hold the cores
+        time.sleep(0.5)
+        return "ok"
+
+    assert fuzz_script.classify(spin, "", 0.2) == ("hang", "")
+    assert fuzz_script.classify(wait, "", 0.2) == ("ok", "")
 
 
 def test_a_cache_that_refuses_a_causal_design_with_a_reason_is_not_a_mismatch():
