@@ -137,18 +137,21 @@ def mutate(text: str, rng: random.Random) -> str:
     return text
 
 
-GENERATED = {"refused": "refused", "ran": "ok", "fixed length": "ok", "not decodable": "not_decodable"}
+GENERATED = {"refused": "refused", "ran": "ok", "fixed length": "ok"}
 
 
-def run_generated(generator, text: str, sizes: dict[str, int], mode: str) -> tuple[str, str]:
+def run_generated(generator, text: str, sizes: dict[str, int], mode: str, causal: bool = False) -> tuple[str, str]:
     """A generated design run and decoded (the generator's run_design): its outcome, with the
-    cache's kind where it decoded, and for a seam design, written causal, that has no causal
-    form, causal_refused and why."""
-    result = generator.run_design(text, sizes, decode=True)
+    cache's kind where it decoded or its reason where it refused, and for a seam design that has
+    no causal form (with_causal_mask refuses it, or the cache one `causal` as written),
+    causal_refused and why."""
+    result = generator.run_design(text, sizes, decode=True, causal=causal)
     if result.startswith("no causal form"):
         return ("causal_refused", result) if mode == "seam" else ("ok", "")
     if result.startswith("decoded as "):
         return "decoded", result.removeprefix("decoded as ")
+    if result.startswith("not decodable: "):
+        return "not_decodable", result.removeprefix("not decodable: ")
     return GENERATED[result], ""
 
 
@@ -191,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     distinct: dict[str, dict] = {}
     causal_refusals: list[dict] = []
     cache_kinds: dict[str, dict[str, int]] = {}
+    cache_refusals: dict[str, dict] = {}
     commit = _commit()  # the code under test is the code at the start
     load_at_start = os.getloadavg()
     started = time.monotonic()
@@ -205,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         if outcome == "decoded":  # the cache kind each form got: a decay as a statement should keep a state
             form = cache_kinds.setdefault((extra or {}).get("kinds", [mode])[0], {})
             form[detail] = form.get(detail, 0) + 1
+        if outcome == "not_decodable":  # each reason a cache gave, with its shortest design
+            reason = cache_refusals.setdefault(signature(mode, detail), {"count": 0, "shortest": entry})
+            reason["count"] += 1
+            if len(text) < len(reason["shortest"]["input"]):
+                reason["shortest"] = entry
         if outcome == "causal_refused" and len(causal_refusals) < 50:
             causal_refusals.append(entry)
         if outcome not in FAILURES:
@@ -242,9 +251,10 @@ def main(argv: list[str] | None = None) -> int:
             if done():
                 return
             case = generator.seam_design(rng)
-            run = lambda case=case: run_generated(generator, case.text, case.sizes, "seam")  # noqa: E731
+            run = lambda case=case: run_generated(generator, case.text, case.sizes, "seam", case.causal)  # noqa: E731
             outcome, detail = classify(run, case.text, args.limit)
-            record("seam", outcome, detail, case.text, {"sizes": case.sizes, "kinds": list(case.kinds)})
+            extra = {"sizes": case.sizes, "kinds": list(case.kinds), "causal_as_written": case.causal}
+            record("seam", outcome, detail, case.text, extra)
 
     names = sorted(designs)
     while not done():
@@ -286,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
             {"signature": k, **v} for k, v in sorted(distinct.items(), key=lambda kv: -kv[1]["count"])
         ],
         "cache_kinds": cache_kinds,
+        "cache_refusals": [
+            {"reason": k, **v} for k, v in sorted(cache_refusals.items(), key=lambda kv: -kv[1]["count"])
+        ],
         "causal_refusals": causal_refusals,
         "failures": failures,
     }

@@ -216,9 +216,10 @@ def design_text(draw):
     return "\n".join(lines) + "\n", runtime
 
 
-def run_design(text: str, sizes: dict[str, int] | None = None, decode: bool = False) -> str:
+def run_design(text: str, sizes: dict[str, int] | None = None, decode: bool = False, causal: bool = False) -> str:
     """'refused' or 'ran'; raises (failing the test) on anything else. With `decode`, a design
-    with a causal form is also decoded (check_decoding), and one without says why."""
+    with a causal form is also decoded (check_decoding), and one without says why; one `causal`
+    as written is decoded as it is, and a cache that refuses it is a missing causal form."""
     try:
         design = tdiag.loads(text)
         compiled = design.module(sizes or {}, dtype=torch.float64)
@@ -244,13 +245,18 @@ def run_design(text: str, sizes: dict[str, int] | None = None, decode: bool = Fa
             )
     _compare(design, compiled, sizes or {}, x, masks)
     try:  # a design without attention over m beside n has no causal form, and says where
-        causal = design.with_causal_mask()
-        compiled = causal.module(sizes or {}, dtype=torch.float64)
+        masked = design.with_causal_mask()
+        compiled = masked.module(sizes or {}, dtype=torch.float64)
     except TdiagError as error:
         assert error.diagnostics and all(d.spans for d in error.diagnostics), str(error)
         return f"no causal form: {str(error).splitlines()[0]}" if decode else "ran"
-    _compare(causal, compiled, sizes or {}, x, masks)
-    return check_decoding(causal, sizes or {}) if decode else "ran"
+    _compare(masked, compiled, sizes or {}, x, masks)
+    if not decode:
+        return "ran"
+    decoded = check_decoding(design if causal else masked, sizes or {})
+    if causal and decoded.startswith("not decodable"):
+        return f"no causal form: the cache refuses the design as written: {decoded}"
+    return decoded
 
 
 def _compare(design, compiled, sizes: dict[str, int], x: torch.Tensor, masks: dict) -> None:
@@ -304,12 +310,14 @@ LENGTH_WEIGHTS = ["(1 + index(m) / N)", "cos(index(m) / N)", "exp(-index(m) / N)
 
 
 class SeamCase(NamedTuple):
-    """A generated causal design: its text, the run-time sizes it is planned at, and the seams it
-    holds (one core form of SEAM_CORES and any of SEAM_FEATURES)."""
+    """A generated causal design: its text, the run-time sizes it is planned at, the seams it
+    holds (one core form of SEAM_CORES and any of SEAM_FEATURES), and whether it is causal as
+    written (else with_causal_mask makes it so)."""
 
     text: str
     sizes: dict[str, int]
     kinds: tuple[str, ...]
+    causal: bool
 
 
 def seam_design(rng: random.Random, kind: str | None = None) -> SeamCase:
@@ -330,20 +338,23 @@ def seam_design(rng: random.Random, kind: str | None = None) -> SeamCase:
     lines += [f"param W{s}[f: F, h: H, {leg}: {n}] = normal(std = 0.5)" for s, leg, n in _PROJECTIONS]
     lines.append("param WO[h: H, e: E, g: F] = normal(std = 0.5)")
     if core == "split":
-        lines += _split_core(rng, features)
+        lines, causal = lines + _split_core(rng, features), True
     else:
-        lines += _positional_core(rng, core, features, runtime)
+        core_lines, causal = _positional_core(rng, core, features, runtime)
+        lines += core_lines
     lines.append("output Y")
     if "typo" in features:
         lines = _leg_typo(rng, lines)
-    return SeamCase("\n".join(lines) + "\n", {"N": length} if runtime else {}, (core, *features))
+    causal = causal and "typo" not in features  # a typo may read a key at the query or the reverse
+    return SeamCase("\n".join(lines) + "\n", {"N": length} if runtime else {}, (core, *features), causal)
 
 
 _PROJECTIONS = [("Q", "d", "D"), ("K", "d", "D"), ("V", "e", "E")]
 
 
-def _positional_core(rng: random.Random, core: str, features: list[str], runtime: bool) -> list[str]:
-    """Projections, the attention core over query leg n and key leg m, and the output Y[n g]."""
+def _positional_core(rng: random.Random, core: str, features: list[str], runtime: bool) -> tuple[list[str], bool]:
+    """Projections, the attention core over query leg n and key leg m, and the output Y[n g]; and
+    whether they are causal as written."""
     lines, key = [], "K[m h d]"
     feature_map = rng.choice(["elu1", "exp", "sigmoid", "softplus"]) if core == "linear" else ""
     project = lambda name, leg, side: f"X[{side} f] W{name}[f h {leg}]"  # noqa: E731
@@ -395,7 +406,7 @@ def _positional_core(rng: random.Random, core: str, features: list[str], runtime
         attention += rng.choice([" + V[n h e]", " + 0.5 * V[n h e]", " - 0.5 * K[n h d] Q[n h d] V[n h e]"])
     lines.append(f"O[n h e] = {attention}")
     lines += _output(rng, "n")
-    return lines
+    return lines, masked or core in ("decay", "decay_statement", "strict")
 
 
 def _mapped(name: str, text: str) -> str:
@@ -520,7 +531,7 @@ def _relative_error(step: torch.Tensor, expected: torch.Tensor) -> float:
 def check_decoding(design: tdiag.Design, sizes: dict[str, int]) -> str:
     """'decoded as KIND' where the design's float64 module decodes token by token and a prompt then
     chunks as its causal forward over each prefix, stepped by generated code and by the
-    reference evaluator; 'not decodable' where the cache refuses with a reason; 'fixed length'
+    reference evaluator; 'not decodable: WHY' where the cache refuses with a reason; 'fixed length'
     where the input has no axis of a run-time length N. Raises DecodeMismatchError past 1e-10."""
     from tdiag.decode import NotDecodableError
 
@@ -534,7 +545,7 @@ def check_decoding(design: tdiag.Design, sizes: dict[str, int]) -> str:
         tdiag.DecodeCache(module)
     except NotDecodableError as refusal:
         assert str(refusal).strip(), "a cache refused without saying why"
-        return "not decodable"
+        return f"not decodable: {str(refusal).splitlines()[0]}"
     x, block = _decoding_input(design, sizes, module)
     plans = [[1] * 5, [2, 1, 2]] if block == 1 else [[block] * 3, [2 * block, block]]
     for compiled in (None, False):
@@ -543,7 +554,7 @@ def check_decoding(design: tdiag.Design, sizes: dict[str, int]) -> str:
                 error = decode_error(module, x, chunks, compiled=compiled)
             except NotDecodableError as refusal:
                 assert str(refusal).strip(), "a cache refused without saying why"
-                return "not decodable"
+                return f"not decodable: {str(refusal).splitlines()[0]}"
             if not error <= DECODE_TOLERANCE:
                 step = "generated code" if compiled is None else "the reference evaluator"
                 raise DecodeMismatchError(f"decoding in chunks {chunks} stepped by {step}: relative error {error:.3g}")
@@ -589,6 +600,8 @@ def test_the_seam_generator_writes_each_kind_of_design_the_same_for_a_seed(kind)
     for seed in range(5):
         case = seam_design(random.Random(seed), kind)
         assert kind in case.kinds and case.kinds[0] in SEAM_CORES
+        if case.kinds[0] in ("decay", "decay_statement", "strict", "split"):
+            assert case.causal == ("typo" not in case.kinds)
         assert case == seam_design(random.Random(seed), kind)
         if kind in SEAM_MARKERS and "typo" not in case.kinds:  # a typo may fall on the marker
             assert re.search(SEAM_MARKERS[kind], case.text), case.text
@@ -659,10 +672,22 @@ def test_an_input_past_its_limit_of_cpu_time_is_a_hang_and_one_that_waits_is_not
     assert fuzz_script.classify(wait, "", 0.2) == ("ok", "")
 
 
+def test_a_design_causal_as_written_that_the_cache_refuses_has_no_causal_form(fuzz_script, monkeypatch):
+    def refuse(cache, module, **options):
+        raise tdiag.decode.NotDecodableError("design 'causal_softmax' is not causal")
+
+    monkeypatch.setattr(tdiag.decode.DecodeCache, "__init__", refuse)
+    result = run_design(CAUSAL_SOFTMAX, {"N": 3}, decode=True, causal=True)
+    assert result.startswith("no causal form: the cache refuses the design as written: not decodable")
+    assert result.endswith("design 'causal_softmax' is not causal")
+    outcome, detail = fuzz_script.run_generated(sys.modules[__name__], CAUSAL_SOFTMAX, {"N": 3}, "seam", True)
+    assert (outcome, detail) == ("causal_refused", result)
+
+
 def test_a_cache_that_refuses_a_causal_design_with_a_reason_is_not_a_mismatch():
     text = CAUSAL_SOFTMAX.replace("input X[n: N, f: F]", "input X[n: N, f: F]\ninput Z[n: N, f: F]")
     text = text.replace("X[m j] WV", "Z[m j] WV")
-    assert check_decoding(tdiag.loads(text).with_causal_mask(), {"N": 3}) == "not decodable"
+    assert check_decoding(tdiag.loads(text).with_causal_mask(), {"N": 3}).startswith("not decodable: ")
 
 
 # ---- designs the fuzzer found, kept as specifications ---------------------------------------
