@@ -7,11 +7,12 @@ byte and token mutations of designs/*.td that must be refused with positioned er
 plan and generate Python that compiles. Every generated design with a causal form is also
 decoded, token by token and a prompt then chunks, and must equal its causal forward over each
 prefix (float64, 1e-10 relative) or be refused by the cache with a reason. Each input runs under
-a limit of CPU time; the report counts each outcome (crashes: any other exception, a mismatch with the
-reference, generated code that does not compile; unpositioned errors; hangs; decode mismatches),
-groups the failures by their message with the shortest input of each, tallies the cache kinds
-the decoded seam designs got, and is written as JSON (default docs/results/fuzz/fuzz.json) with
-the seed, commit, seconds and load.
+a limit of CPU time. The report counts each outcome (crashes: any other exception, a mismatch
+with the reference, generated code that does not compile; unpositioned errors; hangs; decode
+mismatches), groups the failures by their message with the shortest input of each, tallies the
+cache kinds the decoded seam designs got and whether check warned of each leg typo that ran,
+and is written as JSON (default docs/results/fuzz/fuzz.json) with the seed, commit, seconds
+and load.
 
     python scripts/fuzz.py --seconds 1200 --out docs/results/fuzz/fuzz.json
 """
@@ -155,6 +156,17 @@ def run_generated(generator, text: str, sizes: dict[str, int], mode: str, causal
     return GENERATED[result], ""
 
 
+def typo_outcome(text: str, outcome: str) -> str:
+    """What became of a design with a leg typo: refused, warned (check warned of something, as it
+    should of a leg summed away alone), silent (it ran and nothing was said) or failed."""
+    if outcome in FAILURES or outcome == "refused":
+        return "failed" if outcome in FAILURES else "refused"
+    try:
+        return "warned" if tdiag.loads(text, "<fuzz>").warnings else "silent"
+    except TdiagError:
+        return "refused"
+
+
 def signature(outcome: str, detail: str) -> str:
     """A failure's class: its outcome and the last line of its detail, numbers as '#'."""
     lines = [line.strip() for line in detail.splitlines() if line.strip()]
@@ -195,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     causal_refusals: list[dict] = []
     cache_kinds: dict[str, dict[str, int]] = {}
     cache_refusals: dict[str, dict] = {}
+    typos: dict[str, int] = {}
     commit = _commit()  # the code under test is the code at the start
     load_at_start = os.getloadavg()
     started = time.monotonic()
@@ -255,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
             outcome, detail = classify(run, case.text, args.limit)
             extra = {"sizes": case.sizes, "kinds": list(case.kinds), "causal_as_written": case.causal}
             record("seam", outcome, detail, case.text, extra)
+            if "typo" in case.kinds:
+                told = typo_outcome(case.text, outcome)
+                typos[told] = typos.get(told, 0) + 1
 
     names = sorted(designs)
     while not done():
@@ -296,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             {"signature": k, **v} for k, v in sorted(distinct.items(), key=lambda kv: -kv[1]["count"])
         ],
         "cache_kinds": cache_kinds,
+        "typos": typos,
         "cache_refusals": [
             {"reason": k, **v} for k, v in sorted(cache_refusals.items(), key=lambda kv: -kv[1]["count"])
         ],

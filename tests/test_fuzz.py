@@ -684,6 +684,14 @@ def test_a_design_causal_as_written_that_the_cache_refuses_has_no_causal_form(fu
     assert (outcome, detail) == ("causal_refused", result)
 
 
+def test_a_leg_typo_that_runs_is_told_apart_by_whether_check_warned(fuzz_script):
+    unused = CAUSAL_SOFTMAX.replace("output Y", "param Wx[f: F]\noutput Y")  # check warns of Wx
+    assert fuzz_script.typo_outcome(unused, "decoded") == "warned"
+    assert fuzz_script.typo_outcome(CAUSAL_SOFTMAX, "ok") == "silent"
+    assert fuzz_script.typo_outcome(CAUSAL_SOFTMAX, "refused") == "refused"
+    assert fuzz_script.typo_outcome(CAUSAL_SOFTMAX, "decode_mismatch") == "failed"
+
+
 def test_a_cache_that_refuses_a_causal_design_with_a_reason_is_not_a_mismatch():
     text = CAUSAL_SOFTMAX.replace("input X[n: N, f: F]", "input X[n: N, f: F]\ninput Z[n: N, f: F]")
     text = text.replace("X[m j] WV", "Z[m j] WV")
