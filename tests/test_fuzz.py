@@ -6,10 +6,17 @@ float64. A few dozen examples run with the suite; `make fuzz` runs many more (TD
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
+import math
 import os
+import random
 import re
+import signal
+import sys
+import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -17,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tdiag
+import tdiag.decode
 from tdiag import TdiagError, cli
 
 DESIGNS = Path(__file__).resolve().parent.parent / "designs"
@@ -208,8 +216,10 @@ def design_text(draw):
     return "\n".join(lines) + "\n", runtime
 
 
-def run_design(text: str, sizes: dict[str, int] | None = None) -> str:
-    """'refused' or 'ran'; raises (failing the test) on anything else."""
+def run_design(text: str, sizes: dict[str, int] | None = None, decode: bool = False, causal: bool = False) -> str:
+    """'refused' or 'ran'; raises (failing the test) on anything else. With `decode`, a design
+    with a causal form is also decoded (check_decoding), and one without says why; one `causal`
+    as written is decoded as it is, and a cache that refuses it is a missing causal form."""
     try:
         design = tdiag.loads(text)
         compiled = design.module(sizes or {}, dtype=torch.float64)
@@ -234,23 +244,19 @@ def run_design(text: str, sizes: dict[str, int] | None = None) -> str:
                 else mask.index_fill(0, torch.tensor([0]), False)
             )
     _compare(design, compiled, sizes or {}, x, masks)
-    causal = _causal_variant(design)
-    if causal is not None:
-        try:
-            compiled = causal.module(sizes or {}, dtype=torch.float64)
-        except TdiagError as error:
-            assert error.diagnostics and all(d.spans for d in error.diagnostics), str(error)
-            return "ran"
-        _compare(causal, compiled, sizes or {}, x, masks)
-    return "ran"
-
-
-def _causal_variant(design):
-    """The design with_causal_mask, or None where it has no attention over m beside n."""
-    try:
-        return design.with_causal_mask()
-    except TdiagError:
-        return None
+    try:  # a design without attention over m beside n has no causal form, and says where
+        masked = design.with_causal_mask()
+        compiled = masked.module(sizes or {}, dtype=torch.float64)
+    except TdiagError as error:
+        assert error.diagnostics and all(d.spans for d in error.diagnostics), str(error)
+        return f"no causal form: {str(error).splitlines()[0]}" if decode else "ran"
+    _compare(masked, compiled, sizes or {}, x, masks)
+    if not decode:
+        return "ran"
+    decoded = check_decoding(design if causal else masked, sizes or {})
+    if causal and decoded.startswith("not decodable"):
+        return f"no causal form: the cache refuses the design as written: {decoded}"
+    return decoded
 
 
 def _compare(design, compiled, sizes: dict[str, int], x: torch.Tensor, masks: dict) -> None:
@@ -292,6 +298,404 @@ def _input_gradient(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 @given(case=design_text())
 def test_a_generated_design_is_refused_with_positions_or_runs_like_the_reference(case):
     run_design(*case)
+
+
+# ---- designs at the seams: causal forms written the ways users write them ---------------------
+
+SEAM_CORES = ("softmax", "linear", "decay", "decay_statement", "strict", "split")
+SEAM_FEATURES = ("query_over_key", "key_reads_length", "typo")
+SEAM_KINDS = SEAM_CORES + SEAM_FEATURES
+STRICT_FACTORS = ["causal(n, m) - I[n m]", "clamp(index(n) - index(m), 0, 1)", "(1 - I[n m]) causal(n, m)"]
+LENGTH_WEIGHTS = ["(1 + index(m) / N)", "cos(index(m) / N)", "exp(-index(m) / N)", "CS[m]"]
+
+
+class SeamCase(NamedTuple):
+    """A generated causal design: its text, the run-time sizes it is planned at, the seams it
+    holds (one core form of SEAM_CORES and any of SEAM_FEATURES), and whether it is causal as
+    written (else with_causal_mask makes it so)."""
+
+    text: str
+    sizes: dict[str, int]
+    kinds: tuple[str, ...]
+    causal: bool
+
+
+def seam_design(rng: random.Random, kind: str | None = None) -> SeamCase:
+    """A causal attention design over a run-time length N (now and then a fixed one), with `kind`
+    among its seams when given: a softmax box, a linear attention, a decay inline or as a
+    statement of its own, a strictly causal factor, or a run-time split of the position leg
+    into blocks; and, at random, a query-side term reading a tensor declared over the key leg,
+    a key side that reads N, and a leg typo."""
+    core = kind if kind in SEAM_CORES else rng.choice([c for c in SEAM_CORES if c != "split" or rng.random() < 0.6])
+    features = [f for f in SEAM_FEATURES if f == kind or rng.random() < (0.15 if f == "typo" else 0.35)]
+    sizes = {"F": rng.randint(2, 4), "H": rng.randint(1, 2), "D": rng.randint(1, 3), "E": rng.randint(1, 2)}
+    block = rng.randint(2, 3)
+    runtime = core == "split" or rng.random() < 0.9
+    length = block * rng.randint(1, 2) if core == "split" else rng.randint(2, 5)
+    size = ", ".join(f"{k} = {v}" for k, v in sizes.items())
+    lines = ["design seam", f"size {size}" + (f", C = {block}" if core == "split" else "")]
+    lines += ["size N" if runtime else f"size N = {length}", "input X[n: N, f: F]"]
+    lines += [f"param W{s}[f: F, h: H, {leg}: {n}] = normal(std = 0.5)" for s, leg, n in _PROJECTIONS]
+    lines.append("param WO[h: H, e: E, g: F] = normal(std = 0.5)")
+    if core == "split":
+        lines, causal = lines + _split_core(rng, features), True
+    else:
+        core_lines, causal = _positional_core(rng, core, features, runtime)
+        lines += core_lines
+    lines.append("output Y")
+    if "typo" in features:
+        lines = _leg_typo(rng, lines)
+    causal = causal and "typo" not in features  # a typo may read a key at the query or the reverse
+    return SeamCase("\n".join(lines) + "\n", {"N": length} if runtime else {}, (core, *features), causal)
+
+
+_PROJECTIONS = [("Q", "d", "D"), ("K", "d", "D"), ("V", "e", "E")]
+
+
+def _positional_core(rng: random.Random, core: str, features: list[str], runtime: bool) -> tuple[list[str], bool]:
+    """Projections, the attention core over query leg n and key leg m, and the output Y[n g]; and
+    whether they are causal as written."""
+    lines, key = [], "K[m h d]"
+    feature_map = rng.choice(["elu1", "exp", "sigmoid", "softplus"]) if core == "linear" else ""
+    project = lambda name, leg, side: f"X[{side} f] W{name}[f h {leg}]"  # noqa: E731
+    lines.append(f"Q[n h d] = {_mapped(feature_map, project('Q', 'd', 'n'))}")
+    lines.append(f"K[m h d] = {_mapped(feature_map, project('K', 'd', 'm'))}")
+    lines.append(f"V[m h e] = {project('V', 'e', 'm')}")
+    if "key_reads_length" in features:  # a key side whose rows change as the sequence grows
+        weight = rng.choice(LENGTH_WEIGHTS)
+        if weight == "CS[m]":
+            lines.append("CS[m] = cos(3.141592653589793 (index(m) + 1) / (2 N))")
+        lines.append(f"Kw[m h d] = {weight} K[m h d]")
+        key = "Kw[m h d]"
+    masked = rng.random() < 0.6  # else the design is made causal by with_causal_mask
+    mask = ", mask = causal(n, m)" if masked else ""
+    causal = "causal(n, m) " if masked else ""
+    scores = f"Q[n h d] {key}"
+    if core == "softmax":
+        scale = rng.choice(["", ", scale = 1 / sqrt(D)", ", scale = -0.5", ", scale = 2"])
+        bias = rng.choice(["", "", " + index(n) - index(m)", " - 0.5 * X[m f] X[m f]"])
+        attention = f"softmax[m{scale}{mask}]({scores}{bias}) V[m h e]"
+    elif core == "linear":
+        eps = rng.choice(["", ", eps = 1e-6"])
+        attention = (
+            f"normalize[m{mask}{eps}]({scores}) V[m h e]" if rng.random() < 0.7 else f"{causal}{scores} V[m h e]"
+        )
+    elif core in ("decay", "decay_statement"):
+        decay, lines = _decay(rng, lines, runtime)
+        if core == "decay_statement":  # the decay matrix as the papers write it, a statement of its own
+            lines.append(f"Dec[h n m] = {decay}")
+            decay = "Dec[h n m]"
+        attention = rng.choice([f"{decay} {scores} V[m h e]", f"({scores} {decay}) V[m h e]"])
+    else:
+        factor = rng.choice(STRICT_FACTORS)
+        if "I[n m]" in factor:
+            lines.insert(0, "const I[n: N, m: N] = identity")
+        if rng.random() < 0.5:
+            lines.append(f"B[n m] = {factor}")
+            factor = "B[n m]"
+        else:
+            factor = f"({factor})" if " - " in factor else factor
+        attention = rng.choice(
+            [
+                f"{factor} {scores} V[m h e]",
+                f"sigmoid({scores}) {factor} V[m h e]",
+                f"{factor} exp(-softplus(-{scores})) V[m h e]",
+            ]
+        )
+    if "query_over_key" in features:  # V declared over m, read at the query leg n
+        attention += rng.choice([" + V[n h e]", " + 0.5 * V[n h e]", " - 0.5 * K[n h d] Q[n h d] V[n h e]"])
+    lines.append(f"O[n h e] = {attention}")
+    lines += _output(rng, "n")
+    return lines, masked or core in ("decay", "decay_statement", "strict")
+
+
+def _mapped(name: str, text: str) -> str:
+    if name == "exp":
+        return f"exp(clamp({text}, -3, 3))"
+    return f"{name}({text})" if name else text
+
+
+def _decay(rng: random.Random, lines: list[str], runtime: bool) -> tuple[str, list[str]]:
+    """A decay of the scores, with what defines its rates: a per-head rate exp(lg[h] (n - m)) beside
+    causal(n, m), or data-dependent gates through segment sums (causal by themselves, along a
+    run-time length only)."""
+    if rng.random() < 0.5 or not runtime:
+        lines = ["param t[h: H] = normal(std = 0.5)", *lines, "lg[h] = -softplus(t[h])"]
+        return "causal(n, m) exp(lg[h] (index(n) - index(m)))", lines
+    lines = ["param WG[f: F, h: H] = normal(std = 0.5)", *lines, "G[n h] = -softplus(X[n f] WG[f h])"]
+    return "exp(segsum[n, m](G[n h]))", lines
+
+
+def _output(rng: random.Random, query: str) -> list[str]:
+    """Y from the heads' outputs O: projected, now and then gated or normalized per head first."""
+    read = f"O[{query} h e]"
+    lines = []
+    if rng.random() < 0.25:
+        lines.append(f"Oc[{query} h e] = O[{query} h e] - mean[e](O[{query} h e])")
+        lines.append(f"On[{query} h e] = Oc[{query} h e] (mean[e](Oc[{query} h e] ^ 2) + 1e-5) ^ -0.5")
+        read = f"On[{query} h e]"
+    gate = f"silu(X[{query} f] WV[f h e]) " if rng.random() < 0.25 else ""
+    return [*lines, f"Y[{query} g] = {gate}{read} WO[h e g]"]
+
+
+def _split_core(rng: random.Random, features: list[str]) -> list[str]:
+    """Block-local attention written with a run-time split of the position leg, X[(b i) f]: blocks
+    b of C positions i (sized by a constant of ones), causal within each block."""
+    lines = ["const one[i: C] = ones"]
+    lines.append("Q[b i h d] = X[(b i) f] WQ[f h d] one[i]")
+    lines.append("K[b j h d] = X[(b j) f] WK[f h d] one[j]")
+    lines.append("V[b j h e] = X[(b j) f] WV[f h e]")
+    scale = rng.choice(["", ", scale = 1 / sqrt(D)"])
+    attention = f"softmax[j{scale}, mask = causal(i, j)](Q[b i h d] K[b j h d]) V[b j h e]"
+    if rng.random() < 0.3:
+        attention = "causal(i, j) Q[b i h d] K[b j h d] V[b j h e]"
+    if "query_over_key" in features:
+        attention += " + V[b i h e]"
+    lines.append(f"O[b i h e] = {attention}")
+    lines.append("Y[(b i) g] = O[b i h e] WO[h e g]")
+    return lines
+
+
+def _leg_typo(rng: random.Random, lines: list[str]) -> list[str]:
+    """One leg of one tensor read in a statement mistyped: doubled ('e' -> 'ee') or another leg
+    of the statement."""
+    statements = [k for k, line in enumerate(lines) if re.match(r"\w+\[[^\]]*\] = ", line)]
+    k = rng.choice(statements)
+    target, expression = lines[k].split(" = ", 1)
+    reads = list(re.finditer(r"\b[A-Za-z]\w*\[([a-z ]+)\]", expression))
+    if not reads:
+        return lines
+    read = rng.choice(reads)
+    legs = read.group(1).split()
+    j = rng.randrange(len(legs))
+    others = sorted(set(legs_of(lines[k])) - {legs[j]})
+    legs[j] = legs[j] * 2 if rng.random() < 0.6 or not others else rng.choice(others)
+    start, end = read.span(1)
+    lines = list(lines)
+    lines[k] = f"{target} = {expression[:start]}{' '.join(legs)}{expression[end:]}"
+    return lines
+
+
+class DecodeMismatchError(AssertionError):
+    """A cache decoded a causal design's positions other than its causal forward over the same prefix."""
+
+    fuzz_outcome = "decode_mismatch"  # scripts/fuzz.py counts it apart from the crashes
+
+
+DECODE_TOLERANCE = 1e-10
+
+
+def decode_error(module: torch.nn.Module, x: torch.Tensor, chunks: list[int], compiled: bool | None = None) -> float:
+    """The largest relative error of decoding `x` in `chunks` through a new cache of `module`
+    against the module's causal forward over each prefix: tdiag.decode.check_decodes where the
+    library has it, else the same comparison through DecodeCache.extend."""
+    check = getattr(tdiag.decode, "check_decodes", None)
+    if check is not None:
+        return check(module, x, chunks, compiled=compiled)
+    cache = tdiag.DecodeCache(module, compiled=compiled)
+    graph = cache.graph
+    rank = len(graph.inputs[0].axes)
+    dim, symbol = cache.rule.axis - rank, graph.sizes[cache.rule.size].symbol
+    worst, start = 0.0, 0
+    with torch.no_grad():
+        for count in chunks:
+            steps = cache.extend(x.narrow(dim, start, count))
+            whole = module(x.narrow(dim, 0, start + count))
+            for name, step, y in zip(graph.outputs, _outputs(steps), _outputs(whole), strict=True):
+                axes = graph.tensors[name].axes
+                for k, axis in enumerate(axes):
+                    if axis.size == symbol:
+                        y = y.narrow(k - len(axes), y.shape[k - len(axes)] - count, count)
+                worst = max(worst, _relative_error(step, y))
+            start += count
+    return worst
+
+
+def _outputs(y) -> tuple:
+    return y if isinstance(y, tuple) else (y,)
+
+
+def _relative_error(step: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |step - expected| over max |expected| (1 where that is 0); inf for another shape or a
+    non-finite entry where the other is not the same."""
+    if step.shape != expected.shape:
+        return math.inf
+    same = (step == expected) | (step.isnan() & expected.isnan())
+    if bool(same.all()):
+        return 0.0
+    difference = (step - expected).abs().masked_fill(same, 0).max().item()
+    scale = expected.abs().masked_fill(~expected.isfinite(), 0).max().item()
+    return difference / (scale or 1.0) if math.isfinite(difference) else math.inf
+
+
+def check_decoding(design: tdiag.Design, sizes: dict[str, int]) -> str:
+    """'decoded as KIND' where the design's float64 module decodes token by token and a prompt then
+    chunks as its causal forward over each prefix, stepped by generated code and by the
+    reference evaluator; 'not decodable: WHY' where the cache refuses with a reason; 'fixed length'
+    where the input has no axis of a run-time length N. Raises DecodeMismatchError past 1e-10."""
+    from tdiag.decode import NotDecodableError
+
+    sizes_of = design.graph.sizes
+    if "N" not in sizes_of or not sizes_of["N"].is_free:
+        return "fixed length"
+    if sizes_of["N"].symbol not in [axis.size for axis in design.graph.inputs[0].axes]:
+        return "fixed length"
+    module = design.module(sizes, dtype=torch.float64).eval()
+    try:
+        tdiag.DecodeCache(module)
+    except NotDecodableError as refusal:
+        assert str(refusal).strip(), "a cache refused without saying why"
+        return f"not decodable: {str(refusal).splitlines()[0]}"
+    x, block = _decoding_input(design, sizes, module)
+    plans = [[1] * 5, [2, 1, 2]] if block == 1 else [[block] * 3, [2 * block, block]]
+    for compiled in (None, False):
+        for chunks in plans:
+            try:
+                error = decode_error(module, x, chunks, compiled=compiled)
+            except NotDecodableError as refusal:
+                assert str(refusal).strip(), "a cache refused without saying why"
+                return f"not decodable: {str(refusal).splitlines()[0]}"
+            if not error <= DECODE_TOLERANCE:
+                step = "generated code" if compiled is None else "the reference evaluator"
+                raise DecodeMismatchError(f"decoding in chunks {chunks} stepped by {step}: relative error {error:.3g}")
+    return f"decoded as {tdiag.DecodeCache(module).kind}"
+
+
+def _decoding_input(design: tdiag.Design, sizes: dict[str, int], module: torch.nn.Module) -> tuple[torch.Tensor, int]:
+    """A random input of 5 positions, or of three blocks where the forward takes only whole
+    blocks (a run-time split of the positions): the block is the smallest length of 1..4 it takes."""
+    values = {**design.size_values, **sizes}
+    axes, symbol = design.graph.inputs[0].axes, design.graph.sizes["N"].symbol
+    generator = torch.Generator().manual_seed(len(design.graph.tensors))
+
+    def input_of(length: int) -> torch.Tensor:
+        shape = [length if a.size == symbol else int(design.graph.evaluate(a.size, **values)) for a in axes]
+        return torch.randn(2, *shape, dtype=torch.float64, generator=generator)
+
+    for block in range(1, 5):
+        try:
+            with torch.no_grad():
+                module(input_of(block))
+        except (TdiagError, ValueError):
+            continue
+        return input_of(5 if block == 1 else 3 * block), block
+    return input_of(5), 1
+
+
+SEAM_MARKERS = {
+    "softmax": r"= softmax\[m",
+    "linear": r"Q\[n h d\] = (elu1|exp\(clamp|sigmoid|softplus)\(",
+    "decay": r"exp\(lg\[h\] \(index\(n\) - index\(m\)\)\)|exp\(segsum\[n, m\]",
+    "decay_statement": r"(?m)^Dec\[h n m\] = .*exp\(.*\n(.*\n)*O\[n h e\] = .*Dec\[h n m\]",
+    "strict": r"causal\(n, m\) - I\[n m\]|clamp\(index\(n\) - index\(m\), 0, 1\)|\(1 - I\[n m\]\) causal\(n, m\)",
+    "split": r"const one\[i: C\] = ones\n.*X\[\(b i\) f\](.*\n)*Y\[\(b i\) g\] = ",
+    "query_over_key": r"(?m)^V\[m h e\] = (.*\n)*O\[n h e\] = .*[VK]\[n h [de]\]"
+    r"|^V\[b j h e\] = (.*\n)*O.* V\[b i h e\]",
+    "key_reads_length": r"index\(m\) / N|\(index\(m\) \+ 1\) / \(2 N\)",
+}
+
+
+@pytest.mark.parametrize("kind", SEAM_KINDS)
+def test_the_seam_generator_writes_each_kind_of_design_the_same_for_a_seed(kind):
+    for seed in range(5):
+        case = seam_design(random.Random(seed), kind)
+        assert kind in case.kinds and case.kinds[0] in SEAM_CORES
+        if case.kinds[0] in ("decay", "decay_statement", "strict", "split"):
+            assert case.causal == ("typo" not in case.kinds)
+        assert case == seam_design(random.Random(seed), kind)
+        if kind in SEAM_MARKERS and "typo" not in case.kinds:  # a typo may fall on the marker
+            assert re.search(SEAM_MARKERS[kind], case.text), case.text
+    assert len({seam_design(random.Random(seed), kind).text for seed in range(5)}) > 1
+
+
+@pytest.mark.parametrize("core", SEAM_CORES)
+def test_a_seam_design_without_a_typo_checks(core):
+    for seed in range(8):
+        case = seam_design(random.Random(seed), core)
+        if "typo" not in case.kinds:
+            assert tdiag.loads(case.text).graph.sizes["N"].is_free == bool(case.sizes)
+
+
+def test_a_leg_typo_changes_one_leg_of_one_tensor_read():
+    for seed in range(20):
+        lines = seam_design(random.Random(seed), "softmax").text.splitlines()
+        typed = _leg_typo(random.Random(seed), lines)
+        changed = [(a, b) for a, b in zip(lines, typed, strict=True) if a != b]
+        assert len(changed) == 1
+        before, after = (re.findall(r"\w+|\S", line) for line in changed[0])
+        assert len(before) == len(after) and sum(x != y for x, y in zip(before, after, strict=True)) == 1
+
+
+CAUSAL_SOFTMAX = (
+    "design causal_softmax\nsize F = 3, H = 2, D = 2, E = 2\nsize N\ninput X[n: N, f: F]\n"
+    "param WQ[f: F, h: H, d: D]\nparam WK[f: F, h: H, d: D]\nparam WV[f: F, h: H, e: E]\n"
+    "param WO[h: H, e: E, g: F]\n"
+    "Y[n g] = softmax[m, mask = causal(n, m)](X[n f] WQ[f h d] X[m k] WK[k h d]) X[m j] WV[j h e] WO[h e g]\n"
+    "output Y\n"
+)
+
+
+@pytest.fixture
+def fuzz_script():
+    """scripts/fuzz.py as a module, its time limit's handler installed as its main() does."""
+    spec = importlib.util.spec_from_file_location("fuzz_script", DESIGNS.parent / "scripts" / "fuzz.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)  # type: ignore[union-attr]
+    previous = signal.signal(signal.SIGPROF, script._alarm)
+    yield script
+    signal.signal(signal.SIGPROF, previous)
+
+
+def test_the_fuzzer_counts_a_decode_that_differs_from_the_forward_as_a_decode_mismatch(fuzz_script, monkeypatch):
+    script, generator = fuzz_script, sys.modules[__name__]
+    run = lambda: script.run_generated(generator, CAUSAL_SOFTMAX, {"N": 4}, "seam")  # noqa: E731
+    assert script.classify(run, CAUSAL_SOFTMAX, 120) == ("decoded", "kv")
+    extend = tdiag.decode.DecodeCache.extend
+    wrong = lambda cache, x, **kwargs: extend(cache, x, **kwargs) * (1 + 1e-6)  # noqa: E731
+    monkeypatch.setattr(tdiag.decode.DecodeCache, "extend", wrong)
+    outcome, detail = script.classify(run, CAUSAL_SOFTMAX, 120)
+    assert outcome == "decode_mismatch" and outcome in script.FAILURES
+    assert "relative error 1e-06" in detail
+    assert script.signature(outcome, detail).startswith("decode_mismatch: decoding in chunks [#")
+
+
+def test_an_input_past_its_limit_of_cpu_time_is_a_hang_and_one_that_waits_is_not(fuzz_script):
+    def spin() -> str:
+        while True:
+            pass
+
+    def wait() -> str:  # as an input does while other jobs hold the cores
+        time.sleep(0.5)
+        return "ok"
+
+    assert fuzz_script.classify(spin, "", 0.2) == ("hang", "")
+    assert fuzz_script.classify(wait, "", 0.2) == ("ok", "")
+
+
+def test_a_design_causal_as_written_that_the_cache_refuses_has_no_causal_form(fuzz_script, monkeypatch):
+    def refuse(cache, module, **options):
+        raise tdiag.decode.NotDecodableError("design 'causal_softmax' is not causal")
+
+    monkeypatch.setattr(tdiag.decode.DecodeCache, "__init__", refuse)
+    result = run_design(CAUSAL_SOFTMAX, {"N": 3}, decode=True, causal=True)
+    assert result.startswith("no causal form: the cache refuses the design as written: not decodable")
+    assert result.endswith("design 'causal_softmax' is not causal")
+    outcome, detail = fuzz_script.run_generated(sys.modules[__name__], CAUSAL_SOFTMAX, {"N": 3}, "seam", True)
+    assert (outcome, detail) == ("causal_refused", result)
+
+
+def test_a_leg_typo_that_runs_is_told_apart_by_whether_check_warned(fuzz_script):
+    unused = CAUSAL_SOFTMAX.replace("output Y", "param Wx[f: F]\noutput Y")  # check warns of Wx
+    assert fuzz_script.typo_outcome(unused, "decoded") == "warned"
+    assert fuzz_script.typo_outcome(CAUSAL_SOFTMAX, "ok") == "silent"
+    assert fuzz_script.typo_outcome(CAUSAL_SOFTMAX, "refused") == "refused"
+    assert fuzz_script.typo_outcome(CAUSAL_SOFTMAX, "decode_mismatch") == "failed"
+
+
+def test_a_cache_that_refuses_a_causal_design_with_a_reason_is_not_a_mismatch():
+    text = CAUSAL_SOFTMAX.replace("input X[n: N, f: F]", "input X[n: N, f: F]\ninput Z[n: N, f: F]")
+    text = text.replace("X[m j] WV", "Z[m j] WV")
+    assert check_decoding(tdiag.loads(text).with_causal_mask(), {"N": 3}).startswith("not decodable: ")
 
 
 # ---- designs the fuzzer found, kept as specifications ---------------------------------------
