@@ -22,9 +22,12 @@ tdiag` does not import this module."""
 
 from __future__ import annotations
 
+import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -32,7 +35,36 @@ import torch
 from .design import Design, load
 from .weights import load_linear
 
-__all__ = ["DesignAttention", "use_design"]
+__all__ = ["IGNORED_KEYWORDS", "SUPPORTED_TRANSFORMERS", "DesignAttention", "use_design"]
+
+# The transformers versions the bridge is written for, [lowest, below): from 5.24 the decoder
+# layers pass the cache to their attention as `cache=` (5.23 and before: `past_key_values=`, which
+# the bridge would not see, so each step would attend to its new tokens alone); 6.0 is the next
+# major version, where transformers removes the interfaces it deprecates in 5.x.
+SUPPORTED_TRANSFORMERS = ((5, 24), (6, 0))
+
+# Keywords HF's decoder layers pass to their attention that the bridge takes and ignores by design,
+# with the reason. Any other keyword is refused (DesignAttention.forward), so that a renamed one is
+# an error, never a silently different computation.
+IGNORED_KEYWORDS: dict[str, str] = {
+    "position_embeddings": "the design computes its own position code from the positions",
+    "use_cache": "whether a cache is given decides",
+    "output_hidden_states": "the decoder layer's outputs, not its attention's",
+    "output_router_logits": "a mixture of experts' routing, not the attention's",
+    "num_items_in_batch": "the loss's normalization",
+}
+
+# Keywords the bridge takes only at the value it computes with (None always allowed): a packed
+# batch (flash attention's sequence boundaries), bidirectional attention, attention weights.
+_DEFAULT_ONLY: dict[str, tuple[object, str]] = {
+    "is_causal": (True, "the design is compiled causal"),
+    "output_attentions": (False, "the design gives no attention weights"),
+    "cu_seq_lens_q": (None, "packed sequences are not supported"),
+    "cu_seq_lens_k": (None, "packed sequences are not supported"),
+    "max_length_q": (None, "packed sequences are not supported"),
+    "max_length_k": (None, "packed sequences are not supported"),
+    "seq_idx": (None, "packed sequences are not supported"),
+}
 
 
 @dataclass(frozen=True)
@@ -145,6 +177,7 @@ def use_design(model: Any, design: str | Path | Design | None = None, *, seed: i
     `design=None` compiles the model's own attention and imports each layer's weights (the logits
     are the model's); a bundled design's name, a `.td` path or a loaded Design is compiled at the
     config's width F (and H, if the design has a head count) with weights drawn from `seed`."""
+    _check_transformers_version(model)
     config = model.config
     family = FAMILIES.get(config.model_type)
     if family is None:
@@ -169,12 +202,41 @@ def use_design(model: Any, design: str | Path | Design | None = None, *, seed: i
     return model
 
 
+def _check_transformers_version(model: Any) -> None:
+    """Refuse a transformers outside SUPPORTED_TRANSFORMERS: the keywords its layers pass the
+    attention (the cache's above all) are those of the versions the bridge is written for."""
+    low, below = SUPPORTED_TRANSFORMERS
+    for installed in sorted(_transformers_versions(type(model).__module__.partition(".")[0])):
+        found = re.match(r"(\d+)\.(\d+)", installed)
+        if found is None or not low <= (int(found[1]), int(found[2])) < below:
+            raise RuntimeError(
+                f"model: tdiag.hf supports transformers >= {low[0]}.{low[1]}, < {below[0]}.{below[1]}, "
+                f"not the installed {installed}"
+            )
+
+
+def _transformers_versions(package: str) -> set[str]:
+    """The `__version__` of each module object of the package the process holds: transformers
+    executes its __init__ a second time (processing_utils' direct_transformers_import) and
+    replaces its sys.modules entry, while a module that imported it earlier holds the first."""
+    holders = [
+        sys.modules.get(package),
+        *(getattr(module, "__dict__", {}).get(package) for module in list(sys.modules.values())),
+    ]
+    found = {holder for holder in holders if isinstance(holder, ModuleType) and holder.__name__ == package}
+    return {str(getattr(holder, "__version__", "unknown")) for holder in found} or {"unknown"}
+
+
 class DesignAttention(torch.nn.Module):
     """A compiled causal design in the place of a HF attention block. With a cache, a design that
     decodes with its own key-value rows (tdiag.DecodeCache of kind "kv") keeps them in the HF
     cache, packed as one tensor per layer, and computes the new positions from them; any other
     keeps the layer's inputs so far there and runs over the whole prefix, returning the new
-    positions' outputs. HF's (output, weights) pair is returned with no weights."""
+    positions' outputs. HF's (output, weights) pair is returned with no weights.
+
+    It takes `hidden_states`, `attention_mask` (the causal one only), `cache`, `position_ids`
+    (consecutive from the cache's length only), the keywords of IGNORED_KEYWORDS, and those of
+    _DEFAULT_ONLY at their default; any other keyword is a TypeError."""
 
     def __init__(self, block: torch.nn.Module, layer_idx: int) -> None:
         super().__init__()
@@ -182,15 +244,53 @@ class DesignAttention(torch.nn.Module):
         self.layer_idx = layer_idx
 
     def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, cache: Any = None, **_: Any
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: Any = None,
+        position_ids: torch.Tensor | None = None,
+        **keywords: Any,
     ) -> tuple[torch.Tensor, None]:
+        _check_keywords(keywords)
         new = hidden_states.shape[-2]
+        before = 0 if cache is None else cache.get_seq_length(self.layer_idx)
+        _check_positions(position_ids, before, new)
         if cache is not None and _decodes(self.block):
             return _decoded(cache, self.block, hidden_states, self.layer_idx, attention_mask), None
         if cache is not None:
             hidden_states = _prefix(cache, hidden_states, self.layer_idx)
         _check_causal(attention_mask, new, hidden_states.shape[-2])
         return self.block(hidden_states)[..., -new:, :], None
+
+
+def _check_keywords(keywords: dict[str, Any]) -> None:
+    """Refuse a keyword the bridge does not know (a transformers whose layers name their arguments
+    otherwise) and one of _DEFAULT_ONLY at a value the design does not compute."""
+    for name, value in keywords.items():
+        if name in IGNORED_KEYWORDS:
+            continue
+        if name not in _DEFAULT_ONLY:
+            taken = ", ".join(sorted({"attention_mask", "cache", "position_ids", *IGNORED_KEYWORDS, *_DEFAULT_ONLY}))
+            raise TypeError(
+                f"tdiag.hf.DesignAttention got an unexpected keyword argument {name!r}; it takes "
+                f"hidden_states and the keywords {taken} (transformers >= 5.24 passes the cache as cache=)"
+            )
+        default, reason = _DEFAULT_ONLY[name]
+        if value is not None and value != default:
+            raise ValueError(f"{name}={value!r}: tdiag.hf cannot honour it ({reason})")
+
+
+def _check_positions(position_ids: torch.Tensor | None, before: int, new: int) -> None:
+    """Position ids are accepted only when they are those the design computes with: the new
+    tokens at positions before .. before + new − 1 (the cache's length onwards) in every row."""
+    if position_ids is None:
+        return
+    expected = torch.arange(before, before + new, device=position_ids.device)
+    if position_ids.shape[-1] != new or not bool((position_ids == expected).all()):
+        raise ValueError(
+            f"position_ids: tdiag.hf runs the new tokens at positions {before} .. {before + new - 1} "
+            "(the cache's length onwards); other positions (padding, packed sequences) are not supported"
+        )
 
 
 def _decodes(block: torch.nn.Module) -> bool:
