@@ -6,9 +6,13 @@ compiled designs, so that `model(...)` and `model.generate()` run a design in a 
     tdiag.hf.use_design(model, "mgk")           # another design, fresh weights, causal
 
 With no design the model's own attention is compiled from the bundled design of its family at the
-config's sizes and each layer's weights are imported, so the logits do not change (Llama family:
-designs/llama.td; Qwen3: designs/qwen3.td; GPT-2: designs/gpt2.td). Any other design is compiled causal, at the config's
-model width F (and head count H where the design has one), with weights from its initializers.
+config's sizes and each layer's weights are imported, so the logits do not change. The families
+(FAMILIES, by the config's model_type): llama (designs/llama.td), mistral (mistral.td with the
+config's sliding window; llama.td without one), qwen2 (qwen2.td), qwen3 (qwen3.td), gemma2
+(gemma2.td and gemma2_sliding.td by layer type), gemma3_text (Gemma3ForCausalLM: gemma3.td and
+gemma3_sliding.td by layer type) and gpt2 (gpt2.td); any other model type is refused naming them.
+Any other design is compiled causal, at the config's model width F (and head count H where the
+design has one), with weights from its initializers.
 
 Decoding with the model's DynamicCache uses the design's own key-value rows where it has them
 (tdiag/decode.py, docs/decoding.md: softmax designs, e.g. llama's rotated keys and values, grouped
@@ -17,8 +21,8 @@ new positions' projections. A design without them (a scan, segment sums) keeps t
 in the cache and re-runs the prefix at each step, at O(N) work per new token. Generation with the
 cache is exact for every design; recurrent states are not built yet. Padding inside a batch (an
 attention mask that is not the causal one) is refused.
-transformers is optional: this module never imports it (it reads the model it is given); `import
-tdiag` does not import this module."""
+transformers is optional: this module imports it only to rebuild a cache layer of a model it is
+given (it reads the model); `import tdiag` does not import this module."""
 
 from __future__ import annotations
 
@@ -68,10 +72,22 @@ _DEFAULT_ONLY: dict[str, tuple[object, str]] = {
 
 
 @dataclass(frozen=True)
+class LayerDesign:
+    """What one decoder layer of a family computes: a bundled design, its sizes beyond the
+    family's, and the sliding window the layer attends within (HF's `sliding_window`: the query
+    and the W − 1 keys before it; None: every earlier position)."""
+
+    design: str
+    sizes: tuple[tuple[str, int], ...] = ()
+    window: int | None = None
+
+
+@dataclass(frozen=True)
 class Family:
     """A model family whose attention a bundled design writes exactly: the design, where the
     decoder layers and their attention are, the design's sizes from the config, what the design
-    does not model (refused), and how a layer's weights map onto the design's tensors."""
+    does not model (refused), how a layer's weights map onto the design's tensors, and (for a
+    family whose layers differ, e.g. Gemma's sliding and global layers) each layer's design."""
 
     design: str
     layers: Callable[[Any], list]
@@ -79,6 +95,10 @@ class Family:
     sizes: Callable[[Any], dict[str, int]]
     unsupported: Callable[[Any], str | None]
     import_weights: Callable[[Any, Any], None]
+    layer: Callable[[Any, int], LayerDesign] | None = None
+
+    def layer_design(self, config: Any, index: int) -> LayerDesign:
+        return LayerDesign(self.design) if self.layer is None else self.layer(config, index)
 
 
 def _llama_sizes(config: Any) -> dict[str, int]:
@@ -142,6 +162,101 @@ def _gpt2_weights(attention: Any, block: Any) -> None:
     load_linear(block, "bo", attention.c_proj.bias, cols="")
 
 
+def _rope_unsupported(rope: dict, design: str, types: tuple[str, ...] = ("default",)) -> str | None:
+    kind = rope.get("rope_type", "default")
+    if kind not in types:
+        return f"rope_type {kind!r} (designs/{design}.td computes the {' or '.join(types)} RoPE frequencies)"
+    return None
+
+
+def _mistral_layer(config: Any, index: int) -> LayerDesign:
+    """Mistral's layers are alike: mistral.td with its window, or llama.td where the config has
+    none (sliding_window = None: Mistral's attention is then Llama's)."""
+    if config.sliding_window is None:
+        return LayerDesign("llama")
+    return LayerDesign("mistral", (("W", config.sliding_window),), config.sliding_window)
+
+
+def _mistral_unsupported(config: Any) -> str | None:
+    return _rope_unsupported(config.rope_parameters, "mistral")
+
+
+def _qwen2_unsupported(config: Any) -> str | None:
+    if any(kind != "full_attention" for kind in config.layer_types):
+        return "sliding-window layers (designs/qwen2.td attends to every earlier position)"
+    return _rope_unsupported(config.rope_parameters, "qwen2")
+
+
+def _qwen2_weights(attention: Any, block: Any) -> None:
+    _llama_weights(attention, block)
+    load_linear(block, "bq", attention.q_proj.bias, cols="")
+    load_linear(block, "bk", attention.k_proj.bias, cols="")
+    load_linear(block, "bv", attention.v_proj.bias, cols="")
+
+
+def _gemma_sizes(config: Any) -> dict[str, int]:
+    heads = config.num_attention_heads
+    return {
+        "F": config.hidden_size,
+        "H": heads,
+        "G": config.num_key_value_heads or heads,
+        "D": config.head_dim,
+        "QS": _whole(config.query_pre_attn_scalar, "query_pre_attn_scalar"),
+    }
+
+
+def _gemma_common_unsupported(config: Any, design: str) -> str | None:
+    if config.attention_bias:
+        return f"attention_bias = True (designs/{design}.td has no projection biases)"
+    if getattr(config, "use_bidirectional_attention", False):
+        return "use_bidirectional_attention = True (tdiag.hf runs causal designs)"
+    if any(kind not in ("full_attention", "sliding_attention") for kind in config.layer_types):
+        return f"layer types {sorted(set(config.layer_types))} (designs/{design}.td has global and sliding layers)"
+    return None
+
+
+def _gemma2_layer(config: Any, index: int) -> LayerDesign:
+    if config.layer_types[index] == "sliding_attention":
+        return LayerDesign("gemma2_sliding", (("W", config.sliding_window),), config.sliding_window)
+    return LayerDesign("gemma2")
+
+
+def _gemma2_unsupported(config: Any) -> str | None:
+    if config.attn_logit_softcapping != 50:
+        return f"attn_logit_softcapping = {config.attn_logit_softcapping} (designs/gemma2.td caps the logits at 50)"
+    if float(config.rope_parameters.get("rope_theta", 10000)) != 10000:
+        return f"rope_theta = {config.rope_parameters['rope_theta']} (designs/gemma2.td's RoPE base is 10000)"
+    return _gemma_common_unsupported(config, "gemma2") or _rope_unsupported(config.rope_parameters, "gemma2")
+
+
+def _gemma3_layer(config: Any, index: int) -> LayerDesign:
+    kind = config.layer_types[index]
+    rope = config.rope_parameters[kind]
+    theta = ("Theta", _whole(rope["rope_theta"], "rope_theta"))
+    if kind == "sliding_attention":
+        return LayerDesign("gemma3_sliding", (theta, ("W", config.sliding_window)), config.sliding_window)
+    factor = _whole(rope.get("factor", 1) if rope.get("rope_type") == "linear" else 1, "the RoPE factor")
+    return LayerDesign("gemma3", (theta, ("Factor", factor)))
+
+
+def _gemma3_unsupported(config: Any) -> str | None:
+    if config.attn_logit_softcapping is not None:
+        return f"attn_logit_softcapping = {config.attn_logit_softcapping} (designs/gemma3.td does not cap the logits)"
+    if config.rms_norm_eps != 1e-6:
+        return f"rms_norm_eps = {config.rms_norm_eps} (designs/gemma3.td's QK-norm takes 1e-6)"
+    reason = _gemma_common_unsupported(config, "gemma3")
+    for kind in sorted(set(config.layer_types)) if reason is None else ():
+        rope = config.rope_parameters.get(kind, {})
+        reason = reason or _rope_unsupported(
+            rope, "gemma3", ("default", "linear") if kind == "full_attention" else ("default",)
+        )
+    return reason
+
+
+def _gemma3_weights(attention: Any, block: Any) -> None:
+    _qwen3_weights(attention, block)
+
+
 FAMILIES: dict[str, Family] = {
     "llama": Family(
         "llama",
@@ -159,6 +274,41 @@ FAMILIES: dict[str, Family] = {
         _qwen3_unsupported,
         _qwen3_weights,
     ),
+    "mistral": Family(
+        "mistral",
+        lambda model: model.base_model.layers,
+        "self_attn",
+        _llama_sizes,
+        _mistral_unsupported,
+        _llama_weights,
+        _mistral_layer,
+    ),
+    "qwen2": Family(
+        "qwen2",
+        lambda model: model.base_model.layers,
+        "self_attn",
+        _llama_sizes,
+        _qwen2_unsupported,
+        _qwen2_weights,
+    ),
+    "gemma2": Family(
+        "gemma2",
+        lambda model: model.base_model.layers,
+        "self_attn",
+        _gemma_sizes,
+        _gemma2_unsupported,
+        _llama_weights,
+        _gemma2_layer,
+    ),
+    "gemma3_text": Family(
+        "gemma3",
+        lambda model: model.base_model.layers,
+        "self_attn",
+        _gemma_sizes,
+        _gemma3_unsupported,
+        _gemma3_weights,
+        _gemma3_layer,
+    ),
     "gpt2": Family(
         "gpt2",
         lambda model: model.base_model.h,
@@ -171,35 +321,52 @@ FAMILIES: dict[str, Family] = {
 
 
 def use_design(model: Any, design: str | Path | Design | None = None, *, seed: int = 0) -> Any:
-    """Replace the attention of every decoder layer of `model` (a HF Llama, Qwen3 or GPT-2 model,
-    with or without its LM head) by a compiled causal design, in place; returns the model.
+    """Replace the attention of every decoder layer of `model` (a HF model of a family in
+    FAMILIES, with or without its LM head) by a compiled causal design, in place; returns the model.
 
-    `design=None` compiles the model's own attention and imports each layer's weights (the logits
-    are the model's); a bundled design's name, a `.td` path or a loaded Design is compiled at the
-    config's width F (and H, if the design has a head count) with weights drawn from `seed`."""
+    `design=None` compiles the model's own attention (each layer's: Gemma's sliding layers
+    their windowed design) and imports each layer's weights (the logits are the model's); a
+    bundled design's name, a `.td` path or a loaded Design is compiled at the config's width F
+    (and H, if the design has a head count) with weights drawn from `seed`. Nothing is replaced
+    unless every layer's design is built."""
     _check_transformers_version(model)
     config = model.config
     family = FAMILIES.get(config.model_type)
     if family is None:
         known = ", ".join(sorted(FAMILIES))
         raise ValueError(f"model: tdiag.hf knows the families {known}, not {config.model_type!r}")
-    own = design is None
-    if own:
-        reason = family.unsupported(config)
-        if reason is not None:
-            raise ValueError(f"model: its attention is not what designs/{family.design}.td computes: {reason}")
-        sized = load(family.design, **family.sizes(config))
+    layers = list(family.layers(model))
+    if design is None:
+        designs = _own_designs(family, config, len(layers))
     else:
-        sized = _sized(design, config)
-    causal = sized.with_causal_mask()
+        designs = [(_sized(design, config).with_causal_mask(), None)] * len(layers)
     parameter = next(model.parameters())
-    for index, layer in enumerate(family.layers(model)):
+    replacements = []
+    for index, (layer, (causal, window)) in enumerate(zip(layers, designs, strict=True)):
         block = causal.module(seed=seed + index, dtype=parameter.dtype, device=parameter.device)
-        _check_width(block, config.hidden_size, sized.name)
-        if own:
+        _check_width(block, config.hidden_size, causal.name)
+        if design is None:
             family.import_weights(getattr(layer, family.attribute), block)
-        setattr(layer, family.attribute, DesignAttention(block, index))
+        replacements.append(DesignAttention(block, index, window))
+    for layer, replacement in zip(layers, replacements, strict=True):
+        setattr(layer, family.attribute, replacement)
     return model
+
+
+def _own_designs(family: Family, config: Any, count: int) -> list[tuple[Design, int | None]]:
+    """Each layer's own design, compiled causal at the config's sizes (one per kind of layer),
+    with its window; refused where the family's designs do not compute the config's attention."""
+    reason = family.unsupported(config)
+    if reason is not None:
+        raise ValueError(f"model: its attention is not what designs/{family.design}.td computes: {reason}")
+    loaded: dict[LayerDesign, Design] = {}
+    designs = []
+    for index in range(count):
+        layer = family.layer_design(config, index)
+        if layer not in loaded:
+            loaded[layer] = load(layer.design, **family.sizes(config), **dict(layer.sizes)).with_causal_mask()
+        designs.append((loaded[layer], layer.window))
+    return designs
 
 
 def _check_transformers_version(model: Any) -> None:
@@ -238,10 +405,11 @@ class DesignAttention(torch.nn.Module):
     (consecutive from the cache's length only), the keywords of IGNORED_KEYWORDS, and those of
     _DEFAULT_ONLY at their default; any other keyword is a TypeError."""
 
-    def __init__(self, block: torch.nn.Module, layer_idx: int) -> None:
+    def __init__(self, block: torch.nn.Module, layer_idx: int, window: int | None = None) -> None:
         super().__init__()
         self.block = block
         self.layer_idx = layer_idx
+        self.window = window  # the sliding window the design attends within (None: every earlier key)
 
     def forward(
         self,
@@ -255,11 +423,13 @@ class DesignAttention(torch.nn.Module):
         new = hidden_states.shape[-2]
         before = 0 if cache is None else cache.get_seq_length(self.layer_idx)
         _check_positions(position_ids, before, new)
+        if cache is not None:
+            _keep_every_position(cache, self.layer_idx)
         if cache is not None and _decodes(self.block):
-            return _decoded(cache, self.block, hidden_states, self.layer_idx, attention_mask), None
+            return _decoded(cache, self.block, hidden_states, self.layer_idx, attention_mask, self.window), None
         if cache is not None:
             hidden_states = _prefix(cache, hidden_states, self.layer_idx)
-        _check_causal(attention_mask, new, hidden_states.shape[-2])
+        _check_mask(attention_mask, new, hidden_states.shape[-2], self.window)
         return self.block(hidden_states)[..., -new:, :], None
 
 
@@ -303,8 +473,26 @@ def _decodes(block: torch.nn.Module) -> bool:
         return False
 
 
+def _keep_every_position(cache: Any, layer_idx: int) -> None:
+    """HF's DynamicCache keeps a sliding-window layer's last W − 1 positions alone; the design's
+    rows are kept at every position (a window compares absolute positions, docs/decoding.md), so
+    an empty sliding layer of the cache becomes a full one (transformers' DynamicLayer)."""
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list) or layer_idx >= len(layers):
+        return
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    if type(layers[layer_idx]) is DynamicSlidingWindowLayer and not layers[layer_idx].is_initialized:
+        layers[layer_idx] = DynamicLayer()
+
+
 def _decoded(
-    cache: Any, block: torch.nn.Module, hidden_states: torch.Tensor, layer_idx: int, mask: torch.Tensor | None
+    cache: Any,
+    block: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    layer_idx: int,
+    mask: torch.Tensor | None,
+    window: int | None,
 ) -> torch.Tensor:
     """The new positions' outputs from the block's key-value rows so far, which the HF cache
     keeps as its keys (one tensor [batch, 1, positions, width], values empty), so that its own
@@ -322,7 +510,12 @@ def _decoded(
             " tdiag.hf needs a fresh DynamicCache"
         )
     before = kept.shape[-2]
-    _check_causal(mask, hidden_states.shape[-2], before + hidden_states.shape[-2])
+    if before != cache.get_seq_length(layer_idx):
+        raise ValueError(
+            f"cache: a {type(cache).__name__} whose layer {layer_idx} keeps {before} of its "
+            f"{cache.get_seq_length(layer_idx)} positions (a sliding window); tdiag.hf needs every position"
+        )
+    _check_mask(mask, hidden_states.shape[-2], before + hidden_states.shape[-2], window)
     if before:
         decoder.restore(kept[:, 0])
     output = decoder.extend(hidden_states)
@@ -350,18 +543,21 @@ def _prefix(cache: Any, hidden_states: torch.Tensor, layer_idx: int) -> torch.Te
     return kept[:, 0]
 
 
-def _check_causal(mask: torch.Tensor | None, queries: int, keys: int) -> None:
-    """A mask HF builds is accepted only when it is the causal one (no padding): the design is
-    compiled causal and takes no other mask."""
+def _check_mask(mask: torch.Tensor | None, queries: int, keys: int, window: int | None) -> None:
+    """A mask HF builds is accepted only when it is the design's own (no padding): causal, and
+    within the layer's sliding window where it has one; the design computes that mask itself."""
     if mask is None:
         return
     visible = mask if mask.dtype == torch.bool else mask == 0
     offset = keys - queries
-    causal = torch.ones(queries, keys, dtype=torch.bool, device=mask.device).tril(offset)
-    if visible.shape[-2:] != causal.shape or not bool((visible == causal).all()):
+    own = torch.ones(queries, keys, dtype=torch.bool, device=mask.device).tril(offset)
+    if window is not None:
+        own = own.triu(offset - window + 1)
+    if visible.shape[-2:] != own.shape or not bool((visible == own).all()):
+        kind = "causal mask" if window is None else f"causal mask within its window of {window}"
         raise ValueError(
-            "attention_mask: tdiag.hf runs a design with its causal mask only; a batch with padding "
-            "(a mask that hides more than the future) is not supported"
+            f"attention_mask: tdiag.hf runs a design with its {kind} only; a batch with padding "
+            "(a mask that hides more than that) or another window is not supported"
         )
 
 

@@ -10,7 +10,7 @@ import re
 
 import pytest
 import torch
-from hf_support import Float64RMSNorm, rope_angles
+from hf_support import Float64RMSNorm, Float64Rotary
 
 transformers = pytest.importorskip("transformers")
 
@@ -18,19 +18,6 @@ import tdiag.hf  # noqa: E402
 
 F64 = torch.float64
 VOCAB, PROMPT, NEW = 100, 9, 6
-
-
-class Float64Rotary(torch.nn.Module):
-    """A model's default RoPE tables as its rotary embedding computes them, in float64 instead of
-    its float32, so that the untouched model is the float64 reference."""
-
-    def __init__(self, head_dim: int, theta: float) -> None:
-        super().__init__()
-        self.head_dim, self.theta = head_dim, theta
-
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = rope_angles(position_ids, self.head_dim, self.theta)
-        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
 
 
 def llama(**changes) -> torch.nn.Module:
@@ -151,7 +138,9 @@ def test_a_config_the_design_does_not_model_is_refused_with_the_reason():
 
 def test_an_unknown_family_is_refused_naming_the_known_ones():
     config = transformers.BertConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=1, vocab_size=50)
-    with pytest.raises(ValueError, match="knows the families gpt2, llama, qwen3, not 'bert'"):
+    with pytest.raises(
+        ValueError, match="knows the families gemma2, gemma3_text, gpt2, llama, mistral, qwen2, qwen3, not 'bert'"
+    ):
         tdiag.hf.use_design(transformers.BertModel(config))
 
 
