@@ -8,9 +8,11 @@ compiled designs, so that `model(...)` and `model.generate()` run a design in a 
 With no design the model's own attention is compiled from the bundled design of its family at the
 config's sizes and each layer's weights are imported, so the logits do not change. The families
 (FAMILIES, by the config's model_type): llama (designs/llama.td), mistral (mistral.td with the
-config's sliding window; llama.td without one), qwen2 (qwen2.td), qwen3 (qwen3.td), gemma2
-(gemma2.td and gemma2_sliding.td by layer type), gemma3_text (Gemma3ForCausalLM: gemma3.td and
-gemma3_sliding.td by layer type) and gpt2 (gpt2.td); any other model type is refused naming them.
+config's sliding window; llama.td without one), qwen2 (qwen2.td), qwen3 (qwen3.td), olmo2
+(olmo2.td), starcoder2 (starcoder2.td with its window; mistral.td without biases), phi (phi.td),
+gemma2 (gemma2.td and gemma2_sliding.td by layer type), gemma3_text (Gemma3ForCausalLM: gemma3.td
+and gemma3_sliding.td by layer type) and gpt2 (gpt2.td); any other model type is refused naming
+them.
 Any other design is compiled causal, at the config's model width F (and head count H where the
 design has one), with weights from its initializers.
 
@@ -189,6 +191,11 @@ def _qwen2_unsupported(config: Any) -> str | None:
 
 def _qwen2_weights(attention: Any, block: Any) -> None:
     _llama_weights(attention, block)
+    _biases(attention, block)
+
+
+def _biases(attention: Any, block: Any) -> None:
+    """The q/k/v projections' biases [H·D] and [G·D], head-major, as bq[g r d], bk[g d], bv[g e]."""
     load_linear(block, "bq", attention.q_proj.bias, cols="")
     load_linear(block, "bk", attention.k_proj.bias, cols="")
     load_linear(block, "bv", attention.v_proj.bias, cols="")
@@ -257,6 +264,58 @@ def _gemma3_weights(attention: Any, block: Any) -> None:
     _qwen3_weights(attention, block)
 
 
+def _olmo2_unsupported(config: Any) -> str | None:
+    if config.rms_norm_eps != 1e-6:
+        return f"rms_norm_eps = {config.rms_norm_eps} (designs/olmo2.td's QK-norm takes 1e-6)"
+    reason = _llama_unsupported(config)
+    return reason.replace("llama.td", "olmo2.td") if reason else None
+
+
+def _olmo2_weights(attention: Any, block: Any) -> None:
+    _qwen3_weights(attention, block)
+
+
+def _starcoder2_layer(config: Any, index: int) -> LayerDesign:
+    """StarCoder2's layers are alike: starcoder2.td (mistral.td with biases on every projection),
+    or mistral.td where the config has no biases (use_bias = False)."""
+    design = "starcoder2" if config.use_bias else "mistral"
+    return LayerDesign(design, (("W", config.sliding_window),), config.sliding_window)
+
+
+def _starcoder2_unsupported(config: Any) -> str | None:
+    if config.sliding_window is None:
+        return "sliding_window = None (designs/starcoder2.td attends within a window)"
+    return _rope_unsupported(config.rope_parameters, "starcoder2")
+
+
+def _starcoder2_weights(attention: Any, block: Any) -> None:
+    _llama_weights(attention, block)
+    if attention.o_proj.bias is not None:
+        _biases(attention, block)
+        load_linear(block, "bo", attention.o_proj.bias, cols="")
+
+
+def _phi_sizes(config: Any) -> dict[str, int]:
+    sizes = _llama_sizes(config)
+    rotary = sizes["D"] * config.rope_parameters.get("partial_rotary_factor", 1.0)
+    return sizes | {"Dr": _whole(rotary, "head_dim · partial_rotary_factor")}
+
+
+def _phi_unsupported(config: Any) -> str | None:
+    if config.qk_layernorm:
+        return "qk_layernorm = True (designs/phi.td has no norm on the queries and keys)"
+    return _rope_unsupported(config.rope_parameters, "phi")
+
+
+def _phi_weights(attention: Any, block: Any) -> None:
+    load_linear(block, "WQ", attention.q_proj.weight, cols="f")
+    load_linear(block, "WK", attention.k_proj.weight, cols="f")
+    load_linear(block, "WV", attention.v_proj.weight, cols="f")
+    load_linear(block, "WO", attention.dense.weight, cols="g r e")
+    _biases(attention, block)
+    load_linear(block, "bo", attention.dense.bias, cols="")
+
+
 FAMILIES: dict[str, Family] = {
     "llama": Family(
         "llama",
@@ -308,6 +367,31 @@ FAMILIES: dict[str, Family] = {
         _gemma3_unsupported,
         _gemma3_weights,
         _gemma3_layer,
+    ),
+    "olmo2": Family(
+        "olmo2",
+        lambda model: model.base_model.layers,
+        "self_attn",
+        _llama_sizes,
+        _olmo2_unsupported,
+        _olmo2_weights,
+    ),
+    "starcoder2": Family(
+        "starcoder2",
+        lambda model: model.base_model.layers,
+        "self_attn",
+        _llama_sizes,
+        _starcoder2_unsupported,
+        _starcoder2_weights,
+        _starcoder2_layer,
+    ),
+    "phi": Family(
+        "phi",
+        lambda model: model.base_model.layers,
+        "self_attn",
+        _phi_sizes,
+        _phi_unsupported,
+        _phi_weights,
     ),
     "gpt2": Family(
         "gpt2",

@@ -139,7 +139,9 @@ def test_a_config_the_design_does_not_model_is_refused_with_the_reason():
 def test_an_unknown_family_is_refused_naming_the_known_ones():
     config = transformers.BertConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=1, vocab_size=50)
     with pytest.raises(
-        ValueError, match="knows the families gemma2, gemma3_text, gpt2, llama, mistral, qwen2, qwen3, not 'bert'"
+        ValueError,
+        match="knows the families gemma2, gemma3_text, gpt2, llama, mistral, olmo2, phi, qwen2, qwen3, starcoder2, "
+        "not 'bert'",
     ):
         tdiag.hf.use_design(transformers.BertModel(config))
 

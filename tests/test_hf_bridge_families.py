@@ -1,5 +1,6 @@
 """tdiag.hf for the families beyond Llama, Qwen3 and GPT-2 (issue 36): Mistral (with and without
-its sliding window), Qwen2, Gemma 2 and Gemma 3 (their sliding and global layers by layer type).
+its sliding window), Qwen2, OLMo 2, StarCoder2 (with and without biases), Phi, Gemma 2 and Gemma 3
+(their sliding and global layers by layer type).
 With the model's own attention and its weights imported, the logits are the untouched model's in
 float64 (its RoPE tables, Gemma 3's QK-norm and Gemma 2's eager softmax computed in float64, as
 the designs compute them)
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_support import Float64GemmaRMSNorm, Float64Rotary
+from hf_support import Float64GemmaRMSNorm, Float64RMSNorm, Float64Rotary
 
 transformers = pytest.importorskip("transformers")
 
@@ -97,8 +98,58 @@ def gemma3() -> torch.nn.Module:
     return model
 
 
-MODELS = [mistral, mistral_without_window, qwen2, gemma2, gemma3]
-NAMES = ["mistral", "mistral without window", "qwen2", "gemma2", "gemma3"]
+def random_biases(model: torch.nn.Module, projections: tuple[str, ...]) -> None:
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for projection in projections:
+                getattr(layer.self_attn, projection).bias.normal_(0, 0.3)
+
+
+def olmo2() -> torch.nn.Module:
+    model = built(transformers.Olmo2ForCausalLM, transformers.Olmo2Config(**COMMON, rms_norm_eps=1e-6))
+    model.model.rotary_emb = Float64Rotary(16, model.config.rope_parameters["rope_theta"])
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for name in ("q_norm", "k_norm"):
+                norm = getattr(layer.self_attn, name)
+                norm.weight.normal_(1, 0.3)
+                setattr(layer.self_attn, name, Float64RMSNorm(norm))
+    return model
+
+
+def starcoder2(use_bias: bool = True) -> torch.nn.Module:
+    config = transformers.Starcoder2Config(**COMMON, sliding_window=WINDOW, use_bias=use_bias)
+    model = built(transformers.Starcoder2ForCausalLM, config)
+    model.model.rotary_emb = Float64Rotary(16, config.rope_parameters["rope_theta"])
+    if use_bias:
+        random_biases(model, ("q_proj", "k_proj", "v_proj", "o_proj"))
+    return model
+
+
+def starcoder2_without_biases() -> torch.nn.Module:
+    return starcoder2(use_bias=False)
+
+
+def phi() -> torch.nn.Module:
+    """Phi with half of each head rotated (partial_rotary_factor 0.5: 8 of 16)."""
+    model = built(transformers.PhiForCausalLM, transformers.PhiConfig(**COMMON))
+    model.model.rotary_emb = Float64Rotary(8, model.config.rope_parameters["rope_theta"])
+    random_biases(model, ("q_proj", "k_proj", "v_proj", "dense"))
+    return model
+
+
+MODELS = [mistral, mistral_without_window, qwen2, olmo2, starcoder2, starcoder2_without_biases, phi, gemma2, gemma3]
+NAMES = [
+    "mistral",
+    "mistral without window",
+    "qwen2",
+    "olmo2",
+    "starcoder2",
+    "starcoder2 without biases",
+    "phi",
+    "gemma2",
+    "gemma3",
+]
 
 
 def prompt() -> torch.Tensor:
@@ -142,10 +193,11 @@ def test_greedy_generation_with_the_cache_gives_the_models_tokens_and_step_logit
     [
         (mistral, [("mistral", WINDOW), ("mistral", WINDOW)]),
         (mistral_without_window, [("llama", None), ("llama", None)]),
+        (starcoder2_without_biases, [("mistral", WINDOW), ("mistral", WINDOW)]),
         (gemma2, [("gemma2_sliding", WINDOW), ("gemma2", None)]),
         (gemma3, [("gemma3_sliding", WINDOW), ("gemma3", None)]),
     ],
-    ids=["mistral", "mistral without window", "gemma2", "gemma3"],
+    ids=["mistral", "mistral without window", "starcoder2 without biases", "gemma2", "gemma3"],
 )
 def test_each_layer_takes_the_design_of_its_layer_type_and_its_window(build, designs):
     model = tdiag.hf.use_design(build())
@@ -193,3 +245,15 @@ def test_another_design_in_a_windowed_model_is_refused_where_the_models_mask_hid
     model = tdiag.hf.use_design(mistral(), "mhsa")
     with pytest.raises(ValueError, match=r"attention_mask: tdiag\.hf runs a design with its causal mask only"):
         logits(model, prompt())
+
+
+def test_a_starcoder2_config_without_a_window_is_refused_with_the_reason():
+    config = transformers.Starcoder2Config(**COMMON, sliding_window=None)
+    with pytest.raises(ValueError, match=r"sliding_window = None \(designs/starcoder2.td attends within a window\)"):
+        tdiag.hf.use_design(transformers.Starcoder2ForCausalLM(config))
+
+
+def test_a_phi_config_with_qk_layernorm_is_refused_with_the_reason():
+    config = transformers.PhiConfig(**COMMON, qk_layernorm=True)
+    with pytest.raises(ValueError, match=r"qk_layernorm = True \(designs/phi.td"):
+        tdiag.hf.use_design(transformers.PhiForCausalLM(config))
