@@ -457,25 +457,24 @@ def _check_transformers_version(model: Any) -> None:
     """Refuse a transformers outside SUPPORTED_TRANSFORMERS: the keywords its layers pass the
     attention (the cache's above all) are those of the versions the bridge is written for."""
     low, below = SUPPORTED_TRANSFORMERS
-    for installed in sorted(_transformers_versions(type(model).__module__.partition(".")[0])):
+    supported = f"transformers >= {low[0]}.{low[1]}, < {below[0]}.{below[1]}"
+    versions = _transformers_versions()
+    if not versions:
+        raise RuntimeError(f"model: tdiag.hf bridges {supported}, which is not imported (a {type(model).__name__})")
+    for installed in sorted(versions):
         found = re.match(r"(\d+)\.(\d+)", installed)
         if found is None or not low <= (int(found[1]), int(found[2])) < below:
-            raise RuntimeError(
-                f"model: tdiag.hf supports transformers >= {low[0]}.{low[1]}, < {below[0]}.{below[1]}, "
-                f"not the installed {installed}"
-            )
+            raise RuntimeError(f"model: tdiag.hf supports {supported}, not the installed {installed}")
 
 
-def _transformers_versions(package: str) -> set[str]:
-    """The `__version__` of each module object of the package the process holds: transformers
+def _transformers_versions() -> set[str]:
+    """The `__version__` of each transformers module object the process holds: transformers
     executes its __init__ a second time (processing_utils' direct_transformers_import) and
     replaces its sys.modules entry, while a module that imported it earlier holds the first."""
-    holders = [
-        sys.modules.get(package),
-        *(getattr(module, "__dict__", {}).get(package) for module in list(sys.modules.values())),
-    ]
-    found = {holder for holder in holders if isinstance(holder, ModuleType) and holder.__name__ == package}
-    return {str(getattr(holder, "__version__", "unknown")) for holder in found} or {"unknown"}
+    holders = [sys.modules.get("transformers")]
+    holders += [getattr(module, "__dict__", {}).get("transformers") for module in list(sys.modules.values())]
+    found = {holder for holder in holders if isinstance(holder, ModuleType) and holder.__name__ == "transformers"}
+    return {str(getattr(holder, "__version__", "unknown")) for holder in found}
 
 
 class DesignAttention(torch.nn.Module):

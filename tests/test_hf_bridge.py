@@ -248,3 +248,16 @@ def test_a_transformers_outside_the_supported_range_is_refused_at_replacement(mo
     with pytest.raises(RuntimeError, match=message):
         tdiag.hf.use_design(model)
     assert not isinstance(model.model.layers[0].self_attn, tdiag.hf.DesignAttention)
+
+
+def test_a_model_class_derived_from_a_transformers_one_is_bridged():
+    """The version is transformers', not that of the module the model's class is defined in."""
+
+    class MyLlama(transformers.LlamaForCausalLM):
+        pass
+
+    model, ids = llama(), prompt()
+    expected = logits(model, ids)
+    model.__class__ = MyLlama
+    tdiag.hf.use_design(model)
+    assert (logits(model, ids) - expected).abs().max() <= 1e-10 * expected.abs().max()
