@@ -174,3 +174,27 @@ def input_gradients(
     (module(ours) * weight).sum().backward()
     (attn(theirs, *hf_args)[0] * weight).sum().backward()
     return ours.grad, theirs.grad
+
+
+class Float64Rotary(torch.nn.Module):
+    """A model's default RoPE tables (HF's rotary embedding: cos and sin of rope_angles, the
+    angles divided by a linear scaling `factor`) in float64 instead of its float32, so that the
+    untouched model is the float64 reference. With `per_layer_type` (Gemma 3), the tables of
+    each layer type as (head_dim, theta, factor), and the layer type is the call's third argument."""
+
+    def __init__(
+        self,
+        head_dim: int = 0,
+        theta: float = 10000.0,
+        factor: float = 1.0,
+        per_layer_type: dict[str, tuple[int, float, float]] | None = None,
+    ) -> None:
+        super().__init__()
+        self.tables = per_layer_type or {None: (head_dim, theta, factor)}
+
+    def forward(
+        self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        head_dim, theta, factor = self.tables[layer_type]
+        angles = rope_angles(position_ids, head_dim, theta) / factor
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)

@@ -6,9 +6,11 @@ configs with random weights (no downloads)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
-from hf_support import Float64RMSNorm, rope_angles
+from hf_support import Float64RMSNorm, Float64Rotary
 
 transformers = pytest.importorskip("transformers")
 
@@ -16,19 +18,6 @@ import tdiag.hf  # noqa: E402
 
 F64 = torch.float64
 VOCAB, PROMPT, NEW = 100, 9, 6
-
-
-class Float64Rotary(torch.nn.Module):
-    """A model's default RoPE tables as its rotary embedding computes them, in float64 instead of
-    its float32, so that the untouched model is the float64 reference."""
-
-    def __init__(self, head_dim: int, theta: float) -> None:
-        super().__init__()
-        self.head_dim, self.theta = head_dim, theta
-
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = rope_angles(position_ids, self.head_dim, self.theta)
-        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
 
 
 def llama(**changes) -> torch.nn.Module:
@@ -149,7 +138,11 @@ def test_a_config_the_design_does_not_model_is_refused_with_the_reason():
 
 def test_an_unknown_family_is_refused_naming_the_known_ones():
     config = transformers.BertConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=1, vocab_size=50)
-    with pytest.raises(ValueError, match="knows the families gpt2, llama, qwen3, not 'bert'"):
+    with pytest.raises(
+        ValueError,
+        match="knows the families gemma2, gemma3_text, gpt2, llama, mistral, olmo2, phi, qwen2, qwen3, starcoder2, "
+        "not 'bert'",
+    ):
         tdiag.hf.use_design(transformers.BertModel(config))
 
 
@@ -197,3 +190,74 @@ def test_a_design_without_key_value_rows_generates_by_re_running_the_prefix():
     ids = prompt()
     assert tdiag.DecodeCache(model.model.layers[0].self_attn.block).kind == "prefix"
     assert torch.equal(greedy(model, ids), greedy(model, ids, use_cache=False))
+
+
+def hidden(n: int = PROMPT) -> torch.Tensor:
+    return torch.randn(2, n, 64, dtype=F64, generator=torch.Generator().manual_seed(5))
+
+
+def test_the_cache_under_another_keyword_is_refused_naming_it():
+    """transformers 5.23 passes the cache as past_key_values=: swallowed, each decoding step would
+    attend to its new tokens alone."""
+    attention = tdiag.hf.use_design(llama()).model.layers[0].self_attn
+    cache = transformers.DynamicCache()
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'past_key_values'.*cache="), torch.no_grad():
+        attention(hidden(), past_key_values=cache)
+
+
+def test_a_keyword_the_bridge_ignores_by_design_is_taken():
+    attention = tdiag.hf.use_design(llama()).model.layers[0].self_attn
+    with torch.no_grad():
+        output, weights = attention(hidden(), use_cache=False, output_hidden_states=True, num_items_in_batch=3)
+    assert output.shape == (2, PROMPT, 64) and weights is None
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value", "reason"),
+    [
+        ("is_causal", False, "compiled causal"),
+        ("output_attentions", True, "no attention weights"),
+        ("cu_seq_lens_q", torch.tensor([0, 4, 9]), "packed sequences"),
+    ],
+    ids=["bidirectional", "attention weights", "packed"],
+)
+def test_a_keyword_at_a_value_the_design_does_not_compute_is_refused(keyword, value, reason):
+    attention = tdiag.hf.use_design(llama()).model.layers[0].self_attn
+    with pytest.raises(ValueError, match=f"{keyword}=.*{reason}"), torch.no_grad():
+        attention(hidden(), **{keyword: value})
+
+
+def test_position_ids_other_than_the_cache_length_onwards_are_refused():
+    attention = tdiag.hf.use_design(llama()).model.layers[0].self_attn
+    shifted = torch.arange(3, 3 + PROMPT)[None]
+    with pytest.raises(ValueError, match=r"position_ids: .* positions 0 \.\. 8"), torch.no_grad():
+        attention(hidden(), position_ids=shifted)
+
+
+def test_output_attentions_through_the_model_is_refused():
+    model = tdiag.hf.use_design(llama())
+    with pytest.raises(ValueError, match="output_attentions=True"), torch.no_grad():
+        model(prompt(), output_attentions=True)
+
+
+@pytest.mark.parametrize("version", ["5.23.0", "6.0.0", "4.57.1"])
+def test_a_transformers_outside_the_supported_range_is_refused_at_replacement(monkeypatch, version):
+    model = llama()
+    monkeypatch.setattr(transformers, "__version__", version)
+    message = rf"tdiag.hf supports transformers >= 5.24, < 6.0, not the installed {re.escape(version)}$"
+    with pytest.raises(RuntimeError, match=message):
+        tdiag.hf.use_design(model)
+    assert not isinstance(model.model.layers[0].self_attn, tdiag.hf.DesignAttention)
+
+
+def test_a_model_class_derived_from_a_transformers_one_is_bridged():
+    """The version is transformers', not that of the module the model's class is defined in."""
+
+    class MyLlama(transformers.LlamaForCausalLM):
+        pass
+
+    model, ids = llama(), prompt()
+    expected = logits(model, ids)
+    model.__class__ = MyLlama
+    tdiag.hf.use_design(model)
+    assert (logits(model, ids) - expected).abs().max() <= 1e-10 * expected.abs().max()
