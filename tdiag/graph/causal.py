@@ -156,12 +156,17 @@ def _position_legs(
     and any leg naming an earlier statement's query or key axis under another name (the
     denominator Σ_k E[h n k] of an attention E[h n m] written out). A leg that would be both is
     neither. Any other leg of the key's size that the statement sums, reduces or normalizes runs
-    over key positions too (Σ_l X[l f] beside the values mixes every position)."""
+    over key positions too (Σ_l X[l f] beside the values mixes every position). Leg names are
+    local to a statement: a tensor with one position axis (V defined over m) read at the query
+    leg (V[n h e]) is read at a query, so only an attention pattern's axes (a query and a key
+    axis of one tensor) override the statement's own names."""
     queries, keys = {query}, {key}
     for node in walk(expr):
         if isinstance(node, TensorRef) and not node.is_reshaped and node.name in roles:
+            is_pattern = len(set(roles[node.name].values())) == 2
             for axis, role in roles[node.name].items():
-                (queries if role == "query" else keys).add(node.legs[axis])
+                if is_pattern or node.legs[axis] not in (query, key):
+                    (queries if role == "query" else keys).add(node.legs[axis])
     both = queries & keys
     queries, keys = queries - both, keys - both
     if key in graph.legs:
