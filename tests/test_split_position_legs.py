@@ -94,3 +94,22 @@ def test_plan_and_cost_of_a_split_position_leg_are_linear_in_the_length():
     assert "softmax" in str(design.plan(N=64))
     entries = [design.cost().at(N=n)["softmax_entries"] for n in (64, 128)]
     assert entries[1] == 2 * entries[0] == 2 * 2 * 64 * 4
+
+
+HALF_TABLE = """design half_table
+size F = 4, L = 64
+size N
+input X[n: N, f: F]
+param P[p: L, f: F] = normal(std = 1)
+Y[k f] = P[k: N / 2, f] + mean[q](X[q f])
+output Y
+"""
+
+
+def test_a_slice_of_half_the_length_reads_an_integer_count_of_entries():
+    module = tdiag.loads(HALF_TABLE).module(dtype=torch.float64)
+    x = torch.randn(2, 6, 4, dtype=torch.float64)
+    expected = module.P[:3] + x.mean(1, keepdim=True)
+    assert torch.allclose(module(x), expected, atol=TOL, rtol=0)
+    with pytest.raises(ValueError, match="leg k has size N/2, whole only where N is a multiple of 2; got N = 5"):
+        module(torch.randn(2, 5, 4, dtype=torch.float64))
