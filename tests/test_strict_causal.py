@@ -86,6 +86,11 @@ def test_a_strictly_causal_factor_is_lowered_to_the_mask_below_the_diagonal():
     assert_matches(design.module(dtype=torch.float64), lambda x, p: masked_product(x, p, below(7, -1)))
 
 
+def test_a_strictly_causal_design_is_causal_already_and_with_causal_mask_returns_it_unchanged():
+    design = tdiag.loads(HEAD + "Y[n h e] = (causal(n, m) - I[n m]) Q[n h d] K[m h d] V[m h e]\noutput Y\n")
+    assert design.with_causal_mask().graph is design.graph
+
+
 def test_a_strictly_causal_factor_under_with_causal_mask_keeps_its_value():
     design = tdiag.loads(HEAD + "Y[n h e] = (causal(n, m) - I[n m]) Q[n h d] K[m h d] V[m h e]\noutput Y\n")
     module = design.with_causal_mask().module(dtype=torch.float64)

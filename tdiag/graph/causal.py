@@ -273,17 +273,34 @@ def _reads_an_input(expr: Expr, graph: DesignGraph) -> bool:
 
 
 def _already_causal(graph: DesignGraph, query: str, key: str) -> bool:
-    """Whether the design masks `key` by `query` somewhere already (a causal box or factor, or a
-    one-sided window, which hides the future as well)."""
+    """Whether the design masks `key` by `query` somewhere already (a causal box or factor, a
+    one-sided window, which hides the future as well, or an identity over the two: the diagonal)."""
+    diagonal = _diagonal_constants(graph)
     for statement in graph.statements:
         for node in walk(statement.expr):
             if _causal_factor(node) and (node.query, node.key) == (query, key):  # type: ignore[attr-defined]
+                return True
+            if isinstance(node, TensorRef) and node.name in diagonal and set(node.legs) == {query, key}:
                 return True
             if isinstance(node, SoftmaxBox | Reduction) and any(
                 _hides_future(m) and (m.query, m.key) == (query, key) for m in node.masks
             ):
                 return True
     return False
+
+
+def _diagonal_constants(graph: DesignGraph) -> dict[str, set[tuple[int, int]]]:
+    """The identity constants over two axes, zero off their diagonal and so above it: the
+    strictly causal `causal(n, m) - I[n m]` hides the future in both its terms and is masked
+    already."""
+    return {
+        name: {(0, 1), (1, 0)}
+        for name, tensor in graph.tensors.items()
+        if tensor.kind == "const"
+        and tensor.init is not None
+        and tensor.init.name == "identity"
+        and len(tensor.axes) == 2
+    }
 
 
 def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> DesignGraph:
@@ -294,7 +311,7 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
     earlier statement's tensor under another name counts as one (`Σ_k E[h n k]` over E[h n m]).
     A design causal already is returned as it is."""
     statements, total, mixing, future = [], 0, [], []
-    hidden: dict[str, set[tuple[int, int]]] = {}
+    hidden = _diagonal_constants(graph)
     roles: dict[str, dict[int, str]] = {}
     for statement in graph.statements:
         queries, keys = _position_legs(statement.expr, query, key, roles, graph)
