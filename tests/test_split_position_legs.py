@@ -113,3 +113,24 @@ def test_a_slice_of_half_the_length_reads_an_integer_count_of_entries():
     assert torch.allclose(module(x), expected, atol=TOL, rtol=0)
     with pytest.raises(ValueError, match="leg k has size N/2, whole only where N is a multiple of 2; got N = 5"):
         module(torch.randn(2, 5, 4, dtype=torch.float64))
+
+
+def test_planning_at_a_length_not_a_multiple_of_the_block_is_refused_at_the_leg():
+    design = tdiag.loads(CHUNKED_LOCAL)
+    message = r"<string>:10:24: error: leg b has size N/C = 5/2 at N=10: not a whole number"
+    for build in (lambda: design.plan(N=10), lambda: design.module(N=10)):
+        with pytest.raises(tdiag.TdiagError, match=message) as refused:
+            build()
+        assert "hint: plan at a length that is a multiple of 4" in str(refused.value)
+
+
+def test_tdiag_plan_and_cost_at_a_length_not_a_multiple_of_the_block_print_the_error(capsys, tmp_path):
+    from tdiag.cli import main
+
+    path = tmp_path / "chunked_local.td"
+    path.write_text(CHUNKED_LOCAL)
+    for command in ("plan", "cost"):
+        assert main([command, str(path), "--at", "N=10"]) != 0
+        err = capsys.readouterr().err
+        assert "leg b has size N/C = 5/2 at N=10: not a whole number" in err and "Traceback" not in err
+    assert main(["plan", str(path), "--at", "N=12"]) == 0
