@@ -18,7 +18,7 @@ from sympy.printing.pycode import PythonCodePrinter
 
 from .graph import DesignGraph
 from .graph.causal import hides_the_future
-from .ir import Tensor
+from .ir import Tensor, TensorRef, walk
 from .plan import BATCH_SIZE, Plan, Step, reads
 from .plan.program import (
     Attention,
@@ -701,6 +701,7 @@ def _entry(plan: Plan) -> list[str]:
             lines.append(f"if {var}.shape[{position}] != {expected}:")
             leg = source(f"input {t.name}: leg {axis.leg} has size {axis.size} = ", "fstring")
             lines.append(f'    raise ValueError(f"{leg}{{{expected}}}, got {{{var}.shape[{position}]}}")')
+    lines += _split_checks(graph)
     masks = graph.tensors_of_kind("mask") if graph.inputs else []
     for t in masks:
         lines += _mask_checks(plan, t, bound)
@@ -751,6 +752,38 @@ def _entry(plan: Plan) -> list[str]:
             + f"  # noise, mode {source(mode, 'comment')}"
         )
     return lines
+
+
+def _split_checks(graph: DesignGraph) -> list[str]:
+    """A leg sized by a division of a run-time length (the N/C blocks of `X[(b i) f]` with i of
+    size C) is whole only where the call's length is a multiple of the block: checked at entry,
+    a ValueError naming the reshape, the leg, its size, the length and the block, where a
+    failed reshape would say none of them."""
+    lines, seen = [], set()
+    for leg in graph.legs.values():
+        size = graph.expand(leg.size)
+        numerator, denominator = sympy.fraction(sympy.together(size.xreplace(_known(graph))))
+        if denominator == 1 or (numerator, denominator) in seen:
+            continue
+        seen.add((numerator, denominator))
+        length, block = _operand(numerator), _operand(denominator)
+        written, divisor = sympy.fraction(sympy.together(size))
+        shown = f"{divisor} = {denominator}" if divisor != denominator else f"{denominator}"
+        text = f"{_split_site(graph, leg.name)}leg {leg.name} has size {leg.size}, whole only where {written} is a"
+        text += f" multiple of {shown}; got {numerator} = "
+        lines.append(f"if {length} % {block} != 0:")
+        lines.append(f'    raise ValueError(f"{source(text, "fstring")}{{{length}}}")')
+    return lines
+
+
+def _split_site(graph: DesignGraph, leg: str) -> str:
+    """Where `leg` is a piece of a split axis: its first reshaped use, as `X[(b i) f] on line 10: `."""
+    for statement in graph.statements:
+        for node in walk(statement.expr):
+            if isinstance(node, TensorRef) and any(leg in g and len(g) > 1 for g in node.groups):
+                legs = " ".join(f"({' '.join(g)})" if len(g) > 1 else g[0] for g in node.groups)
+                return f"{node.name}[{legs}] on line {node.span.line}: "
+    return ""
 
 
 def _mask_checks(plan: Plan, t: Tensor, bound: set[str]) -> list[str]:
@@ -913,12 +946,22 @@ def _slice_checks(step: Step) -> list[str]:
 
 
 def _expr(expr: sympy.Expr) -> str:
-    """A size as Python: numbers stay numbers, run-time sizes are locals of forward."""
+    """A size as Python: numbers stay numbers, run-time sizes are locals of forward. A size with a
+    denominator (the N/C blocks of a split position leg) is floor-divided, so that it stays an
+    int; the entry checks that the division is exact (_split_checks)."""
     if expr.is_Integer:
         return source(expr, "number")
     for symbol in expr.free_symbols:
         source(symbol.name, "name")
-    return str(expr)
+    numerator, denominator = sympy.fraction(sympy.together(expr))
+    if denominator == 1:
+        return str(expr)
+    return f"{_operand(numerator)} // {_operand(denominator)}"
+
+
+def _operand(expr: sympy.Expr) -> str:
+    """A size as an operand of `//` or `%`: a symbol or a number bare, anything else parenthesized."""
+    return str(expr) if expr.is_Symbol or expr.is_Integer else f"({expr})"
 
 
 class _ScalarPrinter(PythonCodePrinter):

@@ -11,9 +11,12 @@ import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+import sympy
+
 from .codegen import class_name, generate
 from .codegen_calls import METHODS
 from .design import DEFAULT_OBJECTIVE
+from .errors import Diagnostic, TdiagError
 from .graph import DesignGraph
 from .plan import Plan, build_plan
 
@@ -157,7 +160,31 @@ def plan_for(
 ) -> Plan:
     """The plan of `graph` at `sizes` (planning_sizes fills the rest); with `absorb=False`, of
     the design as written even where its absorbed form is cheaper (decode_step compares both)."""
+    _check_whole_legs(graph, sizes or {})
     sizes = planning_sizes(graph, sizes)
     return build_plan(
         graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention, absorb=absorb
     )
+
+
+def _check_whole_legs(graph: DesignGraph, given: Mapping[str, int]) -> None:
+    """A leg that divides a run-time size given to plan for (the N/C blocks of `X[(b i) f]`) must
+    come out whole there: `--at N=10` with blocks of 4 is refused at the leg, as a call of that
+    length is (codegen's entry check), rather than planned with 2.5 blocks."""
+    at = {k: int(v) for k, v in given.items() if k in graph.sizes and graph.sizes[k].is_free}
+    known = {graph.sizes[k].symbol: v for k, v in graph.size_values().items()}
+    for leg in graph.legs.values():
+        if not any(str(symbol) in at for symbol in graph.expand(leg.size).free_symbols):
+            continue
+        value = graph.evaluate(leg.size, **at)
+        if value.is_Integer:
+            continue
+        _, block = sympy.fraction(sympy.together(graph.expand(leg.size).xreplace(known)))
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(at.items()))
+        raise TdiagError(
+            Diagnostic(
+                f"leg {leg.name} has size {leg.size} = {value} at {shown}: not a whole number",
+                (leg.span,),
+                f"plan at a length that is a multiple of {block}",
+            )
+        )

@@ -156,12 +156,17 @@ def _position_legs(
     and any leg naming an earlier statement's query or key axis under another name (the
     denominator Σ_k E[h n k] of an attention E[h n m] written out). A leg that would be both is
     neither. Any other leg of the key's size that the statement sums, reduces or normalizes runs
-    over key positions too (Σ_l X[l f] beside the values mixes every position)."""
+    over key positions too (Σ_l X[l f] beside the values mixes every position). Leg names are
+    local to a statement: a tensor with one position axis (V defined over m) read at the query
+    leg (V[n h e]) is read at a query, so only an attention pattern's axes (a query and a key
+    axis of one tensor) override the statement's own names."""
     queries, keys = {query}, {key}
     for node in walk(expr):
         if isinstance(node, TensorRef) and not node.is_reshaped and node.name in roles:
+            is_pattern = len(set(roles[node.name].values())) == 2
             for axis, role in roles[node.name].items():
-                (queries if role == "query" else keys).add(node.legs[axis])
+                if is_pattern or node.legs[axis] not in (query, key):
+                    (queries if role == "query" else keys).add(node.legs[axis])
     both = queries & keys
     queries, keys = queries - both, keys - both
     if key in graph.legs:
@@ -268,17 +273,34 @@ def _reads_an_input(expr: Expr, graph: DesignGraph) -> bool:
 
 
 def _already_causal(graph: DesignGraph, query: str, key: str) -> bool:
-    """Whether the design masks `key` by `query` somewhere already (a causal box or factor, or a
-    one-sided window, which hides the future as well)."""
+    """Whether the design masks `key` by `query` somewhere already (a causal box or factor, a
+    one-sided window, which hides the future as well, or an identity over the two: the diagonal)."""
+    diagonal = _diagonal_constants(graph)
     for statement in graph.statements:
         for node in walk(statement.expr):
             if _causal_factor(node) and (node.query, node.key) == (query, key):  # type: ignore[attr-defined]
+                return True
+            if isinstance(node, TensorRef) and node.name in diagonal and set(node.legs) == {query, key}:
                 return True
             if isinstance(node, SoftmaxBox | Reduction) and any(
                 _hides_future(m) and (m.query, m.key) == (query, key) for m in node.masks
             ):
                 return True
     return False
+
+
+def _diagonal_constants(graph: DesignGraph) -> dict[str, set[tuple[int, int]]]:
+    """The identity constants over two axes, zero off their diagonal and so above it: the
+    strictly causal `causal(n, m) - I[n m]` hides the future in both its terms and is masked
+    already."""
+    return {
+        name: {(0, 1), (1, 0)}
+        for name, tensor in graph.tensors.items()
+        if tensor.kind == "const"
+        and tensor.init is not None
+        and tensor.init.name == "identity"
+        and len(tensor.axes) == 2
+    }
 
 
 def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> DesignGraph:
@@ -289,7 +311,7 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
     earlier statement's tensor under another name counts as one (`Σ_k E[h n k]` over E[h n m]).
     A design causal already is returned as it is."""
     statements, total, mixing, future = [], 0, [], []
-    hidden: dict[str, set[tuple[int, int]]] = {}
+    hidden = _diagonal_constants(graph)
     roles: dict[str, dict[int, str]] = {}
     for statement in graph.statements:
         queries, keys = _position_legs(statement.expr, query, key, roles, graph)

@@ -270,8 +270,8 @@ class LoweringBase:
         return None
 
     def _lower(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr) -> Value:
-        if isinstance(e, Contraction | TensorRef | Scalar):
-            return self.lower_region(e, ren, var, scale)
+        if isinstance(e, Contraction | TensorRef | Scalar | CausalFactor | WindowFactor):
+            return self.lower_region(e, ren, var, scale)  # a position mask alone is a region of one factor
         constant = self.constant_value(e)
         if constant is not None:
             return self.fill(constant * scale, tuple(p for leg in e.legs for p in ren[leg]), var)
