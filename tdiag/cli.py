@@ -333,6 +333,8 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
+    from .codegen import class_name
+
     check_output(args.output, [design_file(args.file)], flag="-o")
     design = _load(args.file, args.sizes)
     if args.causal:
@@ -344,7 +346,7 @@ def _compile(args: argparse.Namespace) -> int:
     plan = design.plan(**options, **sizes)
     source = design.source(**options, **sizes)
     write_output(args.output, source, design.graph.sources, flag="-o")
-    print(f"wrote {args.output}: class {source.split('class ', 1)[1].split('(', 1)[0]}, {len(plan.steps)} steps")
+    print(f"wrote {args.output}: class {class_name(design.graph.name)}, {len(plan.steps)} steps")
     for note in plan.lowered or ["every box is computed as written (no lowering was cheaper)"]:
         print(f"  {note}")
     return 0

@@ -150,6 +150,16 @@ def test_compile_with_the_memory_objective_reports_the_p17_lowering(capsys, tmp_
     assert "scaled_dot_product_attention" in target.read_text()
 
 
+@pytest.mark.parametrize("design", ["gla", "retnet", "mhsa"])
+def test_compile_names_the_module_class_a_user_imports_not_a_helper(capsys, tmp_path, design):
+    from tdiag.bench import module_from_file
+
+    target = tmp_path / f"{design}_module.py"
+    code, out, _ = run(capsys, "compile", design, "-o", str(target), "--set", "F=64", "--set", "H=4")
+    module = module_from_file(target, f"compiled_{design}")
+    assert code == 0 and f"wrote {target}: class {type(module).__name__}, " in out
+
+
 def test_an_unknown_objective_is_a_usage_error(capsys):
     code, _, err = run(capsys, "cost", str(DESIGNS / "mgk.td"), "--objective", "fastest")
     assert code == 2 and "invalid choice: 'fastest'" in err and "memory" in err
