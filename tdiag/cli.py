@@ -4,6 +4,7 @@ exits 1 with positioned messages; a usage mistake exits 2; neither shows a trace
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import time
@@ -58,12 +59,44 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
+    """tdiag's parsers: a flag is spelt in full (`--step 5` is not taken as `--steps`), and a
+    flag no command has is refused with the closest flag of the command it was given to."""
+
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise _UsageError(f"{self.prog}: error: {message}")
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = _command_parser(self, parsed)
+            raise _UsageError(f"{command.prog}: error: {_unrecognized(extras[0], command)}")
+        return parsed
+
+
+def _command_parser(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command parser the arguments were given to: `tdiag cost`'s for `tdiag cost ...`."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(parsed, action.dest, None) or "")
+            if chosen is not None:
+                return _command_parser(chosen, parsed)
+    return parser
+
+
+def _unrecognized(argument: str, parser: argparse.ArgumentParser) -> str:
+    """`unrecognized argument '--at-n'; did you mean '--at'?`, the guess among the command's own flags."""
+    flag = argument.split("=", 1)[0]
+    message = f"unrecognized argument '{flag if flag.startswith('-') else argument}'"
+    if not flag.startswith("-"):
+        return message
+    flags = [f for action in parser._actions for f in action.option_strings if f.startswith("--")]
+    guess = difflib.get_close_matches(flag, flags, n=1, cutoff=0.6)
+    return f"{message}; did you mean '{guess[0]}'?" if guess else message
 
 
 def _size_setting(text: str) -> tuple[str, int]:

@@ -660,3 +660,31 @@ def test_a_bad_flag_value_is_a_usage_error_naming_the_flag(capsys, argv, named):
 def test_an_empty_path_is_not_the_current_folder(capsys, argv, code, message):
     status, _, err = run(capsys, *argv)
     assert status == code and err.splitlines()[0] == message
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "guess"),
+    [
+        (["cost", "mhsa", "--at-n", "1024"], "--at-n", "--at"),
+        (["cost", "mhsa", "--form", "json"], "--form", "--format"),
+        (["plan", "mhsa", "--caus"], "--caus", "--causal"),
+        (["train", "mhsa", "--step", "5", "--data", "no/such/text.txt"], "--step", "--steps"),
+        (["train", "mhsa", "--eval-every=2", "--no-prog", "--data", "no/such/text.txt"], "--no-prog", "--no-progress"),
+        (["generate", "no/such/run", "--prompt", "To", "--len", "3"], "--len", "--length"),
+        (["space", str(SPACE), "--train", "--train-args", "--step 2"], "--step", "--steps"),
+    ],
+    ids=["cost-at-n", "cost-prefix", "plan-prefix", "train-step", "train-no-prog", "generate-len", "space-train-args"],
+)
+def test_a_mistyped_or_shortened_flag_is_refused_with_the_commands_closest_flag(capsys, argv, flag, guess):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and f"error: unrecognized argument '{flag}'; did you mean '{guess}'?" in err.splitlines()[0]
+
+
+def test_an_argument_no_command_takes_is_refused_by_name(capsys):
+    code, _, err = run(capsys, "show", "mhsa", "extra")
+    assert code == 2 and err.splitlines()[0] == "tdiag show: error: unrecognized argument 'extra'"
+
+
+@pytest.mark.parametrize("command", sorted(subcommands()))
+def test_no_parser_takes_a_prefix_of_a_flag_for_the_flag(command):
+    assert _parser().allow_abbrev is False and subcommands()[command].allow_abbrev is False
