@@ -38,7 +38,7 @@ OBJECTIVE_HELP = (
 )
 ATTENTION_HELP = (
     "the fused kernel for softmax boxes: sdpa (scaled_dot_product_attention) or flex (FlexAttention, score_mod and "
-    "block mask; with torch 2.13 on CPU inference only, float32/16/bf16 under torch.compile); default sdpa"
+    "block mask; with torch 2.13 on CPU inference only, float32/16/bf16 under torch.compile)"
 )
 
 
@@ -47,12 +47,14 @@ class _UsageError(Exception):
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Every flag's help ends with its default; a flag whose absence means something other than
-    a value (None, "") says so in its own words; positional arguments have no default to show."""
+    """Every flag's help states its default once: at its end, unless the help already says it
+    in its own words (a flag whose absence means something other than a value, None or "", always
+    does); positional arguments have no default to show."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if not action.option_strings or action.default in (None, "", argparse.SUPPRESS):
-            return action.help or ""  # the help says what happens when the flag is not given
+        text = action.help or ""
+        if not action.option_strings or action.default in (None, "", argparse.SUPPRESS) or "default" in text.lower():
+            return text  # the help says what happens when the flag is not given
         if action.default in ([], {}):
             return f"{action.help} (default: none)"
         return super()._get_help_string(action) or ""
@@ -282,9 +284,9 @@ def _parser() -> _Parser:
     p = commands.add_parser("generate", help="print text drawn from a trained run's model after a prompt")
     p.add_argument("run", metavar="RUN", help="a run folder of `tdiag train` (its last checkpoint)")
     p.add_argument("--prompt", required=True, help="the text to continue (characters of the run's data)")
-    p.add_argument("--length", type=positive_int, default=400, help="characters to draw (default 400)")
-    p.add_argument("--seed", type=seed_int, default=0, help="seed of the draw (default 0)")
-    p.add_argument("--device", type=device_name, default="cpu", help="cpu (default), cuda, cuda:N, mps")
+    p.add_argument("--length", type=positive_int, default=400, help="characters to draw")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the draw")
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:N, mps")
 
     from .space.command import add_parser as add_space_parser
 

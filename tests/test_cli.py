@@ -4,6 +4,7 @@ import argparse
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -481,6 +482,19 @@ def test_every_flag_and_argument_has_help_text(command):
 def test_the_help_of_every_subcommand_shows_defaults(command):
     text = subcommands()[command].format_help()
     assert "(default: " in text
+
+
+def help_entries(parser: argparse.ArgumentParser) -> list[str]:
+    """Each option's entry in the printed help: its flag line and the lines its help wraps onto."""
+    text = parser.format_help().split("\noptions:\n", 1)[1]
+    return [" ".join(entry.split()) for entry in re.split(r"\n(?=  -)", text) if entry.strip()]
+
+
+@pytest.mark.parametrize("command", sorted(subcommands()))
+def test_no_option_of_any_subcommand_shows_its_default_twice(command):
+    entries = help_entries(subcommands()[command])
+    assert len(entries) == len(flags_of(subcommands()[command])) + 1  # and --help
+    assert [entry for entry in entries if entry.lower().count("default") > 1] == []
 
 
 @pytest.mark.parametrize("command", ["check", "show", "render", "compile"])
