@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from .design import COST_OBJECTIVE, DEFAULT_OBJECTIVE, OBJECTIVES, Design, load
 from .errors import Diagnostic, TdiagError, format_diagnostic
 from .files import OutputRefusedError, check_output, one_command, write_output
 from .graph import LIMITS
-from .resources import bundled_designs, design_file
+from .resources import bundled_designs, bundled_spaces, design_file, designs_folder
 from .train_config import (
     TrainConfig,
     add_arguments,
@@ -168,7 +169,7 @@ def _parser() -> _Parser:
     parser = _Parser(
         prog="tdiag",
         description="A tensor-diagram compiler for attention designs. A design is a .td file, "
-        f"or the name of a bundled design ({', '.join(bundled_designs())}).",
+        "or the name of a bundled design (`tdiag list` names them).",
     )
     parser.add_argument("--version", action="version", version=f"tdiag {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -190,6 +191,8 @@ def _parser() -> _Parser:
 
     def with_attention(p: argparse.ArgumentParser) -> None:
         p.add_argument("--attention", choices=("sdpa", "flex"), default="sdpa", help=ATTENTION_HELP)
+
+    commands.add_parser("list", help="name the bundled designs and design spaces, each with its title")
 
     p = commands.add_parser("check", help="parse and check designs; print a summary or every mistake")
     p.add_argument("files", nargs="+", metavar="FILE.td", help=DESIGN_HELP)
@@ -340,6 +343,30 @@ def _check(args: argparse.Namespace) -> int:
     if failed:
         print(f"{failed} of {len(args.files)} file(s) have errors", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    folder = designs_folder()
+    designs = [(name, _title(folder / f"{name}.td")) for name in bundled_designs()]
+    spaces = [(name, _title(folder / "spaces" / f"{name}.tds")) for name in bundled_spaces()]
+    width = max(len(name) for name, _ in designs + spaces)
+    print(f"bundled designs ({len(designs)}; e.g. tdiag check fish):")
+    print("\n".join(f"  {name:<{width}}  {title}" for name, title in designs))
+    print(f"bundled design spaces ({len(spaces)}; e.g. tdiag space tuformer):")
+    print("\n".join(f"  {name:<{width}}  {title}" for name, title in spaces))
+    return 0
+
+
+def _title(file: Path, width: int = 80) -> str:
+    """A bundled file's title: the first sentence of its leading comment, cut at a word to
+    `width` characters (`Gated linear attention (GLA)`)."""
+    comment = []
+    for line in file.read_text(encoding="utf-8").split("\n"):
+        if not line.startswith("#") or line.startswith(("# Paper:", "# Spec:")):
+            break
+        comment.append(line.removeprefix("#").strip())
+    sentence = re.split(r"(?<=[.;])\s", " ".join(comment), maxsplit=1)[0].rstrip(".;")
+    return sentence if len(sentence) <= width else sentence[: width - 3].rsplit(" ", 1)[0] + "..."
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -631,6 +658,7 @@ COMMANDS = {
     "space": _space,
     "train": _train,
     "generate": _generate,
+    "list": _list,
     "check": _check,
     "show": _show,
     "render": _render,

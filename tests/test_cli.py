@@ -67,6 +67,27 @@ def test_missing_file_is_an_error_not_a_traceback(capsys):
     assert code == 1 and "no such design file 'no/such/file.td'" in err
 
 
+def test_an_unknown_design_name_gets_the_closest_name_and_a_pointer_to_tdiag_list_not_every_name(capsys):
+    code, _, err = run(capsys, "check", "fsh")
+    hint = [line for line in err.splitlines() if line.startswith("hint: ")]
+    assert code == 1 and hint == [
+        f"hint: did you mean 'fish'? `tdiag list` names the {len(DESIGN_FILES)} bundled designs"
+    ]
+
+
+def test_a_name_close_to_no_bundled_design_gets_the_pointer_alone(capsys):
+    code, _, err = run(capsys, "show", "zzzqqq")
+    assert code == 1 and f"hint: `tdiag list` names the {len(DESIGN_FILES)} bundled designs" in err.splitlines()
+
+
+def test_list_names_every_bundled_design_and_space_with_its_title(capsys):
+    code, out, _ = run(capsys, "list")
+    rows = dict(line.split(maxsplit=1) for line in out.splitlines() if line.startswith("  "))
+    assert code == 0 and set(rows) == {p.stem for p in DESIGN_FILES} | {"fish", "mgk", "tuformer"}
+    assert rows["gla"] == "Gated linear attention (GLA)" and rows["tuformer"].startswith("Tuformer's design space")
+    assert max(len(title) for title in rows.values()) <= 80
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -315,6 +336,7 @@ COMMANDS_WITHOUT_A_MODEL = {
     "help": lambda tmp: ["--help"],
     "train help": lambda tmp: ["train", "--help"],
     "version": lambda tmp: ["--version"],
+    "list": lambda tmp: ["list"],
     "bundled by name": lambda tmp: ["check", "fish", "mgk_softe"],
     "space": lambda tmp: [
         "space",
@@ -335,7 +357,7 @@ def test_commands_that_run_no_model_do_not_import_torch_or_matplotlib(command, t
     assert loaded & {"torch", "matplotlib"} == set()
 
 
-@pytest.mark.parametrize("command", ["check", "show", "render", "help", "version"])
+@pytest.mark.parametrize("command", ["check", "show", "render", "help", "version", "list"])
 def test_commands_that_plan_nothing_do_not_import_numpy(command, tmp_path):
     loaded = modules_after(COMMANDS_WITHOUT_A_MODEL[command](tmp_path))
     assert loaded & {"numpy", "opt_einsum"} == set()
@@ -478,7 +500,7 @@ def test_every_flag_and_argument_has_help_text(command):
     assert [a.dest for a in actions if not a.help] == []
 
 
-@pytest.mark.parametrize("command", sorted(subcommands()))
+@pytest.mark.parametrize("command", sorted(c for c, parser in subcommands().items() if flags_of(parser)))
 def test_the_help_of_every_subcommand_shows_defaults(command):
     text = subcommands()[command].format_help()
     assert "(default: " in text
