@@ -631,9 +631,8 @@ class _Run:
         peak = peak_flops(self.device, self.config.peak_tflops) * self.dist.world
         pace = _Pace(self.summary["flops_per_step"], self.config.batch * self.config.context, peak)
         saved = done.step
-        shown = progress and self.dist.is_main
-        plain = shown and not sys.stderr.isatty()  # nohup, slurm, a redirect: a line per evaluation
-        bar = _progress(self.config, done.step, enabled=shown and not plain)
+        # a bar only on a terminal (nohup, slurm, a redirect get none); the evaluation lines always
+        bar = _progress(self.config, done.step, enabled=progress and self.dist.is_main and sys.stderr.isatty())
         try:
             with _Interrupts() as interrupts:
                 while done.step < self.config.steps:
@@ -647,8 +646,7 @@ class _Run:
                             _save_checkpoint(self.folder, self.model, self.optimizer, done, self.config)
                             _write_log(self.folder, done.log, done.steps)
                             saved = done.step
-                            if plain:
-                                print(_evaluation_line(done, self.config), flush=True)
+                            _print_above(bar, _evaluation_line(done, self.config))
         except KeyboardInterrupt:
             raise self._interrupted(done, saved) from None
         finally:
@@ -783,6 +781,13 @@ def _progress(config: TrainConfig, start: int, enabled: bool):
         unit="step",
         dynamic_ncols=True,
     )
+
+
+def _print_above(bar, line: str) -> None:
+    """A line on stdout, above the progress bar where one is drawn (tqdm clears and redraws it):
+    the log a batch job keeps, whatever the bar does."""
+    bar.write(line, file=sys.stdout)
+    sys.stdout.flush()
 
 
 def _save_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, done: Progress, config) -> None:
@@ -957,8 +962,8 @@ def _write_log(folder: Path, log: list[dict], steps: list[dict]) -> None:
 
 
 def _evaluation_line(done: Progress, config: TrainConfig) -> str:
-    """`step 200/2000: train 2.315, val 2.402 nats/char, 10,250 tokens/s`, printed at each
-    evaluation where no progress bar is drawn."""
+    """`mhsa step 200/2000: train 2.315, val 2.402 nats/char, 10,250 tokens/s`, printed at each
+    evaluation, with or without a progress bar."""
     entry = done.log[-1]
     return (
         f"{Path(config.design).stem} step {entry['step']}/{config.steps}: train {entry['train_loss']:.3f}, "

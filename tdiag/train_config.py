@@ -308,7 +308,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help="run folder (default: runs/DESIGN-seedSEED; with --compare the comparison's folder, runs/compare)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (the line of each evaluation is printed either way)"
+    )
 
 
 def config_from(args: argparse.Namespace, design: str, sizes: dict[str, int]) -> TrainConfig:

@@ -90,6 +90,30 @@ def test_without_a_terminal_each_evaluation_is_a_plain_line(corpus_file, tmp_pat
     assert "val " in lines[0] and "tokens/s" in lines[0] and "\r" not in out + err
 
 
+EVALUATION_LINE = re.compile(r"mhsa step \d+/\d+: train [\d.]+, val [\d.]+ nats/char, [\d,]+ tokens/s")
+
+
+def evaluation_lines(out: str) -> list[str]:
+    """The `mhsa step 2/4` of each evaluation line printed."""
+    return [line.split(":")[0] for line in out.splitlines() if EVALUATION_LINE.fullmatch(line)]
+
+
+def test_with_no_progress_each_evaluation_is_still_a_line_before_the_final_one(corpus_file, tmp_path, capsys):
+    args = ["train", str(DESIGNS / "mhsa.td"), "--data", str(corpus_file), "--layers", "1", "--width", "16"]
+    args += ["--heads", "2", "--context", "16", "--batch", "4", "--steps", "4", "--eval-every", "2"]
+    assert main([*args, "--eval-batches", "1", "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert evaluation_lines(out) == ["mhsa step 2/4", "mhsa step 4/4"]
+    assert out.splitlines()[-1].startswith("mhsa: validation loss ")
+
+
+def test_on_a_terminal_each_evaluation_is_a_line_above_the_progress_bar(corpus_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=4, eval_every=2), progress=True)
+    out, err = capsys.readouterr()
+    assert evaluation_lines(out) == ["mhsa step 2/4", "mhsa step 4/4"] and "4/4" in err  # the bar, on stderr
+
+
 def test_a_comparison_of_designs_with_different_attention_sizes_says_so():
     from tdiag.train import compare_table
 
