@@ -4,6 +4,7 @@ exits 1 with positioned messages; a usage mistake exits 2; neither shows a trace
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import os
 import re
@@ -19,6 +20,7 @@ from .files import OutputRefusedError, check_output, one_command, write_output
 from .graph import LIMITS
 from .resources import bundled_designs, bundled_spaces, design_file, designs_folder
 from .train_config import (
+    MAX_SEED,
     TrainConfig,
     add_arguments,
     config_from,
@@ -564,15 +566,16 @@ def _train(args: argparse.Namespace) -> int:
     if args.compare:
         if len(args.designs) < 2:
             raise _UsageError("tdiag train: error: --compare needs two or more designs")
-        configs = [config_from(args, d, _design_sizes(d, designs, args.sizes)) for d in args.designs]
-        for config in configs:
-            config.out = str(Path(args.out or "runs/compare") / Path(config.design).stem)
         out = Path(args.out or "runs/compare")
+        configs = [config_from(args, d, _design_sizes(d, designs, args.sizes)) for d in args.designs]
+        configs = [seeded for config in configs for seeded in _seeded(config, out, args.seeds)]
         results = training.compare(configs, out, progress=not args.no_progress, overwrite=args.overwrite)
         if os.environ.get("RANK", "0") == "0":  # one report under torchrun
             print((out / "compare.md").read_text())
             print(f"wrote {out}/compare.md, compare.csv, compare.json, compare.png")
         return 0 if results else 1
+    if args.seeds > 1:
+        raise _UsageError("tdiag train: error: --seeds is for --compare (train several designs over several seeds)")
     if len(args.designs) != 1:
         raise _UsageError("tdiag train: error: train one design, or several with --compare")
     own = _design_sizes(args.designs[0], designs, args.sizes)
@@ -581,13 +584,27 @@ def _train(args: argparse.Namespace) -> int:
     return _report_training(result)
 
 
+def _seeded(config: TrainConfig, out: Path, seeds: int) -> list[TrainConfig]:
+    """One design's runs under --compare: its folder OUT/DESIGN, or OUT/DESIGN-seedS for each of
+    `seeds` seeds from --seed on."""
+    folder = out / Path(config.design).stem
+    if seeds == 1:
+        return [dataclasses.replace(config, out=str(folder))]
+    if config.seed + seeds - 1 > MAX_SEED:
+        raise _UsageError(f"tdiag train: error: --seed {config.seed} --seeds {seeds}: seeds go past {MAX_SEED:,}")
+    return [
+        dataclasses.replace(config, seed=seed, out=f"{folder}-seed{seed}")
+        for seed in range(config.seed, config.seed + seeds)
+    ]
+
+
 def _resumed_config(args: argparse.Namespace) -> TrainConfig:
     """The settings of the run in --resume's folder with the flags given explicitly applied: each
     either may change (RESUMABLE: steps, evaluation, device, ...) or must equal the run's own, else
     it is refused by name; none is ignored."""
     from .runs import read_run_config, recorded_design
 
-    for flag, given in (("--overwrite", args.overwrite), ("--compare", args.compare)):
+    for flag, given in (("--overwrite", args.overwrite), ("--compare", args.compare), ("--seeds", args.seeds > 1)):
         if given:
             raise _UsageError(f"tdiag train: error: --resume continues one run; {flag} cannot go with it")
     folder = Path(args.resume)

@@ -250,6 +250,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="RUN",
         help="continue the run in this folder from its checkpoint (default: a new run)",
     )
+    parser.add_argument(
+        "--seeds",
+        type=positive_int,
+        default=1,
+        help="with --compare: train each design with this many seeds (--seed, --seed + 1, ...) and give "
+        "its loss's mean and spread",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a run already in the run folder")
     parser.add_argument("--nproc", type=positive_int, default=1, help="data-parallel processes (runs torchrun)")
     parser.add_argument(
