@@ -1044,13 +1044,16 @@ def compare(configs: list[TrainConfig], out: Path, progress: bool = True, overwr
     return results
 
 
+# the columns of compare.csv and of compare.json's rows, one row per run
+COMPARE_FIELDS = ("design", "seed", "attention_parameters", "parameters", "flops_per_step", "final_val_loss",
+                  "tokens_per_s", "model_flops_per_s", "mfu")  # fmt: skip
+
+
 def write_comparison(out: Path, results: list[dict]) -> None:
     """compare.md/.csv/.json and compare.png (validation loss against step and FLOPs) of runs;
     runs of one design that differ only in seed are one row of compare.md (mean and spread)."""
     out.mkdir(parents=True, exist_ok=True)
-    fields = ("design", "seed", "attention_parameters", "parameters", "flops_per_step", "final_val_loss")
-    fields += ("tokens_per_s", "model_flops_per_s", "mfu")
-    rows = [{k: r.get("config", {}).get("seed") if k == "seed" else r[k] for k in fields} for r in results]
+    rows = [{k: r.get("config", {}).get("seed") if k == "seed" else r[k] for k in COMPARE_FIELDS} for r in results]
     (out / "compare.json").write_text(json.dumps({"rows": rows, "runs": results}, indent=2, default=str))
     with (out / "compare.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
