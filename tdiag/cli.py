@@ -4,7 +4,10 @@ exits 1 with positioned messages; a usage mistake exits 2; neither shows a trace
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -15,8 +18,9 @@ from .design import COST_OBJECTIVE, DEFAULT_OBJECTIVE, OBJECTIVES, Design, load
 from .errors import Diagnostic, TdiagError, format_diagnostic
 from .files import OutputRefusedError, check_output, one_command, write_output
 from .graph import LIMITS
-from .resources import bundled_designs, design_file
+from .resources import bundled_designs, bundled_spaces, design_file, designs_folder
 from .train_config import (
+    MAX_SEED,
     TrainConfig,
     add_arguments,
     config_from,
@@ -37,7 +41,7 @@ OBJECTIVE_HELP = (
 )
 ATTENTION_HELP = (
     "the fused kernel for softmax boxes: sdpa (scaled_dot_product_attention) or flex (FlexAttention, score_mod and "
-    "block mask; with torch 2.13 on CPU inference only, float32/16/bf16 under torch.compile); default sdpa"
+    "block mask; with torch 2.13 on CPU inference only, float32/16/bf16 under torch.compile)"
 )
 
 
@@ -46,24 +50,58 @@ class _UsageError(Exception):
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Every flag's help ends with its default; a flag whose absence means something other than
-    a value (None, "") says so in its own words; positional arguments have no default to show."""
+    """Every flag's help states its default once: at its end, unless the help already says it
+    in its own words (a flag whose absence means something other than a value, None or "", always
+    does); positional arguments have no default to show."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if not action.option_strings or action.default in (None, "", argparse.SUPPRESS):
-            return action.help or ""  # the help says what happens when the flag is not given
+        text = action.help or ""
+        if not action.option_strings or action.default in (None, "", argparse.SUPPRESS) or "default" in text.lower():
+            return text  # the help says what happens when the flag is not given
         if action.default in ([], {}):
             return f"{action.help} (default: none)"
         return super()._get_help_string(action) or ""
 
 
 class _Parser(argparse.ArgumentParser):
+    """tdiag's parsers: a flag is spelt in full (`--step 5` is not taken as `--steps`), and a
+    flag no command has is refused with the closest flag of the command it was given to."""
+
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise _UsageError(f"{self.prog}: error: {message}")
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = _command_parser(self, parsed)
+            raise _UsageError(f"{command.prog}: error: {_unrecognized(extras[0], command)}")
+        return parsed
+
+
+def _command_parser(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command parser the arguments were given to: `tdiag cost`'s for `tdiag cost ...`."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(parsed, action.dest, None) or "")
+            if chosen is not None:
+                return _command_parser(chosen, parsed)
+    return parser
+
+
+def _unrecognized(argument: str, parser: argparse.ArgumentParser) -> str:
+    """`unrecognized argument '--at-n'; did you mean '--at'?`, the guess among the command's own flags."""
+    flag = argument.split("=", 1)[0]
+    message = f"unrecognized argument '{flag if flag.startswith('-') else argument}'"
+    if not flag.startswith("-"):
+        return message
+    flags = [f for action in parser._actions for f in action.option_strings if f.startswith("--")]
+    guess = difflib.get_close_matches(flag, flags, n=1, cutoff=0.6)
+    return f"{message}; did you mean '{guess[0]}'?" if guess else message
 
 
 def _size_setting(text: str) -> tuple[str, int]:
@@ -133,7 +171,7 @@ def _parser() -> _Parser:
     parser = _Parser(
         prog="tdiag",
         description="A tensor-diagram compiler for attention designs. A design is a .td file, "
-        f"or the name of a bundled design ({', '.join(bundled_designs())}).",
+        "or the name of a bundled design (`tdiag list` names them).",
     )
     parser.add_argument("--version", action="version", version=f"tdiag {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -155,6 +193,8 @@ def _parser() -> _Parser:
 
     def with_attention(p: argparse.ArgumentParser) -> None:
         p.add_argument("--attention", choices=("sdpa", "flex"), default="sdpa", help=ATTENTION_HELP)
+
+    commands.add_parser("list", help="name the bundled designs and design spaces, each with its title")
 
     p = commands.add_parser("check", help="parse and check designs; print a summary or every mistake")
     p.add_argument("files", nargs="+", metavar="FILE.td", help=DESIGN_HELP)
@@ -249,9 +289,9 @@ def _parser() -> _Parser:
     p = commands.add_parser("generate", help="print text drawn from a trained run's model after a prompt")
     p.add_argument("run", metavar="RUN", help="a run folder of `tdiag train` (its last checkpoint)")
     p.add_argument("--prompt", required=True, help="the text to continue (characters of the run's data)")
-    p.add_argument("--length", type=positive_int, default=400, help="characters to draw (default 400)")
-    p.add_argument("--seed", type=seed_int, default=0, help="seed of the draw (default 0)")
-    p.add_argument("--device", type=device_name, default="cpu", help="cpu (default), cuda, cuda:N, mps")
+    p.add_argument("--length", type=positive_int, default=400, help="characters to draw")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the draw")
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:N, mps")
 
     from .space.command import add_parser as add_space_parser
 
@@ -307,6 +347,30 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _list(args: argparse.Namespace) -> int:
+    folder = designs_folder()
+    designs = [(name, _title(folder / f"{name}.td")) for name in bundled_designs()]
+    spaces = [(name, _title(folder / "spaces" / f"{name}.tds")) for name in bundled_spaces()]
+    width = max(len(name) for name, _ in designs + spaces)
+    print(f"bundled designs ({len(designs)}; e.g. tdiag check fish):")
+    print("\n".join(f"  {name:<{width}}  {title}" for name, title in designs))
+    print(f"bundled design spaces ({len(spaces)}; e.g. tdiag space tuformer):")
+    print("\n".join(f"  {name:<{width}}  {title}" for name, title in spaces))
+    return 0
+
+
+def _title(file: Path, width: int = 80) -> str:
+    """A bundled file's title: the first sentence of its leading comment, cut at a word to
+    `width` characters (`Gated linear attention (GLA)`)."""
+    comment = []
+    for line in file.read_text(encoding="utf-8").split("\n"):
+        if not line.startswith("#") or line.startswith(("# Paper:", "# Spec:")):
+            break
+        comment.append(line.removeprefix("#").strip())
+    sentence = re.split(r"(?<=[.;])\s", " ".join(comment), maxsplit=1)[0].rstrip(".;")
+    return sentence if len(sentence) <= width else sentence[: width - 3].rsplit(" ", 1)[0] + "..."
+
+
 def _show(args: argparse.Namespace) -> int:
     print(_load(args.file, args.sizes).show())
     return 0
@@ -333,6 +397,8 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
+    from .codegen import class_name
+
     check_output(args.output, [design_file(args.file)], flag="-o")
     design = _load(args.file, args.sizes)
     if args.causal:
@@ -344,7 +410,7 @@ def _compile(args: argparse.Namespace) -> int:
     plan = design.plan(**options, **sizes)
     source = design.source(**options, **sizes)
     write_output(args.output, source, design.graph.sources, flag="-o")
-    print(f"wrote {args.output}: class {source.split('class ', 1)[1].split('(', 1)[0]}, {len(plan.steps)} steps")
+    print(f"wrote {args.output}: class {class_name(design.graph.name)}, {len(plan.steps)} steps")
     for note in plan.lowered or ["every box is computed as written (no lowering was cheaper)"]:
         print(f"  {note}")
     return 0
@@ -500,15 +566,16 @@ def _train(args: argparse.Namespace) -> int:
     if args.compare:
         if len(args.designs) < 2:
             raise _UsageError("tdiag train: error: --compare needs two or more designs")
-        configs = [config_from(args, d, _design_sizes(d, designs, args.sizes)) for d in args.designs]
-        for config in configs:
-            config.out = str(Path(args.out or "runs/compare") / Path(config.design).stem)
         out = Path(args.out or "runs/compare")
+        configs = [config_from(args, d, _design_sizes(d, designs, args.sizes)) for d in args.designs]
+        configs = [seeded for config in configs for seeded in _seeded(config, out, args.seeds)]
         results = training.compare(configs, out, progress=not args.no_progress, overwrite=args.overwrite)
         if os.environ.get("RANK", "0") == "0":  # one report under torchrun
             print((out / "compare.md").read_text())
             print(f"wrote {out}/compare.md, compare.csv, compare.json, compare.png")
         return 0 if results else 1
+    if args.seeds > 1:
+        raise _UsageError("tdiag train: error: --seeds is for --compare (train several designs over several seeds)")
     if len(args.designs) != 1:
         raise _UsageError("tdiag train: error: train one design, or several with --compare")
     own = _design_sizes(args.designs[0], designs, args.sizes)
@@ -517,13 +584,27 @@ def _train(args: argparse.Namespace) -> int:
     return _report_training(result)
 
 
+def _seeded(config: TrainConfig, out: Path, seeds: int) -> list[TrainConfig]:
+    """One design's runs under --compare: its folder OUT/DESIGN, or OUT/DESIGN-seedS for each of
+    `seeds` seeds from --seed on."""
+    folder = out / Path(config.design).stem
+    if seeds == 1:
+        return [dataclasses.replace(config, out=str(folder))]
+    if config.seed + seeds - 1 > MAX_SEED:
+        raise _UsageError(f"tdiag train: error: --seed {config.seed} --seeds {seeds}: seeds go past {MAX_SEED:,}")
+    return [
+        dataclasses.replace(config, seed=seed, out=f"{folder}-seed{seed}")
+        for seed in range(config.seed, config.seed + seeds)
+    ]
+
+
 def _resumed_config(args: argparse.Namespace) -> TrainConfig:
     """The settings of the run in --resume's folder with the flags given explicitly applied: each
     either may change (RESUMABLE: steps, evaluation, device, ...) or must equal the run's own, else
     it is refused by name; none is ignored."""
     from .runs import read_run_config, recorded_design
 
-    for flag, given in (("--overwrite", args.overwrite), ("--compare", args.compare)):
+    for flag, given in (("--overwrite", args.overwrite), ("--compare", args.compare), ("--seeds", args.seeds > 1)):
         if given:
             raise _UsageError(f"tdiag train: error: --resume continues one run; {flag} cannot go with it")
     folder = Path(args.resume)
@@ -594,6 +675,7 @@ COMMANDS = {
     "space": _space,
     "train": _train,
     "generate": _generate,
+    "list": _list,
     "check": _check,
     "show": _show,
     "render": _render,

@@ -90,6 +90,9 @@ def space_file(path: str | Path) -> Path:
     return _bundled_or_given(path, designs_folder() / "spaces", ".tds", bundled_spaces)
 
 
+NAMES_IN_A_HINT = 10  # a hint lists at most this many bundled names; more are pointed to, not printed
+
+
 def missing_space(path: str | Path) -> TdiagError:
     """The error for a space argument that is neither a file nor a bundled space."""
     return _missing("space", path, ".tds", bundled_spaces())
@@ -108,6 +111,8 @@ def _missing(kind: str, path: str | Path, suffix: str, names: list[str]) -> Tdia
         return TdiagError(Diagnostic(message))
     guess = did_you_mean(Path(path).name.removesuffix(suffix), names)
     listing = f"bundled {kind}s: {', '.join(names)}"
+    if len(names) > NAMES_IN_A_HINT:
+        listing = f"`tdiag list` names the {len(names)} bundled {kind}s"
     return TdiagError(Diagnostic(message, hint=f"{guess} {listing}" if guess else listing))
 
 

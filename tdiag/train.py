@@ -19,6 +19,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -531,7 +532,7 @@ def _train(config: TrainConfig, folder: Path, device: torch.device, *, resume: b
             write_atomically(folder / "summary.json", json.dumps(summary, indent=2).encode())
         with writing(folder / "loss.png"):
             _plot(folder, done.log, design.name, done.steps)
-    return summary | {"log": done.log, "folder": str(folder)}
+    return summary | {"log": done.log, "folder": str(folder), "config": dataclasses.asdict(recorded(config))}
 
 
 def _resumed_design(folder: Path, config: TrainConfig, corpus: Corpus) -> tuple[str, dict]:
@@ -631,9 +632,8 @@ class _Run:
         peak = peak_flops(self.device, self.config.peak_tflops) * self.dist.world
         pace = _Pace(self.summary["flops_per_step"], self.config.batch * self.config.context, peak)
         saved = done.step
-        shown = progress and self.dist.is_main
-        plain = shown and not sys.stderr.isatty()  # nohup, slurm, a redirect: a line per evaluation
-        bar = _progress(self.config, done.step, enabled=shown and not plain)
+        # a bar only on a terminal (nohup, slurm, a redirect get none); the evaluation lines always
+        bar = _progress(self.config, done.step, enabled=progress and self.dist.is_main and sys.stderr.isatty())
         try:
             with _Interrupts() as interrupts:
                 while done.step < self.config.steps:
@@ -647,8 +647,7 @@ class _Run:
                             _save_checkpoint(self.folder, self.model, self.optimizer, done, self.config)
                             _write_log(self.folder, done.log, done.steps)
                             saved = done.step
-                            if plain:
-                                print(_evaluation_line(done, self.config), flush=True)
+                            _print_above(bar, _evaluation_line(done, self.config))
         except KeyboardInterrupt:
             raise self._interrupted(done, saved) from None
         finally:
@@ -783,6 +782,13 @@ def _progress(config: TrainConfig, start: int, enabled: bool):
         unit="step",
         dynamic_ncols=True,
     )
+
+
+def _print_above(bar, line: str) -> None:
+    """A line on stdout, above the progress bar where one is drawn (tqdm clears and redraws it):
+    the log a batch job keeps, whatever the bar does."""
+    bar.write(line, file=sys.stdout)
+    sys.stdout.flush()
 
 
 def _save_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, done: Progress, config) -> None:
@@ -957,8 +963,8 @@ def _write_log(folder: Path, log: list[dict], steps: list[dict]) -> None:
 
 
 def _evaluation_line(done: Progress, config: TrainConfig) -> str:
-    """`step 200/2000: train 2.315, val 2.402 nats/char, 10,250 tokens/s`, printed at each
-    evaluation where no progress bar is drawn."""
+    """`mhsa step 200/2000: train 2.315, val 2.402 nats/char, 10,250 tokens/s`, printed at each
+    evaluation, with or without a progress bar."""
     entry = done.log[-1]
     return (
         f"{Path(config.design).stem} step {entry['step']}/{config.steps}: train {entry['train_loss']:.3f}, "
@@ -1038,35 +1044,56 @@ def compare(configs: list[TrainConfig], out: Path, progress: bool = True, overwr
     return results
 
 
+# the columns of compare.csv and of compare.json's rows, one row per run
+COMPARE_FIELDS = ("design", "seed", "attention_parameters", "parameters", "flops_per_step", "final_val_loss",
+                  "tokens_per_s", "model_flops_per_s", "mfu")  # fmt: skip
+
+
 def write_comparison(out: Path, results: list[dict]) -> None:
-    """compare.md/.csv/.json and compare.png (validation loss against step and FLOPs) of runs."""
+    """compare.md/.csv/.json and compare.png (validation loss against step and FLOPs) of runs;
+    runs of one design that differ only in seed are one row of compare.md (mean and spread)."""
     out.mkdir(parents=True, exist_ok=True)
-    rows = [
-        {
-            k: r[k]
-            for k in (
-                "design",
-                "attention_parameters",
-                "parameters",
-                "flops_per_step",
-                "final_val_loss",
-                "tokens_per_s",
-                "model_flops_per_s",
-                "mfu",
-            )
-        }
-        for r in results
-    ]
+    rows = [{k: r.get("config", {}).get("seed") if k == "seed" else r[k] for k in COMPARE_FIELDS} for r in results]
     (out / "compare.json").write_text(json.dumps({"rows": rows, "runs": results}, indent=2, default=str))
     with (out / "compare.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    (out / "compare.md").write_text(compare_table(rows, results[0]["unigram_val_loss"]))
+    configs = [r["config"] for r in results] if all("config" in r for r in results) else None
+    (out / "compare.md").write_text(compare_table(rows, results[0]["unigram_val_loss"], configs))
     _plot_compare(out, results)
 
 
-def compare_table(rows: list[dict], unigram: float) -> str:
+def seed_groups(configs: list[dict]) -> list[list[int]]:
+    """The runs (by index) that differ only in their seed and run folder: one design's seeds."""
+    groups: dict[str, list[int]] = {}
+    for index, config in enumerate(configs):
+        key = json.dumps({k: v for k, v in config.items() if k not in ("seed", "out")}, sort_keys=True, default=str)
+        groups.setdefault(key, []).append(index)
+    return list(groups.values())
+
+
+def compare_table(rows: list[dict], unigram: float, configs: list[dict] | None = None) -> str:
+    """compare.md: a row per design (its seeds' mean and spread where it ran several), the
+    unigram baseline, and the settings the designs were trained with (`configs`, one per row)."""
+    groups = seed_groups(configs) if configs else [[i] for i in range(len(rows))]
+    seeded = any(len(group) > 1 for group in groups)
+    lines = _seeded_table(rows, groups) if seeded else _run_table(rows)
+    lines.append(f"\nUnigram baseline (validation cross-entropy of character frequencies): {unigram:.4f} nats/char.")
+    counts = {r["design"]: r["attention_parameters"] for r in rows}
+    if len(set(counts.values())) > 1:
+        listed = ", ".join(f"{name} {count:,}" for name, count in counts.items())
+        lines.append(
+            f"\nNote: the designs' attention parameters differ ({listed}): the same `--set` sizes give "
+            "each design its own attention width (a design may fix a size, as MGK its head width D), so "
+            "the losses compare models of different attention sizes."
+        )
+    if configs:
+        lines += ["", "## Configuration", "", *configuration_lines(configs, groups)]
+    return "\n".join(lines) + "\n"
+
+
+def _run_table(rows: list[dict]) -> list[str]:
     lines = [
         "| design | attention params | model params | train FLOPs/step | final val loss | tokens/s "
         "| model TFLOP/s | MFU |",
@@ -1079,16 +1106,76 @@ def compare_table(rows: list[dict], unigram: float) -> str:
             f"| {r['design']} | {r['attention_parameters']:,} | {r['parameters']:,} | {r['flops_per_step']:.3g} | "
             f"{r['final_val_loss']:.4f} | {r['tokens_per_s']:,.0f} | {tflops:.3g} | {mfu} |"
         )
-    lines.append(f"\nUnigram baseline (validation cross-entropy of character frequencies): {unigram:.4f} nats/char.")
-    counts = {r["design"]: r["attention_parameters"] for r in rows}
-    if len(set(counts.values())) > 1:
-        listed = ", ".join(f"{name} {count:,}" for name, count in counts.items())
+    return lines
+
+
+def _seeded_table(rows: list[dict], groups: list[list[int]]) -> list[str]:
+    """A row per design over its seeds: the final validation loss's mean ± sample standard
+    deviation, and its difference to the lowest mean, marked where the two spreads cover it."""
+    losses = [[rows[i]["final_val_loss"] for i in group] for group in groups]
+    means = [statistics.fmean(values) for values in losses]
+    spreads = [statistics.stdev(values) if len(values) > 1 else 0.0 for values in losses]
+    best = min(range(len(groups)), key=means.__getitem__)
+    lines = [
+        "| design | seeds | attention params | model params | train FLOPs/step | final val loss (mean ± sd) "
+        "| vs lowest | tokens/s (mean) |",
+        "|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for k, group in enumerate(groups):
+        first = rows[group[0]]
+        gap = means[k] - means[best]
+        versus = "lowest" if k == best else f"{gap:+.4f}"
+        if k != best and gap <= spreads[k] + spreads[best]:
+            versus += " (within the spread)"
+        rate = statistics.fmean(rows[i]["tokens_per_s"] for i in group)
         lines.append(
-            f"\nNote: the designs' attention parameters differ ({listed}): the same `--set` sizes give "
-            "each design its own attention width (a design may fix a size, as MGK its head width D), so "
-            "the losses compare models of different attention sizes."
+            f"| {first['design']} | {len(group)} | {first['attention_parameters']:,} | {first['parameters']:,} | "
+            f"{first['flops_per_step']:.3g} | {means[k]:.4f} ± {spreads[k]:.4f} | {versus} | {rate:,.0f} |"
         )
-    return "\n".join(lines) + "\n"
+    lines.append(
+        "\nThe spread is the sample standard deviation of the final validation loss over a design's seeds; "
+        "a difference to the lowest mean no larger than the two spreads together is within the spread: "
+        "these seeds do not tell the two designs apart."
+    )
+    return lines
+
+
+SETTING_NAMES = {
+    "steps": "steps",
+    "layers": "layers",
+    "width": "width F",
+    "heads": "heads H",
+    "context": "context",
+    "batch": "batch",
+    "lr": "learning rate",
+    "seed": "seed",
+    "eval_every": "evaluation every",
+    "eval_batches": "validation batches",
+    "objective": "objective",
+    "device": "device",
+    "compile": "torch.compile",
+    "peak_tflops": "peak TFLOP/s",
+    "data": "data",
+}
+
+
+def configuration_lines(configs: list[dict], groups: list[list[int]] | None = None) -> list[str]:
+    """One Markdown list item per training setting: its value where every design shares it, else
+    each design's; a design's seeds where it ran several; the design's own sizes (`--set`) last."""
+    groups = groups or [[i] for i in range(len(configs))]
+    designs = [(Path(str(configs[g[0]]["design"])).stem, [configs[i] for i in g]) for g in groups]
+    lines = []
+    for name, label in SETTING_NAMES.items():
+        values = [(design, ", ".join(dict.fromkeys(str(c.get(name)) for c in runs))) for design, runs in designs]
+        if name == "seed" and any(len(runs) > 1 for _, runs in designs):
+            label = "seeds"
+        if len({value for _, value in values}) == 1:
+            lines.append(f"- {label}: {values[0][1]}")
+        else:
+            lines.append(f"- {label}: " + "; ".join(f"{design} {value}" for design, value in values))
+    sizes = [(d, ", ".join(f"{k}={v}" for k, v in runs[0].get("sizes", {}).items())) for d, runs in designs]
+    lines.append("- sizes: " + "; ".join(f"{d} {text or 'as declared'}" for d, text in sizes))
+    return lines
 
 
 def _plot_compare(out: Path, results: list[dict]) -> None:

@@ -250,6 +250,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="RUN",
         help="continue the run in this folder from its checkpoint (default: a new run)",
     )
+    parser.add_argument(
+        "--seeds",
+        type=positive_int,
+        default=1,
+        help="with --compare: train each design with this many seeds (--seed, --seed + 1, ...) and give "
+        "its loss's mean and spread",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a run already in the run folder")
     parser.add_argument("--nproc", type=positive_int, default=1, help="data-parallel processes (runs torchrun)")
     parser.add_argument(
@@ -308,7 +315,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help="run folder (default: runs/DESIGN-seedSEED; with --compare the comparison's folder, runs/compare)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (the line of each evaluation is printed either way)"
+    )
 
 
 def config_from(args: argparse.Namespace, design: str, sizes: dict[str, int]) -> TrainConfig:

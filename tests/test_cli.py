@@ -4,6 +4,7 @@ import argparse
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -64,6 +65,27 @@ def test_check_shows_a_sum_inside_a_map_as_a_warning_with_a_caret_and_succeeds(c
 def test_missing_file_is_an_error_not_a_traceback(capsys):
     code, _, err = run(capsys, "check", "no/such/file.td")
     assert code == 1 and "no such design file 'no/such/file.td'" in err
+
+
+def test_an_unknown_design_name_gets_the_closest_name_and_a_pointer_to_tdiag_list_not_every_name(capsys):
+    code, _, err = run(capsys, "check", "fsh")
+    hint = [line for line in err.splitlines() if line.startswith("hint: ")]
+    assert code == 1 and hint == [
+        f"hint: did you mean 'fish'? `tdiag list` names the {len(DESIGN_FILES)} bundled designs"
+    ]
+
+
+def test_a_name_close_to_no_bundled_design_gets_the_pointer_alone(capsys):
+    code, _, err = run(capsys, "show", "zzzqqq")
+    assert code == 1 and f"hint: `tdiag list` names the {len(DESIGN_FILES)} bundled designs" in err.splitlines()
+
+
+def test_list_names_every_bundled_design_and_space_with_its_title(capsys):
+    code, out, _ = run(capsys, "list")
+    rows = dict(line.split(maxsplit=1) for line in out.splitlines() if line.startswith("  "))
+    assert code == 0 and set(rows) == {p.stem for p in DESIGN_FILES} | {"fish", "mgk", "tuformer"}
+    assert rows["gla"] == "Gated linear attention (GLA)" and rows["tuformer"].startswith("Tuformer's design space")
+    assert max(len(title) for title in rows.values()) <= 80
 
 
 @pytest.mark.parametrize(
@@ -148,6 +170,16 @@ def test_compile_with_the_memory_objective_reports_the_p17_lowering(capsys, tmp_
     code, out, _ = run(capsys, "compile", str(DESIGNS / "mgk.td"), "-o", str(target), "--objective", "memory")
     assert code == 0 and "key bias as a feature (MGK P17)" in out
     assert "scaled_dot_product_attention" in target.read_text()
+
+
+@pytest.mark.parametrize("design", ["gla", "retnet", "mhsa"])
+def test_compile_names_the_module_class_a_user_imports_not_a_helper(capsys, tmp_path, design):
+    from tdiag.bench import module_from_file
+
+    target = tmp_path / f"{design}_module.py"
+    code, out, _ = run(capsys, "compile", design, "-o", str(target), "--set", "F=64", "--set", "H=4")
+    module = module_from_file(target, f"compiled_{design}")
+    assert code == 0 and f"wrote {target}: class {type(module).__name__}, " in out
 
 
 def test_an_unknown_objective_is_a_usage_error(capsys):
@@ -304,6 +336,7 @@ COMMANDS_WITHOUT_A_MODEL = {
     "help": lambda tmp: ["--help"],
     "train help": lambda tmp: ["train", "--help"],
     "version": lambda tmp: ["--version"],
+    "list": lambda tmp: ["list"],
     "bundled by name": lambda tmp: ["check", "fish", "mgk_softe"],
     "space": lambda tmp: [
         "space",
@@ -324,7 +357,7 @@ def test_commands_that_run_no_model_do_not_import_torch_or_matplotlib(command, t
     assert loaded & {"torch", "matplotlib"} == set()
 
 
-@pytest.mark.parametrize("command", ["check", "show", "render", "help", "version"])
+@pytest.mark.parametrize("command", ["check", "show", "render", "help", "version", "list"])
 def test_commands_that_plan_nothing_do_not_import_numpy(command, tmp_path):
     loaded = modules_after(COMMANDS_WITHOUT_A_MODEL[command](tmp_path))
     assert loaded & {"numpy", "opt_einsum"} == set()
@@ -467,10 +500,23 @@ def test_every_flag_and_argument_has_help_text(command):
     assert [a.dest for a in actions if not a.help] == []
 
 
-@pytest.mark.parametrize("command", sorted(subcommands()))
+@pytest.mark.parametrize("command", sorted(c for c, parser in subcommands().items() if flags_of(parser)))
 def test_the_help_of_every_subcommand_shows_defaults(command):
     text = subcommands()[command].format_help()
     assert "(default: " in text
+
+
+def help_entries(parser: argparse.ArgumentParser) -> list[str]:
+    """Each option's entry in the printed help: its flag line and the lines its help wraps onto."""
+    text = parser.format_help().split("\noptions:\n", 1)[1]
+    return [" ".join(entry.split()) for entry in re.split(r"\n(?=  -)", text) if entry.strip()]
+
+
+@pytest.mark.parametrize("command", sorted(subcommands()))
+def test_no_option_of_any_subcommand_shows_its_default_twice(command):
+    entries = help_entries(subcommands()[command])
+    assert len(entries) == len(flags_of(subcommands()[command])) + 1  # and --help
+    assert [entry for entry in entries if entry.lower().count("default") > 1] == []
 
 
 @pytest.mark.parametrize("command", ["check", "show", "render", "compile"])
@@ -650,3 +696,31 @@ def test_a_bad_flag_value_is_a_usage_error_naming_the_flag(capsys, argv, named):
 def test_an_empty_path_is_not_the_current_folder(capsys, argv, code, message):
     status, _, err = run(capsys, *argv)
     assert status == code and err.splitlines()[0] == message
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "guess"),
+    [
+        (["cost", "mhsa", "--at-n", "1024"], "--at-n", "--at"),
+        (["cost", "mhsa", "--form", "json"], "--form", "--format"),
+        (["plan", "mhsa", "--caus"], "--caus", "--causal"),
+        (["train", "mhsa", "--step", "5", "--data", "no/such/text.txt"], "--step", "--steps"),
+        (["train", "mhsa", "--eval-every=2", "--no-prog", "--data", "no/such/text.txt"], "--no-prog", "--no-progress"),
+        (["generate", "no/such/run", "--prompt", "To", "--len", "3"], "--len", "--length"),
+        (["space", str(SPACE), "--train", "--train-args", "--step 2"], "--step", "--steps"),
+    ],
+    ids=["cost-at-n", "cost-prefix", "plan-prefix", "train-step", "train-no-prog", "generate-len", "space-train-args"],
+)
+def test_a_mistyped_or_shortened_flag_is_refused_with_the_commands_closest_flag(capsys, argv, flag, guess):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and f"error: unrecognized argument '{flag}'; did you mean '{guess}'?" in err.splitlines()[0]
+
+
+def test_an_argument_no_command_takes_is_refused_by_name(capsys):
+    code, _, err = run(capsys, "show", "mhsa", "extra")
+    assert code == 2 and err.splitlines()[0] == "tdiag show: error: unrecognized argument 'extra'"
+
+
+@pytest.mark.parametrize("command", sorted(subcommands()))
+def test_no_parser_takes_a_prefix_of_a_flag_for_the_flag(command):
+    assert _parser().allow_abbrev is False and subcommands()[command].allow_abbrev is False

@@ -262,6 +262,7 @@ def test_a_base_beside_the_space_that_is_not_a_file_is_an_error_not_the_bundled_
         ("--resume runs/x", "--resume"),
         ("--nproc 2", "--nproc"),
         ("--out x", "--out"),
+        ("--seeds 2", "--seeds"),
     ],
 )
 def test_train_args_that_would_choose_the_run_folder_or_processes_are_refused_not_ignored(

@@ -90,6 +90,30 @@ def test_without_a_terminal_each_evaluation_is_a_plain_line(corpus_file, tmp_pat
     assert "val " in lines[0] and "tokens/s" in lines[0] and "\r" not in out + err
 
 
+EVALUATION_LINE = re.compile(r"mhsa step \d+/\d+: train [\d.]+, val [\d.]+ nats/char, [\d,]+ tokens/s")
+
+
+def evaluation_lines(out: str) -> list[str]:
+    """The `mhsa step 2/4` of each evaluation line printed."""
+    return [line.split(":")[0] for line in out.splitlines() if EVALUATION_LINE.fullmatch(line)]
+
+
+def test_with_no_progress_each_evaluation_is_still_a_line_before_the_final_one(corpus_file, tmp_path, capsys):
+    args = ["train", str(DESIGNS / "mhsa.td"), "--data", str(corpus_file), "--layers", "1", "--width", "16"]
+    args += ["--heads", "2", "--context", "16", "--batch", "4", "--steps", "4", "--eval-every", "2"]
+    assert main([*args, "--eval-batches", "1", "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert evaluation_lines(out) == ["mhsa step 2/4", "mhsa step 4/4"]
+    assert out.splitlines()[-1].startswith("mhsa: validation loss ")
+
+
+def test_on_a_terminal_each_evaluation_is_a_line_above_the_progress_bar(corpus_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    train(tiny("mhsa.td", corpus_file, tmp_path, steps=4, eval_every=2), progress=True)
+    out, err = capsys.readouterr()
+    assert evaluation_lines(out) == ["mhsa step 2/4", "mhsa step 4/4"] and "4/4" in err  # the bar, on stderr
+
+
 def test_a_comparison_of_designs_with_different_attention_sizes_says_so():
     from tdiag.train import compare_table
 
@@ -128,6 +152,73 @@ def test_compare_writes_one_table_and_plot(corpus_file, tmp_path, capsys):
     }
     table = (tmp_path / "cmp" / "compare.md").read_text()
     assert "| mhsa |" in table and "| skip_right |" in table and "Unigram baseline" in table
+
+
+def test_compare_md_records_the_configuration_the_designs_were_trained_with(corpus_file, tmp_path):
+    args = ["train", "--compare", str(DESIGNS / "mhsa.td"), str(DESIGNS / "skip_right.td"), "--data", str(corpus_file)]
+    args += ["--layers", "1", "--width", "16", "--heads", "2", "--context", "16", "--batch", "4", "--steps", "2"]
+    args += ["--eval-every", "2", "--eval-batches", "1", "--seed", "3", "--out", str(tmp_path / "cmp"), "--no-progress"]
+    assert main([*args, "--set", "skip_right:D=4"]) == 0
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    settings = table.split("## Configuration\n\n", 1)[1].splitlines()
+    assert {"- steps: 2", "- width F: 16", "- context: 16", "- seed: 3", "- layers: 1", "- batch: 4"} <= set(settings)
+    assert f"- data: {corpus_file.resolve()}" in settings
+    assert "- sizes: mhsa as declared; skip_right D=4" in settings
+
+
+def test_a_setting_the_compared_designs_do_not_share_is_given_per_design():
+    from tdiag.train import configuration_lines
+
+    configs = [
+        {"design": "mhsa", "steps": 2, "seed": 0},
+        {"design": "/x/mgk.td", "steps": 2, "seed": 1, "sizes": {"M": 1}},
+    ]
+    lines = configuration_lines(configs)
+    assert "- steps: 2" in lines and "- seed: mhsa 0; mgk 1" in lines and "- sizes: mhsa as declared; mgk M=1" in lines
+
+
+def test_compare_over_seeds_gives_each_designs_mean_and_spread_and_marks_a_difference_within_it(corpus_file, tmp_path):
+    args = ["train", "--compare", str(DESIGNS / "mhsa.td"), str(DESIGNS / "skip_right.td"), "--data", str(corpus_file)]
+    args += ["--layers", "1", "--width", "16", "--heads", "2", "--context", "16", "--batch", "4", "--steps", "2"]
+    args += ["--eval-every", "2", "--eval-batches", "1", "--seed", "5", "--out", str(tmp_path / "cmp"), "--no-progress"]
+    assert main([*args, "--seeds", "2"]) == 0
+    runs = json.loads((tmp_path / "cmp" / "compare.json").read_text())["rows"]
+    loss = {(r["design"], r["seed"]): r["final_val_loss"] for r in runs}
+    assert set(loss) == {(d, s) for d in ("mhsa", "skip_right") for s in (5, 6)}
+    assert (tmp_path / "cmp" / "skip_right-seed6" / "checkpoint.pt").is_file()
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines() if line.startswith("| ")}
+    for design in ("mhsa", "skip_right"):
+        values = [loss[design, 5], loss[design, 6]]
+        assert rows[design][1] == "2"
+        assert rows[design][5] == f"{sum(values) / 2:.4f} ± {abs(values[0] - values[1]) / 2**0.5:.4f}"
+    assert "- seeds: 5, 6" in table
+
+
+def test_a_difference_no_larger_than_the_two_spreads_is_marked_within_the_spread():
+    from tdiag.train import compare_table
+
+    row = {"attention_parameters": 1, "parameters": 1, "flops_per_step": 1.0, "tokens_per_s": 1.0}
+    losses = {"a": (2.0, 2.2), "b": (2.25, 2.35), "c": (3.0, 3.02)}  # means 2.1, 2.3, 3.01; sd 0.141, 0.071, 0.014
+    rows = [row | {"design": d, "final_val_loss": v} for d, pair in losses.items() for v in pair]
+    configs = [{"design": d, "seed": s} for d in losses for s in (0, 1)]
+    lines = {line.split(" | ")[0].strip("| "): line for line in compare_table(rows, 3.3, configs).splitlines()}
+    assert (
+        "| lowest |" in lines["a"] and "| +0.2000 (within the spread) |" in lines["b"] and "| +0.9100 |" in lines["c"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--seeds", "2"], "--seeds is for --compare"),
+        (["--compare", "--seeds", "2", "--seed", str(2**63 - 1 - 2**20)], "seeds go past"),
+    ],
+)
+def test_seeds_beyond_one_design_or_the_seed_range_are_a_usage_error(capsys, flags, message):
+    designs = [str(DESIGNS / "mhsa.td")] + ([str(DESIGNS / "thsa.td")] if "--compare" in flags else [])
+    assert main(["train", *designs, *flags]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_compare_applies_a_size_to_the_designs_that_have_it_and_a_design_size_to_that_design(corpus_file, tmp_path):

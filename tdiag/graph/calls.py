@@ -156,6 +156,11 @@ class BoxesAndMaps:
                     legs.append(name)
         return tuple(legs)
 
+    def _content_legs(self, argument: syn.Expr) -> set[str]:
+        """The legs an argument could expose, for naming them in a check or a hint: a size in a
+        position (`Rel[h, r = clamp(m - n, -C, C) + C]`) stands for no leg."""
+        return _available(argument, self.b.tensors) - set(self.b.sizes)
+
     def box(self, e: syn.Call, keep: set[str]) -> Expr:
         normalized = self._legs_of(e)
         argument = self._one_argument(e)
@@ -167,7 +172,7 @@ class BoxesAndMaps:
             )
         if argument is None:
             return self.poison(e)
-        available = _available(argument, self.b.tensors)
+        available = self._content_legs(argument)
         for leg, item in zip(normalized, e.legs or (), strict=False):
             if leg not in available:
                 self.b.error(
@@ -538,7 +543,7 @@ class BoxesAndMaps:
         along = {leg for option in e.options for leg in _available(option.value, self.b.tensors)}
         operand = self.inside(argument, keep | set(over) | along)
         self.warn_lone_sums(e, argument, operand)
-        available = sorted(_available(argument, self.b.tensors))
+        available = sorted(self._content_legs(argument))
         for leg, item in zip(over, e.legs or (), strict=False):
             if leg not in operand.legs:
                 self.b.error(

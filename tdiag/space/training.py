@@ -75,6 +75,7 @@ def _refuse_run_flags(args: argparse.Namespace, train_args: argparse.Namespace, 
         "--out": bool(train_args.out),
         "--overwrite": train_args.overwrite,
         "--nproc": train_args.nproc != 1,
+        "--seeds": train_args.seeds != 1,  # one run per point: front.md has no spread to read
         "a design file": len(train_args.designs) != points,
     }
     refused = [flag for flag, is_given in given.items() if is_given]
