@@ -19,6 +19,7 @@ from ..names import reserved_because
 from .dataflow import _dataflow_graph
 from .declarations import Declarations
 from .expressions import _ExprBuilder
+from .lone_sums import MeantSums
 from .merge import _item_name, _item_name_span, _what
 from .model import LIMITS, DesignGraph
 from .sizes import SizeTable, _same_size, size_symbol
@@ -46,6 +47,8 @@ class _Builder(Declarations):
         self.outputs: list[str] = []
         self.conflicting_legs: set[str] = set()  # each leg-size conflict is reported once
         self.runtime_sizes: set[sympy.Symbol] = set()  # sizes bound by the inputs (`size N`)
+        self.meant_sums = MeantSums()  # the legs each `sum[...]` names: lone sums said to be meant
+        self.lone_sum_spans: set[Span] = set()  # legs a lone-sum warning has named, each named once
 
     def error(self, message: str, *spans: Span, hint: str | None = None) -> None:
         self.diagnostics.append(Diagnostic(message, tuple(spans), hint))

@@ -14,6 +14,7 @@ from .. import parse as syn
 from ..errors import Span, did_you_mean
 from ..ir import CausalFactor, Contraction, Expr, Gather, PositionIndex, Scalar, TensorRef, WindowFactor, walk
 from .calls import BoxesAndMaps
+from .lone_sums import lone_leg_warnings
 from .positions import Positions
 from .products import Products
 from .syntax import _available, _call_as_product, _is_scalar_syntax, _product_op, _statement_targets
@@ -59,6 +60,7 @@ class _ExprBuilder(Products, Positions, BoxesAndMaps):
             for g in groups:
                 if len(g) > 1 and any(leg not in self.b.legs for leg in g):
                     self.b.error(f"cannot size the merged legs ({' '.join(g)})", target.span)
+        self.b.diagnostics += lone_leg_warnings(expr, e, result, self.b.meant_sums, self.b.lone_sum_spans)
         return expr
 
     def _check_gathered_legs(self, expr: Expr, result: set[str]) -> None:
