@@ -704,3 +704,27 @@ def test_sum_around_a_whole_product_compiles_to_the_product_as_written():
     assert annotated.warnings == []
     assert [w.message for w in bare.warnings] == ["leg 'r' occurs only in A and is summed away"]
     assert annotated.source() == bare.source()
+
+
+# ---- a leg sized only by a declaration nothing uses ----------------------------------------
+
+
+def test_a_leg_sized_only_by_an_unused_declaration_is_warned_at_its_use_and_the_declaration():
+    design = load("const Blk[j: 2] = ones\nY[c j f] = X[(c j) f]\noutput Y")
+    (warning,) = [w for w in design.warnings if "takes its size" in w.message]
+    assert warning.message == "leg 'j' of Y takes its size (2) only from the unused const 'Blk'"
+    use, declaration = warning.spans
+    assert (use.line, use.column, declaration.line, declaration.column) == (6, 17, 5, 11)
+    assert "const 'Blk' is never used" in [w.message for w in design.warnings]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "param Blk[j: F] = zeros\nY[n j] = X[n j]\noutput Y",  # X's axis sizes j as well
+        "const Blk[j: 2] = ones\nY[c j f] = Blk[j] X[(c j) f]\noutput Y",  # Blk is used
+        "const Blk[j: 2] = ones\nZ[c j f] = X[(c j) f]\nY[n f] = X[n f]\noutput Y",  # Z is unused too
+    ],
+)
+def test_a_leg_that_a_used_tensor_sizes_or_only_an_unused_statement_writes_is_not_warned(body):
+    assert not [w for w in load(body).warnings if "takes its size" in w.message]
