@@ -728,3 +728,9 @@ def test_a_leg_sized_only_by_an_unused_declaration_is_warned_at_its_use_and_the_
 )
 def test_a_leg_that_a_used_tensor_sizes_or_only_an_unused_statement_writes_is_not_warned(body):
     assert not [w for w in load(body).warnings if "takes its size" in w.message]
+
+
+def test_a_product_of_many_lone_legs_is_warned_of_each_without_a_guess():
+    factors = " ".join(f"X[n a{i}]" for i in range(10))
+    warnings = lone_leg_warnings(load(f"Z[n] = {factors}\nY[n f] = Z[n] X[n f]\noutput Y"))
+    assert len(warnings) == 10 and not any("did you mean" in w.message for w in warnings)

@@ -31,16 +31,18 @@ class _ExprBuilder(Products, Positions, BoxesAndMaps):
         self.b = builder
         self.gathered: list[tuple[str, Span]] = []  # legs naming an axis read at a position
 
-    def _errors(self) -> int:
-        """Errors so far (a warning inside an expression explains nothing about its legs)."""
-        return sum(d.is_error for d in self.b.diagnostics)
+    def _has_errors_since(self, start: int) -> bool:
+        """Whether a diagnostic from `start` on is an error (a warning inside an expression explains
+        nothing about its legs); only the statement's own are read, so a file of many warnings is
+        checked in linear time."""
+        return any(d.is_error for d in self.b.diagnostics[start:])
 
     def statement(self, e: syn.Expr, groups: tuple[tuple[str, ...], ...], target: syn.Target) -> Expr:
         result = [leg for g in groups for leg in g]
-        errors_before = self._errors()
+        start = len(self.b.diagnostics)
         self.bind_factor_legs(e)
         expr = self.inside(e, set(result))
-        if self._errors() > errors_before:
+        if self._has_errors_since(start):
             return expr  # a mistake inside already explains any missing result leg
         self._check_gathered_legs(expr, set(result))
         spans = {

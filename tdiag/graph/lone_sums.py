@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 # nodes that apply the leg rule at their own boundary: a sum inside them is theirs, not the map's
 _BOUNDARIES = (ElementwiseMap, SoftmaxBox, Reduction, Scan, SegmentSum, Convolution, SquaredDistance)
 _SHOWN = 40  # characters of a factor quoted in a message
+_GUESSED = 8  # a product with more lone legs in other factors gets no guess of the leg meant
 
 
 class MeantSums:
@@ -288,6 +289,8 @@ def _meant_leg(item: _LoneLeg, lone: list[_LoneLeg], others: list[str]) -> str |
     factor of the same product (the other end of the intended edge), the only such leg, or a close
     name among the statement's other legs."""
     across = sorted({o.leg for o in lone if o.product is item.product and o.factor is not item.factor} - {item.leg})
+    if len(across) > _GUESSED:
+        return None  # many lone legs in one product are sums, not a typo's pair
     hint = did_you_mean(item.leg, across) or did_you_mean(item.leg, others)
     if hint is None and len(across) == 1:
         return across[0]
