@@ -32,6 +32,6 @@ K[m h r d] = X[m f] WK[f h r d]                                # k_jr
 V[m h e] = X[m f] WV[f h e]
 A[h n m r] = softmax[m r](log(clamp(pi[h r], 1e-6, 1))
                           - sqdist[d](Q[n h d], K[m h r d]) / (2 * sqrt(D)))   # eq. 9, before sum_r
-Y[n g] = A[h n m r] V[m h e] WO[h e g]                         # eq. 10 (sum over r and m), eq. 3
+Y[n g] = sum[r](A[h n m r] V[m h e] WO[h e g])                 # eq. 10 (sum over r and m), eq. 3
 
 output Y

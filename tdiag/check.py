@@ -19,6 +19,7 @@ def check(design: DesignGraph) -> list[Diagnostic]:
     found = [
         *_outputs_depend_on_an_input(design),
         *_unused_tensors(design),
+        *_legs_sized_by_unused_declarations(design),
         *_buffers_without_update(design),
         *_scale_is_a_number(design),
         *_numbers_in_range(design),
@@ -74,6 +75,34 @@ def _unused_tensors(design: DesignGraph) -> list[Diagnostic]:
                 f"{tensor.kind} '{tensor.name}' {what}",
                 (tensor.span,),
                 "remove it, or use it on the way to an output",
+                severity="warning",
+            )
+        )
+    return problems
+
+
+def _legs_sized_by_unused_declarations(design: DesignGraph) -> list[Diagnostic]:
+    """A declaration's axes size their legs for the whole file, whether or not anything reads the
+    tensor; a leg that a used statement writes and that only unused tensors size (a leftover
+    `const Blk[j: 2]` giving a chunk leg j the size 2) is warned of at the use and the declaration."""
+    used = _used_tensors(design) | {u.target for u in design.updates}
+    problems = []
+    for name, leg in design.legs.items():
+        binders = design.leg_binders.get(name, ())
+        if not binders or any(b in used or b not in design.tensors for b in binders):
+            continue
+        use = next(((s, span) for s, span in design.leg_uses.get(name, ()) if s in used), None)
+        if use is None:
+            continue
+        statement, span = use
+        source = design.tensors[leg.bound_by] if leg.bound_by in design.tensors else design.tensors[binders[0]]
+        problems.append(
+            Diagnostic(
+                f"leg '{name}' of {statement} takes its size ({leg.size}) only from the unused "
+                f"{source.kind} '{source.name}'",
+                (span, leg.span),
+                f"a declaration's axes size their legs even when nothing reads it: remove '{source.name}' "
+                f"or give '{name}' the size meant where it is used (a tensor axis it indexes, index({name}, SIZE))",
                 severity="warning",
             )
         )

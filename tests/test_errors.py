@@ -93,3 +93,46 @@ def test_a_utf8_byte_order_mark_is_ignored(write_td):
 def test_extends_is_a_whole_word():
     message = _error_text("design b extendsa\n" + GOOD.split("\n", 1)[1] + "Y[n f] = X[n f]\noutput Y\n")
     assert "<string>:1:10: error: unexpected" in message
+
+
+LONE_LEG = """design typo
+size F = 64, G = 2, R = 2, D = 8
+size N
+input X[n: N, f: F]
+param WQ[f: F, g: G, r: R, d: D]
+param WK[f: F, g: G, d: D]
+param WV[f: F, g: G, e: D]
+param WO[g: G, r: R, e: D, o: F]
+A[g r n m] = softmax[m](X[n f] WQ[f g r d] X[m c] WK[c g d])
+Y[n o] = A[g r n m] X[m b] WV[b g ee] WO[g r e o]
+output Y
+"""
+
+
+def test_check_prints_a_lone_leg_warning_at_the_leg_with_a_caret_and_exits_0(tmp_path, capsys):
+    path = tmp_path / "typo.td"
+    path.write_text(LONE_LEG, encoding="utf-8")
+    assert main(["check", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"{path}: ok (")
+    assert (
+        f"{path}:10:35: warning: leg 'ee' occurs only in WV and is summed away; did you mean 'e'?\n"
+        "   10 | Y[n o] = A[g r n m] X[m b] WV[b g ee] WO[g r e o]\n"
+        "      |                                   ^^\n"
+        "hint: a leg that one factor alone carries is summed over that factor; if that is meant, "
+        "write sum[ee](WV[b g ee])\n"
+    ) in err
+    assert f"{path}:10:46: warning: leg 'e' occurs only in WO" in err
+
+
+def test_check_passes_a_design_whose_lone_sum_is_said_with_sum_without_a_warning(tmp_path, capsys):
+    said = LONE_LEG.replace("param WO[g: G, r: R, e: D, o: F]", "param WO[g: G, e: D, o: F]").replace(
+        "Y[n o] = A[g r n m] X[m b] WV[b g ee] WO[g r e o]", "Y[n o] = sum[r](A[g r n m]) X[m b] WV[b g e] WO[g e o]"
+    )
+    path = tmp_path / "said.td"
+    path.write_text(said, encoding="utf-8")
+    assert main(["check", str(path)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    path.write_text(said.replace("sum[r](A[g r n m])", "A[g r n m]"), encoding="utf-8")
+    assert main(["check", str(path)]) == 0
+    assert f"{path}:10:14: warning: leg 'r' occurs only in A and is summed away" in capsys.readouterr().err

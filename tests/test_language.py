@@ -6,6 +6,7 @@ box scale that is a parameter expression, and masks for any attention."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -500,8 +501,8 @@ def test_a_leg_one_factor_carries_summed_inside_a_map_warns_with_both_readings()
     (warning,) = map_sum_warnings(load(SINK))
     assert warning.message == "exp(S[h n k]) sums k inside exp: it computes exp(Σ_k S[h n k])"
     assert warning.hint == (
-        "to sum the values instead, Σ_k exp(S[h n k]), write it as its own statement: "
-        "E[h n k] = exp(S[h n k]), then use E[h n k]"
+        "to sum the values instead, Σ_k exp(S[h n k]), write sum[k](exp(S[h n k])); "
+        "if the sum inside exp is meant, write it out: exp(sum[k](S[h n k]))"
     )
     (span,) = warning.spans
     assert (span.line, span.column, span.end_column) == (7, 54, 55)
@@ -518,8 +519,8 @@ def test_a_map_sum_warning_does_not_stop_the_design_from_compiling_as_the_rule_s
 
 
 def test_summing_a_map_s_values_as_the_warning_suggests_computes_the_attention_sink():
-    design = load(SINK.replace("exp(S[h n k]))", "E[h n k])\nE[h n k] = exp(S[h n k])"))
-    assert not map_sum_warnings(design)
+    design = load(SINK.replace("exp(S[h n k]))", "sum[k](exp(S[h n k])))"))
+    assert not [w for w in design.warnings if "'k'" in w.message or " k " in w.message]
     x = x_input(2)
     compiled, reference, _ = run_both(design, x)
     s = x @ x.transpose(-1, -2)
@@ -561,29 +562,175 @@ def test_a_map_whose_argument_sums_no_leg_of_a_single_factor_does_not_warn(state
 
 
 @pytest.mark.parametrize(
-    ("statement", "suggested"),
+    ("statement", "values", "inside"),
     [
-        ("Z[n] = max[m](X[m f] X[n f] X[n g])", "E[n g] = max[m](X[m f] X[n f] X[n g])"),
+        (
+            "Z[n] = max[m](X[m f] X[n f] X[n g])",
+            "sum[g](max[m](X[m f] X[n f] X[n g]))",
+            "max[m](sum[g](X[m f] X[n f] X[n g]))",
+        ),
         (
             "Z[n m] = relu[m, mask = causal(n, m)](X[m g] X[n f] X[m f])",
-            "E[m n g] = relu[m, mask = causal(n, m)](X[m g] X[n f] X[m f])",
+            "sum[g](relu[m, mask = causal(n, m)](X[m g] X[n f] X[m f]))",
+            "relu[m, mask = causal(n, m)](sum[g](X[m g] X[n f] X[m f]))",
         ),
+        ("Z[n] = relu(2 X[n f] + 1)", "sum[f](relu(2 X[n f] + 1))", "relu(sum[f](2 X[n f]) + 1)"),
+        ("Z[n] = (X[n f] + 1) ^ 2", "sum[f]((X[n f] + 1) ^ 2)", "(sum[f](X[n f]) + 1) ^ 2"),
     ],
 )
-def test_a_lone_sum_warning_suggests_a_statement_over_the_legs_the_call_gives(statement, suggested):
+def test_a_lone_sum_warning_writes_both_readings_with_sum_and_each_compiles_without_warning(statement, values, inside):
     use = "Z[n m] X[m f]" if "Z[n m]" in statement else "Z[n] X[n f]"
     (warning,) = map_sum_warnings(load(f"{statement}\nY[n f] = {use}\noutput Y"))
-    assert f"write it as its own statement: {suggested}, then use" in warning.hint
+    assert f"write {values}; if the sum inside" in warning.hint
+    assert warning.hint.endswith(f"write it out: {inside}")
+    for written in (values, inside):
+        design = load(f"{statement.split('=')[0]}= {written}\nY[n f] = {use}\noutput Y")
+        assert design.warnings == []
+        compiled, reference, _ = run_both(design, x_input(2))
+        close(compiled, reference)
 
 
-def test_softpick_written_with_a_statement_for_its_summed_map_computes_softpick():
+def test_softpick_written_with_a_sum_of_its_map_computes_softpick():
     design = load(
-        "S[n m] = X[n f] X[m f]\nP[n k] = abs(exp(S[n k]) - 1)\n"
-        "A[n m] = relu(exp(S[n m]) - 1) / (P[n k] + 1e-6)\nY[n f] = A[n m] X[m f]\noutput Y"
+        "S[n m] = X[n f] X[m f]\n"
+        "A[n m] = relu(exp(S[n m]) - 1) / (sum[k](abs(exp(S[n k]) - 1)) + 1e-6)\nY[n f] = A[n m] X[m f]\noutput Y"
     )
-    assert not map_sum_warnings(design)
+    assert design.warnings == []
     x = x_input(2)
     compiled, reference, _ = run_both(design, x)
     s = (x @ x.transpose(-1, -2)).exp() - 1
     close(compiled, (s.relu() / (s.abs().sum(-1, keepdim=True) + 1e-6)) @ x)
     close(reference, compiled)
+
+
+# ---- a leg in one factor of a product: a typo, or a sum said with sum[...] ---------------------
+
+GROUPED = """param WQ[f: F, g: H, r: H, d: D]
+param WK[f: F, g: H, d: D]
+param WV[f: F, g: H, e: D]
+param WO[g: H, r: H, e: D, o: F]
+Q[n g r d] = X[n f] WQ[f g r d]
+K[m g d] = X[m f] WK[f g d]
+V[m g e] = X[m f] WV[f g e]
+A[g r n m] = softmax[m](Q[n g r d] K[m g d])
+Y[n o] = A[g r n m] V[m g ee] WO[g r e o]
+output Y"""
+
+
+def lone_leg_warnings(design: tdiag.Design) -> list:
+    return [w for w in design.warnings if "is summed away" in w.message]
+
+
+def test_a_leg_typo_is_warned_at_each_lone_leg_guessing_the_lone_leg_of_the_other_factor():
+    ee, e = lone_leg_warnings(load(GROUPED))
+    assert ee.message == "leg 'ee' occurs only in V and is summed away; did you mean 'e'?"
+    assert e.message == "leg 'e' occurs only in WO and is summed away; did you mean 'ee'?"
+    assert [(w.spans[0].line, w.spans[0].column, w.spans[0].end_column) for w in (ee, e)] == [
+        (13, 27, 29),
+        (13, 38, 39),
+    ]
+    assert ee.severity == "warning" and ee.hint.endswith("if that is meant, write sum[ee](V[m g ee])")
+
+
+def test_the_guess_prefers_a_leg_lone_in_another_factor_to_a_name_as_close_elsewhere():
+    body = "param W[e2: F, e1: F]\nS[n m] = X[n f] X[m f]\nY[n e1] = S[n m] X[m e] W[e2 e1]\noutput Y"
+    e, e2 = lone_leg_warnings(load(body))
+    assert e.message.endswith("did you mean 'e2'?") and e2.message.endswith("did you mean 'e'?")
+
+
+def test_two_lone_legs_inside_a_softmax_box_are_guessed_as_each_other_whatever_their_names():
+    d, c = lone_leg_warnings(load("A[n m] = softmax[m](X[n d] X[m c])\nY[n f] = A[n m] X[m f]\noutput Y"))
+    assert d.message == "leg 'd' occurs only in X and is summed away; did you mean 'c'?"
+    assert c.message == "leg 'c' occurs only in X and is summed away; did you mean 'd'?"
+    assert (d.spans[0].line, d.spans[0].column) == (5, 25)
+
+
+def test_a_lone_sum_inside_a_map_is_warned_once_by_the_map_s_warning():
+    (warning,) = load("Z[n] = exp(X[n f])\nY[n f] = Z[n] X[n f]\noutput Y").warnings
+    assert warning.message == "exp(X[n f]) sums f inside exp: it computes exp(Σ_f X[n f])"
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "Y[n f] = causal(n, l) X[l f]",  # a prefix sum: l joins the triangle to X
+        "Y[n f] = X[n g] X[n g] X[n f]",  # a squared norm: g in two factors
+        "Y[n f] = sum[g](X[n g]) X[n f]",  # the sum said
+        "Y[n f] = sum[m](X[m g] X[n g] X[m f])",  # a sum over a leg two factors share, said anyway
+    ],
+)
+def test_a_leg_that_joins_two_factors_or_a_said_sum_is_not_a_lone_leg(statement):
+    assert load(f"{statement}\noutput Y").warnings == []
+
+
+def test_sum_says_a_lone_sum_is_meant_and_computes_what_the_leg_rule_computes():
+    said = load("Z[n] = sum[f](X[n f])\nY[n f] = Z[n] X[n f]\noutput Y")
+    unsaid = load("Z[n] = X[n f]\nY[n f] = Z[n] X[n f]\noutput Y")
+    assert said.warnings == [] and [w.message for w in unsaid.warnings] == [
+        "leg 'f' occurs only in X and is summed away"
+    ]
+    x = x_input(2).requires_grad_()
+    compiled, reference, _ = run_both(said, x)
+    expected = x.sum(-1, keepdim=True) * x
+    close(compiled, expected)
+    close(reference, expected)
+    (grad,) = torch.autograd.grad(compiled.square().sum(), x)
+    (expected_grad,) = torch.autograd.grad(expected.square().sum(), x)
+    close(grad, expected_grad)
+
+
+def test_sum_of_a_map_sums_the_map_s_values_and_its_gradient_is_the_reference_s():
+    design = load("Z[n] = sum[m](exp(X[n f] X[m f] / 4))\nY[n f] = X[n f] / Z[n]\noutput Y")
+    assert design.warnings == []
+    x = x_input(2, seed=3).requires_grad_()
+    compiled, reference, _ = run_both(design, x)
+    expected = x / (x @ x.transpose(-1, -2) / 4).exp().sum(-1, keepdim=True)
+    close(compiled, expected)
+    close(reference, expected)
+    for output in (compiled, reference):
+        (grad,) = torch.autograd.grad(output.sin().sum(), x)
+        (expected_grad,) = torch.autograd.grad(expected.sin().sum(), x, retain_graph=True)
+        close(grad, expected_grad)
+
+
+def test_sum_around_a_whole_product_compiles_to_the_product_as_written():
+    """designs/mgk.td says its sum over the Gaussian keys r (eq. 10) with sum[r](...): the same
+    module as the bare product, which warns of r."""
+    text = (Path(__file__).parent.parent / "designs" / "mgk.td").read_text(encoding="utf-8")
+    said = "sum[r](A[h n m r] V[m h e] WO[h e g])"
+    assert said in text
+    bare = tdiag.loads(text.replace(said, "A[h n m r] V[m h e] WO[h e g]"), "mgk.td", F=8, H=2, D=4)
+    annotated = tdiag.loads(text, "mgk.td", F=8, H=2, D=4)
+    assert annotated.warnings == []
+    assert [w.message for w in bare.warnings] == ["leg 'r' occurs only in A and is summed away"]
+    assert annotated.source() == bare.source()
+
+
+# ---- a leg sized only by a declaration nothing uses ----------------------------------------
+
+
+def test_a_leg_sized_only_by_an_unused_declaration_is_warned_at_its_use_and_the_declaration():
+    design = load("const Blk[j: 2] = ones\nY[c j f] = X[(c j) f]\noutput Y")
+    (warning,) = [w for w in design.warnings if "takes its size" in w.message]
+    assert warning.message == "leg 'j' of Y takes its size (2) only from the unused const 'Blk'"
+    use, declaration = warning.spans
+    assert (use.line, use.column, declaration.line, declaration.column) == (6, 17, 5, 11)
+    assert "const 'Blk' is never used" in [w.message for w in design.warnings]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "param Blk[j: F] = zeros\nY[n j] = X[n j]\noutput Y",  # X's axis sizes j as well
+        "const Blk[j: 2] = ones\nY[c j f] = Blk[j] X[(c j) f]\noutput Y",  # Blk is used
+        "const Blk[j: 2] = ones\nZ[c j f] = X[(c j) f]\nY[n f] = X[n f]\noutput Y",  # Z is unused too
+    ],
+)
+def test_a_leg_that_a_used_tensor_sizes_or_only_an_unused_statement_writes_is_not_warned(body):
+    assert not [w for w in load(body).warnings if "takes its size" in w.message]
+
+
+def test_a_product_of_many_lone_legs_is_warned_of_each_without_a_guess():
+    factors = " ".join(f"X[n a{i}]" for i in range(10))
+    warnings = lone_leg_warnings(load(f"Z[n] = {factors}\nY[n f] = Z[n] X[n f]\noutput Y"))
+    assert len(warnings) == 10 and not any("did you mean" in w.message for w in warnings)

@@ -150,7 +150,7 @@ def test_refused_for_several_query_legs(write_td):
         ("WQ[f: F, h: H, d: D]", "WQ[f: F, h: H, g: G, d: D]"),
         ("WO[h: H, e: D, g: F]", "WO[h: H, g: G, e: D, o: F]"),
         ("Q[n h d] = X[n f] WQ[f h d]", "Q[n h g d] = X[n f] WQ[f h g d]"),
-        ("Y[n g] = A[h n m r] V[m h e] WO[h e g]", "Y[n o] = A[h g n m r] V[m h e] WO[h g e o]"),
+        ("Y[n g] = sum[r](A[h n m r] V[m h e] WO[h e g])", "Y[n o] = sum[r](A[h g n m r] V[m h e] WO[h g e o])"),
         ("A[h n m r]", "A[h g n m r]"),
         ("Q[n h d], K", "Q[n h g d], K"),
     ]:

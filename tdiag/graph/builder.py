@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 
 import networkx as nx
 import sympy
@@ -19,6 +19,7 @@ from ..names import reserved_because
 from .dataflow import _dataflow_graph
 from .declarations import Declarations
 from .expressions import _ExprBuilder
+from .lone_sums import MeantSums
 from .merge import _item_name, _item_name_span, _what
 from .model import LIMITS, DesignGraph
 from .sizes import SizeTable, _same_size, size_symbol
@@ -46,6 +47,9 @@ class _Builder(Declarations):
         self.outputs: list[str] = []
         self.conflicting_legs: set[str] = set()  # each leg-size conflict is reported once
         self.runtime_sizes: set[sympy.Symbol] = set()  # sizes bound by the inputs (`size N`)
+        self.meant_sums = MeantSums()  # the legs each `sum[...]` names: lone sums said to be meant
+        self.lone_sum_spans: set[Span] = set()  # legs a lone-sum warning has named, each named once
+        self.leg_binders: dict[str, dict[str, None]] = {}  # leg -> tensors (or index, ...) that size it
 
     def error(self, message: str, *spans: Span, hint: str | None = None) -> None:
         self.diagnostics.append(Diagnostic(message, tuple(spans), hint))
@@ -78,6 +82,8 @@ class _Builder(Declarations):
             outputs=self.outputs,
             graph=_dataflow_graph(self.tensors, self.statements, self.updates),
             warnings=[d for d in self.diagnostics if not d.is_error],
+            leg_binders={leg: tuple(names) for leg, names in self.leg_binders.items()},
+            leg_uses=_leg_uses(self.items),
         )
         return graph
 
@@ -277,6 +283,7 @@ class _Builder(Declarations):
 
     def _bind(self, leg: str, size: sympy.Expr, span: Span, where: str) -> None:
         """Bind a leg to a size; a leg has one size throughout the file."""
+        self.leg_binders.setdefault(leg, {})[where] = None
         known = self.legs.get(leg)
         if known is None:
             self.legs[leg] = Leg(leg, size, span, where)
@@ -351,6 +358,36 @@ class _Builder(Declarations):
 
 _ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "juxt": operator.mul, "/": operator.truediv}
 """Scalar arithmetic by operator; juxtaposition multiplies, as `*` does (`10000 sqrt(D)`)."""
+
+
+def _leg_uses(items: list[syn.Item]) -> dict[str, tuple[tuple[str, Span], ...]]:
+    """Leg -> (statement, span) of its first use in each statement or update that writes it, in
+    file order: where check points when a leg's size comes from somewhere surprising."""
+    uses: dict[str, dict[str, Span]] = {}
+    for item in items:
+        if not isinstance(item, syn.Statement | syn.Update):
+            continue
+        name = item.target.name
+        for node in _syntax_nodes(item.expr):
+            for leg, span in _written_legs(node):
+                first = uses.setdefault(leg, {}).get(name)
+                if first is None or (span.line, span.column) < (first.line, first.column):
+                    uses[leg][name] = span
+    return {
+        leg: tuple(sorted(found.items(), key=lambda use: (use[1].file, use[1].line, use[1].column)))
+        for leg, found in uses.items()
+    }
+
+
+def _written_legs(node: syn.Expr) -> Iterator[tuple[str, Span]]:
+    """The legs a syntax node writes itself: a tensor use's or a call's legs in brackets, and a
+    name (a leg of index, causal, window or a gathered position, where it is not a size)."""
+    if isinstance(node, syn.Name):
+        yield node.name, node.span
+    elif isinstance(node, syn.Indexed | syn.Call):
+        for item in node.legs or ():
+            for leg in item.legs if isinstance(item, syn.LegGroup) else (item,):
+                yield leg.name, leg.span
 
 
 def _is_constant(expr: Expr, tensors: Mapping[str, Tensor]) -> bool:

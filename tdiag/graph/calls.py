@@ -32,9 +32,9 @@ from ..ir import (
     WindowMask,
 )
 from .convolutions import convolution
-from .map_sums import lone_sums, map_sum_warning
+from .lone_sums import explicit_sum, lone_sums, map_sum_warning
 from .sizes import _number, expand_sizes, size_symbol, size_values
-from .syntax import _available, _is_scalar_syntax, _ordered_union, _statement_targets
+from .syntax import _available, _is_scalar_syntax, _ordered_union
 from .vocabulary import (
     BOUNDS,
     BOX_OPTIONS,
@@ -51,6 +51,7 @@ from .vocabulary import (
     SCAN_OPTIONS,
     SCANS,
     SEGMENT_SUMS,
+    SUMS,
 )
 
 if TYPE_CHECKING:
@@ -84,6 +85,8 @@ class BoxesAndMaps:
             return self.poison(e)
         if e.name in REDUCTIONS:
             return self.reduction(e, keep)
+        if e.name in SUMS:
+            return explicit_sum(self, e, keep)  # type: ignore[arg-type]
         if e.name in SCANS:
             return self.scan(e, keep)
         if e.name in SEGMENT_SUMS:
@@ -527,11 +530,12 @@ class BoxesAndMaps:
 
     def warn_lone_sums(self, call: syn.Call | syn.BinOp, argument: syn.Expr, operand: Expr) -> None:
         """Warn of a leg summed inside a map, reduction or power that one factor of its argument alone
-        carries: `exp(S[h n k])` is exp(Σ_k S), not Σ_k exp(S) (map_sums.py)."""
-        legs = lone_sums(operand, self.b.tensors)
+        carries and no `sum[...]` names: `exp(S[h n k])` is exp(Σ_k S), not Σ_k exp(S) (lone_sums.py)."""
+        legs = lone_sums(operand, self.b.tensors, self.b.meant_sums)
         if legs:
-            taken = {*self.b.tensors, *self.b.sizes, *_statement_targets(self.b.items)}
-            self.b.diagnostics.append(map_sum_warning(call, argument, operand, legs, taken))
+            warning = map_sum_warning(call, argument, legs)
+            self.b.lone_sum_spans.update(warning.spans)
+            self.b.diagnostics.append(warning)
 
     def reduction(self, e: syn.Call, keep: set[str]) -> Expr:
         over = self._legs_of(e)

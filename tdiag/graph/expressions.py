@@ -14,6 +14,7 @@ from .. import parse as syn
 from ..errors import Span, did_you_mean
 from ..ir import CausalFactor, Contraction, Expr, Gather, PositionIndex, Scalar, TensorRef, WindowFactor, walk
 from .calls import BoxesAndMaps
+from .lone_sums import lone_leg_warnings
 from .positions import Positions
 from .products import Products
 from .syntax import _available, _call_as_product, _is_scalar_syntax, _product_op, _statement_targets
@@ -30,16 +31,18 @@ class _ExprBuilder(Products, Positions, BoxesAndMaps):
         self.b = builder
         self.gathered: list[tuple[str, Span]] = []  # legs naming an axis read at a position
 
-    def _errors(self) -> int:
-        """Errors so far (a warning inside an expression explains nothing about its legs)."""
-        return sum(d.is_error for d in self.b.diagnostics)
+    def _has_errors_since(self, start: int) -> bool:
+        """Whether a diagnostic from `start` on is an error (a warning inside an expression explains
+        nothing about its legs); only the statement's own are read, so a file of many warnings is
+        checked in linear time."""
+        return any(d.is_error for d in self.b.diagnostics[start:])
 
     def statement(self, e: syn.Expr, groups: tuple[tuple[str, ...], ...], target: syn.Target) -> Expr:
         result = [leg for g in groups for leg in g]
-        errors_before = self._errors()
+        start = len(self.b.diagnostics)
         self.bind_factor_legs(e)
         expr = self.inside(e, set(result))
-        if self._errors() > errors_before:
+        if self._has_errors_since(start):
             return expr  # a mistake inside already explains any missing result leg
         self._check_gathered_legs(expr, set(result))
         spans = {
@@ -59,6 +62,7 @@ class _ExprBuilder(Products, Positions, BoxesAndMaps):
             for g in groups:
                 if len(g) > 1 and any(leg not in self.b.legs for leg in g):
                     self.b.error(f"cannot size the merged legs ({' '.join(g)})", target.span)
+        self.b.diagnostics += lone_leg_warnings(expr, e, result, self.b.meant_sums, self.b.lone_sum_spans)
         return expr
 
     def _check_gathered_legs(self, expr: Expr, result: set[str]) -> None:

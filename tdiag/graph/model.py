@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import sympy
 
-from ..errors import Diagnostic
+from ..errors import Diagnostic, Span
 from ..ir import Leg, Size, SoftmaxBox, Statement, Tensor, walk
 from .sizes import expand_sizes, size_values
 
@@ -56,6 +56,10 @@ class DesignGraph:
     graph: nx.MultiDiGraph
     warnings: list[Diagnostic] = field(default_factory=list)
     sources: tuple[str, ...] = ()  # the files read to build it: the design's, then its bases' (none from text)
+    # leg -> the tensors (declarations and uses) and functions (index, ...) that bind or agree with its size
+    leg_binders: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # leg -> (statement, span) of its first use in each statement that writes it, in file order
+    leg_uses: dict[str, tuple[tuple[str, Span], ...]] = field(default_factory=dict)
     _size_values: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
     _evaluated: dict[tuple, sympy.Expr] = field(default_factory=dict, init=False, repr=False, compare=False)
     _forward: nx.MultiDiGraph | None = field(default=None, init=False, repr=False, compare=False)

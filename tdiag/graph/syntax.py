@@ -23,6 +23,7 @@ from .vocabulary import (
     POSITION_FUNCTIONS,
     REDUCTIONS,
     SCALAR_FUNCTIONS,
+    SUMS,
 )
 
 
@@ -142,7 +143,7 @@ def _available(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
     if isinstance(e, syn.Call):
         inner = set().union(*(_available(a, tensors) for a in e.args)) if e.args else set()
         over = {leg for item in e.legs or () for leg in _leg_names(item)}
-        if e.name in REDUCTIONS or e.name in PAIRINGS:
+        if e.name in REDUCTIONS or e.name in SUMS or e.name in PAIRINGS:
             return inner - over
         if e.name in SCALAR_FUNCTIONS and _is_scalar_syntax(e, tensors):
             return set()

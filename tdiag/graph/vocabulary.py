@@ -16,6 +16,8 @@ MAPS = {
     "clamp": 2,
 }
 REDUCTIONS = ("max", "logsumexp", "mean")
+# `sum[k](x)`: the leg rule's sum written out, Σ_k x, for a leg that one factor alone carries
+SUMS = ("sum",)
 # `max(x, c)`, `min(x, c)`: a tensor and a number or size, elementwise (no legs): the map's name
 BOUNDS = {"max": "maximum", "min": "minimum"}
 # maps written as another expression: `rsqrt(x)` is x ^ -0.5 (torch.rsqrt, as RMS norms are written)
@@ -33,6 +35,7 @@ FUNCTIONS = tuple(
             *BOXES,
             *MAPS,
             *REDUCTIONS,
+            *SUMS,
             *BOUNDS,
             RSQRT,
             *SCANS,
