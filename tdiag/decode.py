@@ -67,7 +67,7 @@ from .ir import (
 )
 from .reference import Frame, bind_sizes, known_sizes, statement_value
 
-__all__ = ["DecodeCache", "DecodeRule", "NotDecodableError", "absorbed", "decode_rule"]
+__all__ = ["DecodeCache", "DecodeRule", "NotDecodableError", "absorbed", "check_decodes", "decode_rule"]
 
 NEW, ALL = "new", "all"  # the rows a position axis covers in a step: the new positions, or all so far
 
@@ -636,3 +636,63 @@ class _Step:
             return statement_value(statement, self.frame)
         finally:
             self.frame.ranges = saved
+
+
+def check_decodes(
+    module: nn.Module, x: torch.Tensor, chunks: list[int] | tuple[int, ...], *, compiled: bool | None = None
+) -> float:
+    """The largest relative error of decoding `x` in `chunks` (counts of positions, summing to its
+    length) through a new cache of `module`, against the module's causal forward over the same
+    prefix: for each chunk, max |step − forward rows| / max |forward rows|, the largest over chunks
+    and outputs. The property a fuzzer checks of any causal design; raises NotDecodableError
+    (with why) where no cache can serve the module. `compiled` as for DecodeCache."""
+    cache = DecodeCache(module, compiled=compiled)
+    rank = len(cache.graph.inputs[0].axes)
+    dim = cache.rule.axis - rank
+    if x.dim() < rank:
+        raise ValueError(f"input {cache.rule.input} needs {rank} trailing axes, got shape {tuple(x.shape)}")
+    counts = list(chunks)
+    if not counts or any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in counts):
+        raise ValueError(f"chunks must be positive counts of positions, got {chunks!r}")
+    if sum(counts) != x.shape[dim]:
+        raise ValueError(f"chunks sum to {sum(counts)} positions but x has {x.shape[dim]} along {cache.rule.size}")
+    worst, start = 0.0, 0
+    with torch.no_grad():
+        for count in counts:
+            steps = _as_tuple(cache.extend(x.narrow(dim, start, count)))
+            forward = _as_tuple(module(x.narrow(dim, 0, start + count)))
+            for name, step, whole in zip(cache.graph.outputs, steps, forward, strict=True):
+                expected = _last_rows(cache, name, whole, count)
+                worst = max(worst, _relative_error(step, expected))
+            start += count
+    return worst
+
+
+def _as_tuple(outputs: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return outputs if isinstance(outputs, tuple) else (outputs,)
+
+
+def _last_rows(cache: DecodeCache, name: str, y: torch.Tensor, count: int) -> torch.Tensor:
+    """The last `count` rows of output `name` along each of its position axes."""
+    symbol = cache.graph.sizes[cache.rule.size].symbol
+    axes = cache.graph.tensors[name].axes
+    for k, axis in enumerate(axes):
+        if axis.size == symbol:
+            dim = k - len(axes)
+            y = y.narrow(dim, y.shape[dim] - count, count)
+    return y
+
+
+def _relative_error(step: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |step − expected| over max |expected| (over 1 where that is 0); inf for a shape or a
+    non-finite value that differs."""
+    if step.shape != expected.shape:
+        return math.inf
+    same = (step == expected) | (step.isnan() & expected.isnan())
+    if bool(same.all()):
+        return 0.0
+    difference = (step - expected).abs().masked_fill(same, 0).max().item()
+    if not math.isfinite(difference):
+        return math.inf
+    scale = expected.abs().masked_fill(~expected.isfinite(), 0).max().item()
+    return difference / (scale or 1.0)

@@ -308,3 +308,36 @@ def test_a_design_causal_through_its_segment_sums_takes_a_cache_as_written():
     steps = [cache.extend(x[:, :PROMPT]), cache.extend(x[:, PROMPT:])]
     assert cache.kind == "state"
     assert torch.allclose(torch.cat(steps, 1), module(x), atol=TOL, rtol=0)
+
+
+def test_check_decodes_is_zero_for_a_cache_that_decodes_as_the_forward(decoders, compiled):
+    from tdiag.decode import check_decodes
+
+    for module in (decoders["mhsa"], compiled["llama"]):
+        x = inputs(decoders["mhsa"])  # F = 8 for both
+        assert check_decodes(module, x, [PROMPT, 1, 2]) < TOL
+        assert check_decodes(module, x, [1] * LENGTH, compiled=False) < TOL
+
+
+def test_check_decodes_measures_a_step_that_differs_from_the_forward(decoders, monkeypatch):
+    from tdiag.decode import check_decodes
+
+    real = DecodeCache.extend
+    monkeypatch.setattr(DecodeCache, "extend", lambda self, x, **kw: real(self, x, **kw) * (1 + 1e-3 * self.length))
+    assert check_decodes(decoders["mhsa"], inputs(decoders["mhsa"]), [PROMPT, 1, 1, 1]) == pytest.approx(5e-3, rel=1e-6)
+
+
+def test_check_decodes_raises_why_a_module_has_no_cache():
+    from tdiag.decode import check_decodes
+
+    module = tdiag.load(DESIGNS / "mhsa.td", **small_sizes("mhsa")).module(dtype=torch.float64, impl="reference")
+    with pytest.raises(NotDecodableError, match="is not causal"):
+        check_decodes(module, inputs(module), [LENGTH])
+
+
+@pytest.mark.parametrize("chunks", [[2, 2], [0, 5], [], [2.0, 3]])
+def test_check_decodes_refuses_chunks_that_do_not_cover_the_input(decoders, chunks):
+    from tdiag.decode import check_decodes
+
+    with pytest.raises(ValueError, match="chunks"):
+        check_decodes(decoders["mhsa"], inputs(decoders["mhsa"]), chunks)
