@@ -341,3 +341,19 @@ def test_check_decodes_refuses_chunks_that_do_not_cover_the_input(decoders, chun
 
     with pytest.raises(ValueError, match="chunks"):
         check_decodes(decoders["mhsa"], inputs(decoders["mhsa"]), chunks)
+
+
+def test_tdiag_exports_the_error_a_module_without_a_cache_raises():
+    assert tdiag.NotDecodableError is NotDecodableError
+    assert "NotDecodableError" in tdiag.__all__
+
+
+def test_a_reference_module_makes_its_own_cache_and_decodes_with_it(decoders):
+    module = decoders["llama"]
+    x = inputs(module)
+    cache = module.new_cache()
+    assert isinstance(cache, tdiag.DecodeCache) and cache.step is None
+    steps = [module(x[:, :PROMPT], cache=cache)] + [module(x[:, t : t + 1], cache=cache) for t in range(PROMPT, LENGTH)]
+    assert torch.allclose(torch.cat(steps, 1), module(x), atol=TOL, rtol=0)
+    with pytest.raises(TypeError, match="cache must be the decoding cache"):
+        module(x, cache={})
