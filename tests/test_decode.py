@@ -357,3 +357,45 @@ def test_a_reference_module_makes_its_own_cache_and_decodes_with_it(decoders):
     assert torch.allclose(torch.cat(steps, 1), module(x), atol=TOL, rtol=0)
     with pytest.raises(TypeError, match="cache must be the decoding cache"):
         module(x, cache={})
+
+
+STICK_BREAKING = (DESIGNS / "stick_breaking.td").read_text()
+STRICTLY_BEFORE = {
+    "clamp_statement": STICK_BREAKING,
+    "clamp_factor": STICK_BREAKING.replace(
+        "exp(R[h n m] - softplus(-Z[h n m])) B[n m]",
+        "exp(R[h n m] - softplus(-Z[h n m])) clamp(index(n) - index(m), 0, 1)",
+    ),
+    "relu_of_the_difference": STICK_BREAKING.replace(
+        "clamp(index(n) - index(m), 0, 1)", "clamp(relu(index(n) - index(m)), 0, 1)"
+    ),
+    "causal_minus_identity": STICK_BREAKING.replace(
+        "B[n m]   = clamp(index(n) - index(m), 0, 1)", "B[n m]   = causal(n, m) - I[n m]"
+    ).replace("size N\n", "size N\nconst I[n: N, m: N] = identity\n"),
+}
+
+
+@pytest.mark.parametrize("form", sorted(STRICTLY_BEFORE))
+def test_a_design_strictly_causal_as_written_is_causal_to_with_causal_mask_and_to_its_cache(form):
+    """One test of causality (graph/causal.py hides_the_future): the design with_causal_mask
+    returns as it is takes a cache, and decodes as its forward over each prefix."""
+    from tdiag.decode import check_decodes
+    from tdiag.graph.causal import hides_the_future
+
+    design = tdiag.loads(STRICTLY_BEFORE[form], F=8, H=2)
+    assert hides_the_future(design.graph)
+    assert design.with_causal_mask().graph is design.graph
+    x = torch.randn(2, LENGTH, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    reference = design.module(dtype=torch.float64, impl="reference")
+    assert check_decodes(reference, x, [1] * LENGTH) < TOL
+    assert check_decodes(reference, x, [PROMPT, LENGTH - PROMPT]) < TOL
+    if form != "causal_minus_identity":  # the planner's lowering of causal(n, m) - I is another fix's (h-plan)
+        compiled = design.module(dtype=torch.float64, N=8)
+        assert check_decodes(compiled, x, [PROMPT, 1, LENGTH - PROMPT - 1]) < TOL
+
+
+def test_a_design_that_sees_later_keys_through_an_anti_causal_clamp_is_not_causal():
+    design = tdiag.loads(STICK_BREAKING.replace("index(n) - index(m), 0, 1", "index(m) - index(n), 0, 1"), F=8, H=2)
+    module = design.module(dtype=torch.float64, impl="reference")
+    with pytest.raises(NotDecodableError, match="is not causal"):
+        module.new_cache()
