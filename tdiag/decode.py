@@ -142,14 +142,24 @@ def _rows_rule(graph: DesignGraph) -> DecodeRule:
         return DecodeRule(
             "prefix", x.name, free[0], symbol.name, positional, reason=walker.problem, reads_length=length
         )
+    reason = None
+    if walker.recomputed:
+        names = ", ".join(walker.recomputed)
+        verb = "reads" if len(walker.recomputed) == 1 else "read"
+        reason = f"{names} {verb} the length N as a number: recomputed at every position at each step, not cached"
     return DecodeRule(
-        "kv", x.name, free[0], symbol.name, positional, tuple(walker.cached), walker.inner, None, walker.noise, length
+        "kv", x.name, free[0], symbol.name, positional, tuple(walker.cached), walker.inner, reason, walker.noise, length
     )
 
 
 def _reads_length(graph: DesignGraph, symbol: sympy.Expr) -> bool:
     """Whether a statement uses the run-time length as a number (a scale, coefficient, map
     parameter or position number), not only as the extent of a slice."""
+    return any(_statement_reads_length(graph, statement, symbol) for statement in graph.statements)
+
+
+def _statement_reads_length(graph: DesignGraph, statement: Statement, symbol: sympy.Expr) -> bool:
+    """Whether `statement` uses the run-time length as a number (not only as a slice's extent)."""
 
     def numbers(value: object):
         if isinstance(value, sympy.Basic):
@@ -161,14 +171,13 @@ def _reads_length(graph: DesignGraph, symbol: sympy.Expr) -> bool:
             yield value.value
             yield from numbers(value.operands)
 
-    for statement in graph.statements:
-        for node in walk(statement.expr):
-            if isinstance(node, TensorRef):
-                continue
-            for name in node.__dataclass_fields__:
-                for number in numbers(getattr(node, name)):
-                    if symbol in graph.evaluate(number).free_symbols:
-                        return True
+    for node in walk(statement.expr):
+        if isinstance(node, TensorRef):
+            continue
+        for name in node.__dataclass_fields__:
+            for number in numbers(getattr(node, name)):
+                if symbol in graph.evaluate(number).free_symbols:
+                    return True
     return False
 
 
@@ -184,7 +193,9 @@ class _Requests:
         self.seen: set[tuple[str, tuple]] = set()
         self.problem: str | None = None
         self.noise = False
+        self.recomputed: list[str] = []
         self._depends: dict[str, bool] = {}
+        self._length: dict[str, bool] = {}
 
     def fail(self, reason: str) -> None:
         self.problem = self.problem or reason
@@ -210,6 +221,18 @@ class _Requests:
             )
         return self._depends[name]
 
+    def reads_length(self, name: str) -> bool:
+        """Whether a tensor's value depends on the run-time length as a number (its statement or
+        one it reads, cosFormer's key-side re-weighting by index(m) / N): its earlier rows change
+        as positions are added, so they are computed again at each step, never cached."""
+        if name not in self._length:
+            statement = self.graph.tensors[name].statement
+            self._length[name] = statement is not None and (
+                _statement_reads_length(self.graph, statement, self.symbol)
+                or any(isinstance(n, TensorRef) and self.reads_length(n.name) for n in walk(statement.expr))
+            )
+        return self._length[name]
+
     def request(self, name: str, labels: tuple[str | None, ...]) -> None:
         if (name, labels) in self.seen or self.problem is not None:
             return
@@ -229,7 +252,10 @@ class _Requests:
         elif tensor.kind == "derived":
             assert tensor.statement is not None
             axes = [k for k, label in enumerate(labels) if label is not None]
-            if self.depends(name) and len(axes) == 1 and labels[axes[0]] == ALL:
+            if self.depends(name) and len(axes) == 1 and labels[axes[0]] == ALL and self.reads_length(name):
+                if name not in self.recomputed:
+                    self.recomputed.append(name)
+            elif self.depends(name) and len(axes) == 1 and labels[axes[0]] == ALL:
                 if name not in self.cached:
                     self.cached.append(name)
                 labels = tuple(NEW if label is not None else None for label in labels)
@@ -696,3 +722,4 @@ def _relative_error(step: torch.Tensor, expected: torch.Tensor) -> float:
         return math.inf
     scale = expected.abs().masked_fill(~expected.isfinite(), 0).max().item()
     return difference / (scale or 1.0)
+

@@ -399,3 +399,39 @@ def test_a_design_that_sees_later_keys_through_an_anti_causal_clamp_is_not_causa
     module = design.module(dtype=torch.float64, impl="reference")
     with pytest.raises(NotDecodableError, match="is not causal"):
         module.new_cache()
+
+
+COSFORMER_KEY_SIDE = (
+    (DESIGNS / "cosformer.td")
+    .read_text()
+    .split("W[n]")[0]
+    .replace("size N\n", "size N\nconst I0[s: 2] = values(1, 0)\nconst I1[s: 2] = values(0, 1)\n")
+    + """W[n]        = 3.141592653589793 / 2 (index(n) + 1) / N
+CS[m s]     = cos(W[m]) I0[s] + sin(W[m]) I1[s]
+CQ[n s]     = cos(W[n]) I0[s] + sin(W[n]) I1[s]
+Kf[m h d s] = CS[m s] K[m h d]
+A[h n m]    = normalize[m, eps = 1e-6](CQ[n s] Q[n h d] Kf[m h d s])
+Y[n g]      = A[h n m] V[m h e] WO[h e g]
+output Y
+"""
+)
+
+
+@pytest.mark.parametrize("impl", ["reference", "compiled"])
+def test_a_key_side_tensor_that_reads_the_length_is_recomputed_at_each_step_not_cached_stale(impl):
+    """cosFormer's re-weighting cos(πm/2N) on the key side: Kf's earlier rows change as N grows."""
+    from tdiag.decode import check_decodes
+
+    design = tdiag.loads(COSFORMER_KEY_SIDE, F=8, H=2).with_causal_mask()
+    module = (
+        design.module(dtype=torch.float64, impl="reference")
+        if impl == "reference"
+        else design.module(dtype=torch.float64, N=8)
+    )
+    cache = module.new_cache()
+    assert cache.kind == "kv" and "Kf" not in cache.rule.cached and set(cache.rule.cached) == {"K", "V"}
+    assert "Kf reads the length N as a number: recomputed" in cache.reason
+    x = torch.randn(2, 6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    for compiled in (None, False):
+        assert check_decodes(module, x, [1] * 6, compiled=compiled) < TOL
+        assert check_decodes(module, x, [2, 1, 3], compiled=compiled) < TOL
