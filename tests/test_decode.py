@@ -65,7 +65,11 @@ def test_the_bundled_causal_designs_are_all_decoded(decoders):
     assert {"mhsa", "llama", "deepseek_mla", "t5_decoder", "alibi", "mamba2_ssd", "relu2_attention"} <= set(decoders)
 
 
-@pytest.mark.parametrize("chunks", [[1] * LENGTH, [PROMPT] + [1] * (LENGTH - PROMPT)], ids=["tokens", "prompt"])
+@pytest.mark.parametrize(
+    "chunks",
+    [[1] * LENGTH, [PROMPT] + [1] * (LENGTH - PROMPT), [PROMPT, 2, LENGTH - PROMPT - 2]],
+    ids=["tokens", "prompt", "prompt_then_chunks"],
+)
 def test_each_step_equals_the_causal_forward_over_the_sequence_so_far(decoders, chunks):
     """Where the outputs do not depend on the length (all but three), the rows of the whole
     forward; for the three that read it, the forward over the positions so far."""
@@ -435,3 +439,76 @@ def test_a_key_side_tensor_that_reads_the_length_is_recomputed_at_each_step_not_
     for compiled in (None, False):
         assert check_decodes(module, x, [1] * 6, compiled=compiled) < TOL
         assert check_decodes(module, x, [2, 1, 3], compiled=compiled) < TOL
+
+
+def test_a_bundled_design_whose_causal_form_no_cache_serves_says_why():
+    """The designs with a causal form that `decoders` leaves out (several inputs, no run-time
+    length): new_cache() refuses them with NotDecodableError naming the design and the reason."""
+    refused = {}
+    for path in DESIGN_FILES:
+        design = causal(path.stem)
+        if design is None or (len(design.graph.inputs) == 1 and design.graph.sizes["N"].is_free):
+            continue
+        with pytest.raises(NotDecodableError) as refusal:
+            design.module(dtype=torch.float64, impl="reference").new_cache()
+        refused[path.stem] = str(refusal.value)
+    assert refused
+    for name, why in refused.items():
+        assert f"'{name}'" in why and ("inputs" in why or "run-time length" in why), why
+
+
+def compiled_causal(name: str) -> torch.nn.Module:
+    return causal(name, **({"S": 4} if name == "mamba2_ssd" else {})).module(dtype=torch.float64, N=8).eval()
+
+
+def causal_designs() -> list[str]:
+    """The bundled designs with a causal form of one input over a run-time length."""
+    names = []
+    for path in DESIGN_FILES:
+        design = causal(path.stem)
+        if design is not None and len(design.graph.inputs) == 1 and design.graph.sizes["N"].is_free:
+            names.append(path.stem)
+    return names
+
+
+# one of each kind and way: kv, state, prefix, reads the length, strictly causal as written
+EACH_KIND = ["mhsa", "retnet", "gla", "forgetting_attention", "cosformer", "stick_breaking"]
+
+
+def check_compiled(name: str) -> dict[str, float]:
+    module = compiled_causal(name)
+    x = torch.randn(2, LENGTH, width_of(module), dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    from tdiag.decode import check_decodes
+
+    errors = {}
+    for chunks in ([1] * LENGTH, [PROMPT, 2, LENGTH - PROMPT - 2]):
+        for by_code in (None, False):
+            errors[f"{chunks} compiled={by_code}"] = check_decodes(module, x, chunks, compiled=by_code)
+    return errors
+
+
+def width_of(module: torch.nn.Module) -> int:
+    graph = module.tdiag_plan.graph
+    return int(graph.evaluate(graph.inputs[0].axes[-1].size))
+
+
+@pytest.mark.parametrize("name", EACH_KIND)
+def test_a_compiled_module_of_each_kind_decodes_as_its_causal_forward_by_code_and_by_the_reference(name):
+    errors = check_compiled(name)
+    assert max(errors.values()) < TOL, errors
+
+
+@pytest.mark.slow
+def test_every_bundled_causal_design_compiled_decodes_as_its_causal_forward():
+    wrong = {}
+    for name in causal_designs():
+        errors = check_compiled(name)
+        if max(errors.values()) >= TOL:
+            wrong[name] = errors
+    assert not wrong
+
+
+@pytest.mark.parametrize("name", ["bert", "cohere_qk_norm"])
+def test_a_compiled_module_whose_plan_fuses_layer_norms_decodes_by_the_reference_evaluator_too(name):
+    errors = check_compiled(name)
+    assert max(errors.values()) < TOL, errors
