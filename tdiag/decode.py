@@ -675,6 +675,7 @@ def check_decodes(
     and outputs. The property a fuzzer checks of any causal design; raises NotDecodableError
     (with why) where no cache can serve the module. `compiled` as for DecodeCache."""
     cache = DecodeCache(module, compiled=compiled)
+    _check_input(x, f"input {cache.rule.input}", module)
     rank = len(cache.graph.inputs[0].axes)
     dim = cache.rule.axis - rank
     if x.dim() < rank:

@@ -339,6 +339,13 @@ def test_check_decodes_raises_why_a_module_has_no_cache():
         check_decodes(module, inputs(module), [LENGTH])
 
 
+def test_check_decodes_refuses_an_input_that_is_not_a_tensor_naming_it(decoders):
+    from tdiag.decode import check_decodes
+
+    with pytest.raises(TypeError, match=r"input X must be a torch\.Tensor, got list"):
+        check_decodes(decoders["mhsa"], [[0.0] * 8], [1])
+
+
 @pytest.mark.parametrize("chunks", [[2, 2], [0, 5], [], [2.0, 3]])
 def test_check_decodes_refuses_chunks_that_do_not_cover_the_input(decoders, chunks):
     from tdiag.decode import check_decodes
