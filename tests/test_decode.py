@@ -519,3 +519,30 @@ def test_every_bundled_causal_design_compiled_decodes_as_its_causal_forward():
 def test_a_compiled_module_whose_plan_fuses_layer_norms_decodes_by_the_reference_evaluator_too(name):
     errors = check_compiled(name)
     assert max(errors.values()) < TOL, errors
+
+
+HALF_CAUSAL = """design half_causal
+size F = 8, H = 2, D = 4
+size N
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D] = normal(std = 1)
+param WK[f: F, h: H, d: D] = normal(std = 1)
+param WV[f: F, h: H, e: D] = normal(std = 1)
+Q[n h d] = X[n f] WQ[f h d]
+K[m h d] = X[m f] WK[f h d]
+V[m h e] = X[m f] WV[f h e]
+Y[n h e] = causal(n, m) Q[n h d] K[m h d] V[m h e] + Q[n h d] K[m h d] V[m h e] / 100
+output Y
+"""
+
+
+def test_a_design_with_a_causal_term_beside_one_that_sees_later_keys_is_refused_until_masked():
+    """A causal factor somewhere is not enough: the second term sums every key."""
+    from tdiag.decode import check_decodes
+
+    design = tdiag.loads(HALF_CAUSAL)
+    with pytest.raises(NotDecodableError, match="'half_causal' is not causal"):
+        design.module(dtype=torch.float64, impl="reference").new_cache()
+    masked = design.with_causal_mask().module(dtype=torch.float64, impl="reference")
+    x = torch.randn(1, LENGTH, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    assert check_decodes(masked, x, [PROMPT, LENGTH - PROMPT]) < TOL
