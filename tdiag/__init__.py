@@ -16,6 +16,7 @@ __all__ = [
     "DesignGraph",
     "Diagnostic",
     "Limits",
+    "NotDecodableError",
     "Span",
     "TdiagError",
     "linear_weight",
@@ -27,9 +28,10 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    """`tdiag.DecodeCache`, imported on first use: it needs torch, which `import tdiag` does not load."""
-    if name == "DecodeCache":
-        from .decode import DecodeCache
+    """`tdiag.DecodeCache` and `tdiag.NotDecodableError`, imported on first use: they need torch,
+    which `import tdiag` does not load."""
+    if name in ("DecodeCache", "NotDecodableError"):
+        from . import decode
 
-        return DecodeCache
+        return getattr(decode, name)
     raise AttributeError(f"module 'tdiag' has no attribute {name!r}")

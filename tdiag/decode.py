@@ -38,6 +38,7 @@ declared by the design are not taken with a cache (every position attends)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from collections.abc import Mapping
@@ -67,7 +68,7 @@ from .ir import (
 )
 from .reference import Frame, bind_sizes, known_sizes, statement_value
 
-__all__ = ["DecodeCache", "DecodeRule", "NotDecodableError", "absorbed", "decode_rule"]
+__all__ = ["DecodeCache", "DecodeRule", "NotDecodableError", "absorbed", "check_decodes", "decode_rule"]
 
 NEW, ALL = "new", "all"  # the rows a position axis covers in a step: the new positions, or all so far
 
@@ -142,14 +143,24 @@ def _rows_rule(graph: DesignGraph) -> DecodeRule:
         return DecodeRule(
             "prefix", x.name, free[0], symbol.name, positional, reason=walker.problem, reads_length=length
         )
+    reason = None
+    if walker.recomputed:
+        names = ", ".join(walker.recomputed)
+        verb = "reads" if len(walker.recomputed) == 1 else "read"
+        reason = f"{names} {verb} the length N as a number: recomputed at every position at each step, not cached"
     return DecodeRule(
-        "kv", x.name, free[0], symbol.name, positional, tuple(walker.cached), walker.inner, None, walker.noise, length
+        "kv", x.name, free[0], symbol.name, positional, tuple(walker.cached), walker.inner, reason, walker.noise, length
     )
 
 
 def _reads_length(graph: DesignGraph, symbol: sympy.Expr) -> bool:
     """Whether a statement uses the run-time length as a number (a scale, coefficient, map
     parameter or position number), not only as the extent of a slice."""
+    return any(_statement_reads_length(graph, statement, symbol) for statement in graph.statements)
+
+
+def _statement_reads_length(graph: DesignGraph, statement: Statement, symbol: sympy.Expr) -> bool:
+    """Whether `statement` uses the run-time length as a number (not only as a slice's extent)."""
 
     def numbers(value: object):
         if isinstance(value, sympy.Basic):
@@ -161,14 +172,13 @@ def _reads_length(graph: DesignGraph, symbol: sympy.Expr) -> bool:
             yield value.value
             yield from numbers(value.operands)
 
-    for statement in graph.statements:
-        for node in walk(statement.expr):
-            if isinstance(node, TensorRef):
-                continue
-            for name in node.__dataclass_fields__:
-                for number in numbers(getattr(node, name)):
-                    if symbol in graph.evaluate(number).free_symbols:
-                        return True
+    for node in walk(statement.expr):
+        if isinstance(node, TensorRef):
+            continue
+        for name in node.__dataclass_fields__:
+            for number in numbers(getattr(node, name)):
+                if symbol in graph.evaluate(number).free_symbols:
+                    return True
     return False
 
 
@@ -184,7 +194,9 @@ class _Requests:
         self.seen: set[tuple[str, tuple]] = set()
         self.problem: str | None = None
         self.noise = False
+        self.recomputed: list[str] = []
         self._depends: dict[str, bool] = {}
+        self._length: dict[str, bool] = {}
 
     def fail(self, reason: str) -> None:
         self.problem = self.problem or reason
@@ -210,6 +222,18 @@ class _Requests:
             )
         return self._depends[name]
 
+    def reads_length(self, name: str) -> bool:
+        """Whether a tensor's value depends on the run-time length as a number (its statement or
+        one it reads, cosFormer's key-side re-weighting by index(m) / N): its earlier rows change
+        as positions are added, so they are computed again at each step, never cached."""
+        if name not in self._length:
+            statement = self.graph.tensors[name].statement
+            self._length[name] = statement is not None and (
+                _statement_reads_length(self.graph, statement, self.symbol)
+                or any(isinstance(n, TensorRef) and self.reads_length(n.name) for n in walk(statement.expr))
+            )
+        return self._length[name]
+
     def request(self, name: str, labels: tuple[str | None, ...]) -> None:
         if (name, labels) in self.seen or self.problem is not None:
             return
@@ -229,7 +253,10 @@ class _Requests:
         elif tensor.kind == "derived":
             assert tensor.statement is not None
             axes = [k for k, label in enumerate(labels) if label is not None]
-            if self.depends(name) and len(axes) == 1 and labels[axes[0]] == ALL:
+            if self.depends(name) and len(axes) == 1 and labels[axes[0]] == ALL and self.reads_length(name):
+                if name not in self.recomputed:
+                    self.recomputed.append(name)
+            elif self.depends(name) and len(axes) == 1 and labels[axes[0]] == ALL:
                 if name not in self.cached:
                     self.cached.append(name)
                 labels = tuple(NEW if label is not None else None for label in labels)
@@ -628,6 +655,7 @@ class _Step:
         return value
 
     def _evaluated(self, statement: Statement, ranges: tuple) -> torch.Tensor:
+        statement = _evaluable(statement, self.cache.expressions)
         saved = self.frame.ranges
         legs = {group[0]: r for group, r in zip(statement.groups, ranges, strict=True) if r is not None}
         legs.update(dict.fromkeys(self.rule.inner.get(statement.target, ()), self.all))
@@ -636,3 +664,74 @@ class _Step:
             return statement_value(statement, self.frame)
         finally:
             self.frame.ranges = saved
+
+
+def check_decodes(
+    module: nn.Module, x: torch.Tensor, chunks: list[int] | tuple[int, ...], *, compiled: bool | None = None
+) -> float:
+    """The largest relative error of decoding `x` in `chunks` (counts of positions, summing to its
+    length) through a new cache of `module`, against the module's causal forward over the same
+    prefix: for each chunk, max |step − forward rows| / max |forward rows|, the largest over chunks
+    and outputs. The property a fuzzer checks of any causal design; raises NotDecodableError
+    (with why) where no cache can serve the module. `compiled` as for DecodeCache."""
+    cache = DecodeCache(module, compiled=compiled)
+    _check_input(x, f"input {cache.rule.input}", module)
+    rank = len(cache.graph.inputs[0].axes)
+    dim = cache.rule.axis - rank
+    if x.dim() < rank:
+        raise ValueError(f"input {cache.rule.input} needs {rank} trailing axes, got shape {tuple(x.shape)}")
+    counts = list(chunks)
+    if not counts or any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in counts):
+        raise ValueError(f"chunks must be positive counts of positions, got {chunks!r}")
+    if sum(counts) != x.shape[dim]:
+        raise ValueError(f"chunks sum to {sum(counts)} positions but x has {x.shape[dim]} along {cache.rule.size}")
+    worst, start = 0.0, 0
+    with torch.no_grad():
+        for count in counts:
+            steps = _as_tuple(cache.extend(x.narrow(dim, start, count)))
+            forward = _as_tuple(module(x.narrow(dim, 0, start + count)))
+            for name, step, whole in zip(cache.graph.outputs, steps, forward, strict=True):
+                expected = _last_rows(cache, name, whole, count)
+                worst = max(worst, _relative_error(step, expected))
+            start += count
+    return worst
+
+
+def _as_tuple(outputs: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return outputs if isinstance(outputs, tuple) else (outputs,)
+
+
+def _last_rows(cache: DecodeCache, name: str, y: torch.Tensor, count: int) -> torch.Tensor:
+    """The last `count` rows of output `name` along each of its position axes."""
+    symbol = cache.graph.sizes[cache.rule.size].symbol
+    axes = cache.graph.tensors[name].axes
+    for k, axis in enumerate(axes):
+        if axis.size == symbol:
+            dim = k - len(axes)
+            y = y.narrow(dim, y.shape[dim] - count, count)
+    return y
+
+
+def _relative_error(step: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |step − expected| over max |expected| (over 1 where that is 0); inf for a shape or a
+    non-finite value that differs."""
+    if step.shape != expected.shape:
+        return math.inf
+    same = (step == expected) | (step.isnan() & expected.isnan())
+    if bool(same.all()):
+        return 0.0
+    difference = (step - expected).abs().masked_fill(same, 0).max().item()
+    if not math.isfinite(difference):
+        return math.inf
+    scale = expected.abs().masked_fill(~expected.isfinite(), 0).max().item()
+    return difference / (scale or 1.0)
+
+
+def _evaluable(statement: Statement, memo: dict[tuple, Any]) -> Statement:
+    """`statement` in nodes the reference evaluator takes: the layer norms a compiled plan fused
+    (bert's, cohere's q/k norms) written out again, once per statement."""
+    key = ("evaluable", statement.target, id(statement))
+    if key not in memo:
+        expr = decode_state.written_out(statement.expr)
+        memo[key] = statement if expr is statement.expr else dataclasses.replace(statement, expr=expr)
+    return memo[key]

@@ -204,6 +204,22 @@ def renamed(node, names: dict[str, str]):
     return dataclasses.replace(node, **changes)
 
 
+def _reads(e: Expr, name: str) -> bool:
+    return any(isinstance(n, TensorRef) and n.name == name for n in walk(e))
+
+
+def _only_as_factor(e: Expr, name: str) -> bool:
+    """Whether every read of tensor `name` in `e` is a plain reference among a product's factors."""
+    direct = sum(
+        1
+        for n in walk(e)
+        if isinstance(n, Contraction)
+        for f in n.factors
+        if isinstance(f, TensorRef) and f.name == name and not f.is_reshaped and not f.is_sliced
+    )
+    return direct == sum(1 for n in walk(e) if isinstance(n, TensorRef) and n.name == name)
+
+
 def _legs_in(e: Expr) -> set[str]:
     """Every leg a sub-expression reads (its nodes' legs and the legs its products sum)."""
     legs: set[str] = set()
@@ -240,7 +256,8 @@ class _Planner:
         return name
 
     def plan(self) -> StatePlan:
-        statements = [dataclasses.replace(s, expr=_written_out(s.expr)) for s in self.graph.statements]
+        statements = [dataclasses.replace(s, expr=written_out(s.expr)) for s in self.graph.statements]
+        statements = self.inlined(statements)
         statements = self.unboxed(statements)
         work = []
         for statement in statements:
@@ -257,6 +274,49 @@ class _Planner:
                 tensors[statement.target].statement = statement
         graph = dataclasses.replace(self.graph, legs=self.legs, tensors=tensors, statements=work)
         return StatePlan(graph, tuple(self.products), work)
+
+    # -- matrices over two positions, part of the products that read them
+
+    def inlined(self, statements: list[Statement]) -> list[Statement]:
+        """Each statement over two position legs that is no box and no output, read only as a
+        factor of products (RetNet's decay matrix D[h n m] = causal(n, m) γ^(n−m), Mamba-2's
+        1-semiseparable L, written as statements of their own), put into those products: the
+        state analysis reads the causal product the paper means, Y = (Q Kᵀ ⊙ D) V."""
+        out = list(statements)
+        for statement in statements:
+            name = statement.target
+            if sum(self.positional(leg) for leg in statement.legs) < 2 or name in self.graph.outputs:
+                continue
+            if isinstance(statement.expr, SoftmaxBox) or any(len(g) != 1 for g in statement.groups):
+                continue
+            statement = next(s for s in out if s.target == name)  # as earlier inlining left it
+            readers = [k for k, s in enumerate(out) if s.target != name and _reads(s.expr, name)]
+            if not readers or not all(_only_as_factor(out[k].expr, name) for k in readers):
+                continue
+            for k in readers:
+                out[k] = dataclasses.replace(out[k], expr=self.substituted(out[k].expr, statement))
+            out.remove(statement)
+        return out
+
+    def substituted(self, e: Expr, statement: Statement) -> Expr:
+        """`e` with each factor reading `statement`'s tensor replaced by its expression, its legs
+        renamed to the reference's and the legs it sums inside made fresh."""
+        e = map_children(e, lambda child: self.substituted(child, statement))
+        if not isinstance(e, Contraction):
+            return e
+        factors: list[Expr] = []
+        summed = list(e.summed)
+        for factor in e.factors:
+            if not (isinstance(factor, TensorRef) and factor.name == statement.target):
+                factors.append(factor)
+                continue
+            names = {leg: group[0] for leg, group in zip(statement.legs, factor.groups, strict=True)}
+            inner = statement.expr
+            hidden = sorted(_legs_in(inner) - set(statement.legs))
+            names.update({leg: self.fresh(leg, "in") for leg in hidden})
+            summed += [names[leg] for leg in hidden]
+            factors.append(renamed(inner, names))
+        return dataclasses.replace(e, factors=tuple(factors), summed=tuple(dict.fromkeys(summed)))
 
     # -- normalize boxes into their linear order
 
@@ -517,11 +577,11 @@ class _Planner:
         return ", ".join(node.legs)
 
 
-def _written_out(e: Expr) -> Expr:
+def written_out(e: Expr) -> Expr:
     """`e` with each layer norm the planner fused (a compiled module's graph, plan/norms.py)
     written out again in nodes the reference evaluator takes:
     (Z − mean(Z)) (mean((Z − mean(Z))²) + eps)^(−1/2) [· weight] [+ bias]."""
-    e = map_children(e, _written_out)
+    e = map_children(e, written_out)
     if not isinstance(e, LayerNormNode):
         return e
     z = e.operand

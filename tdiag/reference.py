@@ -80,9 +80,18 @@ class ReferenceModule(nn.Module):
             else:
                 self.register_buffer(tensor.name, value, persistent=tensor.kind == "buffer")
 
+    def new_cache(self):
+        """A decoding cache for this module (tdiag.DecodeCache), stepping by this evaluator:
+        `self(x, cache=cache)` computes the positions of x after those it holds (docs/decoding.md)."""
+        from .decode import DecodeCache
+
+        return DecodeCache(self)
+
     def forward(
-        self, *inputs: torch.Tensor, return_intermediates: bool = False, **masks: torch.Tensor
+        self, *inputs: torch.Tensor, return_intermediates: bool = False, cache: object = None, **masks: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, ...] | tuple[object, dict[str, torch.Tensor]]:
+        if cache is not None:
+            return self._tdiag_extend(cache, inputs, masks)
         given = self._tdiag_given(inputs, masks)
         sizes = bind_sizes(self.tdiag_graph, self.tdiag_sizes, given)
         batch_shape = torch.broadcast_shapes(*(batch_dims(x, self.tdiag_graph.tensors[n]) for n, x in given.items()))
@@ -112,6 +121,16 @@ class ReferenceModule(nn.Module):
         """Constants, positions and noise are made in the first input's dtype, as in the compiled
         module, so that `.double()` on the module and float64 inputs evaluate in float64."""
         return next((x.dtype for x in inputs if x.is_floating_point()), self.tdiag_dtype)
+
+    def _tdiag_extend(
+        self, cache: object, inputs: Sequence[torch.Tensor], masks: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The outputs at the positions of the one input, after those the decoding cache holds."""
+        if not callable(getattr(cache, "extend", None)):
+            raise TypeError(f"cache must be the decoding cache module.new_cache() makes, got {type(cache).__name__}")
+        if len(inputs) != 1:
+            raise ValueError(f"a decoding cache extends one input, got {len(inputs)}")
+        return cache.extend(inputs[0], module=self, **masks)
 
     def _tdiag_given(
         self, inputs: Sequence[torch.Tensor], masks: Mapping[str, torch.Tensor]

@@ -65,7 +65,11 @@ def test_the_bundled_causal_designs_are_all_decoded(decoders):
     assert {"mhsa", "llama", "deepseek_mla", "t5_decoder", "alibi", "mamba2_ssd", "relu2_attention"} <= set(decoders)
 
 
-@pytest.mark.parametrize("chunks", [[1] * LENGTH, [PROMPT] + [1] * (LENGTH - PROMPT)], ids=["tokens", "prompt"])
+@pytest.mark.parametrize(
+    "chunks",
+    [[1] * LENGTH, [PROMPT] + [1] * (LENGTH - PROMPT), [PROMPT, 2, LENGTH - PROMPT - 2]],
+    ids=["tokens", "prompt", "prompt_then_chunks"],
+)
 def test_each_step_equals_the_causal_forward_over_the_sequence_so_far(decoders, chunks):
     """Where the outputs do not depend on the length (all but three), the rows of the whole
     forward; for the three that read it, the forward over the positions so far."""
@@ -308,3 +312,237 @@ def test_a_design_causal_through_its_segment_sums_takes_a_cache_as_written():
     steps = [cache.extend(x[:, :PROMPT]), cache.extend(x[:, PROMPT:])]
     assert cache.kind == "state"
     assert torch.allclose(torch.cat(steps, 1), module(x), atol=TOL, rtol=0)
+
+
+def test_check_decodes_is_zero_for_a_cache_that_decodes_as_the_forward(decoders, compiled):
+    from tdiag.decode import check_decodes
+
+    for module in (decoders["mhsa"], compiled["llama"]):
+        x = inputs(decoders["mhsa"])  # F = 8 for both
+        assert check_decodes(module, x, [PROMPT, 1, 2]) < TOL
+        assert check_decodes(module, x, [1] * LENGTH, compiled=False) < TOL
+
+
+def test_check_decodes_measures_a_step_that_differs_from_the_forward(decoders, monkeypatch):
+    from tdiag.decode import check_decodes
+
+    real = DecodeCache.extend
+    monkeypatch.setattr(DecodeCache, "extend", lambda self, x, **kw: real(self, x, **kw) * (1 + 1e-3 * self.length))
+    assert check_decodes(decoders["mhsa"], inputs(decoders["mhsa"]), [PROMPT, 1, 1, 1]) == pytest.approx(5e-3, rel=1e-6)
+
+
+def test_check_decodes_raises_why_a_module_has_no_cache():
+    from tdiag.decode import check_decodes
+
+    module = tdiag.load(DESIGNS / "mhsa.td", **small_sizes("mhsa")).module(dtype=torch.float64, impl="reference")
+    with pytest.raises(NotDecodableError, match="is not causal"):
+        check_decodes(module, inputs(module), [LENGTH])
+
+
+def test_check_decodes_refuses_an_input_that_is_not_a_tensor_naming_it(decoders):
+    from tdiag.decode import check_decodes
+
+    with pytest.raises(TypeError, match=r"input X must be a torch\.Tensor, got list"):
+        check_decodes(decoders["mhsa"], [[0.0] * 8], [1])
+
+
+@pytest.mark.parametrize("chunks", [[2, 2], [0, 5], [], [2.0, 3]])
+def test_check_decodes_refuses_chunks_that_do_not_cover_the_input(decoders, chunks):
+    from tdiag.decode import check_decodes
+
+    with pytest.raises(ValueError, match="chunks"):
+        check_decodes(decoders["mhsa"], inputs(decoders["mhsa"]), chunks)
+
+
+def test_tdiag_exports_the_error_a_module_without_a_cache_raises():
+    assert tdiag.NotDecodableError is NotDecodableError
+    assert "NotDecodableError" in tdiag.__all__
+
+
+def test_a_reference_module_makes_its_own_cache_and_decodes_with_it(decoders):
+    module = decoders["llama"]
+    x = inputs(module)
+    cache = module.new_cache()
+    assert isinstance(cache, tdiag.DecodeCache) and cache.step is None
+    steps = [module(x[:, :PROMPT], cache=cache)] + [module(x[:, t : t + 1], cache=cache) for t in range(PROMPT, LENGTH)]
+    assert torch.allclose(torch.cat(steps, 1), module(x), atol=TOL, rtol=0)
+    with pytest.raises(TypeError, match="cache must be the decoding cache"):
+        module(x, cache={})
+
+
+STICK_BREAKING = (DESIGNS / "stick_breaking.td").read_text()
+STRICTLY_BEFORE = {
+    "clamp_statement": STICK_BREAKING,
+    "clamp_factor": STICK_BREAKING.replace(
+        "exp(R[h n m] - softplus(-Z[h n m])) B[n m]",
+        "exp(R[h n m] - softplus(-Z[h n m])) clamp(index(n) - index(m), 0, 1)",
+    ),
+    "relu_of_the_difference": STICK_BREAKING.replace(
+        "clamp(index(n) - index(m), 0, 1)", "clamp(relu(index(n) - index(m)), 0, 1)"
+    ),
+    "causal_minus_identity": STICK_BREAKING.replace(
+        "B[n m]   = clamp(index(n) - index(m), 0, 1)", "B[n m]   = causal(n, m) - I[n m]"
+    ).replace("size N\n", "size N\nconst I[n: N, m: N] = identity\n"),
+}
+
+
+@pytest.mark.parametrize("form", sorted(STRICTLY_BEFORE))
+def test_a_design_strictly_causal_as_written_is_causal_to_with_causal_mask_and_to_its_cache(form):
+    """One test of causality (graph/causal.py hides_the_future): the design with_causal_mask
+    returns as it is takes a cache, and decodes as its forward over each prefix."""
+    from tdiag.decode import check_decodes
+    from tdiag.graph.causal import hides_the_future
+
+    design = tdiag.loads(STRICTLY_BEFORE[form], F=8, H=2)
+    assert hides_the_future(design.graph)
+    assert design.with_causal_mask().graph is design.graph
+    x = torch.randn(2, LENGTH, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    reference = design.module(dtype=torch.float64, impl="reference")
+    assert check_decodes(reference, x, [1] * LENGTH) < TOL
+    assert check_decodes(reference, x, [PROMPT, LENGTH - PROMPT]) < TOL
+    if form != "causal_minus_identity":  # the planner's lowering of causal(n, m) - I is another fix's (h-plan)
+        compiled = design.module(dtype=torch.float64, N=8)
+        assert check_decodes(compiled, x, [PROMPT, 1, LENGTH - PROMPT - 1]) < TOL
+
+
+def test_a_design_that_sees_later_keys_through_an_anti_causal_clamp_is_not_causal():
+    design = tdiag.loads(STICK_BREAKING.replace("index(n) - index(m), 0, 1", "index(m) - index(n), 0, 1"), F=8, H=2)
+    module = design.module(dtype=torch.float64, impl="reference")
+    with pytest.raises(NotDecodableError, match="is not causal"):
+        module.new_cache()
+
+
+COSFORMER_KEY_SIDE = (
+    (DESIGNS / "cosformer.td")
+    .read_text()
+    .split("W[n]")[0]
+    .replace("size N\n", "size N\nconst I0[s: 2] = values(1, 0)\nconst I1[s: 2] = values(0, 1)\n")
+    + """W[n]        = 3.141592653589793 / 2 (index(n) + 1) / N
+CS[m s]     = cos(W[m]) I0[s] + sin(W[m]) I1[s]
+CQ[n s]     = cos(W[n]) I0[s] + sin(W[n]) I1[s]
+Kf[m h d s] = CS[m s] K[m h d]
+A[h n m]    = normalize[m, eps = 1e-6](CQ[n s] Q[n h d] Kf[m h d s])
+Y[n g]      = A[h n m] V[m h e] WO[h e g]
+output Y
+"""
+)
+
+
+@pytest.mark.parametrize("impl", ["reference", "compiled"])
+def test_a_key_side_tensor_that_reads_the_length_is_recomputed_at_each_step_not_cached_stale(impl):
+    """cosFormer's re-weighting cos(πm/2N) on the key side: Kf's earlier rows change as N grows."""
+    from tdiag.decode import check_decodes
+
+    design = tdiag.loads(COSFORMER_KEY_SIDE, F=8, H=2).with_causal_mask()
+    module = (
+        design.module(dtype=torch.float64, impl="reference")
+        if impl == "reference"
+        else design.module(dtype=torch.float64, N=8)
+    )
+    cache = module.new_cache()
+    assert cache.kind == "kv" and "Kf" not in cache.rule.cached and set(cache.rule.cached) == {"K", "V"}
+    assert "Kf reads the length N as a number: recomputed" in cache.reason
+    x = torch.randn(2, 6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    for compiled in (None, False):
+        assert check_decodes(module, x, [1] * 6, compiled=compiled) < TOL
+        assert check_decodes(module, x, [2, 1, 3], compiled=compiled) < TOL
+
+
+def test_a_bundled_design_whose_causal_form_no_cache_serves_says_why():
+    """The designs with a causal form that `decoders` leaves out (several inputs, no run-time
+    length): new_cache() refuses them with NotDecodableError naming the design and the reason."""
+    refused = {}
+    for path in DESIGN_FILES:
+        design = causal(path.stem)
+        if design is None or (len(design.graph.inputs) == 1 and design.graph.sizes["N"].is_free):
+            continue
+        with pytest.raises(NotDecodableError) as refusal:
+            design.module(dtype=torch.float64, impl="reference").new_cache()
+        refused[path.stem] = str(refusal.value)
+    assert refused
+    for name, why in refused.items():
+        assert f"'{name}'" in why and ("inputs" in why or "run-time length" in why), why
+
+
+def compiled_causal(name: str) -> torch.nn.Module:
+    return causal(name, **({"S": 4} if name == "mamba2_ssd" else {})).module(dtype=torch.float64, N=8).eval()
+
+
+def causal_designs() -> list[str]:
+    """The bundled designs with a causal form of one input over a run-time length."""
+    names = []
+    for path in DESIGN_FILES:
+        design = causal(path.stem)
+        if design is not None and len(design.graph.inputs) == 1 and design.graph.sizes["N"].is_free:
+            names.append(path.stem)
+    return names
+
+
+# one of each kind and way: kv, state, prefix, reads the length, strictly causal as written
+EACH_KIND = ["mhsa", "retnet", "gla", "forgetting_attention", "cosformer", "stick_breaking"]
+
+
+def check_compiled(name: str) -> dict[str, float]:
+    module = compiled_causal(name)
+    x = torch.randn(2, LENGTH, width_of(module), dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    from tdiag.decode import check_decodes
+
+    errors = {}
+    for chunks in ([1] * LENGTH, [PROMPT, 2, LENGTH - PROMPT - 2]):
+        for by_code in (None, False):
+            errors[f"{chunks} compiled={by_code}"] = check_decodes(module, x, chunks, compiled=by_code)
+    return errors
+
+
+def width_of(module: torch.nn.Module) -> int:
+    graph = module.tdiag_plan.graph
+    return int(graph.evaluate(graph.inputs[0].axes[-1].size))
+
+
+@pytest.mark.parametrize("name", EACH_KIND)
+def test_a_compiled_module_of_each_kind_decodes_as_its_causal_forward_by_code_and_by_the_reference(name):
+    errors = check_compiled(name)
+    assert max(errors.values()) < TOL, errors
+
+
+@pytest.mark.slow
+def test_every_bundled_causal_design_compiled_decodes_as_its_causal_forward():
+    wrong = {}
+    for name in causal_designs():
+        errors = check_compiled(name)
+        if max(errors.values()) >= TOL:
+            wrong[name] = errors
+    assert not wrong
+
+
+@pytest.mark.parametrize("name", ["bert", "cohere_qk_norm"])
+def test_a_compiled_module_whose_plan_fuses_layer_norms_decodes_by_the_reference_evaluator_too(name):
+    errors = check_compiled(name)
+    assert max(errors.values()) < TOL, errors
+
+
+HALF_CAUSAL = """design half_causal
+size F = 8, H = 2, D = 4
+size N
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D] = normal(std = 1)
+param WK[f: F, h: H, d: D] = normal(std = 1)
+param WV[f: F, h: H, e: D] = normal(std = 1)
+Q[n h d] = X[n f] WQ[f h d]
+K[m h d] = X[m f] WK[f h d]
+V[m h e] = X[m f] WV[f h e]
+Y[n h e] = causal(n, m) Q[n h d] K[m h d] V[m h e] + Q[n h d] K[m h d] V[m h e] / 100
+output Y
+"""
+
+
+def test_a_design_with_a_causal_term_beside_one_that_sees_later_keys_is_refused_until_masked():
+    """A causal factor somewhere is not enough: the second term sums every key."""
+    from tdiag.decode import check_decodes
+
+    design = tdiag.loads(HALF_CAUSAL)
+    with pytest.raises(NotDecodableError, match="'half_causal' is not causal"):
+        design.module(dtype=torch.float64, impl="reference").new_cache()
+    masked = design.with_causal_mask().module(dtype=torch.float64, impl="reference")
+    x = torch.randn(1, LENGTH, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    assert check_decodes(masked, x, [PROMPT, LENGTH - PROMPT]) < TOL

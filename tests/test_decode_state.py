@@ -270,7 +270,7 @@ def test_cosformer_at_a_fixed_horizon_keeps_a_state_per_re_weighting():
         ("mhsa", "kv", "A is a softmax over positions m"),
         ("cosformer", "kv", "it reads the length N"),  # cos(πi/2N) re-weights every key as N grows
         ("forgetting_attention", "prefix", "A is a softmax over positions m"),
-        ("stick_breaking", "kv", "B keeps two position legs"),
+        ("stick_breaking", "kv", "Z keeps two position legs"),
     ],
 )
 def test_the_designs_without_a_state_keep_their_kind_and_say_why(kinds, name, kind, why):
@@ -327,3 +327,39 @@ def test_sampling_with_state_caches_draws_the_characters_the_re_run_draws(tmp_pa
     assert sample(model, corpus, config, cpu, 24, prompt, 3) == sample(
         model, corpus, config, cpu, 24, prompt, 3, use_cache=False
     )
+
+
+DECAY_STATEMENTS = {
+    "retnet": (
+        "O[n h e]      = causal(n, m) exp(lg[h] (index(n) - index(m))) Qr[n h d] Kr[m h d] V[m h e]",
+        "Dec[h n m]    = causal(n, m) exp(lg[h] (index(n) - index(m)))\n"
+        "O[n h e]      = (Qr[n h d] Kr[m h d] * Dec[h n m]) V[m h e]",
+    ),
+    "mamba2_ssd": (
+        "O[n h p]  = exp(segsum[n, m](La[n h])) Cm[n s] Bm[m s] dt[m h] Xs[m h p] + Dskip[h] Xs[n h p]",
+        "L[h n m]  = exp(segsum[n, m](La[n h]))\n"
+        "O[n h p]  = (Cm[n s] Bm[m s] * L[h n m]) dt[m h] Xs[m h p] + Dskip[h] Xs[n h p]",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DECAY_STATEMENTS))
+def test_a_decay_matrix_written_as_a_statement_of_its_own_is_part_of_its_causal_product(name):
+    """RetNet's D and Mamba-2's L as the papers write them: the state the inlined form keeps."""
+    from tdiag.decode import check_decodes
+
+    inline, own = DECAY_STATEMENTS[name]
+    source = (DESIGNS / f"{name}.td").read_text()
+    assert inline in source
+    design = tdiag.loads(source.replace(inline, own), F=8, H=2, **SMALLER.get(name, {})).with_causal_mask()
+    module = design.module(dtype=torch.float64, impl="reference").eval()
+    cache = DecodeCache(module)
+    assert cache.kind == "state", cache.reason
+    x = inputs(module)
+    assert check_decodes(module, x, [1] * LENGTH) < TOL
+    assert check_decodes(module, x, [2, 1, LENGTH - 3]) < TOL
+    cache.extend(x)
+    shapes = {held: tuple(t.shape) for held, t in cache.tensors.items()}
+    cache.extend(x[:, :1])
+    assert {held: tuple(t.shape) for held, t in cache.tensors.items()} == shapes  # no row per position
+

@@ -17,13 +17,17 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TypeGuard
 
+import sympy
+
 from ..errors import Diagnostic, Span, TdiagError
 from ..ir import (
     CausalFactor,
     CausalMask,
     Contraction,
     Convolution,
+    ElementwiseMap,
     Expr,
+    PositionIndex,
     Quotient,
     Reduction,
     Scalar,
@@ -75,7 +79,13 @@ def _masked(
     changes: dict[str, object] = {}
     reduced = isinstance(expr, Reduction) and key in expr.over and query in expr.legs
     reduced = reduced or (isinstance(expr, Scan) and expr.reverse and expr.along == key and query in expr.legs)
-    if (isinstance(expr, SoftmaxBox) and key in expr.normalized and query in expr.legs) or reduced:
+    if isinstance(expr, Scan) and expr.name == "cumsum" and (query, key) in _hidden_pairs(expr.operand, hidden):
+        reduced = False  # a suffix sum of entries zero past the query adds nothing from the future
+    if isinstance(expr, SoftmaxBox) and (query, key) in _zeroed_content(expr, hidden):
+        reduced = False  # the box's content hides the later keys itself (a decay of segment sums)
+    elif isinstance(expr, SoftmaxBox) and key in expr.normalized and query in expr.legs:
+        reduced = True
+    if reduced:
         if not any(_hides_future(m) and (m.query, m.key) == (query, key) for m in expr.masks):
             changes["masks"] = (*expr.masks, CausalMask(query, key, span))
             count += 1
@@ -135,8 +145,14 @@ def _hidden_pairs(expr: Expr, hidden: Mapping[str, set[tuple[int, int]]]) -> set
     """The (query, key) leg pairs along which `expr` is causally masked or zeroed already."""
     if _causal_factor(expr):
         return {(expr.query, expr.key)}  # type: ignore[attr-defined]
+    if _causal_clamp(expr) is not None:
+        return {_causal_clamp(expr)}  # type: ignore[arg-type]
+    if isinstance(expr, ElementwiseMap) and expr.name == "exp" and expr.operand is not None:
+        return _minus_infinity_pairs(expr.operand)
+    if isinstance(expr, ElementwiseMap) and expr.operand is not None and _keeps_zero(expr):
+        return _hidden_pairs(expr.operand, hidden)
     if isinstance(expr, SoftmaxBox):
-        return {(m.query, m.key) for m in expr.masks if _hides_future(m)}
+        return {(m.query, m.key) for m in expr.masks if _hides_future(m)} | _zeroed_content(expr, hidden)
     if isinstance(expr, Contraction):
         return set().union(*(_hidden_pairs(f, hidden) for f in expr.factors))
     if isinstance(expr, SumNode):  # zero where every term is
@@ -146,6 +162,28 @@ def _hidden_pairs(expr: Expr, hidden: Mapping[str, set[tuple[int, int]]]) -> set
     if isinstance(expr, TensorRef) and expr.name in hidden:  # a head axis read as (g k) keeps n, m
         groups = expr.groups
         return {(groups[q][0], groups[k][0]) for q, k in hidden[expr.name] if len(groups[q]) == len(groups[k]) == 1}
+    return set()
+
+
+def _zeroed_content(box: SoftmaxBox, hidden: Mapping[str, set[tuple[int, int]]]) -> set[tuple[str, str]]:
+    """The pairs along which a box's entries are zero past the query by its content alone: a
+    normalize box of a content zero there, a softmax of one −inf there."""
+    if box.content is None:
+        return set()
+    if box.is_exp:
+        return _minus_infinity_pairs(box.content)
+    return _hidden_pairs(box.content, hidden)
+
+
+def _minus_infinity_pairs(expr: Expr) -> set[tuple[str, str]]:
+    """The (query, key) pairs along which `expr` is −inf past the query (segment sums, and a sum
+    with such a term), so that its exp is zero there (Mamba-2's decay mask exp(segsum(a)))."""
+    if isinstance(expr, SegmentSum):
+        return {(expr.along, expr.key)}
+    if isinstance(expr, SumNode):
+        return set().union(
+            *(_minus_infinity_pairs(t) for t, sign in zip(expr.terms, expr.signs, strict=True) if sign > 0)
+        )
     return set()
 
 
@@ -216,7 +254,9 @@ def _mixes_positions(
     return None
 
 
-def _future_scan(expr: Expr, queries: set[str], keys: set[str], graph: DesignGraph) -> Diagnostic | None:
+def _future_scan(
+    expr: Expr, queries: set[str], keys: set[str], graph: DesignGraph, hidden: Mapping[str, set[tuple[int, int]]]
+) -> Diagnostic | None:
     """A reverse scan (a suffix sum) along a position leg that no causal mask limits to the keys
     a query may see: each position would see the later ones. A forward scan is a prefix, causal
     as it is; a reverse one along the key leg beside the query leg is masked by with_causal_mask."""
@@ -226,7 +266,8 @@ def _future_scan(expr: Expr, queries: set[str], keys: set[str], graph: DesignGra
             continue
         leg = node.along
         positional = leg in queries or leg in keys or (leg in graph.legs and graph.legs[leg].size == size)
-        if positional and not any(_hides_future(m) and m.key == leg for m in node.masks):
+        zeroed = node.name == "cumsum" and any((q, leg) in _hidden_pairs(node.operand, hidden) for q in queries)
+        if positional and not zeroed and not any(_hides_future(m) and m.key == leg for m in node.masks):
             return Diagnostic(
                 f"with_causal_mask cannot mask the reverse {node.name} along position leg '{leg}':"
                 " each position would see the later ones",
@@ -275,32 +316,22 @@ def _reads_an_input(expr: Expr, graph: DesignGraph) -> bool:
 def _already_causal(graph: DesignGraph, query: str, key: str) -> bool:
     """Whether the design masks `key` by `query` somewhere already (a causal box or factor, a
     one-sided window, which hides the future as well, or an identity over the two: the diagonal)."""
-    diagonal = _diagonal_constants(graph)
+    diagonal = _identities(graph)
     for statement in graph.statements:
         for node in walk(statement.expr):
             if _causal_factor(node) and (node.query, node.key) == (query, key):  # type: ignore[attr-defined]
                 return True
             if isinstance(node, TensorRef) and node.name in diagonal and set(node.legs) == {query, key}:
                 return True
-            if isinstance(node, SoftmaxBox | Reduction) and any(
+            if isinstance(node, SoftmaxBox | Reduction | Scan) and any(
                 _hides_future(m) and (m.query, m.key) == (query, key) for m in node.masks
             ):
                 return True
+            if isinstance(node, SegmentSum) and (node.along, node.key) == (query, key):
+                return True
+            if _causal_clamp(node) == (query, key):
+                return True
     return False
-
-
-def _diagonal_constants(graph: DesignGraph) -> dict[str, set[tuple[int, int]]]:
-    """The identity constants over two axes, zero off their diagonal and so above it: the
-    strictly causal `causal(n, m) - I[n m]` hides the future in both its terms and is masked
-    already."""
-    return {
-        name: {(0, 1), (1, 0)}
-        for name, tensor in graph.tensors.items()
-        if tensor.kind == "const"
-        and tensor.init is not None
-        and tensor.init.name == "identity"
-        and len(tensor.axes) == 2
-    }
 
 
 def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> DesignGraph:
@@ -309,40 +340,15 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
     beside `query` over factors not masked already (sigmoid, ReLU² and linear attention); the
     bundled designs use n for queries and m for keys. A leg that names a query or key axis of an
     earlier statement's tensor under another name counts as one (`Σ_k E[h n k]` over E[h n m]).
-    A design causal already is returned as it is."""
-    statements, total, mixing, future = [], 0, [], []
-    hidden = _diagonal_constants(graph)
-    roles: dict[str, dict[int, str]] = {}
-    for statement in graph.statements:
-        queries, keys = _position_legs(statement.expr, query, key, roles, graph)
-        problem = _mixes_positions(statement.expr, queries, keys, graph, query)
-        if problem is not None:
-            mixing.append(problem)
-        expr = statement.expr
-        for q, k in dict.fromkeys([(query, key), *((q, k) for q in queries for k in keys if q != k)]):
-            expr, count = _masked(expr, q, k, statement.span, hidden)
-            total += count
-        statements.append(dataclasses.replace(statement, expr=expr))
-        looking_ahead = _future_scan(expr, queries, keys, graph) or _future_shift(expr, queries, keys, graph)
-        if looking_ahead is not None:
-            future.append(looking_ahead)
-        position = {g[0]: k for k, g in enumerate(statement.groups) if len(g) == 1}  # axes of one leg
-        hidden[statement.target] = {
-            (position[q], position[k]) for q, k in _hidden_pairs(expr, hidden) if q in position and k in position
-        }
-        if not any(len(g) != 1 for g in statement.groups):
-            roles[statement.target] = {
-                axis: "query" if leg in queries else "key"
-                for axis, leg in enumerate(statement.legs)
-                if leg in queries or leg in keys
-            }
-    if future:
-        raise TdiagError(future)
-    if not total and _already_causal(graph, query, key):
+    A design causal already (`hides_the_future`) is returned as it is."""
+    masking = _Masking.of(graph, query, key)
+    if masking.future:
+        raise TdiagError(masking.future)
+    if masking.causal_as_written(graph, query, key):
         return graph
-    if mixing:
-        raise TdiagError(sorted(mixing, key=lambda d: (d.spans[0].line, d.spans[0].column)))
-    if not total:
+    if masking.mixing:
+        raise TdiagError(sorted(masking.mixing, key=lambda d: (d.spans[0].line, d.spans[0].column)))
+    if not masking.total:
         raise TdiagError(
             Diagnostic(
                 f"design '{graph.name}' has no attention over leg '{key}' with leg '{query}' to mask"
@@ -352,26 +358,139 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
             )
         )
     tensors = {name: dataclasses.replace(t) for name, t in graph.tensors.items()}
-    for statement in statements:
+    for statement in masking.statements:
         tensors[statement.target].statement = statement
     return dataclasses.replace(
         graph,
         name=graph.name,
         tensors=tensors,
-        statements=statements,
-        graph=_dataflow_graph(tensors, statements, graph.updates),
+        statements=masking.statements,
+        graph=_dataflow_graph(tensors, masking.statements, graph.updates),
     )
 
 
-def hides_the_future(graph: DesignGraph) -> bool:
-    """Whether some statement hides later keys from a query (a causal box, reduction, scan or
-    factor, a one-sided window, or segment sums, −inf past the query): the design is causal, so
-    its outputs at earlier positions do not change as positions are added (what decoding with a
-    cache relies on, tdiag/decode.py)."""
-    for statement in graph.statements:
-        for node in walk(statement.expr):
-            if _causal_factor(node) or isinstance(node, SegmentSum):
-                return True
-            if isinstance(node, SoftmaxBox | Reduction | Scan) and any(_hides_future(m) for m in node.masks):
-                return True
+@dataclasses.dataclass
+class _Masking:
+    """The causal masks with_causal_mask would add over (query, key): the masked `statements`,
+    how many masks they add (`total`), the sums that mix the keys without the query (`mixing`)
+    and the reads of later positions nothing can hide (`future`)."""
+
+    statements: list
+    total: int
+    mixing: list[Diagnostic]
+    future: list[Diagnostic]
+
+    @classmethod
+    def of(cls, graph: DesignGraph, query: str, key: str) -> _Masking:
+        statements, total, mixing, future = [], 0, [], []
+        hidden = _identities(graph)
+        roles: dict[str, dict[int, str]] = {}
+        for statement in graph.statements:
+            queries, keys = _position_legs(statement.expr, query, key, roles, graph)
+            problem = _mixes_positions(statement.expr, queries, keys, graph, query)
+            if problem is not None:
+                mixing.append(problem)
+            expr = statement.expr
+            for q, k in dict.fromkeys([(query, key), *((q, k) for q in queries for k in keys if q != k)]):
+                expr, count = _masked(expr, q, k, statement.span, hidden)
+                total += count
+            statements.append(dataclasses.replace(statement, expr=expr))
+            looking_ahead = _future_scan(expr, queries, keys, graph, hidden) or _future_shift(
+                expr, queries, keys, graph
+            )
+            if looking_ahead is not None:
+                future.append(looking_ahead)
+            position = {g[0]: k for k, g in enumerate(statement.groups) if len(g) == 1}  # axes of one leg
+            hidden[statement.target] = {
+                (position[q], position[k]) for q, k in _hidden_pairs(expr, hidden) if q in position and k in position
+            }
+            if not any(len(g) != 1 for g in statement.groups):
+                roles[statement.target] = {
+                    axis: "query" if leg in queries else "key"
+                    for axis, leg in enumerate(statement.legs)
+                    if leg in queries or leg in keys
+                }
+        return cls(statements, total, mixing, future)
+
+    def causal_as_written(self, graph: DesignGraph, query: str, key: str) -> bool:
+        """Whether the design needs no mask over (query, key) and hides the future somewhere."""
+        return not self.total and not self.future and _already_causal(graph, query, key)
+
+
+def _identities(graph: DesignGraph) -> dict[str, set[tuple[int, int]]]:
+    """The identity constants over two axes of one size, zero off their diagonal: a factor of
+    one hides the later keys (and the earlier ones), as `causal(n, m) - I[n m]` relies on."""
+    hidden = {}
+    for tensor in graph.tensors.values():
+        init = tensor.init
+        square = len(tensor.axes) == 2 and tensor.axes[0].size == tensor.axes[1].size
+        if tensor.kind == "const" and init is not None and init.name == "identity" and square:
+            hidden[tensor.name] = {(0, 1), (1, 0)}
+    return hidden
+
+
+def _position_difference(expr: Expr) -> tuple[str, str] | None:
+    """(n, m) for `index(n) - index(m)`, plus a number of at most zero (`index(n) - index(m) - 1`)."""
+    if not isinstance(expr, SumNode):
+        return None
+    plus, minus = [], []
+    for term, sign in zip(expr.terms, expr.signs, strict=True):
+        if isinstance(term, PositionIndex):
+            (plus if sign > 0 else minus).append(term.leg)
+        elif not (isinstance(term, Scalar) and _number(term) * sign <= 0):
+            return None
+    return (plus[0], minus[0]) if len(plus) == len(minus) == 1 and plus != minus else None
+
+
+def _number(scalar: Scalar) -> float:
+    try:
+        return float(scalar.value)
+    except (TypeError, ValueError):
+        return 1.0  # not a number here: not taken as an offset that keeps the factor causal
+
+
+def _causal_clamp(expr: Expr) -> tuple[str, str] | None:
+    """(n, m) for a factor zero wherever key m is after query n: `clamp(index(n) - index(m), 0, c)`
+    (stick-breaking's strictly-earlier keys), `relu(...)` or `max(..., 0)` of that difference."""
+    if not isinstance(expr, ElementwiseMap) or expr.operand is None:
+        return None
+    floor = {"clamp": 0, "maximum": 0}.get(expr.name)
+    if expr.name == "relu" or (floor is not None and expr.params and expr.params[0] == 0):
+        return _position_difference(expr.operand)
+    return None
+
+
+def _keeps_zero(node: ElementwiseMap) -> bool:
+    """Whether the map sends 0 to 0, so that an operand zero past the query stays zero there."""
+    params = [sympy.sympify(p) for p in node.params]
+    if node.name in ("relu", "abs", "sin", "tanh", "sqrt", "silu", "gelu"):
+        return True
+    if node.name == "clamp":
+        return len(params) == 2 and params[0].is_nonpositive is True and params[1].is_nonnegative is True
+    if node.name == "maximum":
+        return len(params) == 1 and params[0].is_nonpositive is True
+    if node.name == "minimum":
+        return len(params) == 1 and params[0].is_nonnegative is True
+    return node.name == "pow" and len(params) == 1 and params[0].is_positive is True
+
+
+def hides_the_future(graph: DesignGraph, query: str | None = None, key: str | None = None) -> bool:
+    """Whether the design is causal as written over query leg `query` and key leg `key` (by
+    default any leg of the first output and any other leg): with_causal_mask would add no mask and
+    returns it as it is, and some statement hides later keys from a query (a causal box,
+    reduction, scan or factor, a one-sided window, segment sums, a clamp of the index
+    difference). The one test of causality: with_causal_mask's, and what decoding with a cache
+    relies on (tdiag/decode.py), since the outputs at earlier positions then never change."""
+    queries = [query] if query is not None else _output_legs(graph)
+    for q in queries:
+        keys = [key] if key is not None else [leg for leg in graph.legs if leg != q]
+        if any(_already_causal(graph, q, k) and _Masking.of(graph, q, k).causal_as_written(graph, q, k) for k in keys):
+            return True
     return False
+
+
+def _output_legs(graph: DesignGraph) -> list[str]:
+    """The legs of the first output, as its statement names them."""
+    if not graph.outputs or graph.tensors[graph.outputs[0]].statement is None:
+        return []
+    return [group[0] for group in graph.tensors[graph.outputs[0]].statement.groups if len(group) == 1]
