@@ -40,6 +40,7 @@ from .plan.footprint import FLOAT, footprint
 from .plan.program import executed_flops
 
 CONVENTIONS = ("flop", "mac", "paper")
+FUSED = ("sdpa", "flex")  # attention kernels: one step for the scores, the softmax and the values
 METRICS = ("params", "flops", "softmax_entries", "peak_memory")
 
 
@@ -197,15 +198,15 @@ def step_cost(step: Step, plan: Plan, convention: str, names: Naming | None = No
         return sympy.Integer(0)
     if convention == "paper":
         return _paper_cost(step, plan, names)
-    if step.kind not in ("contraction", "conv", "norm", "sum", "sdpa"):
+    if step.kind not in ("contraction", "conv", "norm", "sum", *FUSED):
         return sympy.Integer(0)
     flops = _named(step.flops, step, names)
-    macs = flops / 2 if step.kind in ("contraction", "conv", "norm", "sdpa") else flops
+    macs = flops / 2 if step.kind in ("contraction", "conv", "norm", *FUSED) else flops
     return macs if convention == "mac" else flops
 
 
 def _paper_cost(step: Step, plan: Plan, names: Naming | None = None) -> sympy.Expr:
-    if step.kind == "sdpa" or step.paper != 0:  # fused steps, and sums with nested sums flattened in
+    if step.kind in FUSED or step.paper != 0:  # fused steps, and sums with nested sums flattened in
         return _named(step.paper, step, names)
     if step.kind == "sum" and step.description == "sum":  # a sum node: one add per extra term
         return _named(step.elementwise, step, names)
@@ -226,12 +227,13 @@ def kernel_cost(step: Step, plan: Plan, convention: str, names: Naming | None = 
     """`step_cost` for the entries the step's kernel computes (a block-skipping causal kernel's)."""
     if step.kernel_flops is None:
         return step_cost(step, plan, convention, names)
-    return step_cost(step, plan, convention, names) * executed_flops(step) / step.flops
+    share = executed_flops(step) / step.flops if names is None else names.kernel_share(step)
+    return step_cost(step, plan, convention, names) * share
 
 
 def score_cost(step: Step, plan: Plan, convention: str, names: Naming | None = None) -> sympy.Expr:
     """The part of a step that computes a softmax box's argument (FiSH App. D.1's scope)."""
-    if step.kind == "sdpa":
+    if step.kind in FUSED:
         score, paper = _named(step.score_flops, step, names), _named(step.score_paper, step, names)
         return {"paper": paper, "mac": score / 2}.get(convention, score)
     return step_cost(step, plan, convention, names) if step.in_box else sympy.Integer(0)
@@ -257,7 +259,7 @@ def cost_report(plan: Plan, convention: str = "flop") -> CostReport:
             "exps": total([_named(s.exps, s, names) for s in steps]),
             "divisions": total([_named(s.divisions, s, names) for s in steps]),
             "elementwise": total([_named(s.elementwise, s, names) for s in steps]),
-            "softmax_entries": total([_named(s.entries, s, names) for s in steps if s.kind in ("softmax", "sdpa")]),
+            "softmax_entries": total([_named(s.entries, s, names) for s in steps if s.kind in ("softmax", *FUSED)]),
             "peak_memory": _per_sequence(_named_saved_bytes(plan, prints, names) / FLOAT),
         }
     return CostReport(
@@ -271,7 +273,7 @@ def cost_report(plan: Plan, convention: str = "flop") -> CostReport:
         exps=total([s.exps for s in steps]),
         divisions=total([s.divisions for s in steps]),
         elementwise=total([s.elementwise for s in steps]),
-        softmax_entries=total([s.entries for s in steps if s.kind in ("softmax", "sdpa")]),
+        softmax_entries=total([s.entries for s in steps if s.kind in ("softmax", *FUSED)]),
         saved_bytes=sympy.factor(sympy.expand(prints.saved_bytes)),
         sizes={k: v for k, v in plan.sizes.items() if k != "B"},
         plan=plan,

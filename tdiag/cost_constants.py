@@ -17,11 +17,16 @@ import sympy
 
 from .ir import WindowMask, walk
 from .plan import Plan, Step
-from .plan.program import BandBlocks, BandMask, ChunkCount, reads
+from .plan.program import FLEX_BLOCK, SDPA_KEY_BLOCK, BandBlocks, BandMask, ChunkCount, executed_flops, reads
 
 CHUNK_NOTE = re.compile(r"causal prefix sums over (?P<leg>\S+) in chunks of C = (?P<size>\d+), (?P<why>.*)$")
 BAND_NOTE = re.compile(r"softmax box over (?P<leg>.+) in blocks of C = (?P<size>\d+) queries")
 BAND_RULE = "planner: the largest power of two at most half the window, 16 to 256"
+# the block at whose grain a fused causal kernel skips the keys above the diagonal, by step kind
+KERNEL_BLOCKS = {
+    "sdpa": (SDPA_KEY_BLOCK, "the key block of the CPU flash kernel, at which is_causal skips keys", "torch's kernel"),
+    "flex": (FLEX_BLOCK, "the block of FlexAttention's block mask, at which it skips keys", "create_block_mask"),
+}
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class Naming:
     constants: tuple[PlannerConstant, ...] = ()
     sizes: Mapping[str, sympy.Expr] = field(default_factory=dict)  # leg -> its size, constants named
     planned: Mapping[str, sympy.Expr] = field(default_factory=dict)  # leg -> its size in the plan
+    blocks: Mapping[str, PlannerConstant] = field(default_factory=dict)  # step kind -> its kernel's block
 
     @property
     def values(self) -> dict[sympy.Symbol, sympy.Integer]:
@@ -74,6 +80,19 @@ class Naming:
             return count
         _, ratio, legs = min(fits, key=lambda fit: fit[0])
         return ratio * sympy.Mul(*(self.leg_size(leg) for leg in legs))
+
+    def kernel_share(self, step: Step) -> sympy.Expr:
+        """The share of a fused step's FLOPs its kernel does, (L + min(b, L)) / 2L under a
+        causal mask, with the kernel's block b named."""
+        share = executed_flops(step) / step.flops
+        block = self.blocks.get(step.kind)
+        if block is None:
+            return share
+        value = sympy.Integer(block.value)
+        return share.replace(
+            lambda e: isinstance(e, sympy.Min) and value in e.args,
+            lambda e: sympy.Min(block.symbol, *(a for a in e.args if a != value)),
+        )
 
     def leg_size(self, leg: str) -> sympy.Expr:
         """A leg's size with the constants named (the plan's size where none enters it)."""
@@ -108,11 +127,29 @@ def naming(plan: Plan, taken: Iterable[str] = ()) -> Naming:
             constants.append(_chunk_constant(plan, chunk, symbol, positions))
         sizes |= {leg: symbol for leg in positions}
         sizes |= {leg: plan.leg_sizes[leg] * chunk.size / symbol for leg in counts}
-    return Naming(tuple(constants), sizes, dict(plan.leg_sizes))
+    blocks = {}
+    for kind, (value, meaning, chosen_by) in KERNEL_BLOCKS.items():
+        if any(_skips_at(step, value) for step in plan.steps if step.kind == kind):
+            symbol = _fresh_symbol(used, "K")
+            used.add(str(symbol))
+            blocks[kind] = PlannerConstant(symbol, value, meaning, chosen_by)
+    constants += blocks.values()
+    return Naming(tuple(constants), sizes, dict(plan.leg_sizes), blocks)
 
 
-def _fresh_symbol(used: set[str]) -> sympy.Symbol:
-    name = "C" if "C" not in used else next(f"C_{k}" for k in range(1, len(used) + 2) if f"C_{k}" not in used)
+def _skips_at(step: Step, block: int) -> bool:
+    """Whether a fused step's kernel skips masked keys at the grain of `block` (a min(block, L))."""
+    if step.kernel_flops is None:
+        return False
+    share = sympy.sympify(step.kernel_flops / step.flops)
+    return any(sympy.Integer(block) in e.args for e in share.atoms(sympy.Min))
+
+
+def _fresh_symbol(used: set[str], base: str = "C") -> sympy.Symbol:
+    """`base`, else `base_1`, `base_2`, ...: the first no design size (nor constant) uses."""
+    name = (
+        base if base not in used else next(f"{base}_{k}" for k in range(1, len(used) + 2) if f"{base}_{k}" not in used)
+    )
     return sympy.Symbol(name, positive=True, integer=True)
 
 

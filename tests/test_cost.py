@@ -317,3 +317,32 @@ def test_cost_json_gives_each_constant_with_its_value_and_meaning(capsys):
         }
     ]
     assert "C" in entry["flops_formula"] and entry["flops"] == 2_425_356_288
+
+
+def test_causal_sdpa_kernel_flops_name_the_flash_kernels_key_block_k():
+    report = mhsa().with_causal_mask().cost(N=1024)
+    kernel = report.formulas()["kernel_flops"]
+    d, h, n, f, k = (symbol_named(kernel, s) for s in "DHNFK")
+    assert same(kernel, 2 * d * h * n * (4 * f + n + sympy.Min(k, n)))
+    assert report.legend() == [
+        "K = 512: the key block of the CPU flash kernel, at which is_causal skips keys (torch's kernel)"
+    ]
+    assert report.at()["kernel_flops"] == 1_342_177_280
+
+
+def test_a_causal_flex_block_mask_names_its_block_k():
+    plan = mhsa().with_causal_mask().plan(N=1024, attention="flex")
+    report = tdiag.cost.cost_report(plan)
+    assert [(str(c.symbol), c.value) for c in report.constants] == [("K", 128)]
+    assert symbol_named(report.formulas()["kernel_flops"], "K") is not None
+
+
+def test_a_flex_attention_counts_the_flops_and_entries_an_sdpa_one_does():
+    """A FlexAttention step is the same fused attention: its FLOPs, score FLOPs and box entries
+    count (they were left out: 536,870,912 FLOPs, the projections alone)."""
+    design = mhsa().with_causal_mask()
+    flex, sdpa = (tdiag.cost.cost_report(design.plan(N=1024, attention=a)).at() for a in ("flex", "sdpa"))
+    for key in ("flops", "score_flops", "softmax_entries"):
+        assert flex[key] == sdpa[key], key
+    attention = 2 * 4 * 1024**2 * (64 + 64)
+    assert flex["flops"] - flex["kernel_flops"] == pytest.approx(attention * (1 - (1024 + 128) / 2048))
