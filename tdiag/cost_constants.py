@@ -1,11 +1,12 @@
-"""The numbers a plan chooses that are not the design's sizes, named: the chunk C of a chunked
-causal order (plan/chunked.py) enters a step's count as the size of the position within a chunk
-(C) and of the chunk count (N / C). A count that is a constant times the extents of the legs its
-step runs over is written again with those extents named, so a cost formula reads in the
-design's sizes and C (with a legend line: C = 64, what it is, what chose it), not as `128*D*H*N`.
-
-A count of another shape (a sum of terms over different legs) keeps its numbers: it is exact
-either way, and naming is never a guess."""
+"""The numbers a plan chooses that are not the design's sizes, named, so that a cost formula
+reads in the design's sizes with a legend line for each (`C = 64`, what it is, what chose it)
+rather than as `128*D*H*N`. The chunk C of a chunked causal order (plan/chunked.py) and the query
+block C of a banded window (forms/banded.py) enter a step's count through the sizes of its legs:
+a position within a chunk (C), the chunk count (N / C), a block's keys (C + W − 1). A count that
+is a number times the product of the sizes of the legs its step runs over is written again with
+those sizes named; a count of another shape keeps its numbers. Either way it equals the executed
+count at the plan's constants. A fused causal kernel's block K (SDPA's 512, FlexAttention's 128)
+enters kernel_flops as min(K, N)."""
 
 from __future__ import annotations
 
@@ -55,11 +56,6 @@ class Naming:
     planned: Mapping[str, sympy.Expr] = field(default_factory=dict)  # leg -> its size in the plan
     blocks: Mapping[str, PlannerConstant] = field(default_factory=dict)  # step kind -> its kernel's block
 
-    @property
-    def values(self) -> dict[sympy.Symbol, sympy.Integer]:
-        """Each constant's symbol -> the number the plan runs with."""
-        return {c.symbol: sympy.Integer(c.value) for c in self.constants}
-
     def named(self, count: sympy.Expr, spaces: Iterable[Sequence[str]]) -> sympy.Expr:
         """`count` with the constants named, where it is a number times the product of the
         sizes of one of `spaces` (the legs a step runs over); else `count`. Where several fit
@@ -106,10 +102,11 @@ def step_spaces(step: Step) -> list[tuple[str, ...]]:
     return list(dict.fromkeys([every, *(tuple(v.legs) for v in values)]))
 
 
-def naming(plan: Plan, taken: Iterable[str] = ()) -> Naming:
-    """The chunk of each chunked causal order of the plan as a symbol no design size uses
-    (`C`, else `C_1`, `C_2`, ...), with the legs whose sizes it enters."""
-    used = set(plan.graph.sizes) | set(taken)
+def naming(plan: Plan) -> Naming:
+    """The chunk of each chunked causal order or banded window of the plan as a symbol no design
+    size uses (`C`, else `C_1`, `C_2`, ...), with the legs whose sizes it enters, and each fused
+    causal kernel's block (`K`)."""
+    used = set(plan.graph.sizes)
     constants: list[PlannerConstant] = []
     sizes: dict[str, sympy.Expr] = {}
     for chunk in plan.chunks:
@@ -222,8 +219,3 @@ def _chunk_constant(plan: Plan, chunk: ChunkCount, symbol: sympy.Symbol, positio
             over, why = found["leg"], f"planner: {found['why'].split(' of the first')[0]}"
             break
     return PlannerConstant(symbol, chunk.size, f"the chunk of the chunked causal order over {over}", why)
-
-
-def unnamed(expr: sympy.Expr, names: Naming) -> sympy.Expr:
-    """`expr` with each constant replaced by the number the plan runs with."""
-    return sympy.sympify(expr).xreplace(names.values)
