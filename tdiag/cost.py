@@ -17,22 +17,30 @@ inner arithmetic, in `elementwise`, never in `flops`; so does each addition of a
 `flops` counts every entry of a causal attention, the papers' convention; `kernel_flops` counts
 what a kernel that skips the key blocks above the diagonal does (SDPA's is_causal, a
 FlexAttention causal block mask: about half at long N, plan/program.py `causal_kernel_flops`),
-which the `time` objective's model uses. The two differ only where a causal box is fused so."""
+which the `time` objective's model uses. The two differ only where a causal box is fused so.
+
+The fields are the executed counts, every planner-chosen number in them a number; `formulas()`
+writes them in the design's sizes with those numbers named (cost_constants.py: the chunk C of a
+chunked causal order), each with a legend line (`legend()`), and `at()` puts the numbers back."""
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import sympy
 
+from .cost_constants import Naming, PlannerConstant, naming, step_spaces
 from .graph import DesignGraph
 from .plan import BATCH_SIZE, Plan, Step
+from .plan.abstract import Footprint
 from .plan.footprint import FLOAT, footprint
 from .plan.program import executed_flops
 
 CONVENTIONS = ("flop", "mac", "paper")
+FUSED = ("sdpa", "flex")  # attention kernels: one step for the scores, the softmax and the values
 METRICS = ("params", "flops", "softmax_entries", "peak_memory")
 
 
@@ -68,6 +76,8 @@ class CostReport:
     saved_bytes: sympy.Expr  # kept for backward with float32 activations, for a batch of B
     sizes: dict[str, int]
     plan: Plan | None = field(default=None, compare=False)  # the plan costed, for its footprint at other sizes
+    named: dict[str, sympy.Expr] = field(default_factory=dict)  # metric -> its formula, planner constants named
+    constants: tuple[PlannerConstant, ...] = ()  # the planner's numbers the named formulas hold as symbols
 
     @property
     def peak_memory(self) -> sympy.Expr:
@@ -75,6 +85,7 @@ class CostReport:
         return _per_sequence(self.saved_bytes / FLOAT)
 
     def _number(self, expr: sympy.Expr, sizes: Mapping[str, int]) -> sympy.Expr:
+        expr = sympy.sympify(expr).xreplace({c.symbol: sympy.Integer(c.value) for c in self.constants})
         value = self.graph.evaluate(expr, **{k: v for k, v in sizes.items() if k in self.graph.sizes})
         return sympy.nsimplify(value.xreplace({BATCH_SIZE: sizes.get("B", 1)}))
 
@@ -87,7 +98,18 @@ class CostReport:
         saved = self.saved_bytes if self.plan is None else footprint(self.plan, at | {"B": at.get("B", 1)}).saved_bytes
         return int(self._number(saved, at))
 
-    def formulas(self) -> dict[str, sympy.Expr]:
+    def formulas(self, named: bool = True) -> dict[str, sympy.Expr]:
+        """Each metric's formula per sequence in the design's sizes, the planner's constants
+        named (`legend()` says what each is), or with `named=False` as numbers, as executed."""
+        executed = self.executed()
+        return {key: self.named.get(key, expr) for key, expr in executed.items()} if named else executed
+
+    def legend(self) -> list[str]:
+        """A line for each planner constant the formulas name: `C = 64: the chunk of ...`."""
+        return [c.legend() for c in self.constants]
+
+    def executed(self) -> dict[str, sympy.Expr]:
+        """Each metric's formula with every number the plan chose as a number."""
         return {
             "params": self.params,
             "flops": self.flops,
@@ -137,13 +159,19 @@ class CostReport:
         from .notebook import formula_text, heading_html, html_table
 
         header = ["metric", "formula", "at these sizes"]
-        return heading_html(self._title()) + html_table(header, self._rows(formula_text), right=[2])
+        legend = "".join(f"<p>{html.escape(line)}</p>" for line in self.legend())
+        return heading_html(self._title()) + html_table(header, self._rows(formula_text), right=[2]) + legend
 
     def _repr_markdown_(self) -> str:
         from .notebook import formula_latex, markdown_table, markdown_text
 
         header = ["metric", "formula", "at these sizes"]
-        return f"**{markdown_text(self._title())}**\n\n" + markdown_table(header, self._rows(formula_latex), right=[2])
+        legend = "".join(f"\n\n{markdown_text(line)}" for line in self.legend())
+        return (
+            f"**{markdown_text(self._title())}**\n\n"
+            + markdown_table(header, self._rows(formula_latex), right=[2])
+            + legend
+        )
 
     def as_dict(self, **sizes: int) -> dict[str, object]:
         numbers = self.at(**sizes)
@@ -152,6 +180,7 @@ class CostReport:
             out[key] = numbers[key]
             out[f"{key}_formula"] = sympy.sstr(expr)
         out["sizes"] = {k: v for k, v in (self.sizes | sizes).items() if k != "B"}
+        out["constants"] = [c.as_dict() for c in self.constants]
         return out
 
 
@@ -159,45 +188,55 @@ def _per_sequence(expr: sympy.Expr) -> sympy.Expr:
     return sympy.factor(sympy.expand(expr.xreplace({BATCH_SIZE: 1})))
 
 
-def step_cost(step: Step, plan: Plan, convention: str) -> sympy.Expr:
+def step_cost(step: Step, plan: Plan, convention: str, names: Naming | None = None) -> sympy.Expr:
     """Contraction work of one step under a counting convention. `paper` follows FiSH App. D.1
     and MGK App. B: a k-term sum costs 2k − 1 per output; one op per element a sum node adds
     (noise, biases); nothing for products that sum nothing (σ·ε), for single-tensor sums (the
-    mixing Σ_r), for the norm terms of a squared distance, or for exp and softmax."""
+    mixing Σ_r), for the norm terms of a squared distance, or for exp and softmax. With
+    `names`, the planner's constants in it are named."""
     if step.out is None:
         return sympy.Integer(0)
     if convention == "paper":
-        return _paper_cost(step, plan)
-    if step.kind not in ("contraction", "conv", "norm", "sum", "sdpa"):
+        return _paper_cost(step, plan, names)
+    if step.kind not in ("contraction", "conv", "norm", "sum", *FUSED):
         return sympy.Integer(0)
-    macs = step.flops / 2 if step.kind in ("contraction", "conv", "norm", "sdpa") else step.flops
-    return macs if convention == "mac" else step.flops
+    flops = _named(step.flops, step, names)
+    macs = flops / 2 if step.kind in ("contraction", "conv", "norm", *FUSED) else flops
+    return macs if convention == "mac" else flops
 
 
-def _paper_cost(step: Step, plan: Plan) -> sympy.Expr:
-    if step.kind == "sdpa" or step.paper != 0:  # fused steps, and sums with nested sums flattened in
-        return step.paper
+def _paper_cost(step: Step, plan: Plan, names: Naming | None = None) -> sympy.Expr:
+    if step.kind in FUSED or step.paper != 0:  # fused steps, and sums with nested sums flattened in
+        return _named(step.paper, step, names)
     if step.kind == "sum" and step.description == "sum":  # a sum node: one add per extra term
-        return step.elementwise
+        return _named(step.elementwise, step, names)
     if step.kind not in ("contraction", "conv") or not step.summed:  # a convolution sums its kernel's taps
         return sympy.Integer(0)
-    outputs = sympy.Mul(*(plan.leg_sizes[leg] for leg in step.out.legs))  # type: ignore[union-attr]
-    summed = sympy.Mul(*(plan.leg_sizes[leg] for leg in step.summed))
+    size = plan.leg_sizes.__getitem__ if names is None else names.leg_size
+    outputs = sympy.Mul(*(size(leg) for leg in step.out.legs))  # type: ignore[union-attr]
+    summed = sympy.Mul(*(size(leg) for leg in step.summed))
     return outputs * (2 * summed - 1)
 
 
-def kernel_cost(step: Step, plan: Plan, convention: str) -> sympy.Expr:
+def _named(count: sympy.Expr, step: Step, names: Naming | None) -> sympy.Expr:
+    """A step's count with the planner's constants named (as it is without `names`)."""
+    return count if names is None else names.named(count, step_spaces(step))
+
+
+def kernel_cost(step: Step, plan: Plan, convention: str, names: Naming | None = None) -> sympy.Expr:
     """`step_cost` for the entries the step's kernel computes (a block-skipping causal kernel's)."""
     if step.kernel_flops is None:
-        return step_cost(step, plan, convention)
-    return step_cost(step, plan, convention) * executed_flops(step) / step.flops
+        return step_cost(step, plan, convention, names)
+    share = executed_flops(step) / step.flops if names is None else names.kernel_share(step)
+    return step_cost(step, plan, convention, names) * share
 
 
-def score_cost(step: Step, plan: Plan, convention: str) -> sympy.Expr:
+def score_cost(step: Step, plan: Plan, convention: str, names: Naming | None = None) -> sympy.Expr:
     """The part of a step that computes a softmax box's argument (FiSH App. D.1's scope)."""
-    if step.kind == "sdpa":
-        return {"paper": step.score_paper, "mac": step.score_flops / 2}.get(convention, step.score_flops)
-    return step_cost(step, plan, convention) if step.in_box else sympy.Integer(0)
+    if step.kind in FUSED:
+        score, paper = _named(step.score_flops, step, names), _named(step.score_paper, step, names)
+        return {"paper": paper, "mac": score / 2}.get(convention, score)
+    return step_cost(step, plan, convention, names) if step.in_box else sympy.Integer(0)
 
 
 def cost_report(plan: Plan, convention: str = "flop") -> CostReport:
@@ -209,6 +248,20 @@ def cost_report(plan: Plan, convention: str = "flop") -> CostReport:
     def total(values: Sequence[sympy.Expr]) -> sympy.Expr:
         return _per_sequence(sympy.Add(*values))
 
+    prints = footprint(plan)
+    names = naming(plan)
+    named = {}
+    if names.constants:
+        named = {
+            "flops": total([step_cost(s, plan, convention, names) for s in steps]),
+            "kernel_flops": total([kernel_cost(s, plan, convention, names) for s in steps]),
+            "score_flops": total([score_cost(s, plan, convention, names) for s in steps]),
+            "exps": total([_named(s.exps, s, names) for s in steps]),
+            "divisions": total([_named(s.divisions, s, names) for s in steps]),
+            "elementwise": total([_named(s.elementwise, s, names) for s in steps]),
+            "softmax_entries": total([_named(s.entries, s, names) for s in steps if s.kind in ("softmax", *FUSED)]),
+            "peak_memory": _per_sequence(_named_saved_bytes(plan, prints, names) / FLOAT),
+        }
     return CostReport(
         design=graph.name,
         graph=graph,
@@ -220,11 +273,25 @@ def cost_report(plan: Plan, convention: str = "flop") -> CostReport:
         exps=total([s.exps for s in steps]),
         divisions=total([s.divisions for s in steps]),
         elementwise=total([s.elementwise for s in steps]),
-        softmax_entries=total([s.entries for s in steps if s.kind in ("softmax", "sdpa")]),
-        saved_bytes=sympy.factor(sympy.expand(footprint(plan).saved_bytes)),
+        softmax_entries=total([s.entries for s in steps if s.kind in ("softmax", *FUSED)]),
+        saved_bytes=sympy.factor(sympy.expand(prints.saved_bytes)),
         sizes={k: v for k, v in plan.sizes.items() if k != "B"},
         plan=plan,
+        named=named,
+        constants=names.constants,
     )
+
+
+def _named_saved_bytes(plan: Plan, prints: Footprint, names: Naming) -> sympy.Expr:
+    """The bytes kept for backward with the planner's constants named: each storage kept is
+    named by the legs of a value the step that made it reads or writes."""
+    steps = [*plan.steps, *plan.update_steps]
+    kept = []
+    for index in prints.saved:
+        storage = prints.storages[index]
+        spaces = step_spaces(steps[storage.step]) if 0 <= storage.step < len(steps) else []
+        kept.append(names.named(storage.numel, spaces) * storage.itemsize)
+    return sympy.Add(*kept)
 
 
 # ---- the side-by-side table ----------------------------------------------------------------
@@ -289,6 +356,7 @@ def table(reports: Sequence[CostReport], sizes: Mapping[str, int]) -> str:
             if key == "kernel_flops" and not r.skips_blocks:
                 continue
             lines.append(f"    {key:<16} {sympy.sstr(expr)}")
+        lines += [f"    {line}" for line in r.legend()]
     return "\n".join(lines)
 
 

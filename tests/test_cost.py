@@ -224,3 +224,125 @@ def test_cost_causal_imports_no_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert "kernel_flops" in result.stdout
+
+
+# ---- the planner's constants named: the chunk C of a chunked causal order, a window's block ----
+
+
+def symbol_named(expr: sympy.Expr, name: str) -> sympy.Symbol | None:
+    return next((s for s in expr.free_symbols if s.name == name), None)
+
+
+def test_a_chunked_causal_orders_chunk_is_the_symbol_c_in_the_formulas():
+    """GLA's flops at the fewest-FLOPs plan: 3·C·D·H per position within the chunks (was 194·D·H)."""
+    report = tdiag.load(DESIGNS / "gla.td").cost(N=1024)
+    flops = report.formulas()["flops"]
+    c, n, d, h = (symbol_named(flops, k) for k in "CNDH")
+    assert c is not None and [(k.symbol, k.value) for k in report.constants] == [(c, 64)]
+    assert sympy.expand(flops).coeff(c) == 3 * d * h * n + 2 * h * n * symbol_named(flops, "E")
+
+
+def test_the_legend_says_what_the_chunk_is_and_what_chose_it():
+    (line,) = tdiag.load(DESIGNS / "gla.td").cost(N=1024).legend()
+    assert line.startswith("C = 64: the chunk of the chunked causal order over n (planner: the largest within 1.1×")
+
+
+@pytest.mark.parametrize("name", ["gla", "retnet", "mamba2_ssd", "lightning", "mlstm"])
+def test_the_named_formulas_at_another_chunk_are_the_plan_that_takes_that_chunk(name):
+    """The time objective takes other chunks (C = 8 for GLA, 128 for Lightning): the fewest-FLOPs
+    plan's formulas with C set to those are the time plan's executed counts, term by term."""
+    design = tdiag.load(DESIGNS / f"{name}.td")
+    flops_plan, time_plan = design.cost(N=1024), design.cost(N=1024, objective="time")
+    chunks = {a.symbol: sympy.Integer(b.value) for a, b in zip(flops_plan.constants, time_plan.constants, strict=True)}
+    assert chunks != flops_plan.constants and len(chunks) == len(time_plan.constants) > 0
+    for key in ("flops", "elementwise", "peak_memory"):
+        assert same(flops_plan.formulas()[key].xreplace(chunks), time_plan.formulas(named=False)[key]), key
+
+
+def test_a_design_size_named_c_leaves_the_chunk_another_symbol(tmp_path):
+    path = tmp_path / "lightning_c.td"
+    path.write_text((DESIGNS / "lightning.td").read_text().replace("size N\n", "size N\nsize C = 3\n"))
+    report = tdiag.load(path).cost(N=1024)
+    assert [str(k.symbol) for k in report.constants] == ["C_1"]
+    assert symbol_named(report.formulas()["flops"], "C_1") is not None
+
+
+def test_a_banded_window_is_c_plus_w_minus_1_keys_a_block_of_c_queries():
+    """Mistral's window(n, m, W): each block of C = 128 queries sees C + W − 1 keys (was 383)."""
+    report = tdiag.load(DESIGNS / "mistral.td").cost(N=1024)
+    entries = report.formulas()["softmax_entries"]
+    g, n, r, c, w = (symbol_named(entries, k) for k in "GNRCW")
+    assert same(entries, g * n * r * (c + w - 1))
+    assert report.legend()[0].startswith("C = 128: the block of queries of the banded window over m")
+
+
+def test_a_plan_that_chooses_no_number_has_no_legend_and_its_formulas_as_executed():
+    report = mhsa().cost(N=1024)
+    assert report.legend() == [] and report.formulas() == report.formulas(named=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("name", sorted(p.stem for p in DESIGNS.glob("*.td")))
+def test_naming_the_planners_constants_keeps_every_number(name, causal):
+    design = tdiag.load(DESIGNS / f"{name}.td")
+    report = (design.with_causal_mask() if causal else design).cost(N=1024)
+    numbers = report.at()
+    for key, expr in report.formulas(named=False).items():
+        assert numbers[key] == pytest.approx(float(report._number(expr, report.sizes)), rel=1e-12), key
+
+
+def test_cost_prints_the_chunk_legend_under_the_formulas(capsys):
+    from tdiag.cli import main
+
+    assert main(["cost", "gla", "--at", "N=1024"]) == 0
+    out = capsys.readouterr().out
+    assert "    C = 64: the chunk of the chunked causal order over n (planner" in out
+    assert "3*C*D*H" in out and "194*D*H" not in out
+
+
+def test_cost_json_gives_each_constant_with_its_value_and_meaning(capsys):
+    import json
+
+    from tdiag.cli import main
+
+    assert main(["cost", "gla", "--at", "N=1024", "--format", "json"]) == 0
+    (entry,) = json.loads(capsys.readouterr().out)
+    assert entry["constants"] == [
+        {
+            "symbol": "C",
+            "value": 64,
+            "meaning": "the chunk of the chunked causal order over n",
+            "chosen_by": "planner: the largest within 1.1× the fewest FLOPs",
+        }
+    ]
+    assert "C" in entry["flops_formula"] and entry["flops"] == 2_425_356_288
+
+
+def test_causal_sdpa_kernel_flops_name_the_flash_kernels_key_block_k():
+    report = mhsa().with_causal_mask().cost(N=1024)
+    kernel = report.formulas()["kernel_flops"]
+    d, h, n, f, k = (symbol_named(kernel, s) for s in "DHNFK")
+    assert same(kernel, 2 * d * h * n * (4 * f + n + sympy.Min(k, n)))
+    assert report.legend() == [
+        "K = 512: the key block of the CPU flash kernel, at which is_causal skips keys (torch's kernel)"
+    ]
+    assert report.at()["kernel_flops"] == 1_342_177_280
+
+
+def test_a_causal_flex_block_mask_names_its_block_k():
+    plan = mhsa().with_causal_mask().plan(N=1024, attention="flex")
+    report = tdiag.cost.cost_report(plan)
+    assert [(str(c.symbol), c.value) for c in report.constants] == [("K", 128)]
+    assert symbol_named(report.formulas()["kernel_flops"], "K") is not None
+
+
+def test_a_flex_attention_counts_the_flops_and_entries_an_sdpa_one_does():
+    """A FlexAttention step is the same fused attention: its FLOPs, score FLOPs and box entries
+    count (they were left out: 536,870,912 FLOPs, the projections alone)."""
+    design = mhsa().with_causal_mask()
+    flex, sdpa = (tdiag.cost.cost_report(design.plan(N=1024, attention=a)).at() for a in ("flex", "sdpa"))
+    for key in ("flops", "score_flops", "softmax_entries"):
+        assert flex[key] == sdpa[key], key
+    attention = 2 * 4 * 1024**2 * (64 + 64)
+    assert flex["flops"] - flex["kernel_flops"] == pytest.approx(attention * (1 - (1024 + 128) / 2048))

@@ -94,7 +94,7 @@ def cost_rows(points: Sequence[Point], at: Mapping[str, int], objective: str = "
         graph = design.graph
         # a size the point chooses is part of the point, not a variable: its value goes in
         chosen = {graph.sizes[k].symbol: graph.expand(graph.sizes[k].definition) for k in point.chosen_sizes}
-        formulas = {k: v for k, v in report.formulas().items() if k in METRICS}
+        formulas = {k: v for k, v in report.formulas(named=False).items() if k in METRICS}
         row.formulas = {k: graph.expand(v).xreplace(chosen) for k, v in formulas.items()}
         sizes = {k: v for k, v in plan.sizes.items() if k != "B"}
         row.numbers = {k: float(graph.evaluate_at(v, sizes)) for k, v in row.formulas.items()}
