@@ -4,9 +4,12 @@ here by hand in float64, forward and backward; or check refuses it with a positi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import DESIGNS
+from test_fuzz import run_design
 
 import tdiag
 
@@ -379,3 +382,32 @@ def test_with_causal_mask_names_the_query_leg_where_a_statement_has_none():
     text = (DESIGNS / "mamba2_ssd.td").read_text().replace("Bm[m s] dt[m h]", "Bm[mclass s] dt[m h]")
     assert "mclass" in text
     compile(tdiag.loads(text).source(N=8), "<generated>", "exec")
+
+
+SEAMS = Path(__file__).resolve().parent.parent / "docs" / "results" / "fuzz" / "seams"
+SEAMS_CAUSAL_AS_WRITTEN = {  # the README's "causal as written" column
+    "a_key_reads_length",
+    "b_layer_norm_step",
+    "c_strict_causal",
+    "f_strict_as_written",
+    "g_decay_statement",
+}
+
+
+def _seam(name: str) -> str:
+    return (SEAMS / f"{name}.td").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in SEAMS.glob("*.td")))
+def test_each_seam_the_fuzzer_found_runs_like_the_reference_and_decodes_as_its_causal_forward(name):
+    # docs/results/fuzz/seams/README.md: what each did at 4beff5d (a stale cache, an assertion, a
+    # float reshape, two wrong refusals); run as the fuzzer runs it, a mismatch or a crash raises
+    outcome = run_design(_seam(name), {"N": 4}, decode=True, causal=name in SEAMS_CAUSAL_AS_WRITTEN)
+    if name == "d_split":  # a reshape of the positions and no attention: it runs, with nothing to mask
+        assert outcome.startswith("no causal form") and "has no attention over leg 'm'" in outcome, outcome
+    else:
+        assert outcome.startswith("decoded as"), outcome
+
+
+def test_a_decay_matrix_written_as_its_own_statement_decodes_from_a_state():
+    assert run_design(_seam("g_decay_statement"), {"N": 4}, decode=True, causal=True) == "decoded as state"
