@@ -130,14 +130,14 @@ def run(args: argparse.Namespace) -> int:
         if size.is_free and name not in at:
             at[name] = 1024
     files = [Path(f) for f in args.known] if args.known is not None else sorted(base.parent.glob("*.td"))
-    known = report.known_programs(files, at, args.objective)
+    known = report.known_programs(files, at)
     rows = report.evaluate(space, at, axes=args.pareto, known=known, objective=args.objective)
     if args.vs:
         baseline = _baseline(args.vs, rows, at, args.objective)
         report.compare_to(rows, baseline, at)
     rows = report.sort_rows(rows, args.sort)
     if args.format == "json":
-        print(report.to_json(rows, at))
+        print(report.to_json(rows, at, args.objective))
     elif args.format == "csv":
         print(report.to_csv(rows), end="")
     else:

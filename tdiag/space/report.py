@@ -24,7 +24,7 @@ from ..graph import size_symbol
 from ..plan import BATCH_SIZE
 from ..plan.footprint import footprint
 from ..plan.timing import FORWARD_AND_BACKWARD, KERNELS_PER_OP, plan_time
-from .canonical import canonical_program, trainable_products
+from .canonical import CANONICAL_DEVICE, canonical_plan, canonical_program, trainable_products
 from .points import Point, SpacePoints
 
 METRICS = ("params", "flops", "softmax_entries", "peak_memory", "time")
@@ -78,8 +78,18 @@ def time_formula(plan, chosen: Mapping[sympy.Symbol, sympy.Expr] | None = None) 
     return total
 
 
+def cost_plan(design, sizes: Mapping[str, int], objective: str):
+    """The plan a point is costed by. Under `time` the planning device chooses it, so every
+    column may differ from machine to machine (the report names the device); under `flops` and
+    `memory` ties are priced on the canonical roofline, so only the time columns do."""
+    if objective == "time":
+        return design.plan(sizes, objective=objective)
+    return design.plan(sizes, objective=objective, device=CANONICAL_DEVICE)
+
+
 def cost_rows(points: Sequence[Point], at: Mapping[str, int], objective: str = "flops") -> list[Row]:
-    """Plan and cost every point that built; group points with equal canonical programs."""
+    """Plan and cost every point that built; group points with equal canonical forms (read from
+    the canonical plan, whatever the objective: canonical.canonical_plan)."""
     rows = []
     groups: dict[tuple, Row] = {}
     for point in points:
@@ -89,7 +99,7 @@ def cost_rows(points: Sequence[Point], at: Mapping[str, int], objective: str = "
             continue
         design = point.design
         runtime = {k: v for k, v in at.items() if k in design.graph.sizes and design.graph.sizes[k].is_free}
-        plan = design.plan(objective=objective, **runtime)
+        plan = cost_plan(design, runtime, objective)
         report = cost_report(plan)
         graph = design.graph
         # a size the point chooses is part of the point, not a variable: its value goes in
@@ -100,8 +110,9 @@ def cost_rows(points: Sequence[Point], at: Mapping[str, int], objective: str = "
         row.numbers = {k: float(graph.evaluate_at(v, sizes)) for k, v in row.formulas.items()}
         row.formulas["time"] = time_formula(plan, chosen)
         row.numbers["time"] = 1000.0 * plan_time(plan, planning_device(), B=1)
-        row.key = canonical_program(plan)
-        row.reparameterized = sorted(set(trainable_products(plan)))
+        canonical = canonical_plan(design, runtime)
+        row.key = canonical_program(canonical)
+        row.reparameterized = sorted(set(trainable_products(canonical)))
         first = groups.setdefault(row.key, row)
         if first is not row:
             row.representative = False
@@ -116,8 +127,8 @@ def identify(rows: Sequence[Row], known: Mapping[str, tuple]) -> None:
         row.known = sorted(name for name, key in known.items() if row.key is not None and key == row.key)
 
 
-def known_programs(files: Sequence[Path], at: Mapping[str, int], objective: str = "flops") -> dict[str, tuple]:
-    """Canonical programs of other designs (e.g. the files beside the base) at the same sizes;
+def known_programs(files: Sequence[Path], at: Mapping[str, int]) -> dict[str, tuple]:
+    """Canonical forms of other designs (e.g. the files beside the base) at the same sizes;
     a design that does not build at these sizes is left out."""
     from ..design import load
 
@@ -130,7 +141,7 @@ def known_programs(files: Sequence[Path], at: Mapping[str, int], objective: str 
             if fixed:
                 design = load(str(path), **fixed)
             runtime = {k: v for k, v in own.items() if design.graph.sizes[k].is_free}
-            found[path.stem] = canonical_program(design.plan(objective=objective, **runtime))
+            found[path.stem] = canonical_program(canonical_plan(design, runtime))
         except TdiagError:
             continue
     return found
@@ -298,8 +309,12 @@ def as_dicts(rows: Sequence[Row]) -> list[dict]:
     return out
 
 
-def to_json(rows: Sequence[Row], at: Mapping[str, int]) -> str:
-    return json.dumps({"sizes": dict(at), "points": as_dicts(rows)}, indent=2)
+def to_json(rows: Sequence[Row], at: Mapping[str, int], objective: str = "flops") -> str:
+    """The sizes, the objective and the devices the costs depend on, and every point."""
+    devices = {"time_device": planning_device().describe(), "plan_device": CANONICAL_DEVICE.describe()}
+    if objective == "time":
+        devices["plan_device"] = devices["time_device"]  # the planning device chooses the plans
+    return json.dumps({"sizes": dict(at), "objective": objective, **devices, "points": as_dicts(rows)}, indent=2)
 
 
 def to_csv(rows: Sequence[Row]) -> str:
