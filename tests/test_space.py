@@ -20,7 +20,15 @@ from tdiag.device import NOMINAL_CPU, DeviceModel, _cache_file, planning_threads
 from tdiag.errors import TdiagError, format_diagnostic
 from tdiag.space import load_space
 from tdiag.space.canonical import CANONICAL_DEVICE, canonical_form
-from tdiag.space.report import compare_to, evaluate, known_programs
+from tdiag.space.report import (
+    compare_to,
+    evaluate,
+    known_programs,
+    mark_front,
+    plot_figure,
+    sort_rows,
+    text_table,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DESIGNS = ROOT / "designs"
@@ -261,6 +269,80 @@ def test_vs_gives_ratio_formulas_and_the_crossover_in_n(tuformer_rows):
     # saved memory N (4H + N) (one N x N box, H-wide projections) against MHSA's N (4F + H):
     # they cross where N = 4F - 3H
     assert single.crossovers["peak_memory"] == pytest.approx([4 * SMALL["F"] - 3 * SMALL["H"]])
+
+
+# ---- the table and the plot ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fish_rows():
+    return sort_rows(evaluate(load_space(SPACES / "fish.tds"), {"N": 32}), "flops")
+
+
+def test_the_default_table_is_one_short_row_per_point_with_the_compared_columns_and_no_formulas(capsys):
+    assert main(["space", str(SPACES / "fish.tds"), "--at", "N=32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[2].split()
+    assert header[:2] == ["#", "point"] and "saved memory" in lines[2] and "softmax entries" not in lines[2]
+    assert [lines[3 + k].split()[0] for k in range(18)] == [str(k) for k in range(1, 19)]
+    assert len(lines) <= 3 + 18 + 6 and max(len(line) for line in lines) <= 130
+    assert not any("Max(" in line or line.startswith("formulas (") for line in lines)
+
+
+def test_the_formulas_flag_adds_each_distinct_points_formulas_with_the_time_roofline_in_full(capsys):
+    assert main(["space", str(SPACES / "fish.tds"), "--at", "N=32", "--formulas"]) == 0
+    out = capsys.readouterr().out
+    formulas = out[out.index("formulas (per sequence") :]
+    assert formulas.count("    params ") == 18 and "Max(" in formulas and "roofline terms" not in formulas
+
+
+def test_a_point_the_same_as_another_names_that_rows_number(tuformer_rows):
+    text = text_table(tuformer_rows, SMALL, ("params", "flops"), "t")
+    numbers = {row.label: k for k, row in enumerate(tuformer_rows, 1)}
+    full = numbers["D=1 core=full"]
+    line = next(line for line in text.splitlines() if "C1=trainable C2=ones C3=ones" in line and "D=1" in line)
+    assert f"#{full}" in line.split()[-1]
+
+
+def test_the_plots_point_labels_do_not_overlap(fish_rows):
+    matplotlib = pytest.importorskip("matplotlib")
+    from matplotlib.text import Text
+
+    figure = plot_figure(fish_rows)
+    figure.canvas.draw()
+    (ax,) = figure.axes
+    renderer = figure.canvas.get_renderer()
+    boxes = [Text.get_window_extent(t, renderer) for t in ax.texts]
+    distinct = sum(r.representative for r in fish_rows)
+    assert len(boxes) >= distinct // 2
+    assert not any(a.overlaps(b) for k, a in enumerate(boxes) for b in boxes[k + 1 :])
+    matplotlib.pyplot.close(figure)
+
+
+def test_the_plot_draws_the_pareto_front_as_a_line_named_in_the_legend(fish_rows):
+    matplotlib = pytest.importorskip("matplotlib")
+    mark_front(fish_rows, ("params", "peak_memory"))  # two points: fewest parameters, least memory
+    try:
+        figure = plot_figure(fish_rows, "params", "peak_memory")
+        front = sorted((r.numbers["params"], r.numbers["peak_memory"]) for r in fish_rows if r.front)
+    finally:
+        mark_front(fish_rows, ("params", "flops"))
+    (ax,) = figure.axes
+    assert "Pareto front (params, peak_memory)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    (line,) = [line for line in ax.get_lines() if line.get_label().startswith("Pareto front")]
+    assert list(zip(line.get_xdata(), line.get_ydata(), strict=True)) == front and len(front) == 2
+    matplotlib.pyplot.close(figure)
+
+
+def test_the_plot_colours_points_by_family(fish_rows):
+    matplotlib = pytest.importorskip("matplotlib")
+    figure = plot_figure(fish_rows)
+    (ax,) = figure.axes
+    named = {t.get_text() for t in ax.get_legend().get_texts()}
+    assert {"mixing=global", "mixing=gated", "mixing=local"} <= named
+    colours = {tuple(c.get_facecolor()[0]) for c in ax.collections if c.get_label().startswith("mixing=")}
+    assert len(colours) == 3
+    matplotlib.pyplot.close(figure)
 
 
 # ---- mistakes ---------------------------------------------------------------------------------
