@@ -160,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             print("tdiag space: matplotlib is not installed; no plot written (pip install matplotlib)", file=sys.stderr)
         else:
-            path = report.plot(rows, Path(args.plot), *args.pareto[:2], axes=args.pareto)
+            x, y = args.pareto[:2]
+            path = report.plot(rows, Path(args.plot), x, y, axes=args.pareto)
             print(f"wrote {path}", file=sys.stderr)
     if args.train:
         from .training import train_points

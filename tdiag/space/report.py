@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sympy
 
@@ -21,11 +22,16 @@ from ..device import planning_device
 from ..errors import Diagnostic, TdiagError
 from ..files import OutputRefusedError, write_output
 from ..graph import size_symbol
-from ..plan import BATCH_SIZE
+from ..plan import BATCH_SIZE, Plan
 from ..plan.footprint import footprint
 from ..plan.timing import FORWARD_AND_BACKWARD, KERNELS_PER_OP, plan_time
 from .canonical import CANONICAL_DEVICE, canonical_plan, canonical_program, trainable_products
 from .points import Point, SpacePoints
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from ..design import Design
 
 METRICS = ("params", "flops", "softmax_entries", "peak_memory", "time")
 METRIC_TEXT = {
@@ -78,7 +84,7 @@ def time_formula(plan, chosen: Mapping[sympy.Symbol, sympy.Expr] | None = None) 
     return total
 
 
-def cost_plan(design, sizes: Mapping[str, int], objective: str):
+def cost_plan(design: Design, sizes: Mapping[str, int], objective: str) -> Plan:
     """The plan a point is costed by. Under `time` the planning device chooses it, so every
     column may differ from machine to machine (the report names the device); under `flops` and
     `memory` ties are priced on the canonical roofline, so only the time columns do."""
@@ -368,7 +374,7 @@ def family(point: Point) -> str:
     return f"{named.name}={point.choices[named.name]}"
 
 
-def plot_figure(rows: Sequence[Row], x: str = "params", y: str = "flops", axes: Sequence[str] | None = None):
+def plot_figure(rows: Sequence[Row], x: str = "params", y: str = "flops", axes: Sequence[str] | None = None) -> Figure:
     """The figure `plot` writes: each distinct point on `x` against `y` (log scales), coloured by
     family, the Pareto front over `axes` (default x, y) ringed and joined by a line, and each point
     labelled with its row number (and the design it equals) where the label overlaps nothing."""
