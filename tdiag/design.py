@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sympy
 
@@ -35,6 +36,9 @@ from .ir import (
     walk,
 )
 from .resources import shown_path
+
+if TYPE_CHECKING:
+    from .device import DeviceModel
 
 # How the planner chooses between equivalent plans (plan.build_plan): fewest FLOPs; fused
 # kernels wherever they apply because they never store a softmax box's entries; or the least
@@ -123,12 +127,14 @@ class Design:
         checkpoint_boxes: bool = False,
         objective: str = DEFAULT_OBJECTIVE,
         attention: str = "sdpa",
+        device: DeviceModel | None = None,
         **more: int,
     ):
         """The evaluation plan for these sizes (run-time sizes such as N default to 1024),
         cached by size. `checkpoint_boxes` recomputes each box in the backward pass;
         `objective`: "time" (the default) the least estimated training-step time on the planning
-        device, "flops" the fewest FLOPs, "memory" fused attention kernels wherever they apply.
+        device, "flops" the fewest FLOPs, "memory" fused attention kernels wherever they apply;
+        `device` prices the candidates (each objective's tie-break) instead of the planning device.
         `attention="flex"` lowers fusable softmax boxes to FlexAttention instead of SDPA (torch
         2.13 on CPU: inference only, float32/16/bf16 under torch.compile; docs/language.md).
         Sizes are keywords (`N=512`) or a mapping, for a size named like a keyword here."""
@@ -137,10 +143,15 @@ class Design:
         sizes = checked_sizes(self.graph, {**(sizes or {}), **more})
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-        key = (tuple(sorted(sizes.items())), checkpoint_boxes, objective, attention)
+        key = (tuple(sorted(sizes.items())), checkpoint_boxes, objective, attention, device)
         if key not in self._plans:
             self._plans[key] = plan_for(
-                self.graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention
+                self.graph,
+                sizes,
+                checkpoint_boxes=checkpoint_boxes,
+                objective=objective,
+                attention=attention,
+                device=device,
             )
         return self._plans[key]
 

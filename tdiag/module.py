@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from .call_plans import CallPlans
+    from .device import DeviceModel
 
 PLANNING_DEFAULTS = {"N": 1024, "B": 8}  # run-time sizes assumed when planning, unless given
 
@@ -157,13 +158,21 @@ def plan_for(
     objective: str = DEFAULT_OBJECTIVE,
     attention: str = "sdpa",
     absorb: bool = True,
+    device: DeviceModel | None = None,
 ) -> Plan:
     """The plan of `graph` at `sizes` (planning_sizes fills the rest); with `absorb=False`, of
-    the design as written even where its absorbed form is cheaper (decode_step compares both)."""
+    the design as written even where its absorbed form is cheaper (decode_step compares both);
+    `device` prices the candidates instead of the planning device (build_plan)."""
     _check_whole_legs(graph, sizes or {})
     sizes = planning_sizes(graph, sizes)
     return build_plan(
-        graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention, absorb=absorb
+        graph,
+        sizes,
+        checkpoint_boxes=checkpoint_boxes,
+        objective=objective,
+        attention=attention,
+        absorb=absorb,
+        device=device,
     )
 
 

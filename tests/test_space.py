@@ -3,7 +3,11 @@ deduplication by function, costs, positioned errors, and the `tdiag space` comma
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,10 +16,19 @@ import sympy
 import tdiag
 from tdiag.cli import main
 from tdiag.cost import cost_report
+from tdiag.device import NOMINAL_CPU, DeviceModel, _cache_file, planning_threads
 from tdiag.errors import TdiagError, format_diagnostic
 from tdiag.space import load_space
-from tdiag.space.canonical import canonical_program
-from tdiag.space.report import compare_to, evaluate, known_programs
+from tdiag.space.canonical import CANONICAL_DEVICE, canonical_form
+from tdiag.space.report import (
+    compare_to,
+    evaluate,
+    known_programs,
+    mark_front,
+    plot_figure,
+    sort_rows,
+    text_table,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DESIGNS = ROOT / "designs"
@@ -113,6 +126,87 @@ def test_skip_left_is_flagged_as_a_reparameterization(tuformer_rows):
     assert next(r for r in tuformer_rows if "skip_right" in r.known).reparameterized == []
 
 
+# ---- the same function, whatever the machine --------------------------------------------------
+
+# At N = 64 the materialized box and SDPA cost the same FLOPs, and the `flops` objective breaks
+# the tie by estimated time: on a CPU measured with scale ops at 2.5x their roofline, the point
+# C = J_H kron J_D takes the materialized box and single_head.td (C = J_R) takes SDPA.
+TIE = {"N": 64, "F": 32, "H": 4}
+QUIET = dataclasses.replace(NOMINAL_CPU, name="cpu", kinds=(("scale", 1.0),))
+LOADED = dataclasses.replace(NOMINAL_CPU, name="cpu", kinds=(("scale", 2.5),))
+
+
+def _measured(monkeypatch, home: Path, device: DeviceModel) -> None:
+    """Plan on a local CPU whose cached measurement (the file `tdiag bench` writes) is `device`."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    monkeypatch.setenv("TDIAG_DEVICE", "cpu")
+    for variable in ("TDIAG_DEVICE_PEAK_FLOPS", "TDIAG_DEVICE_BANDWIDTH", "TDIAG_DEVICE_OVERHEAD"):
+        monkeypatch.delenv(variable, raising=False)
+    path = _cache_file(planning_threads())
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(dataclasses.asdict(device)))
+
+
+def _classes(rows) -> tuple[list, list]:
+    groups: dict = {}
+    for row in rows:
+        groups.setdefault(row.key, []).append(row.label)
+    known = sorted((row.label, row.known) for row in rows if row.known)
+    return sorted(sorted(g) for g in groups.values()), known
+
+
+def test_which_points_are_the_same_function_does_not_depend_on_the_measured_device(monkeypatch, tmp_path):
+    space = load_space(SPACES / "tuformer.tds")
+    found = []
+    for name, device in (("quiet", QUIET), ("loaded", LOADED)):
+        _measured(monkeypatch, tmp_path / name, device)
+        known = known_programs([DESIGNS / f"{name}.td" for name in TUFORMER_FILES], TIE)
+        found.append(_classes(evaluate(space, TIE, known=known)))
+    assert found[0] == found[1]
+    assert ("D=F / H core=kronecker C1=ones C2=ones C3=ones", ["single_head"]) in found[0][1]
+
+
+@pytest.mark.parametrize("objective", ["flops", pytest.param("time", marks=pytest.mark.slow)])
+def test_only_the_time_columns_of_the_space_report_depend_on_the_device(monkeypatch, tmp_path, capsys, objective):
+    reports = []
+    for name, device in (("quiet", QUIET), ("loaded", LOADED)):
+        _measured(monkeypatch, tmp_path / name, device)
+        assert main(["space", "tuformer", "--at", "N=64,F=32,H=4", "--format", "json", "--objective", objective]) == 0
+        reports.append({item["point"]: item for item in json.loads(capsys.readouterr().out)["points"]})
+    timing = {"time", "time_formula"}
+    same = {"same_function_as", "equals_design", "distinct", "reparameterization"}
+    assert reports[0].keys() == reports[1].keys()
+    for a, b in ((reports[0][name], reports[1][name]) for name in reports[0]):
+        changed = {k for k in a if a[k] != b[k]}
+        assert not changed & same, (a["point"], changed)
+        if objective != "time":  # under `time` the device chooses the plan: every cost may change
+            assert changed <= timing, (a["point"], changed)
+
+
+def test_the_canonical_form_does_not_depend_on_the_processes_string_hashes():
+    # a value's broadcast legs are a frozenset, whose order follows the process's string hashes;
+    # the point's materialized box is broadcast along both halves of its r = (h d) leg
+    script = (
+        "import hashlib, tdiag\n"
+        "from tdiag.space import load_space\n"
+        "from tdiag.space.canonical import canonical_form, canonical_plan\n"
+        "label = 'D=F / H core=kronecker C1=ones C2=ones C3=ones'\n"
+        "point = load_space('tuformer').point(label).build({'F': 32, 'H': 4})\n"
+        "single = tdiag.load('single_head', F=32, H=4)\n"
+        "plan = canonical_plan(point.design, {'N': 64})\n"
+        "assert any(len(s.out.broadcast) == 2 for s in plan.steps if s.out is not None)\n"
+        "forms = [canonical_form(d, {'N': 64}) for d in (point.design, single)]\n"
+        "print(forms[0] == forms[1], hashlib.sha256(repr(forms).encode()).hexdigest())\n"
+    )
+    outputs = set()
+    for seed in range(4):
+        environment = {**os.environ, "PYTHONHASHSEED": str(seed), "PYTHONPATH": str(ROOT)}
+        done = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        outputs.add(done.stdout)
+    assert len(outputs) == 1 and outputs.pop().startswith("True ")
+
+
 # ---- costs and written points ---------------------------------------------------------------
 
 
@@ -124,13 +218,19 @@ def test_a_written_point_loads_to_the_same_design_with_the_same_cost(tmp_path):
         path.write_text(point.text())
         written = tdiag.load(path)
         assert "# Choices: " + point.label in path.read_text()
-        assert canonical_program(written.plan(N=16)) == canonical_program(point.design.plan(N=16))
+        assert canonical_form(written, {"N": 16}) == canonical_form(point.design, {"N": 16})
         a, b = cost_report(written.plan(N=16)).formulas(), cost_report(point.design.plan(N=16)).formulas()
         assert all(sympy.simplify(a[k] - b[k]) == 0 for k in a), point.label
 
 
 @pytest.mark.slow
-def test_cost_formulas_of_each_point_equal_tdiag_cost_of_its_written_file(tmp_path, capsys):
+def test_cost_formulas_of_each_point_equal_tdiag_cost_of_its_written_file(tmp_path, capsys, monkeypatch):
+    # the space prices the flops objective's ties on the canonical roofline; tdiag cost does so
+    # on the planning device, here given the same figures
+    monkeypatch.setenv("TDIAG_DEVICE", "H100")
+    monkeypatch.setenv("TDIAG_DEVICE_PEAK_FLOPS", str(CANONICAL_DEVICE.peak_flops))
+    monkeypatch.setenv("TDIAG_DEVICE_BANDWIDTH", str(CANONICAL_DEVICE.bandwidth))
+    monkeypatch.setenv("TDIAG_DEVICE_OVERHEAD", str(CANONICAL_DEVICE.overhead))
     space = load_space(SPACES / "tuformer.tds")
     assert (
         main(
@@ -169,6 +269,80 @@ def test_vs_gives_ratio_formulas_and_the_crossover_in_n(tuformer_rows):
     # saved memory N (4H + N) (one N x N box, H-wide projections) against MHSA's N (4F + H):
     # they cross where N = 4F - 3H
     assert single.crossovers["peak_memory"] == pytest.approx([4 * SMALL["F"] - 3 * SMALL["H"]])
+
+
+# ---- the table and the plot ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fish_rows():
+    return sort_rows(evaluate(load_space(SPACES / "fish.tds"), {"N": 32}), "flops")
+
+
+def test_the_default_table_is_one_short_row_per_point_with_the_compared_columns_and_no_formulas(capsys):
+    assert main(["space", str(SPACES / "fish.tds"), "--at", "N=32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[2].split()
+    assert header[:2] == ["#", "point"] and "saved memory" in lines[2] and "softmax entries" not in lines[2]
+    assert [lines[3 + k].split()[0] for k in range(18)] == [str(k) for k in range(1, 19)]
+    assert len(lines) <= 3 + 18 + 6 and max(len(line) for line in lines) <= 130
+    assert not any("Max(" in line or line.startswith("formulas (") for line in lines)
+
+
+def test_the_formulas_flag_adds_each_distinct_points_formulas_with_the_time_roofline_in_full(capsys):
+    assert main(["space", str(SPACES / "fish.tds"), "--at", "N=32", "--formulas"]) == 0
+    out = capsys.readouterr().out
+    formulas = out[out.index("formulas (per sequence") :]
+    assert formulas.count("    params ") == 18 and "Max(" in formulas and "roofline terms" not in formulas
+
+
+def test_a_point_the_same_as_another_names_that_rows_number(tuformer_rows):
+    text = text_table(tuformer_rows, SMALL, ("params", "flops"), "t")
+    numbers = {row.label: k for k, row in enumerate(tuformer_rows, 1)}
+    full = numbers["D=1 core=full"]
+    line = next(line for line in text.splitlines() if "C1=trainable C2=ones C3=ones" in line and "D=1" in line)
+    assert f"#{full}" in line.split()[-1]
+
+
+def test_the_plots_point_labels_do_not_overlap(fish_rows):
+    matplotlib = pytest.importorskip("matplotlib")
+    from matplotlib.text import Text
+
+    figure = plot_figure(fish_rows)
+    figure.canvas.draw()
+    (ax,) = figure.axes
+    renderer = figure.canvas.get_renderer()
+    boxes = [Text.get_window_extent(t, renderer) for t in ax.texts]
+    distinct = sum(r.representative for r in fish_rows)
+    assert len(boxes) >= distinct // 2
+    assert not any(a.overlaps(b) for k, a in enumerate(boxes) for b in boxes[k + 1 :])
+    matplotlib.pyplot.close(figure)
+
+
+def test_the_plot_draws_the_pareto_front_as_a_line_named_in_the_legend(fish_rows):
+    matplotlib = pytest.importorskip("matplotlib")
+    mark_front(fish_rows, ("params", "peak_memory"))  # two points: fewest parameters, least memory
+    try:
+        figure = plot_figure(fish_rows, "params", "peak_memory")
+        front = sorted((r.numbers["params"], r.numbers["peak_memory"]) for r in fish_rows if r.front)
+    finally:
+        mark_front(fish_rows, ("params", "flops"))
+    (ax,) = figure.axes
+    assert "Pareto front (params, peak_memory)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    (line,) = [line for line in ax.get_lines() if line.get_label().startswith("Pareto front")]
+    assert list(zip(line.get_xdata(), line.get_ydata(), strict=True)) == front and len(front) == 2
+    matplotlib.pyplot.close(figure)
+
+
+def test_the_plot_colours_points_by_family(fish_rows):
+    matplotlib = pytest.importorskip("matplotlib")
+    figure = plot_figure(fish_rows)
+    (ax,) = figure.axes
+    named = {t.get_text() for t in ax.get_legend().get_texts()}
+    assert {"mixing=global", "mixing=gated", "mixing=local"} <= named
+    colours = {tuple(c.get_facecolor()[0]) for c in ax.collections if c.get_label().startswith("mixing=")}
+    assert len(colours) == 3
+    matplotlib.pyplot.close(figure)
 
 
 # ---- mistakes ---------------------------------------------------------------------------------

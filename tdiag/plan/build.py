@@ -5,6 +5,7 @@ from collections.abc import Mapping
 import sympy
 
 from ..design import DEFAULT_OBJECTIVE, OBJECTIVES
+from ..device import DeviceModel
 from ..graph import DesignGraph
 from ..graph.absorb import absorbed, unread_dropped
 from ..ir import Expr, TensorRef
@@ -69,12 +70,15 @@ def build_plan(
     objective: str = DEFAULT_OBJECTIVE,
     attention: str = "sdpa",
     absorb: bool = True,
+    device: DeviceModel | None = None,
 ) -> Plan:
     """The plan of `graph` (`_planned`), or, where the design has an absorbed form
     (graph/absorb.py: MLA's key/value maps multiplied into the query and output side) and
     `absorb` is set, the plan of whichever form the objective finds cheaper, both planned whole
-    (absorb_choice.py; the design as written on a tie)."""
-    plan = _planned(graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention)
+    (absorb_choice.py; the design as written on a tie). `device` prices the candidates' time
+    (every objective's tie-break) instead of the planning device (device.planning_device)."""
+    options = {"checkpoint_boxes": checkpoint_boxes, "objective": objective, "attention": attention, "device": device}
+    plan = _planned(graph, sizes, **options)
     other = absorbed(graph) if absorb else graph
     if other is graph:
         return plan
@@ -82,9 +86,7 @@ def build_plan(
         plan,
         objective,
         replaced_tensors(graph, other),
-        lambda: _planned(
-            unread_dropped(other), sizes, checkpoint_boxes=checkpoint_boxes, objective=objective, attention=attention
-        ),
+        lambda: _planned(unread_dropped(other), sizes, **options),
     )
 
 
@@ -95,6 +97,7 @@ def _planned(
     checkpoint_boxes: bool = False,
     objective: str = DEFAULT_OBJECTIVE,
     attention: str = "sdpa",
+    device: DeviceModel | None = None,
 ) -> Plan:
     """Lower every statement, then the outputs and the state updates. With `checkpoint_boxes`,
     each box, its content and its first consumer are recomputed in the backward pass instead of
@@ -111,6 +114,8 @@ def _planned(
     graph = fuse_layer_norms(graph)
     lowering = _Lowering(graph, sizes, objective)
     lowering.attention = attention
+    if device is not None:
+        lowering._device = device
     lowering.lower_design()
     plan = Plan(graph, dict(sizes), lowering.leg_sizes, steps=lowering.steps)
     for name in graph.outputs:
@@ -156,13 +161,15 @@ def _planned(
     plan.stored = sorted(lowering.stored_used)
     plan.attributes = frozenset(lowering.attributes)
     mark_training_only(plan)
+    if device is not None:
+        plan.device = device  # the absorbed form's choice prices both plans on it (absorb_choice.plan_cost)
     if objective == "time":
         return fastest_plan(
             plan,
             lowering.device,
             lowering.rival_objectives(),
             lambda other: _planned(
-                graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=other, attention=attention
+                graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=other, attention=attention, device=device
             ),
         )
     return plan

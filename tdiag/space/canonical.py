@@ -21,13 +21,26 @@ same, their training dynamics need not be."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import sympy
 
+from ..device import DeviceModel
 from ..plan import BATCH, Plan, Value
 from ..plan.program import Matmul, Multiply, Normalize, Operand, Reshape, Softmax
+
+if TYPE_CHECKING:
+    from ..design import Design
+
+# The canonical plan is made for the `flops` objective, and where two candidates cost the same
+# FLOPs the objective breaks the tie by estimated time: priced here on a fixed roofline (no
+# per-op overhead, no measured per-kind factors) rather than on the planning device, whose
+# figures are this machine's measurement (and TDIAG_DEVICE's), so that the canonical form is a
+# function of the design and the sizes alone.
+CANONICAL_OBJECTIVE = "flops"
+CANONICAL_DEVICE = DeviceModel("canonical roofline (fixed, no machine's figures)", peak_flops=1e12, bandwidth=1e11)
 
 
 def _read_legs(operand: Operand) -> tuple[str, ...]:
@@ -132,6 +145,25 @@ class _Namer:
             k += len(run)
         return tuple(out)
 
+    def fused_set(self, legs: frozenset[str]) -> tuple[str, ...]:
+        """A set of legs (the legs a value is broadcast along) named as `fused` names a sequence:
+        a run whose legs are all in the set is one leg. A set has no order of its own (a
+        frozenset's follows the process's string hashes), so runs already named come first, then
+        the others by size, then by their own names (a tie only legs of one size, unnamed, meet)."""
+        groups: list[tuple[str, ...]] = []
+        for leg in sorted(legs):
+            if any(leg in group for group in groups):
+                continue
+            run = self.runs.get(leg, (leg,))
+            groups.append(run if legs.issuperset(run) else (leg,))
+
+        def order(group: tuple[str, ...]) -> tuple:
+            named = self.legs.get(group)
+            size = self.number(sympy.Mul(*(self.plan.leg_sizes[leg] for leg in group)))
+            return (named is None, named or "", size, group)
+
+        return tuple(sorted(leg for group in sorted(groups, key=order) for leg in self.fused(group)))
+
     def stored_tensor(self, var: str) -> object:
         """A declared tensor by its kind, its number of entries and (unless trainable) its values."""
         tensor = self.plan.graph.tensors.get(var)
@@ -164,7 +196,7 @@ class _Namer:
         # axes and of an op's operands is layout, not function
         if isinstance(item, Value):
             legs = tuple(sorted(self.fused(item.legs)))
-            return ("value", self.var(item.var), legs, tuple(sorted(self.fused(tuple(item.broadcast)))))
+            return ("value", self.var(item.var), legs, self.fused_set(item.broadcast))
         if isinstance(item, Operand):
             return ("read", self.var(item.value.var), tuple(sorted(self.fused(_read_legs(item)))), item.invert)
         if isinstance(item, Matmul | Multiply):
@@ -188,6 +220,19 @@ class _Namer:
 
 # fields that say how values are laid out and regrouped, which the legs already say
 _LAYOUT = {"shape", "sizes", "index", "permutation", "normalized"}
+
+
+def canonical_plan(design: Design, sizes: Mapping[str, int]) -> Plan:
+    """The plan a design's canonical form is read from: planned for CANONICAL_OBJECTIVE with
+    its ties priced on CANONICAL_DEVICE, whatever objective and device the design is costed
+    for, so that which points are the same function never depends on the machine."""
+    return design.plan(sizes, objective=CANONICAL_OBJECTIVE, device=CANONICAL_DEVICE)
+
+
+def canonical_form(design: Design, sizes: Mapping[str, int]) -> tuple:
+    """The design's canonical form at `sizes`: two designs compute the same function when
+    theirs are equal (the module docstring says what is compared)."""
+    return canonical_program(canonical_plan(design, sizes))
 
 
 def canonical_program(plan: Plan) -> tuple:

@@ -54,6 +54,12 @@ def add_parser(commands, size_list, positive, usage_error) -> None:
     p.add_argument("--format", choices=("table", "json", "csv"), default="table", help="a text table, JSON or CSV")
     p.add_argument("--sort", choices=SPACE_AXES, default="flops", help="the column the table is sorted by")
     p.add_argument(
+        "--formulas",
+        action="store_true",
+        help="with the table: each distinct point's formulas below it, the time roofline in full "
+        "(default: numbers only; JSON and CSV always hold them)",
+    )
+    p.add_argument(
         "--pareto",
         type=_axes,
         default=("params", "flops"),
@@ -130,18 +136,19 @@ def run(args: argparse.Namespace) -> int:
         if size.is_free and name not in at:
             at[name] = 1024
     files = [Path(f) for f in args.known] if args.known is not None else sorted(base.parent.glob("*.td"))
-    known = report.known_programs(files, at, args.objective)
+    known = report.known_programs(files, at)
     rows = report.evaluate(space, at, axes=args.pareto, known=known, objective=args.objective)
     if args.vs:
         baseline = _baseline(args.vs, rows, at, args.objective)
         report.compare_to(rows, baseline, at)
     rows = report.sort_rows(rows, args.sort)
     if args.format == "json":
-        print(report.to_json(rows, at))
+        print(report.to_json(rows, at, args.objective))
     elif args.format == "csv":
         print(report.to_csv(rows), end="")
     else:
-        print(report.text_table(rows, at, args.pareto, f"space {space.space.name} ({space.count()} points)"))
+        title = f"space {space.space.name} ({space.count()} points)"
+        print(report.text_table(rows, at, args.pareto, title, formulas=args.formulas, objective=args.objective))
     if args.write:
         folder = output_folder(args.write, flag="--write")
         for row in rows:
@@ -153,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             print("tdiag space: matplotlib is not installed; no plot written (pip install matplotlib)", file=sys.stderr)
         else:
-            path = report.plot(rows, Path(args.plot), *args.pareto[:2])
+            x, y = args.pareto[:2]
+            path = report.plot(rows, Path(args.plot), x, y, axes=args.pareto)
             print(f"wrote {path}", file=sys.stderr)
     if args.train:
         from .training import train_points

@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sympy
 
@@ -21,11 +22,16 @@ from ..device import planning_device
 from ..errors import Diagnostic, TdiagError
 from ..files import OutputRefusedError, write_output
 from ..graph import size_symbol
-from ..plan import BATCH_SIZE
+from ..plan import BATCH_SIZE, Plan
 from ..plan.footprint import footprint
 from ..plan.timing import FORWARD_AND_BACKWARD, KERNELS_PER_OP, plan_time
-from .canonical import canonical_program, trainable_products
+from .canonical import CANONICAL_DEVICE, canonical_plan, canonical_program, trainable_products
 from .points import Point, SpacePoints
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from ..design import Design
 
 METRICS = ("params", "flops", "softmax_entries", "peak_memory", "time")
 METRIC_TEXT = {
@@ -78,8 +84,18 @@ def time_formula(plan, chosen: Mapping[sympy.Symbol, sympy.Expr] | None = None) 
     return total
 
 
+def cost_plan(design: Design, sizes: Mapping[str, int], objective: str) -> Plan:
+    """The plan a point is costed by. Under `time` the planning device chooses it, so every
+    column may differ from machine to machine (the report names the device); under `flops` and
+    `memory` ties are priced on the canonical roofline, so only the time columns do."""
+    if objective == "time":
+        return design.plan(sizes, objective=objective)
+    return design.plan(sizes, objective=objective, device=CANONICAL_DEVICE)
+
+
 def cost_rows(points: Sequence[Point], at: Mapping[str, int], objective: str = "flops") -> list[Row]:
-    """Plan and cost every point that built; group points with equal canonical programs."""
+    """Plan and cost every point that built; group points with equal canonical forms (read from
+    the canonical plan, whatever the objective: canonical.canonical_plan)."""
     rows = []
     groups: dict[tuple, Row] = {}
     for point in points:
@@ -89,7 +105,7 @@ def cost_rows(points: Sequence[Point], at: Mapping[str, int], objective: str = "
             continue
         design = point.design
         runtime = {k: v for k, v in at.items() if k in design.graph.sizes and design.graph.sizes[k].is_free}
-        plan = design.plan(objective=objective, **runtime)
+        plan = cost_plan(design, runtime, objective)
         report = cost_report(plan)
         graph = design.graph
         # a size the point chooses is part of the point, not a variable: its value goes in
@@ -100,8 +116,9 @@ def cost_rows(points: Sequence[Point], at: Mapping[str, int], objective: str = "
         row.numbers = {k: float(graph.evaluate_at(v, sizes)) for k, v in row.formulas.items()}
         row.formulas["time"] = time_formula(plan, chosen)
         row.numbers["time"] = 1000.0 * plan_time(plan, planning_device(), B=1)
-        row.key = canonical_program(plan)
-        row.reparameterized = sorted(set(trainable_products(plan)))
+        canonical = canonical_plan(design, runtime)
+        row.key = canonical_program(canonical)
+        row.reparameterized = sorted(set(trainable_products(canonical)))
         first = groups.setdefault(row.key, row)
         if first is not row:
             row.representative = False
@@ -116,8 +133,8 @@ def identify(rows: Sequence[Row], known: Mapping[str, tuple]) -> None:
         row.known = sorted(name for name, key in known.items() if row.key is not None and key == row.key)
 
 
-def known_programs(files: Sequence[Path], at: Mapping[str, int], objective: str = "flops") -> dict[str, tuple]:
-    """Canonical programs of other designs (e.g. the files beside the base) at the same sizes;
+def known_programs(files: Sequence[Path], at: Mapping[str, int]) -> dict[str, tuple]:
+    """Canonical forms of other designs (e.g. the files beside the base) at the same sizes;
     a design that does not build at these sizes is left out."""
     from ..design import load
 
@@ -130,7 +147,7 @@ def known_programs(files: Sequence[Path], at: Mapping[str, int], objective: str 
             if fixed:
                 design = load(str(path), **fixed)
             runtime = {k: v for k, v in own.items() if design.graph.sizes[k].is_free}
-            found[path.stem] = canonical_program(design.plan(objective=objective, **runtime))
+            found[path.stem] = canonical_program(canonical_plan(design, runtime))
         except TdiagError:
             continue
     return found
@@ -209,68 +226,93 @@ def sort_rows(rows: list[Row], by: str) -> list[Row]:
 # ---- text, JSON, CSV, plot --------------------------------------------------------------------
 
 
+TABLE = ("params", "flops", "peak_memory", "time")  # the columns a reader compares; all are in JSON/CSV
+PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
 def _show(value: float, metric: str) -> str:
+    """Parameters exactly (a trainable H x H factor is a few entries more); other figures in
+    three significant digits with an SI prefix (`4.29G`); time in ms."""
     if metric == "time":
         return f"{value:.3g}"
-    return f"{round(value):,}" if float(value).is_integer() else f"{value:.4g}"
+    if metric == "params" and float(value).is_integer():
+        return f"{round(value):,}"
+    for scale, prefix in PREFIXES:
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{prefix}"
+    return f"{round(value)}" if float(value).is_integer() else f"{value:.3g}"
 
 
-def text_table(rows: Sequence[Row], at: Mapping[str, int], axes: Sequence[str], title: str) -> str:
+def _same_text(row: Row, numbers: Mapping[str, int]) -> str:
+    """The designs a point equals and the rows (by number) of the other points it equals."""
+    return ", ".join([*(f"{k}.td" for k in row.known), *(f"#{numbers[label]}" for label in row.same)]) or "-"
+
+
+def text_table(
+    rows: Sequence[Row],
+    at: Mapping[str, int],
+    axes: Sequence[str],
+    title: str,
+    *,
+    formulas: bool = False,
+    objective: str = "flops",
+) -> str:
+    """One numbered row per point with the columns a reader compares (TABLE), the legend, and
+    with `formulas` each distinct point's formulas in full below."""
     shown = ", ".join(f"{k}={v}" for k, v in at.items())
-    header = ["", "point", *(METRIC_TEXT[m] for m in METRICS), "same function as"]
+    numbers = {r.label: k for k, r in enumerate(rows, 1)}
+    header = ["#", "", "point", *(METRIC_TEXT[m] for m in TABLE), "same function as"]
     body = []
-    for r in rows:
+    for k, r in enumerate(rows, 1):
         if not r.point.ok:
-            body.append(["x", r.label, *["-"] * len(METRICS), "fails check: " + r.point.problems[0].message])
+            body.append([str(k), "x", r.label, *["-"] * len(TABLE), "fails check: " + r.point.problems[0].message])
             continue
-        same = ", ".join([*(f"{k}.td" for k in r.known), *r.same]) or "-"
         mark = "*" if r.front else ("=" if not r.representative else "")
-        cells = [_show(r.numbers[m], m) for m in METRICS]
+        cells = [_show(r.numbers[m], m) for m in TABLE]
         if r.base:
             cells = [
-                f"{c} ({r.numbers[m] / r.base[m]:.3g}x)" if r.base[m] else c
-                for c, m in zip(cells, METRICS, strict=True)
+                f"{c} ({r.numbers[m] / r.base[m]:.3g}x)" if r.base[m] else c for c, m in zip(cells, TABLE, strict=True)
             ]
-        body.append([mark + ("r" if r.reparameterized else ""), r.label, *cells, same])
+        body.append([str(k), mark + ("r" if r.reparameterized else ""), r.label, *cells, _same_text(r, numbers)])
     widths = [max(len(row[k]) for row in [header, *body]) for k in range(len(header))]
-    lines = [f"{title} at {shown or 'the base sizes'} (per sequence; time on {planning_device().name})", ""]
+    device = planning_device().name
+    planned = f"plans chosen by time on {device}" if objective == "time" else f"time on {device}"
+    lines = [f"{title} at {shown or 'the base sizes'} (per sequence; {planned})", ""]
+    numeric = {0, *range(3, 3 + len(TABLE))}
     for row in [header, *body]:
-        lines.append(
-            "  ".join(
-                c.rjust(w) if 2 <= k < 2 + len(METRICS) else c.ljust(w)
-                for k, (c, w) in enumerate(zip(row, widths, strict=True))
-            ).rstrip()
-        )
+        cells = [c.rjust(w) if k in numeric else c.ljust(w) for k, (c, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip())
     ok = [r for r in rows if r.point.ok]
     lines += [
         "",
-        f"{len(rows)} points, {len(ok)} pass check, {sum(r.representative for r in ok)} distinct functions; "
-        f"* Pareto front over ({', '.join(axes)}), = same function as an earlier point, "
-        "r a product of trainable tensors where one would do",
+        f"{len(rows)} points, {len(ok)} pass check, {sum(r.representative for r in ok)} distinct functions",
+        f"* on the Pareto front over ({', '.join(axes)})   = the same function as an earlier row",
+        "r a product of trainable tensors where one parameter would do (a reparameterization)",
     ]
+    if not formulas:
+        lines.append("formulas: --formulas; softmax entries and every formula: --format json or csv")
+        return "\n".join(lines)
     lines += ["", "formulas (per sequence; derived sizes expanded)"]
-    for r in ok:
-        if not r.representative:
-            continue
-        lines.append(f"  {r.label}")
-        lines += [
-            f"    {m:<16} {sympy.sstr(r.formulas[m]) if m != 'time' else _time_text(r.formulas[m])}" for m in METRICS
-        ]
-        lines += [f"    reparameterization: {note}" for note in r.reparameterized]
-        if r.ratios:
-            lines += [f"    {m + ' ratio':<16} {sympy.sstr(r.ratios[m])}" for m in METRICS if m != "time"]
-            for m, roots in r.crossovers.items():
-                if roots:
-                    lines.append(f"    {m} crosses the baseline at N = {', '.join(f'{x:.4g}' for x in roots)}")
+    for k, r in enumerate(rows, 1):
+        if r.point.ok and r.representative:
+            lines += _formula_lines(k, r)
     return "\n".join(lines)
 
 
-def _time_text(expr: sympy.Expr) -> str:
-    return (
-        sympy.sstr(expr.evalf(4))
-        if len(sympy.sstr(expr)) < 400
-        else f"{len(expr.args)} roofline terms (see --format json)"
-    )
+def _formula_lines(number: int, row: Row) -> list[str]:
+    """A distinct point's formulas, the time roofline in full (four significant digits)."""
+    lines = [f"  #{number} {row.label}"]
+    for m in METRICS:
+        text = sympy.sstr(row.formulas[m].evalf(4)) if m == "time" else sympy.sstr(row.formulas[m])
+        name = "time (s)" if m == "time" else METRIC_TEXT[m]  # the formula is in seconds, the column in ms
+        lines.append(f"    {name:<16} {text}")
+    lines += [f"    reparameterization: {note}" for note in row.reparameterized]
+    if row.ratios:
+        lines += [f"    {METRIC_TEXT[m] + ' ratio':<16} {sympy.sstr(row.ratios[m])}" for m in METRICS if m != "time"]
+        for m, roots in row.crossovers.items():
+            if roots:
+                lines.append(f"    {METRIC_TEXT[m]} crosses the baseline at N = {', '.join(f'{x:.4g}' for x in roots)}")
+    return lines
 
 
 def as_dicts(rows: Sequence[Row]) -> list[dict]:
@@ -298,8 +340,12 @@ def as_dicts(rows: Sequence[Row]) -> list[dict]:
     return out
 
 
-def to_json(rows: Sequence[Row], at: Mapping[str, int]) -> str:
-    return json.dumps({"sizes": dict(at), "points": as_dicts(rows)}, indent=2)
+def to_json(rows: Sequence[Row], at: Mapping[str, int], objective: str = "flops") -> str:
+    """The sizes, the objective and the devices the costs depend on, and every point."""
+    devices = {"time_device": planning_device().describe(), "plan_device": CANONICAL_DEVICE.describe()}
+    if objective == "time":
+        devices["plan_device"] = devices["time_device"]  # the planning device chooses the plans
+    return json.dumps({"sizes": dict(at), "objective": objective, **devices, "points": as_dicts(rows)}, indent=2)
 
 
 def to_csv(rows: Sequence[Row]) -> str:
@@ -318,29 +364,114 @@ def to_csv(rows: Sequence[Row]) -> str:
     return buffer.getvalue()
 
 
-def plot(rows: Sequence[Row], path: Path, x: str = "params", y: str = "flops") -> Path:
-    """Points on `x` against `y` (log scales), the Pareto front highlighted, points labelled."""
+def family(point: Point) -> str:
+    """The family a point is drawn in: its option of the first top-level choice that is not a
+    size (tuformer's core, fish's mixing, mgk's keys), else of the first choice."""
+    choices = point.space.choices
+    named = next((c for c in choices if not c.size), choices[0] if choices else None)
+    if named is None or named.name not in point.choices:
+        return point.space.name
+    return f"{named.name}={point.choices[named.name]}"
+
+
+def plot_figure(rows: Sequence[Row], x: str = "params", y: str = "flops", axes: Sequence[str] | None = None) -> Figure:
+    """The figure `plot` writes: each distinct point on `x` against `y` (log scales), coloured by
+    family, the Pareto front over `axes` (default x, y) ringed and joined by a line, and each point
+    labelled with its row number (and the design it equals) where the label overlaps nothing."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    numbers = {r.label: k for k, r in enumerate(rows, 1)}
     ok = [r for r in rows if r.point.ok and r.representative]
     fig, ax = plt.subplots(figsize=(9, 6))
+    families = sorted({family(r.point) for r in ok})
+    colours = plt.get_cmap("tab10" if len(families) <= 10 else "tab20")
+    for k, name in enumerate(families):
+        mine = [r for r in ok if family(r.point) == name]
+        ax.scatter([r.numbers[x] for r in mine], [r.numbers[y] for r in mine], color=colours(k), label=name, zorder=3)
+    front = sorted((r for r in ok if r.front), key=lambda r: (r.numbers[x], r.numbers[y]))
+    over = ", ".join(axes or (x, y))
     ax.scatter(
-        [r.numbers[x] for r in ok], [r.numbers[y] for r in ok], c=["tab:red" if r.front else "tab:gray" for r in ok]
+        [r.numbers[x] for r in front],
+        [r.numbers[y] for r in front],
+        s=140,
+        facecolors="none",
+        edgecolors="black",
+        zorder=4,
     )
-    front = sorted((r for r in ok if r.front), key=lambda r: r.numbers[x])
-    ax.plot([r.numbers[x] for r in front], [r.numbers[y] for r in front], "r--", lw=1, label="Pareto front")
-    for r in ok:
-        name = ", ".join(r.known) or r.label
-        ax.annotate(name, (r.numbers[x], r.numbers[y]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.plot(
+        [r.numbers[x] for r in front],
+        [r.numbers[y] for r in front],
+        "-",
+        color="black",
+        lw=1.5,
+        drawstyle="steps-post" if len(axes or (x, y)) == 2 else "default",
+        label=f"Pareto front ({over})",
+        zorder=2,
+    )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel(METRIC_TEXT[x])
     ax.set_ylabel(METRIC_TEXT[y])
-    ax.legend()
+    ax.margins(0.08)
+    ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
+    names = [(r, f"#{numbers[r.label]}" + "".join(f" {k}" for k in r.known)) for r in ok]
+    _place_labels(fig, ax, [(r.numbers[x], r.numbers[y], text) for r, text in names])
+    return fig
+
+
+# where a label may go around its point, in points: right, left, above, below, then farther out
+_OFFSETS = [(dx * k, dy * k) for k in (1, 2, 3, 4) for dx, dy in ((5, 3), (-5, 3), (5, -9), (-5, -9), (0, 8), (0, -14))]
+
+
+def _place_labels(fig, ax, points: Sequence[tuple[float, float, str]]) -> list:
+    """Annotate each point at the first offset where its label overlaps no placed label, no
+    marker, the legend or the frame (beyond the nearest ring, with a leader line to its point);
+    a label with no such place is left out (its row number is in the table)."""
+    from matplotlib.text import Text
+    from matplotlib.transforms import Bbox
+
+    fig.canvas.draw()  # places the legend ("best") and fixes the transforms
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    taken = [ax.get_legend().get_window_extent(renderer)] if ax.get_legend() else []
+    for px, py, _ in points:
+        cx, cy = ax.transData.transform((px, py))
+        taken.append(Bbox([[cx - 4, cy - 4], [cx + 4, cy + 4]]))
+    placed = []
+    for px, py, text in points:
+        for ring, (dx, dy) in enumerate(_OFFSETS):
+            leader = {"arrowprops": {"arrowstyle": "-", "lw": 0.5, "color": "0.5"}} if ring >= 6 else {}
+            label = ax.annotate(
+                text,
+                (px, py),
+                xytext=(dx, dy),
+                textcoords="offset points",
+                fontsize=7,
+                ha="left" if dx >= 0 else "right",
+                **leader,
+            )
+            label.update_positions(renderer)
+            box = Text.get_window_extent(label, renderer)  # the text alone, not its leader line
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.overlaps(other) for other in taken):
+                taken.append(box)
+                placed.append(label)
+                break
+            label.remove()
+    return placed
+
+
+def plot(
+    rows: Sequence[Row], path: Path, x: str = "params", y: str = "flops", axes: Sequence[str] | None = None
+) -> Path:
+    """Write `plot_figure` to `path` in the format its suffix names."""
+    import matplotlib.pyplot as plt
+
+    fig = plot_figure(rows, x, y, axes)
     image = io.BytesIO()
     try:
         fig.savefig(image, format=path.suffix.lstrip(".").lower() or "png", dpi=120)
