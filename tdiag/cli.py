@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -313,7 +314,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _render(args: argparse.Namespace) -> int:
-    from .render import RenderError
+    from .render import DiagramTooLarge, RenderError
 
     suffix = args.output.rsplit(".", 1)[-1].lower() if "." in args.output else ""
     if suffix not in RENDER_FORMATS:
@@ -324,10 +325,17 @@ def _render(args: argparse.Namespace) -> int:
     check_output(args.output, [design_file(args.file)], flag="-o")
     design = _load(args.file, args.sizes)
     try:
-        path = design.render(args.output, inline=not args.statements)
+        with warnings.catch_warnings(record=True) as notes:
+            warnings.simplefilter("always", DiagramTooLarge)
+            path = design.render(args.output, inline=not args.statements)
     except RenderError as error:
         print(f"tdiag render: error: {error}", file=sys.stderr)
         return 1
+    for note in notes:
+        if issubclass(note.category, DiagramTooLarge):
+            print(f"tdiag render: note: {note.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(note.message, note.category, note.filename, note.lineno)
     print(f"wrote {path}")
     return 0
 

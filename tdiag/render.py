@@ -18,6 +18,7 @@ import dataclasses
 import itertools
 import re
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +49,7 @@ from .ir import (
     WindowFactor,
     WindowMask,
 )
+from .render_layout import MAX_NODES, shared_tensors, too_large
 
 NODE_STYLE = {
     "input": 'shape=circle style=filled fillcolor="#cfe2f3"',
@@ -113,6 +115,10 @@ class RenderError(Exception):
     """The diagram could not be written (no `dot` program, or it failed)."""
 
 
+class DiagramTooLarge(UserWarning):
+    """The default drawing would not fit one screen, so one panel per statement was drawn."""
+
+
 @dataclass
 class _Cluster:
     id: str
@@ -136,6 +142,8 @@ class _Drawing:
     dangling: set[str] = field(default_factory=set)
     uses: list[tuple[str, str]] = field(default_factory=list)  # (derived tensor, node drawing one use)
     defined_in: dict[str, str] = field(default_factory=dict)  # derived tensor -> its statement's cluster
+    shared: dict[str, str | None] = field(default_factory=dict)  # tensor drawn once -> its node, once drawn
+    placed: dict[tuple[str, str], str | None] = field(default_factory=dict)  # (leg, shared node) -> use's cluster
     counter: itertools.count = field(default_factory=itertools.count)
 
     def new_id(self, prefix: str) -> str:
@@ -263,6 +271,9 @@ def _draw(d: _Drawing, e: Expr, env: dict[str, str], cluster: str | None) -> Non
 def _draw_tensor(d: _Drawing, e: TensorRef, env: dict[str, str], cluster: str | None) -> None:
     tensor = d.design.tensors[e.name]
     statement = tensor.statement
+    if e.name in d.shared:
+        _draw_shared_use(d, e, env, cluster)
+        return
     if statement is not None and d.inline:
         # inline the definition: its result legs become this use's legs (reshaped if grouped)
         inner: dict[str, str] = {}
@@ -288,9 +299,15 @@ def _draw_tensor(d: _Drawing, e: TensorRef, env: dict[str, str], cluster: str | 
     node = d.node("t", f'{NODE_STYLE[kind]} label="{label}" tooltip="{kind} {e.name}"', cluster)
     if statement is not None:
         d.uses.append((e.name, node))
+    _attach_use(d, node, e, env, cluster)
+
+
+def _attach_use(d: _Drawing, node: str, e: TensorRef, env: dict[str, str], cluster: str | None) -> None:
+    """Join a tensor's node to the legs of one use; a fused group `(h d)` meets its pieces at a dot."""
     for group in e.groups:
         if len(group) == 1:
             d.attach(node, env[group[0]])
+            d.placed[(env[group[0]], node)] = cluster
         else:
             fused = d.leg("(" + " ".join(group) + ")", cluster)
             d.attach(node, fused)
@@ -298,6 +315,18 @@ def _draw_tensor(d: _Drawing, e: TensorRef, env: dict[str, str], cluster: str | 
             d.attach(join, fused)
             for leg in group:
                 d.attach(join, env[leg])
+
+
+def _draw_shared_use(d: _Drawing, e: TensorRef, env: dict[str, str], cluster: str | None) -> None:
+    """One use of a computed tensor used more than once: an edge bundle to its single node, drawn
+    outside every box, and the first use draws the node with an arrow from its statement."""
+    node = d.shared[e.name]
+    if node is None:
+        label = GREEK.get(e.name, e.name)
+        node = d.node("t", f'{NODE_STYLE["derived"]} label="{label}" tooltip="derived {e.name}"', None)
+        d.shared[e.name] = node
+        d.uses.append((e.name, node))
+    _attach_use(d, node, e, env, cluster)
 
 
 def _reshape(
@@ -397,8 +426,9 @@ def _common_cluster(d: _Drawing, nodes: list[str]) -> str | None:
     return common
 
 
-def _is_inside(d: _Drawing, node: str, cluster: str) -> bool:
-    return cluster in _cluster_chain(d, d.nodes[node][1])
+def _is_inside(d: _Drawing, node: str, cluster: str, use: str | None = None) -> bool:
+    """Whether `node` is drawn in `cluster`; a shared tensor's node counts where its `use` is."""
+    return cluster in _cluster_chain(d, use if node in d.shared.values() else d.nodes[node][1])
 
 
 def _edges(d: _Drawing) -> list[str]:
@@ -411,8 +441,8 @@ def _edges(d: _Drawing) -> list[str]:
                 f'shape=circle style=filled fillcolor=black width=0.14 fixedsize=true label="" xlabel="{alpha}"',
                 box,
             )
-            inside = [n for n in ends if _is_inside(d, n, box)]
-            outside = [n for n in ends if not _is_inside(d, n, box)]
+            inside = [n for n in ends if _is_inside(d, n, box, d.placed.get((instance, n)))]
+            outside = [n for n in ends if n not in inside]
             lines += _hyperedge(d, instance, [*inside, ball], d.nodes[ball][1], closed=True)
             lines += _hyperedge(d, instance, [ball, *outside], None)
         else:
@@ -435,10 +465,19 @@ def _hyperedge(d: _Drawing, instance: str, ends: list[str], cluster: str | None,
     if len(ends) < 2:
         return []
     if len(ends) == 2:
-        return [f'  {ends[0]} -- {ends[1]} [label="{label}" tooltip="{tip}"];']
+        return [f'  {_edge(d, ends[0], ends[1])} [label="{label}" tooltip="{tip}"];']
     where = _common_cluster(d, ends) if cluster is None else cluster
     hub = d.node("h", 'shape=point width=0.08 label=""', where)
-    return [f'  {hub} -- {end} [label="{label if k == 0 else ""}" tooltip="{tip}"];' for k, end in enumerate(ends)]
+    return [
+        f'  {_edge(d, hub, end)} [label="{label if k == 0 else ""}" tooltip="{tip}"];' for k, end in enumerate(ends)
+    ]
+
+
+def _edge(d: _Drawing, a: str, b: str) -> str:
+    """`a -- b`, a shared tensor's node first: dot ranks an edge's tail before its head, so each
+    computed tensor sits after its statement and before its uses, and a long design reads left
+    to right, statement by statement."""
+    return f"{b} -- {a}" if b in d.shared.values() and a not in d.shared.values() else f"{a} -- {b}"
 
 
 def _use_arrows(d: _Drawing) -> list[str]:
@@ -499,6 +538,10 @@ def _trace(design: DesignGraph, inline: bool) -> _Drawing:
         for statement in [*design.statements, *design.updates]:
             _draw_statement(d, statement)
         return d
+    shared = shared_tensors(design)
+    d.shared = dict.fromkeys(shared)
+    for name in shared:  # each drawn once, as its own labelled statement
+        _draw_statement(d, design.tensors[name].statement)  # type: ignore[arg-type]
     for name in design.outputs:
         tensor = design.tensors[name]
         ref = TensorRef(
@@ -538,7 +581,31 @@ def _escape(text: str) -> str:
 
 def to_dot(design: DesignGraph, *, inline: bool = True) -> str:
     """The diagram as DOT text (undirected; boxes are clusters)."""
+    return _dot(_trace(design, inline))
+
+
+def fitted_dot(design: DesignGraph, *, inline: bool = True) -> tuple[str, str | None]:
+    """The DOT text that render writes, and a note where the default drawing was too large for one
+    screen and one panel per statement was drawn instead."""
     d = _trace(design, inline)
+    text = _dot(d)
+    count = visible_nodes(d)
+    if not inline or not too_large(count):
+        return text, None
+    note = (
+        f"the diagram of '{design.name}' has {count} nodes, more than {MAX_NODES} fit on one screen; "
+        "drew one panel per statement instead (as --statements does)"
+    )
+    return to_dot(design, inline=False), note
+
+
+def visible_nodes(d: _Drawing) -> int:
+    """The nodes a reader sees (tensors, junctions, boxes' marks), once the edges are drawn."""
+    return sum(1 for attrs, _ in d.nodes.values() if not attrs.startswith(OPEN_END_STYLE))
+
+
+def _dot(d: _Drawing) -> str:
+    design = d.design
     edges = _edges(d)
     values = design.size_values()
     sizes = ", ".join(f"{k}={v}" for k, v in values.items())
@@ -576,7 +643,9 @@ def render(design: DesignGraph, path: str | Path, *, inline: bool = True) -> Pat
     every output is (files.write_output): whole or not at all, never over the design's own files."""
     check_output(path, design.sources)
     fmt = Path(path).suffix.lstrip(".").lower()
-    text = to_dot(design, inline=inline)
+    text, note = fitted_dot(design, inline=inline)
+    if note:
+        warnings.warn(note, DiagramTooLarge, stacklevel=3)
     return write_output(path, text if fmt == "dot" else _pipe(text, fmt), design.sources)
 
 
@@ -600,4 +669,4 @@ def to_svg(design: DesignGraph) -> str | None:
     """SVG text for Jupyter's `_repr_svg_`, or None when `dot` is missing."""
     if not has_dot():
         return None
-    return _pipe(to_dot(design), "svg").decode("utf-8")
+    return _pipe(fitted_dot(design)[0], "svg").decode("utf-8")
