@@ -6,10 +6,12 @@ by three or more nodes meets at a junction dot carrying that label, only an outp
 closed by an all-ones vector node `1` (Fig. 4a/5's 1_D: summing a branch away), and a softmax box
 is a dotted cluster with a filled ball on its normalized leg, labelled with the scale α (Fig. 2).
 A sum or quotient node marks the edges of a subtracted term with − and of a denominator with ÷.
-By default intermediate statements are inlined, so the drawing is the tensor network of the leaf
-tensors, as in the papers' figures; with `inline=False` each statement is its own labelled
-cluster, the tensors that earlier statements define are one node each (green), and a dashed
-arrow leads from a statement to each use of its result.
+By default a computed tensor used once is inlined, so the drawing is the tensor network of the
+leaf tensors, as in the papers' figures; one used more than once is drawn once, as a derived node
+(green) with legs to each use and a dashed arrow from its own labelled statement, so no
+sub-diagram is drawn twice. A drawing too large for one screen (render_layout.MAX_NODES) is
+drawn as with `inline=False`: each statement its own labelled cluster, the tensors that earlier
+statements define one node per use, and a dashed arrow from a statement to each use of its result.
 DOT text needs nothing installed; SVG, PNG and PDF need Graphviz's `dot` program."""
 
 from __future__ import annotations
@@ -50,65 +52,7 @@ from .ir import (
     WindowMask,
 )
 from .render_layout import MAX_NODES, shared_tensors, too_large
-
-NODE_STYLE = {
-    "input": 'shape=circle style=filled fillcolor="#cfe2f3"',
-    "mask": 'shape=circle style=filled fillcolor="#f4cccc"',
-    "param": "shape=circle style=solid",
-    "const": 'shape=doublecircle style=filled fillcolor="#eeeeee"',
-    "random": "shape=circle style=dashed",
-    "buffer": 'shape=circle style=filled fillcolor="#fff2cc"',
-    "derived": 'shape=circle style=filled fillcolor="#d9ead3"',
-}
-ONES_STYLE = 'shape=circle width=0.22 fixedsize=true fontsize=9 style=filled fillcolor="#eeeeee" label="1"'
-SCALED = "dashed color=gray60"  # the cluster of a scaled, subtracted or dividing term
-OPEN_END_STYLE = 'shape=point style=invis width=0.01 label=""'
-
-GREEK = {  # a tensor named after a Greek letter is drawn with the letter, as the papers write it
-    name: chr(code)
-    for name, code in {
-        "alpha": 0x3B1,
-        "beta": 0x3B2,
-        "gamma": 0x3B3,
-        "delta": 0x3B4,
-        "eps": 0x3B5,
-        "epsilon": 0x3B5,
-        "eta": 0x3B7,
-        "theta": 0x3B8,
-        "kappa": 0x3BA,
-        "lambda_": 0x3BB,
-        "lam": 0x3BB,
-        "mu": 0x3BC,
-        "nu": 0x3BD,
-        "xi": 0x3BE,
-        "pi": 0x3C0,
-        "rho": 0x3C1,
-        "sigma": 0x3C3,
-        "tau": 0x3C4,
-        "phi": 0x3C6,
-        "chi": 0x3C7,
-        "psi": 0x3C8,
-        "omega": 0x3C9,
-    }.items()
-}
-MAP_LABEL = {
-    "exp": "exp",
-    "log": "log",
-    "relu": "ReLU",
-    "elu1": "elu + 1",
-    "clamp": "clamp",
-    "maximum": "max",
-    "minimum": "min",
-    "sigmoid": "σ",
-    "tanh": "tanh",
-    "softplus": "softplus",
-    "silu": "SiLU",
-    "gelu": "GELU",
-    "sin": "sin",
-    "cos": "cos",
-    "sqrt": "√",
-    "abs": "|·|",
-}
+from .render_notation import GREEK, MAP_LABEL, NODE_STYLE, ONES_STYLE, OPEN_END_STYLE, SCALED
 
 
 class RenderError(Exception):
@@ -143,7 +87,7 @@ class _Drawing:
     uses: list[tuple[str, str]] = field(default_factory=list)  # (derived tensor, node drawing one use)
     defined_in: dict[str, str] = field(default_factory=dict)  # derived tensor -> its statement's cluster
     shared: dict[str, str | None] = field(default_factory=dict)  # tensor drawn once -> its node, once drawn
-    placed: dict[tuple[str, str], str | None] = field(default_factory=dict)  # (leg, shared node) -> use's cluster
+    placed: dict[tuple[str, int], str | None] = field(default_factory=dict)  # (leg, end) -> use's cluster
     counter: itertools.count = field(default_factory=itertools.count)
 
     def new_id(self, prefix: str) -> str:
@@ -306,8 +250,8 @@ def _attach_use(d: _Drawing, node: str, e: TensorRef, env: dict[str, str], clust
     """Join a tensor's node to the legs of one use; a fused group `(h d)` meets its pieces at a dot."""
     for group in e.groups:
         if len(group) == 1:
+            d.placed[(env[group[0]], len(d.ends[env[group[0]]]))] = cluster
             d.attach(node, env[group[0]])
-            d.placed[(env[group[0]], node)] = cluster
         else:
             fused = d.leg("(" + " ".join(group) + ")", cluster)
             d.attach(node, fused)
@@ -441,8 +385,9 @@ def _edges(d: _Drawing) -> list[str]:
                 f'shape=circle style=filled fillcolor=black width=0.14 fixedsize=true label="" xlabel="{alpha}"',
                 box,
             )
-            inside = [n for n in ends if _is_inside(d, n, box, d.placed.get((instance, n)))]
-            outside = [n for n in ends if n not in inside]
+            within = [_is_inside(d, n, box, d.placed.get((instance, k))) for k, n in enumerate(ends)]
+            inside = [n for n, flag in zip(ends, within, strict=True) if flag]
+            outside = [n for n, flag in zip(ends, within, strict=True) if not flag]
             lines += _hyperedge(d, instance, [*inside, ball], d.nodes[ball][1], closed=True)
             lines += _hyperedge(d, instance, [ball, *outside], None)
         else:

@@ -322,3 +322,27 @@ def test_every_design_fits_one_screen(path, tmp_path):
     design = rwkv6ish(tmp_path) if path == "rwkv6ish" else tdiag.load(path).graph
     width, height = png_size(fitted_dot(design)[0])
     assert max(width, height) <= 4000 and max(width, height) <= 4 * min(width, height), (width, height)
+
+
+BOXED_TWICE = """\
+design boxed
+size F = 8
+size N
+input X[n: N, f: F]
+param WK[f: F, d: F] = normal(std = 1)
+K[m d] = X[m f] WK[f d]
+A[n m] = softmax[m](X[n d] K[m d])
+Y[n g] = A[n m] K[m g]
+output Y
+"""
+
+
+def test_a_shared_tensor_used_inside_a_softmax_box_meets_its_ball_from_inside(tmp_path):
+    """K is read in the box and after it: its normalized leg m runs from K into the ball (the box's
+    part) and from the ball out to K's second use; no use bypasses the ball."""
+    path = tmp_path / "boxed.td"
+    path.write_text(BOXED_TWICE)
+    text = to_dot(tdiag.load(path).graph)
+    node = re.search(r'(t\d+) \[[^\]]*tooltip="derived K"', text).group(1)
+    ball = re.search(r"(b\d+) \[shape=circle style=filled fillcolor=black", text).group(1)
+    assert [line.split(" [")[0].strip() for line in _edges_at(text, ball)] == [f"{node} -- {ball}"] * 2
