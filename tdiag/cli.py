@@ -261,7 +261,11 @@ def _parser() -> _Parser:
     p = commands.add_parser("render", help="draw the diagram in the papers' notation")
     p.add_argument("file", metavar="FILE.td", help=DESIGN_HELP)
     p.add_argument("-o", "--output", required=True, metavar="OUT", help=f"output file: .{', .'.join(RENDER_FORMATS)}")
-    p.add_argument("--statements", action="store_true", help="draw one node per statement instead of inlining them")
+    p.add_argument(
+        "--statements",
+        action="store_true",
+        help="draw one panel per statement, each computed tensor a node (the fallback for a large diagram)",
+    )
     with_sizes(p)
     return parser
 
