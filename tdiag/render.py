@@ -550,13 +550,16 @@ def visible_nodes(d: _Drawing) -> int:
 
 
 def _dot(d: _Drawing) -> str:
+    """The drawing as DOT. One panel per statement ranks top to bottom inside each panel, so the
+    panels, ordered by the arrows between them, stand side by side: left to right by statement."""
     design = d.design
     edges = _edges(d)
     values = design.size_values()
     sizes = ", ".join(f"{k}={v}" for k, v in values.items())
+    rankdir = "LR" if d.inline else "TB"
     lines = [
         f'graph "{design.name}" {{',
-        f'  graph [rankdir=LR fontname="Helvetica" fontsize=12 label="{design.name}   ({sizes})" labelloc=t'
+        f'  graph [rankdir={rankdir} fontname="Helvetica" fontsize=12 label="{design.name}   ({sizes})" labelloc=t'
         " compound=true nodesep=0.35];",
         '  node [fontname="Helvetica" fontsize=11 width=0.45 fixedsize=false];',
         '  edge [fontname="Helvetica" fontsize=10];',

@@ -346,3 +346,10 @@ def test_a_shared_tensor_used_inside_a_softmax_box_meets_its_ball_from_inside(tm
     node = re.search(r'(t\d+) \[[^\]]*tooltip="derived K"', text).group(1)
     ball = re.search(r"(b\d+) \[shape=circle style=filled fillcolor=black", text).group(1)
     assert [line.split(" [")[0].strip() for line in _edges_at(text, ball)] == [f"{node} -- {ball}"] * 2
+
+
+@needs_dot
+def test_statement_panels_stand_left_to_right_by_statement():
+    """gla's eight panels side by side (the fallback reads along a screen, not down a strip)."""
+    width, height = png_size(to_dot(tdiag.load(DESIGNS / "gla.td").graph, inline=False))
+    assert width > height and width <= 4000, (width, height)
