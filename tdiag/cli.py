@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -300,7 +301,11 @@ def _parser() -> _Parser:
     p = commands.add_parser("render", help="draw the diagram in the papers' notation")
     p.add_argument("file", metavar="FILE.td", help=DESIGN_HELP)
     p.add_argument("-o", "--output", required=True, metavar="OUT", help=f"output file: .{', .'.join(RENDER_FORMATS)}")
-    p.add_argument("--statements", action="store_true", help="draw one node per statement instead of inlining them")
+    p.add_argument(
+        "--statements",
+        action="store_true",
+        help="draw one panel per statement, each computed tensor a node (the fallback for a large diagram)",
+    )
     with_sizes(p)
     return parser
 
@@ -377,7 +382,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _render(args: argparse.Namespace) -> int:
-    from .render import RenderError
+    from .render import DiagramTooLarge, RenderError
 
     suffix = args.output.rsplit(".", 1)[-1].lower() if "." in args.output else ""
     if suffix not in RENDER_FORMATS:
@@ -388,10 +393,17 @@ def _render(args: argparse.Namespace) -> int:
     check_output(args.output, [design_file(args.file)], flag="-o")
     design = _load(args.file, args.sizes)
     try:
-        path = design.render(args.output, inline=not args.statements)
+        with warnings.catch_warnings(record=True) as notes:
+            warnings.simplefilter("always", DiagramTooLarge)
+            path = design.render(args.output, inline=not args.statements)
     except RenderError as error:
         print(f"tdiag render: error: {error}", file=sys.stderr)
         return 1
+    for note in notes:
+        if issubclass(note.category, DiagramTooLarge):
+            print(f"tdiag render: note: {note.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(note.message, note.category, note.filename, note.lineno)
     print(f"wrote {path}")
     return 0
 

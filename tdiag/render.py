@@ -6,10 +6,12 @@ by three or more nodes meets at a junction dot carrying that label, only an outp
 closed by an all-ones vector node `1` (Fig. 4a/5's 1_D: summing a branch away), and a softmax box
 is a dotted cluster with a filled ball on its normalized leg, labelled with the scale α (Fig. 2).
 A sum or quotient node marks the edges of a subtracted term with − and of a denominator with ÷.
-By default intermediate statements are inlined, so the drawing is the tensor network of the leaf
-tensors, as in the papers' figures; with `inline=False` each statement is its own labelled
-cluster, the tensors that earlier statements define are one node each (green), and a dashed
-arrow leads from a statement to each use of its result.
+By default a computed tensor used once is inlined, so the drawing is the tensor network of the
+leaf tensors, as in the papers' figures; one used more than once is drawn once, as a derived node
+(green) with legs to each use and a dashed arrow from its own labelled statement, so no
+sub-diagram is drawn twice. A drawing too large for one screen (render_layout.MAX_NODES) is
+drawn as with `inline=False`: each statement its own labelled cluster, the tensors that earlier
+statements define one node per use, and a dashed arrow from a statement to each use of its result.
 DOT text needs nothing installed; SVG, PNG and PDF need Graphviz's `dot` program."""
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import dataclasses
 import itertools
 import re
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,69 +51,16 @@ from .ir import (
     WindowFactor,
     WindowMask,
 )
-
-NODE_STYLE = {
-    "input": 'shape=circle style=filled fillcolor="#cfe2f3"',
-    "mask": 'shape=circle style=filled fillcolor="#f4cccc"',
-    "param": "shape=circle style=solid",
-    "const": 'shape=doublecircle style=filled fillcolor="#eeeeee"',
-    "random": "shape=circle style=dashed",
-    "buffer": 'shape=circle style=filled fillcolor="#fff2cc"',
-    "derived": 'shape=circle style=filled fillcolor="#d9ead3"',
-}
-ONES_STYLE = 'shape=circle width=0.22 fixedsize=true fontsize=9 style=filled fillcolor="#eeeeee" label="1"'
-SCALED = "dashed color=gray60"  # the cluster of a scaled, subtracted or dividing term
-OPEN_END_STYLE = 'shape=point style=invis width=0.01 label=""'
-
-GREEK = {  # a tensor named after a Greek letter is drawn with the letter, as the papers write it
-    name: chr(code)
-    for name, code in {
-        "alpha": 0x3B1,
-        "beta": 0x3B2,
-        "gamma": 0x3B3,
-        "delta": 0x3B4,
-        "eps": 0x3B5,
-        "epsilon": 0x3B5,
-        "eta": 0x3B7,
-        "theta": 0x3B8,
-        "kappa": 0x3BA,
-        "lambda_": 0x3BB,
-        "lam": 0x3BB,
-        "mu": 0x3BC,
-        "nu": 0x3BD,
-        "xi": 0x3BE,
-        "pi": 0x3C0,
-        "rho": 0x3C1,
-        "sigma": 0x3C3,
-        "tau": 0x3C4,
-        "phi": 0x3C6,
-        "chi": 0x3C7,
-        "psi": 0x3C8,
-        "omega": 0x3C9,
-    }.items()
-}
-MAP_LABEL = {
-    "exp": "exp",
-    "log": "log",
-    "relu": "ReLU",
-    "elu1": "elu + 1",
-    "clamp": "clamp",
-    "maximum": "max",
-    "minimum": "min",
-    "sigmoid": "σ",
-    "tanh": "tanh",
-    "softplus": "softplus",
-    "silu": "SiLU",
-    "gelu": "GELU",
-    "sin": "sin",
-    "cos": "cos",
-    "sqrt": "√",
-    "abs": "|·|",
-}
+from .render_layout import MAX_NODES, shared_tensors, too_large
+from .render_notation import GREEK, MAP_LABEL, NODE_STYLE, ONES_STYLE, OPEN_END_STYLE, SCALED
 
 
 class RenderError(Exception):
     """The diagram could not be written (no `dot` program, or it failed)."""
+
+
+class DiagramTooLarge(UserWarning):
+    """The default drawing would not fit one screen, so one panel per statement was drawn."""
 
 
 @dataclass
@@ -136,6 +86,8 @@ class _Drawing:
     dangling: set[str] = field(default_factory=set)
     uses: list[tuple[str, str]] = field(default_factory=list)  # (derived tensor, node drawing one use)
     defined_in: dict[str, str] = field(default_factory=dict)  # derived tensor -> its statement's cluster
+    shared: dict[str, str | None] = field(default_factory=dict)  # tensor drawn once -> its node, once drawn
+    placed: dict[tuple[str, int], str | None] = field(default_factory=dict)  # (leg, end) -> use's cluster
     counter: itertools.count = field(default_factory=itertools.count)
 
     def new_id(self, prefix: str) -> str:
@@ -263,6 +215,9 @@ def _draw(d: _Drawing, e: Expr, env: dict[str, str], cluster: str | None) -> Non
 def _draw_tensor(d: _Drawing, e: TensorRef, env: dict[str, str], cluster: str | None) -> None:
     tensor = d.design.tensors[e.name]
     statement = tensor.statement
+    if e.name in d.shared:
+        _draw_shared_use(d, e, env, cluster)
+        return
     if statement is not None and d.inline:
         # inline the definition: its result legs become this use's legs (reshaped if grouped)
         inner: dict[str, str] = {}
@@ -288,8 +243,14 @@ def _draw_tensor(d: _Drawing, e: TensorRef, env: dict[str, str], cluster: str | 
     node = d.node("t", f'{NODE_STYLE[kind]} label="{label}" tooltip="{kind} {e.name}"', cluster)
     if statement is not None:
         d.uses.append((e.name, node))
+    _attach_use(d, node, e, env, cluster)
+
+
+def _attach_use(d: _Drawing, node: str, e: TensorRef, env: dict[str, str], cluster: str | None) -> None:
+    """Join a tensor's node to the legs of one use; a fused group `(h d)` meets its pieces at a dot."""
     for group in e.groups:
         if len(group) == 1:
+            d.placed[(env[group[0]], len(d.ends[env[group[0]]]))] = cluster
             d.attach(node, env[group[0]])
         else:
             fused = d.leg("(" + " ".join(group) + ")", cluster)
@@ -298,6 +259,18 @@ def _draw_tensor(d: _Drawing, e: TensorRef, env: dict[str, str], cluster: str | 
             d.attach(join, fused)
             for leg in group:
                 d.attach(join, env[leg])
+
+
+def _draw_shared_use(d: _Drawing, e: TensorRef, env: dict[str, str], cluster: str | None) -> None:
+    """One use of a computed tensor used more than once: an edge bundle to its single node, drawn
+    outside every box, and the first use draws the node with an arrow from its statement."""
+    node = d.shared[e.name]
+    if node is None:
+        label = GREEK.get(e.name, e.name)
+        node = d.node("t", f'{NODE_STYLE["derived"]} label="{label}" tooltip="derived {e.name}"', None)
+        d.shared[e.name] = node
+        d.uses.append((e.name, node))
+    _attach_use(d, node, e, env, cluster)
 
 
 def _reshape(
@@ -397,8 +370,9 @@ def _common_cluster(d: _Drawing, nodes: list[str]) -> str | None:
     return common
 
 
-def _is_inside(d: _Drawing, node: str, cluster: str) -> bool:
-    return cluster in _cluster_chain(d, d.nodes[node][1])
+def _is_inside(d: _Drawing, node: str, cluster: str, use: str | None = None) -> bool:
+    """Whether `node` is drawn in `cluster`; a shared tensor's node counts where its `use` is."""
+    return cluster in _cluster_chain(d, use if node in d.shared.values() else d.nodes[node][1])
 
 
 def _edges(d: _Drawing) -> list[str]:
@@ -411,8 +385,9 @@ def _edges(d: _Drawing) -> list[str]:
                 f'shape=circle style=filled fillcolor=black width=0.14 fixedsize=true label="" xlabel="{alpha}"',
                 box,
             )
-            inside = [n for n in ends if _is_inside(d, n, box)]
-            outside = [n for n in ends if not _is_inside(d, n, box)]
+            within = [_is_inside(d, n, box, d.placed.get((instance, k))) for k, n in enumerate(ends)]
+            inside = [n for n, flag in zip(ends, within, strict=True) if flag]
+            outside = [n for n, flag in zip(ends, within, strict=True) if not flag]
             lines += _hyperedge(d, instance, [*inside, ball], d.nodes[ball][1], closed=True)
             lines += _hyperedge(d, instance, [ball, *outside], None)
         else:
@@ -435,10 +410,19 @@ def _hyperedge(d: _Drawing, instance: str, ends: list[str], cluster: str | None,
     if len(ends) < 2:
         return []
     if len(ends) == 2:
-        return [f'  {ends[0]} -- {ends[1]} [label="{label}" tooltip="{tip}"];']
+        return [f'  {_edge(d, ends[0], ends[1])} [label="{label}" tooltip="{tip}"];']
     where = _common_cluster(d, ends) if cluster is None else cluster
     hub = d.node("h", 'shape=point width=0.08 label=""', where)
-    return [f'  {hub} -- {end} [label="{label if k == 0 else ""}" tooltip="{tip}"];' for k, end in enumerate(ends)]
+    return [
+        f'  {_edge(d, hub, end)} [label="{label if k == 0 else ""}" tooltip="{tip}"];' for k, end in enumerate(ends)
+    ]
+
+
+def _edge(d: _Drawing, a: str, b: str) -> str:
+    """`a -- b`, a shared tensor's node first: dot ranks an edge's tail before its head, so each
+    computed tensor sits after its statement and before its uses, and a long design reads left
+    to right, statement by statement."""
+    return f"{b} -- {a}" if b in d.shared.values() and a not in d.shared.values() else f"{a} -- {b}"
 
 
 def _use_arrows(d: _Drawing) -> list[str]:
@@ -499,6 +483,10 @@ def _trace(design: DesignGraph, inline: bool) -> _Drawing:
         for statement in [*design.statements, *design.updates]:
             _draw_statement(d, statement)
         return d
+    shared = shared_tensors(design)
+    d.shared = dict.fromkeys(shared)
+    for name in shared:  # each drawn once, as its own labelled statement
+        _draw_statement(d, design.tensors[name].statement)  # type: ignore[arg-type]
     for name in design.outputs:
         tensor = design.tensors[name]
         ref = TensorRef(
@@ -538,13 +526,40 @@ def _escape(text: str) -> str:
 
 def to_dot(design: DesignGraph, *, inline: bool = True) -> str:
     """The diagram as DOT text (undirected; boxes are clusters)."""
+    return _dot(_trace(design, inline))
+
+
+def fitted_dot(design: DesignGraph, *, inline: bool = True) -> tuple[str, str | None]:
+    """The DOT text that render writes, and a note where the default drawing was too large for one
+    screen and one panel per statement was drawn instead."""
     d = _trace(design, inline)
+    text = _dot(d)
+    count = visible_nodes(d)
+    if not inline or not too_large(count):
+        return text, None
+    note = (
+        f"the diagram of '{design.name}' has {count} nodes, more than {MAX_NODES} fit on one screen; "
+        "drew one panel per statement instead (as --statements does)"
+    )
+    return to_dot(design, inline=False), note
+
+
+def visible_nodes(d: _Drawing) -> int:
+    """The nodes a reader sees (tensors, junctions, boxes' marks), once the edges are drawn."""
+    return sum(1 for attrs, _ in d.nodes.values() if not attrs.startswith(OPEN_END_STYLE))
+
+
+def _dot(d: _Drawing) -> str:
+    """The drawing as DOT. One panel per statement ranks top to bottom inside each panel, so the
+    panels, ordered by the arrows between them, stand side by side: left to right by statement."""
+    design = d.design
     edges = _edges(d)
     values = design.size_values()
     sizes = ", ".join(f"{k}={v}" for k, v in values.items())
+    rankdir = "LR" if d.inline else "TB"
     lines = [
         f'graph "{design.name}" {{',
-        f'  graph [rankdir=LR fontname="Helvetica" fontsize=12 label="{design.name}   ({sizes})" labelloc=t'
+        f'  graph [rankdir={rankdir} fontname="Helvetica" fontsize=12 label="{design.name}   ({sizes})" labelloc=t'
         " compound=true nodesep=0.35];",
         '  node [fontname="Helvetica" fontsize=11 width=0.45 fixedsize=false];',
         '  edge [fontname="Helvetica" fontsize=10];',
@@ -576,7 +591,9 @@ def render(design: DesignGraph, path: str | Path, *, inline: bool = True) -> Pat
     every output is (files.write_output): whole or not at all, never over the design's own files."""
     check_output(path, design.sources)
     fmt = Path(path).suffix.lstrip(".").lower()
-    text = to_dot(design, inline=inline)
+    text, note = fitted_dot(design, inline=inline)
+    if note:
+        warnings.warn(note, DiagramTooLarge, stacklevel=3)
     return write_output(path, text if fmt == "dot" else _pipe(text, fmt), design.sources)
 
 
@@ -600,4 +617,4 @@ def to_svg(design: DesignGraph) -> str | None:
     """SVG text for Jupyter's `_repr_svg_`, or None when `dot` is missing."""
     if not has_dot():
         return None
-    return _pipe(to_dot(design), "svg").decode("utf-8")
+    return _pipe(fitted_dot(design)[0], "svg").decode("utf-8")

@@ -1,12 +1,15 @@
 """Rendering in the papers' notation (design notes §5): DOT always, SVG/PNG/PDF with `dot`."""
 
 import re
+import struct
+from collections import Counter
 
 import pytest
 from conftest import DESIGN_FILES, DESIGNS
 
 import tdiag
-from tdiag.render import has_dot, network, to_dot
+from tdiag.ir import PaddingMask, TensorRef, walk
+from tdiag.render import fitted_dot, has_dot, network, to_dot
 
 needs_dot = pytest.mark.skipif(not has_dot(), reason="Graphviz 'dot' is not installed")
 
@@ -174,3 +177,179 @@ def test_render_overwrites_an_existing_output(tmp_path):
     out.write_text("old")
     assert main(["render", str(DESIGNS / "mhsa.td"), "-o", str(out)]) == 0
     assert out.read_text().startswith('graph "mhsa"')
+
+
+# ---- the default drawing of a long design: each tensor once, one screen ----------------------
+
+RWKV6ISH = """\
+# An RWKV-6-style time mix: the token-shifted input feeds the r, k, v, decay and gate projections.
+design rwkv6ish
+
+size F = 256, H = 4, D = F / H, R = 32
+size N
+
+input X[n: N, f: F]
+param u[f: F, i: 2] = normal(std = 0.5)
+param Wr[f: F, h: H, d: D] = normal(std = 1 / sqrt(F))
+param Wk[f: F, h: H, d: D] = normal(std = 1 / sqrt(F))
+param Wv[f: F, h: H, e: D] = normal(std = 1 / sqrt(F))
+param Wd1[f: F, r: R] = normal(std = 1 / sqrt(F))
+param Wd2[r: R, h: H, d: D] = normal(std = 1 / sqrt(R))
+param Wg[f: F, h: H, e: D] = normal(std = 1 / sqrt(F))
+param WO[h: H, e: D, g: F] = normal(std = 1 / sqrt(F))
+
+Xs[n f]   = conv[n = n - i](X[n f], u[f i])              # token shift
+Rr[n h d] = Xs[n f] Wr[f h d]
+K[m h d]  = Xs[m f] Wk[f h d]
+V[m h e]  = Xs[m f] Wv[f h e]
+La[n h d] = -exp(Xs[n f] Wd1[f r] Wd2[r h d])            # data-dependent decay, log w
+O[n h e]  = exp(segsum[n, m](La[n h d])) Rr[n h d] K[m h d] V[m h e]
+Y[n g]    = silu(Xs[n f] Wg[f h e]) O[n h e] WO[h e g]
+
+output Y
+"""
+
+DRAWN = re.compile(r'tooltip="(input|mask|param|const|random|buffer|derived) (\w+)"')
+
+
+def rwkv6ish(tmp_path):
+    path = tmp_path / "rwkv6ish.td"
+    path.write_text(RWKV6ISH)
+    return tdiag.load(path).graph
+
+
+def long_chain(tmp_path, steps: int):
+    """A residual chain T_i = T_{i-1} W_i + T_{i-1}: every T is used twice."""
+    lines = ["design chain", "size F = 8", "size N", "input X[n: N, f: F]"]
+    lines += [f"param W{i}[f: F, g: F] = normal(std = 1)" for i in range(1, steps + 1)]
+    lines.append("T0[n f] = X[n f]")
+    lines += [f"T{i}[n g] = T{i - 1}[n f] W{i}[f g] + T{i - 1}[n g]" for i in range(1, steps + 1)]
+    lines.append(f"output T{steps}")
+    path = tmp_path / "chain.td"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def written_uses(design) -> Counter:
+    """How often each tensor is written on a right-hand side (padding masks included)."""
+    uses: Counter = Counter()
+    for statement in design.statements:
+        for node in walk(statement.expr):
+            if isinstance(node, TensorRef):
+                uses[node.name] += 1
+            uses.update(m.tensor.name for m in getattr(node, "masks", ()) if isinstance(m, PaddingMask))
+    return uses
+
+
+def test_a_computed_tensor_used_more_than_once_is_drawn_once_as_a_derived_node(tmp_path):
+    text = to_dot(rwkv6ish(tmp_path))
+    assert [name for kind, name in DRAWN.findall(text) if name == "Xs"] == ["Xs"]
+    assert 'tooltip="derived Xs"' in text
+    assert text.count('label="conv[n = n - i]"') == 1, "the token shift's sub-diagram is drawn once"
+
+
+def test_each_use_of_a_shared_tensor_is_a_leg_from_its_one_node(tmp_path):
+    partners = {t for h in network(rwkv6ish(tmp_path)) if h.leg == "f" and "Xs" in h.tensors for t in h.tensors}
+    assert {"Wr", "Wk", "Wv", "Wd1", "Wg"} <= partners
+
+
+def test_a_shared_tensor_is_drawn_beside_its_own_statement_with_an_arrow_to_its_node(tmp_path):
+    text = to_dot(rwkv6ish(tmp_path))
+    assert re.findall(r'graph \[label="([^"]*)" style=rounded', text) == ["Xs[n f] = conv[n = n - i](X[n f], u[f i])"]
+    assert re.findall(r'dir=forward[^\]]*tooltip="(\w+) is used here"', text) == ["Xs"]
+
+
+def test_a_computed_tensor_used_once_stays_inlined():
+    assert not re.findall(r'tooltip="derived (\w+)"', dot_of("mhsa"))
+
+
+@pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
+def test_no_tensor_is_drawn_more_often_than_it_is_written(path):
+    """An input or parameter is one node per written use (the papers' X^Q, X^K, X^V); a computed
+    tensor is inlined once or drawn as one node: no sub-diagram is copied."""
+    design = tdiag.load(path).graph
+    drawn = Counter(name for _, name in DRAWN.findall(to_dot(design)))
+    uses = written_uses(design)
+    over = {
+        name: (count, uses[name])
+        for name, count in drawn.items()
+        if count > (1 if design.tensors[name].statement is not None else max(uses[name], 1))
+    }
+    assert not over, f"drawn more often than written: {over}"
+
+
+@pytest.mark.parametrize("path", DESIGN_FILES, ids=lambda p: p.stem)
+def test_every_design_draws_as_one_network_under_the_size_limit(path):
+    assert fitted_dot(tdiag.load(path).graph)[1] is None
+
+
+def test_a_diagram_too_large_for_one_screen_is_drawn_one_panel_per_statement(tmp_path):
+    design = tdiag.load(long_chain(tmp_path, 30)).graph
+    text, note = fitted_dot(design)
+    assert note is not None and "--statements" in note
+    assert text == to_dot(design, inline=False)
+
+
+def test_render_names_its_fallback_to_statement_panels_on_stderr(tmp_path, capsys):
+    from tdiag.cli import main
+
+    out = tmp_path / "chain.dot"
+    assert main(["render", str(long_chain(tmp_path, 30)), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "tdiag render: note:" in err and "one panel per statement" in err
+    assert out.read_text().count("style=rounded") == 31
+
+
+def test_render_of_a_design_that_fits_says_nothing_on_stderr(tmp_path, capsys):
+    from tdiag.cli import main
+
+    assert main(["render", str(long_chain(tmp_path, 3)), "-o", str(tmp_path / "chain.dot")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def png_size(text: str) -> tuple[int, int]:
+    import subprocess
+
+    png = subprocess.run(["dot", "-Tpng"], input=text.encode(), capture_output=True, check=True).stdout
+    return struct.unpack(">II", png[16:24])
+
+
+@needs_dot
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [*DESIGN_FILES, "rwkv6ish"], ids=lambda p: getattr(p, "stem", p))
+def test_every_design_fits_one_screen(path, tmp_path):
+    """Neither side over 4000 px, and no strip: the longer side at most four times the shorter."""
+    design = rwkv6ish(tmp_path) if path == "rwkv6ish" else tdiag.load(path).graph
+    width, height = png_size(fitted_dot(design)[0])
+    assert max(width, height) <= 4000 and max(width, height) <= 4 * min(width, height), (width, height)
+
+
+BOXED_TWICE = """\
+design boxed
+size F = 8
+size N
+input X[n: N, f: F]
+param WK[f: F, d: F] = normal(std = 1)
+K[m d] = X[m f] WK[f d]
+A[n m] = softmax[m](X[n d] K[m d])
+Y[n g] = A[n m] K[m g]
+output Y
+"""
+
+
+def test_a_shared_tensor_used_inside_a_softmax_box_meets_its_ball_from_inside(tmp_path):
+    """K is read in the box and after it: its normalized leg m runs from K into the ball (the box's
+    part) and from the ball out to K's second use; no use bypasses the ball."""
+    path = tmp_path / "boxed.td"
+    path.write_text(BOXED_TWICE)
+    text = to_dot(tdiag.load(path).graph)
+    node = re.search(r'(t\d+) \[[^\]]*tooltip="derived K"', text).group(1)
+    ball = re.search(r"(b\d+) \[shape=circle style=filled fillcolor=black", text).group(1)
+    assert [line.split(" [")[0].strip() for line in _edges_at(text, ball)] == [f"{node} -- {ball}"] * 2
+
+
+@needs_dot
+def test_statement_panels_stand_left_to_right_by_statement():
+    """gla's eight panels side by side (the fallback reads along a screen, not down a strip)."""
+    width, height = png_size(to_dot(tdiag.load(DESIGNS / "gla.td").graph, inline=False))
+    assert width > height and width <= 4000, (width, height)
