@@ -20,7 +20,9 @@ from .ir import (
     Convolution,
     ElementwiseMap,
     Expr,
+    Gather,
     PaddingMask,
+    PositionIndex,
     Quotient,
     Reduction,
     Scalar,
@@ -569,6 +571,11 @@ def format_expr(e: Expr) -> str:
         return str(e.mask)
     if isinstance(e, SquaredDistance):
         return f"sqdist[{' '.join(e.over)}]({format_expr(e.left)}, {format_expr(e.right)})"  # type: ignore[arg-type]
+    if isinstance(e, PositionIndex):
+        return f"index({e.leg})"
+    if isinstance(e, Gather) and e.source is not None:
+        legs = [f"{leg} = {e.position}" if leg == e.axis else leg for leg in e.source.legs]
+        return f"{e.source.name}[{', '.join(legs)}]"
     return type(e).__name__
 
 

@@ -353,3 +353,14 @@ def test_statement_panels_stand_left_to_right_by_statement():
     """gla's eight panels side by side (the fallback reads along a screen, not down a strip)."""
     width, height = png_size(to_dot(tdiag.load(DESIGNS / "gla.td").graph, inline=False))
     assert width > height and width <= 4000, (width, height)
+
+
+def test_a_statement_panel_writes_positions_and_gathers_as_the_design_wrote_them():
+    # the --statements panels and `tdiag show` print each statement with format_expr, which
+    # printed index(n) as "PositionIndex" and a gather as "Gather"
+    from tdiag.design import format_expr
+
+    retnet = {s.target: format_expr(s.expr) for s in tdiag.load("retnet").graph.statements}
+    bias = {s.target: format_expr(s.expr) for s in tdiag.load("relative_bias").graph.statements}
+    assert retnet["Ang"] == "index(n) theta[p]"
+    assert "Rel[h, r = clamp(m - n, -C, C) + C]" in bias["A"]
