@@ -331,6 +331,32 @@ def test_check_decodes_measures_a_step_that_differs_from_the_forward(decoders, m
     assert check_decodes(decoders["mhsa"], inputs(decoders["mhsa"]), [PROMPT, 1, 1, 1]) == pytest.approx(5e-3, rel=1e-6)
 
 
+CANCELLING = """design cancelling
+size F = 4, H = 2, E = 2
+size N
+input X[n: N, f: F]
+param WV[f: F, h: H, e: E] = normal(std = 0.5)
+param WO[h: H, e: E, g: F] = normal(std = 0.5)
+V[m h e] = X[m f] WV[f h e]
+O[n h e] = causal(n, m) X[n f] X[m f] V[m h e]
+Oc[n h e] = O[n h e] - mean[e](O[n h e])
+Y[n g] = sum[c](Oc[n h c]) sum[e](WO[h e g])
+output Y
+"""
+
+
+def test_check_decodes_compares_rows_that_cancel_to_rounding_noise_absolutely():
+    # Σ_c of a centred vector is 0: both the forward and the steps are ~1e-16, and their
+    # difference, of the same order, is no error (the fuzzer read it as 2.76 relative)
+    from tdiag.decode import check_decodes
+
+    module = tdiag.loads(CANCELLING).module(dtype=torch.float64).eval()
+    x = torch.randn(1, 6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert module(x).abs().max() < 1e-12
+    assert check_decodes(module, x, [1] * 6) < TOL
+    assert check_decodes(module, x, [1] * 6, compiled=False) < TOL
+
+
 def test_check_decodes_raises_why_a_module_has_no_cache():
     from tdiag.decode import check_decodes
 
