@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
-import math
 import os
 import random
 import re
@@ -487,45 +486,10 @@ DECODE_TOLERANCE = 1e-10
 
 def decode_error(module: torch.nn.Module, x: torch.Tensor, chunks: list[int], compiled: bool | None = None) -> float:
     """The largest relative error of decoding `x` in `chunks` through a new cache of `module`
-    against the module's causal forward over each prefix: tdiag.decode.check_decodes where the
-    library has it, else the same comparison through DecodeCache.extend."""
-    check = getattr(tdiag.decode, "check_decodes", None)
-    if check is not None:
-        return check(module, x, chunks, compiled=compiled)
-    cache = tdiag.DecodeCache(module, compiled=compiled)
-    graph = cache.graph
-    rank = len(graph.inputs[0].axes)
-    dim, symbol = cache.rule.axis - rank, graph.sizes[cache.rule.size].symbol
-    worst, start = 0.0, 0
-    with torch.no_grad():
-        for count in chunks:
-            steps = cache.extend(x.narrow(dim, start, count))
-            whole = module(x.narrow(dim, 0, start + count))
-            for name, step, y in zip(graph.outputs, _outputs(steps), _outputs(whole), strict=True):
-                axes = graph.tensors[name].axes
-                for k, axis in enumerate(axes):
-                    if axis.size == symbol:
-                        y = y.narrow(k - len(axes), y.shape[k - len(axes)] - count, count)
-                worst = max(worst, _relative_error(step, y))
-            start += count
-    return worst
+    against the module's causal forward over each prefix (tdiag.decode.check_decodes)."""
+    from tdiag.decode import check_decodes
 
-
-def _outputs(y) -> tuple:
-    return y if isinstance(y, tuple) else (y,)
-
-
-def _relative_error(step: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |step - expected| over max |expected| (1 where that is 0); inf for another shape or a
-    non-finite entry where the other is not the same."""
-    if step.shape != expected.shape:
-        return math.inf
-    same = (step == expected) | (step.isnan() & expected.isnan())
-    if bool(same.all()):
-        return 0.0
-    difference = (step - expected).abs().masked_fill(same, 0).max().item()
-    scale = expected.abs().masked_fill(~expected.isfinite(), 0).max().item()
-    return difference / (scale or 1.0) if math.isfinite(difference) else math.inf
+    return check_decodes(module, x, chunks, compiled=compiled)
 
 
 def check_decoding(design: tdiag.Design, sizes: dict[str, int]) -> str:
