@@ -325,7 +325,8 @@ class DecodeCache:
     `kind` is "kv" (the cache holds the computed tensors that later positions read at every
     earlier position, `tensors`, e.g. K and V) or "prefix" (it holds the inputs so far and each
     step re-runs the module over them; `reason` says why the design allows no other). `length` is
-    the number of positions seen. Obtained from `module.new_cache()` or `DecodeCache(module)`;
+    the number of positions seen. Obtained from `module.new_cache()` or `DecodeCache(module)` (a
+    module of a file `tdiag compile` wrote too: its design is read from the file's `tdiag_design`);
     `module(x, cache=cache)` or `cache.extend(x)` computes the positions of `x` (its axis of the
     run-time length, any count) after those cached and returns their outputs."""
 

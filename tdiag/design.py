@@ -235,7 +235,7 @@ class Design:
         options = {"checkpoint_boxes": checkpoint_boxes, "objective": objective, "attention": attention}
         plan = self.plan(sizes, **options)  # type: ignore[arg-type]
         variants = call_plans(self, sizes, **options) if calls else None
-        design = self.origin and {**self.origin, "plan_sizes": sizes, "options": options, "calls": calls}
+        design = self.origin and {**self.origin, "plan_sizes": sizes, "options": options}
         return generate(plan, source_name=shown_path(self.graph.file), calls=variants, design=design)
 
     def cost(
