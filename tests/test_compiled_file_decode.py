@@ -145,3 +145,14 @@ def test_a_compiled_file_runs_its_forward_without_tdiag(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "(2, 5, 8)"
+
+
+def test_a_record_missing_the_base_a_design_extends_is_an_error_at_its_extends(tmp_path):
+    module = compiled_file("gemma2_sliding", tmp_path, F=16, H=2)
+    record = type(module).tdiag_design
+    type(module).tdiag_design = {**record, "files": record["files"][:1]}
+    with pytest.raises(
+        TdiagError,
+        match=r"\(embedded designs/gemma2_sliding\.td\):\d+:31: error: design .gemma2_sliding. extends 'gemma2' but no",
+    ):
+        DecodeCache(module)
