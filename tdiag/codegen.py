@@ -542,8 +542,9 @@ def _design_record(design: Mapping[str, object] | None) -> list[str]:
 
 def data_literal(value: object) -> str:
     """A Python literal of `value`, built only of str, int, bool, None, tuples (or lists) and
-    dicts with str keys; anything else is refused, so nothing but data reaches the text."""
-    if value is None or isinstance(value, bool | int | str):
+    dicts with str keys (exactly these types: a subclass could repr itself as code); anything else
+    is refused, so nothing but data reaches the text."""
+    if value is None or type(value) in (bool, int, str):
         return repr(value)
     if isinstance(value, tuple | list):
         return _tuple([data_literal(v) for v in value]) if value else "()"

@@ -156,3 +156,18 @@ def test_a_record_missing_the_base_a_design_extends_is_an_error_at_its_extends(t
         match=r"\(embedded designs/gemma2_sliding\.td\):\d+:31: error: design .gemma2_sliding. extends 'gemma2' but no",
     ):
         DecodeCache(module)
+
+
+def test_the_design_record_is_written_as_a_literal_of_plain_data_only():
+    import ast
+
+    from tdiag.codegen import data_literal
+
+    class Sneaky(str):
+        def __repr__(self) -> str:
+            return "__import__('os').getcwd()"
+
+    value = {"files": (("a.td", 'x = """\\\'\n'),), "sizes": {"F": 8}, "flag": True, "none": None}
+    assert ast.literal_eval(data_literal(value)) == value
+    with pytest.raises(TypeError, match="data only, got Sneaky"):
+        data_literal({"files": ((Sneaky("a.td"), "text"),)})
