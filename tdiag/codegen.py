@@ -8,7 +8,7 @@ import itertools
 import keyword
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from functools import singledispatch
 from typing import TYPE_CHECKING
@@ -430,9 +430,12 @@ def _init_line(tensor: Tensor, graph: DesignGraph, sizes: dict[str, int] | None)
 _FLEX_IMPORT = ["from torch.nn.attention.flex_attention import create_block_mask, flex_attention"]
 
 
-def generate(plan: Plan, *, source_name: str = "", calls: CallPlans | None = None) -> str:
+def generate(
+    plan: Plan, *, source_name: str = "", calls: CallPlans | None = None, design: Mapping[str, object] | None = None
+) -> str:
     """The module source for `plan`; with `calls`, forward takes the call-time masks and runs the
-    plan of the variant they ask for (codegen_calls.py)."""
+    plan of the variant they ask for (codegen_calls.py). `design` (Design.origin and the planning
+    options) becomes the class attribute `tdiag_design`, the data a standalone file decodes from."""
     graph = plan.graph
     name = class_name(graph.name)
     origin = f" from {source(source_name, 'text')}" if source_name else ""
@@ -460,6 +463,7 @@ def generate(plan: Plan, *, source_name: str = "", calls: CallPlans | None = Non
         f'    """{_docstring(graph)}"""',
         "",
         *_legs(plan),
+        *_design_record(design),
         "",
         *_init(plan),
         "",
@@ -525,6 +529,28 @@ def _legs(plan: Plan) -> list[str]:
     them to lay nn.Linear matrices onto leg-shaped tensors."""
     legs = ", ".join(f"{_quoted(t.name)}: {_tuple([_quoted(leg) for leg in t.legs])}" for t in _stored(plan))
     return [f"    tdiag_legs = {{{legs}}}"]
+
+
+def _design_record(design: Mapping[str, object] | None) -> list[str]:
+    """`tdiag_design`: the design's texts, sizes and planning options as a literal of strings,
+    numbers and tuples (each text a repr, never code), one line per entry."""
+    if design is None:
+        return []
+    entries = [f"        {data_literal(key)}: {data_literal(value)}," for key, value in design.items()]
+    return ["    tdiag_design = {", *entries, "    }"]
+
+
+def data_literal(value: object) -> str:
+    """A Python literal of `value`, built only of str, int, bool, None, tuples (or lists) and
+    dicts with str keys (exactly these types: a subclass could repr itself as code); anything else
+    is refused, so nothing but data reaches the text."""
+    if value is None or type(value) in (bool, int, str):
+        return repr(value)
+    if isinstance(value, tuple | list):
+        return _tuple([data_literal(v) for v in value]) if value else "()"
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return "{" + ", ".join(f"{data_literal(k)}: {data_literal(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"a design record holds data only, got {type(value).__name__}")
 
 
 def _tuple(items: list[str]) -> str:

@@ -50,6 +50,7 @@ import torch
 from torch import nn
 
 from . import decode_state
+from .decode_file import NotDecodableError, check_tensors, embedded_plan
 from .decode_step import CompiledStep, chosen_form, step_summary
 from .graph import DesignGraph
 from .graph.absorb import absorbed
@@ -96,10 +97,6 @@ class DecodeRule:
     noise: bool = False
     reads_length: bool = False
     states: tuple[str, ...] = ()
-
-
-class NotDecodableError(ValueError):
-    """A module that no cache can serve: not causal, several inputs, no run-time length."""
 
 
 def decode_rule(graph: DesignGraph, *, state: bool = True) -> DecodeRule:
@@ -323,12 +320,16 @@ class DecodeCache:
     `kind` is "kv" (the cache holds the computed tensors that later positions read at every
     earlier position, `tensors`, e.g. K and V) or "prefix" (it holds the inputs so far and each
     step re-runs the module over them; `reason` says why the design allows no other). `length` is
-    the number of positions seen. Obtained from `module.new_cache()` or `DecodeCache(module)`;
+    the number of positions seen. Obtained from `module.new_cache()` or `DecodeCache(module)` (a
+    module of a file `tdiag compile` wrote too: its design is read from the file's `tdiag_design`);
     `module(x, cache=cache)` or `cache.extend(x)` computes the positions of `x` (its axis of the
     run-time length, any count) after those cached and returns their outputs."""
 
     def __init__(self, module: nn.Module, *, compiled: bool | None = None):
         graph = _graph_of(module)
+        embedded = getattr(module, "tdiag_plan", None) is None and embedded_plan(type(module)) is not None
+        if embedded:
+            check_tensors(module, graph)
         prepared = _prepared(graph)
         self.module = module
         self.graph = prepared.work or graph
@@ -340,7 +341,7 @@ class DecodeCache:
         self._batch: torch.Size | None = None
         self.original_graph = graph
         if compiled is None:  # a module of the reference evaluator steps as it does
-            compiled = getattr(module, "tdiag_plan", None) is not None
+            compiled = getattr(module, "tdiag_plan", None) is not None or embedded
         self.step = CompiledStep(self) if compiled and self.rule.kind == "kv" else None
 
     @property
@@ -515,11 +516,12 @@ def _prepared(graph: DesignGraph) -> _Prepared:
 
 
 def _graph_of(module: nn.Module) -> DesignGraph:
-    plan = getattr(module, "tdiag_plan", None)
+    plan = getattr(module, "tdiag_plan", None) or embedded_plan(type(module))
     graph = getattr(plan, "graph", None) or getattr(module, "tdiag_graph", None)
     if graph is None:
         raise NotDecodableError(
-            "this module carries no design graph: build it with Design.module() to decode with a cache"
+            "this module carries no design graph: build it with Design.module() (or write it with"
+            " `tdiag compile`, whose file carries its design) to decode with a cache"
         )
     return graph
 

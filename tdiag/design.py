@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import sympy
 
 from .check import check
-from .errors import Diagnostic, Span, TdiagError
+from .errors import SOURCES, Diagnostic, Span, TdiagError
 from .files import check_path
 from .graph import LIMITS, DesignGraph, build_graph, load_items
 from .ir import (
@@ -56,9 +56,12 @@ COST_OBJECTIVE = "flops"
 class Design:
     """A checked design. `graph` is the design graph every later stage reads."""
 
-    def __init__(self, graph: DesignGraph, warnings: list[Diagnostic]):
+    def __init__(self, graph: DesignGraph, warnings: list[Diagnostic], origin: Mapping[str, object] | None = None):
         self.graph = graph
         self.warnings = warnings
+        # what it was built from, as data (the texts of its files, the sizes given, the causal
+        # masks added): a compiled file carries it so that it decodes (tdiag/decode.py)
+        self.origin = dict(origin) if origin is not None else None
         self._plans: dict[tuple, object] = {}  # plans are cached by size
 
     @property
@@ -118,7 +121,8 @@ class Design:
         """This design with a causal mask on every box normalized over `key` (decoder use)."""
         from .graph import with_causal_mask
 
-        return Design(with_causal_mask(self.graph, query, key), self.warnings)
+        origin = self.origin and {**self.origin, "causal": (*self.origin.get("causal", ()), (query, key))}  # type: ignore[misc]
+        return Design(with_causal_mask(self.graph, query, key), self.warnings, origin)
 
     # -- compile and cost --
     def plan(
@@ -233,7 +237,8 @@ class Design:
         options = {"checkpoint_boxes": checkpoint_boxes, "objective": objective, "attention": attention}
         plan = self.plan(sizes, **options)  # type: ignore[arg-type]
         variants = call_plans(self, sizes, **options) if calls else None
-        return generate(plan, source_name=shown_path(self.graph.file), calls=variants)
+        design = self.origin and {**self.origin, "plan_sizes": sizes, "options": options}
+        return generate(plan, source_name=shown_path(self.graph.file), calls=variants, design=design)
 
     def cost(
         self,
@@ -349,7 +354,8 @@ def load(path: str | Path, sizes: Mapping[str, int] | None = None, /, **more: in
     errors = [d for d in found if d.is_error]
     if errors:
         raise TdiagError(errors)
-    return Design(graph, [d for d in found if not d.is_error])
+    texts = tuple((shown_path(file), SOURCES.text(file)) for file in files)
+    return Design(graph, [d for d in found if not d.is_error], {"files": texts, "sizes": sizes})
 
 
 def loads(text: str, name: str = "<string>", sizes: Mapping[str, int] | None = None, /, **more: int) -> Design:
@@ -379,7 +385,7 @@ def loads(text: str, name: str = "<string>", sizes: Mapping[str, int] | None = N
     errors = [d for d in found if d.is_error]
     if errors:
         raise TdiagError(errors)
-    return Design(graph, [d for d in found if not d.is_error])
+    return Design(graph, [d for d in found if not d.is_error], {"files": ((name, text),), "sizes": sizes})
 
 
 # ---- the notebook tables ---------------------------------------------------------------------

@@ -55,9 +55,15 @@ class SourceRegistry:
     """Texts of the files read so far, so diagnostics can quote lines without re-reading."""
 
     texts: dict[str, list[str]] = field(default_factory=dict)
+    whole: dict[str, str] = field(default_factory=dict)
 
     def add(self, file: str, text: str) -> None:
         self.texts[file] = split_lines(text)
+        self.whole[file] = text
+
+    def text(self, file: str) -> str:
+        """The text of a file as the parser last read it (a compiled file carries it)."""
+        return self.whole.get(file, "")
 
     def line(self, file: str, number: int) -> str | None:
         lines = self.texts.get(file)

@@ -11,7 +11,7 @@ causally masked design from a built one."""
 
 from .builder import build_graph
 from .causal import with_causal_mask
-from .merge import _design_file, _item_name, _item_name_span, _merge, load_items
+from .merge import _design_file, _item_name, _item_name_span, _merge, load_items, load_texts
 from .model import LIMITS, DesignGraph, Limits
 from .sizes import SizeTable, expand_sizes, size_symbol, size_values
 from .vocabulary import (
@@ -57,6 +57,7 @@ __all__ = [
     "build_graph",
     "expand_sizes",
     "load_items",
+    "load_texts",
     "size_symbol",
     "size_values",
     "with_causal_mask",

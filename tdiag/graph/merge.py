@@ -105,9 +105,33 @@ def _base_file(path: str, derived: syn.DesignDecl) -> tuple[syn.DesignDecl, list
         ) from None
 
 
+def load_texts(texts: tuple[tuple[str, str], ...]) -> tuple[syn.DesignDecl, list[syn.Item]]:
+    """The merged items of an `extends` chain given as (file name, text) pairs, the design's first
+    and then each base in order, as `load_items` reads them from files: what a compiled file
+    carries of its design (tdiag/decode.py). Each text is parsed under its name, so an error
+    points into it; a base that is not the next text's design is an error at its `extends`."""
+    chain = [_design_items(syn.parse_text(text, name), name) for name, text in texts]
+    if not chain:
+        raise TdiagError(Diagnostic("no design text given", (Span("<design>", 1, 1, 1, 2),), None))
+    for (head, _), following in zip(chain, [*chain[1:], None], strict=True):
+        named = None if following is None else following[0].name
+        if head.base != named:
+            base = f"extends '{head.base}'" if head.base else "extends no design"
+            what = f"the next text holds design '{named}'" if named else "no text of it follows"
+            raise TdiagError(Diagnostic(f"design '{head.name}' {base} but {what}", (head.base_span or head.span,)))
+    items = chain[-1][1]
+    for _, body in reversed(chain[:-1]):
+        items = _merge(items, body)
+    return chain[0][0], items
+
+
 def _design_file(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
     """One file's `design` line and its other items."""
-    source = syn.parse_file(path)
+    return _design_items(syn.parse_file(path), path)
+
+
+def _design_items(source: syn.SourceFile, path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
+    """A parsed file's `design` line and its other items."""
     items = list(source.items)
     if not items or not isinstance(items[0], syn.DesignDecl):
         span = items[0].span if items else Span(path, 1, 1, 1, 2)
