@@ -117,14 +117,15 @@ def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, b
 }
 
 
-def _body(plan: Plan, method: str) -> list[str]:
+def _body(plan: Plan, method: str, *, cache: bool | None = None) -> list[str]:
     """The plan's forward, printed as the method `method`. Only the plain body decodes with a cache
-    (forward hands it over): a variant's body is printed without the cache argument and its entry."""
+    (forward hands it over): a variant's body is printed without the cache argument and its entry
+    (and the plain one too with `cache=False`, to compare it with the variants)."""
     lines = _forward(plan)
     head = "    def forward("
     assert lines[0].startswith(head)
     lines = [f"    def {method}(" + lines[0][len(head) :], *lines[1:]]
-    if method != METHODS[0] and _decodes(plan):
+    if not (method == METHODS[0] if cache is None else cache) and _decodes(plan):
         signature = lines[0].replace(", *, cache=None)", ")").replace(", cache=None)", ")")
         entry = ["        if cache is not None:", lines[2]]
         assert signature != lines[0] and lines[1:3] == entry and lines[2].lstrip().startswith("return _extend(cache, ")
@@ -185,12 +186,15 @@ def _cache_lines(given: str) -> list[str]:
     ]
 
 
-def _unmasked_lines(calls: CallPlans, inputs: list[str], masks: list[str]) -> list[str]:
+def _unmasked_lines(calls: CallPlans, inputs: list[str], masks: list[str], shared: dict[str, str]) -> list[str]:
     """With none of the design's own masks and no call mask, the body planned without the masks
     (graph/absent_masks.py): the same values, without an all-True mask to build and apply."""
     none = " and ".join(f"{m} is None" for m in [*masks, "attn_mask", "key_padding_mask"])
-    causal = "_tdiag_unmasked" if calls.already_causal else "_tdiag_causal_unmasked"
-    return [f"        if {none}:", f"            return {_chosen(causal, '_tdiag_unmasked', ', '.join(inputs))}"]
+    causal = shared["_tdiag_unmasked" if calls.already_causal else "_tdiag_causal_unmasked"]
+    return [
+        f"        if {none}:",
+        f"            return {_chosen(causal, shared['_tdiag_unmasked'], ', '.join(inputs))}",
+    ]
 
 
 def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
@@ -207,8 +211,10 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
     )
     returns = "torch.Tensor" if len(graph.outputs) == 1 else "tuple[torch.Tensor, ...]"
     given = ", ".join([*inputs, *(f"{m}={m}" for m in masks)])
-    causal = "_tdiag_plain" if calls.already_causal else "_tdiag_causal"
-    causal_masked = "_tdiag_masked" if calls.already_causal else "_tdiag_causal_masked"
+    plans = variant_plans(plan, calls)
+    bodies, shared = _shared_bodies(plans)
+    causal = shared["_tdiag_plain" if calls.already_causal else "_tdiag_causal"]
+    causal_masked = shared["_tdiag_masked" if calls.already_causal else "_tdiag_causal_masked"]
     mask_var = source(calls.name, "name")
     if calls.masked is not None:  # the plan names its mask as the design does; a float one is its last input
         assert calls.masked.names[calls.name] == mask_var
@@ -239,7 +245,7 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         "        if not isinstance(is_causal, bool):",
         '            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")',
         *(_cache_lines(given) if _decodes(plan) else []),
-        *(_unmasked_lines(calls, inputs, masks) if calls.unmasked is not None else []),
+        *(_unmasked_lines(calls, inputs, masks, shared) if calls.unmasked is not None else []),
         "        if attn_mask is None and key_padding_mask is None:",
         f"            return {_chosen(causal, '_tdiag_plain', given)}",
     ]
@@ -251,15 +257,25 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         + (f", {_quoted(calls.heads_refusal)})" if calls.heads is None else ")")
     )
     if calls.heads is not None:
-        per_head = "_tdiag_masked_heads" if calls.already_causal else "_tdiag_causal_masked_heads"
+        per_head = shared["_tdiag_masked_heads" if calls.already_causal else "_tdiag_causal_masked_heads"]
         split = ", ".join(_size(graph, size) for size in calls.heads)
         lines += [
             f"        if {local}.dim() == len(batch_shape) + 3:  # a mask per head, over the nodes' head legs",
             f"            {local} = {local}.reshape(*{local}.shape[:-3], {split}, *{local}.shape[-2:])",
-            f"            return {_chosen(per_head, '_tdiag_masked_heads', call)}",
+            f"            return {_chosen(per_head, shared['_tdiag_masked_heads'], call)}",
         ]
-    lines.append(f"        return {_chosen(causal_masked, '_tdiag_masked', call)}")
-    plans = [
+    lines.append(f"        return {_chosen(causal_masked, shared['_tdiag_masked'], call)}")
+    for body in bodies.values():
+        lines += ["", *body]
+    aliases = [(method, name) for method, name in shared.items() if name != method and method in _planned(plans)]
+    if aliases:
+        lines += ["", *(f"    {method} = {name}  # the same steps as {name}" for method, name in aliases)]
+    return lines, [p for p in plans if p is not None]
+
+
+def variant_plans(plan: Plan, calls: CallPlans) -> list[Plan | None]:
+    """The plans of the bodies, in the order of METHODS (None where a variant is not planned)."""
+    return [
         plan,
         calls.causal,
         calls.masked,
@@ -269,7 +285,29 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         calls.unmasked,
         calls.causal_unmasked,
     ]
-    for method, body in zip(METHODS, plans, strict=True):
-        if body is not None:
-            lines += ["", *_body(body, method)]
-    return lines, [p for p in plans if p is not None]
+
+
+def _planned(plans: list[Plan | None]) -> set[str]:
+    return {method for method, body in zip(METHODS, plans, strict=True) if body is not None}
+
+
+def _shared_bodies(plans: list[Plan | None]) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """The bodies to print, one per distinct text: a variant whose plan prints the same steps as an
+    earlier one (is_causal on a design whose sums are causal already, say) runs that body. Also,
+    for every method, the method that holds its body (itself where it has one of its own); a
+    variant not planned keeps its own name (module.py plans it on first use)."""
+    bodies: dict[str, list[str]] = {}
+    seen: dict[str, str] = {}
+    shared = {method: method for method in METHODS}
+    for method, plan in zip(METHODS, plans, strict=True):
+        if plan is None:
+            continue
+        body = _body(plan, method)
+        compared = _body(plan, method, cache=False)
+        text = "\n".join([compared[0].replace(f"def {method}(", "def (", 1), *compared[1:]])
+        if text in seen:
+            shared[method] = seen[text]
+            continue
+        seen[text] = method
+        bodies[method] = body
+    return bodies, shared
