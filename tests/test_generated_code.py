@@ -156,3 +156,21 @@ def test_a_table_never_depends_on_the_call(path):
     code = re.sub(r"\b\w+\.(dtype|device)\b", "", "\n".join(statements))
     assert not set(re.findall(r"[A-Za-z_]\w*", code)) & run_time
     assert "self." not in code.replace("self.register_buffer(", "")
+
+
+def test_a_causal_variant_differing_in_its_mask_alone_is_one_body_reading_is_causal():
+    """MHSA's causal body differs from its plain one in SDPA's is_causal only: one body takes it."""
+    methods = bodies(bundled_source("mhsa"))
+    assert "is_causal: bool = False) -> torch.Tensor:" in methods["_tdiag_plain"]
+    assert "        if is_causal:\n" in methods["_tdiag_plain"]
+    assert methods["_tdiag_causal"].strip().count("\n") == 1  # hands over to the plain body
+    design = tdiag.load(DESIGNS / "mhsa.td", F=16, H=2)
+    x = torch.randn(2, 9, 16, dtype=F64, generator=torch.Generator().manual_seed(0))
+    mask = torch.rand(2, 9, 9, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask[..., 0] = True
+    reference = design.with_causal_mask().module(dtype=F64, seed=2, impl="reference")
+    for module in (design.module(dtype=F64, seed=2), design.module(dtype=F64, seed=2, plan_calls=True)):
+        assert torch.allclose(module(x, is_causal=True), reference(x), atol=1e-10, rtol=0)
+        both = module(x, attn_mask=mask, is_causal=True)
+        hidden = torch.ones(9, 9, dtype=torch.bool).tril() & mask
+        assert torch.allclose(both, module(x, attn_mask=hidden), atol=1e-10, rtol=0)
