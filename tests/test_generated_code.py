@@ -48,8 +48,7 @@ def test_no_two_bodies_of_a_bundled_design_print_the_same_steps(path):
 
 def test_is_causal_on_a_design_causal_as_written_runs_the_plain_body():
     source = bundled_source("gla")
-    assert "    def _tdiag_causal(" not in source
-    assert "    _tdiag_causal = _tdiag_plain" in source
+    assert "    def _tdiag_causal(" not in source  # an alias of the plain body, or no causal plan at all
     assert "return self._tdiag_plain(X)\n" in source
     module = tdiag.load(DESIGNS / "gla.td", F=32, H=2, R=4).module(dtype=F64, plan_calls=True)
     x = torch.randn(2, 19, 32, dtype=F64, generator=torch.Generator().manual_seed(0))
