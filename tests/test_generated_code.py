@@ -77,7 +77,8 @@ def test_a_shared_body_serves_a_variant_planned_on_first_use():
 def test_a_comment_names_a_normalize_or_softmax_box_only_where_the_design_has_one(path):
     graph = tdiag.load(path).graph
     kinds = {"softmax" if box.is_exp else "normalize" for _, box in graph.boxes()}
-    comments = [line.split("#", 1)[1] for line in bundled_source(path.stem).splitlines() if "#" in line]
+    methods = "".join(bodies(bundled_source(path.stem)).values())
+    comments = [line.split("  # ", 1)[1] for line in methods.splitlines() if "  # " in line]
     for kind in ("normalize", "softmax"):
         named = [c for c in comments if f"{kind} box" in c]
         assert kind in kinds or not named, f"{path.stem} has no {kind} box: {named[0]}"
