@@ -440,9 +440,15 @@ def generate(
     name = class_name(graph.name)
     origin = f" from {source(source_name, 'text')}" if source_name else ""
     sizes = ", ".join(f"{source(k, 'text')}={source(v, 'text')}" for k, v in plan.sizes.items() if k != "B")
-    from .codegen_calls import CALL_HELPERS, call_forward
+    from .codegen_calls import CALL_HELPERS, call_forward, variant_plans
 
-    forward, plans = (_forward(plan), [plan]) if calls is None else call_forward(plan, calls)
+    printed = [plan] if calls is None else [p for p in variant_plans(plan, calls) if p is not None]
+    tables, untabled = _tables(printed)
+    token = _UNTABLED.set(untabled)
+    try:
+        forward, plans = (_forward(plan), [plan]) if calls is None else call_forward(plan, calls)
+    finally:
+        _UNTABLED.reset(token)
     helpers = {**CALLED_HELPERS, **CALL_HELPERS}
     called = "".join(text for helper, text in helpers.items() if f"{helper}(" in "\n".join(forward))
     lines = [
@@ -465,15 +471,63 @@ def generate(
         *_legs(plan),
         *_design_record(design),
         "",
-        *_init(plan),
+        *_init(plan, bool(tables)),
         "",
         *_reset(plan),
         "",
-        *_extra_repr(plan),
+        *_extra_repr(plan, bool(tables)),
         "",
+        *tables,
         *forward,
     ]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _tables(plans: list[Plan]) -> tuple[list[str], frozenset[int]]:
+    """The method that makes the constant tables of every body (each distinct set of statements
+    once) and the `_apply` that makes them again where the module moves or changes dtype (so a
+    float32 module made float64 has the float64 tables forward would have computed); and the
+    plans whose tables stay in forward, because another body's table of the same name differs."""
+    blocks: list[list[str]] = []
+    names: dict[str, str] = {}
+    untabled: set[int] = set()
+    for plan in plans:
+        block = _forward_and_tables(plan)[1]
+        if not block or block in blocks:
+            continue
+        text = "\n".join(block)
+        made = re.findall(rf'register_buffer\("({TABLE_PREFIX}\w+)"', text)
+        if any(names.get(name, text) != text for name in made):
+            untabled.add(id(plan))
+            continue
+        names.update(dict.fromkeys(made, text))
+        blocks.append(block)
+    if not blocks:
+        return [], frozenset(untabled)
+    plan = plans[0]
+    inputs = [source(plan.names[t.name], "name") for t in plan.graph.inputs]
+    first = next(iter(names))
+    lines = [
+        "    @torch.no_grad()",
+        "    def _tdiag_make_tables(self, dtype: torch.dtype, device=None) -> None:",
+        '        """The constant tables forward reads, fixed by the sizes built for: made once, not on every',
+        '        call, as buffers outside the state_dict (old checkpoints load, new ones hold no more)."""',
+        *(
+            f"        {x} = torch.empty(0, dtype=dtype, device=device)  # the tables take the module's dtype"
+            for x in inputs
+        ),
+        *(line for block in blocks for line in block),
+        "",
+        "    def _apply(self, fn, recurse=True):",
+        '        """Move or convert the module, then make the tables again in their new dtype and on their',
+        '        new device (computed there, never rounded from another dtype)."""',
+        "        super()._apply(fn, recurse)",
+        f"        like = self.{first}",
+        "        self._tdiag_make_tables(like.dtype, like.device)",
+        "        return self",
+        "",
+    ]
+    return lines, frozenset(untabled)
 
 
 def _docstring(graph: DesignGraph) -> str:
@@ -491,7 +545,7 @@ def _stored(plan: Plan) -> list[Tensor]:
     ]
 
 
-def _init(plan: Plan) -> list[str]:
+def _init(plan: Plan, tables: bool = False) -> list[str]:
     lines = [
         "    def __init__(self, seed: int = 0, dtype: torch.dtype = torch.float32, device=None):",
         "        super().__init__()",
@@ -508,6 +562,8 @@ def _init(plan: Plan) -> list[str]:
                 f"        self.register_buffer({_quoted(source(t.name, 'name'))}, {empty}, persistent={persistent})  # legs {legs}"
             )
     lines.append("        self.reset_parameters(seed)")
+    if tables:
+        lines.append("        self._tdiag_make_tables(dtype, device)")
     return lines
 
 
@@ -557,7 +613,7 @@ def _tuple(items: list[str]) -> str:
     return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
 
 
-def _extra_repr(plan: Plan) -> list[str]:
+def _extra_repr(plan: Plan, tables: bool = False) -> list[str]:
     """`repr(module)` shows the sizes built for, then each stored tensor with its legs and shape."""
     graph = plan.graph
     fixed = ", ".join(
@@ -574,6 +630,14 @@ def _extra_repr(plan: Plan) -> list[str]:
         '        """The sizes built for, then each parameter and buffer with its legs and shape."""',
         f'        lines = ["{sizes}"]',
         "        for name, tensor in [*self.named_parameters(recurse=False), *self.named_buffers(recurse=False)]:",
+        *(
+            [
+                "            if name not in self.tdiag_legs:  # a constant table (_tdiag_make_tables), not a .td tensor",
+                "                continue",
+            ]
+            if tables
+            else []
+        ),
         '            kind = "param" if isinstance(tensor, nn.Parameter) else "buffer"',
         "            lines.append(f\"{kind} {name}[{' '.join(self.tdiag_legs[name])}]: {tuple(tensor.shape)}\")",
         '        return "\\n".join(lines)',
@@ -581,6 +645,88 @@ def _extra_repr(plan: Plan) -> list[str]:
 
 
 def _forward(plan: Plan) -> list[str]:
+    """forward: read and check the inputs, run the steps, return the outputs."""
+    return _forward_and_tables(plan)[0]
+
+
+def _forward_and_tables(plan: Plan) -> tuple[list[str], list[str]]:
+    """forward's lines and the lines that make its constant tables (TABLE_PREFIX buffers), the two
+    renumbered together so that the names forward reads are the names the tables define."""
+    token = _TABLED.set(frozenset(id(step) for step in _table_steps(plan)))
+    try:
+        forward = _forward_lines(plan)
+    finally:
+        _TABLED.reset(token)
+    tables = _table_lines(plan)
+    lines = _renumbered([*tables, _TABLES_END, *forward], plan)
+    end = lines.index(_TABLES_END)
+    return lines[end + 1 :], lines[:end]
+
+
+_TABLES_END = "# tables end"
+_TABLED: ContextVar[frozenset[int]] = ContextVar("tabled", default=frozenset())  # steps made as tables
+_UNTABLED: ContextVar[frozenset[int]] = ContextVar("untabled", default=frozenset())  # plans that make none
+TABLE_PREFIX = "_tdiag_table_"
+
+
+def _table_steps(plan: Plan) -> list[Step]:
+    """Steps whose values depend on sizes fixed at build time alone: positions over a fixed size
+    (RoPE's index(p) over half a head) and what is computed from them only (its frequencies
+    Θ^(−2p/D)). Computed once when the module is built, not on every call; positions over the
+    call's length N, and anything reading an input, parameter, mask or noise, stay in forward."""
+    graph = plan.graph
+    inputs = {source(plan.names[t.name], "name") for t in graph.inputs}
+    boxed = {k for start, end in plan.segments for k in range(start, end + 1)}
+    forbidden = {*(k for k, size in graph.sizes.items() if size.is_free), "B", "batch_shape", "self"}
+    forbidden |= {source(c.name, "name") for c in plan.chunks} | set(plan.causal.values())
+    forbidden |= {v for t in graph.tensors.values() if t.name in plan.names for v in [plan.names[t.name]]} - inputs
+    others = {step.out.var for step in [*plan.steps, *plan.update_steps] if step.out is not None}
+    table: dict[str, Step] = {}
+    if id(plan) in _UNTABLED.get():
+        return []
+    for k, step in enumerate(plan.steps):
+        if step.out is None or step.wide or step.training_only or step.eval_op is not None or k in boxed:
+            continue
+        read = {value.var for value in reads(step.op)}
+        root = isinstance(step.op, Positions) and not read
+        if not (root or (read and read <= set(table))):
+            continue
+        code = _op(step.op, plan.attributes)
+        names = set(_IDENTIFIER.findall(re.sub(r"\b\w+\.(dtype|device)\b", "", code)))
+        if names & (forbidden | inputs) or "rand" in code:
+            continue
+        if names & (others - set(table)):
+            continue
+        table[step.out.var] = step
+    return list(table.values())
+
+
+def _table_reads(plan: Plan) -> list[str]:
+    """The table values that forward reads (a later step, an update or an output)."""
+    steps = _table_steps(plan)
+    defined = {step.out.var for step in steps if step.out is not None}
+    tabled = {id(step) for step in steps}
+    rest = [step for step in [*plan.steps, *plan.update_steps] if id(step) not in tabled]
+    read = {v.var for step in rest for v in reads(step.op)} | {v.var for _, v in plan.outputs}
+    return [
+        var for var in dict.fromkeys(step.out.var for step in steps if step.out is not None) if var in read & defined
+    ]
+
+
+def _table_lines(plan: Plan) -> list[str]:
+    """The statements that make the tables, at the dtype and device of the empty inputs they see."""
+    steps = _table_steps(plan)
+    if not steps:
+        return []
+    lines: list[str] = []
+    for step in steps:
+        lines += _step_lines(step, plan)
+    stored = _table_reads(plan)
+    lines += [f'        self.register_buffer("{TABLE_PREFIX}{var}", {var}, persistent=False)' for var in stored]
+    return lines
+
+
+def _forward_lines(plan: Plan) -> list[str]:
     graph = plan.graph
     inputs = [source(plan.names[t.name], "name") for t in graph.inputs]
     masks = [source(plan.names[t.name], "name") for t in graph.tensors_of_kind("mask")]
@@ -606,7 +752,52 @@ def _forward(plan: Plan) -> list[str]:
         batch = "*batch_shape" if value.is_batched else ""
         outs.append(f"{source(value.var, 'name')}.reshape({_shape_args(batch, shape)})")
     lines.append(f"        return {', '.join(outs)}")
-    return lines
+    return _renumbered(lines, plan)
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+
+
+def _renumbered(lines: list[str], plan: Plan) -> list[str]:
+    """forward with the planner's fresh names (t_2871, causal_2880, and X_chunks_2869 made from
+    them) numbered again from 1 per stem in the order they first appear, so that a reader sees
+    t_1, t_2, ... and two plans that print the same steps print the same text (codegen_calls.py
+    shares one body between them). Names of the .td file, sizes and stored tensors stay."""
+    graph = plan.graph
+    counts = {c.name for c in plan.chunks if not re.fullmatch(r".+_[0-9]+_[0-9]+", c.name)}  # chunks_8: 8 a size
+    kept = {*graph.tensors, *graph.sizes, *plan.names.values(), *plan.attributes, *counts}
+    fresh = {step.out.var for step in [*plan.steps, *plan.update_steps] if step.out is not None}
+    fresh |= set(plan.causal.values()) | {c.name for c in plan.chunks}
+    fresh = {var for var in fresh if var not in kept and _NUMBERED.fullmatch(var)}
+    if not fresh:
+        return lines
+    text = "\n".join(lines)
+    pattern = re.compile(
+        r"(?<![\w.])(" + "|".join(sorted(map(re.escape, fresh), key=len, reverse=True)) + r")(?![0-9A-Za-z])"
+    )
+    before = set(_IDENTIFIER.findall(text))
+    taken = before - fresh
+    new: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for found in pattern.finditer(text):
+        var = found.group(1)
+        if var in new:
+            continue
+        stem = _NUMBERED.fullmatch(var).group(1)  # type: ignore[union-attr]
+        while True:
+            counts[stem] = counts.get(stem, 0) + 1
+            name = f"{stem}_{counts[stem]}"
+            if name not in taken:
+                break
+        new[var] = name
+        taken.add(name)
+    renamed = pattern.sub(lambda found: new[found.group(1)], text)
+    if len(set(_IDENTIFIER.findall(renamed))) != len(before):  # a derived name met another: keep the plan's
+        return lines
+    return renamed.split("\n")
+
+
+_NUMBERED = re.compile(r"(.+)_([0-9]+)")
 
 
 def _decodes(plan: Plan) -> bool:
@@ -765,6 +956,9 @@ def _entry(plan: Plan) -> list[str]:
             lines.append(f"{source(var, 'name')} = {ones}.triu({after}) | {ones}.tril(-{before})")
         else:
             lines.append(f"{source(var, 'name')} = {ones}.triu(1)")
+    for var in _table_reads(plan) if _TABLED.get() else []:
+        dtype = f".to({first_input}.dtype)" if first_input else ""
+        lines.append(f"{source(var, 'name')} = self.{TABLE_PREFIX}{source(var, 'name')}{dtype}  # made with the module")
     for t in graph.tensors_of_kind("random"):
         var = source(plan.names[t.name], "name")
         shape = ", ".join(_size(graph, a.size) for a in t.axes)
@@ -872,10 +1066,12 @@ def _known(graph: DesignGraph) -> dict:
 
 
 def _steps_lines(steps: Sequence[Step], plan: Plan) -> list[str]:
-    """The lines of consecutive steps; a run of steps computed in float32 (a normalize box's)
-    goes under one `torch.autocast(..., enabled=False)`, its operands from outside widened."""
+    """The lines of consecutive steps; a run of steps computed in float32 (a normalize box's, a
+    scan's, a decayed causal sum's) goes under one `torch.autocast(..., enabled=False)`, its
+    operands from outside widened."""
     lines: list[str] = []
     k = 0
+    steps = [step for step in steps if id(step) not in _TABLED.get()]
     while k < len(steps):
         if not steps[k].wide:
             lines += _step_lines(steps[k], plan)
@@ -883,20 +1079,30 @@ def _steps_lines(steps: Sequence[Step], plan: Plan) -> list[str]:
             continue
         inputs = [source(plan.names[t.name], "name") for t in plan.graph.inputs]
         device = f"{inputs[0]}.device.type" if inputs else '"cpu"'
-        run = steps[k:]
-        kinds = {step.kind for step in itertools.takewhile(lambda step: step.wide, run)}
-        what = (
-            "a scan"
-            if kinds <= {"scan", "segsum"}
-            else "an attention with a key bias"
-            if kinds == {"sdpa"}
-            else "a normalize box"
-        )
+        run = list(itertools.takewhile(lambda step: step.wide, steps[k:]))
+        what = _wide_run(run, plan)
         lines.append(f"        with torch.autocast({device}, enabled=False):  # {what}, in float32 under autocast")
-        while k < len(steps) and steps[k].wide:
-            lines += ["    " + line for line in _step_lines(steps[k], plan)]
-            k += 1
+        for step in run:
+            lines += ["    " + line for line in _step_lines(step, plan)]
+        k += len(run)
     return lines
+
+
+def _wide_run(run: Sequence[Step], plan: Plan) -> str:
+    """What a run of float32 steps computes, in the design's words: a normalize box only where the
+    run divides by a sum and the design has one (a decayed causal sum or a scan is widened too)."""
+    kinds = {step.kind for step in run}
+    if kinds <= {"scan", "segsum"}:
+        return "a scan"
+    if kinds == {"sdpa"}:
+        return "an attention with a key bias"
+    if kinds & {"normalize", "quotient"} and any(not box.is_exp for _, box in plan.graph.boxes()):
+        return "a normalize box"
+    if "prefix" in kinds:
+        return "a causal sum in chunks"
+    if kinds & {"scan", "segsum"}:
+        return "a decayed causal sum"
+    return "a sum over positions"
 
 
 def _step_lines(step: Step, plan: Plan) -> list[str]:

@@ -7,6 +7,8 @@ parameters and buffers. docs/module.md has the table of conventions."""
 
 from __future__ import annotations
 
+import difflib
+
 from .call_plans import CallPlans
 from .codegen import _decodes, _dtype_reference, _forward, _quoted, _reference_tensor, _size, source
 from .plan import Plan
@@ -117,14 +119,15 @@ def _call_mask(attn_mask, key_padding_mask, queries, keys, batch_shape, dtype, b
 }
 
 
-def _body(plan: Plan, method: str) -> list[str]:
+def _body(plan: Plan, method: str, *, cache: bool | None = None) -> list[str]:
     """The plan's forward, printed as the method `method`. Only the plain body decodes with a cache
-    (forward hands it over): a variant's body is printed without the cache argument and its entry."""
+    (forward hands it over): a variant's body is printed without the cache argument and its entry
+    (and the plain one too with `cache=False`, to compare it with the variants)."""
     lines = _forward(plan)
     head = "    def forward("
     assert lines[0].startswith(head)
     lines = [f"    def {method}(" + lines[0][len(head) :], *lines[1:]]
-    if method != METHODS[0] and _decodes(plan):
+    if not (method == METHODS[0] if cache is None else cache) and _decodes(plan):
         signature = lines[0].replace(", *, cache=None)", ")").replace(", cache=None)", ")")
         entry = ["        if cache is not None:", lines[2]]
         assert signature != lines[0] and lines[1:3] == entry and lines[2].lstrip().startswith("return _extend(cache, ")
@@ -167,10 +170,13 @@ def _batch_shape(plan: Plan) -> list[str]:
     return lines
 
 
-def _chosen(causal: str, plain: str, arguments: str) -> str:
-    """The call of the causal body when is_causal, else of the plain one (one call where they are one)."""
+def _chosen(causal: str, plain: str, arguments: str, merged: dict[str, str] | None = None) -> str:
+    """The call of the causal body when is_causal, else of the plain one (one call where they are
+    one body, or one body that reads is_causal where the causal mask is used)."""
     if causal == plain:
         return f"self.{plain}({arguments})"
+    if (merged or {}).get(causal) == plain:
+        return f"self.{plain}({arguments}, is_causal=is_causal)"
     return f"self.{causal}({arguments}) if is_causal else self.{plain}({arguments})"
 
 
@@ -185,12 +191,17 @@ def _cache_lines(given: str) -> list[str]:
     ]
 
 
-def _unmasked_lines(calls: CallPlans, inputs: list[str], masks: list[str]) -> list[str]:
+def _unmasked_lines(
+    calls: CallPlans, inputs: list[str], masks: list[str], shared: dict[str, str], merged: dict[str, str]
+) -> list[str]:
     """With none of the design's own masks and no call mask, the body planned without the masks
     (graph/absent_masks.py): the same values, without an all-True mask to build and apply."""
     none = " and ".join(f"{m} is None" for m in [*masks, "attn_mask", "key_padding_mask"])
-    causal = "_tdiag_unmasked" if calls.already_causal else "_tdiag_causal_unmasked"
-    return [f"        if {none}:", f"            return {_chosen(causal, '_tdiag_unmasked', ', '.join(inputs))}"]
+    causal = shared["_tdiag_unmasked" if calls.already_causal else "_tdiag_causal_unmasked"]
+    return [
+        f"        if {none}:",
+        f"            return {_chosen(causal, shared['_tdiag_unmasked'], ', '.join(inputs), merged)}",
+    ]
 
 
 def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
@@ -207,8 +218,11 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
     )
     returns = "torch.Tensor" if len(graph.outputs) == 1 else "tuple[torch.Tensor, ...]"
     given = ", ".join([*inputs, *(f"{m}={m}" for m in masks)])
-    causal = "_tdiag_plain" if calls.already_causal else "_tdiag_causal"
-    causal_masked = "_tdiag_masked" if calls.already_causal else "_tdiag_causal_masked"
+    plans = variant_plans(plan, calls)
+    bodies, shared = _shared_bodies(plans)
+    merged = _merge_causal(bodies, plans)
+    causal = shared["_tdiag_plain" if calls.already_causal else "_tdiag_causal"]
+    causal_masked = shared["_tdiag_masked" if calls.already_causal else "_tdiag_causal_masked"]
     mask_var = source(calls.name, "name")
     if calls.masked is not None:  # the plan names its mask as the design does; a float one is its last input
         assert calls.masked.names[calls.name] == mask_var
@@ -239,9 +253,9 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         "        if not isinstance(is_causal, bool):",
         '            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")',
         *(_cache_lines(given) if _decodes(plan) else []),
-        *(_unmasked_lines(calls, inputs, masks) if calls.unmasked is not None else []),
+        *(_unmasked_lines(calls, inputs, masks, shared, merged) if calls.unmasked is not None else []),
         "        if attn_mask is None and key_padding_mask is None:",
-        f"            return {_chosen(causal, '_tdiag_plain', given)}",
+        f"            return {_chosen(causal, '_tdiag_plain', given, merged)}",
     ]
     lines += ["        " + line for line in [*_sizes(plan), *_batch_shape(plan)]]
     refusal = _quoted(calls.refusal)
@@ -251,15 +265,31 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         + (f", {_quoted(calls.heads_refusal)})" if calls.heads is None else ")")
     )
     if calls.heads is not None:
-        per_head = "_tdiag_masked_heads" if calls.already_causal else "_tdiag_causal_masked_heads"
+        per_head = shared["_tdiag_masked_heads" if calls.already_causal else "_tdiag_causal_masked_heads"]
         split = ", ".join(_size(graph, size) for size in calls.heads)
         lines += [
             f"        if {local}.dim() == len(batch_shape) + 3:  # a mask per head, over the nodes' head legs",
             f"            {local} = {local}.reshape(*{local}.shape[:-3], {split}, *{local}.shape[-2:])",
-            f"            return {_chosen(per_head, '_tdiag_masked_heads', call)}",
+            f"            return {_chosen(per_head, shared['_tdiag_masked_heads'], call, merged)}",
         ]
-    lines.append(f"        return {_chosen(causal_masked, '_tdiag_masked', call)}")
-    plans = [
+    lines.append(f"        return {_chosen(causal_masked, shared['_tdiag_masked'], call, merged)}")
+    for body in bodies.values():
+        lines += ["", *body]
+    aliases = [(method, name) for method, name in shared.items() if name != method and method in _planned(plans)]
+    if aliases:
+        lines += ["", *(f"    {method} = {name}  # the same steps as {name}" for method, name in aliases)]
+    for causal, plain in merged.items():
+        lines += [
+            "",
+            f"    def {causal}(self, *args, **kwargs):",
+            f"        return self.{plain}(*args, **kwargs, is_causal=True)",
+        ]
+    return lines, [p for p in plans if p is not None]
+
+
+def variant_plans(plan: Plan, calls: CallPlans) -> list[Plan | None]:
+    """The plans of the bodies, in the order of METHODS (None where a variant is not planned)."""
+    return [
         plan,
         calls.causal,
         calls.masked,
@@ -269,7 +299,98 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         calls.unmasked,
         calls.causal_unmasked,
     ]
-    for method, body in zip(METHODS, plans, strict=True):
-        if body is not None:
-            lines += ["", *_body(body, method)]
-    return lines, [p for p in plans if p is not None]
+
+
+def _planned(plans: list[Plan | None]) -> set[str]:
+    return {method for method, body in zip(METHODS, plans, strict=True) if body is not None}
+
+
+def _shared_bodies(plans: list[Plan | None]) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """The bodies to print, one per distinct text: a variant whose plan prints the same steps as an
+    earlier one (is_causal on a design whose sums are causal already, say) runs that body. Also,
+    for every method, the method that holds its body (itself where it has one of its own); a
+    variant not planned keeps its own name (module.py plans it on first use)."""
+    bodies: dict[str, list[str]] = {}
+    seen: dict[str, str] = {}
+    shared = {method: method for method in METHODS}
+    for method, plan in zip(METHODS, plans, strict=True):
+        if plan is None:
+            continue
+        body = _body(plan, method)
+        compared = _body(plan, method, cache=False)
+        text = "\n".join([compared[0].replace(f"def {method}(", "def (", 1), *compared[1:]])
+        if text in seen:
+            shared[method] = seen[text]
+            continue
+        seen[text] = method
+        bodies[method] = body
+    return bodies, shared
+
+
+CAUSAL_PAIRS = (
+    ("_tdiag_plain", "_tdiag_causal"),
+    ("_tdiag_masked", "_tdiag_causal_masked"),
+    ("_tdiag_masked_heads", "_tdiag_causal_masked_heads"),
+    ("_tdiag_unmasked", "_tdiag_causal_unmasked"),
+)
+
+
+def _merge_causal(bodies: dict[str, list[str]], plans: list[Plan | None]) -> dict[str, str]:
+    """Where a causal body differs from its plain one in a few statements only (the causal mask
+    built and applied, SDPA's is_causal=True), print one body that takes is_causal and runs those
+    statements under `if is_causal:`. Returns each causal method merged into its plain one."""
+    plan_of = dict(zip(METHODS, plans, strict=True))
+    merged: dict[str, str] = {}
+    for plain, causal in CAUSAL_PAIRS:
+        if plain not in bodies or causal not in bodies:
+            continue
+        compared = _body(plan_of[plain], plain, cache=False)  # type: ignore[arg-type]
+        if any("is_causal" in _variables(plan_of[name]) for name in (plain, causal)):  # type: ignore[arg-type]
+            continue
+        lines = _with_causal_branches(compared[1:], bodies[causal][1:])
+        if lines is None:
+            continue
+        own = bodies[plain]
+        entry = own[1 : len(own) - len(compared) + 1]  # the cache's entry, where the plain body decodes
+        bodies[plain] = [_taking_is_causal(own[0]), *entry, *lines]
+        del bodies[causal]
+        merged[causal] = plain
+    return merged
+
+
+def _variables(plan: Plan) -> set[str]:
+    """The body's variables: the design's inputs and masks, and every value its steps define."""
+    steps = [*plan.steps, *plan.update_steps]
+    return {*plan.names.values(), *(step.out.var for step in steps if step.out is not None), *plan.causal.values()}
+
+
+def _taking_is_causal(signature: str) -> str:
+    """A body's `def` line with a keyword is_causal (False: the plain plan) after its arguments."""
+    head, returns = signature.rsplit(") -> ", 1)
+    star = "" if ", *" in head else ", *"
+    return f"{head}{star}, is_causal: bool = False) -> {returns}"
+
+
+def _with_causal_branches(plain: list[str], causal: list[str]) -> list[str] | None:
+    """The plain body's lines, the causal one's where they differ under `if is_causal:` (and the
+    plain ones under `else:`); None where they differ in more than a few statements, or in a
+    line that opens a block, whose body an `if` cannot take apart."""
+    opcodes = difflib.SequenceMatcher(None, plain, causal, autojunk=False).get_opcodes()
+    differing = sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in opcodes if tag != "equal")
+    if differing > max(4, len(plain) // 5):
+        return None
+    lines: list[str] = []
+    for tag, i1, i2, j1, j2 in opcodes:
+        ours, theirs = plain[i1:i2], causal[j1:j2]
+        if tag == "equal":
+            lines += ours
+            continue
+        indents = {len(line) - len(line.lstrip()) for line in [*ours, *theirs]}
+        if len(indents) != 1 or any(line.rstrip().endswith(":") or not line.strip() for line in [*ours, *theirs]):
+            return None
+        indent = " " * indents.pop()
+        if theirs:
+            lines += [f"{indent}if is_causal:", *(f"    {line}" for line in theirs)]
+        if ours:
+            lines += [f"{indent}{'else' if theirs else 'if not is_causal'}:", *(f"    {line}" for line in ours)]
+    return lines

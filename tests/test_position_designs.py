@@ -180,9 +180,14 @@ def test_absolute_bias_longer_than_its_table_is_a_clear_error():
 
 
 def test_rope_stores_no_table_of_positions():
-    """Positions are made in the forward; the rotation constant R is unrolled into the code."""
+    """Positions over the call's N are made in the forward; the rotation constant R is unrolled
+    into the code. Only the frequencies over p, fixed by the head size, are a table made with the
+    module, outside the state_dict."""
     module = design("rope").module(N=N, dtype=F64)
-    assert {name for name, _ in module.named_buffers()} == set()
+    buffers = dict(module.named_buffers())
+    assert set(buffers) == {"_tdiag_table_theta"}
+    assert buffers["_tdiag_table_theta"].shape == (module.tdiag_plan.sizes["P"],)
+    assert not [name for name in module.state_dict() if name not in dict(module.named_parameters())]
 
 
 def test_rope_rotation_is_a_two_by_two_block_not_a_head_width_matrix():
