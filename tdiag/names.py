@@ -53,6 +53,7 @@ MODULE_METHODS = frozenset(
     _tdiag_given _tdiag_noise _tdiag_update_buffers new_cache _tdiag_plain _tdiag_causal _tdiag_masked
     _tdiag_causal_masked _tdiag_masked_heads _tdiag_causal_masked_heads _tdiag_planner""".split()
 )
+TDIAG_PREFIXES = ("tdiag_", "_tdiag_")  # generated attributes: tdiag_design, _tdiag_table_<var>, ...
 ATTRIBUTE_KINDS = ("param", "const", "buffer")  # stored on the module as self.NAME
 LOCAL_KINDS = ("input", "mask", "random", "result")  # forward's locals, renamed by the plan where taken
 
@@ -71,6 +72,12 @@ def reserved_because(name: str, role: str) -> str | None:
     if name.startswith("__"):
         return f"'{name}' is a Python special or private name"
     if role in ATTRIBUTE_KINDS:
+        prefix = next((p for p in TDIAG_PREFIXES if name.startswith(p)), None)
+        if prefix is not None:
+            return (
+                f"'{name}' begins with '{prefix}', kept for what tdiag adds to a module (its tables, its"
+                f" design record, its plans), and a {role} becomes an attribute of the module"
+            )
         if name in MODULE_METHODS:
             return f"'{name}' is a method of torch.nn.Module, and a {role} becomes an attribute of the module"
         if name in MODULE_ATTRIBUTES:

@@ -403,6 +403,8 @@ def test_every_python_or_torch_name_is_refused_with_a_position_or_compiles_and_r
         ("param training[f: F, g: F]", "'training' is an attribute of torch.nn.Module"),
         ("size B", "'B' is reserved for the batch size in generated code"),
         ("size torch", "'torch' is reserved for the torch module in generated code"),
+        ("buffer _tdiag_table_t[f: F] = zeros", "'_tdiag_table_t' begins with '_tdiag_'"),
+        ("param tdiag_design[f: F] = zeros", "'tdiag_design' begins with 'tdiag_'"),
     ],
 )
 def test_a_reserved_name_is_refused_saying_why(line, message):
