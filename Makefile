@@ -109,8 +109,11 @@ goldens: venv
 goldens-check: venv
 	OMP_NUM_THREADS=1 $(BIN)/python scripts/goldens.py check
 
-# Offline fuzzing: grammar-generated designs and mutations of designs/*.td for FUZZ_SECONDS;
-# inputs tried, crashes, unpositioned errors and hangs go to docs/results/fuzz/fuzz.json.
+# Offline fuzzing: grammar-generated designs, causal designs at the seams (run-time splits,
+# strictly causal factors, key sides that read N, decay matrices as statements, leg typos) and
+# mutations of designs/*.td for FUZZ_SECONDS; every causal design is also decoded against its
+# forward. Inputs tried, crashes, unpositioned errors, hangs and decode mismatches go to
+# docs/results/fuzz/fuzz.json.
 FUZZ_SECONDS ?= 1200
 fuzz: venv
 	$(BIN)/python scripts/fuzz.py --seconds $(FUZZ_SECONDS) --out docs/results/fuzz/fuzz.json
