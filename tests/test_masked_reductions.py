@@ -175,3 +175,26 @@ output Y
     reference = design.module(seed=0, impl="reference", dtype=torch.float64)
     x = torch.randn(2, 3, 2, dtype=torch.float64)
     assert torch.allclose(module(x), reference(x), atol=TOL, rtol=0)
+
+
+HIDDEN_EVERYWHERE = """
+design hidden_everywhere
+size N = 3, F = 2, H = 2
+input X[n: N, f: F]
+param W[f: F, h: H]
+S[h n m] = X[n f] W[f h] X[m g] W[g h]
+Y[n m] = {name}[h, mask = causal(n, m)](S[h n m])
+output Y
+"""
+
+
+@pytest.mark.parametrize("name", ["max", "logsumexp"])
+def test_a_reduction_whose_causal_mask_hides_every_entry_gives_the_dtypes_lowest_number(name):
+    # a reduction over h masked along (n, m) sees no entry where m > n: the lowest number, as the
+    # docs and the reference say (compiled code filled the future with -inf, as a box does)
+    design = tdiag.loads(HIDDEN_EVERYWHERE.format(name=name))
+    x = torch.randn(B, 3, 2, dtype=torch.float64)
+    y = design.module(dtype=torch.float64)(x)
+    lowest = torch.finfo(torch.float64).min
+    assert (y[:, torch.triu(torch.ones(3, 3, dtype=torch.bool), 1)] == lowest).all()
+    torch.testing.assert_close(y, design.module(dtype=torch.float64, impl="reference")(x), rtol=0, atol=TOL)

@@ -161,11 +161,13 @@ class BoxLowering:
                 legs |= {p for leg in mask.tensor.legs for p in ren[leg]}
         return legs
 
-    def apply_mask(self, content: Value, mask, ren, is_exp: bool) -> Value:
-        """The box content with the entries a mask hides filled before normalizing."""
+    def apply_mask(self, content: Value, mask, ren, is_exp: bool, future: str = "-inf") -> Value:
+        """The box content with the entries a mask hides filled before normalizing; a causal or
+        window mask's with `future` (−inf: a box or a scan always sees its diagonal; a reduction
+        passes "lowest", since one over another leg may see no entry at all, docs/language.md)."""
         hidden = self.hidden_operand(mask, ren, content.legs)
         masked = Value(self.names.fresh("masked"), content.legs, content.broadcast)
-        fill = ("-inf" if isinstance(mask, POSITION_MASKS) else "lowest") if is_exp else "zero"
+        fill = (future if isinstance(mask, POSITION_MASKS) else "lowest") if is_exp else "zero"
         self.emit(Step("mask", MaskFill(content, hidden, fill), masked, inputs=(content,)))
         return masked
 

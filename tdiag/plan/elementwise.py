@@ -70,7 +70,7 @@ class ElementwiseLowering:
         operand = self.maskable(operand, e, ren, set(over))
         hidden = []
         for mask in e.masks:
-            operand = self.apply_mask(operand, mask, ren, is_exp=e.name != "mean")
+            operand = self.apply_mask(operand, mask, ren, is_exp=e.name != "mean", future="lowest")
             hidden.append(self.hidden_operand(mask, ren, operand.legs))
         dims = tuple(operand.legs.index(leg) for leg in over)
         name = self.names.fresh(var or e.name)
