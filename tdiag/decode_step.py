@@ -512,9 +512,15 @@ def _graph(
         )
         tensors[tensor_name] = dataclasses.replace(tensor, axes=axes, statement=new_statement)
         statements.append(new_statement)
+    read = {node.name for statement in statements for node in walk(statement.expr) if isinstance(node, TensorRef)}
     for tensor in work.tensors.values():
-        if tensor.kind in ("param", "const", "buffer"):
-            tensors[tensor.name] = tensor
+        if tensor.kind not in ("param", "const", "buffer"):
+            continue
+        if tensor.kind == "const" and any(symbol in work.expand(a.size).free_symbols for a in tensor.axes):
+            if tensor.name in read:
+                raise NotCompiledError(f"constant {tensor.name} is over the length, which the step's sizes replace")
+            continue  # a constant over the length that the step never reads is not made for it
+        tensors[tensor.name] = tensor
     if uses_index:
         tensors[positions_name] = Tensor(positions_name, "input", (Axis(uses_index[0], t),), x.span)
     order = [x.name, *(cached_inputs[c] for c in cached_inputs if c in built.cached_reads)]

@@ -240,3 +240,19 @@ def test_a_pinned_form_replaces_the_planners_choice_and_says_so():
 def test_pinning_an_unknown_form_is_refused():
     with pytest.raises(ValueError, match="form must be 'plain' or 'absorbed'"):
         pin_form(causal("llama").graph, "latent")
+
+
+def test_a_constant_over_the_length_that_the_step_never_reads_is_not_made_for_it():
+    # the step's graph replaces the length N by its own sizes; a const over N it never reads was
+    # kept and crashed planning the step (KeyError: 'N'; found by the fuzzer at 4bbeeea)
+    text = (
+        "design unread_constant\nsize F = 2, H = 1\nsize N\ninput X[n: N, f: F]\nconst U[f: F, n: N] = ones\n"
+        "param WQ[f: F, d: F]\nparam WK[f: F, d: F]\nparam WV[f: F, h: H]\n"
+        "A[n h] = softmax[m, mask = causal(n, m)](X[n f] WQ[f d] X[m k] WK[k d]) X[m j] WV[j h]\noutput A\n"
+    )
+    module = tdiag.loads(text).module(dtype=torch.float64).eval()
+    assert DecodeCache(module).kind == "kv"
+    from tdiag.decode import check_decodes
+
+    x = torch.randn(1, 5, 2, dtype=torch.float64)
+    assert check_decodes(module, x, [2, 1, 2]) < TOL
