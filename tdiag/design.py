@@ -121,8 +121,11 @@ class Design:
         """This design with a causal mask on every box normalized over `key` (decoder use)."""
         from .graph import with_causal_mask
 
+        masked = with_causal_mask(self.graph, query, key)
+        if masked is self.graph:  # causal as written: the same design, the same record
+            return Design(masked, self.warnings, self.origin)
         origin = self.origin and {**self.origin, "causal": (*self.origin.get("causal", ()), (query, key))}  # type: ignore[misc]
-        return Design(with_causal_mask(self.graph, query, key), self.warnings, origin)
+        return Design(masked, self.warnings, origin)
 
     # -- compile and cost --
     def plan(
@@ -214,6 +217,7 @@ class Design:
             source_name=source_name,
             calls=calls,
             planner=lambda: call_plans(self, sizes, **options),  # type: ignore[arg-type,return-value]
+            design=self.record(sizes, options),
         )
 
     def source(
@@ -237,8 +241,14 @@ class Design:
         options = {"checkpoint_boxes": checkpoint_boxes, "objective": objective, "attention": attention}
         plan = self.plan(sizes, **options)  # type: ignore[arg-type]
         variants = call_plans(self, sizes, **options) if calls else None
-        design = self.origin and {**self.origin, "plan_sizes": sizes, "options": options}
-        return generate(plan, source_name=shown_path(self.graph.file), calls=variants, design=design)
+        return generate(
+            plan, source_name=shown_path(self.graph.file), calls=variants, design=self.record(sizes, options)
+        )
+
+    def record(self, sizes: Mapping[str, int], options: Mapping[str, object]) -> dict[str, object] | None:
+        """The design record a compiled module's source carries (its texts, sizes, masks and
+        planning options, as data) so that a module imported from the file decodes (decode_file.py)."""
+        return self.origin and {**self.origin, "plan_sizes": dict(sizes), "options": dict(options)}
 
     def cost(
         self,

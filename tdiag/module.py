@@ -98,16 +98,18 @@ def build_module(
     source_name: str = "",
     calls: CallPlans | None = None,
     planner: Callable[[], CallPlans] | None = None,
+    design: Mapping[str, object] | None = None,
 ) -> torch.nn.Module:
     """The plan as a live module (float32 unless `dtype` is given), taking the call-time masks of
     `calls` (call_plans.py) where given. Where `calls` is not planned yet, `planner` plans it the
     first time a call asks for a variant (or the module is pickled): the module then becomes an
     instance of the class of the whole source, the one `tdiag compile` writes. torch is imported
-    here, not with this file, so that planning (`Design.plan`, `tdiag cost`) never loads it."""
+    here, not with this file, so that planning (`Design.plan`, `tdiag cost`) never loads it.
+    `design` is the design record the source carries (Design.record), as `tdiag compile` writes it."""
     import torch
 
     dtype = dtype or torch.float32
-    source = generate(plan, source_name=source_name, calls=calls)
+    source = generate(plan, source_name=source_name, calls=calls, design=design)
     cls = compile_source(source, plan.graph.name)
     module = cls(seed=seed, dtype=dtype, device=device)
     module.tdiag_source = source  # type: ignore[attr-defined]
@@ -116,7 +118,9 @@ def build_module(
         for method in METHODS[1:]:
             if not hasattr(cls, method):
                 setattr(cls, method, _planned_on_first_use(method))
-        module.__dict__["_tdiag_planner"] = lambda: generate(plan, source_name=source_name, calls=planner())
+        module.__dict__["_tdiag_planner"] = lambda: generate(
+            plan, source_name=source_name, calls=planner(), design=design
+        )
     return module
 
 
