@@ -362,4 +362,3 @@ def test_a_decay_matrix_written_as_a_statement_of_its_own_is_part_of_its_causal_
     shapes = {held: tuple(t.shape) for held, t in cache.tensors.items()}
     cache.extend(x[:, :1])
     assert {held: tuple(t.shape) for held, t in cache.tensors.items()} == shapes  # no row per position
-
