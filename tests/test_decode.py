@@ -572,3 +572,15 @@ def test_a_design_with_a_causal_term_beside_one_that_sees_later_keys_is_refused_
     masked = design.with_causal_mask().module(dtype=torch.float64, impl="reference")
     x = torch.randn(1, LENGTH, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
     assert check_decodes(masked, x, [PROMPT, LENGTH - PROMPT]) < TOL
+
+
+def test_a_causal_box_normalized_over_the_query_leg_too_is_not_causal():
+    # softmax[m n, mask = causal(n, m)] sums over every query: an earlier row changes when a later
+    # query arrives (the fuzzer decoded it at 3ece505, relative error 0.2)
+    text = (
+        "design over_queries\nsize F = 2\nsize N\ninput X[n: N, f: F]\n"
+        "S[n m] = X[n f] X[m f]\nY[n m] = softmax[m n, mask = causal(n, m)](S[n m])\noutput Y\n"
+    )
+    module = tdiag.loads(text).module(dtype=torch.float64).eval()
+    with pytest.raises(NotDecodableError, match="not causal"):
+        DecodeCache(module)

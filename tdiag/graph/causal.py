@@ -413,8 +413,10 @@ class _Masking:
         return cls(statements, total, mixing, future)
 
     def causal_as_written(self, graph: DesignGraph, query: str, key: str) -> bool:
-        """Whether the design needs no mask over (query, key) and hides the future somewhere."""
-        return not self.total and not self.future and _already_causal(graph, query, key)
+        """Whether the design needs no mask over (query, key), hides the future somewhere, and mixes
+        no positions a mask cannot reach (a box normalized over the query leg too sums over the
+        later queries, whatever its causal mask)."""
+        return not self.total and not self.future and not self.mixing and _already_causal(graph, query, key)
 
 
 def _identities(graph: DesignGraph) -> dict[str, set[tuple[int, int]]]:
