@@ -52,6 +52,25 @@ def perturbed(module):
     return {name: value.detach() for name, value in module.named_parameters()}
 
 
+def assert_matches(module, reference, n: int = 7, tol: float = 1e-10) -> None:
+    """A module of input X[n: N, f: 8] and a reference `reference(x, parameters)` agree in float64
+    on values and on the gradients of the input and of every (perturbed) parameter."""
+    import torch
+
+    perturbed(module)
+    x = torch.randn(2, n, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    ours, theirs = module(x), reference(x, dict(module.named_parameters()))
+    assert torch.allclose(ours, theirs, atol=tol, rtol=0)
+    weights = torch.randn(ours.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    wrt = [x, *module.parameters()]
+    for a, b in zip(
+        torch.autograd.grad((ours * weights).sum(), wrt),
+        torch.autograd.grad((theirs * weights).sum(), wrt),
+        strict=True,
+    ):
+        assert torch.allclose(a, b, atol=tol, rtol=0)
+
+
 def gradcheck_parameters(module, inputs: tuple, kwargs: dict | None = None, atol: float = 1e-7) -> bool:
     """torch.autograd.gradcheck of the module's output in its `inputs` and its parameters
     together (float64, eps 1e-6); `kwargs` (masks) are passed as they are."""

@@ -6,7 +6,7 @@ compared, values and gradients in float64, with a reference written out by hand 
 import pytest
 import torch
 import torch.nn.functional as functional
-from conftest import perturbed
+from conftest import assert_matches
 
 import tdiag
 
@@ -108,23 +108,6 @@ def rwkv6_reference(x, p):
         outputs.append(torch.einsum("bhd,bhde->bhe", r[:, t], state + p["U"][None, :, :, None] * kv))
         state = w[:, t, :, :, None] * state + kv
     return torch.stack(outputs, 1)
-
-
-def assert_matches(module, reference, n=7):
-    """The module and the reference agree on values and on the gradients of the input and of
-    every parameter, in float64."""
-    perturbed(module)
-    x = torch.randn(2, n, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1), requires_grad=True)
-    ours, theirs = module(x), reference(x, dict(module.named_parameters()))
-    assert torch.allclose(ours, theirs, atol=TOL, rtol=0)
-    weights = torch.randn(ours.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    wrt = [x, *module.parameters()]
-    for a, b in zip(
-        torch.autograd.grad((ours * weights).sum(), wrt),
-        torch.autograd.grad((theirs * weights).sum(), wrt),
-        strict=True,
-    ):
-        assert torch.allclose(a, b, atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -6,7 +6,7 @@ with_causal_mask."""
 
 import pytest
 import torch
-from conftest import perturbed
+from conftest import assert_matches
 
 import tdiag
 
@@ -62,22 +62,6 @@ def masked_product(x, p, mask):
     k = torch.einsum("bnf,fhd->bnhd", x, p["WK"])
     v = torch.einsum("bnf,fhe->bnhe", x, p["WV"])
     return torch.einsum("nm,bnhd,bmhd,bmhe->bnhe", mask, q, k, v)
-
-
-def assert_matches(module, reference, n=7):
-    """Values and the gradients of the input and of every parameter agree in float64."""
-    perturbed(module)
-    x = torch.randn(2, n, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1), requires_grad=True)
-    ours, theirs = module(x), reference(x, dict(module.named_parameters()))
-    assert torch.allclose(ours, theirs, atol=TOL, rtol=0)
-    weights = torch.randn(ours.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    wrt = [x, *module.parameters()]
-    for a, b in zip(
-        torch.autograd.grad((ours * weights).sum(), wrt),
-        torch.autograd.grad((theirs * weights).sum(), wrt),
-        strict=True,
-    ):
-        assert torch.allclose(a, b, atol=TOL, rtol=0)
 
 
 def test_a_strictly_causal_factor_is_lowered_to_the_mask_below_the_diagonal():
