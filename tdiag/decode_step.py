@@ -535,6 +535,7 @@ def _graph(
         for node in walk(statement.expr):
             if isinstance(node, TensorRef) and node.name not in ordered:
                 raise NotCompiledError(f"{node.name} is read where the step does not compute it")
+    _check_all_positions_carried(ordered, m)
     outs = outputs if outputs is not None else list(work.outputs)
     return dataclasses.replace(
         work,
@@ -547,6 +548,19 @@ def _graph(
         outputs=outs,
         graph=_dataflow_graph(ordered, statements, []),
     )
+
+
+def _check_all_positions_carried(tensors: Mapping[str, Tensor], m: sympy.Symbol) -> None:
+    """A program reads its run-time sizes off its inputs' shapes, so a tensor over every position
+    (M) needs an input over M: a cached tensor or a mask. Noise over both position legs read where
+    nothing cached is (one new position drops its causal masks) has none, and steps by the
+    reference evaluator."""
+    carried = any(m in a.size.free_symbols for t in tensors.values() if t.kind in ("input", "mask") for a in t.axes)
+    if carried:
+        return
+    for tensor in tensors.values():
+        if any(m in a.size.free_symbols for a in tensor.axes):
+            raise NotCompiledError(f"{tensor.name} is over every position, which no cached tensor or mask carries")
 
 
 def _planned(graph: DesignGraph, at: Mapping[str, int]):

@@ -8,7 +8,7 @@ from conftest import DESIGN_FILES, DESIGNS
 from test_decode import causal
 
 import tdiag
-from tdiag.decode import DecodeCache, NotDecodableError
+from tdiag.decode import DecodeCache, NotDecodableError, check_decodes
 from tdiag.decode_step import decode_form, pin_form, step_graphs
 
 TOL = 1e-10
@@ -126,6 +126,26 @@ def test_noise_is_zero_in_a_compiled_step_as_in_eval_mode():
     module = compiled("fish")
     assert DecodeCache(module).step.reason is None
     check_design("fish")
+
+
+NOISE_OVER_BOTH_POSITIONS = """
+design noise_over_both
+size N, F = 2
+input X[n: N, f: F]
+random E[m: N, n: N] = normal(mode = never)
+T0[m n] = 0.25 * E[m n]
+Y[n f] = causal(n, m) abs[m, mask = causal(n, m)](T0[m n] - T0[m n]) + X[n f]
+output Y
+"""
+
+
+def test_noise_over_both_position_legs_that_no_cached_tensor_carries_steps_by_the_reference_evaluator():
+    """The fuzzer's run at 390c4b1: the step's generated code made `torch.zeros(B, M, T)` with M
+    bound by no input (NameError)."""
+    module = tdiag.loads(NOISE_OVER_BOTH_POSITIONS).module(dtype=torch.float64).eval()
+    cache = DecodeCache(module)
+    assert "E is over every position" in cache.step.reason
+    assert check_decodes(module, torch.randn(2, 5, 2, dtype=torch.float64), [2, 1, 1, 1]) < TOL
 
 
 def test_a_design_reading_the_length_steps_by_generated_code_at_the_length_so_far():
