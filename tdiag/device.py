@@ -30,6 +30,15 @@ BANDWIDTH_ENV = "TDIAG_DEVICE_BANDWIDTH"
 OVERHEAD_ENV = "TDIAG_DEVICE_OVERHEAD"
 
 
+def larger(a: float, b: float) -> float:
+    """max(a, b); a priced number (plan/prices.py) takes both into its formula as a Max."""
+    for x, y in ((a, b), (b, a)):
+        method = getattr(x, "larger", None)
+        if method is not None:
+            return method(y)
+    return max(a, b)
+
+
 @dataclass(frozen=True)
 class DeviceModel:
     """A roofline: peak arithmetic (FLOP/s), memory bandwidth (bytes/s) and a per-op overhead (s)."""
@@ -52,7 +61,7 @@ class DeviceModel:
 
     def estimate(self, flops: float, bytes: float) -> float:
         """Seconds for an op of `flops` arithmetic that moves `bytes` to and from memory."""
-        return max(flops / self.peak_flops, bytes / self.bandwidth) + self.overhead
+        return larger(flops / self.peak_flops, bytes / self.bandwidth) + self.overhead
 
     def factor(self, kind: str | None, moved: float | None = None) -> float:
         """How much longer than its roofline an op of `kind` takes forward and backward on this

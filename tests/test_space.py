@@ -16,12 +16,14 @@ import sympy
 import tdiag
 from tdiag.cli import main
 from tdiag.cost import cost_report
-from tdiag.device import NOMINAL_CPU, DeviceModel, _cache_file, planning_threads
+from tdiag.device import NOMINAL_CPU, DeviceModel, _cache_file, planning_device, planning_threads
 from tdiag.errors import TdiagError, format_diagnostic
+from tdiag.plan.timing import plan_time
 from tdiag.space import load_space
 from tdiag.space.canonical import CANONICAL_DEVICE, canonical_form
 from tdiag.space.report import (
     compare_to,
+    cost_plan,
     evaluate,
     known_programs,
     mark_front,
@@ -269,6 +271,18 @@ def test_vs_gives_ratio_formulas_and_the_crossover_in_n(tuformer_rows):
     # saved memory N (4H + N) (one N x N box, H-wide projections) against MHSA's N (4F + H):
     # they cross where N = 4F - 3H
     assert single.crossovers["peak_memory"] == pytest.approx([4 * SMALL["F"] - 3 * SMALL["H"]])
+
+
+def test_the_time_column_and_its_formula_are_the_plans_time_model_at_the_point(fish_rows):
+    """Issue 37: the space report prices time by the model the planner chooses by (plan/timing.py),
+    not a simplified copy of it; its formula at the point is that number."""
+    for row in (r for r in fish_rows if r.point.ok):
+        plan = cost_plan(row.point.design, {"N": 32}, "flops")
+        expected = plan_time(plan, planning_device(), B=1)
+        assert row.numbers["time"] == pytest.approx(1000.0 * expected, rel=1e-12), row.label
+        sizes = {k: v for k, v in plan.sizes.items() if k != "B"}
+        at_point = float(row.point.design.graph.evaluate_at(row.formulas["time"], sizes))
+        assert at_point == pytest.approx(expected, rel=1e-9), row.label
 
 
 # ---- the table and the plot ----------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Points -> a cost table: each point's parameters, FLOPs, softmax-box entries, activation memory
-and estimated training-step time, each a sympy formula (cost.py, plan/timing.py) and a number at
+and estimated training-step time, each a sympy formula (cost.py; the time model's own, plan/prices.py) and a number at
 the given sizes; points that compute the same function grouped (canonical.py); the Pareto front
 over chosen axes; ratios to a baseline and the sizes where the order changes. Nothing here builds a
 module or imports torch."""
@@ -22,9 +22,8 @@ from ..device import planning_device
 from ..errors import Diagnostic, TdiagError
 from ..files import OutputRefusedError, write_output
 from ..graph import size_symbol
-from ..plan import BATCH_SIZE, Plan
-from ..plan.footprint import footprint
-from ..plan.timing import FORWARD_AND_BACKWARD, KERNELS_PER_OP, plan_time
+from ..plan import Plan
+from ..plan.prices import priced_plan_time
 from .canonical import CANONICAL_DEVICE, canonical_plan, canonical_program, trainable_products
 from .points import Point, SpacePoints
 
@@ -65,25 +64,6 @@ class Row:
         return self.point.label
 
 
-def time_formula(plan, chosen: Mapping[sympy.Symbol, sympy.Expr] | None = None) -> sympy.Expr:
-    """The `time` objective's estimate (plan/timing.py) as a formula in the sizes: per op, the
-    longer of its FLOPs at the device's peak and its bytes at the bandwidth, forward and backward,
-    plus the per-kernel overhead; B = 1."""
-    device = planning_device()
-    records = footprint(plan).steps
-    total = sympy.Integer(0)
-    graph = plan.graph
-
-    def expanded(expr: object) -> sympy.Expr:  # before the Max is built: rebuilding one is slow
-        return graph.expand(sympy.sympify(expr)).xreplace({BATCH_SIZE: 1, **(chosen or {})})
-
-    for step, record in zip([*plan.steps, *plan.update_steps], records, strict=True):
-        flops = expanded(step.flops) * FORWARD_AND_BACKWARD / sympy.Float(device.peak_flops)
-        moved = expanded(record.moved) * FORWARD_AND_BACKWARD / sympy.Float(device.bandwidth)
-        total += sympy.Max(flops, moved, evaluate=False) + KERNELS_PER_OP * sympy.Float(device.overhead)
-    return total
-
-
 def cost_plan(design: Design, sizes: Mapping[str, int], objective: str) -> Plan:
     """The plan a point is costed by. Under `time` the planning device chooses it, so every
     column may differ from machine to machine (the report names the device); under `flops` and
@@ -114,8 +94,8 @@ def cost_rows(points: Sequence[Point], at: Mapping[str, int], objective: str = "
         row.formulas = {k: graph.expand(v).xreplace(chosen) for k, v in formulas.items()}
         sizes = {k: v for k, v in plan.sizes.items() if k != "B"}
         row.numbers = {k: float(graph.evaluate_at(v, sizes)) for k, v in row.formulas.items()}
-        row.formulas["time"] = time_formula(plan, chosen)
-        row.numbers["time"] = 1000.0 * plan_time(plan, planning_device(), B=1)
+        time = priced_plan_time(plan, planning_device(), lambda e, chosen=chosen: e.xreplace(chosen), B=1)
+        row.formulas["time"], row.numbers["time"] = time.formula, 1000.0 * time.value
         canonical = canonical_plan(design, runtime)
         row.key = canonical_program(canonical)
         row.reparameterized = sorted(set(trainable_products(canonical)))
