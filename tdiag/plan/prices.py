@@ -82,7 +82,12 @@ class Priced:
 
 
 def _priced(x: Priced | float) -> Priced:
-    return x if isinstance(x, Priced) else Priced(float(x), sympy.Float(float(x)))
+    """A plain number as a priced one; a whole number stays exact, so a factor of 1 leaves no 1.0 in
+    the formula."""
+    if isinstance(x, Priced):
+        return x
+    value = float(x)
+    return Priced(value, sympy.Integer(int(value)) if value.is_integer() else sympy.Float(value))
 
 
 def priced_plan_time(
