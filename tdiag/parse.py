@@ -4,7 +4,6 @@ positioned diagnostics. It adds no meaning: names, legs and sizes are resolved i
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -439,26 +438,6 @@ def _unclosed_hint(token: Token, postlex: object) -> str | None:
     return None
 
 
-_OPERATORS = ("SLASH", "STAR", "PLUS", "MINUS", "CIRCUMFLEX")
-
-
-def _option_hint(token: Token, previous: Token | None, postlex: object, text: str) -> str | None:
-    """An operator after a call juxtaposed in an option's value (`scale = s[h] log(N) / sqrt(D)`):
-    inside [...] the space ended the value, and `log` `(N)` read as a leg and a leg group."""
-    opened = getattr(postlex, "open", [])
-    if token.type not in _OPERATORS or previous is None or previous.type != "RPAR" or not opened:
-        return None
-    bracket = opened[-1]
-    written = text[max(bracket.start_pos, token.start_pos - 400) : token.start_pos] if bracket.type == "LSQB" else ""
-    option = re.search(r"(\w+)\s*=[^=,\[\]]*(\[[^\]]*\][^=,\[\]]*)*$", written)
-    if option is None:
-        return None
-    return (
-        f"inside [...] a space separates items, so the value of '{option.group(1)}' ended at a space and "
-        f"what follows read as legs; an option's value multiplies with '*', e.g. {option.group(1)} = 2 * sqrt(D)"
-    )
-
-
 def _token_hint(token: Token, previous: Token | None, text: str) -> str | None:
     if token.type == "STAR" and previous is not None and previous.type == "STAR":
         return "write powers with '^', e.g. x ^ 2"
@@ -515,7 +494,6 @@ def _syntax_error(
             "a leg group does not nest: (g r s p) splits one axis into the legs g, r, s and p" if nested_group else None
         ) or (
             _unclosed_hint(token, postlex)
-            or _option_hint(token, previous, postlex, text)
             or _token_hint(token, previous, text)
             or _continuation_hint(token, error, text)
         )

@@ -47,6 +47,26 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
 # ---- constants anywhere -------------------------------------------------------------------
 
 
+def test_a_box_scale_juxtaposed_and_divided_is_the_per_head_temperature_over_sqrt_d():
+    """Issue 39: `scale = s[h] log(N) / sqrt(D)` (a learned per-head temperature times log N, as
+    length-scaled attention writes it) inside the box's brackets; the hand-written softmax."""
+    design = load(
+        "param s[h: H] = normal(std = 1)\n"
+        "param WQ[f: F, h: H, d: D] = normal(std = 0.5)\n"
+        "param WK[f: F, h: H, d: D] = normal(std = 0.5)\n"
+        "Q[n h d] = X[n f] WQ[f h d]\nK[m h d] = X[m f] WK[f h d]\n"
+        "A[h n m] = softmax[m, scale = s[h] log(N) / sqrt(D)](Q[n h d] K[m h d])\noutput A"
+    )
+    x = x_input(2)
+    compiled, reference, module = run_both(design, x)
+    weights = dict(module.named_parameters())
+    q, k = (torch.einsum("bnf,fhd->bhnd", x, weights[w]) for w in ("WQ", "WK"))
+    scale = weights["s"][:, None, None] * math.log(N) / math.sqrt(3)
+    expected = (scale * q @ k.transpose(-1, -2)).softmax(-1)
+    close(compiled, expected)
+    close(reference, expected)
+
+
 def test_a_number_subtracted_from_a_tensor_compiles():
     design = load("Y[n f] = X[n f] - 2\noutput Y")
     x = x_input(2)

@@ -39,6 +39,19 @@ def test_box_call_separates_legs_from_options():
     assert [leg.name for leg in box.legs] == ["m"] and box.options[0].name == "scale"
 
 
+def test_an_options_value_runs_to_the_next_comma_with_juxtaposition_as_anywhere():
+    """Issue 39: `scale = s[h] log(N) / sqrt(D)` was a syntax error inside [...]."""
+    box = parse_one("A[h n m] = softmax[m, scale = s[h] log(N) / sqrt(D), mask = causal(n, m)](Q[n h d] K[m h d])").expr
+    assert [leg.name for leg in box.legs] == ["m"] and [o.name for o in box.options] == ["scale", "mask"]
+    scale = box.options[0].value
+    assert isinstance(scale, BinOp) and scale.op == "/" and scale.left.op == "juxt"
+
+
+def test_a_leg_after_an_option_without_a_comma_is_part_of_its_value():
+    box = parse_one("A[h n m] = softmax[scale = 2 m](Q[n h d] K[m h d])").expr
+    assert box.legs == () and box.options[0].value.op == "juxt"
+
+
 def test_grouped_legs_are_a_reshape():
     statement = parse_one("C[(h d) (g e)] = I[h g] J[d e]")
     assert all(isinstance(item, LegGroup) for item in statement.target.legs)
