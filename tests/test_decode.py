@@ -574,6 +574,21 @@ def test_a_design_with_a_causal_term_beside_one_that_sees_later_keys_is_refused_
     assert check_decodes(masked, x, [PROMPT, LENGTH - PROMPT]) < TOL
 
 
+def test_a_box_normalized_over_the_positions_after_a_causal_attention_is_not_causal():
+    # normalize[h n] of a causal attention's output sums over every position, no key leg beside
+    # it (the fuzzer decoded it at 0312c41, relative error 4.1)
+    text = (
+        "design over_positions\nsize F = 2, H = 3\nsize N\ninput X[n: N, f: F]\nparam Wv[f: F, h: H]\n"
+        "A[n h] = softmax[m, mask = causal(n, m)](X[n f] X[m f]) X[m j] Wv[j h]\n"
+        "Y[n h] = normalize[h n](exp(A[n h]))\noutput Y\n"
+    )
+    design = tdiag.loads(text)
+    with pytest.raises(NotDecodableError, match="not causal"):
+        DecodeCache(design.module(dtype=torch.float64).eval())
+    with pytest.raises(TdiagError, match="box normalized over query leg 'n'"):
+        design.with_causal_mask()
+
+
 def test_a_causal_box_normalized_over_the_query_leg_too_is_not_causal():
     # softmax[m n, mask = causal(n, m)] sums over every query: an earlier row changes when a later
     # query arrives (the fuzzer decoded it at 3ece505, relative error 0.2)

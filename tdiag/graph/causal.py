@@ -220,8 +220,8 @@ def _mixes_positions(
 ) -> Diagnostic | None:
     """Why `expr` cannot be made causal, at the node that mixes the positions of an input: a
     contraction, reduction, box or distance over a key leg without a query leg beside it (each
-    query would see every key), or a box normalized over a query leg beside a key leg (each query
-    would see the later queries)."""
+    query would see every key), or a box normalized over a query leg, with a key leg beside it or
+    none (its sum runs over the later queries)."""
     for node in walk(expr):
         over = _reduced_legs(node)
         if not over or not _reads_an_input(node, graph):
@@ -237,7 +237,7 @@ def _mixes_positions(
                 " or write the causal design yourself",
             )
         mixed_queries = sorted(queries & set(over))
-        if isinstance(node, SoftmaxBox) and mixed_queries and keys & set(node.legs):
+        if isinstance(node, SoftmaxBox) and mixed_queries:
             return Diagnostic(
                 f"with_causal_mask cannot mask a box normalized over query leg '{mixed_queries[0]}':"
                 " each query would see the later queries",
