@@ -97,7 +97,7 @@ class ElementwiseLowering:
         (along,) = ren[e.along]
         operand = self.maskable(operand, e, ren, {along})
         for mask in sorted(e.masks, key=lambda m: isinstance(m, POSITION_MASKS)):  # the future is −inf, padded or not
-            operand = self.apply_mask(operand, mask, ren, is_exp=e.name in ("logcumsumexp", "cummax"))
+            operand = self.apply_mask(operand, mask, ren, is_exp=e.name == "logcumsumexp")
         name = self.names.fresh(var or e.name)
         options = [word for word, flag in (("exclusive", e.exclusive), ("reverse", e.reverse)) if flag]
         return self.emit(

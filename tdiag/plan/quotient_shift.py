@@ -1,5 +1,6 @@
 """A quotient of two causal products that share a decay, computed with the decay shifted by its
-row max: xLSTM's stabilizer m_t (Beck et al. 2024, App. A.2), as a rule of the design graph.
+row max: xLSTM's stabilizer m_t (Beck et al. 2024, App. A.2), as a rule on the design's
+expressions that lower_quotient (elementwise.py) applies before it lowers the quotient.
 
 For A / B or A / max(|B|, c) (c > 0 a number or size), with A and B products summed over a key
 leg m ≤ n (inline, or statements read only there) that share one factor exp(E[n, m]), E a decay
@@ -12,7 +13,7 @@ The rule takes s_n = max(u_n + cummax_{m ≤ n}(w_m), log c), the largest expone
 below log c): every shifted exponent is ≤ 0 for m ≤ n, so exp(E − s) ≤ 1 in the materialized
 (n, m) block and in each factor the chunked form makes (its query side u − s is nonincreasing,
 as a running sum of log-decays is), and the bound c e^{−s} ≤ 1 never overflows (xLSTM's own
-exp(−m_t) does where every input gate is tiny; then nothing is shifted). s is per (row, head),
+exp(−m_t) does where every input gate is tiny; here s is then log c). s is per (row, head),
 one running max over the positions: no extra asymptotic cost. The bound's max of two tensors is
 k + max(|B'| − k, 0) (the map vocabulary bounds by a number only), equal to rounding.
 
@@ -135,6 +136,7 @@ def _causal_product(e: Contraction | None, graph: DesignGraph) -> _Product | Non
 
 
 def _hides_keys(node: Expr, graph: DesignGraph) -> bool:
+    """Whether `node` hides keys a causal mask shows: a window, or a mask input read as a factor."""
     if isinstance(node, WindowFactor):
         return True
     return isinstance(node, TensorRef) and graph.tensors[node.name].kind == "mask"
