@@ -12,9 +12,10 @@
 #   left out.
 # - log D_ts = segsum(log f)[t, s] + ĩ_s, log σ(f̃) = −softplus(−f̃): a decay with a key term,
 #   taken in chunks for the numerator and the denominator alike.
-# - The stabilizer m_t of the paper's numerics (App. A.2) is left out: it scales C_t and n_t by
-#   e^{−m_t} and the bound 1 by the same, so h̃ is the same function; without it exp(ĩ) overflows
-#   float32 for ĩ above 88.
+# - The stabilizer m_t of the paper's numerics (App. A.2) is not written: it scales C_t and n_t
+#   by e^{−m_t} and the bound 1 by the same, so h̃ is the same function; the planner applies it
+#   to any such quotient of causal products sharing a decay (docs/language.md), so exp(ĩ) does
+#   not overflow (as written, float32 does for ĩ above 88).
 # - max{|x|, 1} is max(abs(x), 1): a bound from below only.
 # family: scans
 design mlstm

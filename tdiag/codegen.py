@@ -1414,10 +1414,11 @@ def _(op: Reduce, attributes: frozenset[str]) -> str:
 @_op.register
 def _(op: CumulativeScan, attributes: frozenset[str]) -> str:
     x, dim = _var(op.x, attributes), op.dim
+    values = ".values" if op.method == "cummax" else ""  # torch.cummax returns (values, indices)
     if op.reverse:
-        code = f"{x}.flip({dim}).{op.method}({dim}).flip({dim})"
+        code = f"{x}.flip({dim}).{op.method}({dim}){values}.flip({dim})"
     else:
-        code = f"{x}.{op.method}({dim})"
+        code = f"{x}.{op.method}({dim}){values}"
     if not op.exclusive:
         return code
     empty = "0.0" if op.method == "cumsum" else "-torch.inf"

@@ -1,11 +1,12 @@
 """Decays in causal products (tdiag/plan/decay.py, chunked.py): a factor exp(u[n] + w[m]) beside
 causal(n, m) is evaluated in chunks (RetNet eq. 7) and equals the papers' recurrent forms."""
 
+import functools
 from unittest import mock
 
 import pytest
 import torch
-from conftest import DESIGNS
+from conftest import DESIGNS, assert_matches, gradcheck_parameters
 
 import tdiag
 from tdiag.cost import cost_report
@@ -392,3 +393,123 @@ def test_mlstm_bounds_its_normalizer_by_one_from_below_only(chunks_of_4):
         finally:
             module.bi.copy_(saved)
     assert torch.allclose(out, expected, rtol=1e-9, atol=1e-9)
+
+
+SHIFTED_HEAD = """size F = 8, H = 2, D = F / H
+size N
+input X[n: N, f: F]
+param WQ[f: F, h: H, d: D]
+param WK[f: F, h: H, d: D]
+param WV[f: F, h: H, e: D]
+param Wi[f: F, h: H]
+param WO[h: H, e: D, g: F]
+Li[n h] = X[n f] Wi[f h]
+Q[n h d] = X[n f] WQ[f h d]
+K[m h d] = X[m f] WK[f h d]
+V[m h e] = X[m f] WV[f h e]
+"""
+# mLSTM with its numerator and denominator inline in one statement
+INLINE_MLSTM = (
+    "design inline_mlstm\n"
+    + SHIFTED_HEAD
+    + "param Wf[f: F, h: H]\nLf[n h] = -softplus(-(X[n f] Wf[f h]))\n"
+    + "Hc[n h e] = sum[m d](exp(segsum[n, m](Lf[n h]) + Li[m h]) Q[n h d] K[m h d] V[m h e])"
+    + " / max(abs(sum[m d](exp(segsum[n, m](Lf[n h]) + Li[m h]) Q[n h d] K[m h d])), 1)\n"
+    + "Y[n g] = Hc[n h e] WO[h e g]\noutput Y\n"
+)
+# a linear attention with a fixed decay per head and a key-side input gate exp(ĩ_m), its
+# normalizer bounded by 2 from below; its keys read with another leg name than the queries'
+GATED_INPUT = (
+    "design gated_input\n"
+    + SHIFTED_HEAD
+    + """lg[h] = -0.1 (index(h) + 1)
+Num[n h e] = causal(n, m) exp(lg[h] (index(n) - index(m)) + Li[m h]) Q[n h d] K[m h d] V[m h e]
+Den[t h] = causal(t, j) exp(lg[h] (index(t) - index(j)) + Li[j h]) Q[t h d] K[j h d]
+Hc[n h e] = Num[n h e] / max(abs(Den[n h]), 2)
+Y[n g] = Hc[n h e] WO[h e g]
+output Y
+"""
+)
+# the same without a bound: Num / Den
+GATED_RATIO = GATED_INPUT.replace("max(abs(Den[n h]), 2)", "Den[n h]").replace("gated_input", "gated_ratio")
+# a per-feature gate (GLA's): the row max would vary along d, which the products sum
+PER_FEATURE = (
+    "design per_feature\n"
+    + SHIFTED_HEAD
+    + """param Wg[f: F, h: H, d: D]
+Lg[n h d] = -softplus(-(X[n f] Wg[f h d]))
+Num[n h e] = exp(segsum[n, m](Lg[n h d]) + Li[m h]) Q[n h d] K[m h d] V[m h e]
+Den[n h] = exp(segsum[n, m](Lg[n h d]) + Li[m h]) Q[n h d] K[m h d]
+Hc[n h e] = Num[n h e] / max(abs(Den[n h]), 1)
+Y[n g] = Hc[n h e] WO[h e g]
+output Y
+"""
+)
+SHIFT_NOTE = "shifted by its running row max"
+
+
+def _shifted(source: str, form: str) -> tuple[tdiag.Design, torch.nn.Module]:
+    """A design (bundled by name, or a text) and its float64 module in `form`: the masked (n, m)
+    product at N = 16, or prefix sums in chunks of 4 planned for N = 4096."""
+    if form == "chunked":
+        module = chunked64(source, **({"F": 8, "H": 2} if "\n" not in source else {}))
+    else:
+        module = _design(source).module({"N": 16}, dtype=torch.float64)
+    assert ("_decayed_earlier" in module.tdiag_source) == (form == "chunked")
+    return _design(source), module
+
+
+def _design(source: str) -> tdiag.Design:
+    return tdiag.load(DESIGNS / f"{source}.td", F=8, H=2) if "\n" not in source else tdiag.loads(source)
+
+
+def _as_written(design: tdiag.Design):
+    """The design as written (the reference evaluator), called as assert_matches calls it."""
+    reference = design.module(impl="reference", dtype=torch.float64)
+    return lambda x, parameters: torch.func.functional_call(reference, parameters, (x,))
+
+
+@pytest.mark.parametrize("form", ["masked", "chunked"])
+@pytest.mark.parametrize(
+    "source", ["mlstm", INLINE_MLSTM, GATED_INPUT, GATED_RATIO], ids=lambda s: s.split()[1] if "\n" in s else s
+)
+def test_a_quotient_of_causal_products_sharing_a_decay_is_shifted_keeping_values_and_gradients(source, form):
+    """The rule reads the quotient, not the design's name: mLSTM as bundled, written inline, and
+    a gated linear attention with a causal factor, a key-side input gate and a bound of 2 (or
+    none). Its values and every gradient equal the design as written (float64)."""
+    design, module = _shifted(source, form)
+    assert any(SHIFT_NOTE in note for note in design.plan(N=16).lowered)
+    assert_matches(module, _as_written(design), n=13)
+
+
+@pytest.mark.parametrize("source", ["mlstm", INLINE_MLSTM, GATED_INPUT], ids=["mlstm", "inline", "gated_input"])
+def test_a_shifted_quotient_is_finite_at_inputs_times_1e4_where_the_design_as_written_overflows(source):
+    design = _design(source)
+    module = design.module({"N": 16})
+    x = 1e4 * torch.randn(2, 13, 8, generator=torch.Generator().manual_seed(6), requires_grad=True)
+    y = module(x)
+    (gradient,) = torch.autograd.grad(y.square().sum(), x)
+    assert torch.isfinite(y).all() and torch.isfinite(gradient).all()
+    assert not torch.isfinite(design.module(impl="reference")(x.detach())).all()
+
+
+def test_the_masked_shifted_mlstm_passes_gradcheck():
+    module = _design("mlstm").module({"N": 16}, dtype=torch.float64)
+    x = torch.randn(1, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    assert gradcheck_parameters(module, (x.requires_grad_(),))
+
+
+def test_a_decay_that_varies_along_a_summed_leg_is_not_shifted_and_stays_exact():
+    """GLA's per-feature gate: a row max over (n, h, d) would not factor out of the sum over d."""
+    design = _design(PER_FEATURE)
+    assert not any(SHIFT_NOTE in note for note in design.plan(N=16).lowered)
+    assert_matches(design.module({"N": 16}, dtype=torch.float64), _as_written(design), n=9)
+
+
+def test_a_quotient_whose_products_a_window_also_masks_is_not_shifted():
+    """The row max over every earlier key could be a key the window hides, against which each
+    visible term might underflow to 0: such a quotient is computed as written."""
+    windowed = {"causal(n, m)": "causal(n, m) window(n, m, 3)", "causal(t, j)": "causal(t, j) window(t, j, 3)"}
+    design = _design(functools.reduce(lambda text, pair: text.replace(*pair), windowed.items(), GATED_INPUT))
+    assert not any(SHIFT_NOTE in note for note in design.plan(N=16).lowered)
+    assert_matches(design.module({"N": 16}, dtype=torch.float64), _as_written(design), n=9)

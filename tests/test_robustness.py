@@ -6,6 +6,7 @@ import keyword
 import re
 import shutil
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ import tdiag
 from tdiag import TdiagError, codegen
 from tdiag import names as reserved
 from tdiag.errors import format_diagnostics
+from tdiag.plan import chunked
 
 TEXTS = {p.name: p.read_text() for p in DESIGN_FILES}
 TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9.]+|\S")
@@ -521,3 +523,41 @@ def test_index_positions_in_a_float32_step_are_exact_for_a_bfloat16_input_under_
         with torch.autocast("cpu", dtype=torch.bfloat16):
             low = design.module(N=n, seed=0)(x.bfloat16())
     assert float((low.double() - exact).norm() / exact.norm()) <= 0.05
+
+
+def _mlstm(form: str, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """mLSTM (F = 16, H = 2) compiled in `form` (the masked (n, m) product at N = 64, or prefix
+    sums in chunks of 4 planned for N = 4096), and the design as written by the reference
+    evaluator with the same parameters."""
+    design = tdiag.load(DESIGNS / "mlstm.td", F=16, H=2)
+    sizes = {"N": 64} if form == "masked" else {"N": 4096}
+    chunk_sizes = chunked.CHUNK_SIZES if form == "masked" else (4,)
+    with mock.patch.object(chunked, "CHUNK_SIZES", chunk_sizes):
+        module = design.module(sizes, dtype=dtype)
+    assert ("_decayed_earlier" in module.tdiag_source) == (form == "chunked")
+    reference = design.module(impl="reference", dtype=dtype)
+    reference.load_state_dict(module.state_dict())
+    return module, reference
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("form", ["masked", "chunked"])
+def test_mlstm_at_inputs_times_1e4_is_finite_its_shared_decay_shifted_by_the_row_max(form, dtype):
+    """exp(ĩ) of input gates near 1e4 overflows every float (the design as written gives inf / inf);
+    the planner shifts the decay its numerator and denominator share by the row max m_t (xLSTM
+    App. A.2), so every exponent is ≤ 0: outputs and gradients finite (was: NaN)."""
+    module, reference = _mlstm(form, dtype)
+    x = 1e4 * torch.randn(2, 37, 16, dtype=dtype, generator=torch.Generator().manual_seed(4))
+    x.requires_grad_(True)
+    y = module(x)
+    (gradient,) = torch.autograd.grad(y.square().sum(), x)
+    assert torch.isfinite(y).all() and torch.isfinite(gradient).all()
+    assert not torch.isfinite(reference(x.detach())).all()  # the overflow is real
+
+
+@pytest.mark.parametrize("scale", [1, 10])
+@pytest.mark.parametrize("form", ["masked", "chunked"])
+def test_the_shifted_mlstm_equals_the_design_as_written_in_float64(form, scale):
+    module, reference = _mlstm(form, torch.float64)
+    x = scale * torch.randn(2, 37, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(module(x), reference(x), rtol=1e-10, atol=1e-10)

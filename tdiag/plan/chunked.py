@@ -259,12 +259,16 @@ class ChunkedCausal:
         return (*(_Leaf(v.legs, value=v) for v in (block, query_side, key_side)), start, end)  # type: ignore[return-value]
 
     def decay_side(self, terms: list) -> Value:
-        """Σ ± terms of one side of the decays (decay.Decay), each read with its own legs."""
+        """Σ ± terms of one side of the decays (decay.Decay), each read with its own legs; once
+        for the causal products that share it (a numerator's and its denominator's query side)."""
         parts = [(sign, self.lower(expr, dict(ren))) for sign, expr, ren in terms]
         if len(parts) == 1 and parts[0][0] == 1:
             return parts[0][1]
         legs = tuple(dict.fromkeys(g for _, p in parts for g in p.legs))
-        return self.combine("sum", parts, legs, None)
+        key = ("decay side", tuple((sign, p.var, p.legs, p.broadcast) for sign, p in parts))
+        if key not in self.memo:
+            self.memo[key] = (self.combine("sum", parts, legs, None), legs)
+        return self.memo[key][0]
 
     def masked_decay_exp(self, exponent: Value, query: str, key: str, what: str) -> Value:
         """exp of a decay's exponent with its entries above the (query, key) diagonal set to −inf

@@ -36,6 +36,7 @@ from .program import (
     align,
     show_legs,
 )
+from .quotient_shift import ROW_SHIFT_NOTE, shifted_quotient
 
 
 class ElementwiseLowering:
@@ -238,6 +239,14 @@ class ElementwiseLowering:
         return parts
 
     def lower_quotient(self, e: Quotient, ren, var: str | None) -> Value:
+        """numerator / denominator, elementwise; a quotient of causal products sharing a decay
+        with that decay shifted by its row max first (quotient_shift.py), which cancels."""
+        shifted = shifted_quotient(e, self.g, self.uses)
+        if shifted is not None:
+            note = ROW_SHIFT_NOTE.format(target=var or "a quotient")
+            if self.target is self.steps and note not in self.lowered:
+                self.lowered.append(note)
+            e = shifted
         numerator = self.as_missing_legs(self.lower(e.numerator, ren))  # type: ignore[arg-type]
         denominator = self.as_missing_legs(self.lower(e.denominator, ren))  # type: ignore[arg-type]
         out = tuple(p for leg in e.legs for p in ren[leg])

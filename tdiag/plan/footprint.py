@@ -422,8 +422,9 @@ class _Interpreter(AbstractMachine):
     @op.register
     def _(self, op: CumulativeScan, step: Step) -> Meta:
         """torch.cumsum saves nothing for backward (its gradient is the reverse cumsum),
-        logcumsumexp its input and result; a reverse scan flips its input and its result (two
-        copies), an exclusive one concatenates the empty sum before the shifted result."""
+        logcumsumexp its input and result, cummax the index of each running max; a reverse scan
+        flips its input and its result (two copies), an exclusive one concatenates the empty sum
+        before the shifted result."""
         x = self.value(op.x)
         source = self.fresh(x.shape, x.numel, x.grad, "flipped input") if op.reverse else x
         if op.reverse:
@@ -431,6 +432,8 @@ class _Interpreter(AbstractMachine):
         scanned = self.fresh(x.shape, x.numel, x.grad, step.out.var if not (op.reverse or op.exclusive) else "scan")  # type: ignore[union-attr]
         if x.grad and op.method == "logcumsumexp":
             self.save(source, scanned)
+        if x.grad and op.method == "cummax":
+            self.save(self.fresh(x.shape, x.numel, False, "cummax indices", itemsize=8))  # int64
         if op.reverse:
             self.record.copies += x.numel
             scanned = self.fresh(x.shape, x.numel, x.grad, step.out.var if not op.exclusive else "flipped scan")  # type: ignore[union-attr]

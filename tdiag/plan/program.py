@@ -250,12 +250,13 @@ class Reduce:
 
 @dataclass(frozen=True)
 class CumulativeScan:
-    """A prefix scan of x along axis `dim` (`method` cumsum or logcumsumexp): inclusive, or
-    `exclusive` (shifted by one, the empty sum first: 0, or −inf in log space); from the end when
-    `reverse` (suffix sums). One pass over x, one operation per entry."""
+    """A prefix scan of x along axis `dim` (`method` cumsum, logcumsumexp or cummax, the running
+    max that stabilizes a causal product's exponents, stabilize.py): inclusive, or `exclusive`
+    (shifted by one, the empty sum first: 0, or −inf in log space); from the end when `reverse`
+    (suffix sums). One pass over x, one operation per entry."""
 
     x: Value
-    method: str  # "cumsum", "logcumsumexp"
+    method: str  # "cumsum", "logcumsumexp", "cummax"
     dim: int
     exclusive: bool = False
     reverse: bool = False
