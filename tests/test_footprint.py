@@ -11,7 +11,7 @@ from conftest import DESIGN_FILES
 import tdiag
 from tdiag.measure import saved_for_backward
 from tdiag.plan import BATCH_SIZE, forms
-from tdiag.plan.footprint import Meta, _loops, footprint
+from tdiag.plan.footprint import Meta, bmm_loops, footprint
 from tdiag.plan.program import Matmul
 from tdiag.plan.strides import contiguous, elementwise_strides, view_strides
 
@@ -273,7 +273,7 @@ def test_a_batched_matmul_is_run_matrix_by_matrix_exactly_when_an_operand_is_nei
     batch, rows, inner, cols = 16, 8, 8, 8  # 512 multiply-adds a matrix: not torch's small-matrix loop
     a, b = _bmm_operand(kind_a, batch, rows, inner), _bmm_operand(kind_b, batch, inner, cols)
     meta = [Meta(tuple(t.shape), t.stride(), None, False, sympy.Integer(t.numel())) for t in (a, b)]
-    assert _loops(*meta) == (_matrix_products(a, b) == batch)
+    assert bmm_loops(*meta) == (_matrix_products(a, b) == batch)
 
 
 @pytest.mark.parametrize("name", ["falcon"])
