@@ -177,6 +177,7 @@ def _attention(machine: AbstractMachine, op: Attention, step: Step) -> Meta:
         and (mask is None or (not mask.grad and len(mask.shape) in (2, 4)))
     )
     machine.record.kernel = "flash" if flash else "math: " + _math_reason(q, k, v, mask)
+    machine.record.math_kernel = not flash
     if flash:  # the CPU flash kernel lays its output out as q is laid out (measured, torch 2.13)
         physical = (*sorted(range(3), key=lambda d: (-q.strides[d], d)), 3)
         out = machine.fresh(tuple(shape[d] for d in physical), rows * features, grad, step.out.var)  # type: ignore[union-attr]
