@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 
 import sympy
 
-from .codegen import class_name, generate
-from .codegen_calls import METHODS
+from .codegen import METHODS, class_name, generate
 from .design import DEFAULT_OBJECTIVE
 from .errors import Diagnostic, TdiagError
 from .graph import DesignGraph

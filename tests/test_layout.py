@@ -91,7 +91,7 @@ def test_outer_products_are_multiplies_counted_one_flop_per_element():
     p = plan("thsa", **THSA_SMALL)  # N = 64 > R: C·Q first, an outer product
     (product,) = [s for s in p.steps if isinstance(s.op, Multiply)]
     n, r = (p.graph.sizes[k].symbol for k in ("N", "R"))
-    assert not product.summed and "@" not in tdiag.codegen._op(product.op, p.attributes)
+    assert not product.summed and "@" not in tdiag.codegen.op_code(product.op, p.attributes)
     assert sympy.expand(product.flops - BATCH_SIZE * n * r**2) == 0
 
 

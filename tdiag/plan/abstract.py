@@ -50,7 +50,8 @@ class StepFootprint:
     allocated: list[int] = field(default_factory=list)
     copies: sympy.Expr = ZERO
     saved: list[int] = field(default_factory=list)
-    kernel: str = ""  # for SDPA: "flash" or "math"
+    kernel: str = ""  # for SDPA: "flash", or "math: " and why torch falls back to its math kernel
+    math_kernel: bool = False  # for SDPA: it runs on the math kernel, which keeps the whole attention
     converted_mask: bool = False  # for SDPA: its boolean attn_mask converted to a float one
     looped: int = 0  # for a batched matmul: matrices torch multiplies one by one (footprint.py `_loops`)
     short_rows: int = 0  # for a sum over innermost axes of few entries: the entries a row (footprint.py `row_extent`)

@@ -9,6 +9,7 @@ from ..device import DeviceModel
 from ..graph import DesignGraph
 from ..graph.absorb import absorbed, unread_dropped
 from ..ir import Expr, TensorRef
+from . import report  # noqa: F401  (registers the plan's printers, program.PLAN_VIEWS)
 from .absorb_choice import cheaper_form, replaced_tensors
 from .base import LoweringBase, _all_legs
 from .bias_fusion import fuse_linear_biases

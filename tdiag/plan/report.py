@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import sympy
 
 from .footprint import footprint
-from .program import BATCH_SIZE, Plan, show_legs
+from .program import BATCH_SIZE, PLAN_VIEWS, Plan, show_legs
 
 
 def _number(plan: Plan, expr: sympy.Expr, sizes: Mapping[str, int]) -> int:
@@ -223,3 +223,6 @@ def plan_markdown(plan: Plan, sizes: Mapping[str, int] | None = None) -> str:
     lines.append("")
     lines.append(markdown_text("rewrites refused: " + ("; ".join(table.refused) or "none")))
     return "\n".join(lines)
+
+
+PLAN_VIEWS.update(text=plan_table, html=plan_html, markdown=plan_markdown)

@@ -7,8 +7,9 @@ A fused attention (SDPA, FlexAttention) is costed for the FLOPs its kernel does 
 skips the blocks above the diagonal: program.py `causal_kernel_flops`) plus the softmax of the
 score entries it computes, which it never stores but still exponentiates and normalizes forward
 and again backward, at the device's measured softmax rate per entry (`softmax_seconds`); SDPA
-on its math kernel (footprint.py's `kernel`) is a matmul, a stored softmax and a matmul in turn,
-so its arithmetic and its traffic add up instead of overlapping."""
+on its math kernel (the footprint's `math_kernel`) is a matmul, a stored softmax and a matmul in turn,
+so its arithmetic and its traffic add up instead of overlapping. Each op type has its rule in
+TIME_RULES."""
 
 from __future__ import annotations
 
@@ -22,22 +23,53 @@ from .footprint import footprint
 from .program import (
     BATCH_SIZE,
     Attention,
+    BandBlocks,
+    BandMask,
+    BlockMask,
+    BufferUpdate,
     ChunkCount,
+    ChunkEdge,
+    Concat,
+    Convolve,
     CumulativeScan,
+    DecayedPrefix,
     Einsum,
     Elementwise,
+    Expand,
+    Fill,
     FlexAttention,
+    GatherAt,
+    JoinChunks,
     LayerNorm,
+    LiteralCombination,
+    LiveRows,
     Map,
     MaskFill,
+    MaskNumbers,
+    Materialize,
     Matmul,
+    Multiply,
     Normalize,
+    OnesColumn,
+    Permute,
     Plan,
+    Positions,
+    PositionTensor,
+    PrefixSum,
     Ratio,
+    Reduce,
+    Reshape,
     Scale,
+    ScoreMask,
     SegmentSums,
+    Slice,
     Softmax,
+    SplitChunks,
+    SplitTable,
     Step,
+    SumAxes,
+    Triangle,
+    VisibleMask,
     executed_flops,
 )
 
@@ -58,7 +90,7 @@ def step_time(device: DeviceModel, flops: float, moved: float, kind: str | None 
 # roofline's bandwidth.
 THIN = 0.25
 
-# A batched matmul that torch runs matrix by matrix (footprint.py `_loops`) pays a select and an
+# A batched matmul that torch runs matrix by matrix (footprint's `bmm_loops`) pays a select and an
 # addmm per matrix, forward and in each backward product: about two op overheads a matrix
 # (measured on torch 2.13's CPU build, one thread: 1.9-2.1 µs a matrix over a BLAS-ready bmm of
 # 4096 matrices of 64x2 by 2x4 or 8x8 by 8x8, with an op overhead of 1.0 µs).
@@ -108,19 +140,54 @@ def op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Call
     return seconds
 
 
+TimeRule = Callable[[DeviceModel, Step, StepFootprint, Callable[[sympy.Expr], float]], float]
+
+
 def _op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Callable[[sympy.Expr], float]) -> float:
+    rule = TIME_RULES.get(type(step.op))
+    if rule is None:
+        raise TypeError(f"no time rule for {type(step.op).__name__}")
+    return rule(device, step, record, number)
+
+
+def _looping(device: DeviceModel, record: StepFootprint) -> float:
+    """The overheads of a batched matmul that torch runs matrix by matrix (footprint's bmm_loops)."""
+    return FORWARD_AND_BACKWARD * LOOP_OVERHEADS * record.looped * device.overhead
+
+
+def roofline_time(
+    device: DeviceModel, step: Step, record: StepFootprint, number: Callable[[sympy.Expr], float]
+) -> float:
+    """An op on the roofline, at the device's measured rate for its elementwise kind (`op_kind`)."""
     flops, moved = number(executed_flops(step)), number(record.moved)
-    looping = FORWARD_AND_BACKWARD * LOOP_OVERHEADS * record.looped * device.overhead
+    return step_time(device, flops, moved, op_kind(step.op)) + _looping(device, record)
+
+
+def contraction_time(
+    device: DeviceModel, step: Step, record: StepFootprint, number: Callable[[sympy.Expr], float]
+) -> float:
+    """A matmul or einsum: a batch of matrix-vector products at a map's rate (codegen's _matvec), a
+    thin product (few FLOPs per byte) at the rate measured for one, else on the roofline."""
+    flops, moved = number(executed_flops(step)), number(record.moved)
+    looping = _looping(device, record)
     if isinstance(step.op, Matmul) and step.op.matvec:
         # codegen's _matvec: a pass over the matrices forward and one backward, and their
         # gradient written fresh, at the measured rate of a map over that many bytes
         return step_time(device, flops, moved, "map") + looping + MATVEC_OVERHEADS * device.overhead
-    if isinstance(step.op, Matmul | Einsum) and flops < THIN * device.ridge * moved:
+    if flops < THIN * device.ridge * moved:
         return step_time(device, flops, moved, "thin") + looping
-    if not isinstance(step.op, Attention | FlexAttention):
-        return step_time(device, flops, moved, op_kind(step.op)) + looping
+    return step_time(device, flops, moved, op_kind(step.op)) + looping
+
+
+def fused_attention_time(
+    device: DeviceModel, step: Step, record: StepFootprint, number: Callable[[sympy.Expr], float]
+) -> float:
+    """SDPA or FlexAttention: the FLOPs its kernel does plus the softmax of the score entries it
+    computes (never stored, but exponentiated forward and backward); on SDPA's math kernel a
+    matmul, a stored softmax and a matmul whose arithmetic and traffic add up."""
+    flops, moved = number(executed_flops(step)), number(record.moved)
     dense = number(step.flops)
-    math_kernel = record.kernel.startswith("math")
+    math_kernel = record.math_kernel
     if math_kernel:  # it masks a causal product and skips no block
         flops = dense
     entries = number(step.entries) * (flops / dense if dense else 1.0)
@@ -134,21 +201,79 @@ def _op_time(device: DeviceModel, step: Step, record: StepFootprint, number: Cal
     return seconds + softmax_seconds(device, entries, passes, stored=math_kernel)
 
 
+# Each op of the program IR and how its time is estimated; a new op needs its entry here
+# (tests/test_program_ops.py checks that every op has one).
+TIME_RULES: dict[type, TimeRule] = {
+    Matmul: contraction_time,
+    Einsum: contraction_time,
+    Attention: fused_attention_time,
+    FlexAttention: fused_attention_time,
+    **dict.fromkeys(
+        (
+            BandBlocks,
+            BandMask,
+            BlockMask,
+            BufferUpdate,
+            ChunkEdge,
+            Concat,
+            Convolve,
+            CumulativeScan,
+            DecayedPrefix,
+            Elementwise,
+            Expand,
+            Fill,
+            GatherAt,
+            JoinChunks,
+            LayerNorm,
+            LiteralCombination,
+            LiveRows,
+            Map,
+            MaskFill,
+            MaskNumbers,
+            Materialize,
+            Multiply,
+            Normalize,
+            OnesColumn,
+            Permute,
+            Positions,
+            PositionTensor,
+            PrefixSum,
+            Ratio,
+            Reduce,
+            Reshape,
+            Scale,
+            ScoreMask,
+            SegmentSums,
+            Slice,
+            Softmax,
+            SplitChunks,
+            SplitTable,
+            SumAxes,
+            Triangle,
+            VisibleMask,
+        ),
+        roofline_time,
+    ),
+}
+
+# The elementwise kind the device model calibrates for an op (device.measure_kinds); others none.
+OP_KINDS: dict[type, str] = {
+    Normalize: "normalize",
+    Ratio: "normalize",
+    Softmax: "softmax",
+    MaskFill: "mask",
+    Map: "map",
+    LayerNorm: "map",
+    Scale: "scale",
+    Elementwise: "sum",
+    CumulativeScan: "sum",
+    SegmentSums: "sum",
+}
+
+
 def op_kind(op: object) -> str | None:
     """The elementwise kind the device model calibrates (device.measure_kinds), or None."""
-    if isinstance(op, Normalize | Ratio):
-        return "normalize"
-    if isinstance(op, Softmax):
-        return "softmax"
-    if isinstance(op, MaskFill):
-        return "mask"
-    if isinstance(op, Map | LayerNorm):
-        return "map"
-    if isinstance(op, Scale):
-        return "scale"
-    if isinstance(op, Elementwise | CumulativeScan | SegmentSums):
-        return "sum"
-    return None
+    return OP_KINDS.get(type(op))
 
 
 def plan_time(plan: Plan, device: DeviceModel, **sizes: int) -> float:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import difflib
 
-from .call_plans import CallPlans
-from .codegen import _decodes, _dtype_reference, _forward, _quoted, _reference_tensor, _size, source
-from .plan import Plan
+from ..call_plans import CallPlans
+from ..plan import Plan
+from .forward import decodes, forward_method
+from .stored import dtype_reference, reference_tensor
+from .text import quoted, size_code, source
 
 METHODS = (
     "_tdiag_plain",
@@ -123,11 +125,11 @@ def _body(plan: Plan, method: str, *, cache: bool | None = None) -> list[str]:
     """The plan's forward, printed as the method `method`. Only the plain body decodes with a cache
     (forward hands it over): a variant's body is printed without the cache argument and its entry
     (and the plain one too with `cache=False`, to compare it with the variants)."""
-    lines = _forward(plan)
+    lines = forward_method(plan)
     head = "    def forward("
     assert lines[0].startswith(head)
     lines = [f"    def {method}(" + lines[0][len(head) :], *lines[1:]]
-    if not (method == METHODS[0] if cache is None else cache) and _decodes(plan):
+    if not (method == METHODS[0] if cache is None else cache) and decodes(plan):
         signature = lines[0].replace(", *, cache=None)", ")").replace(", cache=None)", ")")
         entry = ["        if cache is not None:", lines[2]]
         assert signature != lines[0] and lines[1:3] == entry and lines[2].lstrip().startswith("return _extend(cache, ")
@@ -141,11 +143,11 @@ def _sizes(plan: Plan) -> list[str]:
     graph = plan.graph
     lines: list[str] = []
     bound: set[str] = set()
-    like, like_name = _reference_tensor(plan)
+    like, like_name = reference_tensor(plan)
     for t in graph.inputs:
         var = source(plan.names[t.name], "name")
         rank = len(t.axes)
-        lines.append(f"_input({var}, {_quoted(f'input {t.name}')}, {like}, {like_name})")
+        lines.append(f"_input({var}, {quoted(f'input {t.name}')}, {like}, {like_name})")
         lines.append(f"if {var}.dim() < {rank}:")
         needs = source(f"input {t.name} needs {rank} trailing axes ({' '.join(t.legs)}), got shape ", "fstring")
         lines.append(f'    raise ValueError(f"{needs}{{tuple({var}.shape)}}")')
@@ -166,7 +168,7 @@ def _batch_shape(plan: Plan) -> list[str]:
         if k == 0:
             lines.append(f"batch_shape = {var}.shape[: {var}.dim() - {rank}]")
         else:
-            lines.append(f"batch_shape = _batch(batch_shape, {var}, {rank}, {_quoted(f'input {t.name}')})")
+            lines.append(f"batch_shape = _batch(batch_shape, {var}, {rank}, {quoted(f'input {t.name}')})")
     return lines
 
 
@@ -214,7 +216,7 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         + [f"{m}: torch.Tensor | None = None" for m in masks]
         + ["attn_mask: torch.Tensor | None = None", "key_padding_mask: torch.Tensor | None = None"]
         + ["is_causal: bool = False"]
-        + (["cache=None"] if _decodes(plan) else [])
+        + (["cache=None"] if decodes(plan) else [])
     )
     returns = "torch.Tensor" if len(graph.outputs) == 1 else "tuple[torch.Tensor, ...]"
     given = ", ".join([*inputs, *(f"{m}={m}" for m in masks)])
@@ -235,9 +237,9 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         if not calls.bias
         else f"{', '.join(inputs)}, {local}" + "".join(f", {m}={m}" for m in masks)
     )
-    heads = " * ".join(_size(graph, size) for size in calls.heads) if calls.heads is not None else "None"
-    queries = _size(graph, graph.legs[calls.query].size)
-    keys = _size(graph, graph.legs[calls.key].size)
+    heads = " * ".join(size_code(graph, size) for size in calls.heads) if calls.heads is not None else "None"
+    queries = size_code(graph, graph.legs[calls.query].size)
+    keys = size_code(graph, graph.legs[calls.key].size)
     doc = [
         "The design's forward. The masks as scaled_dot_product_attention and nn.MultiheadAttention",
         "        take them (tdiag's docs/module.md): attn_mask bool (True = attend) or float (added to the",
@@ -252,21 +254,21 @@ def call_forward(plan: Plan, calls: CallPlans) -> tuple[list[str], list[Plan]]:
         '        """',
         "        if not isinstance(is_causal, bool):",
         '            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")',
-        *(_cache_lines(given) if _decodes(plan) else []),
+        *(_cache_lines(given) if decodes(plan) else []),
         *(_unmasked_lines(calls, inputs, masks, shared, merged) if calls.unmasked is not None else []),
         "        if attn_mask is None and key_padding_mask is None:",
         f"            return {_chosen(causal, '_tdiag_plain', given, merged)}",
     ]
     lines += ["        " + line for line in [*_sizes(plan), *_batch_shape(plan)]]
-    refusal = _quoted(calls.refusal)
+    refusal = quoted(calls.refusal)
     lines.append(
         f"        {local} = _call_mask(attn_mask, key_padding_mask, {queries}, {keys}, batch_shape,"
-        f" {_dtype_reference(plan)}.dtype, {calls.bias}, {refusal}, {heads}"
-        + (f", {_quoted(calls.heads_refusal)})" if calls.heads is None else ")")
+        f" {dtype_reference(plan)}.dtype, {calls.bias}, {refusal}, {heads}"
+        + (f", {quoted(calls.heads_refusal)})" if calls.heads is None else ")")
     )
     if calls.heads is not None:
         per_head = shared["_tdiag_masked_heads" if calls.already_causal else "_tdiag_causal_masked_heads"]
-        split = ", ".join(_size(graph, size) for size in calls.heads)
+        split = ", ".join(size_code(graph, size) for size in calls.heads)
         lines += [
             f"        if {local}.dim() == len(batch_shape) + 3:  # a mask per head, over the nodes' head legs",
             f"            {local} = {local}.reshape(*{local}.shape[:-3], {split}, *{local}.shape[-2:])",
