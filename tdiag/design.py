@@ -37,20 +37,11 @@ from .ir import (
     WindowMask,
     walk,
 )
+from .objectives import COST_OBJECTIVE, DEFAULT_OBJECTIVE, OBJECTIVES  # importable from here too
 from .resources import shown_path
 
 if TYPE_CHECKING:
     from .device import DeviceModel
-
-# How the planner chooses between equivalent plans (plan.build_plan): fewest FLOPs; fused
-# kernels wherever they apply because they never store a softmax box's entries; or the least
-# estimated time of a training step on the planning device (a roofline per op, device.py).
-OBJECTIVES = ("flops", "memory", "time")
-# What modules, compiled files and plans are built for unless told: the estimated time ranks plans
-# at least as well as FLOPs on the benchmark (docs/results/bench-cpu/objective). Cost reports keep
-# COST_OBJECTIVE, the FLOP-minimal plan: its formulas are the papers' counts and no machine's.
-DEFAULT_OBJECTIVE = "time"
-COST_OBJECTIVE = "flops"
 
 
 class Design:

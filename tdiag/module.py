@@ -15,9 +15,9 @@ import sympy
 
 from .codegen import class_name, generate
 from .codegen_calls import METHODS
-from .design import DEFAULT_OBJECTIVE
 from .errors import Diagnostic, TdiagError
 from .graph import DesignGraph
+from .objectives import DEFAULT_OBJECTIVE
 from .plan import Plan, build_plan
 
 if TYPE_CHECKING:
