@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import sympy
 
-from ..errors import Diagnostic, Span
+from ..errors import Diagnostic, Span, TdiagError
 from ..ir import Leg, Size, SoftmaxBox, Statement, Tensor, walk
 from .sizes import expand_sizes, size_values
 
@@ -137,3 +137,28 @@ class DesignGraph:
             view.remove_edges_from(edges)
             self._forward = view
         return self._forward
+
+
+def checked_sizes(graph: DesignGraph | None, sizes: Mapping[str, object]) -> dict[str, int]:
+    """Sizes given through the Python API: positive whole numbers within LIMITS.max_size, each a
+    size of the design (or B, the batch size a plan assumes); anything else is a TdiagError."""
+    for key, value in sizes.items():
+        if isinstance(value, Mapping):
+            raise TdiagError(
+                Diagnostic(
+                    f"{key}={value!r} is not a size",
+                    hint="give sizes as keywords (N=512) or as a mapping in first place ({'N': 512})",
+                )
+            )
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise TdiagError(Diagnostic(f"size {key} must be a positive whole number, got {value!r}"))
+        if value > LIMITS.max_size:
+            raise TdiagError(Diagnostic(f"size {key} = {value:,} is over the limit of {LIMITS.max_size:,}"))
+        if graph is not None and key not in graph.sizes and key != "B":
+            raise TdiagError(
+                Diagnostic(
+                    f"design '{graph.name}' has no size '{key}'",
+                    hint=f"its sizes are: {', '.join(sorted(graph.sizes)) or 'none'}",
+                )
+            )
+    return dict(sizes)  # type: ignore[arg-type]
