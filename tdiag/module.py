@@ -23,8 +23,8 @@ from .plan import Plan, build_plan
 if TYPE_CHECKING:
     import torch
 
-    from .call_plans import CallPlans
     from .device import DeviceModel
+    from .plan.call_variants import CallPlans
 
 PLANNING_DEFAULTS = {"N": 1024, "B": 8}  # run-time sizes assumed when planning, unless given
 
