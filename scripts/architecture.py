@@ -45,6 +45,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tdiag.files",
             "tdiag.resources",
             "tdiag.rules",
+            "tdiag.lazy",
             "tdiag.notebook",  # formulas and tables as text, HTML and Markdown: sympy only
         ),
     ),

@@ -4,6 +4,8 @@ along an edge the allowlist names; every import counts, function-local and TYPE_
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -149,3 +151,52 @@ def test_the_targets_table_reads_this_checkout(architecture):
     table = architecture.table(report)
     assert table.splitlines()[0].split() == ["target", "package", "planner+backends+runtime", "goal"]
     assert len(table.splitlines()) == 8
+
+
+def run_python(code: str) -> str:
+    """`code` run by a fresh interpreter on this checkout; its standard output."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_import_tdiag_loads_no_stage_until_a_public_name_is_asked_for():
+    code = (
+        "import sys, tdiag\n"
+        "print(sorted(m for m in sys.modules if m.startswith('tdiag.')))\n"
+        "print(tdiag.load('mhsa').graph.name, 'torch' in sys.modules)\n"
+    )
+    assert run_python(code).splitlines() == ["['tdiag.lazy']", "mhsa False"]
+
+
+def test_every_public_name_of_tdiag_and_tdiag_plan_is_there_on_first_use():
+    code = (
+        "import tdiag, tdiag.plan\n"
+        "from tdiag import Design, TdiagError, load\n"
+        "from tdiag.plan import Plan, build_plan\n"
+        "for package in (tdiag, tdiag.plan):\n"
+        "    assert set(package.__all__) <= set(dir(package))\n"
+        "    print(all(getattr(package, name) is not None for name in package.__all__))\n"
+        "print(tdiag.Design is Design and tdiag.load is load and tdiag.plan.build_plan is build_plan)\n"
+        "print(tdiag.decode.decode_rule.__module__, tdiag.plan.forms.__name__)\n"
+    )
+    assert run_python(code).split() == ["True", "True", "True", "tdiag.decode", "tdiag.plan.forms"]
+
+
+def test_a_name_tdiag_does_not_have_is_an_attribute_error_naming_it():
+    import tdiag
+    import tdiag.plan
+
+    with pytest.raises(AttributeError, match="module 'tdiag' has no attribute 'Desing'"):
+        tdiag.Desing  # noqa: B018
+    with pytest.raises(AttributeError, match=r"module 'tdiag\.plan' has no attribute 'data'"):
+        tdiag.plan.data  # noqa: B018
+    assert not hasattr(tdiag, "data")  # a folder of the package's data, not a module
+
+
+def test_import_tdiag_plan_program_loads_neither_the_facade_nor_the_planner_driver():
+    code = "import sys, tdiag.plan.program\nprint(' '.join(sorted(m for m in sys.modules if m.startswith('tdiag'))))"
+    loaded = set(run_python(code).split())
+    assert "tdiag.plan.program" in loaded
+    assert not loaded & {"tdiag.design", "tdiag.check", "tdiag.plan.build", "tdiag.weights", "tdiag.objectives"}
