@@ -162,3 +162,21 @@ def checked_sizes(graph: DesignGraph | None, sizes: Mapping[str, object]) -> dic
                 )
             )
     return dict(sizes)  # type: ignore[arg-type]
+
+
+def numeric_shape(tensor: Tensor, sizes: Mapping[str, int], graph: DesignGraph) -> tuple[int, ...]:
+    """The tensor's axis sizes as numbers at `sizes`; a run-time size here is an error."""
+    shape = []
+    for axis in tensor.axes:
+        value = graph.evaluate(axis.size, **sizes)
+        if not value.is_Integer:
+            missing = ", ".join(sorted(str(s) for s in value.free_symbols))
+            raise TdiagError(
+                Diagnostic(
+                    f"{tensor.kind} {tensor.name} needs the size of leg {axis.leg} ({axis.size}) when it is built",
+                    (tensor.span,),
+                    f"give {missing} a value, e.g. tdiag.load(..., {missing}=256) or --set {missing}=256",
+                )
+            )
+        shape.append(int(value))
+    return tuple(shape)
