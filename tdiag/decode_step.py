@@ -55,7 +55,7 @@ from .decode_rows import ALL, NEW, DecodeRule, RowRequests, reads_length
 from .errors import Span
 from .graph import DesignGraph
 from .graph.absorb import absorbed, length_symbol
-from .graph.dataflow import _dataflow_graph
+from .graph.dataflow import dataflow_graph
 from .graph.sizes import size_symbol
 from .ir import (
     Axis,
@@ -542,7 +542,7 @@ def _graph(
         statements=statements,
         updates=[],
         outputs=outs,
-        graph=_dataflow_graph(ordered, statements, []),
+        graph=dataflow_graph(ordered, statements, []),
     )
 
 
