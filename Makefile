@@ -3,6 +3,7 @@
 #   make test         venv + graphviz, then the whole test suite
 #   make test-fast    the suite without the tests marked slow (training, gradcheck, sweeps): the inner loop
 #   make wheel-check  build the wheel, install it into a fresh venv outside the repo, run the CLI there
+#   make lint         ruff, and the layers' import contract (scripts/architecture.py check)
 #   make goldens-check every bundled design's plans, module hashes and cost formulas against tests/goldens
 #   make fuzz         a longer offline fuzz (FUZZ_SECONDS, default 1200) with a JSON report
 #   make bench-baseline  every bundled design timed against its plan at an older commit (BASELINE_COMMIT)
@@ -90,8 +91,10 @@ wheel-check: wheel
 	  --heads 2 --context 32 --batch 4 --device cpu --no-progress --out run; \
 	test -f run/checkpoint.pt; \
 	"$$tmp/venv/bin/python" -c "import tdiag, sys; sys.exit(not tdiag.__file__.startswith('$$tmp/venv/'))"
+# ruff, then the layers' import contract (scripts/architecture.py): every import goes down a
+# layer, function-local and TYPE_CHECKING ones included, or is in scripts/architecture_allow.txt
 lint: venv
-	$(BIN)/ruff format --check . && $(BIN)/ruff check .
+	$(BIN)/ruff format --check . && $(BIN)/ruff check . && $(BIN)/python scripts/architecture.py check
 
 format: venv
 	$(BIN)/ruff format .

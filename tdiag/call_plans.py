@@ -6,7 +6,10 @@ made with the module, the others the first time a call asks for one or with
 `Design.module(plan_calls=True)` (module.py); a call then only picks a method, and
 `torch.compile` sees ordinary Python. A design that `with_causal_mask` refuses (no
 attention over the key leg beside the query leg, or one that mixes positions) has none of them:
-its module takes exactly the arguments it took before."""
+its module takes exactly the arguments it took before.
+
+This module makes them from Designs (the facade layer); their record, CallPlans, lives below in
+plan/call_variants.py, where codegen and module.py read it."""
 
 from __future__ import annotations
 
@@ -19,44 +22,14 @@ from typing import TYPE_CHECKING
 from .errors import TdiagError
 from .graph.absent_masks import without_masks
 from .graph.call_masks import call_mask_name, call_mask_refusals, with_call_bias, with_call_mask
+from .plan.call_variants import CallPlans
 
 if TYPE_CHECKING:
     from .design import Design
-    from .plan import Plan
 
 
 # forward's keywords; a design with an input, mask or size of one of these names keeps its own
 ARGUMENTS = ("attn_mask", "key_padding_mask", "is_causal")
-
-
-@dataclass(frozen=True)
-class CallPlans:
-    """The plans behind one module's call-time arguments; the plans are None until planned (a
-    module plans them the first time a call asks for one, module.py)."""
-
-    query: str  # the query leg (n), whose size is the mask's second-to-last axis
-    key: str  # the key leg (m), whose size is its last axis
-    already_causal: bool  # the design is causal as built: is_causal changes nothing, the plain plan serves
-    bias: bool  # True: every masked node is a softmax box, a mask reaches it as float scores
-    refusal: str  # why a float mask is refused (empty where `bias`)
-    name: str  # the call mask's tensor name in the masked plans (a float input where `bias`, else a mask)
-    causal: Plan | None = None  # the plan with causal(query, key)
-    masked: Plan | None = None  # the plan with the call mask
-    causal_masked: Plan | None = None  # both
-    # the sizes of the head legs of the nodes the mask reaches, where a mask per head is taken
-    # (every node with head legs of the same sizes; graph/call_masks.py node_heads)
-    heads: tuple | None = None
-    heads_refusal: str = ""  # why a mask per head is refused (empty where `heads`)
-    masked_heads: Plan | None = None  # the plan with a mask per head
-    causal_masked_heads: Plan | None = None  # and causal
-    # the plans without the design's own masks (graph/absent_masks.py), run when none is given;
-    # the plain one is planned with the module (it serves the plain call), the causal one later
-    unmasked: Plan | None = None
-    causal_unmasked: Plan | None = None
-
-    @property
-    def planned(self) -> bool:
-        return self.masked is not None
 
 
 @dataclass

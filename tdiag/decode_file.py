@@ -39,8 +39,8 @@ def embedded_plan(cls: type) -> Any:
         return None
     if _EMBEDDED.get(cls, (None,))[0] is not record:
         from .check import check
-        from .design import checked_sizes
         from .graph import build_graph, load_texts, with_causal_mask
+        from .graph.model import checked_sizes
         from .module import plan_for
 
         files, sizes, causal, plan_sizes, options = _record(cls, record)

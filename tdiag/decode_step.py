@@ -51,10 +51,11 @@ from typing import TYPE_CHECKING, Any
 
 import sympy
 
+from .decode_rows import ALL, NEW, DecodeRule, RowRequests, reads_length
 from .errors import Span
 from .graph import DesignGraph
 from .graph.absorb import absorbed, length_symbol
-from .graph.dataflow import _dataflow_graph
+from .graph.dataflow import dataflow_graph
 from .graph.sizes import size_symbol
 from .ir import (
     Axis,
@@ -80,11 +81,10 @@ from .names import BUILTINS, GENERATED
 if TYPE_CHECKING:
     import torch
 
-    from .decode import DecodeCache, DecodeRule
+    from .decode import DecodeCache
 
 __all__ = ["CompiledStep", "DecodeForm", "NotCompiledError", "PositionMask", "decode_form", "pin_form", "step_graphs"]
 
-NEW, ALL = "new", "all"
 STEP_PLANNED_LENGTH = 1024  # the cache length a step is planned and its form chosen at, unless given
 
 
@@ -276,11 +276,9 @@ def _fresh_name(stem: str, work: DesignGraph, *more) -> str:
 def _rule_of(work: DesignGraph) -> DecodeRule | None:
     """The decoding rule of a graph as given (its cached tensors and key legs), without taking
     its absorbed form (decode.decode_rule takes the form `decode_form` chooses)."""
-    from .decode import DecodeRule, _Requests
-
     symbol = length_symbol(work)
     positional = frozenset(name for name, leg in work.legs.items() if leg.size == symbol)
-    walker = _Requests(work, positional, symbol)
+    walker = RowRequests(work, positional, symbol)
     for name in work.outputs:
         walker.request(name, walker.output_labels(name))
     if walker.problem is not None:
@@ -374,8 +372,6 @@ def _graph(
     """The design graph of one program of a step: `built`'s statements over their legs' roles,
     the causal masks dropped (one new position sees every key), `index` of a new position read
     from the positions input, the cached tensors and the design's input as inputs."""
-    from .decode import _reads_length
-
     t, m, p = symbols
     roles = built.roles
     by_role = {NEW: t, ALL: m}
@@ -387,7 +383,7 @@ def _graph(
         else:
             legs[leg_name] = leg
     subs = {symbol: m}
-    if outputs is not None and _reads_length(
+    if outputs is not None and reads_length(
         dataclasses.replace(work, statements=[work.tensors[n].statement for n in built.order]), symbol
     ):
         raise NotCompiledError("a cached tensor's rows read the length (the rows program has only the new positions)")
@@ -546,7 +542,7 @@ def _graph(
         statements=statements,
         updates=[],
         outputs=outs,
-        graph=_dataflow_graph(ordered, statements, []),
+        graph=dataflow_graph(ordered, statements, []),
     )
 
 

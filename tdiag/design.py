@@ -12,45 +12,25 @@ import sympy
 from .check import check
 from .errors import SOURCES, Diagnostic, Span, TdiagError
 from .files import check_path
-from .graph import LIMITS, DesignGraph, build_graph, load_items
+from .graph import DesignGraph, build_graph, load_items
+from .graph.model import checked_sizes
 from .ir import (
-    CausalFactor,
-    CausalMask,
     Contraction,
     Convolution,
-    ElementwiseMap,
     Expr,
-    Gather,
-    PaddingMask,
-    PositionIndex,
-    Quotient,
     Reduction,
-    Scalar,
     Scan,
     SegmentSum,
     SoftmaxBox,
-    SquaredDistance,
-    SumNode,
     Tensor,
-    TensorRef,
-    WindowFactor,
-    WindowMask,
     walk,
 )
+from .objectives import COST_OBJECTIVE, DEFAULT_OBJECTIVE, OBJECTIVES  # importable from here too
+from .printer import format_expr, format_groups, format_mask
 from .resources import shown_path
 
 if TYPE_CHECKING:
     from .device import DeviceModel
-
-# How the planner chooses between equivalent plans (plan.build_plan): fewest FLOPs; fused
-# kernels wherever they apply because they never store a softmax box's entries; or the least
-# estimated time of a training step on the planning device (a roofline per op, device.py).
-OBJECTIVES = ("flops", "memory", "time")
-# What modules, compiled files and plans are built for unless told: the estimated time ranks plans
-# at least as well as FLOPs on the benchmark (docs/results/bench-cpu/objective). Cost reports keep
-# COST_OBJECTIVE, the FLOP-minimal plan: its formulas are the papers' counts and no machine's.
-DEFAULT_OBJECTIVE = "time"
-COST_OBJECTIVE = "flops"
 
 
 class Design:
@@ -327,31 +307,6 @@ def _check_module_options(seed: object, dtype: object, device: object) -> None:
         raise ValueError(f"device {device!r} cannot hold tensors here: {reason}") from None
 
 
-def checked_sizes(graph: DesignGraph | None, sizes: Mapping[str, object]) -> dict[str, int]:
-    """Sizes given through the Python API: positive whole numbers within LIMITS.max_size, each a
-    size of the design (or B, the batch size a plan assumes); anything else is a TdiagError."""
-    for key, value in sizes.items():
-        if isinstance(value, Mapping):
-            raise TdiagError(
-                Diagnostic(
-                    f"{key}={value!r} is not a size",
-                    hint="give sizes as keywords (N=512) or as a mapping in first place ({'N': 512})",
-                )
-            )
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise TdiagError(Diagnostic(f"size {key} must be a positive whole number, got {value!r}"))
-        if value > LIMITS.max_size:
-            raise TdiagError(Diagnostic(f"size {key} = {value:,} is over the limit of {LIMITS.max_size:,}"))
-        if graph is not None and key not in graph.sizes and key != "B":
-            raise TdiagError(
-                Diagnostic(
-                    f"design '{graph.name}' has no size '{key}'",
-                    hint=f"its sizes are: {', '.join(sorted(graph.sizes)) or 'none'}",
-                )
-            )
-    return dict(sizes)  # type: ignore[arg-type]
-
-
 def load(path: str | Path, sizes: Mapping[str, int] | None = None, /, **more: int) -> Design:
     """Parse, build and check a `.td` file; `sizes` (a mapping, or keywords) override the file's
     size defaults. Raises TdiagError listing every mistake."""
@@ -426,7 +381,7 @@ def _tables(design: Design, show) -> list[tuple[str, list[str], list[list[str]],
     count = g.parameter_count()
     tensors.append(["", "all parameters", "", show(count), value(count)])
     statements = [
-        [f"{'update ' if s.is_update else ''}{s.target}[{_groups(s.groups)}] = {format_expr(s.expr)}"]
+        [f"{'update ' if s.is_update else ''}{s.target}[{format_groups(s.groups)}] = {format_expr(s.expr)}"]
         for s in [*g.statements, *g.updates]
     ]
     statements += [["output " + ", ".join(f"{o}[{' '.join(g.tensors[o].legs)}]" for o in g.outputs)]]
@@ -469,7 +424,9 @@ def _show(g: DesignGraph, values: Mapping[str, int]) -> list[str]:
         lines.append(f"  {t.kind:<6} {t.name}[{axes}]{extra}")
     lines += ["", "statements"]
     for s in [*g.statements, *g.updates]:
-        lines.append(f"  {'update ' if s.is_update else ''}{s.target}[{_groups(s.groups)}] = {format_expr(s.expr)}")
+        lines.append(
+            f"  {'update ' if s.is_update else ''}{s.target}[{format_groups(s.groups)}] = {format_expr(s.expr)}"
+        )
         lines += [f"      {d}" for d in _describe_nodes(s.expr)]
     lines += [
         "",
@@ -484,20 +441,6 @@ def _show(g: DesignGraph, values: Mapping[str, int]) -> list[str]:
     return lines
 
 
-def _groups(groups: tuple[tuple[str, ...], ...]) -> str:
-    return " ".join(g[0] if len(g) == 1 else "(" + " ".join(g) + ")" for g in groups)
-
-
-def _sliced_groups(ref: TensorRef) -> str:
-    """`h, r: 0..R, f` or `h, n: N, m: N`: the axes of a table read in slices, as written."""
-    parts = []
-    for k, (group, extent) in enumerate(zip(ref.groups, ref.slices, strict=True)):
-        start = ref.offset(k)
-        cut = "" if extent is None else f": {extent}" if start == 0 else f": {start}..{start + extent}"
-        parts.append(_groups((group,)) + cut)
-    return ", ".join(parts)
-
-
 def _describe_nodes(expr: Expr) -> list[str]:
     out = []
     for node in walk(expr):
@@ -508,7 +451,7 @@ def _describe_nodes(expr: Expr) -> list[str]:
             way = f"{factors}-way " if factors > 2 else ""
             out.append(f"{way}contraction [{' '.join(node.legs)}]: contracted {summed}; batch legs {batch}")
         elif isinstance(node, Reduction) and node.masks:
-            masks = ", ".join(_format_mask(m) for m in node.masks)
+            masks = ", ".join(format_mask(m) for m in node.masks)
             out.append(f"{node.name} over {' '.join(node.over)} [{' '.join(node.legs)}], masks {masks}")
         elif isinstance(node, Scan):
             out.append(f"scan: {format_expr(node)} [{' '.join(node.legs)}]")
@@ -517,7 +460,7 @@ def _describe_nodes(expr: Expr) -> list[str]:
         elif isinstance(node, Convolution):
             out.append(f"convolution: {format_expr(node)} [{' '.join(node.legs)}], summed {' '.join(node.taps)}")
         elif isinstance(node, SoftmaxBox):
-            masks = ", ".join(_format_mask(m) for m in node.masks)
+            masks = ", ".join(format_mask(m) for m in node.masks)
             scale = f", scale {node.scale}" if node.is_exp else ""
             sink = f", sink {format_expr(node.sink)}" if node.sink is not None else ""
             out.append(
@@ -526,75 +469,3 @@ def _describe_nodes(expr: Expr) -> list[str]:
                 + (f", masks {masks}" if masks else "")
             )
     return out
-
-
-def _format_mask(mask: CausalMask | WindowMask | PaddingMask) -> str:
-    if isinstance(mask, PaddingMask):
-        return f"{mask.tensor.name}[{' '.join(mask.tensor.legs)}]"
-    if isinstance(mask, WindowMask):
-        return str(mask)
-    return f"causal({mask.query}, {mask.key})"
-
-
-def format_expr(e: Expr) -> str:
-    """An expression node as `.td`-like text (for show, codegen comments and errors)."""
-    if isinstance(e, TensorRef) and e.is_sliced:
-        return f"{e.name}[{_sliced_groups(e)}]"
-    if isinstance(e, TensorRef):
-        return f"{e.name}[{_groups(e.groups)}]"
-    if isinstance(e, Scalar):
-        return str(e.value)
-    if isinstance(e, Contraction):
-        text = " ".join(_wrap(f) for f in e.factors)
-        if e.coefficient == 1:
-            return text
-        coefficient = str(e.coefficient)
-        if not (e.coefficient.is_Atom or e.coefficient.is_Pow):
-            coefficient = f"({coefficient})"
-        return f"{coefficient} * {text}"
-    if isinstance(e, SumNode):
-        parts = [
-            ("- " if s < 0 else ("+ " if i else "")) + format_expr(t)
-            for i, (t, s) in enumerate(zip(e.terms, e.signs, strict=True))
-        ]
-        return " ".join(parts)
-    if isinstance(e, Quotient):
-        return f"{_wrap(e.numerator)} / {_wrap(e.denominator)}"  # type: ignore[arg-type]
-    if isinstance(e, SoftmaxBox):
-        sink = f", sink = {format_expr(e.sink)}" if e.sink is not None else ""
-        return f"{e.box_name}[{' '.join(e.normalized)}{sink}]({format_expr(e.content)})"  # type: ignore[arg-type]
-    if isinstance(e, ElementwiseMap):
-        if e.name == "pow":
-            return f"{_wrap(e.operand)} ^ {e.params[0]}"  # type: ignore[arg-type]
-        params = "".join(f", {p}" for p in e.params)
-        name = {"maximum": "max", "minimum": "min"}.get(e.name, e.name)
-        return f"{name}({format_expr(e.operand)}{params})"  # type: ignore[arg-type]
-    if isinstance(e, Reduction):
-        masks = "".join(f", mask = {_format_mask(m)}" for m in e.masks)
-        return f"{e.name}[{' '.join(e.over)}{masks}]({format_expr(e.operand)})"  # type: ignore[arg-type]
-    if isinstance(e, Scan):
-        flags = "".join(f", {word} = 1" for word, flag in (("exclusive", e.exclusive), ("reverse", e.reverse)) if flag)
-        masks = "".join(f", mask = {_format_mask(m)}" for m in e.masks)
-        return f"{e.name}[{e.along}{flags}{masks}]({format_expr(e.operand)})"  # type: ignore[arg-type]
-    if isinstance(e, SegmentSum):
-        return f"segsum[{e.along}, {e.key}]({format_expr(e.operand)})"  # type: ignore[arg-type]
-    if isinstance(e, Convolution):
-        options = [f"{s.leg} = {s.source()}" for s in e.shifts] + [f"mask = {_format_mask(m)}" for m in e.masks]
-        return f"conv[{', '.join(options)}]({format_expr(e.operand)}, {format_expr(e.kernel)})"  # type: ignore[arg-type]
-    if isinstance(e, CausalFactor):
-        return f"causal({e.query}, {e.key})"
-    if isinstance(e, WindowFactor):
-        return str(e.mask)
-    if isinstance(e, SquaredDistance):
-        return f"sqdist[{' '.join(e.over)}]({format_expr(e.left)}, {format_expr(e.right)})"  # type: ignore[arg-type]
-    if isinstance(e, PositionIndex):
-        return f"index({e.leg})"
-    if isinstance(e, Gather) and e.source is not None:
-        legs = [f"{leg} = {e.position}" if leg == e.axis else leg for leg in e.source.legs]
-        return f"{e.source.name}[{', '.join(legs)}]"
-    return type(e).__name__
-
-
-def _wrap(e: Expr) -> str:
-    text = format_expr(e)
-    return f"({text})" if isinstance(e, SumNode | Quotient | Contraction) else text

@@ -10,30 +10,12 @@ from typing import TYPE_CHECKING
 
 import sympy
 
-from .errors import Diagnostic, TdiagError
 from .graph import DesignGraph
+from .graph.model import numeric_shape as numeric_shape  # moved to the language; still read from here
 from .ir import Init, Tensor
 
 if TYPE_CHECKING:
     import torch
-
-
-def numeric_shape(tensor: Tensor, sizes: Mapping[str, int], graph: DesignGraph) -> tuple[int, ...]:
-    """The tensor's axis sizes as numbers at `sizes`; a run-time size here is an error."""
-    shape = []
-    for axis in tensor.axes:
-        value = graph.evaluate(axis.size, **sizes)
-        if not value.is_Integer:
-            missing = ", ".join(sorted(str(s) for s in value.free_symbols))
-            raise TdiagError(
-                Diagnostic(
-                    f"{tensor.kind} {tensor.name} needs the size of leg {axis.leg} ({axis.size}) when it is built",
-                    (tensor.span,),
-                    f"give {missing} a value, e.g. tdiag.load(..., {missing}=256) or --set {missing}=256",
-                )
-            )
-        shape.append(int(value))
-    return tuple(shape)
 
 
 def tensor_seed(seed: int, name: str) -> int:

@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING
 import sympy
 
 from .codegen import METHODS, class_name, generate
-from .design import DEFAULT_OBJECTIVE
 from .errors import Diagnostic, TdiagError
 from .graph import DesignGraph
+from .objectives import DEFAULT_OBJECTIVE
 from .plan import Plan, build_plan
 
 if TYPE_CHECKING:
     import torch
 
-    from .call_plans import CallPlans
     from .device import DeviceModel
+    from .plan.call_variants import CallPlans
 
 PLANNING_DEFAULTS = {"N": 1024, "B": 8}  # run-time sizes assumed when planning, unless given
 

@@ -88,3 +88,13 @@ def test_a_design_whose_boxes_cannot_be_fused_compares_the_flops_plan_alone():
     """lfish's boxes match no fused attention: `memory` would choose as `flops` does."""
     plan = tdiag.load(DESIGNS / "lfish.td").with_causal_mask().plan(N=256, objective="time")
     assert list(plan.compared) == ["time", "flops"]
+
+
+def test_the_objective_names_live_in_a_core_module_and_tdiag_design_still_gives_them():
+    from tdiag import design, module, objectives
+    from tdiag.plan import build
+
+    names = (objectives.OBJECTIVES, objectives.DEFAULT_OBJECTIVE, objectives.COST_OBJECTIVE)
+    assert (design.OBJECTIVES, design.DEFAULT_OBJECTIVE, design.COST_OBJECTIVE) == names
+    assert build.OBJECTIVES is objectives.OBJECTIVES and module.DEFAULT_OBJECTIVE is objectives.DEFAULT_OBJECTIVE
+    assert {objectives.DEFAULT_OBJECTIVE, objectives.COST_OBJECTIVE} <= set(objectives.OBJECTIVES)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import difflib
 
-from ..call_plans import CallPlans
 from ..plan import Plan
+from ..plan.call_variants import CallPlans
 from .forward import decodes, forward_method
 from .stored import dtype_reference, reference_tensor
 from .text import quoted, size_code, source

@@ -20,7 +20,7 @@ from .stored import init_line, stored_tensors, tensor_shape
 from .text import class_name, data_literal, python_text, quoted, source, tuple_code
 
 if TYPE_CHECKING:
-    from ..call_plans import CallPlans
+    from ..plan.call_variants import CallPlans
 
 
 _FLEX_IMPORT = ["from torch.nn.attention.flex_attention import create_block_mask, flex_attention"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sympy
 
 from ..graph import DesignGraph
+from ..graph.model import numeric_shape
 from ..ir import Tensor
 from ..plan import Plan
 from .text import known_sizes, number_code, quoted, scalar_code, size_code, source
@@ -22,8 +23,6 @@ def stored_tensors(plan: Plan) -> list[Tensor]:
 
 
 def tensor_shape(tensor: Tensor, graph: DesignGraph, sizes: dict[str, int]) -> tuple[int, ...]:
-    from ..init import numeric_shape
-
     return numeric_shape(tensor, sizes, graph)
 
 

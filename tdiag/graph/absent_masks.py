@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..ir import Expr, PaddingMask, TensorRef, map_children
-from .dataflow import _dataflow_graph
+from .dataflow import dataflow_graph
 from .model import DesignGraph
 
 
@@ -32,7 +32,7 @@ def without_masks(graph: DesignGraph) -> DesignGraph | None:
         tensors=tensors,
         statements=statements,
         updates=updates,
-        graph=_dataflow_graph(tensors, statements, updates),
+        graph=dataflow_graph(tensors, statements, updates),
     )
 
 

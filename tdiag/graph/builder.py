@@ -16,7 +16,7 @@ from .. import parse as syn
 from ..errors import Diagnostic, Span, TdiagError, a_or_an, did_you_mean
 from ..ir import Axis, Expr, Leg, Statement, Tensor, TensorRef, walk
 from ..names import reserved_because
-from .dataflow import _dataflow_graph
+from .dataflow import dataflow_graph
 from .declarations import Declarations
 from .expressions import _ExprBuilder
 from .lone_sums import MeantSums
@@ -80,7 +80,7 @@ class _Builder(Declarations):
             statements=self.statements,
             updates=self.updates,
             outputs=self.outputs,
-            graph=_dataflow_graph(self.tensors, self.statements, self.updates),
+            graph=dataflow_graph(self.tensors, self.statements, self.updates),
             warnings=[d for d in self.diagnostics if not d.is_error],
             leg_binders={leg: tuple(names) for leg, names in self.leg_binders.items()},
             leg_uses=_leg_uses(self.items),

@@ -39,7 +39,7 @@ from ..ir import (
 )
 from ..resources import shown_path
 from .causal import _position_legs, _shifts_positions
-from .dataflow import _dataflow_graph
+from .dataflow import dataflow_graph
 from .model import DesignGraph
 
 # a node a mask per head reaches, its head legs (node_heads) and the legs only its query side holds
@@ -258,7 +258,7 @@ def _with(graph: DesignGraph, name: str, query: str, key: str, bias: bool, per_h
     for statement in statements:
         tensors[statement.target].statement = statement
     return dataclasses.replace(
-        graph, tensors=tensors, statements=statements, graph=_dataflow_graph(tensors, statements, graph.updates)
+        graph, tensors=tensors, statements=statements, graph=dataflow_graph(tensors, statements, graph.updates)
     )
 
 

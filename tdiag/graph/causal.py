@@ -42,7 +42,7 @@ from ..ir import (
     map_children,
     walk,
 )
-from .dataflow import _dataflow_graph
+from .dataflow import dataflow_graph
 from .model import DesignGraph
 
 
@@ -365,7 +365,7 @@ def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> De
         name=graph.name,
         tensors=tensors,
         statements=masking.statements,
-        graph=_dataflow_graph(tensors, masking.statements, graph.updates),
+        graph=dataflow_graph(tensors, masking.statements, graph.updates),
     )
 
 

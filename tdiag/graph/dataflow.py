@@ -12,7 +12,7 @@ import networkx as nx
 from ..ir import Expr, PaddingMask, SoftmaxBox, Statement, Tensor, TensorRef
 
 
-def _dataflow_graph(
+def dataflow_graph(
     tensors: Mapping[str, Tensor], statements: list[Statement], updates: list[Statement]
 ) -> nx.MultiDiGraph:
     """Tensors and operations as nodes; an edge carries the legs of the value that flows on it.

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import sympy
 
-from ..errors import Diagnostic, Span
+from ..errors import Diagnostic, Span, TdiagError
 from ..ir import Leg, Size, SoftmaxBox, Statement, Tensor, walk
 from .sizes import expand_sizes, size_values
 
@@ -137,3 +137,46 @@ class DesignGraph:
             view.remove_edges_from(edges)
             self._forward = view
         return self._forward
+
+
+def checked_sizes(graph: DesignGraph | None, sizes: Mapping[str, object]) -> dict[str, int]:
+    """Sizes given through the Python API: positive whole numbers within LIMITS.max_size, each a
+    size of the design (or B, the batch size a plan assumes); anything else is a TdiagError."""
+    for key, value in sizes.items():
+        if isinstance(value, Mapping):
+            raise TdiagError(
+                Diagnostic(
+                    f"{key}={value!r} is not a size",
+                    hint="give sizes as keywords (N=512) or as a mapping in first place ({'N': 512})",
+                )
+            )
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise TdiagError(Diagnostic(f"size {key} must be a positive whole number, got {value!r}"))
+        if value > LIMITS.max_size:
+            raise TdiagError(Diagnostic(f"size {key} = {value:,} is over the limit of {LIMITS.max_size:,}"))
+        if graph is not None and key not in graph.sizes and key != "B":
+            raise TdiagError(
+                Diagnostic(
+                    f"design '{graph.name}' has no size '{key}'",
+                    hint=f"its sizes are: {', '.join(sorted(graph.sizes)) or 'none'}",
+                )
+            )
+    return dict(sizes)  # type: ignore[arg-type]
+
+
+def numeric_shape(tensor: Tensor, sizes: Mapping[str, int], graph: DesignGraph) -> tuple[int, ...]:
+    """The tensor's axis sizes as numbers at `sizes`; a run-time size here is an error."""
+    shape = []
+    for axis in tensor.axes:
+        value = graph.evaluate(axis.size, **sizes)
+        if not value.is_Integer:
+            missing = ", ".join(sorted(str(s) for s in value.free_symbols))
+            raise TdiagError(
+                Diagnostic(
+                    f"{tensor.kind} {tensor.name} needs the size of leg {axis.leg} ({axis.size}) when it is built",
+                    (tensor.span,),
+                    f"give {missing} a value, e.g. tdiag.load(..., {missing}=256) or --set {missing}=256",
+                )
+            )
+        shape.append(int(value))
+    return tuple(shape)

@@ -1,9 +1,25 @@
 """Planning: DesignGraph + sizes -> Plan, the lowered program (program.py) that codegen prints
-and cost reads. The passes that build it live one per module in this package."""
+and cost reads. The passes that build it live one per module in this package.
 
-from .base import OPTIMAL_UP_TO, RESERVED
-from .build import build_plan
-from .program import BATCH, BATCH_SIZE, Operand, Plan, Step, Value, reads
+The planner is itself layered, each part importing only those before it: the program IR
+(program.py: ops, Values, Steps, Plan); its prices (strides, abstract, footprint, timing,
+objective: what a program costs); the lowering (base.py and one module per construct: regions,
+contractions, boxes, SDPA, chunked sums, ...); the candidate forms of a box (forms/*); the chooser
+(forms/__init__, forms/choice.py); and the passes over the whole design (build.py, absorb_choice,
+layout, report, call_variants). It may import the core and the language, never the backends,
+the runtime or the facade. Its public names are imported on first use (PEP 562), so
+`import tdiag.plan.program` loads the program IR alone."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .base import OPTIMAL_UP_TO, RESERVED
+    from .build import build_plan
+    from .program import BATCH, BATCH_SIZE, Operand, Plan, Step, Value, reads
 
 __all__ = [
     "BATCH",
@@ -17,3 +33,12 @@ __all__ = [
     "build_plan",
     "reads",
 ]
+
+_HOMES = {
+    "OPTIMAL_UP_TO": "base",
+    "RESERVED": "base",
+    "build_plan": "build",
+    **dict.fromkeys(("BATCH", "BATCH_SIZE", "Operand", "Plan", "Step", "Value", "reads"), "program"),
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES, __all__)

@@ -4,11 +4,11 @@ from collections.abc import Mapping
 
 import sympy
 
-from ..design import DEFAULT_OBJECTIVE, OBJECTIVES
 from ..device import DeviceModel
 from ..graph import DesignGraph
 from ..graph.absorb import absorbed, unread_dropped
 from ..ir import Expr, TensorRef
+from ..objectives import DEFAULT_OBJECTIVE, OBJECTIVES
 from . import report  # noqa: F401  (registers the plan's printers, program.PLAN_VIEWS)
 from .absorb_choice import cheaper_form, replaced_tensors
 from .base import LoweringBase, _all_legs

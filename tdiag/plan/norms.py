@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import sympy
 
-from ..graph.dataflow import _dataflow_graph
+from ..graph.dataflow import dataflow_graph
 from ..ir import ONE, Contraction, ElementwiseMap, Expr, Reduction, Scalar, SumNode, TensorRef, map_children, walk
 from .program import LayerNorm, Operand, Step, Value, align, show_legs
 
@@ -56,7 +56,7 @@ def fuse_layer_norms(graph: DesignGraph) -> DesignGraph:
     for statement in kept:
         tensors[statement.target].statement = statement
     return dataclasses.replace(
-        graph, tensors=tensors, statements=kept, graph=_dataflow_graph(tensors, kept, graph.updates)
+        graph, tensors=tensors, statements=kept, graph=dataflow_graph(tensors, kept, graph.updates)
     )
 
 
