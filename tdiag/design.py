@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import sympy
 
+from . import constructs  # noqa: F401  (registers every construct's rules)
 from .check import check
 from .errors import SOURCES, Diagnostic, Span, TdiagError
 from .files import check_path

@@ -1,0 +1,22 @@
+"""`causal(n, m)` as a factor: 1 where the key index m <= the query index n, else 0 (a map's
+causal mask, `with_causal_mask` on an un-normalized attention). Its rules for every stage."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..evaluation import EVALUATE
+from ..ir import CausalFactor, CausalMask
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..reference import Frame
+
+
+@EVALUATE.register(CausalFactor)
+def evaluate(node: CausalFactor, frame: Frame) -> torch.Tensor:
+    """The causal mask's 1s and 0s in the compute dtype."""
+    from ..reference import causal_mask
+
+    return causal_mask(CausalMask(node.query, node.key, node.span), node.legs, frame).to(frame.dtype)

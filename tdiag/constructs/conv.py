@@ -1,0 +1,48 @@
+"""`conv[n = n - i, m = m - j + P](S, theta)`: a zero-padded convolution along position legs
+(Multi-Token Attention's key-query convolution), with masks zeroing the operand first. Its rules
+for every stage."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..evaluation import EVALUATE
+from ..ir import Convolution
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..reference import Frame
+
+
+@EVALUATE.register(Convolution)
+def evaluate(node: Convolution, frame: Frame) -> torch.Tensor:
+    """Σ over the offset legs of kernel · operand at the shifted positions, by the definition: the
+    operand's hidden entries zeroed, then for each shift the operand read at leg + sign·k + start
+    for every offset k (0 where that is outside the leg), stacked along the offset leg, and the
+    product with the kernel summed over the offsets."""
+    import torch
+
+    from ..reference import align, leg_dims, masks_allowed
+
+    operand, kernel = node.operand, node.kernel
+    assert operand is not None and kernel is not None
+    x = frame.evaluate(operand)
+    allowed = masks_allowed(node.masks, operand.legs, frame)
+    if allowed is not None:
+        x, allowed = torch.broadcast_tensors(x, allowed)
+        x = torch.where(allowed, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    legs = list(operand.legs)
+    for shift in node.shifts:
+        dim = x.dim() - len(legs) + legs.index(shift.leg)
+        size = x.shape[dim]
+        copies = []
+        for k in range(frame.leg_size(shift.offset)):
+            source = torch.arange(size, device=x.device) + shift.sign * k + int(frame.number(shift.start))
+            inside = ((source >= 0) & (source < size)).to(x.dtype)
+            read = x.index_select(dim, source.clamp(0, size - 1))
+            copies.append(read * inside.reshape((size, *([1] * (x.dim() - dim - 1)))))
+        x = torch.stack(copies, -1)
+        legs.append(shift.offset)
+    product = x * align(frame.evaluate(kernel), kernel.legs, legs)
+    return align(product.sum(dim=leg_dims(node.taps, legs)), operand.legs, node.legs)

@@ -1,0 +1,49 @@
+"""Elementwise maps (exp, log, relu, elu1, the common activations, clamp, max/min with a bound,
+pow): shape-preserving functions of one operand. Their rules for every stage."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..evaluation import EVALUATE
+from ..ir import ElementwiseMap
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..reference import Frame
+
+_TORCH_MAPS = ("sigmoid", "tanh", "sin", "cos", "sqrt", "abs")  # torch.<name>
+_FUNCTIONAL_MAPS = ("softplus", "silu", "gelu")  # torch.nn.functional.<name>
+
+
+@EVALUATE.register(ElementwiseMap)
+def evaluate(node: ElementwiseMap, frame: Frame) -> torch.Tensor:
+    """exp, log, relu, elu1 = elu + 1, the common maps (sigmoid ... abs), clamp(lo, hi), pow(p)."""
+    import torch
+    from torch import nn
+
+    from ..reference import align
+
+    assert node.operand is not None
+    x = align(frame.evaluate(node.operand), node.operand.legs, node.legs)
+    params = [frame.number(p) for p in node.params]
+    if node.name == "exp":
+        return torch.exp(x)
+    if node.name == "log":
+        return torch.log(x)
+    if node.name == "relu":
+        return torch.relu(x)
+    if node.name == "elu1":
+        return nn.functional.elu(x) + 1
+    if node.name in _TORCH_MAPS:
+        return getattr(torch, node.name)(x)
+    if node.name in _FUNCTIONAL_MAPS:
+        return getattr(nn.functional, node.name)(x)
+    if node.name == "clamp":
+        return torch.clamp(x, params[0], params[1])
+    if node.name in ("maximum", "minimum"):
+        return torch.clamp(x, **{"min" if node.name == "maximum" else "max": params[0]})
+    if node.name == "pow":
+        return x ** (int(params[0]) if params[0].is_integer() else params[0])
+    raise ValueError(f"unknown elementwise map {node.name}")

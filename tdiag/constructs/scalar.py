@@ -1,0 +1,21 @@
+"""A number or size as a term or factor (`2`, `1 / sqrt(D)`): its rules for every stage."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..evaluation import EVALUATE
+from ..ir import Scalar
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..reference import Frame
+
+
+@EVALUATE.register(Scalar)
+def evaluate(node: Scalar, frame: Frame) -> torch.Tensor:
+    """The number at the frame's sizes, a 0-dim tensor in the compute dtype."""
+    import torch
+
+    return torch.tensor(frame.number(node.value), dtype=frame.dtype, device=frame.device)

@@ -1,0 +1,55 @@
+"""Prefix scans along a position leg: cumsum and logcumsumexp, exclusive or reversed, with masks
+hiding entries. Their rules for every stage."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from ..evaluation import EVALUATE
+from ..ir import POSITION_MASKS, PaddingMask, Scan
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..reference import Frame
+
+
+@EVALUATE.register(Scan)
+def evaluate(node: Scan, frame: Frame) -> torch.Tensor:
+    """A prefix scan along `along`, entry by entry: entry i combines the operand's entries k ≤ i
+    (k < i when exclusive; k ≥ i, k > i when reversed) by a running total (a sum, or log Σ exp
+    for logcumsumexp); a hidden entry adds 0 to a sum, and to a log Σ exp the dtype's lowest
+    number where padding hides it, −inf where a causal mask does."""
+    import torch
+
+    from ..reference import leg_dims, masks_allowed
+
+    operand = node.operand
+    assert operand is not None
+    x = frame.evaluate(operand)
+    empty = 0.0 if node.name == "cumsum" else -math.inf
+    if node.name == "logcumsumexp":  # a padded entry is the dtype's lowest number, a future one −inf
+        padding = masks_allowed([m for m in node.masks if isinstance(m, PaddingMask)], operand.legs, frame)
+        if padding is not None:
+            x, padding = torch.broadcast_tensors(x, padding)
+            x = torch.where(padding, x, torch.finfo(x.dtype).min)
+    allowed = masks_allowed(
+        node.masks if node.name == "cumsum" else [m for m in node.masks if isinstance(m, POSITION_MASKS)],
+        operand.legs,
+        frame,
+    )
+    if allowed is not None:
+        x, allowed = torch.broadcast_tensors(x, allowed)
+    dim = leg_dims([node.along], operand.legs)[0]
+    entries = list(x.unbind(dim))
+    visible = list(allowed.unbind(dim)) if allowed is not None else [None] * len(entries)
+    order = range(len(entries) - 1, -1, -1) if node.reverse else range(len(entries))
+    total = torch.full_like(entries[0], empty)
+    results: list[torch.Tensor] = [total] * len(entries)
+    for i in order:
+        entry = entries[i] if visible[i] is None else torch.where(visible[i], entries[i], empty)
+        after = total + entry if node.name == "cumsum" else torch.logaddexp(total, entry)
+        results[i] = total if node.exclusive else after
+        total = after
+    return torch.stack(results, dim)

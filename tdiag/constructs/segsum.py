@@ -1,0 +1,42 @@
+"""`segsum[n, m](a)`: the segment sums Σ_{k=m+1..n} a_k over a position leg and a new key leg,
+−inf where m > n; exp of it is Mamba-2's 1-semiseparable decay mask (Dao & Gu 2024, eq. 4). Its
+rules for every stage."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from ..evaluation import EVALUATE
+from ..ir import SegmentSum
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..reference import Frame
+
+
+@EVALUATE.register(SegmentSum)
+def evaluate(node: SegmentSum, frame: Frame) -> torch.Tensor:
+    """S[.., n, m] = Σ_{k=m+1..n} a_k for m ≤ n and −inf for m > n, by its definition: a sum
+    of the entries between, for every pair (n, m)."""
+    import torch
+
+    from ..reference import align
+
+    operand = node.operand
+    assert operand is not None
+    a = frame.evaluate(operand)
+    rest = [leg for leg in operand.legs if leg != node.along]
+    a = align(a, operand.legs, (*rest, node.along))
+    size = a.shape[-1]
+    rows = []
+    for n in range(size):
+        row = []
+        for m in range(size):
+            if m > n:
+                row.append(torch.full_like(a[..., 0], -math.inf))
+            else:
+                row.append(a[..., m + 1 : n + 1].sum(dim=-1))
+        rows.append(torch.stack(row, -1))
+    return align(torch.stack(rows, -2), (*rest, node.along, node.key), node.legs)

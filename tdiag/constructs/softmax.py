@@ -1,0 +1,71 @@
+"""The softmax box (Tuformer's dotted box with a filled ball on the normalized legs, labelled with
+the scale α), the normalize box x / Σ x of linear attention, their masks and a sink logit
+(gpt-oss). Its rules for every stage."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..evaluation import EVALUATE
+from ..ir import POSITION_MASKS, PaddingMask, SoftmaxBox
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..reference import Frame
+
+
+@EVALUATE.register(SoftmaxBox)
+def evaluate(node: SoftmaxBox, frame: Frame) -> torch.Tensor:
+    """softmax (is_exp): softmax of scale * content jointly over the normalized legs, logits a
+    padding mask hides set to the dtype's lowest finite value (a row of them averages the values)
+    and those a causal mask hides to -inf (the future never takes weight). normalize: content
+    with masked entries 0, divided by its sum over the normalized legs plus eps."""
+    import torch
+
+    from ..reference import align, leg_dims, masks_allowed
+
+    assert node.content is not None
+    x = align(frame.evaluate(node.content), node.content.legs, node.legs)
+    dims = leg_dims(node.normalized, node.legs)
+    if node.is_exp:
+        x = frame.number(node.scale) * x
+        padded = masks_allowed([m for m in node.masks if isinstance(m, PaddingMask)], node.legs, frame)
+        causal = masks_allowed([m for m in node.masks if isinstance(m, POSITION_MASKS)], node.legs, frame)
+        if padded is not None:
+            x = torch.where(padded, x, torch.finfo(x.dtype).min)
+        if causal is not None:  # the future takes no weight, even in a row whose past is all padding
+            x = torch.where(causal, x, float("-inf"))
+        if node.sink is not None:
+            sink = align(frame.evaluate(node.sink), node.sink.legs, node.legs)
+            return _sink_softmax(x, sink, dims)
+        return _joint_softmax(x, dims)
+    allowed = masks_allowed(node.masks, node.legs, frame)
+    if allowed is not None:
+        x = torch.where(allowed, x, 0.0)
+    return x / (x.sum(dim=dims, keepdim=True) + frame.number(node.eps))
+
+
+def _sink_softmax(x: torch.Tensor, sink: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    """The softmax of x over `dims` with the logit `sink` (constant along `dims`) one more entry
+    of each row's denominator, as gpt-oss's eager attention computes it: the row's logits and its
+    sink concatenated, softmaxed, the sink's weight dropped. No mask hides the sink, so a row
+    whose keys are all hidden gives weights ≈ 0 (a padded row) or exactly 0 (a causal one)."""
+    import torch
+
+    dims = [d % x.dim() for d in dims]
+    end = list(range(x.dim() - len(dims), x.dim()))
+    moved = x.movedim(dims, end)
+    flat = moved.flatten(x.dim() - len(dims))
+    row = sink.expand(x.shape).movedim(dims, end).flatten(x.dim() - len(dims))[..., :1]
+    weights = torch.cat([flat, row], dim=-1).softmax(dim=-1)[..., :-1]
+    return weights.reshape(moved.shape).movedim(end, dims)
+
+
+def _joint_softmax(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    """Softmax over several dims at once: moved to the end, flattened, softmaxed, put back."""
+    dims = [d % x.dim() for d in dims]
+    end = list(range(x.dim() - len(dims), x.dim()))
+    moved = x.movedim(dims, end)
+    flat = moved.flatten(x.dim() - len(dims)).softmax(dim=-1)  # flatten: also for an empty batch
+    return flat.reshape(moved.shape).movedim(end, dims)

@@ -1,0 +1,27 @@
+"""`sqdist[d](Q, K)`: Σ_d (left − right)², the Gaussian-kernel distance between a query and a key
+side (MGK). Its rules for every stage."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..evaluation import EVALUATE
+from ..ir import SquaredDistance
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..reference import Frame
+
+
+@EVALUATE.register(SquaredDistance)
+def evaluate(node: SquaredDistance, frame: Frame) -> torch.Tensor:
+    """Σ_over (left - right)², naively: both sides broadcast to the union of their legs."""
+    from ..reference import align, leg_dims
+
+    left, right = node.left, node.right
+    assert left is not None and right is not None
+    union = tuple(dict.fromkeys((*left.legs, *right.legs)))
+    difference = align(frame.evaluate(left), left.legs, union) - align(frame.evaluate(right), right.legs, union)
+    x = (difference**2).sum(dim=leg_dims(node.over, union))
+    return align(x, [leg for leg in union if leg not in node.over], node.legs)

@@ -1,0 +1,22 @@
+"""`window(n, m, W)` (or `window(n, m, L, R)`) as a factor: 1 where the key is inside the query's
+window, else 0. Its rules for every stage."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..evaluation import EVALUATE
+from ..ir import WindowFactor
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..reference import Frame
+
+
+@EVALUATE.register(WindowFactor)
+def evaluate(node: WindowFactor, frame: Frame) -> torch.Tensor:
+    """The window mask's 1s and 0s in the compute dtype."""
+    from ..reference import window_mask
+
+    return window_mask(node.mask, node.legs, frame).to(frame.dtype)
