@@ -15,29 +15,10 @@ from .errors import SOURCES, Diagnostic, Span, TdiagError
 from .files import check_path
 from .graph import LIMITS, DesignGraph, build_graph, load_items
 from .ir import (
-    CausalFactor,
-    CausalMask,
-    Contraction,
-    Convolution,
-    ElementwiseMap,
-    Expr,
-    Gather,
-    PaddingMask,
-    PositionIndex,
-    Quotient,
-    Reduction,
-    Scalar,
-    Scan,
-    SegmentSum,
     SoftmaxBox,
-    SquaredDistance,
-    SumNode,
     Tensor,
-    TensorRef,
-    WindowFactor,
-    WindowMask,
-    walk,
 )
+from .printing import describe_nodes, format_expr, groups_text
 from .resources import shown_path
 
 if TYPE_CHECKING:
@@ -427,7 +408,7 @@ def _tables(design: Design, show) -> list[tuple[str, list[str], list[list[str]],
     count = g.parameter_count()
     tensors.append(["", "all parameters", "", show(count), value(count)])
     statements = [
-        [f"{'update ' if s.is_update else ''}{s.target}[{_groups(s.groups)}] = {format_expr(s.expr)}"]
+        [f"{'update ' if s.is_update else ''}{s.target}[{groups_text(s.groups)}] = {format_expr(s.expr)}"]
         for s in [*g.statements, *g.updates]
     ]
     statements += [["output " + ", ".join(f"{o}[{' '.join(g.tensors[o].legs)}]" for o in g.outputs)]]
@@ -470,8 +451,8 @@ def _show(g: DesignGraph, values: Mapping[str, int]) -> list[str]:
         lines.append(f"  {t.kind:<6} {t.name}[{axes}]{extra}")
     lines += ["", "statements"]
     for s in [*g.statements, *g.updates]:
-        lines.append(f"  {'update ' if s.is_update else ''}{s.target}[{_groups(s.groups)}] = {format_expr(s.expr)}")
-        lines += [f"      {d}" for d in _describe_nodes(s.expr)]
+        lines.append(f"  {'update ' if s.is_update else ''}{s.target}[{groups_text(s.groups)}] = {format_expr(s.expr)}")
+        lines += [f"      {d}" for d in describe_nodes(s.expr)]
     lines += [
         "",
         "outputs: " + ", ".join(f"{o}[{' '.join(g.tensors[o].legs)}]" for o in g.outputs),
@@ -483,119 +464,3 @@ def _show(g: DesignGraph, values: Mapping[str, int]) -> list[str]:
         else f"parameters: {count}"
     )
     return lines
-
-
-def _groups(groups: tuple[tuple[str, ...], ...]) -> str:
-    return " ".join(g[0] if len(g) == 1 else "(" + " ".join(g) + ")" for g in groups)
-
-
-def _sliced_groups(ref: TensorRef) -> str:
-    """`h, r: 0..R, f` or `h, n: N, m: N`: the axes of a table read in slices, as written."""
-    parts = []
-    for k, (group, extent) in enumerate(zip(ref.groups, ref.slices, strict=True)):
-        start = ref.offset(k)
-        cut = "" if extent is None else f": {extent}" if start == 0 else f": {start}..{start + extent}"
-        parts.append(_groups((group,)) + cut)
-    return ", ".join(parts)
-
-
-def _describe_nodes(expr: Expr) -> list[str]:
-    out = []
-    for node in walk(expr):
-        if isinstance(node, Contraction) and (node.summed or node.batch):
-            summed = ", ".join(node.summed) or "none"
-            batch = ", ".join(node.batch) or "none"
-            factors = len(node.factors)
-            way = f"{factors}-way " if factors > 2 else ""
-            out.append(f"{way}contraction [{' '.join(node.legs)}]: contracted {summed}; batch legs {batch}")
-        elif isinstance(node, Reduction) and node.masks:
-            masks = ", ".join(_format_mask(m) for m in node.masks)
-            out.append(f"{node.name} over {' '.join(node.over)} [{' '.join(node.legs)}], masks {masks}")
-        elif isinstance(node, Scan):
-            out.append(f"scan: {format_expr(node)} [{' '.join(node.legs)}]")
-        elif isinstance(node, SegmentSum):
-            out.append(f"segment sums along {node.along} over [{' '.join(node.legs)}]")
-        elif isinstance(node, Convolution):
-            out.append(f"convolution: {format_expr(node)} [{' '.join(node.legs)}], summed {' '.join(node.taps)}")
-        elif isinstance(node, SoftmaxBox):
-            masks = ", ".join(_format_mask(m) for m in node.masks)
-            scale = f", scale {node.scale}" if node.is_exp else ""
-            sink = f", sink {format_expr(node.sink)}" if node.sink is not None else ""
-            out.append(
-                f"{node.box_name} box over [{' '.join(node.legs)}], normalized leg {' '.join(node.normalized)}{scale}"
-                + sink
-                + (f", masks {masks}" if masks else "")
-            )
-    return out
-
-
-def _format_mask(mask: CausalMask | WindowMask | PaddingMask) -> str:
-    if isinstance(mask, PaddingMask):
-        return f"{mask.tensor.name}[{' '.join(mask.tensor.legs)}]"
-    if isinstance(mask, WindowMask):
-        return str(mask)
-    return f"causal({mask.query}, {mask.key})"
-
-
-def format_expr(e: Expr) -> str:
-    """An expression node as `.td`-like text (for show, codegen comments and errors)."""
-    if isinstance(e, TensorRef) and e.is_sliced:
-        return f"{e.name}[{_sliced_groups(e)}]"
-    if isinstance(e, TensorRef):
-        return f"{e.name}[{_groups(e.groups)}]"
-    if isinstance(e, Scalar):
-        return str(e.value)
-    if isinstance(e, Contraction):
-        text = " ".join(_wrap(f) for f in e.factors)
-        if e.coefficient == 1:
-            return text
-        coefficient = str(e.coefficient)
-        if not (e.coefficient.is_Atom or e.coefficient.is_Pow):
-            coefficient = f"({coefficient})"
-        return f"{coefficient} * {text}"
-    if isinstance(e, SumNode):
-        parts = [
-            ("- " if s < 0 else ("+ " if i else "")) + format_expr(t)
-            for i, (t, s) in enumerate(zip(e.terms, e.signs, strict=True))
-        ]
-        return " ".join(parts)
-    if isinstance(e, Quotient):
-        return f"{_wrap(e.numerator)} / {_wrap(e.denominator)}"  # type: ignore[arg-type]
-    if isinstance(e, SoftmaxBox):
-        sink = f", sink = {format_expr(e.sink)}" if e.sink is not None else ""
-        return f"{e.box_name}[{' '.join(e.normalized)}{sink}]({format_expr(e.content)})"  # type: ignore[arg-type]
-    if isinstance(e, ElementwiseMap):
-        if e.name == "pow":
-            return f"{_wrap(e.operand)} ^ {e.params[0]}"  # type: ignore[arg-type]
-        params = "".join(f", {p}" for p in e.params)
-        name = {"maximum": "max", "minimum": "min"}.get(e.name, e.name)
-        return f"{name}({format_expr(e.operand)}{params})"  # type: ignore[arg-type]
-    if isinstance(e, Reduction):
-        masks = "".join(f", mask = {_format_mask(m)}" for m in e.masks)
-        return f"{e.name}[{' '.join(e.over)}{masks}]({format_expr(e.operand)})"  # type: ignore[arg-type]
-    if isinstance(e, Scan):
-        flags = "".join(f", {word} = 1" for word, flag in (("exclusive", e.exclusive), ("reverse", e.reverse)) if flag)
-        masks = "".join(f", mask = {_format_mask(m)}" for m in e.masks)
-        return f"{e.name}[{e.along}{flags}{masks}]({format_expr(e.operand)})"  # type: ignore[arg-type]
-    if isinstance(e, SegmentSum):
-        return f"segsum[{e.along}, {e.key}]({format_expr(e.operand)})"  # type: ignore[arg-type]
-    if isinstance(e, Convolution):
-        options = [f"{s.leg} = {s.source()}" for s in e.shifts] + [f"mask = {_format_mask(m)}" for m in e.masks]
-        return f"conv[{', '.join(options)}]({format_expr(e.operand)}, {format_expr(e.kernel)})"  # type: ignore[arg-type]
-    if isinstance(e, CausalFactor):
-        return f"causal({e.query}, {e.key})"
-    if isinstance(e, WindowFactor):
-        return str(e.mask)
-    if isinstance(e, SquaredDistance):
-        return f"sqdist[{' '.join(e.over)}]({format_expr(e.left)}, {format_expr(e.right)})"  # type: ignore[arg-type]
-    if isinstance(e, PositionIndex):
-        return f"index({e.leg})"
-    if isinstance(e, Gather) and e.source is not None:
-        legs = [f"{leg} = {e.position}" if leg == e.axis else leg for leg in e.source.legs]
-        return f"{e.source.name}[{', '.join(legs)}]"
-    return type(e).__name__
-
-
-def _wrap(e: Expr) -> str:
-    text = format_expr(e)
-    return f"({text})" if isinstance(e, SumNode | Quotient | Contraction) else text

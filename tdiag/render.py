@@ -504,7 +504,7 @@ def _trace(design: DesignGraph, inline: bool) -> _Drawing:
 def _draw_statement(d: _Drawing, statement: Statement) -> None:
     """One statement as its own cluster, labelled with its text: its right-hand side's network,
     whose dangling legs are the target's legs; tensors of earlier statements are single nodes."""
-    from .design import format_expr
+    from .printing import format_expr
 
     target = f"{statement.target}[{' '.join(_group_text(g) for g in statement.groups)}]"
     text = f"{'update ' if statement.is_update else ''}{target} = {format_expr(statement.expr)}"

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..evaluation import EVALUATE
 from ..ir import CausalFactor, CausalMask
+from ..printing import DESCRIBE, PRINT, nothing_to_describe
 
 if TYPE_CHECKING:
     import torch
@@ -20,3 +21,11 @@ def evaluate(node: CausalFactor, frame: Frame) -> torch.Tensor:
     from ..reference import causal_mask
 
     return causal_mask(CausalMask(node.query, node.key, node.span), node.legs, frame).to(frame.dtype)
+
+
+@PRINT.register(CausalFactor)
+def text(e: CausalFactor) -> str:
+    return f"causal({e.query}, {e.key})"
+
+
+DESCRIBE.register(CausalFactor)(nothing_to_describe)

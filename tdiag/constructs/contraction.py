@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..evaluation import EVALUATE
 from ..ir import Contraction
+from ..printing import DESCRIBE, PRINT, parenthesized, wrapped
 
 if TYPE_CHECKING:
     import torch
@@ -24,3 +25,29 @@ def evaluate(node: Contraction, frame: Frame) -> torch.Tensor:
     inputs = ",".join("..." + "".join(letters[leg] for leg in factor.legs) for factor in node.factors)
     spec = f"{inputs}->..." + "".join(letters[leg] for leg in node.legs)
     return frame.number(node.coefficient) * frame.einsum(spec, *(frame.evaluate(f) for f in node.factors))
+
+
+@PRINT.register(Contraction)
+def text(e: Contraction) -> str:
+    """The factors side by side, after their coefficient: `1 / sqrt(D) * Q[n h d] K[m h d]`."""
+    factors = " ".join(wrapped(f) for f in e.factors)
+    if e.coefficient == 1:
+        return factors
+    coefficient = str(e.coefficient)
+    if not (e.coefficient.is_Atom or e.coefficient.is_Pow):
+        coefficient = f"({coefficient})"
+    return f"{coefficient} * {factors}"
+
+
+@DESCRIBE.register(Contraction)
+def describe(node: Contraction) -> str | None:
+    """What is contracted and which legs are batch legs (Tuformer Fig. 2), where any is."""
+    if not (node.summed or node.batch):
+        return None
+    summed = ", ".join(node.summed) or "none"
+    batch = ", ".join(node.batch) or "none"
+    way = f"{len(node.factors)}-way " if len(node.factors) > 2 else ""
+    return f"{way}contraction [{' '.join(node.legs)}]: contracted {summed}; batch legs {batch}"
+
+
+parenthesized(Contraction)

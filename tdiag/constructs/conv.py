@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..evaluation import EVALUATE
 from ..ir import Convolution
+from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 
 if TYPE_CHECKING:
     import torch
@@ -46,3 +47,16 @@ def evaluate(node: Convolution, frame: Frame) -> torch.Tensor:
         legs.append(shift.offset)
     product = x * align(frame.evaluate(kernel), kernel.legs, legs)
     return align(product.sum(dim=leg_dims(node.taps, legs)), operand.legs, node.legs)
+
+
+@PRINT.register(Convolution)
+def text(e: Convolution) -> str:
+    """`conv[n = n - i, m = m - j + P, mask = causal(n, m)](S[h n m], theta[h i j])`."""
+    assert e.operand is not None and e.kernel is not None
+    options = [f"{s.leg} = {s.source()}" for s in e.shifts] + [f"mask = {format_mask(m)}" for m in e.masks]
+    return f"conv[{', '.join(options)}]({format_expr(e.operand)}, {format_expr(e.kernel)})"
+
+
+@DESCRIBE.register(Convolution)
+def describe(node: Convolution) -> str:
+    return f"convolution: {format_expr(node)} [{' '.join(node.legs)}], summed {' '.join(node.taps)}"

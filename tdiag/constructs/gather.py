@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..evaluation import EVALUATE
 from ..ir import Gather, Position
+from ..printing import DESCRIBE, PRINT, nothing_to_describe
 
 if TYPE_CHECKING:
     import torch
@@ -113,3 +114,14 @@ def _position_number(position: Position, frame: Frame) -> int | float:
             return a // b
         return math.floor(parts[0])
     return functions[position.op](*parts)
+
+
+@PRINT.register(Gather)
+def text(e: Gather) -> str:
+    """`Rel[h, r = clamp(m - n, -K, K) + K]`: the source's legs, the gathered one at its position."""
+    assert e.source is not None
+    legs = [f"{leg} = {e.position}" if leg == e.axis else leg for leg in e.source.legs]
+    return f"{e.source.name}[{', '.join(legs)}]"
+
+
+DESCRIBE.register(Gather)(nothing_to_describe)

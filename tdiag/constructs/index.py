@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..evaluation import EVALUATE
 from ..ir import PositionIndex
+from ..printing import DESCRIBE, PRINT, nothing_to_describe
 
 if TYPE_CHECKING:
     import torch
@@ -18,3 +19,11 @@ if TYPE_CHECKING:
 def evaluate(node: PositionIndex, frame: Frame) -> torch.Tensor:
     """The leg's positions (from its start in a decoding step) in the compute dtype."""
     return frame.leg_indices(node.leg).to(frame.dtype)
+
+
+@PRINT.register(PositionIndex)
+def text(e: PositionIndex) -> str:
+    return f"index({e.leg})"
+
+
+DESCRIBE.register(PositionIndex)(nothing_to_describe)

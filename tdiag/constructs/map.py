@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..evaluation import EVALUATE
 from ..ir import ElementwiseMap
+from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe, wrapped
 
 if TYPE_CHECKING:
     import torch
@@ -47,3 +48,17 @@ def evaluate(node: ElementwiseMap, frame: Frame) -> torch.Tensor:
     if node.name == "pow":
         return x ** (int(params[0]) if params[0].is_integer() else params[0])
     raise ValueError(f"unknown elementwise map {node.name}")
+
+
+@PRINT.register(ElementwiseMap)
+def text(e: ElementwiseMap) -> str:
+    """`exp(x)`, `clamp(x, lo, hi)`, `max(x, c)`, and a power as `x ^ p`."""
+    assert e.operand is not None
+    if e.name == "pow":
+        return f"{wrapped(e.operand)} ^ {e.params[0]}"
+    params = "".join(f", {p}" for p in e.params)
+    name = {"maximum": "max", "minimum": "min"}.get(e.name, e.name)
+    return f"{name}({format_expr(e.operand)}{params})"
+
+
+DESCRIBE.register(ElementwiseMap)(nothing_to_describe)

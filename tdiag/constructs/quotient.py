@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..evaluation import EVALUATE
 from ..ir import Quotient
+from ..printing import DESCRIBE, PRINT, nothing_to_describe, parenthesized, wrapped
 
 if TYPE_CHECKING:
     import torch
@@ -24,3 +25,13 @@ def evaluate(node: Quotient, frame: Frame) -> torch.Tensor:
     return align(frame.evaluate(numerator), numerator.legs, node.legs) / align(
         frame.evaluate(denominator), denominator.legs, node.legs
     )
+
+
+@PRINT.register(Quotient)
+def text(e: Quotient) -> str:
+    assert e.numerator is not None and e.denominator is not None
+    return f"{wrapped(e.numerator)} / {wrapped(e.denominator)}"
+
+
+DESCRIBE.register(Quotient)(nothing_to_describe)
+parenthesized(Quotient)

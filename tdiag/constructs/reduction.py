@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..evaluation import EVALUATE
 from ..ir import Reduction
+from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 
 if TYPE_CHECKING:
     import torch
@@ -40,3 +41,20 @@ def evaluate(node: Reduction, frame: Frame) -> torch.Tensor:
     else:
         raise ValueError(f"unknown reduction {node.name}")
     return align(x, [leg for leg in operand.legs if leg not in node.over], node.legs)
+
+
+@PRINT.register(Reduction)
+def text(e: Reduction) -> str:
+    """`logsumexp[m, mask = causal(n, m)](x)`."""
+    assert e.operand is not None
+    masks = "".join(f", mask = {format_mask(m)}" for m in e.masks)
+    return f"{e.name}[{' '.join(e.over)}{masks}]({format_expr(e.operand)})"
+
+
+@DESCRIBE.register(Reduction)
+def describe(node: Reduction) -> str | None:
+    """A masked reduction's legs and masks (an unmasked one reads plainly as written)."""
+    if not node.masks:
+        return None
+    masks = ", ".join(format_mask(m) for m in node.masks)
+    return f"{node.name} over {' '.join(node.over)} [{' '.join(node.legs)}], masks {masks}"

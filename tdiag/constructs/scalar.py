@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from ..evaluation import EVALUATE
 from ..ir import Scalar
+from ..printing import DESCRIBE, PRINT, nothing_to_describe
 
 if TYPE_CHECKING:
     import torch
@@ -19,3 +20,11 @@ def evaluate(node: Scalar, frame: Frame) -> torch.Tensor:
     import torch
 
     return torch.tensor(frame.number(node.value), dtype=frame.dtype, device=frame.device)
+
+
+@PRINT.register(Scalar)
+def text(e: Scalar) -> str:
+    return str(e.value)
+
+
+DESCRIBE.register(Scalar)(nothing_to_describe)

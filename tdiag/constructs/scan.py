@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..evaluation import EVALUATE
 from ..ir import POSITION_MASKS, PaddingMask, Scan
+from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 
 if TYPE_CHECKING:
     import torch
@@ -53,3 +54,17 @@ def evaluate(node: Scan, frame: Frame) -> torch.Tensor:
         results[i] = total if node.exclusive else after
         total = after
     return torch.stack(results, dim)
+
+
+@PRINT.register(Scan)
+def text(e: Scan) -> str:
+    """`cumsum[n, exclusive = 1, reverse = 1, mask = causal(n, m)](x)`, the flags only where set."""
+    assert e.operand is not None
+    flags = "".join(f", {word} = 1" for word, flag in (("exclusive", e.exclusive), ("reverse", e.reverse)) if flag)
+    masks = "".join(f", mask = {format_mask(m)}" for m in e.masks)
+    return f"{e.name}[{e.along}{flags}{masks}]({format_expr(e.operand)})"
+
+
+@DESCRIBE.register(Scan)
+def describe(node: Scan) -> str:
+    return f"scan: {format_expr(node)} [{' '.join(node.legs)}]"

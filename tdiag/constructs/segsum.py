@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..evaluation import EVALUATE
 from ..ir import SegmentSum
+from ..printing import DESCRIBE, PRINT, format_expr
 
 if TYPE_CHECKING:
     import torch
@@ -40,3 +41,14 @@ def evaluate(node: SegmentSum, frame: Frame) -> torch.Tensor:
                 row.append(a[..., m + 1 : n + 1].sum(dim=-1))
         rows.append(torch.stack(row, -1))
     return align(torch.stack(rows, -2), (*rest, node.along, node.key), node.legs)
+
+
+@PRINT.register(SegmentSum)
+def text(e: SegmentSum) -> str:
+    assert e.operand is not None
+    return f"segsum[{e.along}, {e.key}]({format_expr(e.operand)})"
+
+
+@DESCRIBE.register(SegmentSum)
+def describe(node: SegmentSum) -> str:
+    return f"segment sums along {node.along} over [{' '.join(node.legs)}]"

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..evaluation import EVALUATE
 from ..ir import POSITION_MASKS, PaddingMask, SoftmaxBox
+from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 
 if TYPE_CHECKING:
     import torch
@@ -69,3 +70,24 @@ def _joint_softmax(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
     moved = x.movedim(dims, end)
     flat = moved.flatten(x.dim() - len(dims)).softmax(dim=-1)  # flatten: also for an empty batch
     return flat.reshape(moved.shape).movedim(end, dims)
+
+
+@PRINT.register(SoftmaxBox)
+def text(e: SoftmaxBox) -> str:
+    """`softmax[m](...)`, `normalize[m](...)`, with a sink as written: `softmax[m, sink = s[h]](...)`."""
+    assert e.content is not None
+    sink = f", sink = {format_expr(e.sink)}" if e.sink is not None else ""
+    return f"{e.box_name}[{' '.join(e.normalized)}{sink}]({format_expr(e.content)})"
+
+
+@DESCRIBE.register(SoftmaxBox)
+def describe(node: SoftmaxBox) -> str:
+    """The box's legs, its normalized leg (the filled ball), its scale α, sink and masks."""
+    masks = ", ".join(format_mask(m) for m in node.masks)
+    scale = f", scale {node.scale}" if node.is_exp else ""
+    sink = f", sink {format_expr(node.sink)}" if node.sink is not None else ""
+    return (
+        f"{node.box_name} box over [{' '.join(node.legs)}], normalized leg {' '.join(node.normalized)}{scale}"
+        + sink
+        + (f", masks {masks}" if masks else "")
+    )

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..evaluation import EVALUATE
 from ..ir import SquaredDistance
+from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe
 
 if TYPE_CHECKING:
     import torch
@@ -25,3 +26,12 @@ def evaluate(node: SquaredDistance, frame: Frame) -> torch.Tensor:
     difference = align(frame.evaluate(left), left.legs, union) - align(frame.evaluate(right), right.legs, union)
     x = (difference**2).sum(dim=leg_dims(node.over, union))
     return align(x, [leg for leg in union if leg not in node.over], node.legs)
+
+
+@PRINT.register(SquaredDistance)
+def text(e: SquaredDistance) -> str:
+    assert e.left is not None and e.right is not None
+    return f"sqdist[{' '.join(e.over)}]({format_expr(e.left)}, {format_expr(e.right)})"
+
+
+DESCRIBE.register(SquaredDistance)(nothing_to_describe)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..evaluation import EVALUATE
 from ..ir import SumNode
+from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe, parenthesized
 
 if TYPE_CHECKING:
     import torch
@@ -24,3 +25,17 @@ def evaluate(node: SumNode, frame: Frame) -> torch.Tensor:
     for term in terms[1:]:
         total = total + term
     return total
+
+
+@PRINT.register(SumNode)
+def text(e: SumNode) -> str:
+    """`a + b - c`: each term after its sign."""
+    parts = [
+        ("- " if s < 0 else ("+ " if i else "")) + format_expr(t)
+        for i, (t, s) in enumerate(zip(e.terms, e.signs, strict=True))
+    ]
+    return " ".join(parts)
+
+
+DESCRIBE.register(SumNode)(nothing_to_describe)
+parenthesized(SumNode)

@@ -9,6 +9,7 @@ import sympy
 
 from ..evaluation import EVALUATE
 from ..ir import TensorRef
+from ..printing import DESCRIBE, PRINT, groups_text, nothing_to_describe
 
 if TYPE_CHECKING:
     import torch
@@ -65,3 +66,22 @@ def _mask_numbers(ref: TensorRef, frame: Frame) -> torch.Tensor:
     if mask is None:
         return torch.ones([frame.leg_size(leg) for leg in ref.legs], dtype=frame.dtype, device=frame.device)
     return mask.to(frame.dtype)
+
+
+@PRINT.register(TensorRef)
+def text(e: TensorRef) -> str:
+    """`K[m h d]`, `W[f (h d)]`, or a table read in slices `P[n: N, f]`."""
+    return f"{e.name}[{_sliced_groups(e) if e.is_sliced else groups_text(e.groups)}]"
+
+
+def _sliced_groups(ref: TensorRef) -> str:
+    """`h, r: 0..R, f` or `h, n: N, m: N`: the axes of a table read in slices, as written."""
+    parts = []
+    for k, (group, extent) in enumerate(zip(ref.groups, ref.slices, strict=True)):
+        start = ref.offset(k)
+        cut = "" if extent is None else f": {extent}" if start == 0 else f": {start}..{start + extent}"
+        parts.append(groups_text((group,)) + cut)
+    return ", ".join(parts)
+
+
+DESCRIBE.register(TensorRef)(nothing_to_describe)

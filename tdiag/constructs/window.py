@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..evaluation import EVALUATE
 from ..ir import WindowFactor
+from ..printing import DESCRIBE, PRINT, nothing_to_describe
 
 if TYPE_CHECKING:
     import torch
@@ -20,3 +21,11 @@ def evaluate(node: WindowFactor, frame: Frame) -> torch.Tensor:
     from ..reference import window_mask
 
     return window_mask(node.mask, node.legs, frame).to(frame.dtype)
+
+
+@PRINT.register(WindowFactor)
+def text(e: WindowFactor) -> str:
+    return str(e.mask)
+
+
+DESCRIBE.register(WindowFactor)(nothing_to_describe)
