@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from ..evaluation import EVALUATE
 from ..printing import DESCRIBE, PRINT
+from ..render import RENDER
 from ..rules import Rules
 from . import (  # noqa: F401  (registered at import)
     causal,
@@ -33,7 +34,7 @@ from . import (  # noqa: F401  (registered at import)
     window,
 )
 
-STAGES: tuple[Rules, ...] = (EVALUATE, PRINT, DESCRIBE)  # the stages converted to rule tables so far
+STAGES: tuple[Rules, ...] = (EVALUATE, PRINT, DESCRIBE, RENDER)  # the stages converted to rule tables so far
 
 
 def missing_rules(kinds: Iterable[type], stages: Iterable[Rules] = STAGES) -> list[tuple[str, str]]:

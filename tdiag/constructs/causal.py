@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING
 from ..evaluation import EVALUATE
 from ..ir import CausalFactor, CausalMask
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
+from ..render import RENDER
 
 if TYPE_CHECKING:
     import torch
 
     from ..reference import Frame
+    from ..render import Drawing
 
 
 @EVALUATE.register(CausalFactor)
@@ -29,3 +31,11 @@ def text(e: CausalFactor) -> str:
 
 
 DESCRIBE.register(CausalFactor)(nothing_to_describe)
+
+
+@RENDER.register(CausalFactor)
+def draw(d: Drawing, e: CausalFactor, env: dict[str, str], cluster: str | None) -> None:
+    """A dashed box on the query and key legs."""
+    node = d.node("mask", f'shape=box style=dashed label="causal({e.query}, {e.key})"', cluster)
+    for leg in e.legs:
+        d.attach(node, env[leg])

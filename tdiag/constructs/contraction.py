@@ -9,11 +9,15 @@ from typing import TYPE_CHECKING
 from ..evaluation import EVALUATE
 from ..ir import Contraction
 from ..printing import DESCRIBE, PRINT, parenthesized, wrapped
+from ..render import RENDER, math_text
+from ..render import draw as draw_node
+from ..render_notation import SCALED
 
 if TYPE_CHECKING:
     import torch
 
     from ..reference import Frame
+    from ..render import Drawing
 
 
 @EVALUATE.register(Contraction)
@@ -51,3 +55,14 @@ def describe(node: Contraction) -> str | None:
 
 
 parenthesized(Contraction)
+
+
+@RENDER.register(Contraction)
+def draw(d: Drawing, e: Contraction, env: dict[str, str], cluster: str | None) -> None:
+    """The factors joined by their legs, a summed leg a new edge inside the product (in a cluster
+    labelled ×c where there is a coefficient)."""
+    inner = env | {leg: d.leg(leg, cluster) for leg in e.summed}
+    if e.coefficient != 1:
+        cluster = d.cluster(f"×{math_text(e.coefficient)}", SCALED, cluster)
+    for factor in e.factors:
+        draw_node(d, factor, {leg: inner[leg] for leg in factor.legs}, cluster)

@@ -9,11 +9,14 @@ from typing import TYPE_CHECKING
 from ..evaluation import EVALUATE
 from ..ir import Convolution
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
+from ..render import RENDER, escape, position_masks
+from ..render import draw as draw_node
 
 if TYPE_CHECKING:
     import torch
 
     from ..reference import Frame
+    from ..render import Drawing
 
 
 @EVALUATE.register(Convolution)
@@ -60,3 +63,20 @@ def text(e: Convolution) -> str:
 @DESCRIBE.register(Convolution)
 def describe(node: Convolution) -> str:
     return f"convolution: {format_expr(node)} [{' '.join(node.legs)}], summed {' '.join(node.taps)}"
+
+
+@RENDER.register(Convolution)
+def draw(d: Drawing, e: Convolution, env: dict[str, str], cluster: str | None) -> None:
+    """A shift node joining each shifted leg to the kernel's offset leg, in a dotted cluster."""
+    assert e.operand is not None and e.kernel is not None
+    masks = position_masks(e.masks)
+    shifts = ", ".join(f"{s.leg} = {s.source()}" for s in e.shifts)
+    box = d.cluster(f"conv[{shifts}]" + (" · mask " + ", ".join(masks) if masks else ""), "dotted", cluster)
+    inner = env | {s.offset: d.leg(s.offset, box) for s in e.shifts}
+    draw_node(d, e.kernel, {leg: inner[leg] for leg in e.kernel.legs}, box)
+    for shift in e.shifts:
+        label = escape(shift.source())
+        node = d.node("shift", f'shape=rarrow width=0.3 height=0.2 label="" xlabel="{label}"', box)
+        d.attach(node, env[shift.leg])
+        d.attach(node, inner[shift.offset])
+    draw_node(d, e.operand, {leg: env[leg] for leg in e.operand.legs}, box)

@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING
 from ..evaluation import EVALUATE
 from ..ir import Gather, Position
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
+from ..render import RENDER, draw_tensor, escape
 
 if TYPE_CHECKING:
     import torch
 
     from ..reference import Frame
+    from ..render import Drawing
 
 
 @EVALUATE.register(Gather)
@@ -125,3 +127,16 @@ def text(e: Gather) -> str:
 
 
 DESCRIBE.register(Gather)(nothing_to_describe)
+
+
+@RENDER.register(Gather)
+def draw(d: Drawing, e: Gather, env: dict[str, str], cluster: str | None) -> None:
+    """The table, its gathered axis ending at a node saying the position it is read at."""
+    assert e.source is not None and e.position is not None
+    inner = env | {e.axis: d.leg(e.axis, cluster)}
+    draw_tensor(d, e.source, {leg: inner[leg] for leg in e.source.legs}, cluster)
+    label = escape(f"{e.axis} = {e.position}")
+    node = d.node("at", f'shape=box style="rounded,dashed" label="{label}" tooltip="gather"', cluster)
+    d.attach(node, inner[e.axis])
+    for leg in e.position.legs():
+        d.attach(node, env[leg])

@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING
 from ..evaluation import EVALUATE
 from ..ir import PositionIndex
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
+from ..render import RENDER
 
 if TYPE_CHECKING:
     import torch
 
     from ..reference import Frame
+    from ..render import Drawing
 
 
 @EVALUATE.register(PositionIndex)
@@ -27,3 +29,10 @@ def text(e: PositionIndex) -> str:
 
 
 DESCRIBE.register(PositionIndex)(nothing_to_describe)
+
+
+@RENDER.register(PositionIndex)
+def draw(d: Drawing, e: PositionIndex, env: dict[str, str], cluster: str | None) -> None:
+    """A constant over one leg: entry i is i."""
+    node = d.node("index", f'shape=cds label="index" tooltip="index({e.leg}): 0 .. size − 1"', cluster)
+    d.attach(node, env[e.leg])

@@ -8,11 +8,15 @@ from typing import TYPE_CHECKING
 from ..evaluation import EVALUATE
 from ..ir import ElementwiseMap
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe, wrapped
+from ..render import RENDER, math_text
+from ..render import draw as draw_node
+from ..render_notation import MAP_LABEL
 
 if TYPE_CHECKING:
     import torch
 
     from ..reference import Frame
+    from ..render import Drawing
 
 _TORCH_MAPS = ("sigmoid", "tanh", "sin", "cos", "sqrt", "abs")  # torch.<name>
 _FUNCTIONAL_MAPS = ("softplus", "silu", "gelu")  # torch.nn.functional.<name>
@@ -62,3 +66,11 @@ def text(e: ElementwiseMap) -> str:
 
 
 DESCRIBE.register(ElementwiseMap)(nothing_to_describe)
+
+
+@RENDER.register(ElementwiseMap)
+def draw(d: Drawing, e: ElementwiseMap, env: dict[str, str], cluster: str | None) -> None:
+    """A dotted cluster labelled with the map (`(·)^p` for a power) around its operand."""
+    assert e.operand is not None
+    label = f"(·)^{math_text(e.params[0])}" if e.name == "pow" else MAP_LABEL[e.name]
+    draw_node(d, e.operand, env, d.cluster(label, "dotted", cluster))

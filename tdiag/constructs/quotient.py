@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING
 from ..evaluation import EVALUATE
 from ..ir import Quotient
 from ..printing import DESCRIBE, PRINT, nothing_to_describe, parenthesized, wrapped
+from ..render import RENDER, draw_joined
 
 if TYPE_CHECKING:
     import torch
 
     from ..reference import Frame
+    from ..render import Drawing
 
 
 @EVALUATE.register(Quotient)
@@ -35,3 +37,10 @@ def text(e: Quotient) -> str:
 
 DESCRIBE.register(Quotient)(nothing_to_describe)
 parenthesized(Quotient)
+
+
+@RENDER.register(Quotient)
+def draw(d: Drawing, e: Quotient, env: dict[str, str], cluster: str | None) -> None:
+    """A ÷ node joining the numerator and the denominator (marked ÷ by)."""
+    assert e.numerator is not None and e.denominator is not None
+    draw_joined(d, e, env, cluster, "÷", [e.numerator, e.denominator], ["", "÷ by"])

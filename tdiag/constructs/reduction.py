@@ -6,13 +6,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..evaluation import EVALUATE
-from ..ir import Reduction
+from ..ir import PaddingMask, Reduction
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
+from ..render import RENDER, draw_tensor, position_masks
+from ..render import draw as draw_node
 
 if TYPE_CHECKING:
     import torch
 
     from ..reference import Frame
+    from ..render import Drawing
 
 
 @EVALUATE.register(Reduction)
@@ -58,3 +61,21 @@ def describe(node: Reduction) -> str | None:
         return None
     masks = ", ".join(format_mask(m) for m in node.masks)
     return f"{node.name} over {' '.join(node.over)} [{' '.join(node.legs)}], masks {masks}"
+
+
+@RENDER.register(Reduction)
+def draw(d: Drawing, e: Reduction, env: dict[str, str], cluster: str | None) -> None:
+    """A dotted cluster labelled with the reduction and its masks, a diamond closing each leg it
+    reduces over, its padding masks' tensors inside."""
+    assert e.operand is not None
+    masks = position_masks(e.masks)
+    label = f"{e.name} over {' '.join(e.over)}" + (" · mask " + ", ".join(masks) if masks else "")
+    box = d.cluster(label, "dotted", cluster)
+    inner = env | {leg: d.leg(leg, box) for leg in e.over}
+    for mask in e.masks:
+        if isinstance(mask, PaddingMask):
+            draw_tensor(d, mask.tensor, inner, box)
+    end = d.node("r", f'shape=diamond width=0.25 height=0.25 label="" xlabel="{e.name}"', box)
+    for leg in e.over:
+        d.attach(end, inner[leg])
+    draw_node(d, e.operand, {leg: inner[leg] for leg in e.operand.legs}, box)

@@ -7,11 +7,13 @@ from typing import TYPE_CHECKING
 from ..evaluation import EVALUATE
 from ..ir import Scalar
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
+from ..render import RENDER, math_text
 
 if TYPE_CHECKING:
     import torch
 
     from ..reference import Frame
+    from ..render import Drawing
 
 
 @EVALUATE.register(Scalar)
@@ -28,3 +30,10 @@ def text(e: Scalar) -> str:
 
 
 DESCRIBE.register(Scalar)(nothing_to_describe)
+
+
+@RENDER.register(Scalar)
+def draw(d: Drawing, e: Scalar, env: dict[str, str], cluster: str | None) -> None:
+    """A coefficient other than 1 as a plain label beside the network it scales."""
+    if e.value != 1:
+        d.node("c", f'shape=plaintext label="{math_text(e.value)}"', cluster)

@@ -9,11 +9,14 @@ from typing import TYPE_CHECKING
 from ..evaluation import EVALUATE
 from ..ir import POSITION_MASKS, PaddingMask, Scan
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
+from ..render import RENDER, draw_tensor, position_masks
+from ..render import draw as draw_node
 
 if TYPE_CHECKING:
     import torch
 
     from ..reference import Frame
+    from ..render import Drawing
 
 
 @EVALUATE.register(Scan)
@@ -68,3 +71,19 @@ def text(e: Scan) -> str:
 @DESCRIBE.register(Scan)
 def describe(node: Scan) -> str:
     return f"scan: {format_expr(node)} [{' '.join(node.legs)}]"
+
+
+@RENDER.register(Scan)
+def draw(d: Drawing, e: Scan, env: dict[str, str], cluster: str | None) -> None:
+    """The leg passes through: a scan node sits on it, in a dotted cluster labelled as written."""
+    assert e.operand is not None
+    options = [word for word, flag in (("exclusive", e.exclusive), ("reverse", e.reverse)) if flag]
+    masks = position_masks(e.masks)
+    label = " ".join([e.name, *options, "along", e.along]) + (" · mask " + ", ".join(masks) if masks else "")
+    box = d.cluster(label, "dotted", cluster)
+    for mask in e.masks:
+        if isinstance(mask, PaddingMask):
+            draw_tensor(d, mask.tensor, env, box)
+    node = d.node("scan", f'shape=rarrow width=0.3 height=0.2 label="" xlabel="{e.name}"', box)
+    d.attach(node, env[e.along])
+    draw_node(d, e.operand, {leg: env[leg] for leg in e.operand.legs}, box)

@@ -10,11 +10,14 @@ from typing import TYPE_CHECKING
 from ..evaluation import EVALUATE
 from ..ir import SegmentSum
 from ..printing import DESCRIBE, PRINT, format_expr
+from ..render import RENDER
+from ..render import draw as draw_node
 
 if TYPE_CHECKING:
     import torch
 
     from ..reference import Frame
+    from ..render import Drawing
 
 
 @EVALUATE.register(SegmentSum)
@@ -52,3 +55,14 @@ def text(e: SegmentSum) -> str:
 @DESCRIBE.register(SegmentSum)
 def describe(node: SegmentSum) -> str:
     return f"segment sums along {node.along} over [{' '.join(node.legs)}]"
+
+
+@RENDER.register(SegmentSum)
+def draw(d: Drawing, e: SegmentSum, env: dict[str, str], cluster: str | None) -> None:
+    """A scan node joining the position leg n and the new key leg m."""
+    assert e.operand is not None
+    box = d.cluster(f"segsum along {e.along} · ({e.along}, {e.key})", "dotted", cluster)
+    node = d.node("scan", 'shape=rarrow width=0.3 height=0.2 label="" xlabel="segsum"', box)
+    d.attach(node, env[e.along])
+    d.attach(node, env[e.key])
+    draw_node(d, e.operand, {leg: env[leg] for leg in e.operand.legs}, box)

@@ -9,11 +9,15 @@ from typing import TYPE_CHECKING
 from ..evaluation import EVALUATE
 from ..ir import POSITION_MASKS, PaddingMask, SoftmaxBox
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
+from ..render import RENDER, draw_tensor, math_text, position_masks
+from ..render import draw as draw_node
+from ..render_notation import SCALED
 
 if TYPE_CHECKING:
     import torch
 
     from ..reference import Frame
+    from ..render import Drawing
 
 
 @EVALUATE.register(SoftmaxBox)
@@ -91,3 +95,23 @@ def describe(node: SoftmaxBox) -> str:
         + sink
         + (f", masks {masks}" if masks else "")
     )
+
+
+@RENDER.register(SoftmaxBox)
+def draw(d: Drawing, e: SoftmaxBox, env: dict[str, str], cluster: str | None) -> None:
+    """A dotted cluster with a filled ball on each normalized leg labelled α (Σ for normalize),
+    its padding masks' tensors inside, and a sink in a cluster of its own."""
+    assert e.content is not None
+    masks = position_masks(e.masks)
+    label = e.box_name + (" · mask " + ", ".join(masks) if masks else "")
+    box = d.cluster(label, "dotted", cluster)
+    scale = math_text(e.scale) if e.is_exp else "Σ"
+    for leg in e.normalized:
+        d.balls[env[leg]] = (box, scale)
+    for mask in e.masks:
+        if isinstance(mask, PaddingMask):
+            draw_tensor(d, mask.tensor, env, box)
+    draw_node(d, e.content, env, box)
+    if e.sink is not None:  # the sink: a logit of each row's denominator, drawn in the box it joins
+        sink = d.cluster("sink: + exp(·) in the denominator", SCALED, box)
+        draw_node(d, e.sink, {leg: env[leg] for leg in e.sink.legs}, sink)

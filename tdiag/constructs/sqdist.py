@@ -8,11 +8,14 @@ from typing import TYPE_CHECKING
 from ..evaluation import EVALUATE
 from ..ir import SquaredDistance
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe
+from ..render import RENDER
+from ..render import draw as draw_node
 
 if TYPE_CHECKING:
     import torch
 
     from ..reference import Frame
+    from ..render import Drawing
 
 
 @EVALUATE.register(SquaredDistance)
@@ -35,3 +38,17 @@ def text(e: SquaredDistance) -> str:
 
 
 DESCRIBE.register(SquaredDistance)(nothing_to_describe)
+
+
+@RENDER.register(SquaredDistance)
+def draw(d: Drawing, e: SquaredDistance, env: dict[str, str], cluster: str | None) -> None:
+    """A ‖−‖² node joining both sides' `over` legs, in a dotted cluster."""
+    box = d.cluster(f"squared distance over {' '.join(e.over)}", "dotted", cluster)
+    pair = d.node("q", 'shape=circle width=0.35 fixedsize=true fontsize=9 label="‖−‖²"', box)
+    for side in (e.left, e.right):
+        assert side is not None
+        side_env = {leg: env[leg] for leg in side.legs if leg in env}
+        for leg in e.over:
+            side_env[leg] = d.leg(leg, box)
+            d.attach(pair, side_env[leg])
+        draw_node(d, side, side_env, box)

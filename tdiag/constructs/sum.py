@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING
 from ..evaluation import EVALUATE
 from ..ir import SumNode
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe, parenthesized
+from ..render import RENDER, draw_joined
 
 if TYPE_CHECKING:
     import torch
 
     from ..reference import Frame
+    from ..render import Drawing
 
 
 @EVALUATE.register(SumNode)
@@ -39,3 +41,10 @@ def text(e: SumNode) -> str:
 
 DESCRIBE.register(SumNode)(nothing_to_describe)
 parenthesized(SumNode)
+
+
+@RENDER.register(SumNode)
+def draw(d: Drawing, e: SumNode, env: dict[str, str], cluster: str | None) -> None:
+    """A + node joining the terms, a subtracted one marked −."""
+    marks = ["" if s > 0 else "−" for s in e.signs]
+    draw_joined(d, e, env, cluster, "+", list(e.terms), marks)

@@ -10,6 +10,7 @@ import sympy
 from ..evaluation import EVALUATE
 from ..ir import TensorRef
 from ..printing import DESCRIBE, PRINT, groups_text, nothing_to_describe
+from ..render import RENDER, draw_tensor
 
 if TYPE_CHECKING:
     import torch
@@ -85,3 +86,6 @@ def _sliced_groups(ref: TensorRef) -> str:
 
 
 DESCRIBE.register(TensorRef)(nothing_to_describe)
+
+
+RENDER.register(TensorRef)(draw_tensor)

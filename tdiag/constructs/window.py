@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING
 from ..evaluation import EVALUATE
 from ..ir import WindowFactor
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
+from ..render import RENDER
 
 if TYPE_CHECKING:
     import torch
 
     from ..reference import Frame
+    from ..render import Drawing
 
 
 @EVALUATE.register(WindowFactor)
@@ -29,3 +31,11 @@ def text(e: WindowFactor) -> str:
 
 
 DESCRIBE.register(WindowFactor)(nothing_to_describe)
+
+
+@RENDER.register(WindowFactor)
+def draw(d: Drawing, e: WindowFactor, env: dict[str, str], cluster: str | None) -> None:
+    """A dashed box on the query and key legs, labelled as written."""
+    node = d.node("mask", f'shape=box style=dashed label="{e.mask}"', cluster)
+    for leg in e.legs:
+        d.attach(node, env[leg])
