@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..check import CHECK
 from ..evaluation import EVALUATE
 from ..printing import DESCRIBE, PRINT
 from ..render import RENDER
@@ -34,7 +35,7 @@ from . import (  # noqa: F401  (registered at import)
     window,
 )
 
-STAGES: tuple[Rules, ...] = (EVALUATE, PRINT, DESCRIBE, RENDER)  # the stages converted to rule tables so far
+STAGES: tuple[Rules, ...] = (EVALUATE, PRINT, DESCRIBE, RENDER, CHECK)  # the stages converted to rule tables so far
 
 
 def missing_rules(kinds: Iterable[type], stages: Iterable[Rules] = STAGES) -> list[tuple[str, str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..ir import CausalFactor, CausalMask
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
@@ -39,3 +40,6 @@ def draw(d: Drawing, e: CausalFactor, env: dict[str, str], cluster: str | None) 
     node = d.node("mask", f'shape=box style=dashed label="causal({e.query}, {e.key})"', cluster)
     for leg in e.legs:
         d.attach(node, env[leg])
+
+
+CHECK.register(CausalFactor)(no_numbers)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import string
 from typing import TYPE_CHECKING
 
+import sympy
+
+from ..check import CHECK
 from ..evaluation import EVALUATE
 from ..ir import Contraction
 from ..printing import DESCRIBE, PRINT, parenthesized, wrapped
@@ -66,3 +69,8 @@ def draw(d: Drawing, e: Contraction, env: dict[str, str], cluster: str | None) -
         cluster = d.cluster(f"×{math_text(e.coefficient)}", SCALED, cluster)
     for factor in e.factors:
         draw_node(d, factor, {leg: inner[leg] for leg in factor.legs}, cluster)
+
+
+@CHECK.register(Contraction)
+def numbers(node: Contraction) -> tuple[tuple[str, sympy.Expr, None], ...]:
+    return (("the coefficient", node.coefficient, None),)

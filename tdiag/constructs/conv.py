@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..ir import Convolution
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
@@ -80,3 +81,6 @@ def draw(d: Drawing, e: Convolution, env: dict[str, str], cluster: str | None) -
         d.attach(node, env[shift.leg])
         d.attach(node, inner[shift.offset])
     draw_node(d, e.operand, {leg: env[leg] for leg in e.operand.legs}, box)
+
+
+CHECK.register(Convolution)(no_numbers)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..ir import Gather, Position
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
@@ -140,3 +141,6 @@ def draw(d: Drawing, e: Gather, env: dict[str, str], cluster: str | None) -> Non
     d.attach(node, inner[e.axis])
     for leg in e.position.legs():
         d.attach(node, env[leg])
+
+
+CHECK.register(Gather)(no_numbers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..ir import PositionIndex
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
@@ -36,3 +37,6 @@ def draw(d: Drawing, e: PositionIndex, env: dict[str, str], cluster: str | None)
     """A constant over one leg: entry i is i."""
     node = d.node("index", f'shape=cds label="index" tooltip="index({e.leg}): 0 .. size − 1"', cluster)
     d.attach(node, env[e.leg])
+
+
+CHECK.register(PositionIndex)(no_numbers)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import sympy
+
+from ..check import CHECK, NumberRule
 from ..evaluation import EVALUATE
 from ..ir import ElementwiseMap
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe, wrapped
@@ -74,3 +77,21 @@ def draw(d: Drawing, e: ElementwiseMap, env: dict[str, str], cluster: str | None
     assert e.operand is not None
     label = f"(·)^{math_text(e.params[0])}" if e.name == "pow" else MAP_LABEL[e.name]
     draw_node(d, e.operand, env, d.cluster(label, "dotted", cluster))
+
+
+@CHECK.register(ElementwiseMap)
+def numbers(node: ElementwiseMap) -> list[tuple[str, sympy.Expr, NumberRule | None]]:
+    """A power's exponent (at most 64 in size), a bound's value, and clamp's lo <= hi."""
+    rule = _exponent_rule if node.name == "pow" else None
+    found = [(f"the {'exponent' if rule else node.name + ' bound'}", value, rule) for value in node.params]
+    if node.name == "clamp" and len(node.params) == 2:
+        found.append(("clamp's hi - lo =", node.params[1] - node.params[0], _order_rule("lo", "hi")))
+    return found
+
+
+def _exponent_rule(x: float) -> str | None:
+    return None if abs(x) <= 64 else "is out of range (at most 64)"
+
+
+def _order_rule(low: str, high: str) -> NumberRule:
+    return lambda x: None if x >= 0 else f"is negative: {low} is greater than {high}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..ir import Quotient
 from ..printing import DESCRIBE, PRINT, nothing_to_describe, parenthesized, wrapped
@@ -44,3 +45,6 @@ def draw(d: Drawing, e: Quotient, env: dict[str, str], cluster: str | None) -> N
     """A ÷ node joining the numerator and the denominator (marked ÷ by)."""
     assert e.numerator is not None and e.denominator is not None
     draw_joined(d, e, env, cluster, "÷", [e.numerator, e.denominator], ["", "÷ by"])
+
+
+CHECK.register(Quotient)(no_numbers)

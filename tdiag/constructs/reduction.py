@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..ir import PaddingMask, Reduction
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
@@ -79,3 +80,6 @@ def draw(d: Drawing, e: Reduction, env: dict[str, str], cluster: str | None) -> 
     for leg in e.over:
         d.attach(end, inner[leg])
     draw_node(d, e.operand, {leg: inner[leg] for leg in e.operand.legs}, box)
+
+
+CHECK.register(Reduction)(no_numbers)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import sympy
+
+from ..check import CHECK
 from ..evaluation import EVALUATE
 from ..ir import Scalar
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
@@ -37,3 +40,8 @@ def draw(d: Drawing, e: Scalar, env: dict[str, str], cluster: str | None) -> Non
     """A coefficient other than 1 as a plain label beside the network it scales."""
     if e.value != 1:
         d.node("c", f'shape=plaintext label="{math_text(e.value)}"', cluster)
+
+
+@CHECK.register(Scalar)
+def numbers(node: Scalar) -> tuple[tuple[str, sympy.Expr, None], ...]:
+    return (("the number", node.value, None),)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..ir import POSITION_MASKS, PaddingMask, Scan
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
@@ -87,3 +88,6 @@ def draw(d: Drawing, e: Scan, env: dict[str, str], cluster: str | None) -> None:
     node = d.node("scan", f'shape=rarrow width=0.3 height=0.2 label="" xlabel="{e.name}"', box)
     d.attach(node, env[e.along])
     draw_node(d, e.operand, {leg: env[leg] for leg in e.operand.legs}, box)
+
+
+CHECK.register(Scan)(no_numbers)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..ir import SegmentSum
 from ..printing import DESCRIBE, PRINT, format_expr
@@ -66,3 +67,6 @@ def draw(d: Drawing, e: SegmentSum, env: dict[str, str], cluster: str | None) ->
     d.attach(node, env[e.along])
     d.attach(node, env[e.key])
     draw_node(d, e.operand, {leg: env[leg] for leg in e.operand.legs}, box)
+
+
+CHECK.register(SegmentSum)(no_numbers)

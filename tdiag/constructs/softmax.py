@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import sympy
+
+from ..check import CHECK, NumberRule
 from ..evaluation import EVALUATE
 from ..ir import POSITION_MASKS, PaddingMask, SoftmaxBox
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
@@ -115,3 +118,16 @@ def draw(d: Drawing, e: SoftmaxBox, env: dict[str, str], cluster: str | None) ->
     if e.sink is not None:  # the sink: a logit of each row's denominator, drawn in the box it joins
         sink = d.cluster("sink: + exp(·) in the denominator", SCALED, box)
         draw_node(d, e.sink, {leg: env[leg] for leg in e.sink.legs}, sink)
+
+
+@CHECK.register(SoftmaxBox)
+def numbers(node: SoftmaxBox) -> tuple[tuple[str, sympy.Expr, NumberRule | None], ...]:
+    """Its scale, and its eps, a small number added to the sum (between 0 and 1)."""
+    return (
+        (f"the {node.box_name} box's scale", node.scale, None),
+        (f"the {node.box_name} box's eps", node.eps, _eps_rule),
+    )
+
+
+def _eps_rule(x: float) -> str | None:
+    return None if 0 <= x <= 1 else "must be between 0 and 1 (a small number added to the sum)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..ir import SquaredDistance
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe
@@ -52,3 +53,6 @@ def draw(d: Drawing, e: SquaredDistance, env: dict[str, str], cluster: str | Non
             side_env[leg] = d.leg(leg, box)
             d.attach(pair, side_env[leg])
         draw_node(d, side, side_env, box)
+
+
+CHECK.register(SquaredDistance)(no_numbers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..ir import SumNode
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe, parenthesized
@@ -48,3 +49,6 @@ def draw(d: Drawing, e: SumNode, env: dict[str, str], cluster: str | None) -> No
     """A + node joining the terms, a subtracted one marked −."""
     marks = ["" if s > 0 else "−" for s in e.signs]
     draw_joined(d, e, env, cluster, "+", list(e.terms), marks)
+
+
+CHECK.register(SumNode)(no_numbers)

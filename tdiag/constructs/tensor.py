@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import sympy
 
+from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..ir import TensorRef
 from ..printing import DESCRIBE, PRINT, groups_text, nothing_to_describe
@@ -89,3 +90,6 @@ DESCRIBE.register(TensorRef)(nothing_to_describe)
 
 
 RENDER.register(TensorRef)(draw_tensor)
+
+
+CHECK.register(TensorRef)(no_numbers)

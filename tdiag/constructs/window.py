@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..ir import WindowFactor
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
@@ -39,3 +40,6 @@ def draw(d: Drawing, e: WindowFactor, env: dict[str, str], cluster: str | None) 
     node = d.node("mask", f'shape=box style=dashed label="{e.mask}"', cluster)
     for leg in e.legs:
         d.attach(node, env[leg])
+
+
+CHECK.register(WindowFactor)(no_numbers)
