@@ -6,7 +6,7 @@ chain, and a table test finds a kind that lacks a rule."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 Rule = TypeVar("Rule", bound=Callable)
@@ -28,13 +28,19 @@ class Rules(Generic[Rule]):
         self.stage = stage
         self._rules: dict[type, Rule] = {}
         self._refusals: dict[type, str] = {}
+        self._named: dict[str, Rule] = {}  # a stage dispatched by a word of the language (build)
 
-    def register(self, kind: type) -> Callable[[Rule], Rule]:
-        """A decorator registering its function as the stage's rule for `kind` (once per kind)."""
+    def register(self, kind: type, names: Iterable[str] = ()) -> Callable[[Rule], Rule]:
+        """A decorator registering its function as the stage's rule for `kind` (once per kind),
+        and for each of `names`, the words of the language that build it (`named`)."""
 
         def add(rule: Rule) -> Rule:
             self._claim(kind)
             self._rules[kind] = rule
+            for name in names:
+                if name in self._named:
+                    raise ValueError(f"{self.stage} already has a rule for the word {name!r}")
+                self._named[name] = rule
             return rule
 
         return add
@@ -52,6 +58,14 @@ class Rules(Generic[Rule]):
             if kind in self._refusals:
                 raise UnsupportedError(f"{self.stage} does not take {kind.__name__}: {self._refusals[kind]}")
         raise MissingRuleError(f"no {self.stage} rule for {type(node).__name__} (register one in tdiag/constructs)")
+
+    def named(self, name: str) -> Rule | None:
+        """The rule registered for the word `name`, or None where no kind is built by it."""
+        return self._named.get(name)
+
+    def names(self) -> frozenset[str]:
+        """Every word a rule is registered for."""
+        return frozenset(self._named)
 
     def kinds(self) -> frozenset[type]:
         """Every kind this stage has a rule for or declares unsupported."""

@@ -84,3 +84,25 @@ def test_registering_every_construct_does_not_load_torch():
     code = "import sys, tdiag.constructs; assert 'torch' not in sys.modules, 'torch loaded'"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_every_word_of_the_language_is_built_by_a_rule_or_is_a_scalar_function():
+    """A word added to graph/vocabulary.py without a construct's build rule would reach the
+    "unknown map" error; a rule for a word the vocabulary lacks would be missing from its hints."""
+    from tdiag.graph import FUNCTIONS, SCALAR_FUNCTIONS
+    from tdiag.graph.calls import BUILD
+
+    assert BUILD.names() | set(SCALAR_FUNCTIONS) == set(FUNCTIONS)
+
+
+def test_a_word_is_built_by_one_rule_only():
+    rules = Rules("build")
+    rules.register(TriangularSolve, names=("trisolve",))(lambda builder, call, keep: None)
+    assert rules.named("trisolve") is not None and rules.named("solve") is None
+
+    @dataclass(frozen=True)
+    class Other(ir.Expr):
+        pass
+
+    with pytest.raises(ValueError, match="already has a rule for the word 'trisolve'"):
+        rules.register(Other, names=("trisolve",))(lambda builder, call, keep: None)

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from ..check import CHECK
 from ..evaluation import EVALUATE
+from ..graph.calls import BUILD
 from ..printing import DESCRIBE, PRINT
 from ..render import RENDER
 from ..rules import Rules
@@ -35,7 +36,14 @@ from . import (  # noqa: F401  (registered at import)
     window,
 )
 
-STAGES: tuple[Rules, ...] = (EVALUATE, PRINT, DESCRIBE, RENDER, CHECK)  # the stages converted to rule tables so far
+STAGES: tuple[Rules, ...] = (
+    BUILD,
+    CHECK,
+    PRINT,
+    DESCRIBE,
+    RENDER,
+    EVALUATE,
+)  # the stages converted to rule tables so far
 
 
 def missing_rules(kinds: Iterable[type], stages: Iterable[Rules] = STAGES) -> list[tuple[str, str]]:

@@ -8,9 +8,13 @@ from typing import TYPE_CHECKING
 
 import sympy
 
+from .. import parse as syn
 from ..check import CHECK
 from ..evaluation import EVALUATE
-from ..ir import Contraction
+from ..graph.calls import BUILD
+from ..graph.lone_sums import explicit_sum
+from ..graph.vocabulary import SUMS
+from ..ir import Contraction, Expr
 from ..printing import DESCRIBE, PRINT, parenthesized, wrapped
 from ..render import RENDER, math_text
 from ..render import draw as draw_node
@@ -19,6 +23,7 @@ from ..render_notation import SCALED
 if TYPE_CHECKING:
     import torch
 
+    from ..graph.calls import BoxesAndMaps
     from ..reference import Frame
     from ..render import Drawing
 
@@ -74,3 +79,10 @@ def draw(d: Drawing, e: Contraction, env: dict[str, str], cluster: str | None) -
 @CHECK.register(Contraction)
 def numbers(node: Contraction) -> tuple[tuple[str, sympy.Expr, None], ...]:
     return (("the coefficient", node.coefficient, None),)
+
+
+@BUILD.register(Contraction, names=SUMS)
+def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
+    """`sum[k](x)`: the leg rule's sum written out (graph/lone_sums.py); a product of factors is
+    built from the statement's syntax (graph/products.py), not a call."""
+    return explicit_sum(builder, e, keep)  # type: ignore[arg-type]

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
-from ..ir import Convolution
+from ..graph.calls import BUILD
+from ..graph.convolutions import convolution
+from ..graph.vocabulary import CONVOLUTIONS
+from ..ir import Convolution, Expr
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 from ..render import RENDER, escape, position_masks
 from ..render import draw as draw_node
@@ -16,6 +20,7 @@ from ..render import draw as draw_node
 if TYPE_CHECKING:
     import torch
 
+    from ..graph.calls import BoxesAndMaps
     from ..reference import Frame
     from ..render import Drawing
 
@@ -84,3 +89,9 @@ def draw(d: Drawing, e: Convolution, env: dict[str, str], cluster: str | None) -
 
 
 CHECK.register(Convolution)(no_numbers)
+
+
+@BUILD.register(Convolution, names=CONVOLUTIONS)
+def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
+    """`conv[n = n - i, ...](x, kernel)` (graph/convolutions.py)."""
+    return convolution(builder, e, keep)  # type: ignore[arg-type]

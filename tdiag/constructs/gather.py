@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
+from ..graph.calls import BUILD
 from ..ir import Gather, Position
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER, draw_tensor, escape
@@ -144,3 +145,6 @@ def draw(d: Drawing, e: Gather, env: dict[str, str], cluster: str | None) -> Non
 
 
 CHECK.register(Gather)(no_numbers)
+
+
+BUILD.unsupported(Gather, "not a call: a gather is written Rel[h, r = position] (graph/positions.py)")

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
-from ..ir import PositionIndex
+from ..graph.calls import BUILD
+from ..graph.vocabulary import POSITION_FUNCTIONS
+from ..ir import Expr, PositionIndex
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER
 
 if TYPE_CHECKING:
     import torch
 
+    from ..graph.calls import BoxesAndMaps
     from ..reference import Frame
     from ..render import Drawing
 
@@ -40,3 +44,9 @@ def draw(d: Drawing, e: PositionIndex, env: dict[str, str], cluster: str | None)
 
 
 CHECK.register(PositionIndex)(no_numbers)
+
+
+@BUILD.register(PositionIndex, names=POSITION_FUNCTIONS)
+def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
+    """`index(n)`, or `index(p, P)`, which also binds leg p to size P (graph/positions.py)."""
+    return builder.position_index(e)  # type: ignore[attr-defined]

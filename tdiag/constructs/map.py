@@ -7,9 +7,12 @@ from typing import TYPE_CHECKING
 
 import sympy
 
+from .. import parse as syn
 from ..check import CHECK, NumberRule
 from ..evaluation import EVALUATE
-from ..ir import ElementwiseMap
+from ..graph.calls import BUILD
+from ..graph.vocabulary import MAPS, RSQRT
+from ..ir import ElementwiseMap, Expr
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe, wrapped
 from ..render import RENDER, math_text
 from ..render import draw as draw_node
@@ -18,6 +21,7 @@ from ..render_notation import MAP_LABEL
 if TYPE_CHECKING:
     import torch
 
+    from ..graph.calls import BoxesAndMaps
     from ..reference import Frame
     from ..render import Drawing
 
@@ -95,3 +99,10 @@ def _exponent_rule(x: float) -> str | None:
 
 def _order_rule(low: str, high: str) -> NumberRule:
     return lambda x: None if x >= 0 else f"is negative: {low} is greater than {high}"
+
+
+@BUILD.register(ElementwiseMap, names=(*MAPS, RSQRT))
+def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
+    """`exp(x)`, `clamp(x, lo, hi)`, ... and `rsqrt(x)`, which is x ^ -0.5. (`max(x, c)` and
+    `min(x, c)` share their words with the reductions: reduction.py builds them.)"""
+    return builder.rsqrt(e, keep) if e.name == RSQRT else builder.elementwise_map(e, keep)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
+from ..graph.calls import BUILD
 from ..ir import Quotient
 from ..printing import DESCRIBE, PRINT, nothing_to_describe, parenthesized, wrapped
 from ..render import RENDER, draw_joined
@@ -48,3 +49,6 @@ def draw(d: Drawing, e: Quotient, env: dict[str, str], cluster: str | None) -> N
 
 
 CHECK.register(Quotient)(no_numbers)
+
+
+BUILD.unsupported(Quotient, "not a call: a quotient is written a / b (graph/expressions.py)")

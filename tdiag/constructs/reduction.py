@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
-from ..ir import PaddingMask, Reduction
+from ..graph.calls import BUILD
+from ..graph.vocabulary import BOUNDS, REDUCTIONS
+from ..ir import Expr, PaddingMask, Reduction
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 from ..render import RENDER, draw_tensor, position_masks
 from ..render import draw as draw_node
@@ -15,6 +18,7 @@ from ..render import draw as draw_node
 if TYPE_CHECKING:
     import torch
 
+    from ..graph.calls import BoxesAndMaps
     from ..reference import Frame
     from ..render import Drawing
 
@@ -83,3 +87,19 @@ def draw(d: Drawing, e: Reduction, env: dict[str, str], cluster: str | None) -> 
 
 
 CHECK.register(Reduction)(no_numbers)
+
+
+@BUILD.register(Reduction, names=dict.fromkeys((*REDUCTIONS, *BOUNDS)))
+def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
+    """`max[r](x)`, `logsumexp[r](x)`, `mean[r](x)`; a call of max or min with no legs and two
+    arguments is the elementwise bound `max(x, c)` (a map), and min has no reduction."""
+    if e.name in BOUNDS and e.legs is None and not e.options and len(e.args) == 2:
+        return builder.bound(e, keep)
+    if e.name not in REDUCTIONS:
+        builder.b.error(
+            f"{e.name} takes a tensor and a bound: {e.name}(x, c) with c a number or size",
+            e.span,
+            hint="a minimum over a leg r is -max[r](-x)",
+        )
+        return builder.poison(e)
+    return builder.reduction(e, keep)

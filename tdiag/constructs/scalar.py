@@ -8,6 +8,7 @@ import sympy
 
 from ..check import CHECK
 from ..evaluation import EVALUATE
+from ..graph.calls import BUILD
 from ..ir import Scalar
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER, math_text
@@ -45,3 +46,6 @@ def draw(d: Drawing, e: Scalar, env: dict[str, str], cluster: str | None) -> Non
 @CHECK.register(Scalar)
 def numbers(node: Scalar) -> tuple[tuple[str, sympy.Expr, None], ...]:
     return (("the number", node.value, None),)
+
+
+BUILD.unsupported(Scalar, "not a call: a number or size is read where it is written (graph/builder.py)")

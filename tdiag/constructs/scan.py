@@ -6,9 +6,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
-from ..ir import POSITION_MASKS, PaddingMask, Scan
+from ..graph.calls import BUILD
+from ..graph.vocabulary import SCANS
+from ..ir import POSITION_MASKS, Expr, PaddingMask, Scan
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 from ..render import RENDER, draw_tensor, position_masks
 from ..render import draw as draw_node
@@ -16,6 +19,7 @@ from ..render import draw as draw_node
 if TYPE_CHECKING:
     import torch
 
+    from ..graph.calls import BoxesAndMaps
     from ..reference import Frame
     from ..render import Drawing
 
@@ -91,3 +95,9 @@ def draw(d: Drawing, e: Scan, env: dict[str, str], cluster: str | None) -> None:
 
 
 CHECK.register(Scan)(no_numbers)
+
+
+@BUILD.register(Scan, names=SCANS)
+def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
+    """`cumsum[n, exclusive = 1, reverse = 1, mask = ...](x)`, `logcumsumexp[n](x)`."""
+    return builder.scan(e, keep)

@@ -7,9 +7,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
-from ..ir import SegmentSum
+from ..graph.calls import BUILD
+from ..graph.vocabulary import SEGMENT_SUMS
+from ..ir import Expr, SegmentSum
 from ..printing import DESCRIBE, PRINT, format_expr
 from ..render import RENDER
 from ..render import draw as draw_node
@@ -17,6 +20,7 @@ from ..render import draw as draw_node
 if TYPE_CHECKING:
     import torch
 
+    from ..graph.calls import BoxesAndMaps
     from ..reference import Frame
     from ..render import Drawing
 
@@ -70,3 +74,9 @@ def draw(d: Drawing, e: SegmentSum, env: dict[str, str], cluster: str | None) ->
 
 
 CHECK.register(SegmentSum)(no_numbers)
+
+
+@BUILD.register(SegmentSum, names=SEGMENT_SUMS)
+def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
+    """`segsum[n, m](a)`: the operand along n, the new key leg m."""
+    return builder.segment_sum(e, keep)

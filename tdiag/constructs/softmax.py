@@ -8,9 +8,12 @@ from typing import TYPE_CHECKING
 
 import sympy
 
+from .. import parse as syn
 from ..check import CHECK, NumberRule
 from ..evaluation import EVALUATE
-from ..ir import POSITION_MASKS, PaddingMask, SoftmaxBox
+from ..graph.calls import BUILD
+from ..graph.vocabulary import BOXES
+from ..ir import POSITION_MASKS, Expr, PaddingMask, SoftmaxBox
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 from ..render import RENDER, draw_tensor, math_text, position_masks
 from ..render import draw as draw_node
@@ -19,6 +22,7 @@ from ..render_notation import SCALED
 if TYPE_CHECKING:
     import torch
 
+    from ..graph.calls import BoxesAndMaps
     from ..reference import Frame
     from ..render import Drawing
 
@@ -131,3 +135,9 @@ def numbers(node: SoftmaxBox) -> tuple[tuple[str, sympy.Expr, NumberRule | None]
 
 def _eps_rule(x: float) -> str | None:
     return None if 0 <= x <= 1 else "must be between 0 and 1 (a small number added to the sum)"
+
+
+@BUILD.register(SoftmaxBox, names=BOXES)
+def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
+    """`softmax[m, scale = ..., mask = ..., sink = ...](x)`, `normalize[m, eps = ...](x)`."""
+    return builder.box(e, keep)

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
-from ..ir import SquaredDistance
+from ..graph.calls import BUILD
+from ..graph.syntax import ordered_union
+from ..graph.vocabulary import PAIRINGS
+from ..ir import Expr, SquaredDistance
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe
 from ..render import RENDER
 from ..render import draw as draw_node
@@ -15,6 +19,7 @@ from ..render import draw as draw_node
 if TYPE_CHECKING:
     import torch
 
+    from ..graph.calls import BoxesAndMaps
     from ..reference import Frame
     from ..render import Drawing
 
@@ -56,3 +61,26 @@ def draw(d: Drawing, e: SquaredDistance, env: dict[str, str], cluster: str | Non
 
 
 CHECK.register(SquaredDistance)(no_numbers)
+
+
+@BUILD.register(SquaredDistance, names=PAIRINGS)
+def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
+    """`sqdist[d](Q[n h d], K[m h d])`: both sides carry the summed legs; the result has the
+    others of both."""
+    over = builder.legs_of(e)
+    if e.keywords or len(e.args) != 2:
+        builder.b.error(
+            "sqdist takes two arguments, a query side and a key side",
+            e.span,
+            hint="sqdist[d](Q[n h d], K[m h d])",
+        )
+        return builder.poison(e)
+    if not over:
+        builder.b.error("sqdist needs the leg it sums over", e.name_span, hint="e.g. sqdist[d](Q[n h d], K[m h d])")
+    left, right = builder.elementwise(list(e.args), keep | set(over))
+    for side, name in ((left, "query"), (right, "key")):
+        for leg in over:
+            if leg not in side.legs:
+                builder.b.error(f"sqdist leg '{leg}' is missing from the {name} side", side.span)
+    legs = tuple(leg for leg in ordered_union([left.legs, right.legs]) if leg not in over)
+    return builder.restrict(SquaredDistance(legs, e.span, over, left, right), keep, e.span)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
+from ..graph.calls import BUILD
 from ..ir import SumNode
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe, parenthesized
 from ..render import RENDER, draw_joined
@@ -52,3 +53,6 @@ def draw(d: Drawing, e: SumNode, env: dict[str, str], cluster: str | None) -> No
 
 
 CHECK.register(SumNode)(no_numbers)
+
+
+BUILD.unsupported(SumNode, "not a call: a sum node is written a + b (graph/expressions.py)")

@@ -9,6 +9,7 @@ import sympy
 
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
+from ..graph.calls import BUILD
 from ..ir import TensorRef
 from ..printing import DESCRIBE, PRINT, groups_text, nothing_to_describe
 from ..render import RENDER, draw_tensor
@@ -93,3 +94,6 @@ RENDER.register(TensorRef)(draw_tensor)
 
 
 CHECK.register(TensorRef)(no_numbers)
+
+
+BUILD.unsupported(TensorRef, "not a call: a tensor is written X[legs] (graph/products.py)")

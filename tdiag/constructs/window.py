@@ -5,15 +5,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
-from ..ir import WindowFactor
+from ..graph.calls import BUILD
+from ..ir import Expr, WindowFactor
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER
 
 if TYPE_CHECKING:
     import torch
 
+    from ..graph.calls import BoxesAndMaps
     from ..reference import Frame
     from ..render import Drawing
 
@@ -43,3 +46,9 @@ def draw(d: Drawing, e: WindowFactor, env: dict[str, str], cluster: str | None) 
 
 
 CHECK.register(WindowFactor)(no_numbers)
+
+
+@BUILD.register(WindowFactor, names=("window",))
+def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
+    """`window(n, m, W)` or `window(n, m, L, R)` as a factor (read as a mask option too)."""
+    return builder.window_factor(e)
