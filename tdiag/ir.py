@@ -6,7 +6,6 @@ knows its output legs and its Span, so later stages never look at text."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -131,10 +130,15 @@ class Expr:
         return tuple(found)
 
 
-@functools.cache
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
 def _field_names(kind: type) -> tuple[str, ...]:
     """An expression class's dataclass fields that may hold children (not its legs or span)."""
-    return tuple(f.name for f in dataclasses.fields(kind) if f.name not in ("legs", "span"))
+    names = _CHILD_FIELDS.get(kind)
+    if names is None:
+        names = _CHILD_FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind) if f.name not in ("legs", "span"))
+    return names
 
 
 def _is_expr_tuple(value: object) -> bool:

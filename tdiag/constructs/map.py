@@ -87,7 +87,9 @@ def draw(d: Drawing, e: ElementwiseMap, env: dict[str, str], cluster: str | None
 def numbers(node: ElementwiseMap) -> list[tuple[str, sympy.Expr, NumberRule | None]]:
     """A power's exponent (at most 64 in size), a bound's value, and clamp's lo <= hi."""
     rule = _exponent_rule if node.name == "pow" else None
-    found = [(f"the {'exponent' if rule else node.name + ' bound'}", value, rule) for value in node.params]
+    found: list[tuple[str, sympy.Expr, NumberRule | None]] = [
+        (f"the {'exponent' if rule else node.name + ' bound'}", value, rule) for value in node.params
+    ]
     if node.name == "clamp" and len(node.params) == 2:
         found.append(("clamp's hi - lo =", node.params[1] - node.params[0], _order_rule("lo", "hi")))
     return found
