@@ -1,11 +1,16 @@
 """Every expression kind's rules, one module per kind (named by the kind: `softmax.py` for the
-softmax box), each filling every converted stage's table for its kind or declaring the kind
-unsupported there, as JAX's primitives register their lowerings. Importing the package registers
-them all; design.py imports it, lower layers never do. Nothing here imports torch at module level:
-an evaluate rule imports it when it runs.
+softmax box), each filling every converted stage's table for its kind, or declaring the kind
+unsupported there with a reason, as JAX's primitives register their lowerings. The tables live in
+their stages' layers: build (graph/calls.BUILD, keyed on the call's word as well), check
+(check.CHECK: the numbers a node carries), print and describe (printing.py), render
+(render.RENDER) and evaluate (evaluation.EVALUATE, for the reference evaluator). Importing the
+package registers them all; design.py imports it, lower layers never do. Nothing here imports
+torch at module level: an evaluate rule imports it when it runs.
 
-Adding a construct: an ir dataclass and one module here (plus its grammar and vocabulary entry
-where it has a new name); tests/test_constructs.py fails until every stage has a rule for it."""
+Lowering (plan/base.py's `_lower_nonlinear`) and decoding (decode*.py) are not tables yet; a
+new kind still needs its branches there. Adding a construct: an ir dataclass, its word in
+graph/vocabulary.py (and graph/syntax.py's leg rule where legs are summed inside it), and one
+module here; tests/test_constructs.py fails until every table has a rule for it."""
 
 from __future__ import annotations
 
