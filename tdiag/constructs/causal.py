@@ -1,5 +1,5 @@
 """`causal(n, m)` as a factor: 1 where the key index m <= the query index n, else 0 (a map's
-causal mask, `with_causal_mask` on an un-normalized attention). Its rules for every stage."""
+causal mask, `with_causal_mask` on an un-normalized attention). Its rules in every stage's table."""
 
 from __future__ import annotations
 

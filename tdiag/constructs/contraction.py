@@ -1,5 +1,5 @@
 """The Einstein product of factors (Tuformer Sec. 2.1): `summed` legs contracted, `batch` legs
-kept and shared. Its rules for every stage."""
+kept and shared. Its rules in every stage's table."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`conv[n = n - i, m = m - j + P](S, theta)`: a zero-padded convolution along position legs
 (Multi-Token Attention's key-query convolution), with masks zeroing the operand first. Its rules
-for every stage."""
+in every stage's table."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A gather `Rel[h, r = clamp(m - n, -K, K) + K]`: a table read along one axis at an integer
-position of other legs (Shaw et al. 2018, T5's relative bias). Its rules for every stage."""
+position of other legs (Shaw et al. 2018, T5's relative bias). Its rules in every stage's table."""
 
 from __future__ import annotations
 

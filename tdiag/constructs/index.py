@@ -1,5 +1,5 @@
 """`index(n)`: the constant over leg n whose entry i is i, made from the run-time size of n (RoPE's
-angles, ALiBi's distances). Its rules for every stage."""
+angles, ALiBi's distances). Its rules in every stage's table."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Elementwise maps (exp, log, relu, elu1, the common activations, clamp, max/min with a bound,
-pow): shape-preserving functions of one operand. Their rules for every stage."""
+pow): shape-preserving functions of one operand. Their rules in every stage's table."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A quotient `a / b` of two expressions, each broadcast along the legs it lacks (linear
-attention's normalization written out). Its rules for every stage."""
+attention's normalization written out). Its rules in every stage's table."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Reductions over legs: max, logsumexp and mean (MGK's hard and soft E-step, its M-step), with
-masks hiding entries. Their rules for every stage."""
+masks hiding entries. Their rules in every stage's table."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A number or size as a term or factor (`2`, `1 / sqrt(D)`): its rules for every stage."""
+"""A number or size as a term or factor (`2`, `1 / sqrt(D)`): its rules in every stage's table."""
 
 from __future__ import annotations
 

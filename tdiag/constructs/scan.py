@@ -1,5 +1,5 @@
 """Prefix scans along a position leg: cumsum and logcumsumexp, exclusive or reversed, with masks
-hiding entries. Their rules for every stage."""
+hiding entries. Their rules in every stage's table."""
 
 from __future__ import annotations
 

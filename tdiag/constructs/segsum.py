@@ -1,6 +1,6 @@
 """`segsum[n, m](a)`: the segment sums Σ_{k=m+1..n} a_k over a position leg and a new key leg,
 −inf where m > n; exp of it is Mamba-2's 1-semiseparable decay mask (Dao & Gu 2024, eq. 4). Its
-rules for every stage."""
+rules in every stage's table."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The softmax box (Tuformer's dotted box with a filled ball on the normalized legs, labelled with
 the scale α), the normalize box x / Σ x of linear attention, their masks and a sink logit
-(gpt-oss). Its rules for every stage."""
+(gpt-oss). Its rules in every stage's table."""
 
 from __future__ import annotations
 

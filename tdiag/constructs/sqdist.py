@@ -1,5 +1,5 @@
 """`sqdist[d](Q, K)`: Σ_d (left − right)², the Gaussian-kernel distance between a query and a key
-side (MGK). Its rules for every stage."""
+side (MGK). Its rules in every stage's table."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The sum node: terms added (or subtracted) elementwise, each broadcast along the legs it lacks
-(biases, noise, MGK's key-norm term). Its rules for every stage."""
+(biases, noise, MGK's key-norm term). Its rules in every stage's table."""
 
 from __future__ import annotations
 

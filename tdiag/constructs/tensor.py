@@ -1,5 +1,5 @@
 """A tensor used in a statement (`K[m h d]`, a reshape `W[f (h d)]`, a slice `P[n: N, f]`): its
-rules for every stage."""
+rules in every stage's table."""
 
 from __future__ import annotations
 

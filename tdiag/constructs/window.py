@@ -1,5 +1,5 @@
 """`window(n, m, W)` (or `window(n, m, L, R)`) as a factor: 1 where the key is inside the query's
-window, else 0. Its rules for every stage."""
+window, else 0. Its rules in every stage's table."""
 
 from __future__ import annotations
 
