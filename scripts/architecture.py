@@ -49,7 +49,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tdiag.notebook",  # formulas and tables as text, HTML and Markdown: sympy only
         ),
     ),
-    ("language", ("tdiag.parse", "tdiag.ir", "tdiag.graph", "tdiag.graph.*", "tdiag.check", "tdiag.printer")),
+    ("language", ("tdiag.parse", "tdiag.ir", "tdiag.graph", "tdiag.graph.*", "tdiag.check", "tdiag.printing")),
     ("planner: program IR", ("tdiag.plan.program", "tdiag.plan.values", "tdiag.plan.ops", "tdiag.plan.box_ops")),
     (
         "planner: prices",
@@ -83,6 +83,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "tdiag.module",
             "tdiag.reference",
+            "tdiag.evaluation",
             "tdiag.decode",
             "tdiag.decode_*",
             "tdiag.init",

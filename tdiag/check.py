@@ -5,13 +5,15 @@ here are the ones about how tensors connect: what reaches an output, and what no
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import networkx as nx
 import sympy
 
 from .errors import Diagnostic
 from .graph import LIMITS, DesignGraph
-from .ir import Contraction, ElementwiseMap, Scalar, SoftmaxBox, Tensor, walk
+from .ir import Expr, Tensor, walk
+from .rules import Rules
 
 
 def check(design: DesignGraph) -> list[Diagnostic]:
@@ -226,35 +228,22 @@ def _number(design: DesignGraph, value: sympy.Expr) -> float | str | None:
     return number
 
 
+CHECK: Rules = Rules("check")  # node -> the numbers it carries, each (what, value, rule or None)
+NumberRule = Callable[[float], str | None]  # a number's value -> what is wrong with it, or None
+
+
+def no_numbers(node: Expr) -> tuple[()]:
+    """The check rule of a kind whose numbers (if any) are checked where the graph is built."""
+    return ()
+
+
 def _scalars(design: DesignGraph):
-    """(what, value, span, rule) for every number in the statements; rule(x) says what is wrong."""
+    """(what, value, span, rule) for every number in the statements, by each node's check rule;
+    rule(x) says what is wrong."""
     for statement in [*design.statements, *design.updates]:
         for node in walk(statement.expr):
-            if isinstance(node, Contraction):
-                yield "the coefficient", node.coefficient, node.span, None
-            elif isinstance(node, Scalar):
-                yield "the number", node.value, node.span, None
-            elif isinstance(node, SoftmaxBox):
-                yield f"the {node.box_name} box's scale", node.scale, node.span, None
-                yield f"the {node.box_name} box's eps", node.eps, node.span, _eps_rule
-            elif isinstance(node, ElementwiseMap):
-                rule = _exponent_rule if node.name == "pow" else None
-                for value in node.params:
-                    yield f"the {'exponent' if rule else node.name + ' bound'}", value, node.span, rule
-                if node.name == "clamp" and len(node.params) == 2:
-                    yield "clamp's hi - lo =", node.params[1] - node.params[0], node.span, _order_rule("lo", "hi")
-
-
-def _eps_rule(x: float) -> str | None:
-    return None if 0 <= x <= 1 else "must be between 0 and 1 (a small number added to the sum)"
-
-
-def _exponent_rule(x: float) -> str | None:
-    return None if abs(x) <= 64 else "is out of range (at most 64)"
-
-
-def _order_rule(low: str, high: str):
-    return lambda x: None if x >= 0 else f"is negative: {low} is greater than {high}"
+            for what, value, rule in CHECK.lookup(node)(node):
+                yield what, value, node.span, rule
 
 
 def _numbers_in_range(design: DesignGraph) -> list[Diagnostic]:

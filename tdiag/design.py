@@ -9,24 +9,18 @@ from typing import TYPE_CHECKING
 
 import sympy
 
+from . import constructs  # noqa: F401  (registers every construct's rules)
 from .check import check
 from .errors import SOURCES, Diagnostic, Span, TdiagError
 from .files import check_path
 from .graph import DesignGraph, build_graph, load_items
 from .graph.model import checked_sizes
 from .ir import (
-    Contraction,
-    Convolution,
-    Expr,
-    Reduction,
-    Scan,
-    SegmentSum,
     SoftmaxBox,
     Tensor,
-    walk,
 )
 from .objectives import COST_OBJECTIVE, DEFAULT_OBJECTIVE, OBJECTIVES  # importable from here too
-from .printer import format_expr, format_groups, format_mask
+from .printing import describe_nodes, format_expr, groups_text
 from .resources import shown_path
 
 if TYPE_CHECKING:
@@ -381,7 +375,7 @@ def _tables(design: Design, show) -> list[tuple[str, list[str], list[list[str]],
     count = g.parameter_count()
     tensors.append(["", "all parameters", "", show(count), value(count)])
     statements = [
-        [f"{'update ' if s.is_update else ''}{s.target}[{format_groups(s.groups)}] = {format_expr(s.expr)}"]
+        [f"{'update ' if s.is_update else ''}{s.target}[{groups_text(s.groups)}] = {format_expr(s.expr)}"]
         for s in [*g.statements, *g.updates]
     ]
     statements += [["output " + ", ".join(f"{o}[{' '.join(g.tensors[o].legs)}]" for o in g.outputs)]]
@@ -424,10 +418,8 @@ def _show(g: DesignGraph, values: Mapping[str, int]) -> list[str]:
         lines.append(f"  {t.kind:<6} {t.name}[{axes}]{extra}")
     lines += ["", "statements"]
     for s in [*g.statements, *g.updates]:
-        lines.append(
-            f"  {'update ' if s.is_update else ''}{s.target}[{format_groups(s.groups)}] = {format_expr(s.expr)}"
-        )
-        lines += [f"      {d}" for d in _describe_nodes(s.expr)]
+        lines.append(f"  {'update ' if s.is_update else ''}{s.target}[{groups_text(s.groups)}] = {format_expr(s.expr)}")
+        lines += [f"      {d}" for d in describe_nodes(s.expr)]
     lines += [
         "",
         "outputs: " + ", ".join(f"{o}[{' '.join(g.tensors[o].legs)}]" for o in g.outputs),
@@ -439,33 +431,3 @@ def _show(g: DesignGraph, values: Mapping[str, int]) -> list[str]:
         else f"parameters: {count}"
     )
     return lines
-
-
-def _describe_nodes(expr: Expr) -> list[str]:
-    out = []
-    for node in walk(expr):
-        if isinstance(node, Contraction) and (node.summed or node.batch):
-            summed = ", ".join(node.summed) or "none"
-            batch = ", ".join(node.batch) or "none"
-            factors = len(node.factors)
-            way = f"{factors}-way " if factors > 2 else ""
-            out.append(f"{way}contraction [{' '.join(node.legs)}]: contracted {summed}; batch legs {batch}")
-        elif isinstance(node, Reduction) and node.masks:
-            masks = ", ".join(format_mask(m) for m in node.masks)
-            out.append(f"{node.name} over {' '.join(node.over)} [{' '.join(node.legs)}], masks {masks}")
-        elif isinstance(node, Scan):
-            out.append(f"scan: {format_expr(node)} [{' '.join(node.legs)}]")
-        elif isinstance(node, SegmentSum):
-            out.append(f"segment sums along {node.along} over [{' '.join(node.legs)}]")
-        elif isinstance(node, Convolution):
-            out.append(f"convolution: {format_expr(node)} [{' '.join(node.legs)}], summed {' '.join(node.taps)}")
-        elif isinstance(node, SoftmaxBox):
-            masks = ", ".join(format_mask(m) for m in node.masks)
-            scale = f", scale {node.scale}" if node.is_exp else ""
-            sink = f", sink {format_expr(node.sink)}" if node.sink is not None else ""
-            out.append(
-                f"{node.box_name} box over [{' '.join(node.legs)}], normalized leg {' '.join(node.normalized)}{scale}"
-                + sink
-                + (f", masks {masks}" if masks else "")
-            )
-    return out

@@ -110,12 +110,39 @@ class Tensor:
 
 @dataclass(frozen=True)
 class Expr:
+    """An expression node. Its children are the fields holding an Expr or a tuple of Exprs, found
+    from the dataclass's fields, so a new kind is walked and rewritten whatever its fields are
+    called."""
+
     legs: tuple[str, ...]
     span: Span
     kind: ClassVar[str] = "expr"
 
     def children(self) -> tuple[Expr, ...]:
-        return ()
+        """The sub-expressions, in field order (a tuple field's items in place)."""
+        found: list[Expr] = []
+        for name in _field_names(type(self)):
+            value = getattr(self, name)
+            if isinstance(value, Expr):
+                found.append(value)
+            elif _is_expr_tuple(value):
+                found.extend(value)
+        return tuple(found)
+
+
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(kind: type) -> tuple[str, ...]:
+    """An expression class's dataclass fields that may hold children (not its legs or span)."""
+    names = _CHILD_FIELDS.get(kind)
+    if names is None:
+        names = _CHILD_FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind) if f.name not in ("legs", "span"))
+    return names
+
+
+def _is_expr_tuple(value: object) -> bool:
+    return isinstance(value, tuple) and bool(value) and all(isinstance(item, Expr) for item in value)
 
 
 @dataclass(frozen=True)
@@ -158,9 +185,6 @@ class Contraction(Expr):
     batch: tuple[str, ...] = ()
     kind: ClassVar[str] = "contraction"
 
-    def children(self) -> tuple[Expr, ...]:
-        return self.factors
-
 
 @dataclass(frozen=True)
 class SumNode(Expr):
@@ -170,18 +194,12 @@ class SumNode(Expr):
     signs: tuple[int, ...] = ()
     kind: ClassVar[str] = "sum"
 
-    def children(self) -> tuple[Expr, ...]:
-        return self.terms
-
 
 @dataclass(frozen=True)
 class Quotient(Expr):
     numerator: Expr | None = None
     denominator: Expr | None = None
     kind: ClassVar[str] = "quotient"
-
-    def children(self) -> tuple[Expr, ...]:
-        return (self.numerator, self.denominator)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -333,9 +351,6 @@ class Gather(Expr):
     checked: int | None = None  # the largest position, checked against a run-time axis length
     kind: ClassVar[str] = "gather"
 
-    def children(self) -> tuple[Expr, ...]:
-        return (self.source,)  # type: ignore[return-value]
-
 
 @dataclass(frozen=True)
 class SoftmaxBox(Expr):
@@ -354,9 +369,6 @@ class SoftmaxBox(Expr):
     sink: Expr | None = None
     kind: ClassVar[str] = "softmax"
 
-    def children(self) -> tuple[Expr, ...]:
-        return (self.content,) if self.sink is None else (self.content, self.sink)  # type: ignore[return-value]
-
     @property
     def box_name(self) -> str:
         return "softmax" if self.is_exp else "normalize"
@@ -373,9 +385,6 @@ class ElementwiseMap(Expr):
     params: tuple[sympy.Expr, ...] = ()
     kind: ClassVar[str] = "map"
 
-    def children(self) -> tuple[Expr, ...]:
-        return (self.operand,)  # type: ignore[return-value]
-
 
 @dataclass(frozen=True)
 class Reduction(Expr):
@@ -388,9 +397,6 @@ class Reduction(Expr):
     operand: Expr | None = None
     masks: tuple[Mask, ...] = ()
     kind: ClassVar[str] = "reduction"
-
-    def children(self) -> tuple[Expr, ...]:
-        return (self.operand,)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -409,9 +415,6 @@ class Scan(Expr):
     reverse: bool = False
     masks: tuple[Mask, ...] = ()
     kind: ClassVar[str] = "scan"
-
-    def children(self) -> tuple[Expr, ...]:
-        return (self.operand,)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -447,9 +450,6 @@ class Convolution(Expr):
     masks: tuple[Mask, ...] = ()
     kind: ClassVar[str] = "conv"
 
-    def children(self) -> tuple[Expr, ...]:
-        return (self.operand, self.kernel)  # type: ignore[return-value]
-
     @property
     def taps(self) -> tuple[str, ...]:
         """The kernel's offset legs, one per shifted leg, summed inside the convolution."""
@@ -469,9 +469,6 @@ class SegmentSum(Expr):
     operand: Expr | None = None
     kind: ClassVar[str] = "segsum"
 
-    def children(self) -> tuple[Expr, ...]:
-        return (self.operand,)  # type: ignore[return-value]
-
 
 @dataclass(frozen=True)
 class SquaredDistance(Expr):
@@ -481,9 +478,6 @@ class SquaredDistance(Expr):
     left: Expr | None = None
     right: Expr | None = None
     kind: ClassVar[str] = "sqdist"
-
-    def children(self) -> tuple[Expr, ...]:
-        return (self.left, self.right)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -511,20 +505,17 @@ def walk(expr: Expr):
 
 
 def map_children(expr: Expr, rebuild: Callable[[Expr], Expr]) -> Expr:
-    """`expr` with `rebuild` applied to the sub-expressions the graph rewrites descend into: the
-    factors of a product, the terms of a sum, and a box's content, a map's or reduction's
-    operand, a quotient's sides; `expr` itself where every one comes back unchanged."""
+    """`expr` with `rebuild` applied to every sub-expression (each field holding an Expr or a
+    tuple of Exprs, whatever it is called); `expr` itself where every one comes back unchanged."""
     changes: dict[str, object] = {}
-    for field_name in ("factors", "terms"):
-        children = getattr(expr, field_name, None)
-        if children:
-            rebuilt = tuple(rebuild(c) for c in children)
-            if any(new is not old for new, old in zip(rebuilt, children, strict=True)):
-                changes[field_name] = rebuilt
-    for field_name in ("content", "operand", "numerator", "denominator", "left", "right"):
-        child = getattr(expr, field_name, None)
-        if isinstance(child, Expr):
-            rebuilt_child = rebuild(child)
-            if rebuilt_child is not child:
-                changes[field_name] = rebuilt_child
+    for name in _field_names(type(expr)):
+        value = getattr(expr, name)
+        if isinstance(value, Expr):
+            rebuilt = rebuild(value)
+            if rebuilt is not value:
+                changes[name] = rebuilt
+        elif _is_expr_tuple(value):
+            items = tuple(rebuild(item) for item in value)
+            if any(new is not old for new, old in zip(items, value, strict=True)):
+                changes[name] = items
     return dataclasses.replace(expr, **changes) if changes else expr

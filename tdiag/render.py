@@ -12,7 +12,9 @@ leaf tensors, as in the papers' figures; one used more than once is drawn once, 
 sub-diagram is drawn twice. A drawing too large for one screen (render_layout.MAX_NODES) is
 drawn as with `inline=False`: each statement its own labelled cluster, the tensors that earlier
 statements define one node per use, and a dashed arrow from a statement to each use of its result.
-DOT text needs nothing installed; SVG, PNG and PDF need Graphviz's `dot` program."""
+Each expression kind is drawn by its render rule (RENDER, filled in by tdiag/constructs), on the
+drawing's public helpers below. DOT text needs nothing installed; SVG, PNG and PDF need
+Graphviz's `dot` program."""
 
 from __future__ import annotations
 
@@ -29,31 +31,19 @@ import sympy
 from .files import check_output, write_output
 from .graph import DesignGraph
 from .ir import (
-    CausalFactor,
     CausalMask,
     Contraction,
-    Convolution,
-    ElementwiseMap,
     Expr,
-    Gather,
-    PaddingMask,
-    PositionIndex,
-    Quotient,
-    Reduction,
-    Scalar,
-    Scan,
-    SegmentSum,
-    SoftmaxBox,
-    SquaredDistance,
     Statement,
-    SumNode,
     TensorRef,
-    WindowFactor,
     WindowMask,
 )
-from .printer import format_expr
+from .printing import format_expr
 from .render_layout import MAX_NODES, shared_tensors, too_large
-from .render_notation import GREEK, MAP_LABEL, NODE_STYLE, ONES_STYLE, OPEN_END_STYLE, SCALED
+from .render_notation import GREEK, NODE_STYLE, ONES_STYLE, OPEN_END_STYLE, SCALED
+from .rules import Rules
+
+RENDER: Rules = Rules("render")  # how each kind is drawn: rule(drawing, node, env, cluster)
 
 
 class RenderError(Exception):
@@ -73,7 +63,7 @@ class _Cluster:
 
 
 @dataclass
-class _Drawing:
+class Drawing:
     """Nodes, clusters and leg instances; a leg instance is one hyperedge of the network."""
 
     design: DesignGraph
@@ -119,7 +109,7 @@ class _Drawing:
         """The leg's size symbol; a fused leg `(h d)` has the product of its pieces' sizes."""
         names = self.leg_of[instance].strip("()").split()
         sizes = [self.design.legs[n].size for n in names if n in self.design.legs]
-        return _text(sympy.Mul(*sizes)) if len(sizes) == len(names) else self.leg_of[instance]
+        return math_text(sympy.Mul(*sizes)) if len(sizes) == len(names) else self.leg_of[instance]
 
     def edge_label(self, instance: str) -> str:
         """`n: N`: the leg's name next to its size, so legs of equal size are told apart."""
@@ -129,91 +119,13 @@ class _Drawing:
 # ---- walking the design --------------------------------------------------------------------
 
 
-def _draw(d: _Drawing, e: Expr, env: dict[str, str], cluster: str | None) -> None:
-    """Add `e` to the drawing; `env` gives the leg instance of each of e's legs."""
-    if isinstance(e, TensorRef):
-        _draw_tensor(d, e, env, cluster)
-    elif isinstance(e, Contraction):
-        inner = env | {leg: d.leg(leg, cluster) for leg in e.summed}
-        if e.coefficient != 1:
-            cluster = d.cluster(f"×{_text(e.coefficient)}", SCALED, cluster)
-        for factor in e.factors:
-            _draw(d, factor, {leg: inner[leg] for leg in factor.legs}, cluster)
-    elif isinstance(e, SoftmaxBox):
-        _draw_box(d, e, env, cluster)
-    elif isinstance(e, ElementwiseMap):
-        label = f"(·)^{_text(e.params[0])}" if e.name == "pow" else MAP_LABEL[e.name]
-        inner_cluster = d.cluster(label, "dotted", cluster)
-        _draw(d, e.operand, env, inner_cluster)  # type: ignore[arg-type]
-    elif isinstance(e, Reduction):
-        masks = _position_masks(e.masks)
-        label = f"{e.name} over {' '.join(e.over)}" + (" · mask " + ", ".join(masks) if masks else "")
-        box = d.cluster(label, "dotted", cluster)
-        inner = env | {leg: d.leg(leg, box) for leg in e.over}
-        for mask in e.masks:
-            if isinstance(mask, PaddingMask):
-                _draw_tensor(d, mask.tensor, inner, box)
-        end = d.node("r", f'shape=diamond width=0.25 height=0.25 label="" xlabel="{e.name}"', box)
-        for leg in e.over:
-            d.attach(end, inner[leg])
-        _draw(d, e.operand, {leg: inner[leg] for leg in e.operand.legs}, box)  # type: ignore[union-attr]
-    elif isinstance(e, Scan):  # the leg passes through: a scan node sits on it
-        options = [word for word, flag in (("exclusive", e.exclusive), ("reverse", e.reverse)) if flag]
-        masks = _position_masks(e.masks)
-        label = " ".join([e.name, *options, "along", e.along]) + (" · mask " + ", ".join(masks) if masks else "")
-        box = d.cluster(label, "dotted", cluster)
-        for mask in e.masks:
-            if isinstance(mask, PaddingMask):
-                _draw_tensor(d, mask.tensor, env, box)
-        node = d.node("scan", f'shape=rarrow width=0.3 height=0.2 label="" xlabel="{e.name}"', box)
-        d.attach(node, env[e.along])
-        _draw(d, e.operand, {leg: env[leg] for leg in e.operand.legs}, box)  # type: ignore[union-attr]
-    elif isinstance(e, Convolution):  # a shift node joins each shifted leg to the kernel's offset leg
-        masks = _position_masks(e.masks)
-        shifts = ", ".join(f"{s.leg} = {s.source()}" for s in e.shifts)
-        box = d.cluster(f"conv[{shifts}]" + (" · mask " + ", ".join(masks) if masks else ""), "dotted", cluster)
-        inner = env | {s.offset: d.leg(s.offset, box) for s in e.shifts}
-        _draw(d, e.kernel, {leg: inner[leg] for leg in e.kernel.legs}, box)  # type: ignore[union-attr]
-        for shift in e.shifts:
-            label = _escape(shift.source())
-            node = d.node("shift", f'shape=rarrow width=0.3 height=0.2 label="" xlabel="{label}"', box)
-            d.attach(node, env[shift.leg])
-            d.attach(node, inner[shift.offset])
-        _draw(d, e.operand, {leg: env[leg] for leg in e.operand.legs}, box)  # type: ignore[union-attr]
-    elif isinstance(e, SegmentSum):  # a scan node joining the position leg n and the new key leg m
-        box = d.cluster(f"segsum along {e.along} · ({e.along}, {e.key})", "dotted", cluster)
-        node = d.node("scan", 'shape=rarrow width=0.3 height=0.2 label="" xlabel="segsum"', box)
-        d.attach(node, env[e.along])
-        d.attach(node, env[e.key])
-        _draw(d, e.operand, {leg: env[leg] for leg in e.operand.legs}, box)  # type: ignore[union-attr]
-    elif isinstance(e, SumNode):
-        marks = ["" if s > 0 else "−" for s in e.signs]
-        _draw_joined(d, e, env, cluster, "+", list(e.terms), marks)
-    elif isinstance(e, Quotient):
-        _draw_joined(d, e, env, cluster, "÷", [e.numerator, e.denominator], ["", "÷ by"])  # type: ignore[list-item]
-    elif isinstance(e, SquaredDistance):
-        _draw_distance(d, e, env, cluster)
-    elif isinstance(e, CausalFactor | WindowFactor):
-        text = f"causal({e.query}, {e.key})" if isinstance(e, CausalFactor) else str(e.mask)
-        node = d.node("mask", f'shape=box style=dashed label="{text}"', cluster)
-        for leg in e.legs:
-            d.attach(node, env[leg])
-    elif isinstance(e, PositionIndex):  # a constant over one leg: entry i is i
-        node = d.node("index", f'shape=cds label="index" tooltip="index({e.leg}): 0 .. size − 1"', cluster)
-        d.attach(node, env[e.leg])
-    elif isinstance(e, Gather):  # the table, its gathered axis ending at the position it is read at
-        inner = env | {e.axis: d.leg(e.axis, cluster)}
-        _draw_tensor(d, e.source, {leg: inner[leg] for leg in e.source.legs}, cluster)  # type: ignore[union-attr]
-        label = _escape(f"{e.axis} = {e.position}")
-        node = d.node("at", f'shape=box style="rounded,dashed" label="{label}" tooltip="gather"', cluster)
-        d.attach(node, inner[e.axis])
-        for leg in e.position.legs():  # type: ignore[union-attr]
-            d.attach(node, env[leg])
-    elif isinstance(e, Scalar) and e.value != 1:
-        d.node("c", f'shape=plaintext label="{_text(e.value)}"', cluster)
+def draw(d: Drawing, e: Expr, env: dict[str, str], cluster: str | None) -> None:
+    """Add `e` to the drawing by its kind's render rule; `env` gives the leg instance of each of
+    e's legs."""
+    RENDER.lookup(e)(d, e, env, cluster)
 
 
-def _draw_tensor(d: _Drawing, e: TensorRef, env: dict[str, str], cluster: str | None) -> None:
+def draw_tensor(d: Drawing, e: TensorRef, env: dict[str, str], cluster: str | None) -> None:
     tensor = d.design.tensors[e.name]
     statement = tensor.statement
     if e.name in d.shared:
@@ -228,26 +140,26 @@ def _draw_tensor(d: _Drawing, e: TensorRef, env: dict[str, str], cluster: str | 
                     inner[a] = env[b]
             else:
                 _reshape(d, [env[leg] for leg in use], definition, inner, cluster)
-        _draw(d, statement.expr, {leg: inner[leg] for leg in statement.expr.legs}, cluster)
+        draw(d, statement.expr, {leg: inner[leg] for leg in statement.expr.legs}, cluster)
         return
     kind = tensor.kind if statement is None else "derived"
     label = GREEK.get(e.name, "ε" if kind == "random" and e.name.lower().startswith("eps") else e.name)
     if e.is_sliced:  # a table read at its first entries: P[n: N]
         cuts = [
-            f"{g[0]}: {_text(k)}"
+            f"{g[0]}: {math_text(k)}"
             if e.offset(axis) == 0
-            else f"{g[0]}: {_text(e.offset(axis))}..{_text(e.offset(axis) + k)}"
+            else f"{g[0]}: {math_text(e.offset(axis))}..{math_text(e.offset(axis) + k)}"
             for axis, (g, k) in enumerate(zip(e.groups, e.slices, strict=True))
             if k is not None
         ]
-        label += _escape("[" + ", ".join(cuts) + "]")
+        label += escape("[" + ", ".join(cuts) + "]")
     node = d.node("t", f'{NODE_STYLE[kind]} label="{label}" tooltip="{kind} {e.name}"', cluster)
     if statement is not None:
         d.uses.append((e.name, node))
     _attach_use(d, node, e, env, cluster)
 
 
-def _attach_use(d: _Drawing, node: str, e: TensorRef, env: dict[str, str], cluster: str | None) -> None:
+def _attach_use(d: Drawing, node: str, e: TensorRef, env: dict[str, str], cluster: str | None) -> None:
     """Join a tensor's node to the legs of one use; a fused group `(h d)` meets its pieces at a dot."""
     for group in e.groups:
         if len(group) == 1:
@@ -262,7 +174,7 @@ def _attach_use(d: _Drawing, node: str, e: TensorRef, env: dict[str, str], clust
                 d.attach(join, env[leg])
 
 
-def _draw_shared_use(d: _Drawing, e: TensorRef, env: dict[str, str], cluster: str | None) -> None:
+def _draw_shared_use(d: Drawing, e: TensorRef, env: dict[str, str], cluster: str | None) -> None:
     """One use of a computed tensor used more than once: an edge bundle to its single node, drawn
     outside every box, and the first use draws the node with an arrow from its statement."""
     node = d.shared[e.name]
@@ -275,7 +187,7 @@ def _draw_shared_use(d: _Drawing, e: TensorRef, env: dict[str, str], cluster: st
 
 
 def _reshape(
-    d: _Drawing, outer: list[str], definition: tuple[str, ...], inner: dict[str, str], cluster: str | None
+    d: Drawing, outer: list[str], definition: tuple[str, ...], inner: dict[str, str], cluster: str | None
 ) -> None:
     """A use `C[r s]` of a tensor defined as `C[(h d) (g e)]`: join the pieces at a small node."""
     join = d.node("j", 'shape=point width=0.06 label=""', cluster)
@@ -286,7 +198,7 @@ def _reshape(
         d.attach(join, inner[leg])
 
 
-def _position_masks(masks) -> list[str]:
+def position_masks(masks) -> list[str]:
     """The causal masks and windows of a box, map or reduction, as written."""
     return [
         f"causal({m.query}, {m.key})" if isinstance(m, CausalMask) else str(m)
@@ -295,24 +207,8 @@ def _position_masks(masks) -> list[str]:
     ]
 
 
-def _draw_box(d: _Drawing, e: SoftmaxBox, env: dict[str, str], cluster: str | None) -> None:
-    masks = _position_masks(e.masks)
-    label = e.box_name + (" · mask " + ", ".join(masks) if masks else "")
-    box = d.cluster(label, "dotted", cluster)
-    scale = _text(e.scale) if e.is_exp else "Σ"
-    for leg in e.normalized:
-        d.balls[env[leg]] = (box, scale)
-    for mask in e.masks:
-        if isinstance(mask, PaddingMask):
-            _draw_tensor(d, mask.tensor, env, box)
-    _draw(d, e.content, env, box)  # type: ignore[arg-type]
-    if e.sink is not None:  # the sink: a logit of each row's denominator, drawn in the box it joins
-        sink = d.cluster("sink: + exp(·) in the denominator", SCALED, box)
-        _draw(d, e.sink, {leg: env[leg] for leg in e.sink.legs}, sink)
-
-
-def _draw_joined(
-    d: _Drawing, e: Expr, env: dict[str, str], cluster: str | None, label: str, parts: list[Expr], marks: list[str]
+def draw_joined(
+    d: Drawing, e: Expr, env: dict[str, str], cluster: str | None, label: str, parts: list[Expr], marks: list[str]
 ) -> None:
     """A sum node or quotient: each part is its own sub-network whose open legs meet at the node.
     A subtracted term or a denominator is drawn in a dashed cluster labelled − or ÷ (with its
@@ -326,33 +222,22 @@ def _draw_joined(
             d.attach(join, instance)
         where = cluster
         if mark and isinstance(part, Contraction) and part.coefficient != 1:
-            where = d.cluster(f"{mark} {_text(part.coefficient)} ×", SCALED, cluster)
+            where = d.cluster(f"{mark} {math_text(part.coefficient)} ×", SCALED, cluster)
             part = dataclasses.replace(part, coefficient=sympy.Integer(1))
         elif mark:
             where = d.cluster(mark, SCALED, cluster)
-        _draw(d, part, part_env, where)
-
-
-def _draw_distance(d: _Drawing, e: SquaredDistance, env: dict[str, str], cluster: str | None) -> None:
-    box = d.cluster(f"squared distance over {' '.join(e.over)}", "dotted", cluster)
-    pair = d.node("q", 'shape=circle width=0.35 fixedsize=true fontsize=9 label="‖−‖²"', box)
-    for side in (e.left, e.right):
-        side_env = {leg: env[leg] for leg in side.legs if leg in env}  # type: ignore[union-attr]
-        for leg in e.over:
-            side_env[leg] = d.leg(leg, box)
-            d.attach(pair, side_env[leg])
-        _draw(d, side, side_env, box)  # type: ignore[arg-type]
+        draw(d, part, part_env, where)
 
 
 # ---- writing DOT ---------------------------------------------------------------------------
 
 
-def _text(value: sympy.Expr) -> str:
+def math_text(value: sympy.Expr) -> str:
     text = re.sub(r"sqrt\((\w+)\)", r"√\1", str(value)).replace("sqrt", "√")
     return text.replace("**", "^").replace("*", "·")
 
 
-def _cluster_chain(d: _Drawing, cluster: str | None) -> list[str]:
+def _cluster_chain(d: Drawing, cluster: str | None) -> list[str]:
     chain = []
     while cluster is not None:
         chain.append(cluster)
@@ -360,7 +245,7 @@ def _cluster_chain(d: _Drawing, cluster: str | None) -> list[str]:
     return chain
 
 
-def _common_cluster(d: _Drawing, nodes: list[str]) -> str | None:
+def _common_cluster(d: Drawing, nodes: list[str]) -> str | None:
     """The innermost cluster holding all `nodes`, where a junction between them belongs."""
     chains = [_cluster_chain(d, d.nodes[n][1])[::-1] for n in nodes]
     common = None
@@ -371,12 +256,12 @@ def _common_cluster(d: _Drawing, nodes: list[str]) -> str | None:
     return common
 
 
-def _is_inside(d: _Drawing, node: str, cluster: str, use: str | None = None) -> bool:
+def _is_inside(d: Drawing, node: str, cluster: str, use: str | None = None) -> bool:
     """Whether `node` is drawn in `cluster`; a shared tensor's node counts where its `use` is."""
     return cluster in _cluster_chain(d, use if node in d.shared.values() else d.nodes[node][1])
 
 
-def _edges(d: _Drawing) -> list[str]:
+def _edges(d: Drawing) -> list[str]:
     lines = []
     for instance, ends in d.ends.items():
         if instance in d.balls:
@@ -397,7 +282,7 @@ def _edges(d: _Drawing) -> list[str]:
     return lines
 
 
-def _hyperedge(d: _Drawing, instance: str, ends: list[str], cluster: str | None, *, closed: bool = False) -> list[str]:
+def _hyperedge(d: Drawing, instance: str, ends: list[str], cluster: str | None, *, closed: bool = False) -> list[str]:
     """Two ends: one edge. Three or more: a junction dot (hyperedge), labelled on one spoke. An output
     leg gets an open end; a summed leg with a single end is closed by an all-ones vector `1`,
     so that it never dangles like an output leg. `closed`: the part of a leg inside a box."""
@@ -419,14 +304,14 @@ def _hyperedge(d: _Drawing, instance: str, ends: list[str], cluster: str | None,
     ]
 
 
-def _edge(d: _Drawing, a: str, b: str) -> str:
+def _edge(d: Drawing, a: str, b: str) -> str:
     """`a -- b`, a shared tensor's node first: dot ranks an edge's tail before its head, so each
     computed tensor sits after its statement and before its uses, and a long design reads left
     to right, statement by statement."""
     return f"{b} -- {a}" if b in d.shared.values() and a not in d.shared.values() else f"{a} -- {b}"
 
 
-def _use_arrows(d: _Drawing) -> list[str]:
+def _use_arrows(d: Drawing) -> list[str]:
     """With statements drawn apart: a dashed arrow from each statement to every use of its result."""
     lines = []
     for name, node in d.uses:
@@ -478,8 +363,8 @@ def _node_name(attrs: str) -> str:
     return match.group(1) if match else ""
 
 
-def _trace(design: DesignGraph, inline: bool) -> _Drawing:
-    d = _Drawing(design, inline)
+def _trace(design: DesignGraph, inline: bool) -> Drawing:
+    d = Drawing(design, inline)
     if not inline:
         for statement in [*design.statements, *design.updates]:
             _draw_statement(d, statement)
@@ -498,28 +383,28 @@ def _trace(design: DesignGraph, inline: bool) -> _Drawing:
         )
         env = {leg: d.leg(leg, None) for group in ref.groups for leg in group}
         d.dangling |= set(env.values())
-        _draw_tensor(d, ref, env, None)
+        draw_tensor(d, ref, env, None)
     return d
 
 
-def _draw_statement(d: _Drawing, statement: Statement) -> None:
+def _draw_statement(d: Drawing, statement: Statement) -> None:
     """One statement as its own cluster, labelled with its text: its right-hand side's network,
     whose dangling legs are the target's legs; tensors of earlier statements are single nodes."""
     target = f"{statement.target}[{' '.join(_group_text(g) for g in statement.groups)}]"
     text = f"{'update ' if statement.is_update else ''}{target} = {format_expr(statement.expr)}"
-    box = d.cluster(_escape(text), "rounded", None)
+    box = d.cluster(escape(text), "rounded", None)
     if not statement.is_update:
         d.defined_in[statement.target] = box
     env = {leg: d.leg(leg, box) for leg in statement.expr.legs}
     d.dangling |= set(env.values())
-    _draw(d, statement.expr, env, box)
+    draw(d, statement.expr, env, box)
 
 
 def _group_text(group: tuple[str, ...]) -> str:
     return group[0] if len(group) == 1 else "(" + " ".join(group) + ")"
 
 
-def _escape(text: str) -> str:
+def escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
@@ -543,12 +428,12 @@ def fitted_dot(design: DesignGraph, *, inline: bool = True) -> tuple[str, str | 
     return to_dot(design, inline=False), note
 
 
-def visible_nodes(d: _Drawing) -> int:
+def visible_nodes(d: Drawing) -> int:
     """The nodes a reader sees (tensors, junctions, boxes' marks), once the edges are drawn."""
     return sum(1 for attrs, _ in d.nodes.values() if not attrs.startswith(OPEN_END_STYLE))
 
 
-def _dot(d: _Drawing) -> str:
+def _dot(d: Drawing) -> str:
     """The drawing as DOT. One panel per statement ranks top to bottom inside each panel, so the
     panels, ordered by the arrows between them, stand side by side: left to right by statement."""
     design = d.design
@@ -569,7 +454,7 @@ def _dot(d: _Drawing) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _clusters(d: _Drawing, parent: str | None, indent: str) -> list[str]:
+def _clusters(d: Drawing, parent: str | None, indent: str) -> list[str]:
     lines = [f"{indent}{node} [{attrs}];" for node, (attrs, cluster) in d.nodes.items() if cluster == parent]
     for c in d.clusters.values():
         if c.parent != parent:

@@ -182,3 +182,13 @@ def test_the_example_script_defaults_to_the_bundled_corpus():
 def test_no_code_reads_data_from_outside_the_repository():
     files = [*(ROOT / "tdiag").rglob("*.py"), *(ROOT / "examples").glob("*.py")]
     assert [f.name for f in files if '"shared"' in f.read_text(encoding="utf-8")] == []
+
+
+def test_every_package_of_tdiag_is_listed_for_the_wheel():
+    """pyproject.toml names the packages one by one, so a new one (tdiag/constructs) left out
+    would be missing from an installed tdiag, which then fails at `import tdiag`."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "tdiag").rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)

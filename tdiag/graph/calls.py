@@ -26,36 +26,27 @@ from ..ir import (
     Scan,
     SegmentSum,
     SoftmaxBox,
-    SquaredDistance,
     TensorRef,
     WindowFactor,
     WindowMask,
 )
-from .convolutions import convolution
-from .lone_sums import explicit_sum, lone_sums, map_sum_warning
+from ..rules import Rules
+from .lone_sums import lone_sums, map_sum_warning
 from .sizes import _number, expand_sizes, size_symbol, size_values
-from .syntax import _available, _is_scalar_syntax, _ordered_union
+from .syntax import _available, _is_scalar_syntax
 from .vocabulary import (
     BOUNDS,
     BOX_OPTIONS,
-    BOXES,
-    CONVOLUTIONS,
     FUNCTIONS,
     MAPS,
-    MASK_FACTORS,
-    PAIRINGS,
-    POSITION_FUNCTIONS,
-    REDUCTIONS,
-    RSQRT,
     SCALAR_FUNCTIONS,
     SCAN_OPTIONS,
-    SCANS,
-    SEGMENT_SUMS,
-    SUMS,
 )
 
 if TYPE_CHECKING:
     from .builder import _Builder
+
+BUILD: Rules = Rules("build")  # word of the language -> rule(expression builder, call, legs kept)
 
 
 class BoxesAndMaps:
@@ -66,41 +57,13 @@ class BoxesAndMaps:
 
     # -- calls: boxes, maps, reductions, squared distance --
     def call(self, e: syn.Call, keep: set[str]) -> Expr:
+        """A call of a word of the language, built by the build rule registered for the word
+        (tdiag/constructs); any other name is a mistake, said as precisely as it can be."""
         if self._juxtaposed_option(e):
             return self.poison(e)
-        if e.name in BOXES:
-            return self.box(e, keep)
-        if e.name in MAPS:
-            return self.elementwise_map(e, keep)
-        if e.name == RSQRT:
-            return self.rsqrt(e, keep)
-        if e.name in BOUNDS and e.legs is None and not e.options and len(e.args) == 2:
-            return self.bound(e, keep)
-        if e.name in BOUNDS and e.name not in REDUCTIONS:
-            self.b.error(
-                f"{e.name} takes a tensor and a bound: {e.name}(x, c) with c a number or size",
-                e.span,
-                hint="a minimum over a leg r is -max[r](-x)",
-            )
-            return self.poison(e)
-        if e.name in REDUCTIONS:
-            return self.reduction(e, keep)
-        if e.name in SUMS:
-            return explicit_sum(self, e, keep)  # type: ignore[arg-type]
-        if e.name in SCANS:
-            return self.scan(e, keep)
-        if e.name in SEGMENT_SUMS:
-            return self.segment_sum(e, keep)
-        if e.name in CONVOLUTIONS:
-            return convolution(self, e, keep)
-        if e.name in PAIRINGS:
-            return self.squared_distance(e, keep)
-        if e.name == "window":
-            return self.window_factor(e)
-        if e.name in MASK_FACTORS:
-            return self.causal_factor(e)
-        if e.name in POSITION_FUNCTIONS:
-            return self.position_index(e)
+        rule = BUILD.named(e.name)
+        if rule is not None:
+            return rule(self, e, keep)
         if e.name in self.b.tensors:
             legs = " ".join(self.b.tensors[e.name].legs)
             self.b.error(
@@ -144,7 +107,7 @@ class BoxesAndMaps:
             return None
         return e.args[0]
 
-    def _legs_of(self, e: syn.Call) -> tuple[str, ...]:
+    def legs_of(self, e: syn.Call) -> tuple[str, ...]:
         legs: list[str] = []
         for item in e.legs or ():
             if isinstance(item, syn.LegGroup):
@@ -165,7 +128,7 @@ class BoxesAndMaps:
         return _available(argument, self.b.tensors) - set(self.b.sizes)
 
     def box(self, e: syn.Call, keep: set[str]) -> Expr:
-        normalized = self._legs_of(e)
+        normalized = self.legs_of(e)
         argument = self._one_argument(e)
         if not normalized:
             self.b.error(
@@ -273,7 +236,7 @@ class BoxesAndMaps:
         """`softmax[m, sink = s[h]](x)`: a logit added to the box's denominator, a tensor
         expression (or a number) over legs the box keeps: never a normalized leg (the sink is one
         extra entry per row of the box, not one per key)."""
-        normalized = set(self._legs_of(e))
+        normalized = set(self.legs_of(e))
         legs = _available(value, self.b.tensors)
         wrong = False
         for leg in sorted(legs):
@@ -343,25 +306,6 @@ class BoxesAndMaps:
             span,
             hint=did_you_mean(leg, legs) or f"the {box.split()[-1]}'s legs are: {', '.join(legs)}",
         )
-
-    def causal_factor(self, e: syn.Call) -> Expr:
-        """`causal(n, m)` as a factor: 1 where m <= n, 0 elsewhere (zeroing the future)."""
-        legs = [a.name if isinstance(a, syn.Name) else None for a in e.args]
-        if len(legs) != 2 or None in legs or e.legs is not None or e.keywords:
-            self.b.error("causal takes a query leg and a key leg", e.span, hint="causal(n, m)")
-            return self.poison(e)
-        for leg, arg in zip(legs, e.args, strict=True):
-            if not self.b.find_leg(leg):
-                self.b.error(
-                    f"causal mask leg '{leg}' is not bound to a size",
-                    arg.span,
-                    hint=did_you_mean(leg, self.b.legs) or "use legs that a tensor of this file has",
-                )
-                return self.poison(e)
-        if legs[0] == legs[1]:
-            self.b.error("a causal mask relates two different legs", e.span)
-            return self.poison(e)
-        return CausalFactor((legs[0], legs[1]), e.span, legs[0], legs[1])  # type: ignore[arg-type]
 
     def window_factor(self, e: syn.Call) -> Expr:
         """`window(n, m, W)` as a factor: 1 where the key is inside the query's window, else 0."""
@@ -460,7 +404,7 @@ class BoxesAndMaps:
                 )
             elif isinstance(mask, PaddingMask):
                 factors.append(mask.tensor)
-        for leg, item in zip(self._legs_of(e), e.legs or (), strict=False):
+        for leg, item in zip(self.legs_of(e), e.legs or (), strict=False):
             if leg not in operand.legs:
                 self.b.error(
                     f"leg '{leg}' is not a leg of the {e.name} map's argument",
@@ -538,7 +482,7 @@ class BoxesAndMaps:
             self.b.diagnostics.append(warning)
 
     def reduction(self, e: syn.Call, keep: set[str]) -> Expr:
-        over = self._legs_of(e)
+        over = self.legs_of(e)
         argument = self._one_argument(e)
         if not over:
             self.b.error(f"{e.name} needs the leg it reduces", e.name_span, hint=f"e.g. {e.name}[r](...)")
@@ -562,7 +506,7 @@ class BoxesAndMaps:
     def _scan_leg(self, e: syn.Call, operand: Expr, count: int, usage: str) -> str | None:
         """The position leg a scan or segment sum runs along: the first of its `count` legs in
         brackets, a leg of its argument whose size is a run-time length (N), never a feature leg."""
-        legs = self._legs_of(e)
+        legs = self.legs_of(e)
         if len(legs) != count:
             self.b.error(
                 f"{e.name} takes {'one leg' if count == 1 else f'{count} legs'} in brackets, got {len(legs)}",
@@ -594,7 +538,7 @@ class BoxesAndMaps:
         argument = self._one_argument(e)
         if argument is None:
             return self.poison(e)
-        named = {leg for leg in self._legs_of(e)}
+        named = {leg for leg in self.legs_of(e)}
         along_masks = {leg for option in e.options for leg in _available(option.value, self.b.tensors)}
         operand = self.inside(argument, keep | named | along_masks)
         self.warn_lone_sums(e, argument, operand)
@@ -643,7 +587,7 @@ class BoxesAndMaps:
         argument = self._one_argument(e)
         if argument is None:
             return self.poison(e)
-        named = self._legs_of(e)
+        named = self.legs_of(e)
         for option in e.options:
             self.b.error(
                 f"unknown {e.name} option '{option.name}'",
@@ -685,22 +629,3 @@ class BoxesAndMaps:
             if mask is not None:
                 masks.append(mask)
         return masks
-
-    def squared_distance(self, e: syn.Call, keep: set[str]) -> Expr:
-        over = self._legs_of(e)
-        if e.keywords or len(e.args) != 2:
-            self.b.error(
-                "sqdist takes two arguments, a query side and a key side",
-                e.span,
-                hint="sqdist[d](Q[n h d], K[m h d])",
-            )
-            return self.poison(e)
-        if not over:
-            self.b.error("sqdist needs the leg it sums over", e.name_span, hint="e.g. sqdist[d](Q[n h d], K[m h d])")
-        left, right = self._elementwise(list(e.args), keep | set(over))
-        for side, name in ((left, "query"), (right, "key")):
-            for leg in over:
-                if leg not in side.legs:
-                    self.b.error(f"sqdist leg '{leg}' is missing from the {name} side", side.span)
-        legs = tuple(leg for leg in _ordered_union([left.legs, right.legs]) if leg not in over)
-        return self.restrict(SquaredDistance(legs, e.span, over, left, right), keep, e.span)

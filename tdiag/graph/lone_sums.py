@@ -80,7 +80,7 @@ def explicit_sum(builder: _ExprBuilder, e: syn.Call, keep: set[str]) -> Expr:
     (`sum[k](exp(S[h n k]))` is Σ_k exp(S)) and is summed over x as a whole; the sum is meant, so
     no lone-sum warning names k."""
     b = builder.b
-    over = builder._legs_of(e)
+    over = builder.legs_of(e)
     argument = builder._one_argument(e)
     if not over:
         b.error("sum needs the legs it sums", e.name_span, hint="e.g. sum[k](S[n k])")

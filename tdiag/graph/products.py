@@ -21,9 +21,9 @@ from .syntax import (
     _flatten_sum,
     _is_scalar_syntax,
     _leg_names,
-    _ordered_union,
     _statement_targets,
     _syntax_nodes,
+    ordered_union,
 )
 from .vocabulary import FUNCTIONS, POISON_SIZE
 
@@ -201,7 +201,7 @@ class Products:
         for i, f in enumerate(factors):
             outside = set().union(*(a for j, a in enumerate(available) if j != i))
             nodes.append(self.build(f, keep | outside))
-        every = _ordered_union(n.legs for n in nodes)
+        every = ordered_union(n.legs for n in nodes)
         kept = tuple(leg for leg in every if leg in keep)
         summed = tuple(leg for leg in every if leg not in keep)
         batch = tuple(leg for leg in kept if sum(leg in n.legs for n in nodes) > 1)
@@ -229,7 +229,7 @@ class Products:
             return c / divisor, fs
         return sympy.Integer(1), [e]
 
-    def _elementwise(self, operands: list[syn.Expr], keep: set[str]) -> list[Expr]:
+    def elementwise(self, operands: list[syn.Expr], keep: set[str]) -> list[Expr]:
         """Operands of an elementwise node: legs shared between operands survive into the node."""
         available = [_available(o, self.b.tensors) for o in operands]
         shared = {
@@ -244,12 +244,12 @@ class Products:
         """A leg that leaves no term is summed within each term: Σ_k (A + B) = Σ_k A + Σ_k B."""
         terms, signs = _flatten_sum(e)
         nodes = [self.inside(t, keep) for t in terms]
-        node = SumNode(_ordered_union(n.legs for n in nodes), e.span, tuple(nodes), tuple(signs))
+        node = SumNode(ordered_union(n.legs for n in nodes), e.span, tuple(nodes), tuple(signs))
         return self.restrict(node, keep, e.span)
 
     def quotient(self, e: syn.BinOp, keep: set[str]) -> Expr:
-        numerator, denominator = self._elementwise([e.left, e.right], keep)
-        node = Quotient(_ordered_union([numerator.legs, denominator.legs]), e.span, numerator, denominator)
+        numerator, denominator = self.elementwise([e.left, e.right], keep)
+        node = Quotient(ordered_union([numerator.legs, denominator.legs]), e.span, numerator, denominator)
         return self.restrict(node, keep, e.span)
 
     def power(self, e: syn.BinOp, keep: set[str]) -> Expr:

@@ -299,7 +299,7 @@ def _statement_targets(items: list[syn.Item]) -> list[str]:
     return [i.target.name for i in items if isinstance(i, syn.Statement)]
 
 
-def _ordered_union(leg_lists: Iterable[Iterable[str]]) -> tuple[str, ...]:
+def ordered_union(leg_lists: Iterable[Iterable[str]]) -> tuple[str, ...]:
     seen: dict[str, None] = {}
     for legs in leg_lists:
         for leg in legs:

@@ -1,0 +1,110 @@
+"""Elementwise maps (exp, log, relu, elu1, the common activations, clamp, max/min with a bound,
+pow): shape-preserving functions of one operand. Their rules in every stage's table."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import sympy
+
+from .. import parse as syn
+from ..check import CHECK, NumberRule
+from ..evaluation import EVALUATE
+from ..graph.calls import BUILD
+from ..graph.vocabulary import MAPS, RSQRT
+from ..ir import ElementwiseMap, Expr
+from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe, wrapped
+from ..render import RENDER, math_text
+from ..render import draw as draw_node
+from ..render_notation import MAP_LABEL
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..graph.calls import BoxesAndMaps
+    from ..reference import Frame
+    from ..render import Drawing
+
+_TORCH_MAPS = ("sigmoid", "tanh", "sin", "cos", "sqrt", "abs")  # torch.<name>
+_FUNCTIONAL_MAPS = ("softplus", "silu", "gelu")  # torch.nn.functional.<name>
+
+
+@EVALUATE.register(ElementwiseMap)
+def evaluate(node: ElementwiseMap, frame: Frame) -> torch.Tensor:
+    """exp, log, relu, elu1 = elu + 1, the common maps (sigmoid ... abs), clamp(lo, hi), pow(p)."""
+    import torch
+    from torch import nn
+
+    from ..reference import align
+
+    assert node.operand is not None
+    x = align(frame.evaluate(node.operand), node.operand.legs, node.legs)
+    params = [frame.number(p) for p in node.params]
+    if node.name == "exp":
+        return torch.exp(x)
+    if node.name == "log":
+        return torch.log(x)
+    if node.name == "relu":
+        return torch.relu(x)
+    if node.name == "elu1":
+        return nn.functional.elu(x) + 1
+    if node.name in _TORCH_MAPS:
+        return getattr(torch, node.name)(x)
+    if node.name in _FUNCTIONAL_MAPS:
+        return getattr(nn.functional, node.name)(x)
+    if node.name == "clamp":
+        return torch.clamp(x, params[0], params[1])
+    if node.name in ("maximum", "minimum"):
+        return torch.clamp(x, **{"min" if node.name == "maximum" else "max": params[0]})
+    if node.name == "pow":
+        return x ** (int(params[0]) if params[0].is_integer() else params[0])
+    raise ValueError(f"unknown elementwise map {node.name}")
+
+
+@PRINT.register(ElementwiseMap)
+def text(e: ElementwiseMap) -> str:
+    """`exp(x)`, `clamp(x, lo, hi)`, `max(x, c)`, and a power as `x ^ p`."""
+    assert e.operand is not None
+    if e.name == "pow":
+        return f"{wrapped(e.operand)} ^ {e.params[0]}"
+    params = "".join(f", {p}" for p in e.params)
+    name = {"maximum": "max", "minimum": "min"}.get(e.name, e.name)
+    return f"{name}({format_expr(e.operand)}{params})"
+
+
+DESCRIBE.register(ElementwiseMap)(nothing_to_describe)
+
+
+@RENDER.register(ElementwiseMap)
+def draw(d: Drawing, e: ElementwiseMap, env: dict[str, str], cluster: str | None) -> None:
+    """A dotted cluster labelled with the map (`(·)^p` for a power) around its operand."""
+    assert e.operand is not None
+    label = f"(·)^{math_text(e.params[0])}" if e.name == "pow" else MAP_LABEL[e.name]
+    draw_node(d, e.operand, env, d.cluster(label, "dotted", cluster))
+
+
+@CHECK.register(ElementwiseMap)
+def numbers(node: ElementwiseMap) -> list[tuple[str, sympy.Expr, NumberRule | None]]:
+    """A power's exponent (at most 64 in size), a bound's value, and clamp's lo <= hi."""
+    rule = _exponent_rule if node.name == "pow" else None
+    found: list[tuple[str, sympy.Expr, NumberRule | None]] = [
+        (f"the {'exponent' if rule else node.name + ' bound'}", value, rule) for value in node.params
+    ]
+    if node.name == "clamp" and len(node.params) == 2:
+        found.append(("clamp's hi - lo =", node.params[1] - node.params[0], _order_rule("lo", "hi")))
+    return found
+
+
+def _exponent_rule(x: float) -> str | None:
+    return None if abs(x) <= 64 else "is out of range (at most 64)"
+
+
+def _order_rule(low: str, high: str) -> NumberRule:
+    return lambda x: None if x >= 0 else f"is negative: {low} is greater than {high}"
+
+
+@BUILD.register(ElementwiseMap, names=(*MAPS, RSQRT))
+def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
+    """`exp(x)`, `clamp(x, lo, hi)`, ... and `rsqrt(x)`, which is x ^ -0.5. (`max(x, c)` and
+    `min(x, c)` share their words with the reductions: reduction.py builds them.)"""
+    return builder.rsqrt(e, keep) if e.name == RSQRT else builder.elementwise_map(e, keep)

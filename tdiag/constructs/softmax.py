@@ -1,0 +1,143 @@
+"""The softmax box (Tuformer's dotted box with a filled ball on the normalized legs, labelled with
+the scale α), the normalize box x / Σ x of linear attention, their masks and a sink logit
+(gpt-oss). Its rules in every stage's table."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import sympy
+
+from .. import parse as syn
+from ..check import CHECK, NumberRule
+from ..evaluation import EVALUATE
+from ..graph.calls import BUILD
+from ..graph.vocabulary import BOXES
+from ..ir import POSITION_MASKS, Expr, PaddingMask, SoftmaxBox
+from ..printing import DESCRIBE, PRINT, format_expr, format_mask
+from ..render import RENDER, draw_tensor, math_text, position_masks
+from ..render import draw as draw_node
+from ..render_notation import SCALED
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..graph.calls import BoxesAndMaps
+    from ..reference import Frame
+    from ..render import Drawing
+
+
+@EVALUATE.register(SoftmaxBox)
+def evaluate(node: SoftmaxBox, frame: Frame) -> torch.Tensor:
+    """softmax (is_exp): softmax of scale * content jointly over the normalized legs, logits a
+    padding mask hides set to the dtype's lowest finite value (a row of them averages the values)
+    and those a causal mask hides to -inf (the future never takes weight). normalize: content
+    with masked entries 0, divided by its sum over the normalized legs plus eps."""
+    import torch
+
+    from ..reference import align, leg_dims, masks_allowed
+
+    assert node.content is not None
+    x = align(frame.evaluate(node.content), node.content.legs, node.legs)
+    dims = leg_dims(node.normalized, node.legs)
+    if node.is_exp:
+        x = frame.number(node.scale) * x
+        padded = masks_allowed([m for m in node.masks if isinstance(m, PaddingMask)], node.legs, frame)
+        causal = masks_allowed([m for m in node.masks if isinstance(m, POSITION_MASKS)], node.legs, frame)
+        if padded is not None:
+            x = torch.where(padded, x, torch.finfo(x.dtype).min)
+        if causal is not None:  # the future takes no weight, even in a row whose past is all padding
+            x = torch.where(causal, x, float("-inf"))
+        if node.sink is not None:
+            sink = align(frame.evaluate(node.sink), node.sink.legs, node.legs)
+            return _sink_softmax(x, sink, dims)
+        return _joint_softmax(x, dims)
+    allowed = masks_allowed(node.masks, node.legs, frame)
+    if allowed is not None:
+        x = torch.where(allowed, x, 0.0)
+    return x / (x.sum(dim=dims, keepdim=True) + frame.number(node.eps))
+
+
+def _sink_softmax(x: torch.Tensor, sink: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    """The softmax of x over `dims` with the logit `sink` (constant along `dims`) one more entry
+    of each row's denominator, as gpt-oss's eager attention computes it: the row's logits and its
+    sink concatenated, softmaxed, the sink's weight dropped. No mask hides the sink, so a row
+    whose keys are all hidden gives weights ≈ 0 (a padded row) or exactly 0 (a causal one)."""
+    import torch
+
+    dims = [d % x.dim() for d in dims]
+    end = list(range(x.dim() - len(dims), x.dim()))
+    moved = x.movedim(dims, end)
+    flat = moved.flatten(x.dim() - len(dims))
+    row = sink.expand(x.shape).movedim(dims, end).flatten(x.dim() - len(dims))[..., :1]
+    weights = torch.cat([flat, row], dim=-1).softmax(dim=-1)[..., :-1]
+    return weights.reshape(moved.shape).movedim(end, dims)
+
+
+def _joint_softmax(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    """Softmax over several dims at once: moved to the end, flattened, softmaxed, put back."""
+    dims = [d % x.dim() for d in dims]
+    end = list(range(x.dim() - len(dims), x.dim()))
+    moved = x.movedim(dims, end)
+    flat = moved.flatten(x.dim() - len(dims)).softmax(dim=-1)  # flatten: also for an empty batch
+    return flat.reshape(moved.shape).movedim(end, dims)
+
+
+@PRINT.register(SoftmaxBox)
+def text(e: SoftmaxBox) -> str:
+    """`softmax[m](...)`, `normalize[m](...)`, with a sink as written: `softmax[m, sink = s[h]](...)`."""
+    assert e.content is not None
+    sink = f", sink = {format_expr(e.sink)}" if e.sink is not None else ""
+    return f"{e.box_name}[{' '.join(e.normalized)}{sink}]({format_expr(e.content)})"
+
+
+@DESCRIBE.register(SoftmaxBox)
+def describe(node: SoftmaxBox) -> str:
+    """The box's legs, its normalized leg (the filled ball), its scale α, sink and masks."""
+    masks = ", ".join(format_mask(m) for m in node.masks)
+    scale = f", scale {node.scale}" if node.is_exp else ""
+    sink = f", sink {format_expr(node.sink)}" if node.sink is not None else ""
+    return (
+        f"{node.box_name} box over [{' '.join(node.legs)}], normalized leg {' '.join(node.normalized)}{scale}"
+        + sink
+        + (f", masks {masks}" if masks else "")
+    )
+
+
+@RENDER.register(SoftmaxBox)
+def draw(d: Drawing, e: SoftmaxBox, env: dict[str, str], cluster: str | None) -> None:
+    """A dotted cluster with a filled ball on each normalized leg labelled α (Σ for normalize),
+    its padding masks' tensors inside, and a sink in a cluster of its own."""
+    assert e.content is not None
+    masks = position_masks(e.masks)
+    label = e.box_name + (" · mask " + ", ".join(masks) if masks else "")
+    box = d.cluster(label, "dotted", cluster)
+    scale = math_text(e.scale) if e.is_exp else "Σ"
+    for leg in e.normalized:
+        d.balls[env[leg]] = (box, scale)
+    for mask in e.masks:
+        if isinstance(mask, PaddingMask):
+            draw_tensor(d, mask.tensor, env, box)
+    draw_node(d, e.content, env, box)
+    if e.sink is not None:  # the sink: a logit of each row's denominator, drawn in the box it joins
+        sink = d.cluster("sink: + exp(·) in the denominator", SCALED, box)
+        draw_node(d, e.sink, {leg: env[leg] for leg in e.sink.legs}, sink)
+
+
+@CHECK.register(SoftmaxBox)
+def numbers(node: SoftmaxBox) -> tuple[tuple[str, sympy.Expr, NumberRule | None], ...]:
+    """Its scale, and its eps, a small number added to the sum (between 0 and 1)."""
+    return (
+        (f"the {node.box_name} box's scale", node.scale, None),
+        (f"the {node.box_name} box's eps", node.eps, _eps_rule),
+    )
+
+
+def _eps_rule(x: float) -> str | None:
+    return None if 0 <= x <= 1 else "must be between 0 and 1 (a small number added to the sum)"
+
+
+@BUILD.register(SoftmaxBox, names=BOXES)
+def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
+    """`softmax[m, scale = ..., mask = ..., sink = ...](x)`, `normalize[m, eps = ...](x)`."""
+    return builder.box(e, keep)

@@ -1,0 +1,54 @@
+"""`window(n, m, W)` (or `window(n, m, L, R)`) as a factor: 1 where the key is inside the query's
+window, else 0. Its rules in every stage's table."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import parse as syn
+from ..check import CHECK, no_numbers
+from ..evaluation import EVALUATE
+from ..graph.calls import BUILD
+from ..ir import Expr, WindowFactor
+from ..printing import DESCRIBE, PRINT, nothing_to_describe
+from ..render import RENDER
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..graph.calls import BoxesAndMaps
+    from ..reference import Frame
+    from ..render import Drawing
+
+
+@EVALUATE.register(WindowFactor)
+def evaluate(node: WindowFactor, frame: Frame) -> torch.Tensor:
+    """The window mask's 1s and 0s in the compute dtype."""
+    from ..reference import window_mask
+
+    return window_mask(node.mask, node.legs, frame).to(frame.dtype)
+
+
+@PRINT.register(WindowFactor)
+def text(e: WindowFactor) -> str:
+    return str(e.mask)
+
+
+DESCRIBE.register(WindowFactor)(nothing_to_describe)
+
+
+@RENDER.register(WindowFactor)
+def draw(d: Drawing, e: WindowFactor, env: dict[str, str], cluster: str | None) -> None:
+    """A dashed box on the query and key legs, labelled as written."""
+    node = d.node("mask", f'shape=box style=dashed label="{e.mask}"', cluster)
+    for leg in e.legs:
+        d.attach(node, env[leg])
+
+
+CHECK.register(WindowFactor)(no_numbers)
+
+
+@BUILD.register(WindowFactor, names=("window",))
+def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
+    """`window(n, m, W)` or `window(n, m, L, R)` as a factor (read as a mask option too)."""
+    return builder.window_factor(e)
