@@ -112,10 +112,7 @@ def _planned(
     if attention not in ATTENTION_KERNELS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}")
     graph = fuse_layer_norms(graph)
-    lowering = _Lowering(graph, sizes, objective)
-    lowering.attention = attention
-    if device is not None:
-        lowering._device = device
+    lowering = _Lowering(graph, sizes, objective, attention=attention, device=device)
     lowering.lower_design()
     plan = Plan(graph, dict(sizes), lowering.leg_sizes, steps=lowering.steps)
     for name in graph.outputs:
@@ -128,21 +125,22 @@ def _planned(
         order = [BATCH] if value.is_batched else []
         order += [p for group in groups for leg in group for p in lowering.expand(leg)]
         plan.outputs.append((name, _reorder(lowering, value, order)))
-    lowering.target = plan.update_steps
-    for update in graph.updates:
-        value = lowering.lower(update.expr, lowering.identity_renaming(_all_legs(update.expr)))
-        value = lowering.expand_broadcast(value, set(value.broadcast))
-        order = [BATCH] if value.is_batched else []
-        order += [p for group in update.groups for leg in group for p in lowering.expand(leg)]
-        value = _reorder(lowering, value, order)
-        shape = lowering.shape([leg for leg in order if leg != BATCH])
-        lowering.emit(Step("update", BufferUpdate(update.target, value, shape), None, f"update {update.target}"))
+    with lowering.emitting(plan.update_steps):
+        for update in graph.updates:
+            value = lowering.lower(update.expr, lowering.identity_renaming(_all_legs(update.expr)))
+            value = lowering.expand_broadcast(value, set(value.broadcast))
+            order = [BATCH] if value.is_batched else []
+            order += [p for group in update.groups for leg in group for p in lowering.expand(leg)]
+            value = _reorder(lowering, value, order)
+            shape = lowering.shape([leg for leg in order if leg != BATCH])
+            step = Step("update", BufferUpdate(update.target, value, shape), None, f"update {update.target}")
+            lowering.emit(step)
     plan.steps = lowering.steps
     keep = {value.var for _, value in plan.outputs} | {v.var for s in plan.update_steps for v in reads(s.op)}
     assign_layouts(plan.steps, keep, Sizes(lowering.number, lambda leg: lowering.shape([leg])[0]))
     gone = fuse_linear_biases(lowering, plan.steps, keep)
     dropped = _drop_unread_constants(plan.steps, keep)
-    lowering.box_segments = [
+    box_segments = [
         (_shifted(_shifted(start, gone), dropped), _shifted(_shifted(end, gone), dropped), var)
         for start, end, var in lowering.box_segments
     ]
@@ -151,7 +149,7 @@ def _planned(
     plan.refused = lowering.refused
     plan.choices = lowering.choices
     if checkpoint_boxes:
-        plan.segments = _checkpoint_segments(lowering.steps, lowering.box_segments)
+        plan.segments = _checkpoint_segments(lowering.steps, box_segments)
     plan.causal = lowering.causal_masks
     split = {op.count for op in (step.op for step in plan.steps) if isinstance(op, SplitChunks)}
     for (extent, size), symbol in lowering.chunk_counts.items():

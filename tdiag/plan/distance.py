@@ -37,9 +37,9 @@ class DistanceExpansion:
         expanded = [self.summands(e.left, ren, e.over), self.summands(e.right, ren, e.over)]
         if expanded == plain or any(s is None for s in expanded):
             return self.distance_terms(e, plain, coefficient)
-        naive = self.trial(lambda: self.distance_terms(e, plain, coefficient))
-        if self.trial(lambda: self.distance_terms(e, expanded, coefficient)) < naive:
-            if self.target is self.steps:
+        naive = self.trial_cost(lambda: self.distance_terms(e, plain, coefficient))
+        if self.trial_cost(lambda: self.distance_terms(e, expanded, coefficient)) < naive:
+            if not self.trialing:
                 self.lowered.append("squared distance to shifted keys expanded (MGK P11): one N² contraction")
             return self.distance_terms(e, expanded, coefficient)
         self.refuse(f"squared distance to shifted keys: expansion (MGK P11) refused: {self.dearer} the plain form")

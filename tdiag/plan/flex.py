@@ -106,12 +106,11 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
     with the attention output standing in for the box and its value side."""
     heads, queries, keys, latent, features = (fused.heads, fused.queries, fused.keys, fused.latent, fused.features)
     emit_prelude(ctx, fused)
-    ctx.box_depth += 1
-    q, k, latent = query_and_key(ctx, fused)
-    arguments = tuple(ctx.names.fresh(stem) for stem in ("score", "b", "h", "q_idx", "kv_idx"))
-    roles = {leg: arguments[1 + r] for leg, r in flex_roles(ctx, fused).items()}
-    score = score_mod(ctx, fused, roles)
-    ctx.box_depth -= 1
+    with ctx.box():
+        q, k, latent = query_and_key(ctx, fused)
+        arguments = tuple(ctx.names.fresh(stem) for stem in ("score", "b", "h", "q_idx", "kv_idx"))
+        roles = {leg: arguments[1 + r] for leg, r in flex_roles(ctx, fused).items()}
+        score = score_mod(ctx, fused, roles)
     v = ctx.contract(fused.value, tuple(heads + keys + features), sympy.Integer(1), "v")
     v = ctx.expand_broadcast(v, set(keys))
     grouped = fused.grouped
@@ -197,7 +196,7 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
             kernel_flops=_kernel_flops(ctx, fused, flops) if block_mask is not None else None,
         )
     )
-    if ctx.target is ctx.steps:
+    if not ctx.trialing:
         ctx.lowered.append(f"softmax box over {' '.join(show_legs(keys))} lowered to flex_attention{how}")
     rest_leaves = [o for o in others if o not in fused.value]
     return [*rest_leaves, *_value_leaves(value)]  # type: ignore[arg-type]

@@ -37,7 +37,7 @@ Where this form does not apply in the FiSH family, and why (the module refuses w
 
 `recognise` and `emit` take the lowering as an explicit context `ctx` (the Lowering object of
 build.py) and use its helpers: score_items, collect, fold_constants, scale_sign, contract,
-materialize, arrange, emit, scratch. The candidate form forms/global_heads.py wraps them; the
+materialize, arrange, emit, aside. The candidate form forms/global_heads.py wraps them; the
 chooser (forms/choice.py) costs it against the other forms."""
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def recognise(ctx, box: SoftmaxBox, ren, others: list[_Leaf], out: tuple[str, ..
         return "a padding mask (the ordinary SDPA match takes those)"
     _, weight, term = crosses[0]
     box_legs = tuple(p for leg in box.legs for p in ren[leg])
-    with ctx.scratch() as prelude:
+    with ctx.aside() as prelude:
         content: list[_Leaf] = []
         weight *= ctx.collect(term, ren, content)
         memo = ctx.memo
@@ -237,10 +237,9 @@ def emit(ctx, form: GlobalHeads) -> list[_Leaf]:
         list(x) for x in (form.heads, form.local, form.keys, form.latent, form.features)
     )
     queries = [form.sequence]
-    ctx.box_depth += 1
-    q = _dense(ctx, list(form.query), tuple(heads + local + queries + latent), len(latent), form.sign, "q")
-    k = _dense(ctx, list(form.key), tuple(heads + keys + latent), len(latent), 1, "k")
-    ctx.box_depth -= 1
+    with ctx.box():
+        q = _dense(ctx, list(form.query), tuple(heads + local + queries + latent), len(latent), form.sign, "q")
+        k = _dense(ctx, list(form.key), tuple(heads + keys + latent), len(latent), 1, "k")
     shared = ctx.emit(
         Step(
             "expand",
@@ -297,7 +296,7 @@ def emit(ctx, form: GlobalHeads) -> list[_Leaf]:
             else None,
         )
     )
-    if ctx.target is ctx.steps:
+    if not ctx.trialing:
         ctx.lowered.append(
             f"softmax box over {' '.join(show_legs(keys))} lowered to scaled_dot_product_attention (global-head "
             f"form: k over {' '.join(show_legs(latent))} shared by the local heads {' '.join(show_legs(local))}, "

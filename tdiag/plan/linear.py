@@ -105,13 +105,9 @@ def collect_expanded(ctx: _Lowering, e: Expr, ren, leaves: list[_Leaf]) -> sympy
 
 def collect_stabilized(ctx: _Lowering, e, ren, leaves: list[_Leaf], kept: frozenset[str] | None) -> sympy.Expr:
     """collect_expanded of a normalize box's content, its exp factors shifted (stabilize.py)."""
-    stabilized, ctx.stabilized = ctx.stabilized, kept
-    lazy, ctx.lazy_triangles = ctx.lazy_triangles, kept is None  # a decay stays a factor for the chunks
-    try:
-        found: list[_Leaf] = []
+    found: list[_Leaf] = []
+    with ctx.scope(stabilized=kept, lazy_triangles=kept is None):  # a decay stays a factor for the chunks
         coefficient = collect_expanded(ctx, e, ren, found)
-    finally:
-        ctx.stabilized, ctx.lazy_triangles = stabilized, lazy
     leaves += found if kept is None else ctx.stabilize_exponents(found, kept)
     return coefficient
 

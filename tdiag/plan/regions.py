@@ -61,8 +61,6 @@ DISTRIBUTED_NOTE = "a product of a sum of softmax boxes distributed over the sum
 class RegionLowering:
     """Collects a multilinear region's factors and contracts them."""
 
-    lazy_triangles = False  # collecting a region's own factors: causal(n, m) stays a _Leaf.triangle
-
     def is_inlined(self, name: str) -> bool:
         """Single-use multilinear statements (and constant ones) are folded into their consumer."""
         tensor = self.g.tensors[name]
@@ -80,10 +78,10 @@ class RegionLowering:
     def lower_region(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr) -> Value:
         distributed = self.distributed(e)
         if distributed is not None:
-            whole = self.trial(lambda: self.contract_region(e, ren, var, scale))
-            parts = self.trial(lambda: self._lower(distributed, ren, var, scale))
+            whole = self.trial_cost(lambda: self.contract_region(e, ren, var, scale))
+            parts = self.trial_cost(lambda: self._lower(distributed, ren, var, scale))
             if parts < whole:
-                if self.target is self.steps:
+                if not self.trialing:
                     self.lowered.append(DISTRIBUTED_NOTE)
                 return self._lower(distributed, ren, var, scale)  # a sum: lower_sum, then the scale
         return self.contract_region(e, ren, var, scale)
@@ -105,25 +103,19 @@ class RegionLowering:
         scan_triangles can take it), then contracted; anything lowered after the collection (a box
         resolved, a form's own collection) sees causal factors as numbers again."""
         leaves: list[_Leaf] = []
-        lazy, self.lazy_triangles = self.lazy_triangles, True
-        try:
+        with self.scope(lazy_triangles=True):  # collecting the region's own factors
             coefficient = self.collect(e, ren, leaves) * scale
-            self.lazy_triangles = False
+        kept = self.stabilized
+        with self.scope(lazy_triangles=False, stabilized=None):
             out = tuple(p for leg in e.legs for p in ren[leg])
             leaves = self.scan_triangles(leaves, out)
-            kept, self.stabilized = self.stabilized, None
-            try:
-                if kept is not None:
-                    leaves = self.stabilize_exponents(leaves, kept)
-                prefix = _prefix_pair(leaves, out)
-                if prefix is not None:
-                    return self.causal_product(*prefix, leaves, out, coefficient, var)
-                leaves = [self.triangle_numbers(leaf) for leaf in leaves]
-                return self.contract(leaves, out, coefficient, var)
-            finally:
-                self.stabilized = kept
-        finally:
-            self.lazy_triangles = lazy
+            if kept is not None:
+                leaves = self.stabilize_exponents(leaves, kept)
+            prefix = _prefix_pair(leaves, out)
+            if prefix is not None:
+                return self.causal_product(*prefix, leaves, out, coefficient, var)
+            leaves = [self.triangle_numbers(leaf) for leaf in leaves]
+            return self.contract(leaves, out, coefficient, var)
 
     def causal_product(
         self, query: str, key: str, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None
@@ -151,22 +143,15 @@ class RegionLowering:
             coefficient = e.coefficient
             # a softmax around a product lets no factor drop a constant term: causal(n, m)·(x + 3)
             # is not causal(n, m)·x plus a constant (found by fuzzing, an inlined statement)
-            context = self.shift_invariant if _is_scaling(e) else None
-            context, self.shift_invariant = self.shift_invariant, context
-            try:
+            with self.scope(shift_invariant=self.shift_invariant if _is_scaling(e) else None):
                 for factor in e.factors:
                     coefficient *= self.collect(factor, inner, leaves, expand_powers=expand_powers)
-            finally:
-                self.shift_invariant = context
             return coefficient
         if isinstance(e, TensorRef):
             return self.collect_tensor(e, ren, leaves)
         if self.stabilized is not None and isinstance(e, ElementwiseMap) and e.name == "exp":
-            kept, self.stabilized = self.stabilized, None
-            try:
+            with self.scope(stabilized=None):
                 argument = self.lower(e.operand, ren)  # type: ignore[arg-type]
-            finally:
-                self.stabilized = kept
             leaves += [_Leaf(argument.legs, value=argument, exponent=True), *_constant_along(argument.broadcast)]
             return sympy.Integer(1)
         if not isinstance(e, TensorRef):
@@ -400,7 +385,7 @@ class RegionLowering:
             legs = tuple(dict.fromkeys(leg for leaf in carriers for leg in leaf.legs if leg in needed or leg == summed))
             product = self.contract(carriers, legs, sympy.Integer(1), None)
             scanned = self.prefix_scan(self.expand_broadcast(product, {summed}), summed, reverse)
-            if self.target is self.steps:
+            if not self.trialing:
                 kind = "reverse cumulative sum" if reverse else "cumulative sum"
                 self.lowered.append(SCAN_NOTE.format(summed=show_legs([summed])[0], kind=kind))
             return [*rest, *_value_leaves(_renamed(scanned, {summed: kept}))]

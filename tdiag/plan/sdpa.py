@@ -44,12 +44,11 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
     standing in for the box and its value side."""
     heads, queries, keys, latent, features = (fused.heads, fused.queries, fused.keys, fused.latent, fused.features)
     emit_prelude(ctx, fused)
-    ctx.box_depth += 1
-    q, k, latent = query_and_key(ctx, fused)
-    bias = key_bias(ctx, fused) if fused.biases else None
-    score_bias = [additive_bias(ctx, fused, weight, e) for _, weight, e in fused.score_biases]
-    sink = ctx.lower(box.sink, ren, None) if box.sink is not None else None
-    ctx.box_depth -= 1
+    with ctx.box():
+        q, k, latent = query_and_key(ctx, fused)
+        bias = key_bias(ctx, fused) if fused.biases else None
+        score_bias = [additive_bias(ctx, fused, weight, e) for _, weight, e in fused.score_biases]
+        sink = ctx.lower(box.sink, ren, None) if box.sink is not None else None
     v = ctx.contract(fused.value, tuple(heads + keys + features), sympy.Integer(1), "v")
     v = ctx.expand_broadcast(v, set(keys))  # values tied across a key leg (MGK's r, P17)
     # a lone batch leg stays 3-D: SDPA then runs its math kernel (bmm, softmax), which at one
@@ -174,7 +173,7 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
             wide=bias is not None,
         )
     )
-    if ctx.target is ctx.steps:
+    if not ctx.trialing:
         notes = ["with the key bias as a feature (MGK P17)" if "P17" in note else note for note in notes]
         how = f" ({'; '.join(notes)})" if notes else ""
         ctx.lowered.append(f"softmax box over {' '.join(show_legs(keys))} lowered to scaled_dot_product_attention{how}")

@@ -134,7 +134,7 @@ class AttentionMatch:
         distance_weight = coefficient  # of Σ_d (q − k)², whose ‖k‖² becomes a bias
         contents: list[tuple[list[_Leaf], sympy.Expr]] = []
         key_value = over = None
-        with self.scratch() as prelude:  # the content's computed factors; kept only if fused
+        with self.aside() as prelude:  # the content's computed factors; kept only if fused
             if kind == "term":
                 for _, weight, term in crosses:
                     content: list[_Leaf] = []

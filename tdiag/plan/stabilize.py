@@ -57,7 +57,7 @@ class ExponentStabilization:
         exponents = [leaf for leaf in leaves if leaf.exponent]
         if not exponents:
             return leaves
-        self.stabilizations += 1
+        self.count_stabilization()
         legs = tuple(leg for leaf in exponents for leg in leaf.legs)
         pattern = tuple(legs.index(leg) for leg in legs)
         key = ("stabilized", tuple(leaf.value.var for leaf in exponents), pattern, tuple(leg in kept for leg in legs))  # type: ignore[union-attr]

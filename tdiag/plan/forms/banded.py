@@ -91,9 +91,8 @@ class Banded(Form):
         match = site.attention or site.found[MAPPED]
         before, after = (int(w) for w in match.window)  # type: ignore[union-attr]
         emit_prelude(ctx, match)
-        ctx.box_depth += 1
-        q, k, _ = query_and_key(ctx, match)
-        ctx.box_depth -= 1
+        with ctx.box():
+            q, k, _ = query_and_key(ctx, match)
         keys, features, sequence = match.keys, match.features, match.sequence
         (key,) = keys
         v = ctx.contract(match.value, tuple(match.heads + keys + features), sympy.Integer(1), "v")
@@ -123,7 +122,7 @@ class Banded(Form):
             None,
         )
         joined = join_blocks(ctx, out, chunks, within, sequence)
-        if ctx.target is ctx.steps:
+        if not ctx.trialing:
             ctx.lowered.append(
                 f"softmax box over {' '.join(show_legs(keys))} in blocks of C = {size} queries,"
                 f" each with its {width} keys of the window"

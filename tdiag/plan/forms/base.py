@@ -98,7 +98,7 @@ class Form(ABC):
     def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
         """Emit the form's steps through `ctx` and return the region's leaves with the box (and
         whatever of its consumer the form absorbs) replaced by what it computed. Called on trial
-        (ctx.scratch) to cost it and once more for real if it is taken; a search whose result
+        (`with ctx.trial()`) to cost it and once more for real if it is taken; a search whose result
         should not be repeated goes into `site.found[self.name]`. May raise FormRefusedError."""
 
 

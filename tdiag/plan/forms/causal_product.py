@@ -75,12 +75,9 @@ class MaskedProduct(CausalProductForm):
     def emit(self, ctx: _Lowering, site: CausalSite, var: str | None) -> Value:
         """Under autocast in float32 where a decay weighs the sum (as the chunks are)."""
         decayed = any(leaf.decay is not None for leaf in site.leaves)
-        ctx.wide_depth += decayed
-        try:
+        with ctx.wide(int(decayed)):
             leaves = [masked_decay(ctx, leaf, site.query, site.key) for leaf in site.leaves]
             return ctx.contract(leaves, site.out, site.coefficient, var)
-        finally:
-            ctx.wide_depth -= decayed
 
 
 class ChunkedPrefix(CausalProductForm):
@@ -96,13 +93,11 @@ class ChunkedPrefix(CausalProductForm):
     def emit(self, ctx: _Lowering, site: CausalSite, var: str | None) -> Value:
         """In float32 under autocast, as a normalize box's chunks are: the states are running
         sums over thousands of positions, which bfloat16's 8 significant bits do not carry."""
-        ctx.wide_depth += 1
-        try:
-            return ctx.causal_contract(site.query, site.key, site.rest, site.out, site.coefficient, var)
-        except NotPrefixSumError as why:
-            raise FormRefusedError(str(why)) from None
-        finally:
-            ctx.wide_depth -= 1
+        with ctx.wide():
+            try:
+                return ctx.causal_contract(site.query, site.key, site.rest, site.out, site.coefficient, var)
+            except NotPrefixSumError as why:
+                raise FormRefusedError(str(why)) from None
 
 
 CAUSAL_PRODUCT_FORMS: list[CausalProductForm] = [MaskedProduct(), ChunkedPrefix()]
@@ -111,7 +106,7 @@ CAUSAL_PRODUCT_FORMS: list[CausalProductForm] = [MaskedProduct(), ChunkedPrefix(
 def decide_causal_product(ctx: _Lowering, site: CausalSite, var: str | None) -> Value:
     """Weigh every form of a causal product by the one model, emit the one the objective takes
     (the masked product on a tie) and, in the real plan, record the decision."""
-    real = ctx.target is ctx.steps
+    real = not ctx.trialing
     reasons = {form.name: form.refusal(ctx, site) for form in CAUSAL_PRODUCT_FORMS}
     prices: dict[str, Cost] = {}
     for form in CAUSAL_PRODUCT_FORMS:

@@ -59,7 +59,7 @@ def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...], for
 
 def decide(ctx: _Lowering, site: BoxSite, forms: Sequence[Form]) -> list[_Leaf]:
     """Weigh every form at `site`, emit the one taken and return the region's leaves."""
-    real = ctx.target is ctx.steps
+    real = not ctx.trialing
     reasons = {form.name: form.refusal(ctx, site) for form in forms}
     applicable = [form for form in forms if reasons[form.name] is None]
     prices: dict[str, Cost] = {}

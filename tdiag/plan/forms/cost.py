@@ -1,6 +1,6 @@
 """One cost model and one chooser for the candidate forms of a box.
 
-`cost` emits a candidate on trial (the lowering's scratch, whose steps are dropped) and prices
+`cost` emits a candidate on trial (`ctx.trial()`, a fork of the lowering whose steps are dropped) and prices
 the trial steps three ways at the planned sizes: the estimated seconds of a training step on the
 planning device (timing.py's roofline, forward and backward), the bytes autograd keeps for
 backward (footprint.py: storages first saved by the trial steps) and the FLOPs as the rewrites
@@ -37,7 +37,7 @@ WORSE = {"time": "is estimated slower than", "kept": "keeps more for backward th
 
 def cost(ctx: _Lowering, build: Callable[[], object]) -> Cost:
     """What `build` would cost, emitted after the program so far, without keeping its steps."""
-    with ctx.scratch() as steps:
+    with ctx.trial() as steps:
         build()
         fp = footprint(ctx.context(steps))
         seconds = ctx.estimated_time(steps, fp)

@@ -52,14 +52,12 @@ class LinearOrder(Form):
         if self.name not in site.found:
             site.found[self.name] = _value_side(ctx, site)
         values, rest = site.found[self.name]
-        ctx.wide_depth += 1  # as the materialized box: in float32 under autocast
-        try:
-            leaves = hoist(ctx, site.box, site.ren, values, rest, site.out)
-        except NotPrefixSumError as why:
-            raise FormRefusedError(f"no causal prefix sum: {why} of the content or value side") from None
-        finally:
-            ctx.wide_depth -= 1
-        if ctx.target is ctx.steps:
+        with ctx.wide():  # as the materialized box: in float32 under autocast
+            try:
+                leaves = hoist(ctx, site.box, site.ren, values, rest, site.out)
+            except NotPrefixSumError as why:
+                raise FormRefusedError(f"no causal prefix sum: {why} of the content or value side") from None
+        if not ctx.trialing:
             how = " with causal prefix sums over chunks" if site.box.masks else ""
             ctx.lowered.append(f"{site.describe()} evaluated in the linear-time order{how}")
         return leaves
