@@ -30,7 +30,6 @@ from .program import (
     ChunkCount,
     Permute,
     Plan,
-    SplitChunks,
     Step,
     Value,
     reads,
@@ -151,10 +150,7 @@ def _planned(
     if checkpoint_boxes:
         plan.segments = _checkpoint_segments(lowering.steps, box_segments)
     plan.causal = lowering.causal_masks
-    split = {op.count for op in (step.op for step in plan.steps) if isinstance(op, SplitChunks)}
-    for (extent, size), symbol in lowering.chunk_counts.items():
-        if symbol in split:  # not the counts of a chunked form tried and not taken
-            plan.chunks.append(ChunkCount(str(symbol), extent, size))
+    plan.chunks = [ChunkCount(str(symbol), extent, size) for (extent, size), symbol in lowering.chunk_counts.items()]
     _express_chunks(plan, lowering.chunk_sizes)
     plan.stored = sorted(lowering.stored_used)
     plan.attributes = frozenset(lowering.attributes)

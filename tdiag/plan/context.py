@@ -10,7 +10,11 @@ noted or counted leaves the real lowering exactly as it was. `with ctx.aside() a
 emits steps that may still be kept (an attention's prelude, built while matching it): they
 take names and legs of the real lowering, only their values and memo stay apart. Scopes that
 a nested computation sets and undoes (a box's depth, a float32 region, the softmax legs that
-a sum may drop terms along) are entered with `with`, so they are undone on every exit."""
+a sum may drop terms along) are entered with `with`, so they are undone on every exit.
+
+Not forked, on purpose: the tally of time estimates the trials made (timing.TimeModel's
+`estimates`, `fusion_estimates`), which tells the `time` objective afterwards which rival
+objectives could plan otherwise, and the planning device once resolved (a cache of the config)."""
 
 from __future__ import annotations
 
@@ -137,7 +141,6 @@ FORKED = tuple(ContextState.__dataclass_fields__)
 SCOPED = ("target", "shift_invariant", "box_depth", "wide_depth", "stabilized", "lazy_triangles")
 # what `aside` keeps apart from the real lowering (its steps may be kept: names and legs are shared)
 ASIDE = ("memo", "causal_masks", "values")
-TRIAL_FORKED = ASIDE
 
 
 class LoweringContext:
@@ -211,7 +214,7 @@ class LoweringContext:
     def trial(self) -> Iterator[list[Step]]:
         """A fork of the context for a candidate: its steps go to the list yielded, and every
         mutable field is put back on exit, as it was on entry."""
-        with self._forked(TRIAL_FORKED) as steps:
+        with self._forked(FORKED) as steps:
             yield steps
 
     @contextlib.contextmanager
