@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import sympy
 
@@ -19,6 +19,7 @@ from .contraction import ContractionOrder
 from .distance import DistanceExpansion
 from .elementwise import ElementwiseLowering
 from .flex import ATTENTION_KERNELS
+from .forms import Form, planning_forms
 from .layout import Sizes, assign_layouts
 from .literals import LiteralUnrolling
 from .norms import fuse_layer_norms
@@ -70,13 +71,21 @@ def build_plan(
     attention: str = "sdpa",
     absorb: bool = True,
     device: DeviceModel | None = None,
+    forms: Sequence[Form] | None = None,
 ) -> Plan:
     """The plan of `graph` (`_planned`), or, where the design has an absorbed form
     (graph/absorb.py: MLA's key/value maps multiplied into the query and output side) and
     `absorb` is set, the plan of whichever form the objective finds cheaper, both planned whole
     (absorb_choice.py; the design as written on a tie). `device` prices the candidates' time
-    (every objective's tie-break) instead of the planning device (device.planning_device)."""
-    options = {"checkpoint_boxes": checkpoint_boxes, "objective": objective, "attention": attention, "device": device}
+    (every objective's tie-break) instead of the planning device (device.planning_device);
+    `forms` are the candidate forms of a box (None: forms.planning_forms())."""
+    options = {
+        "checkpoint_boxes": checkpoint_boxes,
+        "objective": objective,
+        "attention": attention,
+        "device": device,
+        "forms": planning_forms() if forms is None else tuple(forms),
+    }
     plan = _planned(graph, sizes, **options)
     other = absorbed(graph) if absorb else graph
     if other is graph:
@@ -97,6 +106,7 @@ def _planned(
     objective: str = DEFAULT_OBJECTIVE,
     attention: str = "sdpa",
     device: DeviceModel | None = None,
+    forms: tuple[Form, ...] = (),
 ) -> Plan:
     """Lower every statement, then the outputs and the state updates. With `checkpoint_boxes`,
     each box, its content and its first consumer are recomputed in the backward pass instead of
@@ -111,7 +121,7 @@ def _planned(
     if attention not in ATTENTION_KERNELS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}")
     graph = fuse_layer_norms(graph)
-    lowering = _Lowering(graph, sizes, objective, attention=attention, device=device)
+    lowering = _Lowering(graph, sizes, objective, attention=attention, device=device, forms=forms)
     lowering.lower_design()
     plan = Plan(graph, dict(sizes), lowering.leg_sizes, steps=lowering.steps)
     for name in graph.outputs:
@@ -163,7 +173,13 @@ def _planned(
             lowering.device,
             lowering.rival_objectives(),
             lambda other: _planned(
-                graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=other, attention=attention, device=device
+                graph,
+                sizes,
+                checkpoint_boxes=checkpoint_boxes,
+                objective=other,
+                attention=attention,
+                device=device,
+                forms=forms,
             ),
         )
     return plan

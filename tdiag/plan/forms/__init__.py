@@ -36,6 +36,7 @@ below. Nothing else changes: the chooser costs it, the report lists it."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -71,22 +72,32 @@ FORMS: list[Form] = [
 ]
 
 
+# the names of the forms `only_forms` keeps, in the block that set them (None: every form)
+_ONLY: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("only_forms", default=None)
+
+
 @contextlib.contextmanager
 def only_forms(*names: str) -> Iterator[None]:
     """Plan with these candidate forms of a box alone (benchmarks and tests that weigh one form
-    against another); a design caches its plans, so load one per form."""
-    global FORMS
-    saved = FORMS
-    FORMS = [form for form in saved if form.name in names]
+    against another): the plans made in the block weigh `planning_forms()`, and a design caches
+    them apart from its plans with every form."""
+    token = _ONLY.set(names)
     try:
         yield
     finally:
-        FORMS = saved
+        _ONLY.reset(token)
+
+
+def planning_forms() -> tuple[Form, ...]:
+    """The candidate forms a plan made now weighs: FORMS, or those `only_forms` keeps."""
+    names = _ONLY.get()
+    return tuple(form for form in FORMS if names is None or form.name in names)
 
 
 def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
-    """The region's leaves with each box replaced by the form the chooser takes for it."""
-    return choice.resolve_boxes(ctx, leaves, out, FORMS)
+    """The region's leaves with each box replaced by the form the chooser takes for it, among
+    the forms of the lowering's config."""
+    return choice.resolve_boxes(ctx, leaves, out, ctx.config.forms)
 
 
 __all__ = [
@@ -101,5 +112,6 @@ __all__ = [
     "choose",
     "cost",
     "only_forms",
+    "planning_forms",
     "resolve_boxes",
 ]
