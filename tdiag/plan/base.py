@@ -43,11 +43,14 @@ from ..ir import (
     SumNode,
     TensorRef,
     WindowFactor,
-    walk,
 )
+from .constants import constant_value, fill
 from .context import Leaf, LoweringConfig, LoweringContext
 from .convolution import lower_convolution
+from .distance import lower_distance
+from .legs import _all_legs, _is_scaling, _renamed
 from .norms import LayerNormNode, lower_layer_norm
+from .positions import lower_gather, positions
 from .program import (
     BATCH,
     BATCH_SIZE,
@@ -150,9 +153,9 @@ class LoweringBase(LoweringContext):
     def _lower(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr) -> Value:
         if isinstance(e, Contraction | TensorRef | Scalar | CausalFactor | WindowFactor):
             return self.lower_region(e, ren, var, scale)  # a position mask alone is a region of one factor
-        constant = self.constant_value(e)
+        constant = constant_value(self, e)
         if constant is not None:
-            return self.fill(constant * scale, tuple(p for leg in e.legs for p in ren[leg]), var)
+            return fill(self, constant * scale, tuple(p for leg in e.legs for p in ren[leg]), var)
         value = self.lower_nonlinear(e, ren, var)
         if scale != 1:
             value = self.scale(value, scale)
@@ -203,11 +206,11 @@ class LoweringBase(LoweringContext):
         if isinstance(e, Quotient):
             return self.lower_quotient(e, ren, var)
         if isinstance(e, SquaredDistance):
-            return self.lower_distance(e, ren, var)
+            return lower_distance(self, e, ren, var)
         if isinstance(e, PositionIndex):
-            return self.positions(ren[e.leg])
+            return positions(self, ren[e.leg])
         if isinstance(e, Gather):
-            return self.lower_gather(e, ren, var)
+            return lower_gather(self, e, ren, var)
         if isinstance(e, LayerNormNode):
             return lower_layer_norm(self, e, ren, var)  # type: ignore[arg-type]
         raise AssertionError(f"cannot lower {type(e).__name__}")
@@ -240,35 +243,6 @@ def _planned_flops(step: Step) -> sympy.Expr:
     if isinstance(step.op, Multiply) and not step.op.summed:
         return 2 * step.flops
     return step.flops
-
-
-def _renamed(value: Value, rename: Mapping[str, str]) -> Value:
-    """The same variable with its legs called by other names."""
-    return Value(
-        value.var,
-        tuple(rename.get(leg, leg) for leg in value.legs),
-        frozenset(rename.get(leg, leg) for leg in value.broadcast),
-    )
-
-
-def _is_scaling(e: Expr) -> bool:
-    """A contraction that only multiplies one factor by a number."""
-    if not isinstance(e, Contraction) or e.summed:
-        return False
-    return len([f for f in e.factors if not isinstance(f, Scalar)]) == 1
-
-
-def _all_legs(e: Expr) -> set[str]:
-    legs: set[str] = set()
-    for node in walk(e):
-        legs |= set(node.legs)
-        if isinstance(node, Contraction):
-            legs |= set(node.summed)
-        if isinstance(node, Reduction | SquaredDistance):
-            legs |= set(node.over)
-        if isinstance(node, TensorRef):
-            legs |= {leg for g in node.groups for leg in g}
-    return legs
 
 
 def _alpha_key(e: Expr) -> tuple[object, tuple[str, ...], tuple[str, ...]]:

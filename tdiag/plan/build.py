@@ -14,17 +14,13 @@ from .base import LoweringBase, _all_legs
 from .bias_fusion import fuse_linear_biases
 from .boxes import BoxLowering
 from .chunked import ChunkedCausal
-from .constants import ConstantFolding
 from .contraction import ContractionOrder
-from .distance import DistanceExpansion
 from .elementwise import ElementwiseLowering
 from .flex import ATTENTION_KERNELS
 from .forms import Form, planning_forms
 from .layout import Sizes, assign_layouts
-from .literals import LiteralUnrolling
 from .norms import fuse_layer_norms
 from .objective import fastest_plan
-from .positions import PositionLowering
 from .program import (
     BATCH,
     BufferUpdate,
@@ -36,7 +32,6 @@ from .program import (
     reads,
 )
 from .regions import RegionLowering
-from .sdpa_match import AttentionMatch
 from .stabilize import ExponentStabilization
 from .timing import TimeModel
 from .training import mark_training_only
@@ -44,22 +39,19 @@ from .training import mark_training_only
 
 class _Lowering(
     RegionLowering,
-    ConstantFolding,
-    LiteralUnrolling,
     ContractionOrder,
     BoxLowering,
     ElementwiseLowering,
-    DistanceExpansion,
     ChunkedCausal,
-    AttentionMatch,
-    PositionLowering,
     ExponentStabilization,
     TimeModel,
     LoweringBase,
 ):
     """Walks the design graph once, emitting Steps; each base class is one pass. The forms of a
-    box (forms/) are not base classes: they and the emission of SDPA (sdpa.py), FlexAttention
-    (flex.py) and the linear-time order (linear.py) take the lowering as an argument."""
+    box (forms/) are not base classes: they, the emission of SDPA (sdpa.py), FlexAttention
+    (flex.py) and the linear-time order (linear.py), and the passes that are functions of the
+    context (constants.py, literals.py, distance.py, positions.py, sdpa_match.py) take the
+    lowering as an argument."""
 
 
 def build_plan(

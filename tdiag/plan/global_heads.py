@@ -49,7 +49,9 @@ import sympy
 
 from ..ir import CausalMask, PaddingMask, SoftmaxBox, TensorRef, walk
 from .base import _Leaf, _value_leaves
+from .constants import fold_constants
 from .program import BATCH, Attention, Expand, Step, Value, causal_kernel_flops, sdpa_causal_block, show_legs
+from .sdpa_match import scale_sign, score_items
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ def recognise(ctx, box: SoftmaxBox, ren, others: list[_Leaf], out: tuple[str, ..
             "SDPA's attn_mask, an N×N tensor per head whose gradient (for the noise scales) is the N×N score gradient, "
             "which no fused kernel returns"
         )
-    items = ctx.score_items(box.content, ren, set(keys))
+    items = score_items(ctx, box.content, ren, set(keys))
     if items is None:
         return (
             "the scores are not one query·key product: a term varies along the queries and the keys "
@@ -118,7 +120,7 @@ def recognise(ctx, box: SoftmaxBox, ren, others: list[_Leaf], out: tuple[str, ..
         content: list[_Leaf] = []
         weight *= ctx.collect(term, ren, content)
         memo = ctx.memo
-    content, folded_legs, weight = ctx.fold_constants(content, box_legs, weight)
+    content, folded_legs, weight = fold_constants(ctx, content, box_legs, weight)
     if weight == 0 or folded_legs != box_legs:
         return "a constant of the scores is zero or joins two of their legs"
     if any(c.box is not None or (c.value is not None and c.value.broadcast) for c in content):
@@ -127,7 +129,7 @@ def recognise(ctx, box: SoftmaxBox, ren, others: list[_Leaf], out: tuple[str, ..
     if isinstance(split, str):
         return split
     query_side, key_side, values, rest, heads, local, queries, latent, features = split
-    sign = ctx.scale_sign(weight * box.scale)
+    sign = scale_sign(weight * box.scale)
     if sign is None:
         return "the scale of the query·key product is zero or of unknown sign"
     causal = False

@@ -25,9 +25,12 @@ from ..ir import (
     walk,
 )
 from .base import _all_legs, _constant_along, _is_scaling, _Leaf, _renamed, _value_leaves
+from .constants import constant_value, fill, fold_constants
 from .decay import may_be_decay, segment_pairs
 from .distribute import distributed_over_boxes
 from .forms.causal_product import CausalSite, decide_causal_product
+from .literals import unroll_literals
+from .positions import computed_slice, positions, sliced
 from .program import (
     BATCH,
     BATCH_SIZE,
@@ -155,12 +158,12 @@ class RegionLowering:
             leaves += [_Leaf(argument.legs, value=argument, exponent=True), *_constant_along(argument.broadcast)]
             return sympy.Integer(1)
         if not isinstance(e, TensorRef):
-            constant = self.constant_value(e)
+            constant = constant_value(self, e)
             if constant is not None:
                 leaves.append(_Leaf(tuple(p for leg in e.legs for p in ren[leg]), constant=constant))
                 return sympy.Integer(1)
         if isinstance(e, PositionIndex):
-            leaves.append(_Leaf(tuple(ren[e.leg]), value=self.positions(tuple(ren[e.leg]))))
+            leaves.append(_Leaf(tuple(ren[e.leg]), value=positions(self, tuple(ren[e.leg]))))
             return sympy.Integer(1)
         if isinstance(e, WindowFactor):
             (query,), (key,) = ren[e.query], ren[e.key]
@@ -191,11 +194,11 @@ class RegionLowering:
         axes = tuple(tuple(p for leg in group for p in ren[leg]) for group in e.groups)
         statement = tensor.statement
         if e.is_sliced and statement is not None:
-            value = self.computed_slice(statement, e, axes)
+            value = computed_slice(self, statement, e, axes)
             leaves.extend(_value_leaves(value))
             return sympy.Integer(1)
         if e.is_sliced:
-            value = self.sliced(tensor, e, axes)
+            value = sliced(self, tensor, e, axes)
             leaves.append(_Leaf(value.legs, value=value))
             return sympy.Integer(1)
         if statement is None:
@@ -323,10 +326,10 @@ class RegionLowering:
 
     def contract(self, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None) -> Value:
         leaves = self.resolve_boxes(leaves, out)
-        leaves, out, coefficient = self.fold_constants(leaves, out, coefficient)
-        leaves = self.unroll_literals(leaves, out)
+        leaves, out, coefficient = fold_constants(self, leaves, out, coefficient)
+        leaves = unroll_literals(self, leaves, out)
         if not leaves:
-            value = self.fill(coefficient, tuple(leg for leg in out if leg != BATCH), var)
+            value = fill(self, coefficient, tuple(leg for leg in out if leg != BATCH), var)
             return value
         # a value constant along a broadcast leg does not carry it; a leg no factor carries is a
         # broadcast leg of the result if kept, and a factor of its size if summed

@@ -28,8 +28,9 @@ To add a form: write one module here with a subclass of `forms.base.Form` that s
 (and `fused` if it never stores the box, `label` for the plan's notes), implements
 `refusal(ctx, site) -> str | None` (why it does not apply, cheaply: nothing emitted; return an
 `Unfit` when the form is made for other boxes, so the notes leave it out) and
-`emit(ctx, site) -> list[_Leaf]` (emit its steps through `ctx`, the lowering, and return
-`site.others` with what replaces the box: see materialized.py for the smallest one; raise
+`emit(ctx, site) -> list[Leaf]` (emit its steps through `ctx`, the lowering as the protocol
+`context.Lowering` describes it, and return `site.others` with what replaces the box: see
+materialized.py for the smallest one; raise
 `FormRefusedError` for a reason found only while emitting), then add an instance to `FORMS`
 below. Nothing else changes: the chooser costs it, the report lists it."""
 
@@ -38,9 +39,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
-from ..base import _Leaf
+from ..context import Leaf, Lowering
 from . import choice
 from .banded import Banded
 from .base import BoxChoice, BoxSite, Candidate, Cost, Form, FormRefusedError, Unfit
@@ -54,9 +54,6 @@ from .sdpa_grouped import SdpaGrouped
 from .sdpa_padded import SdpaPadded
 from .sdpa_repeated import SdpaRepeated
 from .sdpa_sink import SdpaSink
-
-if TYPE_CHECKING:
-    from ..build import _Lowering
 
 FORMS: list[Form] = [
     SdpaGrouped(),
@@ -94,7 +91,7 @@ def planning_forms() -> tuple[Form, ...]:
     return tuple(form for form in FORMS if names is None or form.name in names)
 
 
-def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
+def resolve_boxes(ctx: Lowering, leaves: list[Leaf], out: tuple[str, ...]) -> list[Leaf]:
     """The region's leaves with each box replaced by the form the chooser takes for it, among
     the forms of the lowering's config."""
     return choice.resolve_boxes(ctx, leaves, out, ctx.config.forms)

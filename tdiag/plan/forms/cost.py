@@ -15,15 +15,13 @@ and takes the least; of equal ones the first listed (FORMS order), so a choice i
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import sympy
 
+from ..context import Lowering
 from ..footprint import footprint
 from .base import Cost
-
-if TYPE_CHECKING:
-    from ..build import _Lowering
 
 T = TypeVar("T")
 
@@ -35,7 +33,7 @@ ORDER: dict[str, tuple[str, ...]] = {
 WORSE = {"time": "is estimated slower than", "kept": "keeps more for backward than", "flops": "costs more FLOPs than"}
 
 
-def cost(ctx: _Lowering, build: Callable[[], object]) -> Cost:
+def cost(ctx: Lowering, build: Callable[[], object]) -> Cost:
     """What `build` would cost, emitted after the program so far, without keeping its steps."""
     with ctx.trial() as steps:
         build()
