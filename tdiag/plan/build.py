@@ -32,7 +32,6 @@ from .program import (
     reads,
 )
 from .regions import RegionLowering
-from .stabilize import ExponentStabilization
 from .timing import TimeModel
 from .training import mark_training_only
 
@@ -43,14 +42,14 @@ class _Lowering(
     BoxLowering,
     ElementwiseLowering,
     ChunkedCausal,
-    ExponentStabilization,
     TimeModel,
     LoweringBase,
 ):
     """Walks the design graph once, emitting Steps; each base class is one pass. The forms of a
     box (forms/) are not base classes: they, the emission of SDPA (sdpa.py), FlexAttention
     (flex.py) and the linear-time order (linear.py), and the passes that are functions of the
-    context (constants.py, literals.py, distance.py, positions.py, sdpa_match.py) take the
+    context (constants.py, literals.py, distance.py, positions.py, sdpa_match.py,
+    stabilize.py) take the
     lowering as an argument."""
 
 

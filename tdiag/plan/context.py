@@ -32,8 +32,10 @@ from ..graph import DesignGraph
 from ..ir import (
     POSITION_MASKS,
     CausalFactor,
+    Contraction,
     Convolution,
     ElementwiseMap,
+    Expr,
     PaddingMask,
     Scan,
     SegmentSum,
@@ -48,7 +50,7 @@ from .program import BATCH, BATCH_SIZE, Step, Value
 
 if TYPE_CHECKING:
     from ..device import DeviceModel
-    from ..ir import Expr, Reduction, Statement
+    from ..ir import Reduction, Statement
     from .footprint import Footprint
     from .forms.base import BoxChoice, Form
     from .program import Elementwise, Operand, Plan
@@ -171,6 +173,7 @@ class LoweringContext:
         }
         self.uses = count_uses(graph)
         self.splits = leg_splits(graph, self.uses)
+        self.exp_factors = exp_factors(graph, self.uses)
         self.known = {graph.sizes[k].symbol: v for k, v in graph.size_values().items()}
         leg_sizes: dict[str, sympy.Expr] = {BATCH: BATCH_SIZE}
         for name, leg in graph.legs.items():
@@ -419,8 +422,6 @@ class Lowering(Protocol):
 
     stabilizations: int
 
-    def stabilize_exponents(self, leaves: list[Leaf], kept: frozenset[str]) -> list[Leaf]: ...
-
     steps: list[Step]
 
     def sum_tree(self, terms: list[tuple[int, Operand, tuple[str, ...]]]) -> tuple[Elementwise, sympy.Expr]: ...
@@ -475,6 +476,30 @@ def count_uses(graph: DesignGraph) -> Counter[str]:
     for name in graph.outputs:
         uses[name] += 1
     return uses
+
+
+def exp_factors(graph: DesignGraph, uses: Counter[str]) -> frozenset[str]:
+    """Single-use statements `P[...] = exp(...)` that are factors of a normalize box without eps
+    (through products folded into it): folded into the box, so their exp is shifted (stabilize.py)."""
+    found: set[str] = set()
+
+    def visit(e: Expr) -> None:
+        if isinstance(e, Contraction):
+            for factor in e.factors:
+                visit(factor)
+        elif isinstance(e, TensorRef) and not e.is_sliced and uses[e.name] == 1:
+            statement = graph.tensors[e.name].statement
+            if statement is None or e.name in graph.outputs:
+                return
+            if isinstance(statement.expr, ElementwiseMap) and statement.expr.name == "exp":
+                found.add(e.name)
+            elif isinstance(statement.expr, Contraction | TensorRef):
+                visit(statement.expr)
+
+    for _, box in graph.boxes():
+        if not box.is_exp and box.eps == 0 and not box.masks:
+            visit(box.content)  # type: ignore[arg-type]
+    return frozenset(found)
 
 
 def scan_legs(node: Scan | SegmentSum) -> tuple[str, ...]:

@@ -32,6 +32,7 @@ from .program import (
     align,
     show_legs,
 )
+from .stabilize import stabilize_exponents
 
 
 def prefix_legs(ctx: Lowering, box: SoftmaxBox, ren) -> tuple[str, str] | None:
@@ -106,7 +107,7 @@ def collect_stabilized(ctx: Lowering, e, ren, leaves: list[_Leaf], kept: frozens
     found: list[_Leaf] = []
     with ctx.scope(stabilized=kept, lazy_triangles=kept is None):  # a decay stays a factor for the chunks
         coefficient = collect_expanded(ctx, e, ren, found)
-    leaves += found if kept is None else ctx.stabilize_exponents(found, kept)
+    leaves += found if kept is None else stabilize_exponents(ctx, found, kept)
     return coefficient
 
 

@@ -43,6 +43,7 @@ from .program import (
     Value,
     show_legs,
 )
+from .stabilize import stabilize_exponents
 
 SCAN_NOTE = "a product with a causal triangle summed over {summed} as a {kind} along {summed}: O(N), not N²"
 
@@ -113,7 +114,7 @@ class RegionLowering:
             out = tuple(p for leg in e.legs for p in ren[leg])
             leaves = self.scan_triangles(leaves, out)
             if kept is not None:
-                leaves = self.stabilize_exponents(leaves, kept)
+                leaves = stabilize_exponents(self, leaves, kept)
             prefix = _prefix_pair(leaves, out)
             if prefix is not None:
                 return self.causal_product(*prefix, leaves, out, coefficient, var)
