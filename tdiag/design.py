@@ -121,12 +121,17 @@ class Design:
         `attention="flex"` lowers fusable softmax boxes to FlexAttention instead of SDPA (torch
         2.13 on CPU: inference only, float32/16/bf16 under torch.compile; docs/language.md).
         Sizes are keywords (`N=512`) or a mapping, for a size named like a keyword here."""
+        from .device import planning_device
         from .module import plan_for
+        from .plan.forms import planning_forms
 
         sizes = checked_sizes(self.graph, {**(sizes or {}), **more})
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-        key = (tuple(sorted(sizes.items())), checkpoint_boxes, objective, attention, device)
+        # a plan depends on the candidate forms (only_forms) and on the device that prices them
+        priced = device if device is not None else planning_device()
+        forms = tuple(form.name for form in planning_forms())
+        key = (tuple(sorted(sizes.items())), checkpoint_boxes, objective, attention, priced, forms)
         if key not in self._plans:
             self._plans[key] = plan_for(
                 self.graph,

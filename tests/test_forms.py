@@ -12,7 +12,7 @@ from conftest import DESIGNS
 import tdiag
 from tdiag.cli import main
 from tdiag.plan import forms
-from tdiag.plan.forms import FORMS, Cost, Form, Unfit, choose
+from tdiag.plan.forms import FORMS, Cost, Form, Unfit, choose, only_forms
 from tdiag.plan.forms.choice import MEMORY
 
 
@@ -130,6 +130,20 @@ def test_only_the_real_plan_records_its_decisions_not_the_trial_plans():
 def test_the_record_names_the_objective_and_the_form_taken():
     choice = choice_of("mhsa", N=64, objective="flops")
     assert choice.objective == "flops" and choice.taken == "sdpa" and choice.rule is None
+
+
+def test_a_design_caches_its_plans_apart_per_forms_and_per_pricing_device(cpu):
+    """A plan made under only_forms(...) or for another planning device is not the plan cached
+    with every form on the first device: the forms and the device are part of the cache key."""
+    design = tdiag.load("mhsa")
+    every = design.plan(N=64)
+    with only_forms("materialized"):
+        alone = design.plan(N=64)
+    assert alone is not every
+    assert [c.taken for c in alone.choices] == ["materialized"] != [c.taken for c in every.choices]
+    assert design.plan(N=64) is every
+    cpu(1e9, 1e8, 1e-3)  # another planning device: slow, with a large overhead per op
+    assert design.plan(N=64) is not every
 
 
 # ---- the chooser --------------------------------------------------------------------------

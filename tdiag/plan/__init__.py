@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 from ..lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .base import OPTIMAL_UP_TO, RESERVED
+    from .base import OPTIMAL_UP_TO
     from .build import build_plan
+    from .context import RESERVED
     from .program import BATCH, BATCH_SIZE, Operand, Plan, Step, Value, reads
 
 __all__ = [
@@ -36,7 +37,7 @@ __all__ = [
 
 _HOMES = {
     "OPTIMAL_UP_TO": "base",
-    "RESERVED": "base",
+    "RESERVED": "context",
     "build_plan": "build",
     **dict.fromkeys(("BATCH", "BATCH_SIZE", "Operand", "Plan", "Step", "Value", "reads"), "program"),
 }

@@ -12,14 +12,11 @@ over as `elementwise` (and, for the papers' count, as `paper`), its FLOPs are th
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import sympy
 
+from .context import Lowering
 from .program import BATCH, Binary, Elementwise, Matmul, Operand, Step, Value, read_groups, reads
-
-if TYPE_CHECKING:
-    from .build import _Lowering
 
 
 @dataclasses.dataclass
@@ -32,7 +29,7 @@ class _Candidate:
     right: tuple[str, ...]
 
 
-def fuse_linear_biases(lowering: _Lowering, steps: list[Step], kept: set[str]) -> list[int]:
+def fuse_linear_biases(lowering: Lowering, steps: list[Step], kept: set[str]) -> list[int]:
     """Fuse every bias the pattern allows (module docstring) into `steps`, in place; `kept`:
     values read outside `steps` (outputs, state updates). Returns the indices (into the steps as
     they were) of the sum steps removed."""

@@ -45,12 +45,9 @@ class BoxLowering:
         that the consumer's matmul reads the box without a copy."""
         start = len(self.target)
         wide = 0 if e.is_exp else 1
-        self.wide_depth += wide
-        try:
+        with self.wide(wide):
             value = self._lower_box(e, ren, var, prefer)
-        finally:
-            self.wide_depth -= wide
-        if self.target is self.steps:
+        if not self.trialing:
             self.box_segments.append((start, len(self.steps) - 1, value.var))
         return value
 
@@ -59,15 +56,9 @@ class BoxLowering:
         normalized = tuple(p for leg in e.normalized for p in ren[leg])
         # a sink breaks the softmax's shift invariance: a term constant along the keys stays
         invariant = frozenset(normalized) if e.is_exp and e.sink is None else None
-        context, self.shift_invariant = self.shift_invariant, invariant
-        stabilized, self.stabilized = self.stabilized, self.kept_by(e, ren)
         shifted = self.stabilizations
-        self.box_depth += 1
-        try:
+        with self.scope(shift_invariant=invariant, stabilized=self.kept_by(e, ren)), self.box():
             content = self.lower(e.content, ren, None, scale)  # type: ignore[arg-type]
-        finally:
-            self.shift_invariant, self.stabilized = context, stabilized
-            self.box_depth -= 1
         guard = self.stabilizations > shifted
         sink = None
         if e.sink is not None:

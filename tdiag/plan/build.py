@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import sympy
 
@@ -15,52 +15,43 @@ from .base import LoweringBase, _all_legs
 from .bias_fusion import fuse_linear_biases
 from .boxes import BoxLowering
 from .chunked import ChunkedCausal
-from .constants import ConstantFolding
 from .contraction import ContractionOrder
-from .distance import DistanceExpansion
 from .elementwise import ElementwiseLowering
 from .flex import ATTENTION_KERNELS
+from .forms import Form, planning_forms
 from .layout import Sizes, assign_layouts
-from .literals import LiteralUnrolling
 from .norms import fuse_layer_norms
 from .objective import fastest_plan
-from .positions import PositionLowering
 from .program import (
     BATCH,
     BufferUpdate,
     ChunkCount,
     Permute,
     Plan,
-    SplitChunks,
     Step,
     Value,
     reads,
 )
 from .regions import RegionLowering
-from .sdpa_match import AttentionMatch
-from .stabilize import ExponentStabilization
 from .timing import TimeModel
 from .training import mark_training_only
 
 
 class _Lowering(
     RegionLowering,
-    ConstantFolding,
-    LiteralUnrolling,
     ContractionOrder,
     BoxLowering,
     ElementwiseLowering,
-    DistanceExpansion,
     ChunkedCausal,
-    AttentionMatch,
-    PositionLowering,
-    ExponentStabilization,
     TimeModel,
     LoweringBase,
 ):
     """Walks the design graph once, emitting Steps; each base class is one pass. The forms of a
-    box (forms/) are not base classes: they and the emission of SDPA (sdpa.py), FlexAttention
-    (flex.py) and the linear-time order (linear.py) take the lowering as an argument."""
+    box (forms/) are not base classes: they, the emission of SDPA (sdpa.py), FlexAttention
+    (flex.py) and the linear-time order (linear.py), and the passes that are functions of the
+    context (constants.py, literals.py, distance.py, positions.py, sdpa_match.py,
+    stabilize.py) take the
+    lowering as an argument."""
 
 
 def build_plan(
@@ -72,13 +63,21 @@ def build_plan(
     attention: str = "sdpa",
     absorb: bool = True,
     device: DeviceModel | None = None,
+    forms: Sequence[Form] | None = None,
 ) -> Plan:
     """The plan of `graph` (`_planned`), or, where the design has an absorbed form
     (graph/absorb.py: MLA's key/value maps multiplied into the query and output side) and
     `absorb` is set, the plan of whichever form the objective finds cheaper, both planned whole
     (absorb_choice.py; the design as written on a tie). `device` prices the candidates' time
-    (every objective's tie-break) instead of the planning device (device.planning_device)."""
-    options = {"checkpoint_boxes": checkpoint_boxes, "objective": objective, "attention": attention, "device": device}
+    (every objective's tie-break) instead of the planning device (device.planning_device);
+    `forms` are the candidate forms of a box (None: forms.planning_forms())."""
+    options = {
+        "checkpoint_boxes": checkpoint_boxes,
+        "objective": objective,
+        "attention": attention,
+        "device": device,
+        "forms": planning_forms() if forms is None else tuple(forms),
+    }
     plan = _planned(graph, sizes, **options)
     other = absorbed(graph) if absorb else graph
     if other is graph:
@@ -99,6 +98,7 @@ def _planned(
     objective: str = DEFAULT_OBJECTIVE,
     attention: str = "sdpa",
     device: DeviceModel | None = None,
+    forms: tuple[Form, ...] = (),
 ) -> Plan:
     """Lower every statement, then the outputs and the state updates. With `checkpoint_boxes`,
     each box, its content and its first consumer are recomputed in the backward pass instead of
@@ -113,10 +113,7 @@ def _planned(
     if attention not in ATTENTION_KERNELS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}")
     graph = fuse_layer_norms(graph)
-    lowering = _Lowering(graph, sizes, objective)
-    lowering.attention = attention
-    if device is not None:
-        lowering._device = device
+    lowering = _Lowering(graph, sizes, objective, attention=attention, device=device, forms=forms)
     lowering.lower_design()
     plan = Plan(graph, dict(sizes), lowering.leg_sizes, steps=lowering.steps)
     for name in graph.outputs:
@@ -129,21 +126,22 @@ def _planned(
         order = [BATCH] if value.is_batched else []
         order += [p for group in groups for leg in group for p in lowering.expand(leg)]
         plan.outputs.append((name, _reorder(lowering, value, order)))
-    lowering.target = plan.update_steps
-    for update in graph.updates:
-        value = lowering.lower(update.expr, lowering.identity_renaming(_all_legs(update.expr)))
-        value = lowering.expand_broadcast(value, set(value.broadcast))
-        order = [BATCH] if value.is_batched else []
-        order += [p for group in update.groups for leg in group for p in lowering.expand(leg)]
-        value = _reorder(lowering, value, order)
-        shape = lowering.shape([leg for leg in order if leg != BATCH])
-        lowering.emit(Step("update", BufferUpdate(update.target, value, shape), None, f"update {update.target}"))
+    with lowering.emitting(plan.update_steps):
+        for update in graph.updates:
+            value = lowering.lower(update.expr, lowering.identity_renaming(_all_legs(update.expr)))
+            value = lowering.expand_broadcast(value, set(value.broadcast))
+            order = [BATCH] if value.is_batched else []
+            order += [p for group in update.groups for leg in group for p in lowering.expand(leg)]
+            value = _reorder(lowering, value, order)
+            shape = lowering.shape([leg for leg in order if leg != BATCH])
+            step = Step("update", BufferUpdate(update.target, value, shape), None, f"update {update.target}")
+            lowering.emit(step)
     plan.steps = lowering.steps
     keep = {value.var for _, value in plan.outputs} | {v.var for s in plan.update_steps for v in reads(s.op)}
     assign_layouts(plan.steps, keep, Sizes(lowering.number, lambda leg: lowering.shape([leg])[0]))
     gone = fuse_linear_biases(lowering, plan.steps, keep)
     dropped = _drop_unread_constants(plan.steps, keep)
-    lowering.box_segments = [
+    box_segments = [
         (_shifted(_shifted(start, gone), dropped), _shifted(_shifted(end, gone), dropped), var)
         for start, end, var in lowering.box_segments
     ]
@@ -152,12 +150,9 @@ def _planned(
     plan.refused = lowering.refused
     plan.choices = lowering.choices
     if checkpoint_boxes:
-        plan.segments = _checkpoint_segments(lowering.steps, lowering.box_segments)
+        plan.segments = _checkpoint_segments(lowering.steps, box_segments)
     plan.causal = lowering.causal_masks
-    split = {op.count for op in (step.op for step in plan.steps) if isinstance(op, SplitChunks)}
-    for (extent, size), symbol in lowering.chunk_counts.items():
-        if symbol in split:  # not the counts of a chunked form tried and not taken
-            plan.chunks.append(ChunkCount(str(symbol), extent, size))
+    plan.chunks = [ChunkCount(str(symbol), extent, size) for (extent, size), symbol in lowering.chunk_counts.items()]
     _express_chunks(plan, lowering.chunk_sizes)
     plan.stored = sorted(lowering.stored_used)
     plan.attributes = frozenset(lowering.attributes)
@@ -170,7 +165,13 @@ def _planned(
             lowering.device,
             lowering.rival_objectives(),
             lambda other: _planned(
-                graph, sizes, checkpoint_boxes=checkpoint_boxes, objective=other, attention=attention, device=device
+                graph,
+                sizes,
+                checkpoint_boxes=checkpoint_boxes,
+                objective=other,
+                attention=attention,
+                device=device,
+                forms=forms,
             ),
         )
     return plan

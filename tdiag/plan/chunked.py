@@ -102,7 +102,9 @@ class ChunkedCausal:
         legs, costs = {}, {}
         for size in candidates:
             self.chunk_pairs[(query, key)] = legs[size] = self.chunk_legs(query, key, size)
-            costs[size] = self.trial(lambda: self.cheapest_chunked(query, key, leaves, out, coefficient, var, decays))
+            costs[size] = self.trial_cost(
+                lambda: self.cheapest_chunked(query, key, leaves, out, coefficient, var, decays)
+            )
         slack = TIME_SLACK if self.objective == "time" else FLOPS_SLACK
         least = min(costs.values())
         size = max(c for c in candidates if costs[c] <= slack * least)
@@ -129,12 +131,12 @@ class ChunkedCausal:
         best, best_cost = {}, None
         for choice in choices:
             placed = dict(zip(map(id, free), choice, strict=True))
-            cost = self.trial(
+            cost = self.trial_cost(
                 lambda p=placed: self.placed_contract(query, key, leaves, p, out, coefficient, var, decays)
             )
             if best_cost is None or cost < best_cost:
                 best, best_cost = placed, cost
-        if self.target is self.steps and (query, key) in self.chunk_notes:
+        if not self.trialing and (query, key) in self.chunk_notes:
             note = self.chunk_notes[(query, key)]
             if note not in self.lowered:
                 self.lowered.append(note)

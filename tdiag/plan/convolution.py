@@ -8,18 +8,14 @@ torch's convolution is a cross-correlation."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import sympy
 
 from ..ir import Convolution
+from .context import Lowering
 from .program import Convolve, Step, Value, align, show_legs
 
-if TYPE_CHECKING:
-    from .build import _Lowering
 
-
-def lower_convolution(ctx: _Lowering, e: Convolution, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
+def lower_convolution(ctx: Lowering, e: Convolution, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
     """One Convolve step: the operand (masked entries zeroed: Mask_0), the kernel read as
     (shared legs, offset legs), a pad of (before, after) per shifted leg such that the output
     keeps the leg's length; FLOPs 2 per multiply-add, the operand's entries times the taps."""

@@ -22,6 +22,7 @@ from ..ir import (
     TensorRef,
     walk,
 )
+from .distance import distance_parts
 from .program import (
     BATCH,
     Binary,
@@ -226,7 +227,7 @@ class ElementwiseLowering:
     def sum_parts(self, e: SumNode | SquaredDistance, ren, coefficient: sympy.Expr) -> list[tuple[int, Value]]:
         """The signed terms of coefficient · e for a flattened sum."""
         if isinstance(e, SquaredDistance):
-            return self.distance_parts(e, ren, coefficient)
+            return distance_parts(self, e, ren, coefficient)
         parts = []
         for term, sign in self.varying(e.terms, e.signs, ren):
             inner, factor = _scaled(term)

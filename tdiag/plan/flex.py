@@ -14,7 +14,6 @@ emit it through the lowering, passed as `ctx`."""
 from __future__ import annotations
 
 from functools import reduce
-from typing import TYPE_CHECKING
 
 import sympy
 
@@ -31,7 +30,9 @@ from ..ir import (
     SumNode,
 )
 from .base import _Leaf, _value_leaves
-from .positions import _rename_position
+from .context import Lowering
+from .distance import squared_norm
+from .positions import _rename_position, like_input
 from .program import (
     BATCH,
     FLEX_BLOCK,
@@ -54,13 +55,10 @@ from .program import (
 from .sdpa import emit_prelude, hidden_operands, live_rows, query_and_key, seen_operand
 from .sdpa_match import MatchedAttention
 
-if TYPE_CHECKING:
-    from .build import _Lowering
-
 ATTENTION_KERNELS = ("sdpa", "flex")  # what a fusable softmax box is lowered to
 
 
-def flex_roles(ctx: _Lowering, fused: MatchedAttention) -> dict[str, int]:
+def flex_roles(ctx: Lowering, fused: MatchedAttention) -> dict[str, int]:
     """The plan legs FlexAttention indexes: 0 batch, 1 head (one head leg, not grouped),
     2 query, 3 key."""
     heads = fused.heads
@@ -73,7 +71,7 @@ def flex_roles(ctx: _Lowering, fused: MatchedAttention) -> dict[str, int]:
     return roles
 
 
-def flex_refusal(ctx: _Lowering, fused: MatchedAttention) -> str | None:
+def flex_refusal(ctx: Lowering, fused: MatchedAttention) -> str | None:
     """Why the matched box cannot be one flex_attention call, or None."""
     if len(fused.keys) != 1:
         keys = " ".join(show_legs(fused.keys))
@@ -101,17 +99,16 @@ def flex_refusal(ctx: _Lowering, fused: MatchedAttention) -> str | None:
     return None
 
 
-def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: MatchedAttention) -> list[_Leaf]:
+def fuse_flex(ctx: Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: MatchedAttention) -> list[_Leaf]:
     """Emit q, k, v, the block mask and the flex_attention call; return the region's leaves
     with the attention output standing in for the box and its value side."""
     heads, queries, keys, latent, features = (fused.heads, fused.queries, fused.keys, fused.latent, fused.features)
     emit_prelude(ctx, fused)
-    ctx.box_depth += 1
-    q, k, latent = query_and_key(ctx, fused)
-    arguments = tuple(ctx.names.fresh(stem) for stem in ("score", "b", "h", "q_idx", "kv_idx"))
-    roles = {leg: arguments[1 + r] for leg, r in flex_roles(ctx, fused).items()}
-    score = score_mod(ctx, fused, roles)
-    ctx.box_depth -= 1
+    with ctx.box():
+        q, k, latent = query_and_key(ctx, fused)
+        arguments = tuple(ctx.names.fresh(stem) for stem in ("score", "b", "h", "q_idx", "kv_idx"))
+        roles = {leg: arguments[1 + r] for leg, r in flex_roles(ctx, fused).items()}
+        score = score_mod(ctx, fused, roles)
     v = ctx.contract(fused.value, tuple(heads + keys + features), sympy.Integer(1), "v")
     v = ctx.expand_broadcast(v, set(keys))
     grouped = fused.grouped
@@ -197,13 +194,13 @@ def fuse_flex(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: 
             kernel_flops=_kernel_flops(ctx, fused, flops) if block_mask is not None else None,
         )
     )
-    if ctx.target is ctx.steps:
+    if not ctx.trialing:
         ctx.lowered.append(f"softmax box over {' '.join(show_legs(keys))} lowered to flex_attention{how}")
     rest_leaves = [o for o in others if o not in fused.value]
     return [*rest_leaves, *_value_leaves(value)]  # type: ignore[arg-type]
 
 
-def score_mod(ctx: _Lowering, fused: MatchedAttention, roles: dict[str, str]) -> ScoreTerm | None:
+def score_mod(ctx: Lowering, fused: MatchedAttention, roles: dict[str, str]) -> ScoreTerm | None:
     """Σ weight · term over the additive terms of the scores (the key biases of MGK P17 and
     the position biases alike), each times the box's scale: score_mod adds after scaling."""
     positions = frozenset((fused.sequence, fused.keys[0]))  # what a score_mod term may span
@@ -212,7 +209,7 @@ def score_mod(ctx: _Lowering, fused: MatchedAttention, roles: dict[str, str]) ->
         if kind == "norm":
             key_value, over = fused.key_norm
             kept = tuple(leg for leg in key_value.legs if leg not in over)
-            term = score_read(ctx, ctx.squared_norm(key_value, kept), roles)
+            term = score_read(ctx, squared_norm(ctx, key_value, kept), roles)
         else:
             term = score_term(ctx, e, fused.ren, roles, positions)
         factor = ctx.runtime(sympy.simplify(weight * fused.box_scale))
@@ -223,7 +220,7 @@ def score_mod(ctx: _Lowering, fused: MatchedAttention, roles: dict[str, str]) ->
 
 
 def mapped_scores(
-    ctx: _Lowering, fused: MatchedAttention, roles: dict[str, str], positions: frozenset[str], inner: list[ScoreTerm]
+    ctx: Lowering, fused: MatchedAttention, roles: dict[str, str], positions: frozenset[str], inner: list[ScoreTerm]
 ) -> ScoreTerm:
     """score_mod's whole value for a map of the scores: weight · map(score + the inner terms)
     plus the outer terms, each times its weight (score_maps.py)."""
@@ -242,7 +239,7 @@ def mapped_scores(
     return total
 
 
-def score_term(ctx: _Lowering, e: Expr, ren, roles: dict[str, str], positions: frozenset[str]) -> ScoreTerm:
+def score_term(ctx: Lowering, e: Expr, ren, roles: dict[str, str], positions: frozenset[str]) -> ScoreTerm:
     """`e` as score_mod arithmetic: what varies along both the query and the key is taken
     apart into sums, products, quotients, maps, positions and gathers; everything else is
     lowered as usual to a tensor the kernel reads at its indices."""
@@ -280,7 +277,7 @@ def score_term(ctx: _Lowering, e: Expr, ren, roles: dict[str, str], positions: f
     return score_read(ctx, ctx.lower(e, ren), roles)
 
 
-def score_gather(ctx: _Lowering, e: Gather, ren, roles: dict[str, str]) -> ScoreRead:
+def score_gather(ctx: Lowering, e: Gather, ren, roles: dict[str, str]) -> ScoreRead:
     """A table read along its axis at a position of the query and key indices, in the kernel:
     one read per entry, no table over (query, key) built."""
     table = ctx.as_missing_legs(ctx.lower(e.source, ren))  # type: ignore[arg-type]
@@ -291,24 +288,24 @@ def score_gather(ctx: _Lowering, e: Gather, ren, roles: dict[str, str]) -> Score
     return ScoreRead(table, index)
 
 
-def score_read(ctx: _Lowering, value: Value, roles: dict[str, str]) -> ScoreRead:
+def score_read(ctx: Lowering, value: Value, roles: dict[str, str]) -> ScoreRead:
     value = ctx.as_missing_legs(value)
     return ScoreRead(value, tuple(Position("leg", name=roles[leg]) for leg in value.legs))
 
 
-def causal_block_mask(ctx: _Lowering, fused: MatchedAttention) -> Value:
+def causal_block_mask(ctx: Lowering, fused: MatchedAttention) -> Value:
     """The block mask of the box's causal mask, made once per call: every query sees its first
     key, so no row is empty and skipping the blocks above the diagonal changes nothing."""
     arguments = tuple(ctx.names.fresh(stem) for stem in ("b", "h", "q_idx", "kv_idx"))
     sequence, key = fused.sequence, fused.keys[0]
-    op = BlockMask(ctx.group_size([sequence]), ctx.group_size([key]), arguments, ctx.like_input(), fused.window)  # type: ignore[arg-type]
+    op = BlockMask(ctx.group_size([sequence]), ctx.group_size([key]), arguments, like_input(ctx), fused.window)  # type: ignore[arg-type]
     out = Value(ctx.names.fresh("block_mask"), ())
     what = "causal" if fused.window is None else "window"
     ctx.emit(Step("mask", op, out, f"FlexAttention block mask: {what}", inputs=()))
     return out
 
 
-def _kernel_flops(ctx: _Lowering, fused: MatchedAttention, flops: sympy.Expr) -> sympy.Expr:
+def _kernel_flops(ctx: Lowering, fused: MatchedAttention, flops: sympy.Expr) -> sympy.Expr:
     """The FLOPs of the blocks the block mask lets the kernel visit: below the diagonal, or
     along a window's band."""
     length, block = ctx.numel(fused.keys), sympy.Integer(FLEX_BLOCK)

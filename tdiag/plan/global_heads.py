@@ -37,7 +37,7 @@ Where this form does not apply in the FiSH family, and why (the module refuses w
 
 `recognise` and `emit` take the lowering as an explicit context `ctx` (the Lowering object of
 build.py) and use its helpers: score_items, collect, fold_constants, scale_sign, contract,
-materialize, arrange, emit, scratch. The candidate form forms/global_heads.py wraps them; the
+materialize, arrange, emit, aside. The candidate form forms/global_heads.py wraps them; the
 chooser (forms/choice.py) costs it against the other forms."""
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ import sympy
 
 from ..ir import CausalMask, PaddingMask, SoftmaxBox, TensorRef, walk
 from .base import _Leaf, _value_leaves
+from .constants import fold_constants
 from .program import BATCH, Attention, Expand, Step, Value, causal_kernel_flops, sdpa_causal_block, show_legs
+from .sdpa_match import scale_sign, score_items
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ def recognise(ctx, box: SoftmaxBox, ren, others: list[_Leaf], out: tuple[str, ..
             "SDPA's attn_mask, an N×N tensor per head whose gradient (for the noise scales) is the N×N score gradient, "
             "which no fused kernel returns"
         )
-    items = ctx.score_items(box.content, ren, set(keys))
+    items = score_items(ctx, box.content, ren, set(keys))
     if items is None:
         return (
             "the scores are not one query·key product: a term varies along the queries and the keys "
@@ -114,11 +116,11 @@ def recognise(ctx, box: SoftmaxBox, ren, others: list[_Leaf], out: tuple[str, ..
         return "a padding mask (the ordinary SDPA match takes those)"
     _, weight, term = crosses[0]
     box_legs = tuple(p for leg in box.legs for p in ren[leg])
-    with ctx.scratch() as prelude:
+    with ctx.aside() as prelude:
         content: list[_Leaf] = []
         weight *= ctx.collect(term, ren, content)
         memo = ctx.memo
-    content, folded_legs, weight = ctx.fold_constants(content, box_legs, weight)
+    content, folded_legs, weight = fold_constants(ctx, content, box_legs, weight)
     if weight == 0 or folded_legs != box_legs:
         return "a constant of the scores is zero or joins two of their legs"
     if any(c.box is not None or (c.value is not None and c.value.broadcast) for c in content):
@@ -127,7 +129,7 @@ def recognise(ctx, box: SoftmaxBox, ren, others: list[_Leaf], out: tuple[str, ..
     if isinstance(split, str):
         return split
     query_side, key_side, values, rest, heads, local, queries, latent, features = split
-    sign = ctx.scale_sign(weight * box.scale)
+    sign = scale_sign(weight * box.scale)
     if sign is None:
         return "the scale of the query·key product is zero or of unknown sign"
     causal = False
@@ -237,10 +239,9 @@ def emit(ctx, form: GlobalHeads) -> list[_Leaf]:
         list(x) for x in (form.heads, form.local, form.keys, form.latent, form.features)
     )
     queries = [form.sequence]
-    ctx.box_depth += 1
-    q = _dense(ctx, list(form.query), tuple(heads + local + queries + latent), len(latent), form.sign, "q")
-    k = _dense(ctx, list(form.key), tuple(heads + keys + latent), len(latent), 1, "k")
-    ctx.box_depth -= 1
+    with ctx.box():
+        q = _dense(ctx, list(form.query), tuple(heads + local + queries + latent), len(latent), form.sign, "q")
+        k = _dense(ctx, list(form.key), tuple(heads + keys + latent), len(latent), 1, "k")
     shared = ctx.emit(
         Step(
             "expand",
@@ -297,7 +298,7 @@ def emit(ctx, form: GlobalHeads) -> list[_Leaf]:
             else None,
         )
     )
-    if ctx.target is ctx.steps:
+    if not ctx.trialing:
         ctx.lowered.append(
             f"softmax box over {' '.join(show_legs(keys))} lowered to scaled_dot_product_attention (global-head "
             f"form: k over {' '.join(show_legs(latent))} shared by the local heads {' '.join(show_legs(local))}, "

@@ -6,7 +6,6 @@ functions emit it through the lowering, passed as `ctx`."""
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
 import sympy
 
@@ -21,6 +20,8 @@ from ..ir import (
     TensorRef,
 )
 from .base import _constant_along, _Leaf
+from .constants import fill
+from .context import Lowering
 from .program import (
     BATCH,
     OnesColumn,
@@ -31,12 +32,10 @@ from .program import (
     align,
     show_legs,
 )
-
-if TYPE_CHECKING:
-    from .build import _Lowering
+from .stabilize import stabilize_exponents
 
 
-def prefix_legs(ctx: _Lowering, box: SoftmaxBox, ren) -> tuple[str, str] | None:
+def prefix_legs(ctx: Lowering, box: SoftmaxBox, ren) -> tuple[str, str] | None:
     """(query, key) region legs when the box's only masks are causal ones over its single
     normalized leg, between legs of one size: then Σ_{m ≤ n} is a prefix sum."""
     normalized = tuple(p for leg in box.normalized for p in ren[leg])
@@ -98,26 +97,22 @@ def not_linear_content(e: Expr) -> str | None:
     return None
 
 
-def collect_expanded(ctx: _Lowering, e: Expr, ren, leaves: list[_Leaf]) -> sympy.Expr:
+def collect_expanded(ctx: Lowering, e: Expr, ren, leaves: list[_Leaf]) -> sympy.Expr:
     """Like collect, with x ^ p of a contraction written as p copies of it."""
     return ctx.collect(e, ren, leaves, expand_powers=True)
 
 
-def collect_stabilized(ctx: _Lowering, e, ren, leaves: list[_Leaf], kept: frozenset[str] | None) -> sympy.Expr:
+def collect_stabilized(ctx: Lowering, e, ren, leaves: list[_Leaf], kept: frozenset[str] | None) -> sympy.Expr:
     """collect_expanded of a normalize box's content, its exp factors shifted (stabilize.py)."""
-    stabilized, ctx.stabilized = ctx.stabilized, kept
-    lazy, ctx.lazy_triangles = ctx.lazy_triangles, kept is None  # a decay stays a factor for the chunks
-    try:
-        found: list[_Leaf] = []
+    found: list[_Leaf] = []
+    with ctx.scope(stabilized=kept, lazy_triangles=kept is None):  # a decay stays a factor for the chunks
         coefficient = collect_expanded(ctx, e, ren, found)
-    finally:
-        ctx.stabilized, ctx.lazy_triangles = stabilized, lazy
-    leaves += found if kept is None else ctx.stabilize_exponents(found, kept)
+    leaves += found if kept is None else stabilize_exponents(ctx, found, kept)
     return coefficient
 
 
 def hoist(
-    ctx: _Lowering, box: SoftmaxBox, ren, values: list[_Leaf], rest: list[_Leaf], out: tuple[str, ...]
+    ctx: Lowering, box: SoftmaxBox, ren, values: list[_Leaf], rest: list[_Leaf], out: tuple[str, ...]
 ) -> list[_Leaf]:
     """Emit numerator and denominator contractions and their quotient; return the region's
     leaves with the quotient standing in for the box and its value side."""
@@ -170,7 +165,7 @@ def hoist(
 
 
 def hoist_sum(
-    ctx: _Lowering, box: SoftmaxBox, ren, values: list[_Leaf], rest: list[_Leaf], out: tuple[str, ...]
+    ctx: Lowering, box: SoftmaxBox, ren, values: list[_Leaf], rest: list[_Leaf], out: tuple[str, ...]
 ) -> list[_Leaf]:
     """hoist for a content that is a sum of multilinear terms x_i (cosFormer's cos and sin
     re-weightings, a Taylor feature map's 1 + s + s²/2): Σ_m (Σ_i x_i / Σ_m Σ_i x_i) v is
@@ -189,7 +184,7 @@ def hoist_sum(
         carried = {leg for c in content for leg in c.legs}
         missing = tuple(leg for leg in normalized if leg not in carried)
         if missing and causal is not None:  # the prefix sums split the key leg: a real axis of ones
-            ones = ctx.expand_broadcast(ctx.fill(sympy.Integer(1), missing, None), set(missing))
+            ones = ctx.expand_broadcast(fill(ctx, sympy.Integer(1), missing, None), set(missing))
             content.append(_Leaf(ones.legs, value=ones))
         else:
             content += _constant_along(missing)
@@ -234,7 +229,7 @@ def widened_leg(values: list[_Leaf], content: list[_Leaf], extra: tuple[str, ...
 
 
 def folded_quotient(
-    ctx: _Lowering,
+    ctx: Lowering,
     box: SoftmaxBox,
     content: list[_Leaf],
     values: list[_Leaf],

@@ -20,12 +20,12 @@ import sympy
 
 from ..graph.dataflow import dataflow_graph
 from ..ir import ONE, Contraction, ElementwiseMap, Expr, Reduction, Scalar, SumNode, TensorRef, map_children, walk
+from .context import Lowering
 from .program import LayerNorm, Operand, Step, Value, align, show_legs
 
 if TYPE_CHECKING:
     from ..graph import DesignGraph
     from ..ir import Statement
-    from .build import _Lowering
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ def _layer_norm(centred: TensorRef, over: tuple[str, ...], eps: sympy.Expr, grap
     return LayerNormNode(centred.legs, centred.span, operand, over, eps)
 
 
-def lower_layer_norm(ctx: _Lowering, e: LayerNormNode, ren, var: str | None) -> Value:
+def lower_layer_norm(ctx: Lowering, e: LayerNormNode, ren, var: str | None) -> Value:
     """One layer_norm over the normalized legs, read last; the result keeps that order."""
     operand = ctx.lower(e.operand, ren)  # type: ignore[arg-type]
     operand = ctx.expand_broadcast(operand, set(operand.broadcast))

@@ -25,9 +25,12 @@ from ..ir import (
     walk,
 )
 from .base import _all_legs, _constant_along, _is_scaling, _Leaf, _renamed, _value_leaves
+from .constants import constant_value, fill, fold_constants
 from .decay import may_be_decay, segment_pairs
 from .distribute import distributed_over_boxes
 from .forms.causal_product import CausalSite, decide_causal_product
+from .literals import unroll_literals
+from .positions import computed_slice, positions, sliced
 from .program import (
     BATCH,
     BATCH_SIZE,
@@ -40,6 +43,7 @@ from .program import (
     Value,
     show_legs,
 )
+from .stabilize import stabilize_exponents
 
 SCAN_NOTE = "a product with a causal triangle summed over {summed} as a {kind} along {summed}: O(N), not N²"
 
@@ -61,8 +65,6 @@ DISTRIBUTED_NOTE = "a product of a sum of softmax boxes distributed over the sum
 class RegionLowering:
     """Collects a multilinear region's factors and contracts them."""
 
-    lazy_triangles = False  # collecting a region's own factors: causal(n, m) stays a _Leaf.triangle
-
     def is_inlined(self, name: str) -> bool:
         """Single-use multilinear statements (and constant ones) are folded into their consumer."""
         tensor = self.g.tensors[name]
@@ -80,10 +82,10 @@ class RegionLowering:
     def lower_region(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None, scale: sympy.Expr) -> Value:
         distributed = self.distributed(e)
         if distributed is not None:
-            whole = self.trial(lambda: self.contract_region(e, ren, var, scale))
-            parts = self.trial(lambda: self._lower(distributed, ren, var, scale))
+            whole = self.trial_cost(lambda: self.contract_region(e, ren, var, scale))
+            parts = self.trial_cost(lambda: self._lower(distributed, ren, var, scale))
             if parts < whole:
-                if self.target is self.steps:
+                if not self.trialing:
                     self.lowered.append(DISTRIBUTED_NOTE)
                 return self._lower(distributed, ren, var, scale)  # a sum: lower_sum, then the scale
         return self.contract_region(e, ren, var, scale)
@@ -105,25 +107,19 @@ class RegionLowering:
         scan_triangles can take it), then contracted; anything lowered after the collection (a box
         resolved, a form's own collection) sees causal factors as numbers again."""
         leaves: list[_Leaf] = []
-        lazy, self.lazy_triangles = self.lazy_triangles, True
-        try:
+        with self.scope(lazy_triangles=True):  # collecting the region's own factors
             coefficient = self.collect(e, ren, leaves) * scale
-            self.lazy_triangles = False
+        kept = self.stabilized
+        with self.scope(lazy_triangles=False, stabilized=None):
             out = tuple(p for leg in e.legs for p in ren[leg])
             leaves = self.scan_triangles(leaves, out)
-            kept, self.stabilized = self.stabilized, None
-            try:
-                if kept is not None:
-                    leaves = self.stabilize_exponents(leaves, kept)
-                prefix = _prefix_pair(leaves, out)
-                if prefix is not None:
-                    return self.causal_product(*prefix, leaves, out, coefficient, var)
-                leaves = [self.triangle_numbers(leaf) for leaf in leaves]
-                return self.contract(leaves, out, coefficient, var)
-            finally:
-                self.stabilized = kept
-        finally:
-            self.lazy_triangles = lazy
+            if kept is not None:
+                leaves = stabilize_exponents(self, leaves, kept)
+            prefix = _prefix_pair(leaves, out)
+            if prefix is not None:
+                return self.causal_product(*prefix, leaves, out, coefficient, var)
+            leaves = [self.triangle_numbers(leaf) for leaf in leaves]
+            return self.contract(leaves, out, coefficient, var)
 
     def causal_product(
         self, query: str, key: str, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None
@@ -151,31 +147,24 @@ class RegionLowering:
             coefficient = e.coefficient
             # a softmax around a product lets no factor drop a constant term: causal(n, m)·(x + 3)
             # is not causal(n, m)·x plus a constant (found by fuzzing, an inlined statement)
-            context = self.shift_invariant if _is_scaling(e) else None
-            context, self.shift_invariant = self.shift_invariant, context
-            try:
+            with self.scope(shift_invariant=self.shift_invariant if _is_scaling(e) else None):
                 for factor in e.factors:
                     coefficient *= self.collect(factor, inner, leaves, expand_powers=expand_powers)
-            finally:
-                self.shift_invariant = context
             return coefficient
         if isinstance(e, TensorRef):
             return self.collect_tensor(e, ren, leaves)
         if self.stabilized is not None and isinstance(e, ElementwiseMap) and e.name == "exp":
-            kept, self.stabilized = self.stabilized, None
-            try:
+            with self.scope(stabilized=None):
                 argument = self.lower(e.operand, ren)  # type: ignore[arg-type]
-            finally:
-                self.stabilized = kept
             leaves += [_Leaf(argument.legs, value=argument, exponent=True), *_constant_along(argument.broadcast)]
             return sympy.Integer(1)
         if not isinstance(e, TensorRef):
-            constant = self.constant_value(e)
+            constant = constant_value(self, e)
             if constant is not None:
                 leaves.append(_Leaf(tuple(p for leg in e.legs for p in ren[leg]), constant=constant))
                 return sympy.Integer(1)
         if isinstance(e, PositionIndex):
-            leaves.append(_Leaf(tuple(ren[e.leg]), value=self.positions(tuple(ren[e.leg]))))
+            leaves.append(_Leaf(tuple(ren[e.leg]), value=positions(self, tuple(ren[e.leg]))))
             return sympy.Integer(1)
         if isinstance(e, WindowFactor):
             (query,), (key,) = ren[e.query], ren[e.key]
@@ -206,11 +195,11 @@ class RegionLowering:
         axes = tuple(tuple(p for leg in group for p in ren[leg]) for group in e.groups)
         statement = tensor.statement
         if e.is_sliced and statement is not None:
-            value = self.computed_slice(statement, e, axes)
+            value = computed_slice(self, statement, e, axes)
             leaves.extend(_value_leaves(value))
             return sympy.Integer(1)
         if e.is_sliced:
-            value = self.sliced(tensor, e, axes)
+            value = sliced(self, tensor, e, axes)
             leaves.append(_Leaf(value.legs, value=value))
             return sympy.Integer(1)
         if statement is None:
@@ -338,10 +327,10 @@ class RegionLowering:
 
     def contract(self, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None) -> Value:
         leaves = self.resolve_boxes(leaves, out)
-        leaves, out, coefficient = self.fold_constants(leaves, out, coefficient)
-        leaves = self.unroll_literals(leaves, out)
+        leaves, out, coefficient = fold_constants(self, leaves, out, coefficient)
+        leaves = unroll_literals(self, leaves, out)
         if not leaves:
-            value = self.fill(coefficient, tuple(leg for leg in out if leg != BATCH), var)
+            value = fill(self, coefficient, tuple(leg for leg in out if leg != BATCH), var)
             return value
         # a value constant along a broadcast leg does not carry it; a leg no factor carries is a
         # broadcast leg of the result if kept, and a factor of its size if summed
@@ -400,7 +389,7 @@ class RegionLowering:
             legs = tuple(dict.fromkeys(leg for leaf in carriers for leg in leaf.legs if leg in needed or leg == summed))
             product = self.contract(carriers, legs, sympy.Integer(1), None)
             scanned = self.prefix_scan(self.expand_broadcast(product, {summed}), summed, reverse)
-            if self.target is self.steps:
+            if not self.trialing:
                 kind = "reverse cumulative sum" if reverse else "cumulative sum"
                 self.lowered.append(SCAN_NOTE.format(summed=show_legs([summed])[0], kind=kind))
             return [*rest, *_value_leaves(_renamed(scanned, {summed: kept}))]

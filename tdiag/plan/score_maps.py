@@ -9,16 +9,13 @@ but a mask to its scores, so it refuses the match."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import sympy
 
 from ..ir import ONE, Contraction, ElementwiseMap, Expr, Scalar, SoftmaxBox, SumNode
 from .base import _is_scaling, _Leaf
-from .sdpa_match import MatchedAttention, ScoreMapping
-
-if TYPE_CHECKING:
-    from .build import _Lowering
+from .context import Lowering
+from .sdpa_match import MatchedAttention, ScoreMapping, fusable
 
 MAPPED = (
     "a map of the scores (FlexAttention's score_mod applies it under attention='flex', the banded form under a window)"
@@ -37,7 +34,7 @@ def terms(e: Expr, weight: sympy.Expr = ONE) -> list[tuple[sympy.Expr, Expr]]:
 
 
 def match_map(
-    ctx: _Lowering, box: SoftmaxBox, ren, leaf: _Leaf, others: list[_Leaf], out: tuple[str, ...]
+    ctx: Lowering, box: SoftmaxBox, ren, leaf: _Leaf, others: list[_Leaf], out: tuple[str, ...]
 ) -> MatchedAttention | None:
     """The attention under a map of the box's scores, with the map on the match; None where the
     content is not one map (along the keys and every leg of the box) of a fusable attention's
@@ -58,7 +55,7 @@ def match_map(
         elif ctx.owns_parameter(e):  # constant along the keys: dropped, its parameter would go unused
             return None
     inner = SoftmaxBox(box.legs, box.span, mapped.operand, box.normalized, ONE, box.masks)
-    match = ctx.fusable(inner, ren, leaf, others, out)
+    match = fusable(ctx, inner, ren, leaf, others, out)
     if isinstance(match, str):
         return None
     mapping = ScoreMapping(mapped.name, mapped.params, weight * box.scale, tuple(outer))

@@ -9,7 +9,6 @@ forms/sdpa_grouped.py); these functions emit the chosen form through the lowerin
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import sympy
 
@@ -17,6 +16,8 @@ from ..ir import (
     SoftmaxBox,
 )
 from .base import _Leaf, _value_leaves
+from .context import Lowering
+from .distance import squared_norm
 from .program import (
     BATCH,
     Attention,
@@ -35,21 +36,17 @@ from .program import (
 )
 from .sdpa_match import MatchedAttention
 
-if TYPE_CHECKING:
-    from .build import _Lowering
 
-
-def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: MatchedAttention) -> list[_Leaf]:
+def fuse(ctx: Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: MatchedAttention) -> list[_Leaf]:
     """Emit q, k, v and the SDPA call; return the region's leaves with the attention output
     standing in for the box and its value side."""
     heads, queries, keys, latent, features = (fused.heads, fused.queries, fused.keys, fused.latent, fused.features)
     emit_prelude(ctx, fused)
-    ctx.box_depth += 1
-    q, k, latent = query_and_key(ctx, fused)
-    bias = key_bias(ctx, fused) if fused.biases else None
-    score_bias = [additive_bias(ctx, fused, weight, e) for _, weight, e in fused.score_biases]
-    sink = ctx.lower(box.sink, ren, None) if box.sink is not None else None
-    ctx.box_depth -= 1
+    with ctx.box():
+        q, k, latent = query_and_key(ctx, fused)
+        bias = key_bias(ctx, fused) if fused.biases else None
+        score_bias = [additive_bias(ctx, fused, weight, e) for _, weight, e in fused.score_biases]
+        sink = ctx.lower(box.sink, ren, None) if box.sink is not None else None
     v = ctx.contract(fused.value, tuple(heads + keys + features), sympy.Integer(1), "v")
     v = ctx.expand_broadcast(v, set(keys))  # values tied across a key leg (MGK's r, P17)
     # a lone batch leg stays 3-D: SDPA then runs its math kernel (bmm, softmax), which at one
@@ -174,7 +171,7 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
             wide=bias is not None,
         )
     )
-    if ctx.target is ctx.steps:
+    if not ctx.trialing:
         notes = ["with the key bias as a feature (MGK P17)" if "P17" in note else note for note in notes]
         how = f" ({'; '.join(notes)})" if notes else ""
         ctx.lowered.append(f"softmax box over {' '.join(show_legs(keys))} lowered to scaled_dot_product_attention{how}")
@@ -182,7 +179,7 @@ def fuse(ctx: _Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Match
     return [*rest, *_value_leaves(value)]  # type: ignore[arg-type]
 
 
-def emit_prelude(ctx: _Lowering, fused: MatchedAttention) -> None:
+def emit_prelude(ctx: Lowering, fused: MatchedAttention) -> None:
     """The content's computed factors, which the match built on trial (kept once fused)."""
     prelude, memo = fused.prelude
     for step in prelude:
@@ -190,7 +187,7 @@ def emit_prelude(ctx: _Lowering, fused: MatchedAttention) -> None:
     ctx.memo.update(memo)
 
 
-def query_and_key(ctx: _Lowering, fused: MatchedAttention) -> tuple[Value, Value, list[str]]:
+def query_and_key(ctx: Lowering, fused: MatchedAttention) -> tuple[Value, Value, list[str]]:
     """q over (heads, queries, latent) and k over (heads, keys, latent), and the latent legs:
     one query·key product, or the concatenated sides of several."""
     if len(fused.sides) > 1:
@@ -202,7 +199,7 @@ def query_and_key(ctx: _Lowering, fused: MatchedAttention) -> tuple[Value, Value
     return q, k, latent
 
 
-def concatenated_sides(ctx: _Lowering, fused: MatchedAttention) -> tuple[Value, Value, list[str]]:
+def concatenated_sides(ctx: Lowering, fused: MatchedAttention) -> tuple[Value, Value, list[str]]:
     """Σ_i w_i q_i·k_i over contracted legs c_i (one product per term of the scores) as one
     product [w_1 q_1, w_2 q_2, ...]·[k_1, k_2, ...]: each side laid out (heads, positions,
     c_i) and concatenated along a feature leg of size Σ_i |c_i|, the first weight being the
@@ -232,7 +229,7 @@ def concatenated_sides(ctx: _Lowering, fused: MatchedAttention) -> tuple[Value, 
     return result[0], result[1], [feature]  # type: ignore[return-value]
 
 
-def shared_key(ctx: _Lowering, k: Value, heads: list[str]) -> Value:
+def shared_key(ctx: Lowering, k: Value, heads: list[str]) -> Value:
     """A key side that no head of `heads` changes (MLA's one RoPE key, DeepSeek-V2 eq. 15)
     broadcast along them, a view that the concatenation copies."""
     return ctx.emit(
@@ -246,7 +243,7 @@ def shared_key(ctx: _Lowering, k: Value, heads: list[str]) -> Value:
     )  # type: ignore[return-value]
 
 
-def additive_bias(ctx: _Lowering, fused: MatchedAttention, weight: sympy.Expr, e) -> Value:
+def additive_bias(ctx: Lowering, fused: MatchedAttention, weight: sympy.Expr, e) -> Value:
     """An additive term of the scores that varies along the queries (a relative or absolute
     position bias), times its weight and the box's scale: SDPA adds attn_mask after scaling."""
     value = ctx.as_missing_legs(ctx.lower(e, fused.ren))
@@ -255,7 +252,7 @@ def additive_bias(ctx: _Lowering, fused: MatchedAttention, weight: sympy.Expr, e
 
 
 def score_mask(
-    ctx: _Lowering,
+    ctx: Lowering,
     hidden: list[Operand],
     future: Operand | None,
     groups: list[list[str]],
@@ -285,7 +282,7 @@ def score_mask(
 
 
 def hidden_operands(
-    ctx: _Lowering, fused: MatchedAttention, groups: list[list[str]]
+    ctx: Lowering, fused: MatchedAttention, groups: list[list[str]]
 ) -> tuple[list[Operand], Operand | None]:
     """The boolean operands that are True where a score is hidden, read over SDPA's axes
     `groups` once per box: each padding mask inverted, and the causal triangle (True where the
@@ -298,7 +295,7 @@ def hidden_operands(
 
 
 def seen_operand(
-    ctx: _Lowering, fused: MatchedAttention, groups: list[list[str]], future: Operand | None
+    ctx: Lowering, fused: MatchedAttention, groups: list[list[str]], future: Operand | None
 ) -> Operand | None:
     """The causal triangle for the mean of the values a row may see: a [queries, keys] matrix
     where the rows and keys are one leg each (matmul then keeps no per-head copy of it), else
@@ -309,7 +306,7 @@ def seen_operand(
     return future
 
 
-def live_rows(ctx: _Lowering, hidden: list[Operand], groups: list[list[str]]) -> Value:
+def live_rows(ctx: Lowering, hidden: list[Operand], groups: list[list[str]]) -> Value:
     """The rows of the scores that keep a visible key (LiveRows) where the boolean operands
     `hidden` hide scores, over every group but the keys, where a hidden operand varies."""
     rows = groups[:-1]
@@ -327,7 +324,7 @@ def live_rows(ctx: _Lowering, hidden: list[Operand], groups: list[list[str]]) ->
     return step.out  # type: ignore[return-value]
 
 
-def score_operand(ctx: _Lowering, value: Value, groups: list[list[str]], invert: bool = False) -> Operand:
+def score_operand(ctx: Lowering, value: Value, groups: list[list[str]], invert: bool = False) -> Operand:
     """`value` read over the SDPA axes `groups`: a group it has entirely stays, one it lacks
     is a unit axis; a group it has in part is filled in by a copy first."""
     partial = [g for g in groups if set(g) & set(value.legs) and not set(g) <= set(value.legs)]
@@ -337,7 +334,7 @@ def score_operand(ctx: _Lowering, value: Value, groups: list[list[str]], invert:
     return dataclasses.replace(read, invert=invert)
 
 
-def key_bias(ctx: _Lowering, fused: MatchedAttention) -> Value:
+def key_bias(ctx: Lowering, fused: MatchedAttention) -> Value:
     """Σ of the bias terms (each along heads and keys only) divided by the SDPA scale, so that
     [q, 1]·[k, bias] = q·k + bias/scale: the augmented keys of MGK P17."""
     heads, keys = fused.heads, fused.keys
@@ -346,7 +343,7 @@ def key_bias(ctx: _Lowering, fused: MatchedAttention) -> Value:
         if kind == "norm":
             key_value, over = fused.key_norm
             kept = tuple(leg for leg in key_value.legs if leg not in over)
-            value = ctx.squared_norm(key_value, kept)
+            value = squared_norm(ctx, key_value, kept)
         else:
             value = ctx.lower(e, fused.ren)
         factor = sympy.simplify(weight * fused.box_scale / fused.scale)
@@ -360,7 +357,7 @@ def key_bias(ctx: _Lowering, fused: MatchedAttention) -> Value:
     return ctx.materialize(bias, tuple(leg for leg in (*heads, *keys)))
 
 
-def hidden_positions(ctx: _Lowering, fused: MatchedAttention, query: str, key: str) -> str:
+def hidden_positions(ctx: Lowering, fused: MatchedAttention, query: str, key: str) -> str:
     """The boolean [query, key] matrix, True where the box's causal mask or window hides a key:
     the causal triangle, or the window's band (built at entry, as the triangle is)."""
     if fused.window is None:
@@ -368,7 +365,7 @@ def hidden_positions(ctx: _Lowering, fused: MatchedAttention, query: str, key: s
     return ctx.window_mask(query, key, *fused.window)
 
 
-def causal_attention_mask(ctx: _Lowering, fused: MatchedAttention, query: str, keys: list[str]) -> Value:
+def causal_attention_mask(ctx: Lowering, fused: MatchedAttention, query: str, keys: list[str]) -> Value:
     """The boolean SDPA mask (True = attend) of a causal mask or window, over one key leg or one
     of several flattened key legs: key (m, r) is visible from n when m ≤ n (in the window)."""
     mask_query, mask_key = fused.masks[0]

@@ -17,120 +17,94 @@ of the linear-time order read the same shifted factors."""
 
 from __future__ import annotations
 
-import functools
-
-from ..ir import Contraction, ElementwiseMap, Expr, TensorRef
-from .base import _Leaf, _renamed
+from .context import Leaf, Lowering
+from .legs import _renamed
 from .program import BATCH, Map, Reduce, Step, Value, show_legs
 
 
-class ExponentStabilization:
-    """Shifts the exp factors of a normalize box's content by their maxima."""
+def stabilize_exponents(ctx: Lowering, leaves: list[Leaf], kept: frozenset[str]) -> list[Leaf]:
+    """`leaves` with each exponent leaf (exp of its value, collected under a normalize box
+    whose region legs `kept` it keeps) replaced by the shifted exp, computed once per box."""
+    exponents = [leaf for leaf in leaves if leaf.exponent]
+    if not exponents:
+        return leaves
+    ctx.count_stabilization()
+    legs = tuple(leg for leaf in exponents for leg in leaf.legs)
+    pattern = tuple(legs.index(leg) for leg in legs)
+    key = ("stabilized", tuple(leaf.value.var for leaf in exponents), pattern, tuple(leg in kept for leg in legs))  # type: ignore[union-attr]
+    if key not in ctx.memo:
+        shifted = shifted_exponents(ctx, [leaf.value for leaf in exponents], kept)  # type: ignore[misc]
+        ctx.memo[key] = (shifted, legs)  # type: ignore[assignment]
+    earlier_values, earlier = ctx.memo[key]
+    rename = dict(zip(earlier, legs, strict=True))
+    values = iter([_renamed(value, rename) for value in earlier_values])  # type: ignore[attr-defined]
+    out: list[Leaf] = []
+    for leaf in leaves:
+        if not leaf.exponent:
+            out.append(leaf)
+            continue
+        value = next(values)
+        out.append(Leaf(value.legs, value=value))  # its broadcast legs have their leaf already
+    return out
 
-    @functools.cached_property
-    def exp_factors(self) -> frozenset[str]:
-        """Single-use statements `P[...] = exp(...)` that are factors of a normalize box without
-        eps (through products folded into it): folded into the box, so their exp is shifted."""
-        found: set[str] = set()
 
-        def visit(e: Expr) -> None:
-            if isinstance(e, Contraction):
-                for factor in e.factors:
-                    visit(factor)
-            elif isinstance(e, TensorRef) and not e.is_sliced and self.uses[e.name] == 1:
-                statement = self.g.tensors[e.name].statement
-                if statement is None or e.name in self.g.outputs:
-                    return
-                if isinstance(statement.expr, ElementwiseMap) and statement.expr.name == "exp":
-                    found.add(e.name)
-                elif isinstance(statement.expr, Contraction | TensorRef):
-                    visit(statement.expr)
+def shifted_exponents(ctx: Lowering, arguments: list[Value], kept: frozenset[str]) -> list[Value]:
+    """exp(z_i − c_i) for each argument z_i, in order; the factors whose own legs (summed, in
+    no later factor) can be maxed out go first, handing the rest of their max on."""
+    free = [{leg for leg in z.legs if leg not in kept and leg != BATCH} for z in arguments]
+    carried: dict[int, list[Value]] = {k: [] for k in range(len(arguments))}
+    order = sorted(range(len(arguments)), key=lambda k: not free[k] - _others(free, k))
+    results: dict[int, Value] = {}
+    for position, k in enumerate(order):
+        z = arguments[k]
+        if carried[k]:
+            z = ctx.combine("sum", [(1, z)] + [(1, c) for c in carried[k]], _union(z, carried[k]), None)
+        later = [j for j in order[position + 1 :]]
+        summed = {leg for leg in z.legs if leg not in kept and leg != BATCH}
+        shared = summed & {leg for j in later for leg in free[j]}
+        own = summed - shared
+        target = next((j for j in later if shared <= free[j]), None)
+        if not own or target is None:
+            own, target = summed, None
+        shift = maximum(ctx, z, own) if own else None
+        if shift is not None and target is not None:
+            carried[target].append(shift)
+        results[k] = shifted_exp(ctx, z, shift)
+    return [results[k] for k in range(len(arguments))]
 
-        for _, box in self.g.boxes():
-            if not box.is_exp and box.eps == 0 and not box.masks:
-                visit(box.content)  # type: ignore[arg-type]
-        return frozenset(found)
 
-    def stabilize_exponents(self, leaves: list[_Leaf], kept: frozenset[str]) -> list[_Leaf]:
-        """`leaves` with each exponent leaf (exp of its value, collected under a normalize box
-        whose region legs `kept` it keeps) replaced by the shifted exp, computed once per box."""
-        exponents = [leaf for leaf in leaves if leaf.exponent]
-        if not exponents:
-            return leaves
-        self.stabilizations += 1
-        legs = tuple(leg for leaf in exponents for leg in leaf.legs)
-        pattern = tuple(legs.index(leg) for leg in legs)
-        key = ("stabilized", tuple(leaf.value.var for leaf in exponents), pattern, tuple(leg in kept for leg in legs))  # type: ignore[union-attr]
-        if key not in self.memo:
-            shifted = self.shifted_exponents([leaf.value for leaf in exponents], kept)  # type: ignore[misc]
-            self.memo[key] = (shifted, legs)  # type: ignore[assignment]
-        earlier_values, earlier = self.memo[key]
-        rename = dict(zip(earlier, legs, strict=True))
-        values = iter([_renamed(value, rename) for value in earlier_values])  # type: ignore[attr-defined]
-        out: list[_Leaf] = []
-        for leaf in leaves:
-            if not leaf.exponent:
-                out.append(leaf)
-                continue
-            value = next(values)
-            out.append(_Leaf(value.legs, value=value))  # its broadcast legs have their leaf already
-        return out
+def maximum(ctx: Lowering, z: Value, over: set[str]) -> Value:
+    """max of z over the legs `over`, kept as a value over its other legs."""
+    legs = tuple(leg for leg in z.legs if leg not in over)
+    dims = tuple(z.legs.index(leg) for leg in z.legs if leg in over)
+    out = Value(ctx.names.fresh(f"{z.var}_max"), legs, z.broadcast)
+    shown = " ".join(show_legs(leg for leg in z.legs if leg in over))
+    step = Step(
+        "reduction",
+        Reduce(z, "amax", dims),
+        out,
+        f"max over {shown}",
+        tuple(leg for leg in z.legs if leg in over),
+        elementwise=ctx.numel(z.legs),
+        inputs=(z,),
+    )
+    return ctx.emit(step)  # type: ignore[return-value]
 
-    def shifted_exponents(self, arguments: list[Value], kept: frozenset[str]) -> list[Value]:
-        """exp(z_i − c_i) for each argument z_i, in order; the factors whose own legs (summed, in
-        no later factor) can be maxed out go first, handing the rest of their max on."""
-        free = [{leg for leg in z.legs if leg not in kept and leg != BATCH} for z in arguments]
-        carried: dict[int, list[Value]] = {k: [] for k in range(len(arguments))}
-        order = sorted(range(len(arguments)), key=lambda k: not free[k] - _others(free, k))
-        results: dict[int, Value] = {}
-        for position, k in enumerate(order):
-            z = arguments[k]
-            if carried[k]:
-                z = self.combine("sum", [(1, z)] + [(1, c) for c in carried[k]], _union(z, carried[k]), None)
-            later = [j for j in order[position + 1 :]]
-            summed = {leg for leg in z.legs if leg not in kept and leg != BATCH}
-            shared = summed & {leg for j in later for leg in free[j]}
-            own = summed - shared
-            target = next((j for j in later if shared <= free[j]), None)
-            if not own or target is None:
-                own, target = summed, None
-            shift = self.maximum(z, own) if own else None
-            if shift is not None and target is not None:
-                carried[target].append(shift)
-            results[k] = self.shifted_exp(z, shift)
-        return [results[k] for k in range(len(arguments))]
 
-    def maximum(self, z: Value, over: set[str]) -> Value:
-        """max of z over the legs `over`, kept as a value over its other legs."""
-        legs = tuple(leg for leg in z.legs if leg not in over)
-        dims = tuple(z.legs.index(leg) for leg in z.legs if leg in over)
-        out = Value(self.names.fresh(f"{z.var}_max"), legs, z.broadcast)
-        shown = " ".join(show_legs(leg for leg in z.legs if leg in over))
-        step = Step(
-            "reduction",
-            Reduce(z, "amax", dims),
-            out,
-            f"max over {shown}",
-            tuple(leg for leg in z.legs if leg in over),
-            elementwise=self.numel(z.legs),
-            inputs=(z,),
-        )
-        return self.emit(step)  # type: ignore[return-value]
-
-    def shifted_exp(self, z: Value, shift: Value | None) -> Value:
-        """exp(z − shift): the shift is the max of z along the legs it does not have."""
-        if shift is not None:
-            z = self.combine("sum", [(1, z), (-1, shift)], z.legs, None)
-        name = self.names.fresh("exp")
-        step = Step(
-            "map",
-            Map(z, "exp", ()),
-            Value(name, z.legs, z.broadcast),
-            "exp" if shift is None else "exp, shifted by its max (cancels in the normalize box)",
-            elementwise=self.numel(z.legs),
-            inputs=(z,),
-        )
-        return self.emit(step)  # type: ignore[return-value]
+def shifted_exp(ctx: Lowering, z: Value, shift: Value | None) -> Value:
+    """exp(z − shift): the shift is the max of z along the legs it does not have."""
+    if shift is not None:
+        z = ctx.combine("sum", [(1, z), (-1, shift)], z.legs, None)
+    name = ctx.names.fresh("exp")
+    step = Step(
+        "map",
+        Map(z, "exp", ()),
+        Value(name, z.legs, z.broadcast),
+        "exp" if shift is None else "exp, shifted by its max (cancels in the normalize box)",
+        elementwise=ctx.numel(z.legs),
+        inputs=(z,),
+    )
+    return ctx.emit(step)  # type: ignore[return-value]
 
 
 def _others(free: list[set[str]], k: int) -> set[str]:

@@ -28,18 +28,19 @@ To add a form: write one module here with a subclass of `forms.base.Form` that s
 (and `fused` if it never stores the box, `label` for the plan's notes), implements
 `refusal(ctx, site) -> str | None` (why it does not apply, cheaply: nothing emitted; return an
 `Unfit` when the form is made for other boxes, so the notes leave it out) and
-`emit(ctx, site) -> list[_Leaf]` (emit its steps through `ctx`, the lowering, and return
-`site.others` with what replaces the box: see materialized.py for the smallest one; raise
+`emit(ctx, site) -> list[Leaf]` (emit its steps through `ctx`, the lowering as the protocol
+`context.Lowering` describes it, and return `site.others` with what replaces the box: see
+materialized.py for the smallest one; raise
 `FormRefusedError` for a reason found only while emitting), then add an instance to `FORMS`
 below. Nothing else changes: the chooser costs it, the report lists it."""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
-from ..base import _Leaf
+from ..context import Leaf, Lowering
 from . import choice
 from .banded import Banded
 from .base import BoxChoice, BoxSite, Candidate, Cost, Form, FormRefusedError, Unfit
@@ -53,9 +54,6 @@ from .sdpa_grouped import SdpaGrouped
 from .sdpa_padded import SdpaPadded
 from .sdpa_repeated import SdpaRepeated
 from .sdpa_sink import SdpaSink
-
-if TYPE_CHECKING:
-    from ..build import _Lowering
 
 FORMS: list[Form] = [
     SdpaGrouped(),
@@ -71,22 +69,32 @@ FORMS: list[Form] = [
 ]
 
 
+# the names of the forms `only_forms` keeps, in the block that set them (None: every form)
+_ONLY: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("only_forms", default=None)
+
+
 @contextlib.contextmanager
 def only_forms(*names: str) -> Iterator[None]:
     """Plan with these candidate forms of a box alone (benchmarks and tests that weigh one form
-    against another); a design caches its plans, so load one per form."""
-    global FORMS
-    saved = FORMS
-    FORMS = [form for form in saved if form.name in names]
+    against another): the plans made in the block weigh `planning_forms()`, and a design caches
+    them apart from its plans with every form."""
+    token = _ONLY.set(names)
     try:
         yield
     finally:
-        FORMS = saved
+        _ONLY.reset(token)
 
 
-def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
-    """The region's leaves with each box replaced by the form the chooser takes for it."""
-    return choice.resolve_boxes(ctx, leaves, out, FORMS)
+def planning_forms() -> tuple[Form, ...]:
+    """The candidate forms a plan made now weighs: FORMS, or those `only_forms` keeps."""
+    names = _ONLY.get()
+    return tuple(form for form in FORMS if names is None or form.name in names)
+
+
+def resolve_boxes(ctx: Lowering, leaves: list[Leaf], out: tuple[str, ...]) -> list[Leaf]:
+    """The region's leaves with each box replaced by the form the chooser takes for it, among
+    the forms of the lowering's config."""
+    return choice.resolve_boxes(ctx, leaves, out, ctx.config.forms)
 
 
 __all__ = [
@@ -101,5 +109,6 @@ __all__ = [
     "choose",
     "cost",
     "only_forms",
+    "planning_forms",
     "resolve_boxes",
 ]

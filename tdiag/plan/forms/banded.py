@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 import sympy
 
-from ..base import _Leaf
+from ..context import Leaf, Lowering
+from ..positions import like_input
 from ..program import (
     BATCH,
     BandBlocks,
@@ -43,7 +44,6 @@ from .base import BoxSite, Form, Unfit
 
 if TYPE_CHECKING:
     from ...plan.sdpa_match import MatchedAttention
-    from ..build import _Lowering
 
 SMALLEST_BLOCK, LARGEST_BLOCK = 16, 256
 
@@ -64,7 +64,7 @@ class Banded(Form):
     def label(self, site: BoxSite) -> str:
         return "the banded form (queries in blocks, each with the keys of its window)"
 
-    def refusal(self, ctx: _Lowering, site: BoxSite) -> str | None:
+    def refusal(self, ctx: Lowering, site: BoxSite) -> str | None:
         if site.kind != "softmax":
             return Unfit("a normalize box (the banded form is a windowed softmax's)")
         match = site.attention or site.found.get(MAPPED)
@@ -87,13 +87,12 @@ class Banded(Form):
             return "query and key positions of different lengths"
         return None
 
-    def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
+    def emit(self, ctx: Lowering, site: BoxSite) -> list[Leaf]:
         match = site.attention or site.found[MAPPED]
         before, after = (int(w) for w in match.window)  # type: ignore[union-attr]
         emit_prelude(ctx, match)
-        ctx.box_depth += 1
-        q, k, _ = query_and_key(ctx, match)
-        ctx.box_depth -= 1
+        with ctx.box():
+            q, k, _ = query_and_key(ctx, match)
         keys, features, sequence = match.keys, match.features, match.sequence
         (key,) = keys
         v = ctx.contract(match.value, tuple(match.heads + keys + features), sympy.Integer(1), "v")
@@ -106,7 +105,7 @@ class Banded(Form):
         query_heads = [leg for leg in match.queries if leg != sequence]
         rows = (*match.heads, *query_heads, chunks, within)
         scores = ctx.contract(
-            [_Leaf(q_blocks.legs, value=q_blocks), _Leaf(k_blocks.legs, value=k_blocks)],
+            [Leaf(q_blocks.legs, value=q_blocks), Leaf(k_blocks.legs, value=k_blocks)],
             (*rows, band),
             ctx.runtime(match.scale),
             "scores",
@@ -117,25 +116,25 @@ class Banded(Form):
         weights = block_softmax(ctx, scores, band)
         v_blocks = blocks.of(v)
         out = ctx.contract(
-            [_Leaf(weights.legs, value=weights), _Leaf(v_blocks.legs, value=v_blocks)],
+            [Leaf(weights.legs, value=weights), Leaf(v_blocks.legs, value=v_blocks)],
             (*rows, *features),
             sympy.Integer(1),
             None,
         )
         joined = join_blocks(ctx, out, chunks, within, sequence)
-        if ctx.target is ctx.steps:
+        if not ctx.trialing:
             ctx.lowered.append(
                 f"softmax box over {' '.join(show_legs(keys))} in blocks of C = {size} queries,"
                 f" each with its {width} keys of the window"
             )
         rest = [o for o in site.others if o not in match.value]
-        return [*rest, _Leaf(joined.legs, value=joined)]
+        return [*rest, Leaf(joined.legs, value=joined)]
 
 
 class Blocks:
     """Values along the key leg as the overlapping blocks of keys each query block sees."""
 
-    def __init__(self, ctx: _Lowering, key: str, chunks: str, band: str, size: int, width: int, lead: int):
+    def __init__(self, ctx: Lowering, key: str, chunks: str, band: str, size: int, width: int, lead: int):
         self.ctx, self.key, self.chunks, self.band = ctx, key, chunks, band
         self.size, self.width, self.lead = size, width, lead
 
@@ -163,7 +162,7 @@ class Blocks:
         return ctx.emit(step)  # type: ignore[return-value]
 
 
-def mapped_scores(ctx: _Lowering, match: MatchedAttention, scores: Value) -> Value:
+def mapped_scores(ctx: Lowering, match: MatchedAttention, scores: Value) -> Value:
     """The block scores through the box's map of the scores, times its weight (Gemma 2's
     c · tanh(s / c), score_maps.py), before the band is masked, as the materialized box does."""
     mapping = match.score_map
@@ -184,7 +183,7 @@ def mapped_scores(ctx: _Lowering, match: MatchedAttention, scores: Value) -> Val
 
 
 def masked_scores(
-    ctx: _Lowering, match: MatchedAttention, scores: Value, blocks: Blocks, within: str, before: int, after: int
+    ctx: Lowering, match: MatchedAttention, scores: Value, blocks: Blocks, within: str, before: int, after: int
 ) -> Value:
     """The block scores with padded keys at the dtype's lowest number, then the keys outside the
     window (or past the ends) at −inf, as the materialized box fills them."""
@@ -194,19 +193,19 @@ def masked_scores(
         padded = blocks.of(Value(var, (BATCH, *legs)))
         scores = fill(ctx, scores, align(padded, scores.legs, invert=True), "lowest")
     length = ctx.runtime(ctx.size(blocks.key))
-    op = BandMask(ctx.leg_sizes[blocks.chunks], blocks.size, blocks.width, before, after, length, ctx.like_input())
+    op = BandMask(ctx.leg_sizes[blocks.chunks], blocks.size, blocks.width, before, after, length, like_input(ctx))
     legs = (blocks.chunks, within, blocks.band)
     shown = f"window band: key {1 - before} .. {after - 1} from the query, inside 0 .. N - 1"
     mask = ctx.emit(Step("mask", op, Value(ctx.names.fresh("band"), legs), shown, elementwise=ctx.numel(legs)))
     return fill(ctx, scores, align(mask, scores.legs), "-inf")  # type: ignore[arg-type]
 
 
-def fill(ctx: _Lowering, scores: Value, hidden: Operand, how: str) -> Value:
+def fill(ctx: Lowering, scores: Value, hidden: Operand, how: str) -> Value:
     masked = Value(ctx.names.fresh("masked"), scores.legs, scores.broadcast)
     return ctx.emit(Step("mask", MaskFill(scores, hidden, how), masked, inputs=(scores,)))  # type: ignore[return-value]
 
 
-def block_softmax(ctx: _Lowering, scores: Value, band: str) -> Value:
+def block_softmax(ctx: Lowering, scores: Value, band: str) -> Value:
     """Softmax over each query's block of keys."""
     legs = (*(leg for leg in scores.legs if leg != band), band)
     permutation = None if legs == scores.legs else tuple(scores.legs.index(leg) for leg in legs)
@@ -225,7 +224,7 @@ def block_softmax(ctx: _Lowering, scores: Value, band: str) -> Value:
     return ctx.emit(step)  # type: ignore[return-value]
 
 
-def join_blocks(ctx: _Lowering, value: Value, chunks: str, within: str, sequence: str) -> Value:
+def join_blocks(ctx: Lowering, value: Value, chunks: str, within: str, sequence: str) -> Value:
     """The blocks of queries joined back into the query positions, cut to the length."""
     order = [leg for leg in value.legs if leg != within]
     position = order.index(chunks)

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from ...ir import SoftmaxBox
-from ..base import _Leaf
+from ..context import Leaf, Lowering
 from ..program import show_legs
 from ..sdpa_match import MatchedAttention
-
-if TYPE_CHECKING:
-    from ..build import _Lowering
 
 
 class Unfit(str):
@@ -44,7 +41,7 @@ class BoxSite:
     box: SoftmaxBox
     ren: dict[str, tuple[str, ...]]  # the box's legs renamed into region legs
     index: int  # the box's position among the region's leaves
-    others: list[_Leaf]  # the region's other leaves, in order
+    others: list[Leaf]  # the region's other leaves, in order
     out: tuple[str, ...]  # the legs the region keeps
     attention: MatchedAttention | None = None  # a softmax box read as an attention, if it is one
     mismatch: str | None = None  # ... else why not (None for a normalize box)
@@ -84,21 +81,21 @@ class Form(ABC):
         """How the plan's notes name this form at `site` (`SDPA`, `the materialized box`)."""
         return self.name
 
-    def asked(self, ctx: _Lowering) -> bool:
+    def asked(self, ctx: Lowering) -> bool:
         """Whether the user asked for this form by an option: then it is taken wherever it
         applies, whatever it costs (FlexAttention under `attention="flex"`)."""
         return False
 
     @abstractmethod
-    def refusal(self, ctx: _Lowering, site: BoxSite) -> str | None:
+    def refusal(self, ctx: Lowering, site: BoxSite) -> str | None:
         """Why the form does not apply to `site` (an `Unfit` where it is made for other boxes),
         or None. Cheap: nothing is emitted."""
 
     @abstractmethod
-    def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
+    def emit(self, ctx: Lowering, site: BoxSite) -> list[Leaf]:
         """Emit the form's steps through `ctx` and return the region's leaves with the box (and
         whatever of its consumer the form absorbs) replaced by what it computed. Called on trial
-        (ctx.scratch) to cost it and once more for real if it is taken; a search whose result
+        (`with ctx.trial()`) to cost it and once more for real if it is taken; a search whose result
         should not be repeated goes into `site.found[self.name]`. May raise FormRefusedError."""
 
 

@@ -17,19 +17,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import sympy
 
-from ..base import _Leaf
 from ..chunked import NotPrefixSumError, union_legs
+from ..context import Leaf, Lowering
 from ..decay import has_segment_sum, split_exponent
 from ..program import Value, show_legs
 from .base import BoxChoice, Candidate, Cost, FormRefusedError
 from .cost import choose, cost, worse
-
-if TYPE_CHECKING:
-    from ..build import _Lowering
 
 
 @dataclass
@@ -39,12 +36,12 @@ class CausalSite:
 
     query: str
     key: str
-    leaves: list[_Leaf]
+    leaves: list[Leaf]
     out: tuple[str, ...]
     coefficient: sympy.Expr
 
     @property
-    def rest(self) -> list[_Leaf]:
+    def rest(self) -> list[Leaf]:
         """The leaves without the causal triangle (the chunks make their own)."""
         return [leaf for leaf in self.leaves if leaf.triangle != (self.query, self.key)]
 
@@ -58,60 +55,55 @@ class CausalProductForm(ABC):
     name: ClassVar[str]
 
     @abstractmethod
-    def refusal(self, ctx: _Lowering, site: CausalSite) -> str | None:
+    def refusal(self, ctx: Lowering, site: CausalSite) -> str | None:
         """Why the form does not apply (cheap: nothing emitted), or None."""
 
     @abstractmethod
-    def emit(self, ctx: _Lowering, site: CausalSite, var: str | None) -> Value:
+    def emit(self, ctx: Lowering, site: CausalSite, var: str | None) -> Value:
         """Emit the form's steps through `ctx` and return the product. May raise FormRefusedError."""
 
 
 class MaskedProduct(CausalProductForm):
     name = "masked"
 
-    def refusal(self, ctx: _Lowering, site: CausalSite) -> str | None:
+    def refusal(self, ctx: Lowering, site: CausalSite) -> str | None:
         return None
 
-    def emit(self, ctx: _Lowering, site: CausalSite, var: str | None) -> Value:
+    def emit(self, ctx: Lowering, site: CausalSite, var: str | None) -> Value:
         """Under autocast in float32 where a decay weighs the sum (as the chunks are)."""
         decayed = any(leaf.decay is not None for leaf in site.leaves)
-        ctx.wide_depth += decayed
-        try:
+        with ctx.wide(int(decayed)):
             leaves = [masked_decay(ctx, leaf, site.query, site.key) for leaf in site.leaves]
             return ctx.contract(leaves, site.out, site.coefficient, var)
-        finally:
-            ctx.wide_depth -= decayed
 
 
 class ChunkedPrefix(CausalProductForm):
     name = "chunked"
 
-    def refusal(self, ctx: _Lowering, site: CausalSite) -> str | None:
+    def refusal(self, ctx: Lowering, site: CausalSite) -> str | None:
         for leaf in site.rest:
             if site.query in leaf.legs and site.key in leaf.legs:
                 if leaf.decay is None or split_exponent(*leaf.decay, site.query, site.key) is None:
                     return f"{' and '.join(show_legs([site.query, site.key]))} are legs of one factor"
         return None
 
-    def emit(self, ctx: _Lowering, site: CausalSite, var: str | None) -> Value:
+    def emit(self, ctx: Lowering, site: CausalSite, var: str | None) -> Value:
         """In float32 under autocast, as a normalize box's chunks are: the states are running
         sums over thousands of positions, which bfloat16's 8 significant bits do not carry."""
-        ctx.wide_depth += 1
-        try:
-            return ctx.causal_contract(site.query, site.key, site.rest, site.out, site.coefficient, var)
-        except NotPrefixSumError as why:
-            raise FormRefusedError(str(why)) from None
-        finally:
-            ctx.wide_depth -= 1
+        with ctx.wide():
+            try:
+                return ctx.causal_contract(site.query, site.key, site.rest, site.out, site.coefficient, var)
+            except NotPrefixSumError as why:
+                raise FormRefusedError(str(why)) from None
 
 
 CAUSAL_PRODUCT_FORMS: list[CausalProductForm] = [MaskedProduct(), ChunkedPrefix()]
 
 
-def decide_causal_product(ctx: _Lowering, site: CausalSite, var: str | None) -> Value:
+def decide_causal_product(ctx: Lowering, site: CausalSite, var: str | None) -> Value:
     """Weigh every form of a causal product by the one model, emit the one the objective takes
     (the masked product on a tie) and, in the real plan, record the decision."""
-    real = ctx.target is ctx.steps
+    real = not ctx.trialing
     reasons = {form.name: form.refusal(ctx, site) for form in CAUSAL_PRODUCT_FORMS}
     prices: dict[str, Cost] = {}
     for form in CAUSAL_PRODUCT_FORMS:
@@ -138,7 +130,7 @@ def decide_causal_product(ctx: _Lowering, site: CausalSite, var: str | None) -> 
     return taken.emit(ctx, site, var)
 
 
-def masked_decay(ctx: _Lowering, leaf: _Leaf, query: str, key: str) -> _Leaf:
+def masked_decay(ctx: Lowering, leaf: Leaf, query: str, key: str) -> Leaf:
     """A decay factor of a causal product as the masked product reads it: its exponent u + w set
     to −inf above the diagonal before the exp, so the future's exp(growth) is never taken (an
     unmasked exp(C[n] − C[m]) overflows where m > n, and inf · 0 is NaN); a segment sum's decay
@@ -151,4 +143,4 @@ def masked_decay(ctx: _Lowering, leaf: _Leaf, query: str, key: str) -> _Leaf:
     u, w = ctx.decay_side(list(split.u)), ctx.decay_side(list(split.w))
     exponent = ctx.combine("sum", [(1, u), (1, w)], union_legs(u, w), None)
     value = ctx.masked_decay_exp(exponent, query, key, "the decay")
-    return _Leaf(value.legs, value=value)  # type: ignore[union-attr]
+    return Leaf(value.legs, value=value)  # type: ignore[union-attr]

@@ -16,24 +16,21 @@ and refused; trial plans record nothing."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import sympy
 
-from ..base import _Leaf
+from ..context import Leaf, Lowering
 from ..score_maps import MAPPED, match_map
+from ..sdpa_match import fusable
 from .base import BoxChoice, BoxSite, Candidate, Cost, Form, FormRefusedError, Unfit
 from .cost import choose, cost, worse
-
-if TYPE_CHECKING:
-    from ..build import _Lowering
 
 ASKED = "asked for"
 SINK = "a sink in the denominator (the SDPA sink form takes it)"
 MEMORY = "objective memory takes a fused attention wherever one applies (it never stores the box)"
 
 
-def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...], forms: Sequence[Form]) -> list[_Leaf]:
+def resolve_boxes(ctx: Lowering, leaves: list[Leaf], out: tuple[str, ...], forms: Sequence[Form]) -> list[Leaf]:
     """The region's leaves with each box leaf replaced by the form taken for it."""
     while any(leaf.box is not None for leaf in leaves):
         k = next(i for i, leaf in enumerate(leaves) if leaf.box is not None)
@@ -41,7 +38,7 @@ def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...], for
         others = leaves[:k] + leaves[k + 1 :]
         site = BoxSite(box, ren, k, others, out)
         if box.is_exp:
-            match = ctx.fusable(box, ren, leaves[k], others, out)
+            match = fusable(ctx, box, ren, leaves[k], others, out)
             mapped = match_map(ctx, box, ren, leaves[k], others, out) if isinstance(match, str) else None
             if mapped is not None:  # FlexAttention and the banded form apply a map of the scores (score_maps.py)
                 site.mismatch = MAPPED
@@ -57,9 +54,9 @@ def resolve_boxes(ctx: _Lowering, leaves: list[_Leaf], out: tuple[str, ...], for
     return leaves
 
 
-def decide(ctx: _Lowering, site: BoxSite, forms: Sequence[Form]) -> list[_Leaf]:
+def decide(ctx: Lowering, site: BoxSite, forms: Sequence[Form]) -> list[Leaf]:
     """Weigh every form at `site`, emit the one taken and return the region's leaves."""
-    real = ctx.target is ctx.steps
+    real = not ctx.trialing
     reasons = {form.name: form.refusal(ctx, site) for form in forms}
     applicable = [form for form in forms if reasons[form.name] is None]
     prices: dict[str, Cost] = {}
@@ -91,7 +88,7 @@ def decide(ctx: _Lowering, site: BoxSite, forms: Sequence[Form]) -> list[_Leaf]:
         raise AssertionError(f"{taken.name} refused after it was taken: {refused.reason}") from None
 
 
-def _contracted(ctx: _Lowering, form: Form, site: BoxSite) -> None:
+def _contracted(ctx: Lowering, form: Form, site: BoxSite) -> None:
     ctx.contract(form.emit(ctx, site), site.out, sympy.Integer(1), None)
 
 

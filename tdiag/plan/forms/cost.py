@@ -1,6 +1,6 @@
 """One cost model and one chooser for the candidate forms of a box.
 
-`cost` emits a candidate on trial (the lowering's scratch, whose steps are dropped) and prices
+`cost` emits a candidate on trial (`ctx.trial()`, a fork of the lowering whose steps are dropped) and prices
 the trial steps three ways at the planned sizes: the estimated seconds of a training step on the
 planning device (timing.py's roofline, forward and backward), the bytes autograd keeps for
 backward (footprint.py: storages first saved by the trial steps) and the FLOPs as the rewrites
@@ -15,15 +15,13 @@ and takes the least; of equal ones the first listed (FORMS order), so a choice i
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import sympy
 
+from ..context import Lowering
 from ..footprint import footprint
 from .base import Cost
-
-if TYPE_CHECKING:
-    from ..build import _Lowering
 
 T = TypeVar("T")
 
@@ -35,9 +33,9 @@ ORDER: dict[str, tuple[str, ...]] = {
 WORSE = {"time": "is estimated slower than", "kept": "keeps more for backward than", "flops": "costs more FLOPs than"}
 
 
-def cost(ctx: _Lowering, build: Callable[[], object]) -> Cost:
+def cost(ctx: Lowering, build: Callable[[], object]) -> Cost:
     """What `build` would cost, emitted after the program so far, without keeping its steps."""
-    with ctx.scratch() as steps:
+    with ctx.trial() as steps:
         build()
         fp = footprint(ctx.context(steps))
         seconds = ctx.estimated_time(steps, fp)

@@ -7,16 +7,12 @@ logit softcap, score_maps.py) is applied in the score_mod."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-from ..base import _Leaf
+from ..context import Leaf, Lowering
 from ..flex import flex_refusal, fuse_flex
 from ..score_maps import MAPPED
 from ..sdpa_match import MatchedAttention
 from .base import BoxSite, Form, Unfit
-
-if TYPE_CHECKING:
-    from ..build import _Lowering
 
 
 def _as_flex(match: MatchedAttention) -> MatchedAttention:
@@ -30,10 +26,10 @@ class Flex(Form):
     def label(self, site: BoxSite) -> str:
         return "FlexAttention"
 
-    def asked(self, ctx: _Lowering) -> bool:
+    def asked(self, ctx: Lowering) -> bool:
         return ctx.attention == "flex"
 
-    def refusal(self, ctx: _Lowering, site: BoxSite) -> str | None:
+    def refusal(self, ctx: Lowering, site: BoxSite) -> str | None:
         if site.kind != "softmax":
             return Unfit("a normalize box (FlexAttention fuses a softmax)")
         if not self.asked(ctx):
@@ -43,6 +39,6 @@ class Flex(Form):
             return site.mismatch
         return flex_refusal(ctx, _as_flex(match))
 
-    def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
+    def emit(self, ctx: Lowering, site: BoxSite) -> list[Leaf]:
         match = site.attention or site.found[MAPPED]
         return fuse_flex(ctx, site.box, site.ren, site.others, _as_flex(match))

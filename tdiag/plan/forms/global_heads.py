@@ -5,14 +5,9 @@ tensor is stored."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ..base import _Leaf
+from ..context import Leaf, Lowering
 from ..global_heads import GlobalHeads, emit, recognise
 from .base import BoxSite, Form, Unfit
-
-if TYPE_CHECKING:
-    from ..build import _Lowering
 
 NO_LOCAL_HEADS = "no local heads"
 
@@ -24,7 +19,7 @@ class GlobalHeadSdpa(Form):
     def label(self, site: BoxSite) -> str:
         return "SDPA in the global-head form"
 
-    def refusal(self, ctx: _Lowering, site: BoxSite) -> str | None:
+    def refusal(self, ctx: Lowering, site: BoxSite) -> str | None:
         if site.kind != "softmax":
             return Unfit("a normalize box (SDPA fuses a softmax)")
         if site.box.sink is not None:
@@ -35,6 +30,6 @@ class GlobalHeadSdpa(Form):
         site.found[self.name] = found
         return None
 
-    def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
+    def emit(self, ctx: Lowering, site: BoxSite) -> list[Leaf]:
         found: GlobalHeads = site.found[self.name]
         return emit(ctx, found)

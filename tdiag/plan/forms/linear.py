@@ -8,18 +8,14 @@ objective's order picks one (`site.found` keeps it between the trial and the rea
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
 
 import sympy
 
-from ..base import _Leaf
 from ..chunked import NotPrefixSumError
+from ..context import Leaf, Lowering
 from ..linear import hoist, not_linear_content, prefix_legs
 from .base import BoxSite, Form, FormRefusedError, Unfit
 from .cost import choose, cost
-
-if TYPE_CHECKING:
-    from ..build import _Lowering
 
 MAX_OPTIONAL = 6  # factors whose place (value side or not) is searched: 2^6 trial plans at most
 
@@ -30,7 +26,7 @@ class LinearOrder(Form):
     def label(self, site: BoxSite) -> str:
         return "linear-time order"
 
-    def refusal(self, ctx: _Lowering, site: BoxSite) -> str | None:
+    def refusal(self, ctx: Lowering, site: BoxSite) -> str | None:
         box = site.box
         if box.is_exp:
             return Unfit("a softmax box (the linear-time order is for normalize boxes)")
@@ -48,31 +44,29 @@ class LinearOrder(Form):
             return "more than six factors to place on the value side"
         return None
 
-    def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
+    def emit(self, ctx: Lowering, site: BoxSite) -> list[Leaf]:
         if self.name not in site.found:
             site.found[self.name] = _value_side(ctx, site)
         values, rest = site.found[self.name]
-        ctx.wide_depth += 1  # as the materialized box: in float32 under autocast
-        try:
-            leaves = hoist(ctx, site.box, site.ren, values, rest, site.out)
-        except NotPrefixSumError as why:
-            raise FormRefusedError(f"no causal prefix sum: {why} of the content or value side") from None
-        finally:
-            ctx.wide_depth -= 1
-        if ctx.target is ctx.steps:
+        with ctx.wide():  # as the materialized box: in float32 under autocast
+            try:
+                leaves = hoist(ctx, site.box, site.ren, values, rest, site.out)
+            except NotPrefixSumError as why:
+                raise FormRefusedError(f"no causal prefix sum: {why} of the content or value side") from None
+        if not ctx.trialing:
             how = " with causal prefix sums over chunks" if site.box.masks else ""
             ctx.lowered.append(f"{site.describe()} evaluated in the linear-time order{how}")
         return leaves
 
 
-def _sides(site: BoxSite) -> tuple[list[_Leaf], list[_Leaf]]:
+def _sides(site: BoxSite) -> tuple[list[Leaf], list[Leaf]]:
     """The consumer's factors that carry a normalized leg (on the value side by force) and the
     others (placed by the search)."""
     fixed = [o for o in site.others if set(site.keys) & set(o.legs)]
     return fixed, [o for o in site.others if o not in fixed]
 
 
-def _value_side(ctx: _Lowering, site: BoxSite) -> tuple[list[_Leaf], list[_Leaf]]:
+def _value_side(ctx: Lowering, site: BoxSite) -> tuple[list[Leaf], list[Leaf]]:
     """The placement of the optional factors (value side or rest) of least cost under the
     objective, the first of equal ones; a single placement is taken without costing it."""
     fixed, optional = _sides(site)
@@ -85,7 +79,7 @@ def _value_side(ctx: _Lowering, site: BoxSite) -> tuple[list[_Leaf], list[_Leaf]
     costed, not_prefix = [], None
     for values, rest in placements:
 
-        def build(v: list[_Leaf] = values, r: list[_Leaf] = rest) -> None:
+        def build(v: list[Leaf] = values, r: list[Leaf] = rest) -> None:
             ctx.contract(hoist(ctx, site.box, site.ren, v, r, site.out), site.out, sympy.Integer(1), None)
 
         try:

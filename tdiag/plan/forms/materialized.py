@@ -4,13 +4,9 @@ whenever no other form applies or pays."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ..base import _Leaf, _value_leaves
+from ..base import _value_leaves
+from ..context import Leaf, Lowering
 from .base import BoxSite, Form
-
-if TYPE_CHECKING:
-    from ..build import _Lowering
 
 
 class Materialized(Form):
@@ -20,10 +16,10 @@ class Materialized(Form):
     def label(self, site: BoxSite) -> str:
         return "the materialized box"
 
-    def refusal(self, ctx: _Lowering, site: BoxSite) -> str | None:
+    def refusal(self, ctx: Lowering, site: BoxSite) -> str | None:
         return None
 
-    def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
+    def emit(self, ctx: Lowering, site: BoxSite) -> list[Leaf]:
         """The box's value among the other leaves at its place. A softmax box lays out first the
         legs its consumer shares with the other factors (its batch legs), so that the consumer's
         matmul reads it without a copy."""

@@ -6,15 +6,11 @@ which runs SDPA's math kernel and keeps the scores (the grouped form, sdpa_group
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-from ..base import _Leaf
+from ..context import Leaf, Lowering
 from ..program import show_legs
 from ..sdpa import fuse
 from .base import BoxSite, Form, Unfit
-
-if TYPE_CHECKING:
-    from ..build import _Lowering
 
 
 class Sdpa(Form):
@@ -28,7 +24,7 @@ class Sdpa(Form):
         heads = " ".join(show_legs(leg for leg in match.queries if leg != match.sequence))
         return f"SDPA with query heads {heads} folded into the query rows"
 
-    def refusal(self, ctx: _Lowering, site: BoxSite) -> str | None:
+    def refusal(self, ctx: Lowering, site: BoxSite) -> str | None:
         if site.kind != "softmax":
             return Unfit("a normalize box (SDPA fuses a softmax)")
         if site.attention is None:
@@ -37,6 +33,6 @@ class Sdpa(Form):
             return "a causal mask is no triangle over query rows folded from several legs (the grouped form takes it)"
         return None
 
-    def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
+    def emit(self, ctx: Lowering, site: BoxSite) -> list[Leaf]:
         match = dataclasses.replace(site.matched(), grouped=False)
         return fuse(ctx, site.box, site.ren, site.others, match)

@@ -6,14 +6,10 @@ a causal mask stays a triangle."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-from ..base import _Leaf
+from ..context import Leaf, Lowering
 from ..sdpa import fuse
 from .base import BoxSite, Form, Unfit
-
-if TYPE_CHECKING:
-    from ..build import _Lowering
 
 
 class SdpaGrouped(Form):
@@ -23,7 +19,7 @@ class SdpaGrouped(Form):
     def label(self, site: BoxSite) -> str:
         return "SDPA" if site.attention is None else "grouped key heads (enable_gqa)"
 
-    def refusal(self, ctx: _Lowering, site: BoxSite) -> str | None:
+    def refusal(self, ctx: Lowering, site: BoxSite) -> str | None:
         if site.kind != "softmax":
             return Unfit("a normalize box (SDPA fuses a softmax)")
         if site.attention is None:
@@ -32,6 +28,6 @@ class SdpaGrouped(Form):
             return Unfit("one query leg: no query heads to group over the key heads")
         return None
 
-    def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
+    def emit(self, ctx: Lowering, site: BoxSite) -> list[Leaf]:
         match = dataclasses.replace(site.matched(), grouped=True)
         return fuse(ctx, site.box, site.ren, site.others, match)

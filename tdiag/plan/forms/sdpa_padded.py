@@ -8,14 +8,10 @@ against the unpadded call (forms/sdpa.py, forms/sdpa_grouped.py) by the one cost
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-from ..base import _Leaf
+from ..context import Leaf, Lowering
 from ..sdpa import fuse
 from .base import BoxSite, Form, Unfit
-
-if TYPE_CHECKING:
-    from ..build import _Lowering
 
 
 class SdpaPadded(Form):
@@ -25,7 +21,7 @@ class SdpaPadded(Form):
     def label(self, site: BoxSite) -> str:
         return "SDPA with q, k and v padded to one head width"
 
-    def refusal(self, ctx: _Lowering, site: BoxSite) -> str | None:
+    def refusal(self, ctx: Lowering, site: BoxSite) -> str | None:
         if site.kind != "softmax":
             return Unfit("a normalize box (SDPA fuses a softmax)")
         match = site.attention
@@ -37,7 +33,7 @@ class SdpaPadded(Form):
             return Unfit("q, k and v have one head width already")
         return None
 
-    def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
+    def emit(self, ctx: Lowering, site: BoxSite) -> list[Leaf]:
         match = site.matched()
         grouped = len(match.queries) > 1
         return fuse(ctx, site.box, site.ren, site.others, dataclasses.replace(match, grouped=grouped, padded=True))

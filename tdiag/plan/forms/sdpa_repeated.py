@@ -11,15 +11,11 @@ ordinary SDPA form's causal mask over several key legs, which torch's kernel con
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-from ..base import _Leaf
+from ..context import Leaf, Lowering
 from ..program import show_legs
 from ..sdpa import fuse
 from .base import BoxSite, Form, Unfit
-
-if TYPE_CHECKING:
-    from ..build import _Lowering
 
 
 class SdpaRepeated(Form):
@@ -34,7 +30,7 @@ class SdpaRepeated(Form):
         rest = " ".join(show_legs(leg for leg in match.keys if leg != position))
         return f"SDPA with each query repeated over the {rest} keys of a position (is_causal)"
 
-    def refusal(self, ctx: _Lowering, site: BoxSite) -> str | None:
+    def refusal(self, ctx: Lowering, site: BoxSite) -> str | None:
         if site.kind != "softmax":
             return Unfit("a normalize box (SDPA fuses a softmax)")
         if site.attention is None:
@@ -61,7 +57,7 @@ class SdpaRepeated(Form):
             return "an additive bias along the queries needs a float attn_mask over the scores"
         return None
 
-    def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
+    def emit(self, ctx: Lowering, site: BoxSite) -> list[Leaf]:
         match = site.matched()
         position = match.masks[0][1]
         keys = [position, *(leg for leg in match.keys if leg != position)]  # key j = m·R + r

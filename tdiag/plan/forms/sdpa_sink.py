@@ -14,16 +14,12 @@ do (sdpa.py). The generated code calls `_sink_attention` (codegen.py)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-from ..base import _Leaf
+from ..context import Leaf, Lowering
 from ..sdpa import fuse
 from ..sdpa_match import MatchedAttention
 from .base import BoxSite, Form, Unfit
 from .choice import SINK
-
-if TYPE_CHECKING:
-    from ..build import _Lowering
 
 
 class SdpaSink(Form):
@@ -33,7 +29,7 @@ class SdpaSink(Form):
     def label(self, site: BoxSite) -> str:
         return "SDPA with the sink as one more key"
 
-    def refusal(self, ctx: _Lowering, site: BoxSite) -> str | None:
+    def refusal(self, ctx: Lowering, site: BoxSite) -> str | None:
         if site.kind != "softmax":
             return Unfit("a normalize box (SDPA fuses a softmax)")
         if site.box.sink is None:
@@ -45,7 +41,7 @@ class SdpaSink(Form):
             return "more than one causal mask: is_causal says one"
         return None
 
-    def emit(self, ctx: _Lowering, site: BoxSite) -> list[_Leaf]:
+    def emit(self, ctx: Lowering, site: BoxSite) -> list[Leaf]:
         match: MatchedAttention = site.found[SINK]
         grouped = len(match.queries) > 1
         return fuse(ctx, site.box, site.ren, site.others, dataclasses.replace(match, grouped=grouped))
