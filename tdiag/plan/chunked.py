@@ -99,12 +99,18 @@ class ChunkedCausal:
         planned = self.number(query)
         candidates = [size for size in CHUNK_SIZES if size < 2 * planned] or [CHUNK_SIZES[0]]
         before = set(self.chunk_counts)
+        asked = (query, key, repr(leaves), out, coefficient, repr(decays), var, self.objective)
+        known = self.config.chunk_costs.get(asked)
         legs, costs = {}, {}
         for size in candidates:
             self.chunk_pairs[(query, key)] = legs[size] = self.chunk_legs(query, key, size)
-            costs[size] = self.trial_cost(
-                lambda: self.cheapest_chunked(query, key, leaves, out, coefficient, var, decays)
-            )
+            if known is None:
+                costs[size] = self.trial_cost(
+                    lambda: self.cheapest_chunked(query, key, leaves, out, coefficient, var, decays)
+                )
+        if known is None:
+            self.config.chunk_costs[asked] = costs
+        costs = dict(known or costs)
         slack = TIME_SLACK if self.objective == "time" else FLOPS_SLACK
         least = min(costs.values())
         size = max(c for c in candidates if costs[c] <= slack * least)

@@ -73,6 +73,10 @@ class LoweringConfig:
     attention: str = "sdpa"
     device: DeviceModel | None = None
     forms: tuple[Form, ...] = ()
+    # the costs of the chunk sizes tried for a causal pair, by what decides them (chunked.py): a
+    # cache of a pure function of its key, kept outside the state so that a trial that asks again
+    # (every form and placement of an enclosing trial does) prices the sizes once
+    chunk_costs: dict[tuple, dict[int, float]] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass
