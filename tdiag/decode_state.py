@@ -59,7 +59,6 @@ import torch
 from .graph import DesignGraph
 from .init import initial_value, numeric_shape
 from .ir import (
-    POSITION_MASKS,
     Axis,
     CausalFactor,
     CausalMask,
@@ -69,13 +68,11 @@ from .ir import (
     Expr,
     Gather,
     PaddingMask,
-    Position,
     Quotient,
     Reduction,
     Scalar,
     Scan,
     SegmentSum,
-    Shift,
     SoftmaxBox,
     Statement,
     SumNode,
@@ -83,6 +80,7 @@ from .ir import (
     TensorRef,
     WindowFactor,
     map_children,
+    renamed,
     walk,
 )
 from .plan.decay import additive_terms
@@ -174,34 +172,6 @@ def state_plan(graph: DesignGraph) -> StatePlan | str:
 
 
 # ---- the rule ------------------------------------------------------------------------------------
-
-
-_LEG_FIELDS = ("query", "key", "along", "leg", "axis", "offset")
-_LEGS_FIELDS = ("legs", "summed", "batch", "normalized", "over")
-
-
-def renamed(node, names: dict[str, str]):
-    """An expression (or mask, position, shift) with its legs renamed by `names`, others kept."""
-    if isinstance(node, tuple):
-        return tuple(renamed(item, names) for item in node)
-    if not isinstance(node, (Expr, Position, Shift, PaddingMask, *POSITION_MASKS)):
-        return node
-    changes = {}
-    for f in dataclasses.fields(node):
-        value = getattr(node, f.name)
-        if f.name in _LEG_FIELDS and isinstance(value, str):
-            changes[f.name] = names.get(value, value)
-        elif f.name in _LEGS_FIELDS and isinstance(value, tuple):
-            changes[f.name] = tuple(names.get(leg, leg) for leg in value)
-        elif f.name == "groups":
-            changes[f.name] = tuple(tuple(names.get(leg, leg) for leg in g) for g in value)
-        elif f.name == "name" and isinstance(node, Position) and node.op == "leg":
-            changes[f.name] = names.get(value, value)
-        elif isinstance(value, Expr | Position | Shift) or (
-            isinstance(value, tuple) and any(dataclasses.is_dataclass(v) for v in value)
-        ):
-            changes[f.name] = renamed(value, names)
-    return dataclasses.replace(node, **changes)
 
 
 def _reads(e: Expr, name: str) -> bool:

@@ -6,7 +6,7 @@ knows its output legs and its Span, so later stages never look at text."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -519,3 +519,32 @@ def map_children(expr: Expr, rebuild: Callable[[Expr], Expr]) -> Expr:
             if any(new is not old for new, old in zip(items, value, strict=True)):
                 changes[name] = items
     return dataclasses.replace(expr, **changes) if changes else expr
+
+
+_LEG_FIELDS = ("query", "key", "along", "leg", "axis", "offset")  # fields that name one leg
+_LEGS_FIELDS = ("legs", "summed", "batch", "normalized", "over")  # ... a tuple of legs
+
+
+def renamed(node, names: Mapping[str, str]):
+    """An expression (or a mask, position or shift in it) with its legs renamed by `names`, the
+    others kept: a statement's subexpression read under another statement's leg names."""
+    if isinstance(node, tuple):
+        return tuple(renamed(item, names) for item in node)
+    if not isinstance(node, (Expr, Position, Shift, PaddingMask, *POSITION_MASKS)):
+        return node
+    changes = {}
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if f.name in _LEG_FIELDS and isinstance(value, str):
+            changes[f.name] = names.get(value, value)
+        elif f.name in _LEGS_FIELDS and isinstance(value, tuple):
+            changes[f.name] = tuple(names.get(leg, leg) for leg in value)
+        elif f.name == "groups":
+            changes[f.name] = tuple(tuple(names.get(leg, leg) for leg in g) for g in value)
+        elif f.name == "name" and isinstance(node, Position) and node.op == "leg":
+            changes[f.name] = names.get(value, value)
+        elif isinstance(value, Expr | Position | Shift) or (
+            isinstance(value, tuple) and any(dataclasses.is_dataclass(v) for v in value)
+        ):
+            changes[f.name] = renamed(value, names)
+    return dataclasses.replace(node, **changes)

@@ -29,20 +29,17 @@ import sympy
 
 from ..graph import DesignGraph
 from ..ir import (
-    POSITION_MASKS,
     CausalFactor,
     Contraction,
     ElementwiseMap,
     Expr,
-    PaddingMask,
-    Position,
     Quotient,
     Scan,
     SegmentSum,
-    Shift,
     SumNode,
     TensorRef,
     WindowFactor,
+    renamed,
     walk,
 )
 from .base import _all_legs, _alpha_key
@@ -210,34 +207,3 @@ def _sum(terms: list[tuple[int, Expr]], span) -> Expr:
 
 def _legs(e: Expr) -> set[str]:
     return set(e.legs)
-
-
-_LEG_FIELDS = ("query", "key", "along", "leg", "axis", "offset")
-_LEGS_FIELDS = ("legs", "summed", "batch", "normalized", "over")
-
-
-def renamed(node, names: Mapping[str, str]):
-    """An expression (or a mask, position or shift in it) with its legs renamed by `names`."""
-    if isinstance(node, tuple):
-        return tuple(renamed(item, names) for item in node)
-    if not _has_legs(node):
-        return node
-    changes = {}
-    for f in dataclasses.fields(node):
-        value = getattr(node, f.name)
-        if f.name in _LEG_FIELDS and isinstance(value, str):
-            changes[f.name] = names.get(value, value)
-        elif f.name in _LEGS_FIELDS and isinstance(value, tuple):
-            changes[f.name] = tuple(names.get(leg, leg) for leg in value)
-        elif f.name == "groups":
-            changes[f.name] = tuple(tuple(names.get(leg, leg) for leg in g) for g in value)
-        elif f.name == "name" and isinstance(node, Position) and node.op == "leg":
-            changes[f.name] = names.get(value, value)
-        elif isinstance(value, tuple | Expr | Position | Shift) or dataclasses.is_dataclass(value):
-            changes[f.name] = renamed(value, names)
-    return dataclasses.replace(node, **changes)
-
-
-def _has_legs(node: object) -> bool:
-    """Whether `node` is a part of an expression that can name legs (not a Span or an Init)."""
-    return isinstance(node, (Expr, Position, Shift, PaddingMask, *POSITION_MASKS))
