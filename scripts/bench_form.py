@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 import tdiag
-from tdiag.bench import _sizes_for, columns, measure_all, other_inputs, write_rows
+from tdiag.bench import columns, measure_all, other_inputs, sizes_for, write_rows
 from tdiag.plan.forms import FORMS, only_forms
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def pair(path: Path, n: int, causal: bool, form: str, args: argparse.Namespace):
     """The modules planned without and with `form` and the design, or None for the modules where
     the plan with every form does not take `form` (or the design's N is not free)."""
-    sizes = _sizes_for(str(path), args.width, args.heads)
+    sizes = sizes_for(str(path), args.width, args.heads)
     every = [f.name for f in FORMS]
     designs = []
     for names in ([name for name in every if name != form], every):

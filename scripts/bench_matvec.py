@@ -20,7 +20,7 @@ from unittest import mock
 import torch
 
 import tdiag
-from tdiag.bench import _sizes_for, columns, measure_all, write_rows
+from tdiag.bench import columns, measure_all, sizes_for, write_rows
 from tdiag.plan.program import Matmul
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ def as_before() -> Iterator[None]:
 
 
 def modules(stem: str, n: int, causal: bool, args: argparse.Namespace) -> list[torch.nn.Module] | None:
-    sizes = _sizes_for(str(ROOT / "designs" / f"{stem}.td"), args.width, args.heads)
+    sizes = sizes_for(str(ROOT / "designs" / f"{stem}.td"), args.width, args.heads)
     built = []
     for before in (True, False):
         with as_before() if before else contextlib.nullcontext():

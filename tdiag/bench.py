@@ -347,7 +347,7 @@ def run(
     torch.manual_seed(0)
     model = for_device(device)
     for file in files:
-        design = tdiag.load(file, **_sizes_for(file, width, heads))
+        design = tdiag.load(file, **sizes_for(file, width, heads))
         if causal:
             design = design.with_causal_mask()
         lengths = {k: n for k, size in design.graph.sizes.items() if size.is_free}  # planned as timed: N, M at n
@@ -378,7 +378,7 @@ def run(
     return rows
 
 
-def _sizes_for(file: str, width: int, heads: int) -> dict[str, int]:
+def sizes_for(file: str, width: int, heads: int) -> dict[str, int]:
     design = tdiag.load(file)
     sizes = {"F": width, "H": heads}
     return {k: v for k, v in sizes.items() if k in design.graph.sizes and not design.graph.sizes[k].is_free}

@@ -168,7 +168,7 @@ def _size_list(text: str) -> dict[str, int]:
     return sizes
 
 
-def _parser() -> _Parser:
+def argument_parser() -> _Parser:
     parser = _Parser(
         prog="tdiag",
         description="A tensor-diagram compiler for attention designs. A design is a .td file, "
@@ -701,7 +701,7 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = _parser().parse_args(argv)
+        args = argument_parser().parse_args(argv)
         with one_command():
             code = COMMANDS[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit

@@ -346,12 +346,12 @@ def _bench_modules(settings: Settings, name: str, causal: bool, n: int, batch: i
 
     import tdiag
 
-    from .bench import REFERENCES, _sizes_for
+    from .bench import REFERENCES, sizes_for
     from .gpu_baselines import Autocast
     from .resources import design_file
 
     file = str(design_file(name))
-    design = tdiag.load(file, **_sizes_for(file, settings.width, settings.heads))
+    design = tdiag.load(file, **sizes_for(file, settings.width, settings.heads))
     design = design.with_causal_mask() if causal else design
     lengths = {k: n for k, size in design.graph.sizes.items() if size.is_free} | {"B": batch}
     torch.manual_seed(0)
@@ -600,7 +600,7 @@ def _stepper(model: Any, settings: Settings, corpus: Any, device: Any) -> Callab
     tdiag train does) and returns their seconds, the device synchronized at both ends."""
     import torch
 
-    from .measure import _synchronize
+    from .measure import synchronize_device
     from .train import batch_at, loss_of
 
     network: Any = torch.compile(model) if settings.compile else model
@@ -608,7 +608,7 @@ def _stepper(model: Any, settings: Settings, corpus: Any, device: Any) -> Callab
     generator = torch.Generator().manual_seed(0)
 
     def step(count: int) -> float:
-        _synchronize(device)
+        synchronize_device(device)
         started = time.perf_counter()
         for _ in range(count):
             starts = torch.randint(len(corpus.train) - settings.context - 1, (settings.batch,), generator=generator)
@@ -618,7 +618,7 @@ def _stepper(model: Any, settings: Settings, corpus: Any, device: Any) -> Callab
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
-        _synchronize(device)
+        synchronize_device(device)
         return time.perf_counter() - started
 
     return step

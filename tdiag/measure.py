@@ -249,7 +249,7 @@ def _device_of(module: nn.Module, inputs: Sequence[torch.Tensor]) -> torch.devic
     return torch.device("cpu")
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type != "cpu":
@@ -279,14 +279,14 @@ def time_step(
     times = []
     for k in range(warmup + repeats):
         module.zero_grad(set_to_none=True)
-        _synchronize(device)
+        synchronize_device(device)
         start = time.perf_counter()
         if backward:
             _loss(module(*args, **kwargs)).backward()
         else:
             with torch.no_grad():
                 module(*args, **kwargs)
-        _synchronize(device)
+        synchronize_device(device)
         if k >= warmup:
             times.append(time.perf_counter() - start)
     return times

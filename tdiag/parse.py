@@ -450,7 +450,7 @@ def _token_hint(token: Token, previous: Token | None, text: str) -> str | None:
     return None
 
 
-def _syntax_error(
+def syntax_error(
     file: str, text: str, error: UnexpectedInput, parser: Lark | None = None, words: Mapping[str, str] | None = None
 ) -> Diagnostic:
     """The positioned message for lark's error from `parser` (the .td parser by default); `words`
@@ -516,7 +516,7 @@ def parse_text(text: str, file: str = "<string>") -> SourceFile:
     try:
         tree = _parser().parse(text)
     except (UnexpectedCharacters, UnexpectedToken, UnexpectedEOF) as error:
-        raise TdiagError(_syntax_error(file, text, error)) from None
+        raise TdiagError(syntax_error(file, text, error)) from None
     _check_depth(tree, file)
     items = _ToSyntax(file).transform(tree)
     return SourceFile(file, tuple(_flatten(items)))

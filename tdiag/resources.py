@@ -19,7 +19,7 @@ from .errors import Diagnostic, TdiagError, did_you_mean
 CORPUS = "shakespeare_gut.txt.gz"
 
 
-def _folder(name: str) -> Path:
+def package_folder(name: str) -> Path:
     """The package-data folder `name`: inside the installed package, else at the repository root."""
     packaged = Path(str(importlib.resources.files("tdiag") / name))
     if packaged.is_dir():
@@ -29,12 +29,12 @@ def _folder(name: str) -> Path:
 
 def grammar_text() -> str:
     """The text of the `.td` grammar (tdiag.lark)."""
-    return (_folder("grammar") / "tdiag.lark").read_text(encoding="utf-8")
+    return (package_folder("grammar") / "tdiag.lark").read_text(encoding="utf-8")
 
 
 def designs_folder() -> Path:
     """The folder of the bundled designs; `extends` in them finds its base as a sibling file."""
-    return _folder("designs")
+    return package_folder("designs")
 
 
 def bundled_designs() -> list[str]:

@@ -12,7 +12,7 @@ import pytest
 from conftest import DESIGN_FILES, DESIGNS, ROOT
 
 import tdiag
-from tdiag.cli import _parser, main
+from tdiag.cli import argument_parser, main
 from tdiag.render import has_dot
 
 
@@ -478,7 +478,7 @@ def test_version_prints_the_package_version(capsys):
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
-    (choices,) = [a.choices for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    (choices,) = [a.choices for a in argument_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     return dict(choices)
 
 
@@ -723,4 +723,4 @@ def test_an_argument_no_command_takes_is_refused_by_name(capsys):
 
 @pytest.mark.parametrize("command", sorted(subcommands()))
 def test_no_parser_takes_a_prefix_of_a_flag_for_the_flag(command):
-    assert _parser().allow_abbrev is False and subcommands()[command].allow_abbrev is False
+    assert argument_parser().allow_abbrev is False and subcommands()[command].allow_abbrev is False

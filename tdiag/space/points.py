@@ -26,7 +26,7 @@ from ..errors import Diagnostic, Span, TdiagError, did_you_mean
 from ..graph import build_graph, load_items
 from ..graph.merge import _item_name, _item_name_span, _merge
 from ..resources import design_file
-from .syntax import Choice, Option, Space, _source, parse_space_file
+from .syntax import Choice, Option, Space, parse_space_file, span_text
 
 
 @dataclass
@@ -90,12 +90,12 @@ class Point:
 
 def _item_text(item: syn.Item) -> str:
     if isinstance(item, syn.SizeDef):
-        value = f" = {_source(item.value.span)}" if item.value is not None else ""
+        value = f" = {span_text(item.value.span)}" if item.value is not None else ""
         return f"size {item.name}{value}"
     if isinstance(item, syn.Statement | syn.Declaration) and item.replace:
-        text = _source(item.span)  # the item's own span starts after the word `replace`
+        text = span_text(item.span)  # the item's own span starts after the word `replace`
         return text
-    return _source(item.span)
+    return span_text(item.span)
 
 
 @dataclass

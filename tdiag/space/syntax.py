@@ -18,7 +18,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
 from .. import parse as syn
 from ..errors import SOURCES, Diagnostic, Span, TdiagError
 from ..files import read_source
-from ..resources import _folder, grammar_text, missing_space, space_file
+from ..resources import grammar_text, missing_space, package_folder, space_file
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Space:
 
 def space_grammar_text() -> str:
     """The .tds grammar: tdiag.lark's rules followed by space.lark's."""
-    return grammar_text() + "\n" + (_folder("grammar") / "space.lark").read_text(encoding="utf-8")
+    return grammar_text() + "\n" + (package_folder("grammar") / "space.lark").read_text(encoding="utf-8")
 
 
 @cache
@@ -105,7 +105,7 @@ class _ToSpace(syn._ToSyntax):
         name, *values = children
         options = []
         for value in values:
-            text = _source(value.span)
+            text = span_text(value.span)
             size = syn.SizeDef(value.span, str(name), value, replace=True, name_span=self._s(name))
             options.append(Option(text, value.span, (size,), ()))
         return Choice(str(name), self._s(name), tuple(options), size=True)
@@ -123,7 +123,7 @@ class _ToSpace(syn._ToSyntax):
     option_block = _option
 
 
-def _source(span: Span) -> str:
+def span_text(span: Span) -> str:
     """The text a span covers (the file is in SOURCES: it was just parsed)."""
     lines = [SOURCES.line(span.file, k) or "" for k in range(span.line, span.end_line + 1)]
     if len(lines) == 1:
@@ -161,7 +161,7 @@ def parse_space_text(text: str, file: str = "<string>") -> Space:
     try:
         tree = _parser().parse(text)
     except (UnexpectedCharacters, UnexpectedToken, UnexpectedEOF) as error:
-        diagnostic = syn._syntax_error(file, text, error, _parser(), _SPACE_WORDS)
+        diagnostic = syn.syntax_error(file, text, error, _parser(), _SPACE_WORDS)
         choice = _enclosing_choice(text, diagnostic.spans[0].line if diagnostic.spans else 1)
         if choice:
             diagnostic = Diagnostic(f"in choice '{choice}': {diagnostic.message}", diagnostic.spans, diagnostic.hint)

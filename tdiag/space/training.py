@@ -37,7 +37,7 @@ def chosen_rows(rows: list, names: str | None) -> list:
 
 def train_points(args: argparse.Namespace, space, rows: list, at: dict) -> int:
     from .. import train as training
-    from ..cli import _parser
+    from ..cli import argument_parser
     from ..train_config import config_from
 
     picked = chosen_rows(rows, args.points)
@@ -47,7 +47,7 @@ def train_points(args: argparse.Namespace, space, rows: list, at: dict) -> int:
     folder = output_folder(out / "points", flag="--out")
     files = [str(write_output(folder / f"{row.point.name}.td", row.point.text())) for row in picked]
     flags = ["train", *files, "--compare", "--steps", str(args.steps), *shlex.split(args.train_args)]
-    train_args = _parser().parse_args(flags)
+    train_args = argument_parser().parse_args(flags)
     _refuse_run_flags(args, train_args, len(files))
     results = []
     for row, file in zip(picked, files, strict=True):
