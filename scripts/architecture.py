@@ -311,11 +311,14 @@ def strongly_connected(nodes: set[str], edges: set[tuple[str, str]]) -> list[set
     return components
 
 
-def largest_circle(found: dict[str, Source], imports: list[Import]) -> set[str]:
+def largest_circle(found: dict[str, Source], imports: list[Import], among=lambda module: True) -> set[str]:
     """The largest set of modules that import one another in a circle (a strongly connected
-    component of the whole package's import graph; the targets count its measured-layer members)."""
+    component of the whole package's import graph), sized by its members that `among` accepts:
+    a circle through the runtime counts for the measured layers even where a larger one elsewhere
+    (in the language layer, say) is the package's largest."""
     edges = {(i.importer, i.imported) for i in imports}
-    return max(strongly_connected(set(found), edges), key=len, default=set())
+    circles = [c for c in strongly_connected(set(found), edges) if len(c) > 1]
+    return max(circles, key=lambda c: len({m for m in c if among(m)}), default=set())
 
 
 def _is_private(name: str) -> bool:
@@ -373,12 +376,18 @@ def targets(root: Path = ROOT) -> dict:
     the whole package and `measured` over the planner, backends and runtime."""
     found, imports = import_graph(root)
     circle = sorted(largest_circle(found, imports))
+    measured_circle = sorted(m for m in largest_circle(found, imports, is_measured) if is_measured(m))
     private = private_imports(imports)
     wide = wide_classes(found)
     long = long_files(found)
     up = sorted({(i.importer, i.imported) for i in upward(imports)})
     return {
-        "largest_import_circle": {**_target(circle, str), "modules": circle},
+        "largest_import_circle": {
+            "count": len(circle),
+            "measured": len(measured_circle),
+            "modules": circle,
+            "measured_modules": measured_circle,
+        },
         "loaded_by_plan_program": loaded_by_program(root),
         "private_names_imported": {
             **_target(private, lambda item: item[0].importer),

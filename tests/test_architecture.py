@@ -133,6 +133,22 @@ def test_the_largest_circle_counts_function_local_imports(architecture, tmp_path
     assert architecture.largest_circle(found, imports) == {"tdiag.cost", "tdiag.render", "tdiag.module"}
 
 
+def test_a_circle_in_the_measured_layers_counts_though_a_larger_one_is_elsewhere(architecture, tmp_path):
+    files = {
+        "tdiag/graph/__init__.py": "",
+        "tdiag/graph/a.py": "from .b import x\n",
+        "tdiag/graph/b.py": "from .c import x\n",
+        "tdiag/graph/c.py": "from .a import x\n",
+        "tdiag/decode.py": "from .reference import x\n",
+        "tdiag/reference.py": "from .decode import x\n",
+    }
+    root, _ = package(tmp_path, files)
+    found, imports = architecture.import_graph(root)
+    assert architecture.largest_circle(found, imports) == {"tdiag.graph.a", "tdiag.graph.b", "tdiag.graph.c"}
+    measured = architecture.largest_circle(found, imports, architecture.is_measured)
+    assert measured == {"tdiag.decode", "tdiag.reference"}
+
+
 def test_private_names_imported_across_modules_are_counted_by_name(architecture, tmp_path):
     files = {
         "tdiag/decode.py": "_rows = 1\n__all__ = []\n",
