@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING
 from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
 from ..graph.calls import BUILD
+from ..graph.position_rules import Hidden, Pairs
 from ..graph.vocabulary import SEGMENT_SUMS
 from ..ir import Expr, SegmentSum
 from ..printing import DESCRIBE, PRINT, format_expr
@@ -80,3 +82,18 @@ CHECK.register(SegmentSum)(no_numbers)
 def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`segsum[n, m](a)`: the operand along n, the new key leg m."""
     return builder.segment_sum(e, keep)
+
+
+# Positions (graph/position_rules.py): segment sums are −inf past the query (their exp is zero
+# there), causal as written.
+@pos.MINUS_INFINITY.register(SegmentSum)
+def minus_infinity(node: SegmentSum) -> Pairs:
+    return {(node.along, node.key)}
+
+
+@pos.HIDES.register(SegmentSum)
+def hides(node: SegmentSum, query: str, key: str, diagonal: Hidden) -> bool:
+    return (node.along, node.key) == (query, key)
+
+
+pos.plain(SegmentSum, but=(pos.MINUS_INFINITY, pos.HIDES))

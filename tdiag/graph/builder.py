@@ -20,10 +20,10 @@ from .dataflow import dataflow_graph
 from .declarations import Declarations
 from .expressions import _ExprBuilder
 from .lone_sums import MeantSums
-from .merge import _item_name, _item_name_span, _what
+from .merge import item_kind_text, item_name, item_name_span
 from .model import LIMITS, DesignGraph
-from .sizes import SizeTable, _same_size, size_symbol
-from .syntax import _cycles, _group_name, _leg_names, _place, _place_line, _syntax_nodes, _tensor_names
+from .sizes import SizeTable, same_size, size_symbol
+from .syntax import group_name, leg_names, place, place_line, syntax_cycles, syntax_nodes, tensor_names
 from .vocabulary import BOUNDS, FUNCTIONS, POISON_SIZE, SCALAR_FUNCTIONS
 
 # how many legs deep find_leg follows tensors not built yet (T[a] = U[a], U[b] = ...) before it
@@ -90,22 +90,22 @@ class _Builder(Declarations):
     def _check_duplicates(self) -> None:
         seen: dict[str, syn.Item] = {}
         for item in self.items:
-            name = _item_name(item)
+            name = item_name(item)
             if name is None:
                 continue
             if name in seen:
                 first = seen[name]
                 self.error(
-                    f"'{name}' is defined twice: {_what(first)} ({_place_line(first.span, item.span)}), "
-                    f"{_what(item)} here",
-                    _item_name_span(item),
-                    _item_name_span(first),
+                    f"'{name}' is defined twice: {item_kind_text(first)} ({place_line(first.span, item.span)}), "
+                    f"{item_kind_text(item)} here",
+                    item_name_span(item),
+                    item_name_span(first),
                     hint="rename one of them, or use 'replace' in a design that extends another",
                 )
             else:
                 seen[name] = item
             if name in FUNCTIONS:
-                self.error(f"'{name}' is a built-in map and cannot name a size or tensor", _item_name_span(item))
+                self.error(f"'{name}' is a built-in map and cannot name a size or tensor", item_name_span(item))
             role = (
                 item.kind
                 if isinstance(item, syn.Declaration)
@@ -117,7 +117,7 @@ class _Builder(Declarations):
             if reason:
                 self.error(
                     f"{reason}; it cannot name {'a size' if role == 'size' else a_or_an(role)}",
-                    _item_name_span(item),
+                    item_name_span(item),
                     hint=f"the generated PyTorch module uses this name; rename it, e.g. '{name.strip('_')}_{role[0]}'",
                 )
 
@@ -133,10 +133,10 @@ class _Builder(Declarations):
         deps = nx.DiGraph()
         for name, s in by_target.items():
             deps.add_node(name)
-            for used in _tensor_names(s.expr):
+            for used in tensor_names(s.expr):
                 if used in by_target:
                     deps.add_edge(used, name)
-        for names in _cycles(deps, list(by_target)):
+        for names in syntax_cycles(deps, list(by_target)):
             self.error(
                 "cycle of definitions: " + " -> ".join([*names, names[0]]),
                 *(by_target[n].target.name_span for n in names),
@@ -151,7 +151,7 @@ class _Builder(Declarations):
     def _add_statement(self, s: syn.Statement) -> None:
         groups = self._target_groups(s.target)
         expr = _ExprBuilder(self).statement(s.expr, groups, s.target)
-        axes = tuple(Axis(_group_name(g), self._group_size(g)) for g in groups)
+        axes = tuple(Axis(group_name(g), self._group_size(g)) for g in groups)
         statement = Statement(s.target.name, groups, expr, s.span, s.target.name_span)
         tensor = Tensor(s.target.name, "derived", axes, s.target.name_span, statement=statement)
         tensor.is_constant = _is_constant(expr, self.tensors)
@@ -175,7 +175,7 @@ class _Builder(Declarations):
         first = next((rule for rule in self.updates if rule.target == name), None)
         if first is not None:
             self.error(
-                f"buffer '{name}' has two update rules ({_place_line(first.span, u.span)} and here)",
+                f"buffer '{name}' has two update rules ({place_line(first.span, u.span)} and here)",
                 u.target.name_span,
                 first.target_span,
                 hint="a buffer has one rule: write both changes in one update",
@@ -191,7 +191,7 @@ class _Builder(Declarations):
         self.updates.append(Statement(name, groups, expr, u.span, u.target.name_span, is_update=True))
 
     def _target_groups(self, target: syn.Target) -> tuple[tuple[str, ...], ...]:
-        groups = tuple(_leg_names(item) for item in target.legs)
+        groups = tuple(leg_names(item) for item in target.legs)
         seen: set[str] = set()
         for item in target.legs:
             for leg in item.legs if isinstance(item, syn.LegGroup) else (item,):
@@ -259,7 +259,7 @@ class _Builder(Declarations):
         for item in self.items:
             if not isinstance(item, syn.Statement | syn.Update):
                 continue
-            for node in _syntax_nodes(item.expr):
+            for node in syntax_nodes(item.expr):
                 if not isinstance(node, syn.Indexed) or node.options:
                     continue
                 for position, use in enumerate(node.legs):
@@ -278,7 +278,7 @@ class _Builder(Declarations):
         statement = next((i for i in self.items if isinstance(i, syn.Statement) and i.target.name == name), None)
         if statement is None or len(statement.target.legs) != used_with:
             return None
-        sizes = [self._size_from_uses(piece, visiting) for piece in _leg_names(statement.target.legs[axis])]
+        sizes = [self._size_from_uses(piece, visiting) for piece in leg_names(statement.target.legs[axis])]
         return None if None in sizes else sympy.Mul(*(found[0] for found in sizes))  # type: ignore[index]
 
     def _bind(self, leg: str, size: sympy.Expr, span: Span, where: str) -> None:
@@ -288,11 +288,11 @@ class _Builder(Declarations):
         if known is None:
             self.legs[leg] = Leg(leg, size, span, where)
             return
-        if not _same_size(known.size, size, self.sizes) and leg not in self.conflicting_legs:
+        if not same_size(known.size, size, self.sizes) and leg not in self.conflicting_legs:
             self.conflicting_legs.add(leg)
             self.error(
-                f"leg '{leg}' is bound to {known.size} in {_place(known.bound_by, known.span, span)} "
-                f"but to {size} in {_place(where, span, span)}",
+                f"leg '{leg}' is bound to {known.size} in {place(known.bound_by, known.span, span)} "
+                f"but to {size} in {place(where, span, span)}",
                 span,
                 known.span,
                 hint=f"a leg has one size; use a new leg name where the size is {size}",
@@ -368,7 +368,7 @@ def _leg_uses(items: list[syn.Item]) -> dict[str, tuple[tuple[str, Span], ...]]:
         if not isinstance(item, syn.Statement | syn.Update):
             continue
         name = item.target.name
-        for node in _syntax_nodes(item.expr):
+        for node in syntax_nodes(item.expr):
             for leg, span in _written_legs(node):
                 first = uses.setdefault(leg, {}).get(name)
                 if first is None or (span.line, span.column) < (first.line, first.column):

@@ -30,13 +30,13 @@ from ..ir import (
     WindowFactor,
     WindowMask,
 )
-from ..rules import Rules
 from .lone_sums import lone_sums, map_sum_warning
-from .sizes import _number, expand_sizes, size_symbol, size_values
-from .syntax import _available, _is_scalar_syntax
+from .sizes import expand_sizes, number_text, size_symbol, size_values
+from .syntax import available_legs, is_scalar_syntax
 from .vocabulary import (
     BOUNDS,
     BOX_OPTIONS,
+    BUILD,
     FUNCTIONS,
     MAPS,
     SCALAR_FUNCTIONS,
@@ -45,8 +45,6 @@ from .vocabulary import (
 
 if TYPE_CHECKING:
     from .builder import _Builder
-
-BUILD: Rules = Rules("build")  # word of the language -> rule(expression builder, call, legs kept)
 
 
 class BoxesAndMaps:
@@ -125,7 +123,7 @@ class BoxesAndMaps:
     def _content_legs(self, argument: syn.Expr) -> set[str]:
         """The legs an argument could expose, for naming them in a check or a hint: a size in a
         position (`Rel[h, r = clamp(m - n, -C, C) + C]`) stands for no leg."""
-        return _available(argument, self.b.tensors) - set(self.b.sizes)
+        return available_legs(argument, self.b.tensors) - set(self.b.sizes)
 
     def box(self, e: syn.Call, keep: set[str]) -> Expr:
         normalized = self.legs_of(e)
@@ -205,7 +203,7 @@ class BoxesAndMaps:
                     options["masks"].append(mask)
             elif option.name in options or (option.name == "scale" and "scale_factor" in options):
                 self.b.error(f"option '{option.name}' is given twice", option.span)
-            elif option.name == "scale" and not _is_scalar_syntax(option.value, self.b.tensors):
+            elif option.name == "scale" and not is_scalar_syntax(option.value, self.b.tensors):
                 factor = self._scale_factor(option.value, content, e.name)
                 if factor is not None:
                     options["scale_factor"] = factor
@@ -220,7 +218,7 @@ class BoxesAndMaps:
     def _scale_factor(self, value: syn.Expr, content: Expr, box: str) -> Expr | None:
         """A scale that is a tensor expression (a learned per-head temperature `t[h]`): its legs
         must be legs of the box, along which it scales the logits entrywise."""
-        legs = _available(value, self.b.tensors)
+        legs = available_legs(value, self.b.tensors)
         wrong = sorted(legs - set(content.legs))
         for leg in wrong:
             self.b.error(
@@ -237,7 +235,7 @@ class BoxesAndMaps:
         expression (or a number) over legs the box keeps: never a normalized leg (the sink is one
         extra entry per row of the box, not one per key)."""
         normalized = set(self.legs_of(e))
-        legs = _available(value, self.b.tensors)
+        legs = available_legs(value, self.b.tensors)
         wrong = False
         for leg in sorted(legs):
             if leg in normalized:
@@ -384,7 +382,7 @@ class BoxesAndMaps:
         value = expand_sizes(width, self.b.sizes).xreplace({size_symbol(k): v for k, v in values.items()})
         if value.is_number and not (value.is_integer and value > 0):
             self.b.error(
-                f"a window's width must be a whole positive number, got {_number(value)}",
+                f"a window's width must be a whole positive number, got {number_text(value)}",
                 arg.span,
                 hint="window(n, m, W): the query and the W - 1 keys before it; W >= 1",
             )
@@ -422,7 +420,7 @@ class BoxesAndMaps:
     def elementwise_map(self, e: syn.Call, keep: set[str], written: syn.Call | None = None) -> Expr:
         """A map; `written` is the call as the file has it, when `e` is that call less its masks."""
         if e.legs is not None or e.options:
-            along = {leg for option in e.options for leg in _available(option.value, self.b.tensors)}
+            along = {leg for option in e.options for leg in available_legs(option.value, self.b.tensors)}
             masked = self.elementwise_map(dataclasses.replace(e, legs=None, options=()), keep | along, e)
             factors = self._map_masks(e, masked)
             if not factors:
@@ -459,7 +457,7 @@ class BoxesAndMaps:
         """`max(x, c)`, `min(x, c)` (either order): elementwise, a tensor against a number or size,
         the maps "maximum" and "minimum" (torch.clamp with one bound); the frequency pieces of
         Llama 3's rope scaling, for one. Of two numbers or sizes it is a number (builder._scalar)."""
-        scalar = [_is_scalar_syntax(a, self.b.tensors) for a in e.args]
+        scalar = [is_scalar_syntax(a, self.b.tensors) for a in e.args]
         if not any(scalar):
             self.b.error(
                 f"{e.name}(a, b) takes a tensor and a number or size, got two tensors",
@@ -488,7 +486,7 @@ class BoxesAndMaps:
             self.b.error(f"{e.name} needs the leg it reduces", e.name_span, hint=f"e.g. {e.name}[r](...)")
         if argument is None:
             return self.poison(e)
-        along = {leg for option in e.options for leg in _available(option.value, self.b.tensors)}
+        along = {leg for option in e.options for leg in available_legs(option.value, self.b.tensors)}
         operand = self.inside(argument, keep | set(over) | along)
         self.warn_lone_sums(e, argument, operand)
         available = sorted(self._content_legs(argument))
@@ -539,7 +537,7 @@ class BoxesAndMaps:
         if argument is None:
             return self.poison(e)
         named = {leg for leg in self.legs_of(e)}
-        along_masks = {leg for option in e.options for leg in _available(option.value, self.b.tensors)}
+        along_masks = {leg for option in e.options for leg in available_legs(option.value, self.b.tensors)}
         operand = self.inside(argument, keep | named | along_masks)
         self.warn_lone_sums(e, argument, operand)
         along = self._scan_leg(e, operand, 1, f"{e.name}[n](x[n h])")

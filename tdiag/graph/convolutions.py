@@ -14,7 +14,7 @@ from .. import parse as syn
 from ..errors import did_you_mean
 from ..ir import Convolution, Expr, Mask, Shift, TensorRef, walk
 from .sizes import expand_sizes, size_symbol, size_values
-from .syntax import _available
+from .syntax import available_legs
 
 if TYPE_CHECKING:
     from .calls import BoxesAndMaps
@@ -53,7 +53,7 @@ def convolution(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     mask_legs = {leg for o in e.options if o.name == "mask" for leg in _names(o.value) if leg not in b.sizes}
     operand = builder.inside(e.args[0], keep | {o.name for o in shifts} | mask_legs)
     offsets = {leg for o in shifts for leg in _names(o.value)} - {o.name for o in shifts} - set(b.sizes)
-    kernel = builder.inside(e.args[1], set(operand.legs) | offsets | _available(e.args[1], b.tensors))
+    kernel = builder.inside(e.args[1], set(operand.legs) | offsets | available_legs(e.args[1], b.tensors))
     built: list[Shift] = []
     ok = True
     for option in shifts:

@@ -13,8 +13,8 @@ from ..errors import did_you_mean, one_of
 from ..errors import hint as join_hint
 from ..ir import Axis, Init, Leg, Size, Tensor
 from .model import LIMITS
-from .sizes import SizeTable, _number, expand_sizes, size_symbol, size_values
-from .syntax import _call_parts, _cycles
+from .sizes import SizeTable, expand_sizes, number_text, size_symbol, size_values
+from .syntax import call_parts, syntax_cycles
 from .vocabulary import INIT_PARAMS, INITIALIZERS, POISON_SIZE, RANDOM_MODES
 
 
@@ -59,7 +59,7 @@ class Declarations:
             deps.add_node(s.name)
             for sym in s.definition.free_symbols if s.definition is not None else ():
                 deps.add_edge(s.name, str(sym))
-        for cycle in _cycles(deps, list(self.sizes)):
+        for cycle in syntax_cycles(deps, list(self.sizes)):
             spans = [self.sizes[n].span for n in cycle if n in self.sizes]
             self.error("sizes defined in a cycle: " + " -> ".join([*cycle, cycle[0]]), *spans)
             for n in cycle:
@@ -72,7 +72,7 @@ class Declarations:
             size = self.sizes[name]
             if value.is_integer and value > LIMITS.max_size:  # type: ignore[operator]
                 self.error(
-                    f"size {name} = {_number(value)} is over the limit of {LIMITS.max_size:,}",
+                    f"size {name} = {number_text(value)} is over the limit of {LIMITS.max_size:,}",
                     size.span,
                     hint="sizes are tensor dimensions; the limit is tdiag.LIMITS.max_size (TDIAG_MAX_SIZE)",
                 )
@@ -94,7 +94,7 @@ class Declarations:
                 if k != name and sympy.Symbol(k, positive=True) in (size.definition or sympy.S.Zero).free_symbols
             )
             self.error(
-                f"size {name} = {size.definition} is {_number(value)}"
+                f"size {name} = {size.definition} is {number_text(value)}"
                 + (f" at {shown}" if shown else "")
                 + "; a size must be a whole positive number",
                 size.span,
@@ -134,7 +134,7 @@ class Declarations:
             if value.is_integer and value > 0
             else "is not a whole positive number"
         )
-        number = _number(value)
+        number = number_text(value)
         shown = number if number.startswith(str(size)) else f"{size} = {number}"
         self.error(f"axis {axis.leg} of {d.name} has size {shown}, which {why}", axis.size.span)
 
@@ -188,7 +188,7 @@ class Declarations:
         if not allowed:
             self.error(f"{d.kind} {d.name} takes no initializer", d.init.span, hint="inputs are given at run time")
             return None
-        name, args, keywords, span = _call_parts(d.init)
+        name, args, keywords, span = call_parts(d.init)
         if name is None:
             self.error(f"expected an initializer for {d.kind} {d.name}", d.init.span, hint=one_of(allowed))
             return None

@@ -17,7 +17,7 @@ from .calls import BoxesAndMaps
 from .lone_sums import lone_leg_warnings
 from .positions import Positions
 from .products import Products
-from .syntax import _available, _call_as_product, _is_scalar_syntax, _product_op, _statement_targets
+from .syntax import available_legs, call_as_product, is_scalar_syntax, product_op, statement_targets
 from .vocabulary import FUNCTIONS, POISON_NAME
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class _ExprBuilder(Products, Positions, BoxesAndMaps):
     def poison(self, e: syn.Expr) -> Expr:
         """A stand-in for a sub-expression that had an error: it has the legs the text gives it,
         so one mistake is reported once, not again by every check downstream of it."""
-        return TensorRef(tuple(sorted(_available(e, self.b.tensors))), e.span, POISON_NAME, ())
+        return TensorRef(tuple(sorted(available_legs(e, self.b.tensors))), e.span, POISON_NAME, ())
 
     # -- the leg rule --
     def inside(self, e: syn.Expr, keep: set[str]) -> Expr:
@@ -111,14 +111,14 @@ class _ExprBuilder(Products, Positions, BoxesAndMaps):
         return Contraction(kept, span, (node,), sympy.Integer(1), extra, ())
 
     def build(self, e: syn.Expr, keep: set[str]) -> Expr:
-        e = _call_as_product(e, self.b.tensors)
-        if _is_scalar_syntax(e, self.b.tensors):
+        e = call_as_product(e, self.b.tensors)
+        if is_scalar_syntax(e, self.b.tensors):
             return Scalar((), e.span, self.b._scalar(e))
         if isinstance(e, syn.Name):
             return self._bare_name(e)
         if isinstance(e, syn.Indexed):
             return self.tensor_ref(e)
-        if isinstance(e, syn.Neg | syn.BinOp) and _product_op(e, self.b.tensors):
+        if isinstance(e, syn.Neg | syn.BinOp) and product_op(e, self.b.tensors):
             return self.product(e, keep)
         if isinstance(e, syn.BinOp) and e.op in "+-":
             return self.sum(e, keep)
@@ -142,6 +142,6 @@ class _ExprBuilder(Products, Positions, BoxesAndMaps):
         elif e.name in FUNCTIONS:
             self.b.error(f"'{e.name}' needs an argument", e.span, hint=f"e.g. {e.name}(...)")
         else:
-            candidates = [*self.b.tensors, *self.b.sizes, *_statement_targets(self.b.items)]
+            candidates = [*self.b.tensors, *self.b.sizes, *statement_targets(self.b.items)]
             self.b.error(f"unknown name '{e.name}'", e.span, hint=did_you_mean(e.name, candidates))
         return self.poison(e)

@@ -13,7 +13,7 @@ from .. import parse as syn
 from ..errors import Span, a_or_an, did_you_mean
 from ..ir import Axis, Expr, Gather, Position, PositionIndex, Tensor, TensorRef
 from .sizes import expand_sizes, size_values
-from .syntax import UnboundedError, _position_bounds, _syntax_text
+from .syntax import UnboundedError, position_bounds, syntax_text
 from .vocabulary import POISON_SIZE
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class Positions:
         """`j: a..b`: entries a .. b − 1 of the axis; `written` is (a, b) as sizes, `known` is
         (a, b, the axis's size) at the sizes known before any input."""
         (start, stop), (first, end, have) = written, known
-        shown = f"{item.name}: {_syntax_text(item.start)}..{_syntax_text(item.size)}"  # type: ignore[arg-type]
+        shown = f"{item.name}: {syntax_text(item.start)}..{syntax_text(item.size)}"  # type: ignore[arg-type]
         at = item.start.span if item.start is not None else item.span
         if first.is_number and not (first.is_integer and first >= 0):
             self.b.error(
@@ -264,7 +264,7 @@ class Positions:
             return float(value) if value.is_number else math.inf
 
         try:
-            low, high = _position_bounds(position, lambda leg: number(self.b.legs[leg].size) - 1, number)
+            low, high = position_bounds(position, lambda leg: number(self.b.legs[leg].size) - 1, number)
         except UnboundedError as reason:
             self.b.error(
                 f"cannot bound position {item.name} = {position} of {tensor.name}: {reason.args[0]}",

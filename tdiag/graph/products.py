@@ -14,16 +14,16 @@ import sympy
 from .. import parse as syn
 from ..errors import Span, did_you_mean
 from ..ir import Axis, Contraction, ElementwiseMap, Expr, Leg, Quotient, Scalar, SumNode, Tensor, TensorRef
-from .sizes import _same_size, expand_sizes
+from .sizes import expand_sizes, same_size
 from .syntax import (
-    _available,
-    _call_as_product,
-    _flatten_sum,
-    _is_scalar_syntax,
-    _leg_names,
-    _statement_targets,
-    _syntax_nodes,
+    available_legs,
+    call_as_product,
+    flatten_sum,
+    is_scalar_syntax,
+    leg_names,
     ordered_union,
+    statement_targets,
+    syntax_nodes,
 )
 from .vocabulary import FUNCTIONS, POISON_SIZE
 
@@ -40,7 +40,7 @@ class Products:
     # -- tensors --
     def tensor_ref(self, e: syn.Indexed) -> Expr:
         if e.name in FUNCTIONS:
-            if e.name not in _statement_targets(self.b.items) and e.name not in self.b.tensors:
+            if e.name not in statement_targets(self.b.items) and e.name not in self.b.tensors:
                 self.b.error(f"'{e.name}[...]' needs its argument", e.span, hint=f"write {e.name}[...](expression)")
             return self.poison(e)
         tensor = self.b.tensors.get(e.name)
@@ -48,7 +48,7 @@ class Products:
             return self._unknown_tensor(e)
         if e.options:
             return self.gather(e, tensor)
-        groups = tuple(_leg_names(item) for item in e.legs)
+        groups = tuple(leg_names(item) for item in e.legs)
         if len(groups) != len(tensor.axes):
             return self.wrong_axis_count(e, tensor, f"{len(groups)} legs")
         self._check_repeated_legs(e)
@@ -81,7 +81,7 @@ class Products:
         come from their uses elsewhere, as index does). Only unbound legs are bound here, and
         nothing is reported: a mistake is reported where the statement is built."""
         groups: list[tuple[syn.LegGroup, Axis, str]] = []
-        for node in sorted(_syntax_nodes(e), key=lambda n: (n.span.line, n.span.column)):
+        for node in sorted(syntax_nodes(e), key=lambda n: (n.span.line, n.span.column)):
             if isinstance(node, syn.Call) and node.name == "index" and len(node.args) == 2:
                 leg, size = node.args
                 if isinstance(leg, syn.Name):
@@ -145,7 +145,7 @@ class Products:
         if e.name in self.b.sizes:
             self.b.error(f"'{e.name}' is a size, not a tensor", e.name_span)
         else:
-            defined = [*self.b.tensors, *_statement_targets(self.b.items)]
+            defined = [*self.b.tensors, *statement_targets(self.b.items)]
             if e.name in defined:
                 return self.poison(e)  # its own statement failed; already reported
             self.b.error(f"unknown tensor '{e.name}'", e.name_span, hint=did_you_mean(e.name, defined))
@@ -183,7 +183,7 @@ class Products:
             )
             self.b._bind(unknown[0].name, inferred, unknown[0].span, where)
             return
-        if not _same_size(known, axis.size, self.b.sizes):
+        if not same_size(known, axis.size, self.b.sizes):
             self.b.error(
                 f"reshape mismatch: axis {axis.leg} of {name} has size {axis.size} "
                 f"but ({' '.join(leg.name for leg in group.legs)}) has size {_product_text(group, self.b.legs)}",
@@ -196,7 +196,7 @@ class Products:
         coefficient, factors = self._flatten_product(e)
         if not factors:
             return Scalar((), e.span, coefficient)
-        available = [_available(f, self.b.tensors) for f in factors]
+        available = [available_legs(f, self.b.tensors) for f in factors]
         nodes = []
         for i, f in enumerate(factors):
             outside = set().union(*(a for j, a in enumerate(available) if j != i))
@@ -210,8 +210,8 @@ class Products:
         return Contraction(kept, e.span, tuple(nodes), coefficient, summed, batch)
 
     def _flatten_product(self, e: syn.Expr) -> tuple[sympy.Expr, list[syn.Expr]]:
-        e = _call_as_product(e, self.b.tensors)
-        if _is_scalar_syntax(e, self.b.tensors):
+        e = call_as_product(e, self.b.tensors)
+        if is_scalar_syntax(e, self.b.tensors):
             return self.b._scalar(e), []
         if isinstance(e, syn.Neg):
             c, fs = self._flatten_product(e.operand)
@@ -220,7 +220,7 @@ class Products:
             c1, f1 = self._flatten_product(e.left)
             c2, f2 = self._flatten_product(e.right)
             return c1 * c2, f1 + f2
-        if isinstance(e, syn.BinOp) and e.op == "/" and _is_scalar_syntax(e.right, self.b.tensors):
+        if isinstance(e, syn.BinOp) and e.op == "/" and is_scalar_syntax(e.right, self.b.tensors):
             c, fs = self._flatten_product(e.left)
             divisor = self.b._scalar(e.right)
             if divisor == 0:
@@ -231,7 +231,7 @@ class Products:
 
     def elementwise(self, operands: list[syn.Expr], keep: set[str]) -> list[Expr]:
         """Operands of an elementwise node: legs shared between operands survive into the node."""
-        available = [_available(o, self.b.tensors) for o in operands]
+        available = [available_legs(o, self.b.tensors) for o in operands]
         shared = {
             leg
             for i, a in enumerate(available)
@@ -242,7 +242,7 @@ class Products:
 
     def sum(self, e: syn.BinOp, keep: set[str]) -> Expr:
         """A leg that leaves no term is summed within each term: Σ_k (A + B) = Σ_k A + Σ_k B."""
-        terms, signs = _flatten_sum(e)
+        terms, signs = flatten_sum(e)
         nodes = [self.inside(t, keep) for t in terms]
         node = SumNode(ordered_union(n.legs for n in nodes), e.span, tuple(nodes), tuple(signs))
         return self.restrict(node, keep, e.span)
@@ -253,8 +253,8 @@ class Products:
         return self.restrict(node, keep, e.span)
 
     def power(self, e: syn.BinOp, keep: set[str]) -> Expr:
-        if not _is_scalar_syntax(e.right, self.b.tensors):
-            if _is_scalar_syntax(e.left, self.b.tensors):
+        if not is_scalar_syntax(e.right, self.b.tensors):
+            if is_scalar_syntax(e.left, self.b.tensors):
                 return self.scalar_power(e, keep)
             self.b.error(
                 "an exponent is a number or size, not a tensor",
