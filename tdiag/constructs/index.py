@@ -50,7 +50,7 @@ CHECK.register(PositionIndex)(no_numbers)
 @BUILD.register(PositionIndex, names=POSITION_FUNCTIONS)
 def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`index(n)`, or `index(p, P)`, which also binds leg p to size P (graph/positions.py)."""
-    return builder.position_index(e)  # type: ignore[attr-defined]
+    return builder.positions.position_index(e)  # type: ignore[attr-defined]
 
 
 # Positions (graph/position_rules.py): it takes no mask, hides nothing and mixes no positions.

@@ -18,7 +18,7 @@ from ..ir import Axis, Expr, Leg, Statement, Tensor, TensorRef, walk
 from ..names import reserved_because
 from .dataflow import dataflow_graph
 from .declarations import Declarations
-from .expressions import _ExprBuilder
+from .expressions import ExprBuilder
 from .lone_sums import MeantSums
 from .merge import item_kind_text, item_name, item_name_span
 from .model import LIMITS, DesignGraph
@@ -31,7 +31,7 @@ from .vocabulary import BOUNDS, FUNCTIONS, POISON_SIZE, SCALAR_FUNCTIONS
 MAX_LEG_SEARCH = 64
 
 
-class _Builder(Declarations):
+class DesignBuilder(Declarations):
     """Builds one DesignGraph; `diagnostics` collects every error and warning on the way."""
 
     def __init__(self, head: syn.DesignDecl, items: list[syn.Item], overrides: Mapping[str, int]):
@@ -150,7 +150,7 @@ class _Builder(Declarations):
 
     def _add_statement(self, s: syn.Statement) -> None:
         groups = self._target_groups(s.target)
-        expr = _ExprBuilder(self).statement(s.expr, groups, s.target)
+        expr = ExprBuilder(self).statement(s.expr, groups, s.target)
         axes = tuple(Axis(group_name(g), self._group_size(g)) for g in groups)
         statement = Statement(s.target.name, groups, expr, s.span, s.target.name_span)
         tensor = Tensor(s.target.name, "derived", axes, s.target.name_span, statement=statement)
@@ -182,7 +182,7 @@ class _Builder(Declarations):
             )
             return
         groups = self._target_groups(u.target)
-        expr = _ExprBuilder(self).statement(u.expr, groups, u.target)
+        expr = ExprBuilder(self).statement(u.expr, groups, u.target)
         if len(groups) != len(buffer.axes):
             self.error(
                 f"buffer {name} has {len(buffer.axes)} axes but its update names {len(groups)}",
@@ -244,7 +244,7 @@ class _Builder(Declarations):
         found = self._size_from_uses(leg, set())
         if found is None:
             return False
-        self._bind(leg, *found)
+        self.bind_leg(leg, *found)
         return True
 
     def _size_from_uses(self, leg: str, visiting: set[str]) -> tuple[sympy.Expr, Span, str] | None:
@@ -281,7 +281,7 @@ class _Builder(Declarations):
         sizes = [self._size_from_uses(piece, visiting) for piece in leg_names(statement.target.legs[axis])]
         return None if None in sizes else sympy.Mul(*(found[0] for found in sizes))  # type: ignore[index]
 
-    def _bind(self, leg: str, size: sympy.Expr, span: Span, where: str) -> None:
+    def bind_leg(self, leg: str, size: sympy.Expr, span: Span, where: str) -> None:
         """Bind a leg to a size; a leg has one size throughout the file."""
         self.leg_binders.setdefault(leg, {})[where] = None
         known = self.legs.get(leg)
@@ -299,7 +299,7 @@ class _Builder(Declarations):
             )
 
     # -- scalars --
-    def _scalar(self, e: syn.Expr, *, sizes_only: bool = False, known: Collection[str] = ()) -> sympy.Expr:
+    def scalar_of(self, e: syn.Expr, *, sizes_only: bool = False, known: Collection[str] = ()) -> sympy.Expr:
         """A size or scale expression -> sympy, in size symbols. A mistake gives POISON_SIZE, which
         matches any size, so it is reported once."""
         if isinstance(e, syn.Number):
@@ -315,10 +315,10 @@ class _Builder(Declarations):
             self._unknown_size(e, {*known, *self.sizes})
             return POISON_SIZE
         if isinstance(e, syn.Neg):
-            return -self._scalar(e.operand, sizes_only=sizes_only, known=known)
+            return -self.scalar_of(e.operand, sizes_only=sizes_only, known=known)
         if isinstance(e, syn.BinOp):
-            a = self._scalar(e.left, sizes_only=sizes_only, known=known)
-            b = self._scalar(e.right, sizes_only=sizes_only, known=known)
+            a = self.scalar_of(e.left, sizes_only=sizes_only, known=known)
+            b = self.scalar_of(e.right, sizes_only=sizes_only, known=known)
             if e.op == "/" and b == 0:
                 self.error("division by zero", e.right.span)
                 return POISON_SIZE
@@ -334,9 +334,9 @@ class _Builder(Declarations):
             function = {"sqrt": sympy.sqrt, "exp": sympy.exp, "log": sympy.log, "floor": sympy.floor}.get(
                 e.name, sympy.ceiling
             )
-            return function(self._scalar(e.args[0], sizes_only=sizes_only and not whole, known=known))
+            return function(self.scalar_of(e.args[0], sizes_only=sizes_only and not whole, known=known))
         if isinstance(e, syn.Call) and e.name in BOUNDS and e.legs is None and len(e.args) == 2:
-            a, b = (self._scalar(x, sizes_only=sizes_only, known=known) for x in e.args)
+            a, b = (self.scalar_of(x, sizes_only=sizes_only, known=known) for x in e.args)
             return sympy.Max(a, b) if e.name == "max" else sympy.Min(a, b)
         what = "a size expression (numbers, sizes, + - * / ^)" if sizes_only else "a number or size expression"
         self.error(f"expected {what}", e.span)
@@ -397,4 +397,4 @@ def _is_constant(expr: Expr, tensors: Mapping[str, Tensor]) -> bool:
 
 def build_graph(head: syn.DesignDecl, items: list[syn.Item], overrides: Mapping[str, int] | None = None) -> DesignGraph:
     """Syntax items (after `extends` merging) -> DesignGraph, or TdiagError with every mistake."""
-    return _Builder(head, items, overrides or {}).build()
+    return DesignBuilder(head, items, overrides or {}).build()

@@ -44,14 +44,14 @@ from .vocabulary import (
 )
 
 if TYPE_CHECKING:
-    from .builder import _Builder
+    from .protocols import GraphBuilder
 
 
 class BoxesAndMaps:
-    """Boxes, maps, masks, reductions and sqdist; a base class of _ExprBuilder (expressions.py),
+    """Boxes, maps, masks, reductions and sqdist; a base class of ExprBuilder (expressions.py),
     whose inside/restrict/poison/tensor_ref it uses."""
 
-    b: _Builder
+    b: GraphBuilder
 
     # -- calls: boxes, maps, reductions, squared distance --
     def call(self, e: syn.Call, keep: set[str]) -> Expr:
@@ -97,7 +97,7 @@ class BoxesAndMaps:
                 return True
         return False
 
-    def _one_argument(self, e: syn.Call) -> syn.Expr | None:
+    def one_argument(self, e: syn.Call) -> syn.Expr | None:
         if e.keywords:
             self.b.error(f"{e.name} takes no keyword arguments; options go in [...]", e.keywords[0].span)
         if len(e.args) != 1:
@@ -127,7 +127,7 @@ class BoxesAndMaps:
 
     def box(self, e: syn.Call, keep: set[str]) -> Expr:
         normalized = self.legs_of(e)
-        argument = self._one_argument(e)
+        argument = self.one_argument(e)
         if not normalized:
             self.b.error(
                 f"a {e.name} box needs its normalized leg",
@@ -212,7 +212,7 @@ class BoxesAndMaps:
                 if sink is not None:
                     options["sink"] = sink
             else:
-                options[option.name] = self.b._scalar(option.value)
+                options[option.name] = self.b.scalar_of(option.value)
         return options
 
     def _scale_factor(self, value: syn.Expr, content: Expr, box: str) -> Expr | None:
@@ -370,7 +370,7 @@ class BoxesAndMaps:
 
     def _window_width(self, arg: syn.Expr) -> sympy.Expr | None:
         """A window's width: a whole positive number or size, fixed before any input."""
-        width = self.b._scalar(arg, sizes_only=True)
+        width = self.b.scalar_of(arg, sizes_only=True)
         if width.free_symbols & self.b.runtime_sizes:
             self.b.error(
                 f"a window's width is a fixed size, not the run-time length {width}",
@@ -442,7 +442,7 @@ class BoxesAndMaps:
             return self.poison(e)
         operand = self.inside(args[0], keep)
         self.warn_lone_sums(written or e, args[0], operand)
-        params = tuple(self.b._scalar(a) for a in args[1:])
+        params = tuple(self.b.scalar_of(a) for a in args[1:])
         return ElementwiseMap(operand.legs, e.span, e.name, operand, params)
 
     def rsqrt(self, e: syn.Call, keep: set[str]) -> Expr:
@@ -456,7 +456,7 @@ class BoxesAndMaps:
     def bound(self, e: syn.Call, keep: set[str]) -> Expr:
         """`max(x, c)`, `min(x, c)` (either order): elementwise, a tensor against a number or size,
         the maps "maximum" and "minimum" (torch.clamp with one bound); the frequency pieces of
-        Llama 3's rope scaling, for one. Of two numbers or sizes it is a number (builder._scalar)."""
+        Llama 3's rope scaling, for one. Of two numbers or sizes it is a number (builder.scalar_of)."""
         scalar = [is_scalar_syntax(a, self.b.tensors) for a in e.args]
         if not any(scalar):
             self.b.error(
@@ -468,7 +468,7 @@ class BoxesAndMaps:
         tensor, bound = (e.args[1], e.args[0]) if scalar[0] else e.args
         operand = self.inside(tensor, keep)
         self.warn_lone_sums(e, tensor, operand)
-        return ElementwiseMap(operand.legs, e.span, BOUNDS[e.name], operand, (self.b._scalar(bound),))
+        return ElementwiseMap(operand.legs, e.span, BOUNDS[e.name], operand, (self.b.scalar_of(bound),))
 
     def warn_lone_sums(self, call: syn.Call | syn.BinOp, argument: syn.Expr, operand: Expr) -> None:
         """Warn of a leg summed inside a map, reduction or power that one factor of its argument alone
@@ -481,7 +481,7 @@ class BoxesAndMaps:
 
     def reduction(self, e: syn.Call, keep: set[str]) -> Expr:
         over = self.legs_of(e)
-        argument = self._one_argument(e)
+        argument = self.one_argument(e)
         if not over:
             self.b.error(f"{e.name} needs the leg it reduces", e.name_span, hint=f"e.g. {e.name}[r](...)")
         if argument is None:
@@ -533,7 +533,7 @@ class BoxesAndMaps:
     def scan(self, e: syn.Call, keep: set[str]) -> Expr:
         """`cumsum[n, exclusive = 1, reverse = 1, mask = ...](x)`: a prefix scan of x along its
         position leg n, which stays in the result (docs/language.md, Scans)."""
-        argument = self._one_argument(e)
+        argument = self.one_argument(e)
         if argument is None:
             return self.poison(e)
         named = {leg for leg in self.legs_of(e)}
@@ -557,7 +557,7 @@ class BoxesAndMaps:
             elif option.name in flags:
                 self.b.error(f"option '{option.name}' is given twice", option.span)
             else:
-                value = self.b._scalar(option.value)
+                value = self.b.scalar_of(option.value)
                 if value not in (0, 1):
                     self.b.error(
                         f"{e.name} option '{option.name}' is a flag: 0 or 1, got {value}",
@@ -582,7 +582,7 @@ class BoxesAndMaps:
     def segment_sum(self, e: syn.Call, keep: set[str]) -> Expr:
         """`segsum[n, m](a)`: S[.., n, m] = Σ_{k=m+1..n} a_k along a's position leg n, over n and
         the new key leg m of n's size; −inf where m > n (docs/language.md, Scans)."""
-        argument = self._one_argument(e)
+        argument = self.one_argument(e)
         if argument is None:
             return self.poison(e)
         named = self.legs_of(e)
@@ -606,7 +606,7 @@ class BoxesAndMaps:
             )
             return self.poison(e)
         if along in self.b.legs:
-            self.b._bind(key, self.b.legs[along].size, item.span, e.name)
+            self.b.bind_leg(key, self.b.legs[along].size, item.span, e.name)
         position = operand.legs.index(along) + 1
         legs = (*operand.legs[:position], key, *operand.legs[position:])
         return self.restrict(SegmentSum(legs, e.span, along, key, operand), keep, e.span)

@@ -181,7 +181,7 @@ def _linear(builder: BoxesAndMaps, e: syn.Expr) -> tuple[dict[str, int], sympy.E
     if isinstance(e, syn.Number):
         return {}, sympy.sympify(e.value)
     if isinstance(e, syn.Name) and e.name in b.sizes:
-        return {}, b._scalar(e, sizes_only=True)
+        return {}, b.scalar_of(e, sizes_only=True)
     if isinstance(e, syn.Name):
         return {e.name: 1}, sympy.Integer(0)
     if isinstance(e, syn.Neg):
@@ -197,7 +197,7 @@ def _linear(builder: BoxesAndMaps, e: syn.Expr) -> tuple[dict[str, int], sympy.E
             merged[k] = merged.get(k, 0) + sign * v
         return merged, left[1] + sign * right[1]
     if isinstance(e, syn.BinOp | syn.Call) and not _names(e) - set(b.sizes):
-        return {}, b._scalar(e, sizes_only=True)
+        return {}, b.scalar_of(e, sizes_only=True)
     b.error(
         "a shift is written with legs, whole numbers and sizes joined by + and -",
         e.span,

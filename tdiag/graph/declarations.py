@@ -19,8 +19,8 @@ from .vocabulary import INIT_PARAMS, INITIALIZERS, POISON_SIZE, RANDOM_MODES
 
 
 class Declarations:
-    """Sizes and declared tensors, a base class of _Builder (builder.py), whose attributes and
-    _bind/_scalar it uses."""
+    """Sizes and declared tensors, a base class of DesignBuilder (builder.py), whose attributes and
+    bind_leg/scalar_of it uses."""
 
     head: syn.DesignDecl
     items: list[syn.Item]
@@ -48,7 +48,7 @@ class Declarations:
             elif d.value is None:
                 definition = None
             else:
-                definition = self._scalar(d.value, sizes_only=True, known=names)
+                definition = self.scalar_of(d.value, sizes_only=True, known=names)
             self.sizes[d.name] = Size(d.name, symbol, definition, d.span)
         self._check_size_cycles()
         self._check_size_values()
@@ -107,9 +107,9 @@ class Declarations:
         for d in (i for i in self.items if isinstance(i, syn.Declaration)):
             axes = []
             for axis in d.axes:
-                size = self._scalar(axis.size, sizes_only=True)
+                size = self.scalar_of(axis.size, sizes_only=True)
                 self._check_axis_size(d, axis, size, values)
-                self._bind(axis.leg, size, axis.span, d.name)
+                self.bind_leg(axis.leg, size, axis.span, d.name)
                 axes.append(Axis(axis.leg, size))
             self._check_axis_names(d)
             self._check_stored_size(d, tuple(axes))
@@ -215,7 +215,7 @@ class Declarations:
                 hint=f"arguments: {', '.join(known) or 'none'}",
             )
         for key, value in zip(known, args, strict=False):
-            params.append((key, self._scalar(value)))
+            params.append((key, self.scalar_of(value)))
         for kw in keywords:
             if kw.name not in known:
                 self.error(
@@ -224,7 +224,7 @@ class Declarations:
                     hint=join_hint(did_you_mean(kw.name, known), f"arguments: {', '.join(known) or 'none'}"),
                 )
                 continue
-            params.append((kw.name, self._scalar(kw.value)))
+            params.append((kw.name, self.scalar_of(kw.value)))
         if name == "identity":
             sizes = {expand_sizes(a.size, self.sizes) for a in axes}
             if len(axes) < 2 or len(sizes) > 1:
@@ -244,7 +244,7 @@ class Declarations:
         2×2 rotation generator); their count must be the number of entries."""
         for kw in keywords:
             self.error("values takes numbers only, no keyword arguments", kw.span, hint="e.g. values(0, -1, 1, 0)")
-        entries = tuple(self._scalar(a) for a in args)
+        entries = tuple(self.scalar_of(a) for a in args)
         known = size_values(self.sizes)
         subs = {self.sizes[k].symbol: v for k, v in known.items()}
         count = expand_sizes(sympy.Mul(*(a.size for a in axes)), self.sizes).xreplace(subs)

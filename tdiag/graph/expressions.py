@@ -21,15 +21,17 @@ from .syntax import available_legs, call_as_product, is_scalar_syntax, product_o
 from .vocabulary import FUNCTIONS, POISON_NAME
 
 if TYPE_CHECKING:
-    from .builder import _Builder
+    from .protocols import GraphBuilder
 
 
-class _ExprBuilder(Products, Positions, BoxesAndMaps):
-    """Builds the expression of one statement, applying the leg rule at every boundary."""
+class ExprBuilder(Products, BoxesAndMaps):
+    """Builds the expression of one statement, applying the leg rule at every boundary; its slices,
+    gathers and index(...) are built by its `positions` part."""
 
-    def __init__(self, builder: _Builder):
+    def __init__(self, builder: GraphBuilder):
         self.b = builder
         self.gathered: list[tuple[str, Span]] = []  # legs naming an axis read at a position
+        self.positions = Positions(self)
 
     def _has_errors_since(self, start: int) -> bool:
         """Whether a diagnostic from `start` on is an error (a warning inside an expression explains
@@ -113,7 +115,7 @@ class _ExprBuilder(Products, Positions, BoxesAndMaps):
     def build(self, e: syn.Expr, keep: set[str]) -> Expr:
         e = call_as_product(e, self.b.tensors)
         if is_scalar_syntax(e, self.b.tensors):
-            return Scalar((), e.span, self.b._scalar(e))
+            return Scalar((), e.span, self.b.scalar_of(e))
         if isinstance(e, syn.Name):
             return self._bare_name(e)
         if isinstance(e, syn.Indexed):

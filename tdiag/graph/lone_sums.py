@@ -33,7 +33,7 @@ from ..ir import TensorRef as Ref
 from .syntax import available_legs, syntax_nodes, syntax_text
 
 if TYPE_CHECKING:
-    from .expressions import _ExprBuilder
+    from .protocols import ExpressionBuilder
 
 # nodes that apply the leg rule at their own boundary: a sum inside them is theirs, not the map's
 _BOUNDARIES = (ElementwiseMap, SoftmaxBox, Reduction, Scan, SegmentSum, Convolution, SquaredDistance)
@@ -75,13 +75,13 @@ def _products(node: Expr) -> list[Contraction]:
     return found
 
 
-def explicit_sum(builder: _ExprBuilder, e: syn.Call, keep: set[str]) -> Expr:
+def explicit_sum(builder: ExpressionBuilder, e: syn.Call, keep: set[str]) -> Expr:
     """`sum[k](x)`: Σ_k x, the sum the leg rule would take, written out. k stays a leg inside x
     (`sum[k](exp(S[h n k]))` is Σ_k exp(S)) and is summed over x as a whole; the sum is meant, so
     no lone-sum warning names k."""
     b = builder.b
     over = builder.legs_of(e)
-    argument = builder._one_argument(e)
+    argument = builder.one_argument(e)
     if not over:
         b.error("sum needs the legs it sums", e.name_span, hint="e.g. sum[k](S[n k])")
     for option in e.options:
