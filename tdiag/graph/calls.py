@@ -23,8 +23,6 @@ from ..ir import (
     Mask,
     PaddingMask,
     Reduction,
-    Scan,
-    SegmentSum,
     SoftmaxBox,
     TensorRef,
     WindowFactor,
@@ -40,7 +38,6 @@ from .vocabulary import (
     FUNCTIONS,
     MAPS,
     SCALAR_FUNCTIONS,
-    SCAN_OPTIONS,
 )
 
 if TYPE_CHECKING:
@@ -198,7 +195,7 @@ class BoxesAndMaps:
                     hint=join_hint(did_you_mean(option.name, allowed), one_of(allowed)),
                 )
             elif option.name == "mask":
-                mask = self._mask(option.value, content, f"{e.name} box")
+                mask = self.mask_option(option.value, content, f"{e.name} box")
                 if mask is not None:
                     options["masks"].append(mask)
             elif option.name in options or (option.name == "scale" and "scale_factor" in options):
@@ -256,7 +253,7 @@ class BoxesAndMaps:
             return None
         return self.inside(value, set(legs))
 
-    def _mask(self, value: syn.Expr, content: Expr, box: str) -> Mask | None:
+    def mask_option(self, value: syn.Expr, content: Expr, box: str) -> Mask | None:
         if isinstance(value, syn.Call) and value.name == "causal":
             legs = [a.name if isinstance(a, syn.Name) else None for a in value.args]
             if len(legs) != 2 or None in legs or value.legs is not None:
@@ -501,7 +498,7 @@ class BoxesAndMaps:
         masks = tuple(self._only_masks(e, operand, "reduction"))
         return self.restrict(Reduction(legs, e.span, e.name, over, operand, masks), keep, e.span)
 
-    def _scan_leg(self, e: syn.Call, operand: Expr, count: int, usage: str) -> str | None:
+    def scan_leg(self, e: syn.Call, operand: Expr, count: int, usage: str) -> str | None:
         """The position leg a scan or segment sum runs along: the first of its `count` legs in
         brackets, a leg of its argument whose size is a run-time length (N), never a feature leg."""
         legs = self.legs_of(e)
@@ -530,87 +527,6 @@ class BoxesAndMaps:
             return None
         return along
 
-    def scan(self, e: syn.Call, keep: set[str]) -> Expr:
-        """`cumsum[n, exclusive = 1, reverse = 1, mask = ...](x)`: a prefix scan of x along its
-        position leg n, which stays in the result (docs/language.md, Scans)."""
-        argument = self.one_argument(e)
-        if argument is None:
-            return self.poison(e)
-        named = {leg for leg in self.legs_of(e)}
-        along_masks = {leg for option in e.options for leg in available_legs(option.value, self.b.tensors)}
-        operand = self.inside(argument, keep | named | along_masks)
-        self.warn_lone_sums(e, argument, operand)
-        along = self._scan_leg(e, operand, 1, f"{e.name}[n](x[n h])")
-        flags: dict[str, bool] = {}
-        masks: list[Mask] = []
-        for option in e.options:
-            if option.name not in SCAN_OPTIONS:
-                self.b.error(
-                    f"unknown {e.name} option '{option.name}'",
-                    option.span,
-                    hint=join_hint(did_you_mean(option.name, SCAN_OPTIONS), one_of(SCAN_OPTIONS)),
-                )
-            elif option.name == "mask":
-                mask = self._mask(option.value, operand, f"{e.name} scan")
-                if mask is not None:
-                    masks.append(mask)
-            elif option.name in flags:
-                self.b.error(f"option '{option.name}' is given twice", option.span)
-            else:
-                value = self.b.scalar_of(option.value)
-                if value not in (0, 1):
-                    self.b.error(
-                        f"{e.name} option '{option.name}' is a flag: 0 or 1, got {value}",
-                        option.value.span,
-                        hint=f"{e.name}[n, {option.name} = 1](...)",
-                    )
-                flags[option.name] = value == 1
-        if along is None:
-            return self.poison(e)
-        scan = Scan(
-            operand.legs,
-            e.span,
-            e.name,
-            along,
-            operand,
-            flags.get("exclusive", False),
-            flags.get("reverse", False),
-            tuple(masks),
-        )
-        return self.restrict(scan, keep, e.span)
-
-    def segment_sum(self, e: syn.Call, keep: set[str]) -> Expr:
-        """`segsum[n, m](a)`: S[.., n, m] = Σ_{k=m+1..n} a_k along a's position leg n, over n and
-        the new key leg m of n's size; −inf where m > n (docs/language.md, Scans)."""
-        argument = self.one_argument(e)
-        if argument is None:
-            return self.poison(e)
-        named = self.legs_of(e)
-        for option in e.options:
-            self.b.error(
-                f"unknown {e.name} option '{option.name}'",
-                option.span,
-                hint=f"{e.name} takes no options: {e.name}[n, m](a[n h])",
-            )
-        operand = self.inside(argument, keep | set(named[:1]))
-        self.warn_lone_sums(e, argument, operand)
-        along = self._scan_leg(e, operand, 2, f"{e.name}[n, m](a[n h])")
-        if along is None:
-            return self.poison(e)
-        key, item = named[1], e.legs[1]  # type: ignore[index]
-        if key in operand.legs:
-            self.b.error(
-                f"{e.name}'s key leg '{key}' is a leg of its argument already",
-                item.span,
-                hint=f"name a new leg for the keys: {e.name}[{along}, m](...)",
-            )
-            return self.poison(e)
-        if along in self.b.legs:
-            self.b.bind_leg(key, self.b.legs[along].size, item.span, e.name)
-        position = operand.legs.index(along) + 1
-        legs = (*operand.legs[:position], key, *operand.legs[position:])
-        return self.restrict(SegmentSum(legs, e.span, along, key, operand), keep, e.span)
-
     def _only_masks(self, e: syn.Call, operand: Expr, what: str) -> list[Mask]:
         """The masks of a map or reduction (`logsumexp[m, mask = causal(n, m)](S)`), over legs of
         its argument; any other option is an error, as `what` takes only masks."""
@@ -623,7 +539,7 @@ class BoxesAndMaps:
                     hint=f"a {what} takes only masks: {e.name}[m, mask = causal(n, m)](...)",
                 )
                 continue
-            mask = self._mask(option.value, operand, f"{e.name} {what}")
+            mask = self.mask_option(option.value, operand, f"{e.name} {what}")
             if mask is not None:
                 masks.append(mask)
         return masks

@@ -81,7 +81,7 @@ def convolution(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     masks: list[Mask] = []
     for option in e.options:
         if option.name == "mask":
-            mask = builder._mask(option.value, operand, "conv")
+            mask = builder.mask_option(option.value, operand, "conv")
             if mask is not None:
                 masks.append(mask)
     if not ok:
