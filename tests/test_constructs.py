@@ -86,13 +86,44 @@ def test_registering_every_construct_does_not_load_torch():
     assert result.returncode == 0, result.stderr
 
 
-def test_every_word_of_the_language_is_built_by_a_rule_or_is_a_scalar_function():
-    """A word added to graph/vocabulary.py without a construct's build rule would reach the
-    "unknown map" error; a rule for a word the vocabulary lacks would be missing from its hints."""
+def test_a_word_registered_with_a_build_rule_is_a_word_of_the_language():
+    """The words come from the build table: a construct's new word needs no vocabulary edit."""
+    from tdiag.graph.vocabulary import Words
+
+    rules = Rules("build")
+    words = Words(rules, ("sqrt",))
+    assert "trisolve" not in words
+    rules.register(TriangularSolve, names=("trisolve",))(lambda builder, call, keep: None)
+    assert "trisolve" in words and "sqrt" in words and "solve" not in words
+    assert list(words) == ["sqrt", "trisolve"]
+
+
+def test_every_registered_word_and_scalar_function_is_a_function_of_the_language():
     from tdiag.graph import FUNCTIONS, SCALAR_FUNCTIONS
     from tdiag.graph.calls import BUILD
 
+    assert {"softmax", "causal", "conv", "rsqrt", "max", "floor"} <= set(FUNCTIONS)
     assert BUILD.names() | set(SCALAR_FUNCTIONS) == set(FUNCTIONS)
+
+
+def test_plain_gives_a_kind_every_position_tables_neutral_rule_but_those_named():
+    from tdiag.graph import position_rules as pos
+
+    @dataclass(frozen=True)
+    class Banded(ir.Expr):
+        pass
+
+    pos.plain(Banded, but=(pos.MASK_SITE,))
+    assert missing_rules([Banded], pos.TABLES) == [("mask site", "Banded")]
+    node = Banded(("n", "m"), SPAN)
+    assert pos.zeros(node, {}) == set() and pos.HEADS.lookup(node)(node, "n", "m") == ((), ())
+
+
+def test_the_construct_modules_are_found_without_a_list():
+    from tdiag import constructs
+
+    assert {"softmax", "causal", "scan", "tensor"} <= set(constructs.MODULES)
+    assert list(constructs.MODULES) == sorted(constructs.MODULES)
 
 
 def test_a_word_is_built_by_one_rule_only():

@@ -231,11 +231,11 @@ def test_t5_gradcheck_through_the_bucket_gathers(t5):
 def _bounds(design: tdiag.Design, length: int) -> tuple[float, float]:
     """check's interval bounds of the design's gather position when every leg runs over
     0 .. length − 1."""
-    from tdiag.graph.syntax import _position_bounds
+    from tdiag.graph.syntax import position_bounds
 
     (gather,) = [e for e in _walk(design.graph) if e.kind == "gather"]
     values = {design.graph.sizes[k].symbol: v for k, v in design.size_values.items()}
-    return _position_bounds(gather.position, lambda leg: length - 1, lambda e: float(e.xreplace(values)))
+    return position_bounds(gather.position, lambda leg: length - 1, lambda e: float(e.xreplace(values)))
 
 
 @pytest.mark.parametrize("name", POSITIONS)

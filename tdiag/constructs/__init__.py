@@ -3,43 +3,43 @@ softmax box), each filling every converted stage's table for its kind, or declar
 unsupported there with a reason, as JAX's primitives register their lowerings. The tables live in
 their stages' layers: build (graph/calls.BUILD, keyed on the call's word as well), check
 (check.CHECK: the numbers a node carries), print and describe (printing.py), render
-(render.RENDER) and evaluate (evaluation.EVALUATE, for the reference evaluator). Importing the
+(render.RENDER), evaluate (evaluation.EVALUATE, for the reference evaluator) and the position
+tables of graph/position_rules.py (what a kind means to with_causal_mask, the call masks and the
+absorbed form: where a mask goes, what it hides, mixes or reads ahead). Importing the
 package registers them all; design.py imports it, lower layers never do. Nothing here imports
 torch at module level: an evaluate rule imports it when it runs.
 
 Lowering (plan/base.py's `_lower_nonlinear`) and decoding (decode*.py) are not tables yet; a
 new kind still needs its branches there. Adding a construct: an ir dataclass, its word in
 graph/vocabulary.py (and graph/syntax.py's leg rule where legs are summed inside it), and one
-module here; tests/test_constructs.py fails until every table has a rule for it."""
+module here, found by `_register_all` (no list to edit); tests/test_constructs.py fails until every
+table has a rule for it."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Iterable
 
 from ..check import CHECK
 from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
+from ..graph.position_rules import TABLES as POSITIONS
 from ..printing import DESCRIBE, PRINT
 from ..render import RENDER
 from ..rules import Rules
-from . import (  # noqa: F401  (registered at import)
-    causal,
-    contraction,
-    conv,
-    gather,
-    index,
-    map,
-    quotient,
-    reduction,
-    scalar,
-    scan,
-    segsum,
-    softmax,
-    sqdist,
-    sum,
-    tensor,
-    window,
-)
+
+
+def _register_all() -> tuple[str, ...]:
+    """Import every module of this package (each registers its kind's rules at import), so that a
+    new construct is one new module here: no list of them to edit."""
+    names = tuple(m.name for m in pkgutil.iter_modules(__path__) if not m.ispkg)
+    for name in names:
+        importlib.import_module(f"{__name__}.{name}")
+    return names
+
+
+MODULES = _register_all()  # the construct modules, by name, in the order they registered
 
 STAGES: tuple[Rules, ...] = (
     BUILD,
@@ -48,6 +48,7 @@ STAGES: tuple[Rules, ...] = (
     DESCRIBE,
     RENDER,
     EVALUATE,
+    *POSITIONS,
 )  # the stages converted to rule tables so far
 
 

@@ -9,7 +9,9 @@ from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..errors import did_you_mean
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
 from ..graph.calls import BUILD
+from ..graph.position_rules import Hidden, Pairs
 from ..ir import CausalFactor, CausalMask, Expr
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER
@@ -68,3 +70,23 @@ def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
         builder.b.error("a causal mask relates two different legs", e.span)
         return builder.poison(e)
     return CausalFactor((legs[0], legs[1]), e.span, legs[0], legs[1])  # type: ignore[arg-type]
+
+
+# Positions (graph/position_rules.py): the factor is zero past the query, causal as written, and
+# read at every key.
+@pos.ZEROS.register(CausalFactor)
+def zeros(node: CausalFactor, hidden: Hidden) -> Pairs:
+    return {(node.query, node.key)}
+
+
+@pos.HIDES.register(CausalFactor)
+def hides(node: CausalFactor, query: str, key: str, diagonal: Hidden) -> bool:
+    return (node.query, node.key) == (query, key)
+
+
+@pos.KEY_LEGS.register(CausalFactor)
+def key_legs(node: CausalFactor, positional: set[str]) -> set[str]:
+    return {node.key}
+
+
+pos.plain(CausalFactor, but=(pos.ZEROS, pos.HIDES, pos.KEY_LEGS))

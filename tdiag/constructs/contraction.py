@@ -11,8 +11,10 @@ import sympy
 from .. import parse as syn
 from ..check import CHECK
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
 from ..graph.calls import BUILD
 from ..graph.lone_sums import explicit_sum
+from ..graph.position_rules import Hidden, Mixing, Pairs, Site
 from ..graph.vocabulary import SUMS
 from ..ir import Contraction, Expr
 from ..printing import DESCRIBE, PRINT, parenthesized, wrapped
@@ -86,3 +88,56 @@ def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`sum[k](x)`: the leg rule's sum written out (graph/lone_sums.py); a product of factors is
     built from the statement's syntax (graph/products.py), not a call."""
     return explicit_sum(builder, e, keep)  # type: ignore[arg-type]
+
+
+# Positions (graph/position_rules.py): a causal or call mask is a factor of a product that sums the
+# key beside the query; the product is zero wherever a factor is.
+@pos.MASK_SITE.register(Contraction)
+def mask_site(node: Contraction, query: str, key: str) -> Site | None:
+    return "factor" if key in node.summed and query in node.legs else None
+
+
+@pos.SEEN.register(Contraction)
+def seen(node: Contraction, query: str, key: str, hidden: Hidden) -> bool:
+    """Whether a factor over the key hides the later keys already (causal(n, m) written in)."""
+    return any((query, key) in pos.zeros(f, hidden) for f in node.factors if key in f.legs)
+
+
+@pos.ZEROS.register(Contraction)
+def zeros(node: Contraction, hidden: Hidden) -> Pairs:
+    return set().union(*(pos.zeros(f, hidden) for f in node.factors))
+
+
+@pos.MIXING.register(Contraction)
+def mixing(node: Contraction) -> Mixing:
+    return Mixing(node.summed, "the sum")
+
+
+@pos.CALL_HIDDEN.register(Contraction)
+def call_hidden(node: Contraction, name: str, hidden: Hidden) -> Pairs:
+    return set().union(*(pos.call_hidden(f, name, hidden) for f in node.factors))
+
+
+@pos.HEADS.register(Contraction)
+def heads(node: Contraction, query: str, key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The legs its query side and its key side share (each in a factor with the query leg and in
+    one with the key leg), other than the features they contract (a summed leg of a factor with
+    the query leg and not the key leg and of one with the key leg and not the query leg): h in
+    sigmoid attention's A[h n m] V[m h e] WO[h e g] and in gla's Q[n h d] K[m h d] V[m h e], not
+    d; in the order the contraction's legs, then its factors', name them. And its kept legs that
+    only its factors with the query leg hold (the query heads r of grouped heads written
+    Q[g r n d] K[g m d] V[g m e]), over which no mask per head can be laid."""
+
+    def side(has: str, lacks: str | None = None) -> set[str]:
+        return {leg for f in node.factors if has in f.legs and lacks not in f.legs for leg in f.legs}
+
+    features = side(query, key) & side(key, query) & set(node.summed)
+    legs = dict.fromkeys(leg for f in (node, *node.factors) for leg in f.legs if leg not in (query, key))
+    shared = tuple(leg for leg in legs if leg in side(query) and leg in side(key) and leg not in features)
+    key_side = {leg for f in node.factors if key in f.legs for leg in f.legs}
+    query_side = {leg for f in node.factors if query in f.legs for leg in f.legs}
+    alone = tuple(leg for leg in node.legs if leg != query and leg in query_side and leg not in key_side)
+    return shared, alone
+
+
+pos.plain(Contraction, but=(pos.MASK_SITE, pos.SEEN, pos.ZEROS, pos.MIXING, pos.CALL_HIDDEN, pos.HEADS))

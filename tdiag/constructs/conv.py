@@ -8,9 +8,12 @@ from typing import TYPE_CHECKING
 
 from .. import parse as syn
 from ..check import CHECK, no_numbers
+from ..errors import Diagnostic
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
 from ..graph.calls import BUILD
 from ..graph.convolutions import convolution
+from ..graph.position_rules import Hidden, Positions, Site
 from ..graph.vocabulary import CONVOLUTIONS
 from ..ir import Convolution, Expr
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
@@ -95,3 +98,61 @@ CHECK.register(Convolution)(no_numbers)
 def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`conv[n = n - i, ...](x, kernel)` (graph/convolutions.py)."""
     return convolution(builder, e, keep)  # type: ignore[arg-type]
+
+
+# Positions (graph/position_rules.py): a convolution that shifts the query or key leg of an operand
+# with both is masked before the shift (zeroed above the diagonal, Multi-Token Attention's Mask_0);
+# one whose shift reads a later query, or a later position of an operand without the query leg, is
+# refused.
+@pos.MASK_SITE.register(Convolution)
+def mask_site(node: Convolution, query: str, key: str) -> Site | None:
+    """Over an operand with both `query` and `key` legs that it shifts along either, so that a
+    shifted read sees no key after its own query."""
+    shifted = {s.leg for s in node.shifts}
+    return "masks" if query in node.legs and key in node.legs and shifted & {query, key} else None
+
+
+@pos.SEEN.register(Convolution)
+def seen(node: Convolution, query: str, key: str, hidden: Hidden) -> bool:
+    return pos.masks_hide(node.masks, query, key) or (query, key) in pos.zeros(node.operand, hidden)  # type: ignore[arg-type]
+
+
+@pos.FUTURE.register(Convolution)
+def future(node: Convolution, positions: Positions) -> Diagnostic | None:
+    """A shift that reads a later position where nothing hides it: along a query leg, or along a
+    position leg of an operand without a query leg beside its key (a token shift of the keys),
+    any offset that reads ahead (n + i, or m - j + P with P > 0) would let a position see the
+    ones after it. A shift along the key leg of an operand with the query leg reads ahead safely
+    once the operand is zeroed above the diagonal (mask = causal(n, m), Mask_0)."""
+    graph = positions.graph
+    if not pos.reads_an_input(node, graph):
+        return None
+    for shift in node.shifts:
+        leg = shift.leg
+        if not positions.positional(leg):
+            continue
+        width = graph.evaluate(graph.legs[shift.offset].size)
+        ahead = graph.evaluate(shift.start + (width - 1 if shift.sign > 0 else 0))
+        masked = any(pos.hides_future(m) and m.key == leg and m.query in node.legs for m in node.masks)
+        if ahead > 0 and not (masked and leg not in positions.queries):
+            return Diagnostic(
+                f"with_causal_mask cannot mask the conv's shift {leg} = {shift.source()}: it reads position"
+                f" {leg} + {ahead}, after the one it computes",
+                (node.span,),
+                f"shift along the query leg backwards only ({leg} = {leg} - {shift.offset}); a centred shift"
+                " of the keys needs the query leg beside them, as in conv[n = n - i, m = m - j + P](S[h n m], ...)",
+            )
+    return None
+
+
+@pos.CALL_WORD.register(Convolution)
+def call_word(node: Convolution) -> str:
+    return "a convolution along the positions (its operand masked before the shift)"
+
+
+@pos.KEY_LEGS.register(Convolution)
+def key_legs(node: Convolution, positional: set[str]) -> set[str]:
+    return pos.mask_keys(node.masks, positional)
+
+
+pos.plain(Convolution, but=(pos.MASK_SITE, pos.SEEN, pos.FUTURE, pos.CALL_WORD, pos.KEY_LEGS))

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
 from ..graph.calls import BUILD
 from ..ir import Gather, Position
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
@@ -148,3 +149,7 @@ CHECK.register(Gather)(no_numbers)
 
 
 BUILD.unsupported(Gather, "not a call: a gather is written Rel[h, r = position] (graph/positions.py)")
+
+
+# Positions (graph/position_rules.py): it takes no mask, hides nothing and mixes no positions.
+pos.plain(Gather)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
 from ..graph.calls import BUILD
 from ..graph.vocabulary import POSITION_FUNCTIONS
 from ..ir import Expr, PositionIndex
@@ -49,4 +50,8 @@ CHECK.register(PositionIndex)(no_numbers)
 @BUILD.register(PositionIndex, names=POSITION_FUNCTIONS)
 def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`index(n)`, or `index(p, P)`, which also binds leg p to size P (graph/positions.py)."""
-    return builder.position_index(e)  # type: ignore[attr-defined]
+    return builder.positions.position_index(e)  # type: ignore[attr-defined]
+
+
+# Positions (graph/position_rules.py): it takes no mask, hides nothing and mixes no positions.
+pos.plain(PositionIndex)

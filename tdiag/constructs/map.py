@@ -10,9 +10,11 @@ import sympy
 from .. import parse as syn
 from ..check import CHECK, NumberRule
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
 from ..graph.calls import BUILD
+from ..graph.position_rules import Hidden, Pairs
 from ..graph.vocabulary import MAPS, RSQRT
-from ..ir import ElementwiseMap, Expr
+from ..ir import ElementwiseMap, Expr, PositionIndex, Scalar, SumNode
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe, wrapped
 from ..render import RENDER, math_text
 from ..render import draw as draw_node
@@ -108,3 +110,71 @@ def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`exp(x)`, `clamp(x, lo, hi)`, ... and `rsqrt(x)`, which is x ^ -0.5. (`max(x, c)` and
     `min(x, c)` share their words with the reductions: reduction.py builds them.)"""
     return builder.rsqrt(e, keep) if e.name == RSQRT else builder.elementwise_map(e, keep)
+
+
+# Positions (graph/position_rules.py): a clamp of the index difference is zero past the query (a
+# causal factor as written), exp of an operand −inf there is zero there, and a map that sends 0 to 0
+# keeps its operand's zeros.
+@pos.ZEROS.register(ElementwiseMap)
+def zeros(node: ElementwiseMap, hidden: Hidden) -> Pairs:
+    clamp = causal_clamp(node)
+    if clamp is not None:
+        return {clamp}
+    if node.name == "exp" and node.operand is not None:
+        return pos.minus_infinity(node.operand)
+    if node.operand is not None and _keeps_zero(node):
+        return pos.zeros(node.operand, hidden)
+    return set()
+
+
+@pos.HIDES.register(ElementwiseMap)
+def hides(node: ElementwiseMap, query: str, key: str, diagonal: Hidden) -> bool:
+    return causal_clamp(node) == (query, key)
+
+
+def causal_clamp(node: ElementwiseMap) -> tuple[str, str] | None:
+    """(n, m) for a factor zero wherever key m is after query n: `clamp(index(n) - index(m), 0, c)`
+    (stick-breaking's strictly-earlier keys), `relu(...)` or `max(..., 0)` of that difference."""
+    if node.operand is None:
+        return None
+    floor = {"clamp": 0, "maximum": 0}.get(node.name)
+    if node.name == "relu" or (floor is not None and node.params and node.params[0] == 0):
+        return _position_difference(node.operand)
+    return None
+
+
+def _position_difference(expr: Expr) -> tuple[str, str] | None:
+    """(n, m) for `index(n) - index(m)`, plus a number of at most zero (`index(n) - index(m) - 1`)."""
+    if not isinstance(expr, SumNode):
+        return None
+    plus, minus = [], []
+    for term, sign in zip(expr.terms, expr.signs, strict=True):
+        if isinstance(term, PositionIndex):
+            (plus if sign > 0 else minus).append(term.leg)
+        elif not (isinstance(term, Scalar) and _number(term) * sign <= 0):
+            return None
+    return (plus[0], minus[0]) if len(plus) == len(minus) == 1 and plus != minus else None
+
+
+def _number(scalar: Scalar) -> float:
+    try:
+        return float(scalar.value)
+    except (TypeError, ValueError):
+        return 1.0  # not a number here: not taken as an offset that keeps the factor causal
+
+
+def _keeps_zero(node: ElementwiseMap) -> bool:
+    """Whether the map sends 0 to 0, so that an operand zero past the query stays zero there."""
+    params = [sympy.sympify(p) for p in node.params]
+    if node.name in ("relu", "abs", "sin", "tanh", "sqrt", "silu", "gelu"):
+        return True
+    if node.name == "clamp":
+        return len(params) == 2 and params[0].is_nonpositive is True and params[1].is_nonnegative is True
+    if node.name == "maximum":
+        return len(params) == 1 and params[0].is_nonpositive is True
+    if node.name == "minimum":
+        return len(params) == 1 and params[0].is_nonnegative is True
+    return node.name == "pow" and len(params) == 1 and params[0].is_positive is True
+
+
+pos.plain(ElementwiseMap, but=(pos.ZEROS, pos.HIDES))

@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING
 
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
 from ..graph.calls import BUILD
+from ..graph.position_rules import Hidden, Pairs
 from ..ir import Quotient
 from ..printing import DESCRIBE, PRINT, nothing_to_describe, parenthesized, wrapped
 from ..render import RENDER, draw_joined
@@ -52,3 +54,17 @@ CHECK.register(Quotient)(no_numbers)
 
 
 BUILD.unsupported(Quotient, "not a call: a quotient is written a / b (graph/expressions.py)")
+
+
+# Positions (graph/position_rules.py): a quotient is zero where its numerator is.
+@pos.ZEROS.register(Quotient)
+def zeros(node: Quotient, hidden: Hidden) -> Pairs:
+    return pos.zeros(node.numerator, hidden)  # type: ignore[arg-type]
+
+
+@pos.CALL_HIDDEN.register(Quotient)
+def call_hidden(node: Quotient, name: str, hidden: Hidden) -> Pairs:
+    return pos.call_hidden(node.numerator, name, hidden)  # type: ignore[arg-type]
+
+
+pos.plain(Quotient, but=(pos.ZEROS, pos.CALL_HIDDEN))

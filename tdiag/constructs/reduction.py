@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
 from ..graph.calls import BUILD
+from ..graph.position_rules import Hidden, Mixing, Site
 from ..graph.vocabulary import BOUNDS, REDUCTIONS
 from ..ir import Expr, PaddingMask, Reduction
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
@@ -103,3 +105,36 @@ def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
         )
         return builder.poison(e)
     return builder.reduction(e, keep)
+
+
+# Positions (graph/position_rules.py): a mask over (query, key) joins the masks of a reduction over
+# the key that keeps the query.
+@pos.MASK_SITE.register(Reduction)
+def mask_site(node: Reduction, query: str, key: str) -> Site | None:
+    return "masks" if key in node.over and query in node.legs else None
+
+
+@pos.SEEN.register(Reduction)
+def seen(node: Reduction, query: str, key: str, hidden: Hidden) -> bool:
+    return pos.masks_hide(node.masks, query, key)
+
+
+@pos.MIXING.register(Reduction)
+def mixing(node: Reduction) -> Mixing:
+    return Mixing(node.over, f"the {node.name}")
+
+
+pos.HIDES.register(Reduction)(seen)
+
+
+@pos.CALL_WORD.register(Reduction)
+def call_word(node: Reduction) -> str:
+    return f"a {node.name} reduction"
+
+
+@pos.KEY_LEGS.register(Reduction)
+def key_legs(node: Reduction, positional: set[str]) -> set[str]:
+    return pos.mask_keys(node.masks, positional)
+
+
+pos.plain(Reduction, but=(pos.MASK_SITE, pos.SEEN, pos.MIXING, pos.HIDES, pos.CALL_WORD, pos.KEY_LEGS))

@@ -8,6 +8,7 @@ import sympy
 
 from ..check import CHECK
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
 from ..graph.calls import BUILD
 from ..ir import Scalar
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
@@ -49,3 +50,7 @@ def numbers(node: Scalar) -> tuple[tuple[str, sympy.Expr, None], ...]:
 
 
 BUILD.unsupported(Scalar, "not a call: a number or size is read where it is written (graph/builder.py)")
+
+
+# Positions (graph/position_rules.py): it takes no mask, hides nothing and mixes no positions.
+pos.plain(Scalar)

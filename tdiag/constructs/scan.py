@@ -8,10 +8,15 @@ from typing import TYPE_CHECKING
 
 from .. import parse as syn
 from ..check import CHECK, no_numbers
+from ..errors import Diagnostic, did_you_mean, one_of
+from ..errors import hint as join_hint
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
 from ..graph.calls import BUILD
-from ..graph.vocabulary import SCANS
-from ..ir import POSITION_MASKS, Expr, PaddingMask, Scan
+from ..graph.position_rules import Hidden, Pairs, Positions, Site
+from ..graph.syntax import available_legs
+from ..graph.vocabulary import SCAN_OPTIONS, SCANS
+from ..ir import POSITION_MASKS, Expr, Mask, PaddingMask, Scan
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 from ..render import RENDER, draw_tensor, position_masks
 from ..render import draw as draw_node
@@ -99,5 +104,105 @@ CHECK.register(Scan)(no_numbers)
 
 @BUILD.register(Scan, names=SCANS)
 def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
-    """`cumsum[n, exclusive = 1, reverse = 1, mask = ...](x)`, `logcumsumexp[n](x)`."""
-    return builder.scan(e, keep)
+    """`cumsum[n, exclusive = 1, reverse = 1, mask = ...](x)`: a prefix scan of x along its
+    position leg n, which stays in the result (docs/language.md, Scans)."""
+    argument = builder.one_argument(e)
+    if argument is None:
+        return builder.poison(e)
+    named = {leg for leg in builder.legs_of(e)}
+    along_masks = {leg for option in e.options for leg in available_legs(option.value, builder.b.tensors)}
+    operand = builder.inside(argument, keep | named | along_masks)
+    builder.warn_lone_sums(e, argument, operand)
+    along = builder.scan_leg(e, operand, 1, f"{e.name}[n](x[n h])")
+    flags: dict[str, bool] = {}
+    masks: list[Mask] = []
+    for option in e.options:
+        if option.name not in SCAN_OPTIONS:
+            builder.b.error(
+                f"unknown {e.name} option '{option.name}'",
+                option.span,
+                hint=join_hint(did_you_mean(option.name, SCAN_OPTIONS), one_of(SCAN_OPTIONS)),
+            )
+        elif option.name == "mask":
+            mask = builder.mask_option(option.value, operand, f"{e.name} scan")
+            if mask is not None:
+                masks.append(mask)
+        elif option.name in flags:
+            builder.b.error(f"option '{option.name}' is given twice", option.span)
+        else:
+            value = builder.b.scalar_of(option.value)
+            if value not in (0, 1):
+                builder.b.error(
+                    f"{e.name} option '{option.name}' is a flag: 0 or 1, got {value}",
+                    option.value.span,
+                    hint=f"{e.name}[n, {option.name} = 1](...)",
+                )
+            flags[option.name] = value == 1
+    if along is None:
+        return builder.poison(e)
+    scan = Scan(
+        operand.legs,
+        e.span,
+        e.name,
+        along,
+        operand,
+        flags.get("exclusive", False),
+        flags.get("reverse", False),
+        tuple(masks),
+    )
+    return builder.restrict(scan, keep, e.span)
+
+
+# Positions (graph/position_rules.py): a forward scan is a prefix, causal as it is; a reverse one
+# (a suffix sum) sees the later positions: a mask over (query, key) joins the masks of one along
+# the key that keeps the query, and one along another position leg is refused.
+@pos.MASK_SITE.register(Scan)
+def mask_site(node: Scan, query: str, key: str) -> Site | None:
+    return "masks" if node.reverse and node.along == key and query in node.legs else None
+
+
+@pos.SEEN.register(Scan)
+def seen(node: Scan, query: str, key: str, hidden: Hidden) -> bool:
+    """Whether a mask hides the later keys already, or a suffix sum adds entries zero past the query."""
+    return pos.masks_hide(node.masks, query, key) or (node.name == "cumsum" and (query, key) in _zeros_of(node, hidden))
+
+
+def _zeros_of(node: Scan, hidden: Hidden) -> Pairs:
+    return pos.zeros(node.operand, hidden)  # type: ignore[arg-type]
+
+
+@pos.FUTURE.register(Scan)
+def future(node: Scan, positions: Positions) -> Diagnostic | None:
+    """A reverse scan along a position leg that no causal mask limits to the keys a query may see:
+    each position would see the later ones."""
+    if not node.reverse or not pos.reads_an_input(node, positions.graph):
+        return None
+    leg, queries = node.along, positions.queries
+    zeroed = node.name == "cumsum" and any((q, leg) in _zeros_of(node, positions.hidden) for q in queries)
+    if not positions.positional(leg) or zeroed or any(pos.hides_future(m) and m.key == leg for m in node.masks):
+        return None
+    return Diagnostic(
+        f"with_causal_mask cannot mask the reverse {node.name} along position leg '{leg}':"
+        " each position would see the later ones",
+        (node.span,),
+        "scan forward (a prefix)"
+        + (f", or beside the query leg with mask = causal({min(queries)}, {leg})" if leg not in queries else ""),
+    )
+
+
+@pos.HIDES.register(Scan)
+def hides(node: Scan, query: str, key: str, diagonal: Hidden) -> bool:
+    return pos.masks_hide(node.masks, query, key)
+
+
+@pos.CALL_WORD.register(Scan)
+def call_word(node: Scan) -> str:
+    return f"a reverse {node.name}"
+
+
+@pos.KEY_LEGS.register(Scan)
+def key_legs(node: Scan, positional: set[str]) -> set[str]:
+    return pos.mask_keys(node.masks, positional)
+
+
+pos.plain(Scan, but=(pos.MASK_SITE, pos.SEEN, pos.FUTURE, pos.HIDES, pos.CALL_WORD, pos.KEY_LEGS))

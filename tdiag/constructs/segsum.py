@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING
 from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
 from ..graph.calls import BUILD
+from ..graph.position_rules import Hidden, Pairs
 from ..graph.vocabulary import SEGMENT_SUMS
 from ..ir import Expr, SegmentSum
 from ..printing import DESCRIBE, PRINT, format_expr
@@ -78,5 +80,48 @@ CHECK.register(SegmentSum)(no_numbers)
 
 @BUILD.register(SegmentSum, names=SEGMENT_SUMS)
 def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
-    """`segsum[n, m](a)`: the operand along n, the new key leg m."""
-    return builder.segment_sum(e, keep)
+    """`segsum[n, m](a)`: S[.., n, m] = Σ_{k=m+1..n} a_k along a's position leg n, over n and
+    the new key leg m of n's size; −inf where m > n (docs/language.md, Scans)."""
+    argument = builder.one_argument(e)
+    if argument is None:
+        return builder.poison(e)
+    named = builder.legs_of(e)
+    for option in e.options:
+        builder.b.error(
+            f"unknown {e.name} option '{option.name}'",
+            option.span,
+            hint=f"{e.name} takes no options: {e.name}[n, m](a[n h])",
+        )
+    operand = builder.inside(argument, keep | set(named[:1]))
+    builder.warn_lone_sums(e, argument, operand)
+    along = builder.scan_leg(e, operand, 2, f"{e.name}[n, m](a[n h])")
+    if along is None:
+        return builder.poison(e)
+    key, item = named[1], e.legs[1]  # type: ignore[index]
+    if key in operand.legs:
+        builder.b.error(
+            f"{e.name}'s key leg '{key}' is a leg of its argument already",
+            item.span,
+            hint=f"name a new leg for the keys: {e.name}[{along}, m](...)",
+        )
+        return builder.poison(e)
+    if along in builder.b.legs:
+        builder.b.bind_leg(key, builder.b.legs[along].size, item.span, e.name)
+    position = operand.legs.index(along) + 1
+    legs = (*operand.legs[:position], key, *operand.legs[position:])
+    return builder.restrict(SegmentSum(legs, e.span, along, key, operand), keep, e.span)
+
+
+# Positions (graph/position_rules.py): segment sums are −inf past the query (their exp is zero
+# there), causal as written.
+@pos.MINUS_INFINITY.register(SegmentSum)
+def minus_infinity(node: SegmentSum) -> Pairs:
+    return {(node.along, node.key)}
+
+
+@pos.HIDES.register(SegmentSum)
+def hides(node: SegmentSum, query: str, key: str, diagonal: Hidden) -> bool:
+    return (node.along, node.key) == (query, key)
+
+
+pos.plain(SegmentSum, but=(pos.MINUS_INFINITY, pos.HIDES))

@@ -4,6 +4,7 @@ the scale α), the normalize box x / Σ x of linear attention, their masks and a
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import sympy
@@ -11,9 +12,12 @@ import sympy
 from .. import parse as syn
 from ..check import CHECK, NumberRule
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
+from ..graph.call_masks import box_heads, call_mask_ref, is_call_mask
 from ..graph.calls import BUILD
+from ..graph.position_rules import Bias, Hidden, Mixing, Pairs, Site
 from ..graph.vocabulary import BOXES
-from ..ir import POSITION_MASKS, Expr, PaddingMask, SoftmaxBox
+from ..ir import ONE, POSITION_MASKS, Contraction, Expr, PaddingMask, SoftmaxBox, SumNode, TensorRef
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 from ..render import RENDER, draw_tensor, math_text, position_masks
 from ..render import draw as draw_node
@@ -141,3 +145,100 @@ def _eps_rule(x: float) -> str | None:
 def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`softmax[m, scale = ..., mask = ..., sink = ...](x)`, `normalize[m, eps = ...](x)`."""
     return builder.box(e, keep)
+
+
+# Positions (graph/position_rules.py): a mask over (query, key) joins the masks of a box normalized
+# over the key beside the query; its content may hide the later keys itself. A call bias adds to
+# a softmax box's scores; a normalize box takes none.
+@pos.MASK_SITE.register(SoftmaxBox)
+def mask_site(node: SoftmaxBox, query: str, key: str) -> Site | None:
+    return "masks" if key in node.normalized and query in node.legs else None
+
+
+@pos.SEEN.register(SoftmaxBox)
+def seen(node: SoftmaxBox, query: str, key: str, hidden: Hidden) -> bool:
+    """Whether a mask hides the later keys already, or the content does (a decay of segment sums)."""
+    return pos.masks_hide(node.masks, query, key) or (query, key) in zeroed_content(node, hidden)
+
+
+@pos.ZEROS.register(SoftmaxBox)
+def zeros(node: SoftmaxBox, hidden: Hidden) -> Pairs:
+    return {(m.query, m.key) for m in node.masks if pos.hides_future(m)} | zeroed_content(node, hidden)
+
+
+def zeroed_content(box: SoftmaxBox, hidden: Hidden) -> Pairs:
+    """The pairs along which a box's entries are zero past the query by its content alone: a
+    normalize box of a content zero there, a softmax of one −inf there."""
+    if box.content is None:
+        return set()
+    if box.is_exp:
+        return pos.minus_infinity(box.content)
+    return pos.zeros(box.content, hidden)
+
+
+@pos.MIXING.register(SoftmaxBox)
+def mixing(node: SoftmaxBox) -> Mixing:
+    return Mixing(node.normalized, "the box", normalizes=True)
+
+
+@pos.HIDES.register(SoftmaxBox)
+def hides(node: SoftmaxBox, query: str, key: str, diagonal: Hidden) -> bool:
+    return pos.masks_hide(node.masks, query, key)
+
+
+@pos.CALL_HIDDEN.register(SoftmaxBox)
+def call_hidden(node: SoftmaxBox, name: str, hidden: Hidden) -> Pairs:
+    """The pairs the call mask masks, and those whose scores hold the call bias as a term."""
+    masked = {(m.tensor.legs[-2], m.tensor.legs[-1]) for m in node.masks if is_call_mask(m, name)}
+    terms = node.content.terms if isinstance(node.content, SumNode) else ()
+    biased = {(t.legs[-2], t.legs[-1]) for t in terms if isinstance(t, TensorRef) and t.name == name}
+    return masked | biased
+
+
+@pos.HEADS.register(SoftmaxBox)
+def heads(node: SoftmaxBox, query: str, key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    return box_heads(node, query), ()
+
+
+@pos.CALL_WORD.register(SoftmaxBox)
+def call_word(node: SoftmaxBox) -> str:
+    return "a softmax box" if node.is_exp else "a normalize box"
+
+
+@pos.BIAS.register(SoftmaxBox)
+def biased(box: SoftmaxBox, bias: Bias) -> SoftmaxBox | None:
+    """The box softmax(scale·content + S[query key]) with scale 1 (S[heads query key] per head):
+    S after the scale, as SDPA adds it, never multiplied (a hidden entry is the dtype's lowest
+    number, which any factor > 1 would overflow to −inf). None for a normalize box."""
+    content = box.content
+    if not box.is_exp or content is None:
+        return None
+    scaled = content
+    if box.scale != ONE:
+        scaled = Contraction(legs=content.legs, span=content.span, factors=(content,), coefficient=box.scale)
+    heads = box_heads(box, bias.query) if bias.per_head else ()
+    ref = call_mask_ref(bias.name, bias.query, bias.key, bias.span, heads)
+    term = SumNode(legs=content.legs, span=content.span, terms=(scaled, ref), signs=(1, 1))
+    return dataclasses.replace(box, content=term, scale=ONE)
+
+
+@pos.KEY_LEGS.register(SoftmaxBox)
+def key_legs(node: SoftmaxBox, positional: set[str]) -> set[str]:
+    return (set(node.normalized) & positional) | pos.mask_keys(node.masks, positional)
+
+
+pos.plain(
+    SoftmaxBox,
+    but=(
+        pos.MASK_SITE,
+        pos.SEEN,
+        pos.ZEROS,
+        pos.MIXING,
+        pos.HIDES,
+        pos.CALL_HIDDEN,
+        pos.HEADS,
+        pos.CALL_WORD,
+        pos.BIAS,
+        pos.KEY_LEGS,
+    ),
+)

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
 from ..graph.calls import BUILD
+from ..graph.position_rules import Mixing
 from ..graph.syntax import ordered_union
 from ..graph.vocabulary import PAIRINGS
 from ..ir import Expr, SquaredDistance
@@ -84,3 +86,12 @@ def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
                 builder.b.error(f"sqdist leg '{leg}' is missing from the {name} side", side.span)
     legs = tuple(leg for leg in ordered_union([left.legs, right.legs]) if leg not in over)
     return builder.restrict(SquaredDistance(legs, e.span, over, left, right), keep, e.span)
+
+
+# Positions (graph/position_rules.py): a distance sums over its legs.
+@pos.MIXING.register(SquaredDistance)
+def mixing(node: SquaredDistance) -> Mixing:
+    return Mixing(node.over, "the sqdist")
+
+
+pos.plain(SquaredDistance, but=(pos.MIXING,))

@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING
 
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
 from ..graph.calls import BUILD
+from ..graph.position_rules import Hidden, Pairs
 from ..ir import SumNode
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe, parenthesized
 from ..render import RENDER, draw_joined
@@ -56,3 +58,23 @@ CHECK.register(SumNode)(no_numbers)
 
 
 BUILD.unsupported(SumNode, "not a call: a sum node is written a + b (graph/expressions.py)")
+
+
+# Positions (graph/position_rules.py): a sum is zero (or hidden by a call mask) where every term
+# is, and −inf where a term added is.
+@pos.ZEROS.register(SumNode)
+def zeros(node: SumNode, hidden: Hidden) -> Pairs:
+    return pos.all_zeros(node.terms, lambda t: pos.zeros(t, hidden))
+
+
+@pos.MINUS_INFINITY.register(SumNode)
+def minus_infinity(node: SumNode) -> Pairs:
+    return set().union(*(pos.minus_infinity(t) for t, sign in zip(node.terms, node.signs, strict=True) if sign > 0))
+
+
+@pos.CALL_HIDDEN.register(SumNode)
+def call_hidden(node: SumNode, name: str, hidden: Hidden) -> Pairs:
+    return pos.all_zeros(node.terms, lambda t: pos.call_hidden(t, name, hidden))
+
+
+pos.plain(SumNode, but=(pos.ZEROS, pos.MINUS_INFINITY, pos.CALL_HIDDEN))

@@ -9,7 +9,9 @@ import sympy
 
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
 from ..graph.calls import BUILD
+from ..graph.position_rules import Hidden, Pairs
 from ..ir import TensorRef
 from ..printing import DESCRIBE, PRINT, groups_text, nothing_to_describe
 from ..render import RENDER, draw_tensor
@@ -97,3 +99,25 @@ CHECK.register(TensorRef)(no_numbers)
 
 
 BUILD.unsupported(TensorRef, "not a call: a tensor is written X[legs] (graph/products.py)")
+
+
+# Positions (graph/position_rules.py): a read of an earlier statement's result is masked where it
+# was; the call mask itself hides its (query, key); an identity over the two is the diagonal.
+@pos.ZEROS.register(TensorRef)
+def zeros(node: TensorRef, hidden: Hidden) -> Pairs:
+    return pos.read_hidden(node, hidden)
+
+
+@pos.HIDES.register(TensorRef)
+def hides(node: TensorRef, query: str, key: str, diagonal: Hidden) -> bool:
+    return node.name in diagonal and set(node.legs) == {query, key}
+
+
+@pos.CALL_HIDDEN.register(TensorRef)
+def call_hidden(node: TensorRef, name: str, hidden: Hidden) -> Pairs:
+    if node.name == name:
+        return {(node.legs[-2], node.legs[-1])}
+    return pos.read_hidden(node, hidden)
+
+
+pos.plain(TensorRef, but=(pos.ZEROS, pos.HIDES, pos.CALL_HIDDEN))

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
+from ..graph import position_rules as pos
 from ..graph.calls import BUILD
+from ..graph.position_rules import Hidden, Pairs
 from ..ir import Expr, WindowFactor
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER
@@ -52,3 +54,23 @@ CHECK.register(WindowFactor)(no_numbers)
 def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`window(n, m, W)` or `window(n, m, L, R)` as a factor (read as a mask option too)."""
     return builder.window_factor(e)
+
+
+# Positions (graph/position_rules.py): a one-sided window is zero past the query, as causal(n, m);
+# any window is read at every key.
+@pos.ZEROS.register(WindowFactor)
+def zeros(node: WindowFactor, hidden: Hidden) -> Pairs:
+    return {(node.query, node.key)} if node.mask.is_causal else set()
+
+
+@pos.HIDES.register(WindowFactor)
+def hides(node: WindowFactor, query: str, key: str, diagonal: Hidden) -> bool:
+    return node.mask.is_causal and (node.query, node.key) == (query, key)
+
+
+@pos.KEY_LEGS.register(WindowFactor)
+def key_legs(node: WindowFactor, positional: set[str]) -> set[str]:
+    return {node.key}
+
+
+pos.plain(WindowFactor, but=(pos.ZEROS, pos.HIDES, pos.KEY_LEGS))

@@ -22,7 +22,7 @@ from ..lazy import lazy_exports
 if TYPE_CHECKING:
     from .builder import build_graph
     from .causal import with_causal_mask
-    from .merge import _design_file, _item_name, _item_name_span, _merge, load_items, load_texts
+    from .merge import design_file_items, item_name, item_name_span, load_items, load_texts, merged_items
     from .model import LIMITS, DesignGraph, Limits
     from .sizes import SizeTable, expand_sizes, size_symbol, size_values
     from .vocabulary import (
@@ -61,14 +61,14 @@ __all__ = [
     "DesignGraph",
     "Limits",
     "SizeTable",
-    "_design_file",
-    "_item_name",
-    "_item_name_span",
-    "_merge",
     "build_graph",
+    "design_file_items",
     "expand_sizes",
+    "item_name",
+    "item_name_span",
     "load_items",
     "load_texts",
+    "merged_items",
     "size_symbol",
     "size_values",
     "with_causal_mask",
@@ -77,7 +77,9 @@ __all__ = [
 _HOMES = {
     **dict.fromkeys(("build_graph",), "builder"),
     **dict.fromkeys(("with_causal_mask",), "causal"),
-    **dict.fromkeys(("_design_file", "_item_name", "_item_name_span", "_merge", "load_items", "load_texts"), "merge"),
+    **dict.fromkeys(
+        ("design_file_items", "item_name", "item_name_span", "merged_items", "load_items", "load_texts"), "merge"
+    ),
     **dict.fromkeys(("LIMITS", "DesignGraph", "Limits"), "model"),
     **dict.fromkeys(("SizeTable", "expand_sizes", "size_symbol", "size_values"), "sizes"),
     **dict.fromkeys(

@@ -12,8 +12,9 @@ import math
 
 import sympy
 
-from ..ir import CausalFactor, Contraction, Expr, Statement, TensorRef, WindowFactor, map_children, walk
+from ..ir import Contraction, Expr, Statement, TensorRef, map_children, walk
 from .model import DesignGraph
+from .position_rules import KEY_LEGS
 
 __all__ = ["absorbed", "length_symbol", "unread_dropped"]
 
@@ -88,19 +89,15 @@ def length_symbol(graph: DesignGraph) -> sympy.Expr | None:
 
 
 def _key_legs(statement: Statement, positional: set[str]) -> set[str]:
-    """The position legs a statement reads at every key: those it sums over without keeping,
-    those a box normalizes over, and those a mask of it hides the future of. (A box's normalized
-    leg is its mask's key wherever a decoding cache applies, since the design is causal; only an
-    unmasked box, planned for training, needs it named.)"""
+    """The position legs a statement reads at every key: those it sums over without keeping, and
+    those its nodes read at every key (`KEY_LEGS`: a box's normalized legs, the legs whose future a
+    mask hides, a causal or window factor's key). (A box's normalized leg is its mask's key
+    wherever a decoding cache applies, since the design is causal; only an unmasked box, planned
+    for training, needs it named.)"""
     inner = {leg for node in walk(statement.expr) for leg in node.legs} - set(statement.legs)
     keys = inner & positional
     for node in walk(statement.expr):
-        keys |= set(getattr(node, "normalized", ())) & positional
-        for mask in getattr(node, "masks", ()):
-            if hasattr(mask, "key") and mask.key in positional:
-                keys.add(mask.key)
-        if isinstance(node, CausalFactor | WindowFactor):
-            keys.add(node.key)
+        keys |= KEY_LEGS.lookup(node)(node, positional)
     return keys
 
 

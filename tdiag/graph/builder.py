@@ -18,12 +18,12 @@ from ..ir import Axis, Expr, Leg, Statement, Tensor, TensorRef, walk
 from ..names import reserved_because
 from .dataflow import dataflow_graph
 from .declarations import Declarations
-from .expressions import _ExprBuilder
+from .expressions import ExprBuilder
 from .lone_sums import MeantSums
-from .merge import _item_name, _item_name_span, _what
+from .merge import item_kind_text, item_name, item_name_span
 from .model import LIMITS, DesignGraph
-from .sizes import SizeTable, _same_size, size_symbol
-from .syntax import _cycles, _group_name, _leg_names, _place, _place_line, _syntax_nodes, _tensor_names
+from .sizes import SizeTable, same_size, size_symbol
+from .syntax import group_name, leg_names, place, place_line, syntax_cycles, syntax_nodes, tensor_names
 from .vocabulary import BOUNDS, FUNCTIONS, POISON_SIZE, SCALAR_FUNCTIONS
 
 # how many legs deep find_leg follows tensors not built yet (T[a] = U[a], U[b] = ...) before it
@@ -31,7 +31,7 @@ from .vocabulary import BOUNDS, FUNCTIONS, POISON_SIZE, SCALAR_FUNCTIONS
 MAX_LEG_SEARCH = 64
 
 
-class _Builder(Declarations):
+class DesignBuilder(Declarations):
     """Builds one DesignGraph; `diagnostics` collects every error and warning on the way."""
 
     def __init__(self, head: syn.DesignDecl, items: list[syn.Item], overrides: Mapping[str, int]):
@@ -90,22 +90,22 @@ class _Builder(Declarations):
     def _check_duplicates(self) -> None:
         seen: dict[str, syn.Item] = {}
         for item in self.items:
-            name = _item_name(item)
+            name = item_name(item)
             if name is None:
                 continue
             if name in seen:
                 first = seen[name]
                 self.error(
-                    f"'{name}' is defined twice: {_what(first)} ({_place_line(first.span, item.span)}), "
-                    f"{_what(item)} here",
-                    _item_name_span(item),
-                    _item_name_span(first),
+                    f"'{name}' is defined twice: {item_kind_text(first)} ({place_line(first.span, item.span)}), "
+                    f"{item_kind_text(item)} here",
+                    item_name_span(item),
+                    item_name_span(first),
                     hint="rename one of them, or use 'replace' in a design that extends another",
                 )
             else:
                 seen[name] = item
             if name in FUNCTIONS:
-                self.error(f"'{name}' is a built-in map and cannot name a size or tensor", _item_name_span(item))
+                self.error(f"'{name}' is a built-in map and cannot name a size or tensor", item_name_span(item))
             role = (
                 item.kind
                 if isinstance(item, syn.Declaration)
@@ -117,7 +117,7 @@ class _Builder(Declarations):
             if reason:
                 self.error(
                     f"{reason}; it cannot name {'a size' if role == 'size' else a_or_an(role)}",
-                    _item_name_span(item),
+                    item_name_span(item),
                     hint=f"the generated PyTorch module uses this name; rename it, e.g. '{name.strip('_')}_{role[0]}'",
                 )
 
@@ -133,10 +133,10 @@ class _Builder(Declarations):
         deps = nx.DiGraph()
         for name, s in by_target.items():
             deps.add_node(name)
-            for used in _tensor_names(s.expr):
+            for used in tensor_names(s.expr):
                 if used in by_target:
                     deps.add_edge(used, name)
-        for names in _cycles(deps, list(by_target)):
+        for names in syntax_cycles(deps, list(by_target)):
             self.error(
                 "cycle of definitions: " + " -> ".join([*names, names[0]]),
                 *(by_target[n].target.name_span for n in names),
@@ -150,8 +150,8 @@ class _Builder(Declarations):
 
     def _add_statement(self, s: syn.Statement) -> None:
         groups = self._target_groups(s.target)
-        expr = _ExprBuilder(self).statement(s.expr, groups, s.target)
-        axes = tuple(Axis(_group_name(g), self._group_size(g)) for g in groups)
+        expr = ExprBuilder(self).statement(s.expr, groups, s.target)
+        axes = tuple(Axis(group_name(g), self._group_size(g)) for g in groups)
         statement = Statement(s.target.name, groups, expr, s.span, s.target.name_span)
         tensor = Tensor(s.target.name, "derived", axes, s.target.name_span, statement=statement)
         tensor.is_constant = _is_constant(expr, self.tensors)
@@ -175,14 +175,14 @@ class _Builder(Declarations):
         first = next((rule for rule in self.updates if rule.target == name), None)
         if first is not None:
             self.error(
-                f"buffer '{name}' has two update rules ({_place_line(first.span, u.span)} and here)",
+                f"buffer '{name}' has two update rules ({place_line(first.span, u.span)} and here)",
                 u.target.name_span,
                 first.target_span,
                 hint="a buffer has one rule: write both changes in one update",
             )
             return
         groups = self._target_groups(u.target)
-        expr = _ExprBuilder(self).statement(u.expr, groups, u.target)
+        expr = ExprBuilder(self).statement(u.expr, groups, u.target)
         if len(groups) != len(buffer.axes):
             self.error(
                 f"buffer {name} has {len(buffer.axes)} axes but its update names {len(groups)}",
@@ -191,7 +191,7 @@ class _Builder(Declarations):
         self.updates.append(Statement(name, groups, expr, u.span, u.target.name_span, is_update=True))
 
     def _target_groups(self, target: syn.Target) -> tuple[tuple[str, ...], ...]:
-        groups = tuple(_leg_names(item) for item in target.legs)
+        groups = tuple(leg_names(item) for item in target.legs)
         seen: set[str] = set()
         for item in target.legs:
             for leg in item.legs if isinstance(item, syn.LegGroup) else (item,):
@@ -244,7 +244,7 @@ class _Builder(Declarations):
         found = self._size_from_uses(leg, set())
         if found is None:
             return False
-        self._bind(leg, *found)
+        self.bind_leg(leg, *found)
         return True
 
     def _size_from_uses(self, leg: str, visiting: set[str]) -> tuple[sympy.Expr, Span, str] | None:
@@ -259,7 +259,7 @@ class _Builder(Declarations):
         for item in self.items:
             if not isinstance(item, syn.Statement | syn.Update):
                 continue
-            for node in _syntax_nodes(item.expr):
+            for node in syntax_nodes(item.expr):
                 if not isinstance(node, syn.Indexed) or node.options:
                     continue
                 for position, use in enumerate(node.legs):
@@ -278,28 +278,28 @@ class _Builder(Declarations):
         statement = next((i for i in self.items if isinstance(i, syn.Statement) and i.target.name == name), None)
         if statement is None or len(statement.target.legs) != used_with:
             return None
-        sizes = [self._size_from_uses(piece, visiting) for piece in _leg_names(statement.target.legs[axis])]
+        sizes = [self._size_from_uses(piece, visiting) for piece in leg_names(statement.target.legs[axis])]
         return None if None in sizes else sympy.Mul(*(found[0] for found in sizes))  # type: ignore[index]
 
-    def _bind(self, leg: str, size: sympy.Expr, span: Span, where: str) -> None:
+    def bind_leg(self, leg: str, size: sympy.Expr, span: Span, where: str) -> None:
         """Bind a leg to a size; a leg has one size throughout the file."""
         self.leg_binders.setdefault(leg, {})[where] = None
         known = self.legs.get(leg)
         if known is None:
             self.legs[leg] = Leg(leg, size, span, where)
             return
-        if not _same_size(known.size, size, self.sizes) and leg not in self.conflicting_legs:
+        if not same_size(known.size, size, self.sizes) and leg not in self.conflicting_legs:
             self.conflicting_legs.add(leg)
             self.error(
-                f"leg '{leg}' is bound to {known.size} in {_place(known.bound_by, known.span, span)} "
-                f"but to {size} in {_place(where, span, span)}",
+                f"leg '{leg}' is bound to {known.size} in {place(known.bound_by, known.span, span)} "
+                f"but to {size} in {place(where, span, span)}",
                 span,
                 known.span,
                 hint=f"a leg has one size; use a new leg name where the size is {size}",
             )
 
     # -- scalars --
-    def _scalar(self, e: syn.Expr, *, sizes_only: bool = False, known: Collection[str] = ()) -> sympy.Expr:
+    def scalar_of(self, e: syn.Expr, *, sizes_only: bool = False, known: Collection[str] = ()) -> sympy.Expr:
         """A size or scale expression -> sympy, in size symbols. A mistake gives POISON_SIZE, which
         matches any size, so it is reported once."""
         if isinstance(e, syn.Number):
@@ -315,10 +315,10 @@ class _Builder(Declarations):
             self._unknown_size(e, {*known, *self.sizes})
             return POISON_SIZE
         if isinstance(e, syn.Neg):
-            return -self._scalar(e.operand, sizes_only=sizes_only, known=known)
+            return -self.scalar_of(e.operand, sizes_only=sizes_only, known=known)
         if isinstance(e, syn.BinOp):
-            a = self._scalar(e.left, sizes_only=sizes_only, known=known)
-            b = self._scalar(e.right, sizes_only=sizes_only, known=known)
+            a = self.scalar_of(e.left, sizes_only=sizes_only, known=known)
+            b = self.scalar_of(e.right, sizes_only=sizes_only, known=known)
             if e.op == "/" and b == 0:
                 self.error("division by zero", e.right.span)
                 return POISON_SIZE
@@ -334,9 +334,9 @@ class _Builder(Declarations):
             function = {"sqrt": sympy.sqrt, "exp": sympy.exp, "log": sympy.log, "floor": sympy.floor}.get(
                 e.name, sympy.ceiling
             )
-            return function(self._scalar(e.args[0], sizes_only=sizes_only and not whole, known=known))
+            return function(self.scalar_of(e.args[0], sizes_only=sizes_only and not whole, known=known))
         if isinstance(e, syn.Call) and e.name in BOUNDS and e.legs is None and len(e.args) == 2:
-            a, b = (self._scalar(x, sizes_only=sizes_only, known=known) for x in e.args)
+            a, b = (self.scalar_of(x, sizes_only=sizes_only, known=known) for x in e.args)
             return sympy.Max(a, b) if e.name == "max" else sympy.Min(a, b)
         what = "a size expression (numbers, sizes, + - * / ^)" if sizes_only else "a number or size expression"
         self.error(f"expected {what}", e.span)
@@ -368,7 +368,7 @@ def _leg_uses(items: list[syn.Item]) -> dict[str, tuple[tuple[str, Span], ...]]:
         if not isinstance(item, syn.Statement | syn.Update):
             continue
         name = item.target.name
-        for node in _syntax_nodes(item.expr):
+        for node in syntax_nodes(item.expr):
             for leg, span in _written_legs(node):
                 first = uses.setdefault(leg, {}).get(name)
                 if first is None or (span.line, span.column) < (first.line, first.column):
@@ -397,4 +397,4 @@ def _is_constant(expr: Expr, tensors: Mapping[str, Tensor]) -> bool:
 
 def build_graph(head: syn.DesignDecl, items: list[syn.Item], overrides: Mapping[str, int] | None = None) -> DesignGraph:
     """Syntax items (after `extends` merging) -> DesignGraph, or TdiagError with every mistake."""
-    return _Builder(head, items, overrides or {}).build()
+    return DesignBuilder(head, items, overrides or {}).build()

@@ -12,35 +12,22 @@ statements the same way, so `is_causal` and a mask hide the same entries of the 
   key beside the query, after its scale (SDPA's float attn_mask: softmax(scale·q·k + S)); or, per
   head, S[heads query key] over each box's head legs (`box_heads`). Only where every node the
   mask would reach is a softmax box: a bias has no meaning for a normalize box, a map or a sum,
-  and `CallMaskError` says which node refuses it."""
+  and `CallMaskError` says which node refuses it.
+
+How a call mask passes through each kind (the pairs it hides, a reached node's head legs, whether it
+takes a bias) is its rule in graph/position_rules.py's tables, registered by its construct module."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 
 from ..errors import Span
-from ..ir import (
-    ONE,
-    Axis,
-    Contraction,
-    Convolution,
-    Expr,
-    PaddingMask,
-    Quotient,
-    Reduction,
-    Scalar,
-    Scan,
-    SoftmaxBox,
-    SumNode,
-    Tensor,
-    TensorRef,
-    map_children,
-)
+from ..ir import Axis, Expr, PaddingMask, SoftmaxBox, Tensor, TensorRef, map_children
 from ..resources import shown_path
-from .causal import _position_legs, _shifts_positions
+from .causal import position_legs
 from .dataflow import dataflow_graph
 from .model import DesignGraph
+from .position_rules import BIAS, CALL_WORD, HEADS, MASK_SITE, Bias, Hidden, call_hidden
 
 # a node a mask per head reaches, its head legs (node_heads) and the legs only its query side holds
 Reached = tuple[Expr, tuple[str, ...], tuple[str, ...]]
@@ -58,40 +45,15 @@ def call_mask_name(graph: DesignGraph, stem: str = "attn_mask") -> str:
     return name
 
 
-def _ref(name: str, query: str, key: str, span: Span, heads: tuple[str, ...] = ()) -> TensorRef:
+def call_mask_ref(name: str, query: str, key: str, span: Span, heads: tuple[str, ...] = ()) -> TensorRef:
+    """The call mask (or bias) `name` read over its head legs, the query and the key leg."""
     legs = (*heads, query, key)
     return TensorRef(legs=legs, span=span, name=name, groups=tuple((leg,) for leg in legs))
 
 
-def _is_call_mask(mask: object, name: str) -> bool:
+def is_call_mask(mask: object, name: str) -> bool:
+    """Whether `mask` is the call mask `name` (a padding mask over its tensor)."""
     return isinstance(mask, PaddingMask) and mask.tensor.name == name
-
-
-def _hidden_pairs(expr: Expr, name: str, hidden: Mapping[str, set[tuple[int, int]]]) -> set[tuple[str, str]]:
-    """The (query, key) leg pairs along which `expr` is hidden by the call mask already: a factor
-    of it, a box it masks (or biases), a product with such a factor, a sum of such terms, a quotient
-    of such a numerator, or an earlier statement's result masked so."""
-    if isinstance(expr, TensorRef) and expr.name == name:
-        return {(expr.legs[-2], expr.legs[-1])}
-    if isinstance(expr, SoftmaxBox):
-        pairs = {(m.tensor.legs[-2], m.tensor.legs[-1]) for m in expr.masks if _is_call_mask(m, name)}
-        return pairs | _biased_pairs(expr, name)
-    if isinstance(expr, Contraction):
-        return set().union(*(_hidden_pairs(f, name, hidden) for f in expr.factors))
-    if isinstance(expr, SumNode):
-        return set.intersection(*(_hidden_pairs(t, name, hidden) for t in expr.terms))
-    if isinstance(expr, Quotient):
-        return _hidden_pairs(expr.numerator, name, hidden)  # type: ignore[arg-type]
-    if isinstance(expr, TensorRef) and expr.name in hidden:  # a head axis read as (g k) keeps n, m
-        groups = expr.groups
-        return {(groups[q][0], groups[k][0]) for q, k in hidden[expr.name] if len(groups[q]) == len(groups[k]) == 1}
-    return set()
-
-
-def _biased_pairs(box: SoftmaxBox, name: str) -> set[tuple[str, str]]:
-    """The pairs of a softmax box whose scores hold the call bias as a term."""
-    terms = box.content.terms if isinstance(box.content, SumNode) else ()
-    return {(t.legs[-2], t.legs[-1]) for t in terms if isinstance(t, TensorRef) and t.name == name}
 
 
 def box_heads(box: SoftmaxBox, query: str) -> tuple[str, ...]:
@@ -101,51 +63,11 @@ def box_heads(box: SoftmaxBox, query: str) -> tuple[str, ...]:
 
 
 def node_heads(node: Expr, query: str, key: str) -> tuple[str, ...]:
-    """The head legs of a node the call mask reaches, over which a mask per head is laid: a box's
-    (box_heads); a reduction's, reverse scan's or convolution's legs other than the query and key
-    legs, in its order; a contraction's legs that its query side and its key side share (each in
-    a factor with the query leg and in one with the key leg), other than the features they
-    contract (a summed leg of a factor with the query leg and not the key leg and of one with the
-    key leg and not the query leg): h in sigmoid attention's A[h n m] V[m h e] WO[h e g] and in
-    gla's Q[n h d] K[m h d] V[m h e], not d. In the order the contraction's legs, then its
-    factors', name them."""
-    if isinstance(node, SoftmaxBox):
-        return box_heads(node, query)
-    if not isinstance(node, Contraction):
-        return tuple(leg for leg in node.legs if leg not in (query, key))
-
-    def side(has: str, lacks: str | None = None) -> set[str]:
-        return {leg for f in node.factors if has in f.legs and lacks not in f.legs for leg in f.legs}
-
-    features = side(query, key) & side(key, query) & set(node.summed)
-    legs = dict.fromkeys(leg for f in (node, *node.factors) for leg in f.legs if leg not in (query, key))
-    return tuple(leg for leg in legs if leg in side(query) and leg in side(key) and leg not in features)
-
-
-def _bias_term(box: SoftmaxBox, name: str, query: str, key: str, span: Span, heads: bool) -> SoftmaxBox:
-    """The box softmax(scale·content + S[query key]) with scale 1 (S[heads query key] with
-    `heads`): S after the scale, as SDPA adds it, never multiplied (a hidden entry is the dtype's
-    lowest number, which any factor > 1 would overflow to −inf)."""
-    content = box.content
-    assert content is not None
-    scaled = content
-    if box.scale != ONE:
-        scaled = Contraction(legs=content.legs, span=content.span, factors=(content,), coefficient=box.scale)
-    ref = _ref(name, query, key, span, box_heads(box, query) if heads else ())
-    bias = SumNode(legs=content.legs, span=content.span, terms=(scaled, ref), signs=(1, 1))
-    return dataclasses.replace(box, content=bias, scale=ONE)
-
-
-def _construct(node: Expr) -> str:
-    if isinstance(node, Convolution):
-        return "a convolution along the positions (its operand masked before the shift)"
-    if isinstance(node, SoftmaxBox):
-        return "a normalize box"
-    if isinstance(node, Reduction):
-        return f"a {node.name} reduction"
-    if isinstance(node, Scan):
-        return f"a reverse {node.name}"
-    return "a sum over the keys (a map such as sigmoid or relu^2, or linear attention)"
+    """The head legs of a node the call mask reaches, over which a mask per head is laid (`HEADS`):
+    a box's (box_heads); a reduction's, reverse scan's or convolution's legs other than the query
+    and key legs, in its order; a contraction's legs that its query side and its key side share,
+    other than the features they contract."""
+    return HEADS.lookup(node)(node, query, key)[0]
 
 
 def _masked(
@@ -154,18 +76,16 @@ def _masked(
     key: str,
     name: str,
     span: Span,
-    hidden: Mapping[str, set[tuple[int, int]]],
+    hidden: Hidden,
     bias: bool,
     refused: list[tuple[str, Span]],
     heads: list[Reached] | None = None,
 ) -> tuple[Expr, int]:
     """`expr` with the call mask (or, with `bias`, the call bias) on every node over `key` beside
-    `query` that `with_causal_mask` masks (graph/causal.py `_masked`); with `bias`, each such node
-    that is not a softmax box is recorded in `refused` and left as it is. With `heads` (a list),
-    the mask or bias is per head, over each node's head legs (`node_heads`): each node and its
-    head legs are appended to it."""
-    if isinstance(expr, TensorRef | Scalar):
-        return expr, 0
+    `query` that `with_causal_mask` masks (`MASK_SITE`, as graph/causal.py `_masked`); with
+    `bias`, each such node that takes no bias (`BIAS`: all but a softmax box) is recorded in
+    `refused` and left as it is. With `heads` (a list), the mask or bias is per head, over each
+    node's head legs (`HEADS`): each node and its head legs are appended to it."""
     count = 0
 
     def rebuild(child: Expr) -> Expr:
@@ -175,32 +95,27 @@ def _masked(
         return rebuilt
 
     node = map_children(expr, rebuild)
-    reduced = isinstance(node, Reduction) and key in node.over and query in node.legs
-    reduced = reduced or (isinstance(node, Scan) and node.reverse and node.along == key and query in node.legs)
-    boxed = isinstance(node, SoftmaxBox) and key in node.normalized and query in node.legs
-    legs = node_heads(node, query, key) if heads is not None else ()
-    shifted = isinstance(node, Convolution) and _shifts_positions(node, query, key)  # MTA's Mask_0, as causal.py
-    if boxed or reduced or shifted:
-        if bias and not (isinstance(node, SoftmaxBox) and node.is_exp):
-            refused.append((_construct(node), node.span))
+    site = MASK_SITE.lookup(node)(node, query, key)
+    if site is None:
+        return node, count
+    if site == "factor" and any((query, key) in call_hidden(f, name, hidden) for f in node.factors if key in f.legs):  # type: ignore[attr-defined]
+        return node, count
+    legs, alone = HEADS.lookup(node)(node, query, key) if heads is not None else ((), ())
+    if bias:
+        biased = BIAS.lookup(node)(node, Bias(name, query, key, span, heads is not None))
+        if biased is None:
+            refused.append((CALL_WORD.lookup(node)(node), node.span))
             return node, count
         if heads is not None:
-            heads.append((node, legs, _query_side_heads(node, query, key)))
-        if bias:
-            return _bias_term(node, name, query, key, span, heads is not None), count + 1  # type: ignore[arg-type]
-        mask = PaddingMask(_ref(name, query, key, span, legs), span)
-        return dataclasses.replace(node, masks=(*node.masks, mask)), count + 1  # type: ignore[arg-type]
-    if isinstance(node, Contraction) and key in node.summed and query in node.legs:
-        if not any((query, key) in _hidden_pairs(f, name, hidden) for f in node.factors if key in f.legs):
-            if bias:
-                refused.append((_construct(node), node.span))
-                return node, count
-            if heads is not None:
-                heads.append((node, legs, _query_side_heads(node, query, key)))
-            factors = (*node.factors, _ref(name, query, key, span, legs))
-            batch = tuple(dict.fromkeys((*node.batch, query)))
-            return dataclasses.replace(node, factors=factors, batch=batch), count + 1
-    return node, count
+            heads.append((node, legs, alone))
+        return biased, count + 1
+    if heads is not None:
+        heads.append((node, legs, alone))
+    ref = call_mask_ref(name, query, key, span, legs)
+    if site == "masks":
+        return dataclasses.replace(node, masks=(*node.masks, PaddingMask(ref, span))), count + 1  # type: ignore[attr-defined]
+    batch = tuple(dict.fromkeys((*node.batch, query)))  # type: ignore[attr-defined]
+    return dataclasses.replace(node, factors=(*node.factors, ref), batch=batch), count + 1  # type: ignore[attr-defined]
 
 
 def _rewritten(
@@ -219,14 +134,14 @@ def _rewritten(
     hidden: dict[str, set[tuple[int, int]]] = {}
     roles: dict[str, dict[int, str]] = {}
     for statement in graph.statements:
-        queries, keys = _position_legs(statement.expr, query, key, roles, graph)
+        queries, keys = position_legs(statement.expr, query, key, roles, graph)
         expr = statement.expr
         for q, k in dict.fromkeys([(query, key), *((q, k) for q in queries for k in keys if q != k)]):
             expr, _ = _masked(expr, q, k, name, statement.span, hidden, bias, refused, heads)
         statements.append(dataclasses.replace(statement, expr=expr))
         position = {g[0]: k for k, g in enumerate(statement.groups) if len(g) == 1}  # axes of one leg
         hidden[statement.target] = {
-            (position[q], position[k]) for q, k in _hidden_pairs(expr, name, hidden) if q in position and k in position
+            (position[q], position[k]) for q, k in call_hidden(expr, name, hidden) if q in position and k in position
         }
         if not any(len(g) != 1 for g in statement.groups):
             roles[statement.target] = {
@@ -264,19 +179,7 @@ def _with(graph: DesignGraph, name: str, query: str, key: str, bias: bool, per_h
 
 def _node_named(node: Expr) -> str:
     """A node as a refusal names it: what it is and where it is written."""
-    what = "a softmax box" if isinstance(node, SoftmaxBox) and node.is_exp else _construct(node)
-    return f"{what} ({shown_path(node.span.file)} line {node.span.line})"
-
-
-def _query_side_heads(node: Expr, query: str, key: str) -> tuple[str, ...]:
-    """A contraction's kept legs that only its factors with the query leg hold, none with the key
-    leg (the query heads r of grouped heads written Q[g r n d] K[g m d] V[g m e]): a mask per head
-    cannot be laid over them."""
-    if not isinstance(node, Contraction):
-        return ()
-    key_side = {leg for f in node.factors if key in f.legs for leg in f.legs}
-    query_side = {leg for f in node.factors if query in f.legs for leg in f.legs}
-    return tuple(leg for leg in node.legs if leg != query and leg in query_side and leg not in key_side)
+    return f"{CALL_WORD.lookup(node)(node)} ({shown_path(node.span.file)} line {node.span.line})"
 
 
 def _heads_of(graph: DesignGraph, reached: list[Reached]) -> tuple[tuple | None, str]:

@@ -23,37 +23,32 @@ from ..ir import (
     Mask,
     PaddingMask,
     Reduction,
-    Scan,
-    SegmentSum,
     SoftmaxBox,
     TensorRef,
     WindowFactor,
     WindowMask,
 )
-from ..rules import Rules
 from .lone_sums import lone_sums, map_sum_warning
-from .sizes import _number, expand_sizes, size_symbol, size_values
-from .syntax import _available, _is_scalar_syntax
+from .sizes import expand_sizes, number_text, size_symbol, size_values
+from .syntax import available_legs, is_scalar_syntax
 from .vocabulary import (
     BOUNDS,
     BOX_OPTIONS,
+    BUILD,
     FUNCTIONS,
     MAPS,
     SCALAR_FUNCTIONS,
-    SCAN_OPTIONS,
 )
 
 if TYPE_CHECKING:
-    from .builder import _Builder
-
-BUILD: Rules = Rules("build")  # word of the language -> rule(expression builder, call, legs kept)
+    from .protocols import GraphBuilder
 
 
 class BoxesAndMaps:
-    """Boxes, maps, masks, reductions and sqdist; a base class of _ExprBuilder (expressions.py),
+    """Boxes, maps, masks, reductions and sqdist; a base class of ExprBuilder (expressions.py),
     whose inside/restrict/poison/tensor_ref it uses."""
 
-    b: _Builder
+    b: GraphBuilder
 
     # -- calls: boxes, maps, reductions, squared distance --
     def call(self, e: syn.Call, keep: set[str]) -> Expr:
@@ -99,7 +94,7 @@ class BoxesAndMaps:
                 return True
         return False
 
-    def _one_argument(self, e: syn.Call) -> syn.Expr | None:
+    def one_argument(self, e: syn.Call) -> syn.Expr | None:
         if e.keywords:
             self.b.error(f"{e.name} takes no keyword arguments; options go in [...]", e.keywords[0].span)
         if len(e.args) != 1:
@@ -125,11 +120,11 @@ class BoxesAndMaps:
     def _content_legs(self, argument: syn.Expr) -> set[str]:
         """The legs an argument could expose, for naming them in a check or a hint: a size in a
         position (`Rel[h, r = clamp(m - n, -C, C) + C]`) stands for no leg."""
-        return _available(argument, self.b.tensors) - set(self.b.sizes)
+        return available_legs(argument, self.b.tensors) - set(self.b.sizes)
 
     def box(self, e: syn.Call, keep: set[str]) -> Expr:
         normalized = self.legs_of(e)
-        argument = self._one_argument(e)
+        argument = self.one_argument(e)
         if not normalized:
             self.b.error(
                 f"a {e.name} box needs its normalized leg",
@@ -200,12 +195,12 @@ class BoxesAndMaps:
                     hint=join_hint(did_you_mean(option.name, allowed), one_of(allowed)),
                 )
             elif option.name == "mask":
-                mask = self._mask(option.value, content, f"{e.name} box")
+                mask = self.mask_option(option.value, content, f"{e.name} box")
                 if mask is not None:
                     options["masks"].append(mask)
             elif option.name in options or (option.name == "scale" and "scale_factor" in options):
                 self.b.error(f"option '{option.name}' is given twice", option.span)
-            elif option.name == "scale" and not _is_scalar_syntax(option.value, self.b.tensors):
+            elif option.name == "scale" and not is_scalar_syntax(option.value, self.b.tensors):
                 factor = self._scale_factor(option.value, content, e.name)
                 if factor is not None:
                     options["scale_factor"] = factor
@@ -214,13 +209,13 @@ class BoxesAndMaps:
                 if sink is not None:
                     options["sink"] = sink
             else:
-                options[option.name] = self.b._scalar(option.value)
+                options[option.name] = self.b.scalar_of(option.value)
         return options
 
     def _scale_factor(self, value: syn.Expr, content: Expr, box: str) -> Expr | None:
         """A scale that is a tensor expression (a learned per-head temperature `t[h]`): its legs
         must be legs of the box, along which it scales the logits entrywise."""
-        legs = _available(value, self.b.tensors)
+        legs = available_legs(value, self.b.tensors)
         wrong = sorted(legs - set(content.legs))
         for leg in wrong:
             self.b.error(
@@ -237,7 +232,7 @@ class BoxesAndMaps:
         expression (or a number) over legs the box keeps: never a normalized leg (the sink is one
         extra entry per row of the box, not one per key)."""
         normalized = set(self.legs_of(e))
-        legs = _available(value, self.b.tensors)
+        legs = available_legs(value, self.b.tensors)
         wrong = False
         for leg in sorted(legs):
             if leg in normalized:
@@ -258,7 +253,7 @@ class BoxesAndMaps:
             return None
         return self.inside(value, set(legs))
 
-    def _mask(self, value: syn.Expr, content: Expr, box: str) -> Mask | None:
+    def mask_option(self, value: syn.Expr, content: Expr, box: str) -> Mask | None:
         if isinstance(value, syn.Call) and value.name == "causal":
             legs = [a.name if isinstance(a, syn.Name) else None for a in value.args]
             if len(legs) != 2 or None in legs or value.legs is not None:
@@ -372,7 +367,7 @@ class BoxesAndMaps:
 
     def _window_width(self, arg: syn.Expr) -> sympy.Expr | None:
         """A window's width: a whole positive number or size, fixed before any input."""
-        width = self.b._scalar(arg, sizes_only=True)
+        width = self.b.scalar_of(arg, sizes_only=True)
         if width.free_symbols & self.b.runtime_sizes:
             self.b.error(
                 f"a window's width is a fixed size, not the run-time length {width}",
@@ -384,7 +379,7 @@ class BoxesAndMaps:
         value = expand_sizes(width, self.b.sizes).xreplace({size_symbol(k): v for k, v in values.items()})
         if value.is_number and not (value.is_integer and value > 0):
             self.b.error(
-                f"a window's width must be a whole positive number, got {_number(value)}",
+                f"a window's width must be a whole positive number, got {number_text(value)}",
                 arg.span,
                 hint="window(n, m, W): the query and the W - 1 keys before it; W >= 1",
             )
@@ -422,7 +417,7 @@ class BoxesAndMaps:
     def elementwise_map(self, e: syn.Call, keep: set[str], written: syn.Call | None = None) -> Expr:
         """A map; `written` is the call as the file has it, when `e` is that call less its masks."""
         if e.legs is not None or e.options:
-            along = {leg for option in e.options for leg in _available(option.value, self.b.tensors)}
+            along = {leg for option in e.options for leg in available_legs(option.value, self.b.tensors)}
             masked = self.elementwise_map(dataclasses.replace(e, legs=None, options=()), keep | along, e)
             factors = self._map_masks(e, masked)
             if not factors:
@@ -444,7 +439,7 @@ class BoxesAndMaps:
             return self.poison(e)
         operand = self.inside(args[0], keep)
         self.warn_lone_sums(written or e, args[0], operand)
-        params = tuple(self.b._scalar(a) for a in args[1:])
+        params = tuple(self.b.scalar_of(a) for a in args[1:])
         return ElementwiseMap(operand.legs, e.span, e.name, operand, params)
 
     def rsqrt(self, e: syn.Call, keep: set[str]) -> Expr:
@@ -458,8 +453,8 @@ class BoxesAndMaps:
     def bound(self, e: syn.Call, keep: set[str]) -> Expr:
         """`max(x, c)`, `min(x, c)` (either order): elementwise, a tensor against a number or size,
         the maps "maximum" and "minimum" (torch.clamp with one bound); the frequency pieces of
-        Llama 3's rope scaling, for one. Of two numbers or sizes it is a number (builder._scalar)."""
-        scalar = [_is_scalar_syntax(a, self.b.tensors) for a in e.args]
+        Llama 3's rope scaling, for one. Of two numbers or sizes it is a number (builder.scalar_of)."""
+        scalar = [is_scalar_syntax(a, self.b.tensors) for a in e.args]
         if not any(scalar):
             self.b.error(
                 f"{e.name}(a, b) takes a tensor and a number or size, got two tensors",
@@ -470,7 +465,7 @@ class BoxesAndMaps:
         tensor, bound = (e.args[1], e.args[0]) if scalar[0] else e.args
         operand = self.inside(tensor, keep)
         self.warn_lone_sums(e, tensor, operand)
-        return ElementwiseMap(operand.legs, e.span, BOUNDS[e.name], operand, (self.b._scalar(bound),))
+        return ElementwiseMap(operand.legs, e.span, BOUNDS[e.name], operand, (self.b.scalar_of(bound),))
 
     def warn_lone_sums(self, call: syn.Call | syn.BinOp, argument: syn.Expr, operand: Expr) -> None:
         """Warn of a leg summed inside a map, reduction or power that one factor of its argument alone
@@ -483,12 +478,12 @@ class BoxesAndMaps:
 
     def reduction(self, e: syn.Call, keep: set[str]) -> Expr:
         over = self.legs_of(e)
-        argument = self._one_argument(e)
+        argument = self.one_argument(e)
         if not over:
             self.b.error(f"{e.name} needs the leg it reduces", e.name_span, hint=f"e.g. {e.name}[r](...)")
         if argument is None:
             return self.poison(e)
-        along = {leg for option in e.options for leg in _available(option.value, self.b.tensors)}
+        along = {leg for option in e.options for leg in available_legs(option.value, self.b.tensors)}
         operand = self.inside(argument, keep | set(over) | along)
         self.warn_lone_sums(e, argument, operand)
         available = sorted(self._content_legs(argument))
@@ -503,7 +498,7 @@ class BoxesAndMaps:
         masks = tuple(self._only_masks(e, operand, "reduction"))
         return self.restrict(Reduction(legs, e.span, e.name, over, operand, masks), keep, e.span)
 
-    def _scan_leg(self, e: syn.Call, operand: Expr, count: int, usage: str) -> str | None:
+    def scan_leg(self, e: syn.Call, operand: Expr, count: int, usage: str) -> str | None:
         """The position leg a scan or segment sum runs along: the first of its `count` legs in
         brackets, a leg of its argument whose size is a run-time length (N), never a feature leg."""
         legs = self.legs_of(e)
@@ -532,87 +527,6 @@ class BoxesAndMaps:
             return None
         return along
 
-    def scan(self, e: syn.Call, keep: set[str]) -> Expr:
-        """`cumsum[n, exclusive = 1, reverse = 1, mask = ...](x)`: a prefix scan of x along its
-        position leg n, which stays in the result (docs/language.md, Scans)."""
-        argument = self._one_argument(e)
-        if argument is None:
-            return self.poison(e)
-        named = {leg for leg in self.legs_of(e)}
-        along_masks = {leg for option in e.options for leg in _available(option.value, self.b.tensors)}
-        operand = self.inside(argument, keep | named | along_masks)
-        self.warn_lone_sums(e, argument, operand)
-        along = self._scan_leg(e, operand, 1, f"{e.name}[n](x[n h])")
-        flags: dict[str, bool] = {}
-        masks: list[Mask] = []
-        for option in e.options:
-            if option.name not in SCAN_OPTIONS:
-                self.b.error(
-                    f"unknown {e.name} option '{option.name}'",
-                    option.span,
-                    hint=join_hint(did_you_mean(option.name, SCAN_OPTIONS), one_of(SCAN_OPTIONS)),
-                )
-            elif option.name == "mask":
-                mask = self._mask(option.value, operand, f"{e.name} scan")
-                if mask is not None:
-                    masks.append(mask)
-            elif option.name in flags:
-                self.b.error(f"option '{option.name}' is given twice", option.span)
-            else:
-                value = self.b._scalar(option.value)
-                if value not in (0, 1):
-                    self.b.error(
-                        f"{e.name} option '{option.name}' is a flag: 0 or 1, got {value}",
-                        option.value.span,
-                        hint=f"{e.name}[n, {option.name} = 1](...)",
-                    )
-                flags[option.name] = value == 1
-        if along is None:
-            return self.poison(e)
-        scan = Scan(
-            operand.legs,
-            e.span,
-            e.name,
-            along,
-            operand,
-            flags.get("exclusive", False),
-            flags.get("reverse", False),
-            tuple(masks),
-        )
-        return self.restrict(scan, keep, e.span)
-
-    def segment_sum(self, e: syn.Call, keep: set[str]) -> Expr:
-        """`segsum[n, m](a)`: S[.., n, m] = Σ_{k=m+1..n} a_k along a's position leg n, over n and
-        the new key leg m of n's size; −inf where m > n (docs/language.md, Scans)."""
-        argument = self._one_argument(e)
-        if argument is None:
-            return self.poison(e)
-        named = self.legs_of(e)
-        for option in e.options:
-            self.b.error(
-                f"unknown {e.name} option '{option.name}'",
-                option.span,
-                hint=f"{e.name} takes no options: {e.name}[n, m](a[n h])",
-            )
-        operand = self.inside(argument, keep | set(named[:1]))
-        self.warn_lone_sums(e, argument, operand)
-        along = self._scan_leg(e, operand, 2, f"{e.name}[n, m](a[n h])")
-        if along is None:
-            return self.poison(e)
-        key, item = named[1], e.legs[1]  # type: ignore[index]
-        if key in operand.legs:
-            self.b.error(
-                f"{e.name}'s key leg '{key}' is a leg of its argument already",
-                item.span,
-                hint=f"name a new leg for the keys: {e.name}[{along}, m](...)",
-            )
-            return self.poison(e)
-        if along in self.b.legs:
-            self.b._bind(key, self.b.legs[along].size, item.span, e.name)
-        position = operand.legs.index(along) + 1
-        legs = (*operand.legs[:position], key, *operand.legs[position:])
-        return self.restrict(SegmentSum(legs, e.span, along, key, operand), keep, e.span)
-
     def _only_masks(self, e: syn.Call, operand: Expr, what: str) -> list[Mask]:
         """The masks of a map or reduction (`logsumexp[m, mask = causal(n, m)](S)`), over legs of
         its argument; any other option is an error, as `what` takes only masks."""
@@ -625,7 +539,7 @@ class BoxesAndMaps:
                     hint=f"a {what} takes only masks: {e.name}[m, mask = causal(n, m)](...)",
                 )
                 continue
-            mask = self._mask(option.value, operand, f"{e.name} {what}")
+            mask = self.mask_option(option.value, operand, f"{e.name} {what}")
             if mask is not None:
                 masks.append(mask)
         return masks

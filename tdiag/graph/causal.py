@@ -9,64 +9,30 @@ keys, a softmax over queries), and a reverse scan along a position leg without i
 sees the future), have no causal form and are refused at their position. A convolution that shifts
 the query or key leg of an operand with both is masked before the shift (zeroed above the
 diagonal, Multi-Token Attention's Mask_0); one whose shift reads a later query, or a later position
-of an operand without the query leg, is refused at its position."""
+of an operand without the query leg, is refused at its position. What each expression kind
+means here (where its mask goes, what it hides, mixes or reads ahead) is its rule in the tables
+of graph/position_rules.py, registered by its construct module; this module walks the statements."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TypeGuard
-
-import sympy
 
 from ..errors import Diagnostic, Span, TdiagError
-from ..ir import (
-    CausalFactor,
-    CausalMask,
-    Contraction,
-    Convolution,
-    ElementwiseMap,
-    Expr,
-    PositionIndex,
-    Quotient,
-    Reduction,
-    Scalar,
-    Scan,
-    SegmentSum,
-    SoftmaxBox,
-    SquaredDistance,
-    SumNode,
-    TensorRef,
-    WindowFactor,
-    WindowMask,
-    map_children,
-    walk,
-)
+from ..ir import CausalFactor, CausalMask, Expr, TensorRef, map_children, walk
 from .dataflow import dataflow_graph
 from .model import DesignGraph
+from .position_rules import FUTURE, HIDES, MASK_SITE, MIXING, SEEN, Hidden, Positions, reads_an_input, zeros
 
 
-def _hides_future(mask: object) -> TypeGuard[CausalMask | WindowMask]:
-    """A causal mask, or a one-sided window (`window(n, m, W)`), which hides the future too."""
-    return isinstance(mask, CausalMask) or (isinstance(mask, WindowMask) and mask.is_causal)
-
-
-def _causal_factor(node: Expr) -> bool:
-    """`causal(n, m)` or a one-sided `window(n, m, W)` as a factor."""
-    return isinstance(node, CausalFactor) or (isinstance(node, WindowFactor) and node.mask.is_causal)
-
-
-def _masked(
-    expr: Expr, query: str, key: str, span: Span, hidden: Mapping[str, set[tuple[int, int]]]
-) -> tuple[Expr, int]:
-    """`expr` with a causal mask added to every box normalized over `key` that has `query` and to
-    every reduction (max, logsumexp, mean) over `key` that keeps `query`, to every reverse scan
-    along `key` that keeps `query` (a suffix sum over the keys would reach the future), and a
-    causal factor in every contraction that sums `key` beside `query` where no factor is masked
-    already (an un-normalized attention: Σ_m f(S)[n m] V[m] with m <= n). `hidden` holds, for
-    each statement masked so far, the (query, key) pairs of its axes of one leg it is masked on."""
-    if isinstance(expr, TensorRef | Scalar | CausalFactor | WindowFactor):
-        return expr, 0
+def _masked(expr: Expr, query: str, key: str, span: Span, hidden: Hidden) -> tuple[Expr, int]:
+    """`expr` with a causal mask over (query, key) on every node whose kind takes one there
+    (`MASK_SITE`: a box normalized over `key` that has `query`, a reduction over `key` that keeps
+    `query`, a reverse scan along `key` that keeps `query`, a convolution that shifts either) and
+    a causal factor in every contraction that sums `key` beside `query` (an un-normalized
+    attention: Σ_m f(S)[n m] V[m] with m <= n), wherever the node does not hide those keys
+    already (`SEEN`). `hidden` holds, for each statement masked so far, the (query, key) pairs
+    of its axes of one leg it is masked on."""
     count = 0
 
     def rebuild(child: Expr) -> Expr:
@@ -76,118 +42,27 @@ def _masked(
         return rebuilt
 
     expr = map_children(expr, rebuild)
-    changes: dict[str, object] = {}
-    reduced = isinstance(expr, Reduction) and key in expr.over and query in expr.legs
-    reduced = reduced or (isinstance(expr, Scan) and expr.reverse and expr.along == key and query in expr.legs)
-    if isinstance(expr, Scan) and expr.name == "cumsum" and (query, key) in _hidden_pairs(expr.operand, hidden):
-        reduced = False  # a suffix sum of entries zero past the query adds nothing from the future
-    if isinstance(expr, SoftmaxBox) and (query, key) in _zeroed_content(expr, hidden):
-        reduced = False  # the box's content hides the later keys itself (a decay of segment sums)
-    elif isinstance(expr, SoftmaxBox) and key in expr.normalized and query in expr.legs:
-        reduced = True
-    if reduced:
-        if not any(_hides_future(m) and (m.query, m.key) == (query, key) for m in expr.masks):
-            changes["masks"] = (*expr.masks, CausalMask(query, key, span))
-            count += 1
-    if isinstance(expr, Convolution) and _shifts_positions(expr, query, key):
-        operand = expr.operand
-        hides = any(_hides_future(m) and (m.query, m.key) == (query, key) for m in expr.masks)
-        if not hides and (query, key) not in _hidden_pairs(operand, hidden):
-            changes["masks"] = (*expr.masks, CausalMask(query, key, span))
-            count += 1
-    if isinstance(expr, Contraction) and key in expr.summed and query in expr.legs:
-        factors = expr.factors
-        if not any((query, key) in _hidden_pairs(f, hidden) for f in factors if key in f.legs):
-            changes["factors"] = (*factors, CausalFactor((query, key), span, query, key))
-            changes["batch"] = tuple(dict.fromkeys((*expr.batch, query)))
-            count += 1
-    return (dataclasses.replace(expr, **changes) if changes else expr), count
+    site = MASK_SITE.lookup(expr)(expr, query, key)
+    if site is None or SEEN.lookup(expr)(expr, query, key, hidden):
+        return expr, count
+    if site == "masks":
+        return dataclasses.replace(expr, masks=(*expr.masks, CausalMask(query, key, span))), count + 1  # type: ignore[attr-defined]
+    factors = (*expr.factors, CausalFactor((query, key), span, query, key))  # type: ignore[attr-defined]
+    batch = tuple(dict.fromkeys((*expr.batch, query)))  # type: ignore[attr-defined]
+    return dataclasses.replace(expr, factors=factors, batch=batch), count + 1
 
 
-def _shifts_positions(expr: Convolution, query: str, key: str) -> bool:
-    """Whether a convolution over an operand with both `query` and `key` legs shifts either: its
-    operand is then zeroed where the key is after the query before the shift (Multi-Token
-    Attention's Mask_0), so that a shifted read sees no key after its own query."""
-    shifted = {s.leg for s in expr.shifts}
-    return query in expr.legs and key in expr.legs and bool(shifted & {query, key})
-
-
-def _future_shift(expr: Expr, queries: set[str], keys: set[str], graph: DesignGraph) -> Diagnostic | None:
-    """A shift that reads a later position where nothing hides it: along a query leg, or along a
-    position leg of an operand without a query leg beside its key (a token shift of the keys),
-    any offset that reads ahead (n + i, or m - j + P with P > 0) would let a position see the
-    ones after it. A shift along the key leg of an operand with the query leg reads ahead safely
-    once the operand is zeroed above the diagonal (mask = causal(n, m), Mask_0)."""
-    size = graph.legs[next(iter(keys))].size if keys and next(iter(keys)) in graph.legs else None
+def _future(expr: Expr, positions: Positions) -> Diagnostic | None:
+    """The first read of a later position that nothing hides (`FUTURE`): a reverse scan along a
+    position leg no causal mask limits, a convolution's shift that reads ahead."""
     for node in walk(expr):
-        if not isinstance(node, Convolution) or not _reads_an_input(node, graph):
-            continue
-        for shift in node.shifts:
-            leg = shift.leg
-            positional = leg in queries or leg in keys or (leg in graph.legs and graph.legs[leg].size == size)
-            if not positional:
-                continue
-            width = graph.evaluate(graph.legs[shift.offset].size)
-            ahead = graph.evaluate(shift.start + (width - 1 if shift.sign > 0 else 0))
-            masked = any(_hides_future(m) and m.key == leg and m.query in node.legs for m in node.masks)
-            if ahead > 0 and not (masked and leg not in queries):
-                return Diagnostic(
-                    f"with_causal_mask cannot mask the conv's shift {leg} = {shift.source()}: it reads position"
-                    f" {leg} + {ahead}, after the one it computes",
-                    (node.span,),
-                    f"shift along the query leg backwards only ({leg} = {leg} - {shift.offset}); a centred shift"
-                    " of the keys needs the query leg beside them, as in conv[n = n - i, m = m - j + P](S[h n m], ...)",
-                )
+        problem = FUTURE.lookup(node)(node, positions)
+        if problem is not None:
+            return problem
     return None
 
 
-def _hidden_pairs(expr: Expr, hidden: Mapping[str, set[tuple[int, int]]]) -> set[tuple[str, str]]:
-    """The (query, key) leg pairs along which `expr` is causally masked or zeroed already."""
-    if _causal_factor(expr):
-        return {(expr.query, expr.key)}  # type: ignore[attr-defined]
-    if _causal_clamp(expr) is not None:
-        return {_causal_clamp(expr)}  # type: ignore[arg-type]
-    if isinstance(expr, ElementwiseMap) and expr.name == "exp" and expr.operand is not None:
-        return _minus_infinity_pairs(expr.operand)
-    if isinstance(expr, ElementwiseMap) and expr.operand is not None and _keeps_zero(expr):
-        return _hidden_pairs(expr.operand, hidden)
-    if isinstance(expr, SoftmaxBox):
-        return {(m.query, m.key) for m in expr.masks if _hides_future(m)} | _zeroed_content(expr, hidden)
-    if isinstance(expr, Contraction):
-        return set().union(*(_hidden_pairs(f, hidden) for f in expr.factors))
-    if isinstance(expr, SumNode):  # zero where every term is
-        return set.intersection(*(_hidden_pairs(t, hidden) for t in expr.terms))
-    if isinstance(expr, Quotient):
-        return _hidden_pairs(expr.numerator, hidden)  # type: ignore[arg-type]
-    if isinstance(expr, TensorRef) and expr.name in hidden:  # a head axis read as (g k) keeps n, m
-        groups = expr.groups
-        return {(groups[q][0], groups[k][0]) for q, k in hidden[expr.name] if len(groups[q]) == len(groups[k]) == 1}
-    return set()
-
-
-def _zeroed_content(box: SoftmaxBox, hidden: Mapping[str, set[tuple[int, int]]]) -> set[tuple[str, str]]:
-    """The pairs along which a box's entries are zero past the query by its content alone: a
-    normalize box of a content zero there, a softmax of one −inf there."""
-    if box.content is None:
-        return set()
-    if box.is_exp:
-        return _minus_infinity_pairs(box.content)
-    return _hidden_pairs(box.content, hidden)
-
-
-def _minus_infinity_pairs(expr: Expr) -> set[tuple[str, str]]:
-    """The (query, key) pairs along which `expr` is −inf past the query (segment sums, and a sum
-    with such a term), so that its exp is zero there (Mamba-2's decay mask exp(segsum(a)))."""
-    if isinstance(expr, SegmentSum):
-        return {(expr.along, expr.key)}
-    if isinstance(expr, SumNode):
-        return set().union(
-            *(_minus_infinity_pairs(t) for t, sign in zip(expr.terms, expr.signs, strict=True) if sign > 0)
-        )
-    return set()
-
-
-def _position_legs(
+def position_legs(
     expr: Expr, query: str, key: str, roles: Mapping[str, dict[int, str]], graph: DesignGraph
 ) -> tuple[set[str], set[str]]:
     """The legs of a statement that run over queries and over keys: `query` and `key` by name,
@@ -215,6 +90,12 @@ def _position_legs(
     return queries, keys
 
 
+def _reduced_legs(node: Expr) -> tuple[str, ...]:
+    """The legs a node sums, reduces or normalizes over (`MIXING`)."""
+    mixing = MIXING.lookup(node)(node)
+    return mixing.over if mixing is not None else ()
+
+
 def _mixes_positions(
     expr: Expr, queries: set[str], keys: set[str], graph: DesignGraph, query_leg: str
 ) -> Diagnostic | None:
@@ -223,12 +104,13 @@ def _mixes_positions(
     query would see every key), or a box normalized over a query leg, with a key leg beside it or
     none (its sum runs over the later queries)."""
     for node in walk(expr):
-        over = _reduced_legs(node)
-        if not over or not _reads_an_input(node, graph):
+        mixing = MIXING.lookup(node)(node)
+        if mixing is None or not mixing.over or not reads_an_input(node, graph):
             continue
+        over, what = mixing.over, mixing.what
         mixed_keys = sorted(keys & set(over))
         if mixed_keys and not queries & set(node.legs):
-            query, what = min(queries, default=query_leg), _construct(node)
+            query = min(queries, default=query_leg)
             return Diagnostic(
                 f"with_causal_mask cannot mask {what} over key leg '{mixed_keys[0]}': it has no query leg"
                 f" '{query}', so every query would see every key",
@@ -237,16 +119,16 @@ def _mixes_positions(
                 " or write the causal design yourself",
             )
         mixed_queries = sorted(queries & set(over))
-        if isinstance(node, SoftmaxBox) and mixed_queries:
+        if mixing.normalizes and mixed_queries:
             return Diagnostic(
                 f"with_causal_mask cannot mask a box normalized over query leg '{mixed_queries[0]}':"
                 " each query would see the later queries",
                 (node.span,),
                 "normalize over the key leg, or write the causal design yourself",
             )
-        if not isinstance(node, SoftmaxBox) and mixed_queries and not queries & set(node.legs):
+        if not mixing.normalizes and mixed_queries and not queries & set(node.legs):
             return Diagnostic(
-                f"with_causal_mask cannot mask {_construct(node)} over query leg '{mixed_queries[0]}':"
+                f"with_causal_mask cannot mask {what} over query leg '{mixed_queries[0]}':"
                 " each query would see the later queries",
                 (node.span,),
                 "keep the query leg in the result, or write the causal design yourself",
@@ -254,84 +136,16 @@ def _mixes_positions(
     return None
 
 
-def _future_scan(
-    expr: Expr, queries: set[str], keys: set[str], graph: DesignGraph, hidden: Mapping[str, set[tuple[int, int]]]
-) -> Diagnostic | None:
-    """A reverse scan (a suffix sum) along a position leg that no causal mask limits to the keys
-    a query may see: each position would see the later ones. A forward scan is a prefix, causal
-    as it is; a reverse one along the key leg beside the query leg is masked by with_causal_mask."""
-    size = graph.legs[next(iter(keys))].size if keys and next(iter(keys)) in graph.legs else None
-    for node in walk(expr):
-        if not isinstance(node, Scan) or not node.reverse or not _reads_an_input(node, graph):
-            continue
-        leg = node.along
-        positional = leg in queries or leg in keys or (leg in graph.legs and graph.legs[leg].size == size)
-        zeroed = node.name == "cumsum" and any((q, leg) in _hidden_pairs(node.operand, hidden) for q in queries)
-        if positional and not zeroed and not any(_hides_future(m) and m.key == leg for m in node.masks):
-            return Diagnostic(
-                f"with_causal_mask cannot mask the reverse {node.name} along position leg '{leg}':"
-                " each position would see the later ones",
-                (node.span,),
-                "scan forward (a prefix)"
-                + (
-                    f", or beside the query leg with mask = causal({min(queries)}, {leg})" if leg not in queries else ""
-                ),
-            )
-    return None
-
-
-def _reduced_legs(node: Expr) -> tuple[str, ...]:
-    """The legs a node sums, reduces or normalizes over."""
-    if isinstance(node, Contraction):
-        return node.summed
-    if isinstance(node, Reduction | SquaredDistance):
-        return node.over
-    if isinstance(node, SoftmaxBox):
-        return node.normalized
-    return ()
-
-
-def _construct(node: Expr) -> str:
-    """The node as the user wrote it, in a word or two."""
-    if isinstance(node, Reduction):
-        return f"the {node.name}"
-    if isinstance(node, SoftmaxBox):
-        return "the box"
-    if isinstance(node, SquaredDistance):
-        return "the sqdist"
-    return "the sum"
-
-
-def _reads_an_input(expr: Expr, graph: DesignGraph) -> bool:
-    """Whether `expr` depends on an input, mask or noise (a sum of parameters or positions over
-    a key leg mixes nothing that arrives later)."""
-    for node in walk(expr):
-        if isinstance(node, TensorRef):
-            tensor = graph.tensors[node.name]
-            if tensor.is_batched or (tensor.statement is not None and _reads_an_input(tensor.statement.expr, graph)):
-                return True
-    return False
-
-
 def _already_causal(graph: DesignGraph, query: str, key: str) -> bool:
-    """Whether the design masks `key` by `query` somewhere already (a causal box or factor, a
-    one-sided window, which hides the future as well, or an identity over the two: the diagonal)."""
+    """Whether the design masks `key` by `query` somewhere already (`HIDES`: a causal box or
+    factor, a one-sided window, which hides the future as well, segment sums, a clamp of the
+    index difference, or an identity over the two: the diagonal)."""
     diagonal = _identities(graph)
-    for statement in graph.statements:
-        for node in walk(statement.expr):
-            if _causal_factor(node) and (node.query, node.key) == (query, key):  # type: ignore[attr-defined]
-                return True
-            if isinstance(node, TensorRef) and node.name in diagonal and set(node.legs) == {query, key}:
-                return True
-            if isinstance(node, SoftmaxBox | Reduction | Scan) and any(
-                _hides_future(m) and (m.query, m.key) == (query, key) for m in node.masks
-            ):
-                return True
-            if isinstance(node, SegmentSum) and (node.along, node.key) == (query, key):
-                return True
-            if _causal_clamp(node) == (query, key):
-                return True
-    return False
+    return any(
+        HIDES.lookup(node)(node, query, key, diagonal)
+        for statement in graph.statements
+        for node in walk(statement.expr)
+    )
 
 
 def with_causal_mask(graph: DesignGraph, query: str = "n", key: str = "m") -> DesignGraph:
@@ -386,7 +200,7 @@ class _Masking:
         hidden = _identities(graph)
         roles: dict[str, dict[int, str]] = {}
         for statement in graph.statements:
-            queries, keys = _position_legs(statement.expr, query, key, roles, graph)
+            queries, keys = position_legs(statement.expr, query, key, roles, graph)
             problem = _mixes_positions(statement.expr, queries, keys, graph, query)
             if problem is not None:
                 mixing.append(problem)
@@ -395,14 +209,12 @@ class _Masking:
                 expr, count = _masked(expr, q, k, statement.span, hidden)
                 total += count
             statements.append(dataclasses.replace(statement, expr=expr))
-            looking_ahead = _future_scan(expr, queries, keys, graph, hidden) or _future_shift(
-                expr, queries, keys, graph
-            )
+            looking_ahead = _future(expr, Positions(queries, keys, graph, hidden))
             if looking_ahead is not None:
                 future.append(looking_ahead)
             position = {g[0]: k for k, g in enumerate(statement.groups) if len(g) == 1}  # axes of one leg
             hidden[statement.target] = {
-                (position[q], position[k]) for q, k in _hidden_pairs(expr, hidden) if q in position and k in position
+                (position[q], position[k]) for q, k in zeros(expr, hidden) if q in position and k in position
             }
             if not any(len(g) != 1 for g in statement.groups):
                 roles[statement.target] = {
@@ -429,51 +241,6 @@ def _identities(graph: DesignGraph) -> dict[str, set[tuple[int, int]]]:
         if tensor.kind == "const" and init is not None and init.name == "identity" and square:
             hidden[tensor.name] = {(0, 1), (1, 0)}
     return hidden
-
-
-def _position_difference(expr: Expr) -> tuple[str, str] | None:
-    """(n, m) for `index(n) - index(m)`, plus a number of at most zero (`index(n) - index(m) - 1`)."""
-    if not isinstance(expr, SumNode):
-        return None
-    plus, minus = [], []
-    for term, sign in zip(expr.terms, expr.signs, strict=True):
-        if isinstance(term, PositionIndex):
-            (plus if sign > 0 else minus).append(term.leg)
-        elif not (isinstance(term, Scalar) and _number(term) * sign <= 0):
-            return None
-    return (plus[0], minus[0]) if len(plus) == len(minus) == 1 and plus != minus else None
-
-
-def _number(scalar: Scalar) -> float:
-    try:
-        return float(scalar.value)
-    except (TypeError, ValueError):
-        return 1.0  # not a number here: not taken as an offset that keeps the factor causal
-
-
-def _causal_clamp(expr: Expr) -> tuple[str, str] | None:
-    """(n, m) for a factor zero wherever key m is after query n: `clamp(index(n) - index(m), 0, c)`
-    (stick-breaking's strictly-earlier keys), `relu(...)` or `max(..., 0)` of that difference."""
-    if not isinstance(expr, ElementwiseMap) or expr.operand is None:
-        return None
-    floor = {"clamp": 0, "maximum": 0}.get(expr.name)
-    if expr.name == "relu" or (floor is not None and expr.params and expr.params[0] == 0):
-        return _position_difference(expr.operand)
-    return None
-
-
-def _keeps_zero(node: ElementwiseMap) -> bool:
-    """Whether the map sends 0 to 0, so that an operand zero past the query stays zero there."""
-    params = [sympy.sympify(p) for p in node.params]
-    if node.name in ("relu", "abs", "sin", "tanh", "sqrt", "silu", "gelu"):
-        return True
-    if node.name == "clamp":
-        return len(params) == 2 and params[0].is_nonpositive is True and params[1].is_nonnegative is True
-    if node.name == "maximum":
-        return len(params) == 1 and params[0].is_nonpositive is True
-    if node.name == "minimum":
-        return len(params) == 1 and params[0].is_nonnegative is True
-    return node.name == "pow" and len(params) == 1 and params[0].is_positive is True
 
 
 def hides_the_future(graph: DesignGraph, query: str | None = None, key: str | None = None) -> bool:

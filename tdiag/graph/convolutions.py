@@ -14,7 +14,7 @@ from .. import parse as syn
 from ..errors import did_you_mean
 from ..ir import Convolution, Expr, Mask, Shift, TensorRef, walk
 from .sizes import expand_sizes, size_symbol, size_values
-from .syntax import _available
+from .syntax import available_legs
 
 if TYPE_CHECKING:
     from .calls import BoxesAndMaps
@@ -53,7 +53,7 @@ def convolution(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     mask_legs = {leg for o in e.options if o.name == "mask" for leg in _names(o.value) if leg not in b.sizes}
     operand = builder.inside(e.args[0], keep | {o.name for o in shifts} | mask_legs)
     offsets = {leg for o in shifts for leg in _names(o.value)} - {o.name for o in shifts} - set(b.sizes)
-    kernel = builder.inside(e.args[1], set(operand.legs) | offsets | _available(e.args[1], b.tensors))
+    kernel = builder.inside(e.args[1], set(operand.legs) | offsets | available_legs(e.args[1], b.tensors))
     built: list[Shift] = []
     ok = True
     for option in shifts:
@@ -81,7 +81,7 @@ def convolution(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     masks: list[Mask] = []
     for option in e.options:
         if option.name == "mask":
-            mask = builder._mask(option.value, operand, "conv")
+            mask = builder.mask_option(option.value, operand, "conv")
             if mask is not None:
                 masks.append(mask)
     if not ok:
@@ -181,7 +181,7 @@ def _linear(builder: BoxesAndMaps, e: syn.Expr) -> tuple[dict[str, int], sympy.E
     if isinstance(e, syn.Number):
         return {}, sympy.sympify(e.value)
     if isinstance(e, syn.Name) and e.name in b.sizes:
-        return {}, b._scalar(e, sizes_only=True)
+        return {}, b.scalar_of(e, sizes_only=True)
     if isinstance(e, syn.Name):
         return {e.name: 1}, sympy.Integer(0)
     if isinstance(e, syn.Neg):
@@ -197,7 +197,7 @@ def _linear(builder: BoxesAndMaps, e: syn.Expr) -> tuple[dict[str, int], sympy.E
             merged[k] = merged.get(k, 0) + sign * v
         return merged, left[1] + sign * right[1]
     if isinstance(e, syn.BinOp | syn.Call) and not _names(e) - set(b.sizes):
-        return {}, b._scalar(e, sizes_only=True)
+        return {}, b.scalar_of(e, sizes_only=True)
     b.error(
         "a shift is written with legs, whole numbers and sizes joined by + and -",
         e.span,

@@ -13,14 +13,14 @@ from ..errors import did_you_mean, one_of
 from ..errors import hint as join_hint
 from ..ir import Axis, Init, Leg, Size, Tensor
 from .model import LIMITS
-from .sizes import SizeTable, _number, expand_sizes, size_symbol, size_values
-from .syntax import _call_parts, _cycles
+from .sizes import SizeTable, expand_sizes, number_text, size_symbol, size_values
+from .syntax import call_parts, syntax_cycles
 from .vocabulary import INIT_PARAMS, INITIALIZERS, POISON_SIZE, RANDOM_MODES
 
 
 class Declarations:
-    """Sizes and declared tensors, a base class of _Builder (builder.py), whose attributes and
-    _bind/_scalar it uses."""
+    """Sizes and declared tensors, a base class of DesignBuilder (builder.py), whose attributes and
+    bind_leg/scalar_of it uses."""
 
     head: syn.DesignDecl
     items: list[syn.Item]
@@ -48,7 +48,7 @@ class Declarations:
             elif d.value is None:
                 definition = None
             else:
-                definition = self._scalar(d.value, sizes_only=True, known=names)
+                definition = self.scalar_of(d.value, sizes_only=True, known=names)
             self.sizes[d.name] = Size(d.name, symbol, definition, d.span)
         self._check_size_cycles()
         self._check_size_values()
@@ -59,7 +59,7 @@ class Declarations:
             deps.add_node(s.name)
             for sym in s.definition.free_symbols if s.definition is not None else ():
                 deps.add_edge(s.name, str(sym))
-        for cycle in _cycles(deps, list(self.sizes)):
+        for cycle in syntax_cycles(deps, list(self.sizes)):
             spans = [self.sizes[n].span for n in cycle if n in self.sizes]
             self.error("sizes defined in a cycle: " + " -> ".join([*cycle, cycle[0]]), *spans)
             for n in cycle:
@@ -72,7 +72,7 @@ class Declarations:
             size = self.sizes[name]
             if value.is_integer and value > LIMITS.max_size:  # type: ignore[operator]
                 self.error(
-                    f"size {name} = {_number(value)} is over the limit of {LIMITS.max_size:,}",
+                    f"size {name} = {number_text(value)} is over the limit of {LIMITS.max_size:,}",
                     size.span,
                     hint="sizes are tensor dimensions; the limit is tdiag.LIMITS.max_size (TDIAG_MAX_SIZE)",
                 )
@@ -94,7 +94,7 @@ class Declarations:
                 if k != name and sympy.Symbol(k, positive=True) in (size.definition or sympy.S.Zero).free_symbols
             )
             self.error(
-                f"size {name} = {size.definition} is {_number(value)}"
+                f"size {name} = {size.definition} is {number_text(value)}"
                 + (f" at {shown}" if shown else "")
                 + "; a size must be a whole positive number",
                 size.span,
@@ -107,9 +107,9 @@ class Declarations:
         for d in (i for i in self.items if isinstance(i, syn.Declaration)):
             axes = []
             for axis in d.axes:
-                size = self._scalar(axis.size, sizes_only=True)
+                size = self.scalar_of(axis.size, sizes_only=True)
                 self._check_axis_size(d, axis, size, values)
-                self._bind(axis.leg, size, axis.span, d.name)
+                self.bind_leg(axis.leg, size, axis.span, d.name)
                 axes.append(Axis(axis.leg, size))
             self._check_axis_names(d)
             self._check_stored_size(d, tuple(axes))
@@ -134,7 +134,7 @@ class Declarations:
             if value.is_integer and value > 0
             else "is not a whole positive number"
         )
-        number = _number(value)
+        number = number_text(value)
         shown = number if number.startswith(str(size)) else f"{size} = {number}"
         self.error(f"axis {axis.leg} of {d.name} has size {shown}, which {why}", axis.size.span)
 
@@ -188,7 +188,7 @@ class Declarations:
         if not allowed:
             self.error(f"{d.kind} {d.name} takes no initializer", d.init.span, hint="inputs are given at run time")
             return None
-        name, args, keywords, span = _call_parts(d.init)
+        name, args, keywords, span = call_parts(d.init)
         if name is None:
             self.error(f"expected an initializer for {d.kind} {d.name}", d.init.span, hint=one_of(allowed))
             return None
@@ -215,7 +215,7 @@ class Declarations:
                 hint=f"arguments: {', '.join(known) or 'none'}",
             )
         for key, value in zip(known, args, strict=False):
-            params.append((key, self._scalar(value)))
+            params.append((key, self.scalar_of(value)))
         for kw in keywords:
             if kw.name not in known:
                 self.error(
@@ -224,7 +224,7 @@ class Declarations:
                     hint=join_hint(did_you_mean(kw.name, known), f"arguments: {', '.join(known) or 'none'}"),
                 )
                 continue
-            params.append((kw.name, self._scalar(kw.value)))
+            params.append((kw.name, self.scalar_of(kw.value)))
         if name == "identity":
             sizes = {expand_sizes(a.size, self.sizes) for a in axes}
             if len(axes) < 2 or len(sizes) > 1:
@@ -244,7 +244,7 @@ class Declarations:
         2×2 rotation generator); their count must be the number of entries."""
         for kw in keywords:
             self.error("values takes numbers only, no keyword arguments", kw.span, hint="e.g. values(0, -1, 1, 0)")
-        entries = tuple(self._scalar(a) for a in args)
+        entries = tuple(self.scalar_of(a) for a in args)
         known = size_values(self.sizes)
         subs = {self.sizes[k].symbol: v for k, v in known.items()}
         count = expand_sizes(sympy.Mul(*(a.size for a in axes)), self.sizes).xreplace(subs)

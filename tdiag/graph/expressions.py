@@ -17,19 +17,21 @@ from .calls import BoxesAndMaps
 from .lone_sums import lone_leg_warnings
 from .positions import Positions
 from .products import Products
-from .syntax import _available, _call_as_product, _is_scalar_syntax, _product_op, _statement_targets
+from .syntax import available_legs, call_as_product, is_scalar_syntax, product_op, statement_targets
 from .vocabulary import FUNCTIONS, POISON_NAME
 
 if TYPE_CHECKING:
-    from .builder import _Builder
+    from .protocols import GraphBuilder
 
 
-class _ExprBuilder(Products, Positions, BoxesAndMaps):
-    """Builds the expression of one statement, applying the leg rule at every boundary."""
+class ExprBuilder(Products, BoxesAndMaps):
+    """Builds the expression of one statement, applying the leg rule at every boundary; its slices,
+    gathers and index(...) are built by its `positions` part."""
 
-    def __init__(self, builder: _Builder):
+    def __init__(self, builder: GraphBuilder):
         self.b = builder
         self.gathered: list[tuple[str, Span]] = []  # legs naming an axis read at a position
+        self.positions = Positions(self)
 
     def _has_errors_since(self, start: int) -> bool:
         """Whether a diagnostic from `start` on is an error (a warning inside an expression explains
@@ -86,7 +88,7 @@ class _ExprBuilder(Products, Positions, BoxesAndMaps):
     def poison(self, e: syn.Expr) -> Expr:
         """A stand-in for a sub-expression that had an error: it has the legs the text gives it,
         so one mistake is reported once, not again by every check downstream of it."""
-        return TensorRef(tuple(sorted(_available(e, self.b.tensors))), e.span, POISON_NAME, ())
+        return TensorRef(tuple(sorted(available_legs(e, self.b.tensors))), e.span, POISON_NAME, ())
 
     # -- the leg rule --
     def inside(self, e: syn.Expr, keep: set[str]) -> Expr:
@@ -111,14 +113,14 @@ class _ExprBuilder(Products, Positions, BoxesAndMaps):
         return Contraction(kept, span, (node,), sympy.Integer(1), extra, ())
 
     def build(self, e: syn.Expr, keep: set[str]) -> Expr:
-        e = _call_as_product(e, self.b.tensors)
-        if _is_scalar_syntax(e, self.b.tensors):
-            return Scalar((), e.span, self.b._scalar(e))
+        e = call_as_product(e, self.b.tensors)
+        if is_scalar_syntax(e, self.b.tensors):
+            return Scalar((), e.span, self.b.scalar_of(e))
         if isinstance(e, syn.Name):
             return self._bare_name(e)
         if isinstance(e, syn.Indexed):
             return self.tensor_ref(e)
-        if isinstance(e, syn.Neg | syn.BinOp) and _product_op(e, self.b.tensors):
+        if isinstance(e, syn.Neg | syn.BinOp) and product_op(e, self.b.tensors):
             return self.product(e, keep)
         if isinstance(e, syn.BinOp) and e.op in "+-":
             return self.sum(e, keep)
@@ -142,6 +144,6 @@ class _ExprBuilder(Products, Positions, BoxesAndMaps):
         elif e.name in FUNCTIONS:
             self.b.error(f"'{e.name}' needs an argument", e.span, hint=f"e.g. {e.name}(...)")
         else:
-            candidates = [*self.b.tensors, *self.b.sizes, *_statement_targets(self.b.items)]
+            candidates = [*self.b.tensors, *self.b.sizes, *statement_targets(self.b.items)]
             self.b.error(f"unknown name '{e.name}'", e.span, hint=did_you_mean(e.name, candidates))
         return self.poison(e)

@@ -30,10 +30,10 @@ from ..ir import (
     walk,
 )
 from ..ir import TensorRef as Ref
-from .syntax import _available, _syntax_nodes, _syntax_text
+from .syntax import available_legs, syntax_nodes, syntax_text
 
 if TYPE_CHECKING:
-    from .expressions import _ExprBuilder
+    from .protocols import ExpressionBuilder
 
 # nodes that apply the leg rule at their own boundary: a sum inside them is theirs, not the map's
 _BOUNDARIES = (ElementwiseMap, SoftmaxBox, Reduction, Scan, SegmentSum, Convolution, SquaredDistance)
@@ -75,13 +75,13 @@ def _products(node: Expr) -> list[Contraction]:
     return found
 
 
-def explicit_sum(builder: _ExprBuilder, e: syn.Call, keep: set[str]) -> Expr:
+def explicit_sum(builder: ExpressionBuilder, e: syn.Call, keep: set[str]) -> Expr:
     """`sum[k](x)`: Σ_k x, the sum the leg rule would take, written out. k stays a leg inside x
     (`sum[k](exp(S[h n k]))` is Σ_k exp(S)) and is summed over x as a whole; the sum is meant, so
     no lone-sum warning names k."""
     b = builder.b
     over = builder.legs_of(e)
-    argument = builder._one_argument(e)
+    argument = builder.one_argument(e)
     if not over:
         b.error("sum needs the legs it sums", e.name_span, hint="e.g. sum[k](S[n k])")
     for option in e.options:
@@ -102,7 +102,7 @@ def explicit_sum(builder: _ExprBuilder, e: syn.Call, keep: set[str]) -> Expr:
         return builder.poison(e)
     operand = builder.inside(argument, keep | set(over))
     missing = [item for item in e.legs or () if isinstance(item, syn.Leg) and item.name not in operand.legs]
-    available = sorted(_available(argument, b.tensors))
+    available = sorted(available_legs(argument, b.tensors))
     for item in missing:
         b.error(
             f"sum over leg '{item.name}', which its argument does not have",
@@ -142,13 +142,13 @@ def map_sum_warning(call: syn.Call | syn.BinOp, argument: syn.Expr, legs: list[s
     summed = _summed_text(argument, legs)
     meant = _summed_text(argument, legs, _sum_call)
     if isinstance(call, syn.BinOp):  # a power: (Σ_k x) ^ p
-        exponent = _syntax_text(call.right)
+        exponent = syntax_text(call.right)
         where, computes = "the power", f"({summed}) ^ {exponent}"
         written = f"{meant if _is_one_sum(argument) else f'({meant})'} ^ {exponent}"
     else:
         where, computes = call.name, _with_argument(call, argument, summed)
         written = _with_argument(call, argument, meant)
-    text = _syntax_text(call)
+    text = syntax_text(call)
     return Diagnostic(
         f"{text} sums {' and '.join(legs)} inside {where}: it computes {computes}",
         _leg_spans(argument, set(legs)) or (argument.span,),
@@ -160,7 +160,7 @@ def map_sum_warning(call: syn.Call | syn.BinOp, argument: syn.Expr, legs: list[s
 
 def _with_argument(call: syn.Call, argument: syn.Expr, text: str) -> str:
     placeholder = syn.Name(argument.span, text)
-    return _syntax_text(dataclasses.replace(call, args=(placeholder, *call.args[1:])))
+    return syntax_text(dataclasses.replace(call, args=(placeholder, *call.args[1:])))
 
 
 def _is_one_sum(argument: syn.Expr) -> bool:
@@ -169,7 +169,7 @@ def _is_one_sum(argument: syn.Expr) -> bool:
 
 
 def _sum_call(legs: list[str], e: syn.Expr) -> str:
-    return f"sum[{' '.join(legs)}]({_syntax_text(e)})"
+    return f"sum[{' '.join(legs)}]({syntax_text(e)})"
 
 
 def _sigma_of(legs: list[str], e: syn.Expr) -> str:
@@ -186,7 +186,7 @@ def _summed_text(e: syn.Expr, legs: list[str], sum_of: Callable[[list[str], syn.
     whole expression."""
     here = [leg for leg in legs if leg in _written_legs(e)]
     if not here:
-        return _syntax_text(e)
+        return syntax_text(e)
     if isinstance(e, syn.BinOp) and e.op in "+-":
         right = _summed_text(e.right, here, sum_of)
         left = _summed_text(e.left, here, sum_of)
@@ -205,7 +205,7 @@ def _summed_text(e: syn.Expr, legs: list[str], sum_of: Callable[[list[str], syn.
 def _written_legs(e: syn.Expr) -> set[str]:
     """Legs written in `e`'s tensor uses and index(...) calls."""
     found = set()
-    for node in _syntax_nodes(e):
+    for node in syntax_nodes(e):
         if isinstance(node, syn.Indexed):
             found |= {
                 leg.name for item in node.legs for leg in (item.legs if isinstance(item, syn.LegGroup) else (item,))
@@ -221,14 +221,14 @@ def _item_legs(item: syn.Leg | syn.LegGroup) -> tuple[syn.Leg, ...]:
 
 def _operand(e: syn.Expr) -> str:
     """`e` as an operand of Σ: parenthesized unless it is one tensor use, call or name."""
-    text = _syntax_text(e)
+    text = syntax_text(e)
     return text if isinstance(e, syn.Indexed | syn.Call | syn.Name) else f"({text})"
 
 
 def _leg_spans(argument: syn.Expr, legs: set[str]) -> tuple[Span, ...]:
     """Where the argument writes the summed legs, in file order (the carets)."""
     spans = []
-    for node in _syntax_nodes(argument):
+    for node in syntax_nodes(argument):
         for item in node.legs if isinstance(node, syn.Indexed) else ():
             for leg in _item_legs(item):
                 if leg.name in legs:
@@ -311,7 +311,7 @@ class _LegUses:
     carries is found by its name and the factor's span."""
 
     def __init__(self, written: syn.Expr):
-        self._nodes = list(_syntax_nodes(written))
+        self._nodes = list(syntax_nodes(written))
         spans: dict[str, list[tuple[int, int, Span]]] = {}
         for name, span in _leg_uses(self._nodes):
             spans.setdefault(name, []).append((span.line, span.column, span))
@@ -331,7 +331,7 @@ class _LegUses:
 
     def text(self, factor: Expr) -> str | None:
         node = self._by_span.get(factor.span)
-        return _syntax_text(node) if node is not None else None
+        return syntax_text(node) if node is not None else None
 
 
 def _leg_uses(nodes: Iterable[syn.Expr]) -> Iterable[tuple[str, Span]]:

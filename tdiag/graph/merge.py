@@ -13,7 +13,7 @@ from ..errors import Diagnostic, Span, TdiagError, did_you_mean
 from ..resources import design_file
 
 
-def _item_name(item: syn.Item) -> str | None:
+def item_name(item: syn.Item) -> str | None:
     if isinstance(item, syn.SizeDef | syn.Declaration):
         return item.name
     if isinstance(item, syn.Statement):
@@ -21,7 +21,7 @@ def _item_name(item: syn.Item) -> str | None:
     return None
 
 
-def _what(item: syn.Item) -> str:
+def item_kind_text(item: syn.Item) -> str:
     if isinstance(item, syn.Declaration):
         return f"declared as {item.kind}"
     if isinstance(item, syn.SizeDef):
@@ -29,7 +29,7 @@ def _what(item: syn.Item) -> str:
     return "computed by a statement"
 
 
-def _item_name_span(item: syn.Item) -> Span:
+def item_name_span(item: syn.Item) -> Span:
     if isinstance(item, syn.SizeDef) and item.name_span is not None:
         return item.name_span
     if isinstance(item, syn.Declaration):
@@ -47,7 +47,7 @@ def load_items(path: str) -> tuple[syn.DesignDecl, list[syn.Item], tuple[str, ..
     chain = _chain(path)
     items = chain[-1][2]
     for _, _, body in reversed(chain[:-1]):
-        items = _merge(items, body)
+        items = merged_items(items, body)
     return chain[0][1], items, tuple(file for file, _, _ in chain)
 
 
@@ -64,7 +64,7 @@ def _chain(path: str) -> list[tuple[str, syn.DesignDecl, list[syn.Item]]]:
     seen = {os.path.realpath(path)}
     current = path
     while True:
-        head, body = _design_file(current) if not chain else _base_file(current, chain[-1][1])
+        head, body = design_file_items(current) if not chain else _base_file(current, chain[-1][1])
         chain.append((current, head, body))
         if head.base is None:
             break
@@ -91,7 +91,7 @@ def _base_file(path: str, derived: syn.DesignDecl) -> tuple[syn.DesignDecl, list
     """A base design's file; when it cannot be read at all (a folder, a FIFO, too large), the
     error points at the `extends` that named it."""
     try:
-        return _design_file(path)
+        return design_file_items(path)
     except TdiagError as error:
         if any(d.spans for d in error.diagnostics):
             raise
@@ -121,11 +121,11 @@ def load_texts(texts: tuple[tuple[str, str], ...]) -> tuple[syn.DesignDecl, list
             raise TdiagError(Diagnostic(f"design '{head.name}' {base} but {what}", (head.base_span or head.span,)))
     items = chain[-1][1]
     for _, body in reversed(chain[:-1]):
-        items = _merge(items, body)
+        items = merged_items(items, body)
     return chain[0][0], items
 
 
-def _design_file(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
+def design_file_items(path: str) -> tuple[syn.DesignDecl, list[syn.Item]]:
     """One file's `design` line and its other items."""
     return _design_items(syn.parse_file(path), path)
 
@@ -150,7 +150,7 @@ def _design_items(source: syn.SourceFile, path: str) -> tuple[syn.DesignDecl, li
             raise TdiagError(
                 [
                     Diagnostic(
-                        f"'replace {_item_name(i)}' needs a base design",
+                        f"'replace {item_name(i)}' needs a base design",
                         (i.span,),
                         f"write 'design {head.name} extends BASE' to derive from BASE.td",
                     )
@@ -160,21 +160,21 @@ def _design_items(source: syn.SourceFile, path: str) -> tuple[syn.DesignDecl, li
     return head, body
 
 
-def _merge(base: list[syn.Item], derived: list[syn.Item]) -> list[syn.Item]:
+def merged_items(base: list[syn.Item], derived: list[syn.Item]) -> list[syn.Item]:
     """The base's items with the derived file's: a `replace` takes the place of the base item of
     its name, anything else is added, and the derived file's `output` lines (all of them) stand for
     the base's, as its update rule for a buffer stands for the base's rule for it."""
     items = list(base)
-    position = {_item_name(i): k for k, i in enumerate(items) if _item_name(i)}
+    position = {item_name(i): k for k, i in enumerate(items) if item_name(i)}
     problems: list[Diagnostic] = []
     for item in derived:
-        name = _item_name(item)
+        name = item_name(item)
         if getattr(item, "replace", False):
             if name not in position:
                 problems.append(
                     Diagnostic(
                         f"nothing named '{name}' in the base design to replace",
-                        (_item_name_span(item),),
+                        (item_name_span(item),),
                         did_you_mean(name or "", [n for n in position if n]),
                     )
                 )

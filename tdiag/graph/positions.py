@@ -10,34 +10,36 @@ from typing import TYPE_CHECKING
 import sympy
 
 from .. import parse as syn
-from ..errors import Span, a_or_an, did_you_mean
+from ..errors import a_or_an, did_you_mean
 from ..ir import Axis, Expr, Gather, Position, PositionIndex, Tensor, TensorRef
 from .sizes import expand_sizes, size_values
-from .syntax import UnboundedError, _position_bounds, _syntax_text
+from .syntax import UnboundedError, position_bounds, syntax_text
 from .vocabulary import POISON_SIZE
 
 if TYPE_CHECKING:
-    from .builder import _Builder
+    from .protocols import ExpressionBuilder, GraphBuilder
 
 POSITION_CALLS = {"clamp": 3, "min": 2, "max": 2, "abs": 1, "floor": 1, "log": 1}  # name: arguments
 POSITION_HINT = "e.g. Rel[h, r = clamp(m - n, -K, K) + K], or floor(a / b) for integer division"
 
 
 class Positions:
-    """Slices, gathers and index(...); a base class of _ExprBuilder (expressions.py), whose poison
-    it uses."""
+    """Slices, gathers and index(...) of one statement's expression builder (`owner`,
+    expressions.py), whose builder, stand-ins (`poison`) and gathered legs it uses: a part of the
+    expression builder, not a base class of it."""
 
-    b: _Builder
-    gathered: list[tuple[str, Span]]
+    def __init__(self, owner: ExpressionBuilder):
+        self.owner = owner
+        self.b = owner.b
 
-    def _slice(self, item: syn.SlicedLeg, axis: Axis, tensor: Tensor) -> tuple[sympy.Expr, sympy.Expr] | None:
+    def slice_of(self, item: syn.SlicedLeg, axis: Axis, tensor: Tensor) -> tuple[sympy.Expr, sympy.Expr] | None:
         """`P[n: N, f]`: leg n reads the first N entries of P's axis (a table over a maximum
         length read at the run-time length); `W[h, j: a..b, f]` reads entries a .. b − 1 (a fused
         weight's part at an offset). Gives (start, number of entries). A range that is empty,
         reversed or past a known axis is an error; one that depends on a run-time size is checked
         when the module runs."""
-        stop = self.b._scalar(item.size, sizes_only=True)
-        start = sympy.Integer(0) if item.start is None else self.b._scalar(item.start, sizes_only=True)
+        stop = self.b.scalar_of(item.size, sizes_only=True)
+        start = sympy.Integer(0) if item.start is None else self.b.scalar_of(item.start, sizes_only=True)
         if POISON_SIZE in stop.free_symbols | start.free_symbols:
             return None
         if tensor.kind == "derived" and expand_sizes(axis.size, self.b.sizes).free_symbols - set(subs_known(self.b)):
@@ -92,7 +94,7 @@ class Positions:
         """`j: a..b`: entries a .. b − 1 of the axis; `written` is (a, b) as sizes, `known` is
         (a, b, the axis's size) at the sizes known before any input."""
         (start, stop), (first, end, have) = written, known
-        shown = f"{item.name}: {_syntax_text(item.start)}..{_syntax_text(item.size)}"  # type: ignore[arg-type]
+        shown = f"{item.name}: {syntax_text(item.start)}..{syntax_text(item.size)}"  # type: ignore[arg-type]
         at = item.start.span if item.start is not None else item.span
         if first.is_number and not (first.is_integer and first >= 0):
             self.b.error(
@@ -135,14 +137,14 @@ class Positions:
         other legs and the position's."""
         items = e.items or (*e.legs, *e.options)
         if len(items) != len(tensor.axes):
-            return self.wrong_axis_count(e, tensor, str(len(items)))
+            return self.owner.wrong_axis_count(e, tensor, str(len(items)))
         if len(e.options) > 1:
             self.b.error(
                 f"one axis of {e.name} may be read at a position; this use gives {len(e.options)}",
                 e.options[1].span,
                 hint="gather one axis per use",
             )
-            return self.poison(e)
+            return self.owner.poison(e)
         if tensor.kind not in ("param", "const", "buffer", "derived"):
             self.b.error(
                 f"only a stored table (param, const or buffer) or a computed tensor is read at a position; "
@@ -150,39 +152,39 @@ class Positions:
                 e.options[0].span,
                 hint=f"declare the table (param {e.name}[...]), or compute a tensor from {e.name} and read that",
             )
-            return self.poison(e)
+            return self.owner.poison(e)
         option = e.options[0]
         checked: int | None = None
         groups: list[tuple[str, ...]] = []
         outer: list[str] = []
         for item, axis in zip(items, tensor.axes, strict=True):
             if isinstance(item, syn.Option):
-                self.b._bind(item.name, axis.size, item.span, e.name)
+                self.b.bind_leg(item.name, axis.size, item.span, e.name)
                 groups.append((item.name,))
                 position = self.position(item.value)
                 if position is None:
-                    return self.poison(e)
+                    return self.owner.poison(e)
                 for leg in position.legs():
                     if leg in outer or leg == item.name:
                         self.b.error(f"leg '{leg}' names two axes of {e.name}", item.value.span)
-                        return self.poison(e)
+                        return self.owner.poison(e)
                 outer += [leg for leg in position.legs() if leg not in outer]
                 checked = self._check_position_range(position, axis, item, tensor)
             elif isinstance(item, syn.LegGroup):
                 self.b.error("a use read at a position takes leg names, not a reshape", item.span)
-                return self.poison(e)
+                return self.owner.poison(e)
             else:
                 if isinstance(item, syn.SlicedLeg):
                     self.b.error("a use read at a position is not sliced too", item.span)
-                    return self.poison(e)
-                self.b._bind(item.name, axis.size, item.span, e.name)
+                    return self.owner.poison(e)
+                self.b.bind_leg(item.name, axis.size, item.span, e.name)
                 groups.append((item.name,))
                 if item.name in outer:
                     self.b.error(f"leg '{item.name}' names two axes of {e.name}", item.span)
-                    return self.poison(e)
+                    return self.owner.poison(e)
                 outer.append(item.name)
         source = TensorRef(tuple(g[0] for g in groups), e.span, e.name, tuple(groups))
-        self.gathered.append((option.name, option.span))
+        self.owner.gathered.append((option.name, option.span))
         return Gather(tuple(outer), e.span, source, option.name, position, checked)
 
     def position(self, e: syn.Expr) -> Position | None:
@@ -194,7 +196,7 @@ class Positions:
             )
         if isinstance(e, syn.Name):
             if e.name in self.b.sizes:
-                return Position("number", value=self.b._scalar(e, sizes_only=True))
+                return Position("number", value=self.b.scalar_of(e, sizes_only=True))
             if self.b.find_leg(e.name):
                 return Position("leg", name=e.name)
             self.b.error(
@@ -264,7 +266,7 @@ class Positions:
             return float(value) if value.is_number else math.inf
 
         try:
-            low, high = _position_bounds(position, lambda leg: number(self.b.legs[leg].size) - 1, number)
+            low, high = position_bounds(position, lambda leg: number(self.b.legs[leg].size) - 1, number)
         except UnboundedError as reason:
             self.b.error(
                 f"cannot bound position {item.name} = {position} of {tensor.name}: {reason.args[0]}",
@@ -291,14 +293,14 @@ class Positions:
             self.b.error(
                 "index takes a leg, and optionally its size", e.span, hint="index(n), or index(p, P) to size leg p"
             )
-            return self.poison(e)
+            return self.owner.poison(e)
         leg = e.args[0].name
         if leg in self.b.sizes or leg in self.b.tensors:
             what = "a size" if leg in self.b.sizes else "a tensor"
             self.b.error(f"index takes a leg; '{leg}' is {what}", e.args[0].span, hint="e.g. index(n)")
-            return self.poison(e)
+            return self.owner.poison(e)
         if len(e.args) == 2:
-            self.b._bind(leg, self.b._scalar(e.args[1], sizes_only=True), e.args[0].span, "index")
+            self.b.bind_leg(leg, self.b.scalar_of(e.args[1], sizes_only=True), e.args[0].span, "index")
         elif not self.b.find_leg(leg):
             self.b.error(
                 f"leg '{leg}' of index(...) is not bound to a size",
@@ -306,11 +308,11 @@ class Positions:
                 hint=did_you_mean(leg, self.b.legs)
                 or f"use a leg that a declared tensor has, or give its size: index({leg}, SIZE)",
             )
-            return self.poison(e)
+            return self.owner.poison(e)
         return PositionIndex((leg,), e.span, leg)
 
 
-def subs_known(builder: _Builder) -> set[sympy.Symbol]:
+def subs_known(builder: GraphBuilder) -> set[sympy.Symbol]:
     """The symbols of the sizes known before any input (all but the run-time ones)."""
     return {builder.sizes[k].symbol for k in size_values(builder.sizes)}
 

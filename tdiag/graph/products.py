@@ -14,41 +14,43 @@ import sympy
 from .. import parse as syn
 from ..errors import Span, did_you_mean
 from ..ir import Axis, Contraction, ElementwiseMap, Expr, Leg, Quotient, Scalar, SumNode, Tensor, TensorRef
-from .sizes import _same_size, expand_sizes
+from .sizes import expand_sizes, same_size
 from .syntax import (
-    _available,
-    _call_as_product,
-    _flatten_sum,
-    _is_scalar_syntax,
-    _leg_names,
-    _statement_targets,
-    _syntax_nodes,
+    available_legs,
+    call_as_product,
+    flatten_sum,
+    is_scalar_syntax,
+    leg_names,
     ordered_union,
+    statement_targets,
+    syntax_nodes,
 )
 from .vocabulary import FUNCTIONS, POISON_SIZE
 
 if TYPE_CHECKING:
-    from .builder import _Builder
+    from .positions import Positions
+    from .protocols import GraphBuilder
 
 
 class Products:
-    """Tensor uses, products, sums, quotients and powers; a base class of _ExprBuilder
+    """Tensor uses, products, sums, quotients and powers; a base class of ExprBuilder
     (expressions.py), whose inside/restrict/poison/build it uses."""
 
-    b: _Builder
+    b: GraphBuilder
+    positions: Positions
 
     # -- tensors --
     def tensor_ref(self, e: syn.Indexed) -> Expr:
         if e.name in FUNCTIONS:
-            if e.name not in _statement_targets(self.b.items) and e.name not in self.b.tensors:
+            if e.name not in statement_targets(self.b.items) and e.name not in self.b.tensors:
                 self.b.error(f"'{e.name}[...]' needs its argument", e.span, hint=f"write {e.name}[...](expression)")
             return self.poison(e)
         tensor = self.b.tensors.get(e.name)
         if tensor is None:
             return self._unknown_tensor(e)
         if e.options:
-            return self.gather(e, tensor)
-        groups = tuple(_leg_names(item) for item in e.legs)
+            return self.positions.gather(e, tensor)
+        groups = tuple(leg_names(item) for item in e.legs)
         if len(groups) != len(tensor.axes):
             return self.wrong_axis_count(e, tensor, f"{len(groups)} legs")
         self._check_repeated_legs(e)
@@ -56,16 +58,16 @@ class Products:
         starts: list[sympy.Expr] = []
         for item, axis in zip(e.legs, tensor.axes, strict=True):
             where = e.name
-            cut = self._slice(item, axis, tensor) if isinstance(item, syn.SlicedLeg) else None
+            cut = self.positions.slice_of(item, axis, tensor) if isinstance(item, syn.SlicedLeg) else None
             slices.append(None if cut is None else cut[1])
             starts.append(sympy.Integer(0) if cut is None else cut[0])
             if cut is not None:
-                self.b._bind(item.name, cut[1], item.span, where)
+                self.b.bind_leg(item.name, cut[1], item.span, where)
             elif isinstance(item, syn.SlicedLeg):
                 if item.name not in self.b.legs:  # refused: its error explains the leg, once
-                    self.b._bind(item.name, POISON_SIZE, item.span, where)
+                    self.b.bind_leg(item.name, POISON_SIZE, item.span, where)
             elif isinstance(item, syn.Leg):
-                self.b._bind(item.name, axis.size, item.span, where)
+                self.b.bind_leg(item.name, axis.size, item.span, where)
             else:
                 self._bind_group(item, axis, e.name, where)
         legs = tuple(leg for g in groups for leg in g)
@@ -81,11 +83,11 @@ class Products:
         come from their uses elsewhere, as index does). Only unbound legs are bound here, and
         nothing is reported: a mistake is reported where the statement is built."""
         groups: list[tuple[syn.LegGroup, Axis, str]] = []
-        for node in sorted(_syntax_nodes(e), key=lambda n: (n.span.line, n.span.column)):
+        for node in sorted(syntax_nodes(e), key=lambda n: (n.span.line, n.span.column)):
             if isinstance(node, syn.Call) and node.name == "index" and len(node.args) == 2:
                 leg, size = node.args
                 if isinstance(leg, syn.Name):
-                    self._bind_quietly(leg.name, partial(self.b._scalar, size, sizes_only=True), leg.span, "index")
+                    self._bind_quietly(leg.name, partial(self.b.scalar_of, size, sizes_only=True), leg.span, "index")
                 continue
             tensor = self.b.tensors.get(node.name) if isinstance(node, syn.Indexed | syn.Call) else None
             if tensor is None or node.name in FUNCTIONS or node.legs is None:  # type: ignore[union-attr]
@@ -101,7 +103,7 @@ class Products:
                 elif isinstance(item, syn.SlicedLeg):
                     self._bind_quietly(item.name, partial(self._extent, item, axis, tensor), item.span, tensor.name)
                 elif item.name not in self.b.legs:
-                    self.b._bind(item.name, axis.size, item.span, tensor.name)
+                    self.b.bind_leg(item.name, axis.size, item.span, tensor.name)
         groups = [g for g in groups if self._unsized(g[0])]
         while groups:
             ready = [g for g in groups if len(self._unsized(g[0])) == 1]
@@ -114,7 +116,7 @@ class Products:
 
     def _extent(self, item: syn.SlicedLeg, axis: Axis, tensor: Tensor) -> sympy.Expr | None:
         """The number of entries slice `item` reads, None when it is refused."""
-        cut = self._slice(item, axis, tensor)
+        cut = self.positions.slice_of(item, axis, tensor)
         return None if cut is None else cut[1]
 
     def _unsized(self, group: syn.LegGroup) -> list[str]:
@@ -129,7 +131,7 @@ class Products:
         value = size()
         del self.b.diagnostics[before:]
         if value is not None and POISON_SIZE not in value.free_symbols:
-            self.b._bind(leg, value, span, where)
+            self.b.bind_leg(leg, value, span, where)
 
     def wrong_axis_count(self, e: syn.Indexed, tensor: Tensor, used: str) -> Expr:
         """A use names more or fewer axes than the declaration has (`used` says how many)."""
@@ -145,7 +147,7 @@ class Products:
         if e.name in self.b.sizes:
             self.b.error(f"'{e.name}' is a size, not a tensor", e.name_span)
         else:
-            defined = [*self.b.tensors, *_statement_targets(self.b.items)]
+            defined = [*self.b.tensors, *statement_targets(self.b.items)]
             if e.name in defined:
                 return self.poison(e)  # its own statement failed; already reported
             self.b.error(f"unknown tensor '{e.name}'", e.name_span, hint=did_you_mean(e.name, defined))
@@ -181,9 +183,9 @@ class Products:
             inferred = sympy.simplify(
                 self.b.sizes and expand_sizes(axis.size, self.b.sizes) / expand_sizes(known, self.b.sizes)
             )
-            self.b._bind(unknown[0].name, inferred, unknown[0].span, where)
+            self.b.bind_leg(unknown[0].name, inferred, unknown[0].span, where)
             return
-        if not _same_size(known, axis.size, self.b.sizes):
+        if not same_size(known, axis.size, self.b.sizes):
             self.b.error(
                 f"reshape mismatch: axis {axis.leg} of {name} has size {axis.size} "
                 f"but ({' '.join(leg.name for leg in group.legs)}) has size {_product_text(group, self.b.legs)}",
@@ -196,7 +198,7 @@ class Products:
         coefficient, factors = self._flatten_product(e)
         if not factors:
             return Scalar((), e.span, coefficient)
-        available = [_available(f, self.b.tensors) for f in factors]
+        available = [available_legs(f, self.b.tensors) for f in factors]
         nodes = []
         for i, f in enumerate(factors):
             outside = set().union(*(a for j, a in enumerate(available) if j != i))
@@ -210,9 +212,9 @@ class Products:
         return Contraction(kept, e.span, tuple(nodes), coefficient, summed, batch)
 
     def _flatten_product(self, e: syn.Expr) -> tuple[sympy.Expr, list[syn.Expr]]:
-        e = _call_as_product(e, self.b.tensors)
-        if _is_scalar_syntax(e, self.b.tensors):
-            return self.b._scalar(e), []
+        e = call_as_product(e, self.b.tensors)
+        if is_scalar_syntax(e, self.b.tensors):
+            return self.b.scalar_of(e), []
         if isinstance(e, syn.Neg):
             c, fs = self._flatten_product(e.operand)
             return -c, fs
@@ -220,9 +222,9 @@ class Products:
             c1, f1 = self._flatten_product(e.left)
             c2, f2 = self._flatten_product(e.right)
             return c1 * c2, f1 + f2
-        if isinstance(e, syn.BinOp) and e.op == "/" and _is_scalar_syntax(e.right, self.b.tensors):
+        if isinstance(e, syn.BinOp) and e.op == "/" and is_scalar_syntax(e.right, self.b.tensors):
             c, fs = self._flatten_product(e.left)
-            divisor = self.b._scalar(e.right)
+            divisor = self.b.scalar_of(e.right)
             if divisor == 0:
                 self.b.error("division by zero", e.right.span)
                 return c, fs
@@ -231,7 +233,7 @@ class Products:
 
     def elementwise(self, operands: list[syn.Expr], keep: set[str]) -> list[Expr]:
         """Operands of an elementwise node: legs shared between operands survive into the node."""
-        available = [_available(o, self.b.tensors) for o in operands]
+        available = [available_legs(o, self.b.tensors) for o in operands]
         shared = {
             leg
             for i, a in enumerate(available)
@@ -242,7 +244,7 @@ class Products:
 
     def sum(self, e: syn.BinOp, keep: set[str]) -> Expr:
         """A leg that leaves no term is summed within each term: Σ_k (A + B) = Σ_k A + Σ_k B."""
-        terms, signs = _flatten_sum(e)
+        terms, signs = flatten_sum(e)
         nodes = [self.inside(t, keep) for t in terms]
         node = SumNode(ordered_union(n.legs for n in nodes), e.span, tuple(nodes), tuple(signs))
         return self.restrict(node, keep, e.span)
@@ -253,8 +255,8 @@ class Products:
         return self.restrict(node, keep, e.span)
 
     def power(self, e: syn.BinOp, keep: set[str]) -> Expr:
-        if not _is_scalar_syntax(e.right, self.b.tensors):
-            if _is_scalar_syntax(e.left, self.b.tensors):
+        if not is_scalar_syntax(e.right, self.b.tensors):
+            if is_scalar_syntax(e.left, self.b.tensors):
                 return self.scalar_power(e, keep)
             self.b.error(
                 "an exponent is a number or size, not a tensor",
@@ -264,12 +266,12 @@ class Products:
             return self.poison(e)
         base = self.inside(e.left, keep)
         self.warn_lone_sums(e, e.left, base)
-        return ElementwiseMap(base.legs, e.span, "pow", base, (self.b._scalar(e.right),))
+        return ElementwiseMap(base.legs, e.span, "pow", base, (self.b.scalar_of(e.right),))
 
     def scalar_power(self, e: syn.BinOp, keep: set[str]) -> Expr:
         """`Theta ^ x[p]`, a positive number or size raised to a tensor, is exp(x[p] · log(Theta))
         (RoPE's inverse frequencies as HF writes them, 1 / base ^ (2p / D))."""
-        base = self.b._scalar(e.left)
+        base = self.b.scalar_of(e.left)
         if base.is_positive is False or base.is_zero:
             self.b.error(
                 f"the base of a power with a tensor exponent must be positive, got {base}",

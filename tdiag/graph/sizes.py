@@ -95,13 +95,13 @@ def size_values(sizes: Mapping[str, Size]) -> dict[str, int]:
     return {name: values[name] for name in table if name in values}
 
 
-def _same_size(a: sympy.Expr, b: sympy.Expr, sizes: Mapping[str, Size]) -> bool:
+def same_size(a: sympy.Expr, b: sympy.Expr, sizes: Mapping[str, Size]) -> bool:
     if POISON_SIZE in a.free_symbols | b.free_symbols:
         return True
     return sympy.simplify(expand_sizes(a, sizes) - expand_sizes(b, sizes)) == 0
 
 
-def _number(value: sympy.Expr) -> str:
+def number_text(value: sympy.Expr) -> str:
     if value.is_Rational and not value.is_integer:  # type: ignore[attr-defined]
         return f"{value} = {float(value):.4g}"
     return str(value)

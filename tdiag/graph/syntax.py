@@ -27,16 +27,16 @@ from .vocabulary import (
 )
 
 
-def _place(tensor: str, span: Span, relative_to: Span) -> str:
+def place(tensor: str, span: Span, relative_to: Span) -> str:
     """`WQ (line 4)`, naming the file too when it is not the one being reported on."""
-    return f"{tensor} ({_place_line(span, relative_to)})"
+    return f"{tensor} ({place_line(span, relative_to)})"
 
 
-def _place_line(span: Span, relative_to: Span) -> str:
+def place_line(span: Span, relative_to: Span) -> str:
     return f"line {span.line}" if span.file == relative_to.file else f"{Path(span.file).name}, line {span.line}"
 
 
-def _cycles(deps: nx.DiGraph, order: list[str]) -> list[list[str]]:
+def syntax_cycles(deps: nx.DiGraph, order: list[str]) -> list[list[str]]:
     """One cycle per strongly connected component, each starting at its first name in the file,
     in file order, so the report is the same on every run."""
     position = {name: k for k, name in enumerate(order)}
@@ -50,7 +50,7 @@ def _cycles(deps: nx.DiGraph, order: list[str]) -> list[list[str]]:
     return sorted(found, key=lambda c: position.get(c[0], len(order)))
 
 
-def _call_parts(e: syn.Expr):
+def call_parts(e: syn.Expr):
     """An initializer written `ones` or `normal(std = 0.1)` -> (name, args, keywords, span)."""
     if isinstance(e, syn.Name):
         return e.name, (), (), e.span
@@ -59,55 +59,55 @@ def _call_parts(e: syn.Expr):
     return None, (), (), e.span
 
 
-def _leg_names(item: syn.Leg | syn.LegGroup) -> tuple[str, ...]:
+def leg_names(item: syn.Leg | syn.LegGroup) -> tuple[str, ...]:
     return tuple(leg.name for leg in item.legs) if isinstance(item, syn.LegGroup) else (item.name,)
 
 
-def _group_name(group: tuple[str, ...]) -> str:
+def group_name(group: tuple[str, ...]) -> str:
     return group[0] if len(group) == 1 else "(" + " ".join(group) + ")"
 
 
-def _product_op(e: syn.Expr, tensors: Mapping[str, Tensor]) -> bool:
+def product_op(e: syn.Expr, tensors: Mapping[str, Tensor]) -> bool:
     """Juxtaposition, `*`, negation and division by a scalar all make an Einstein product."""
     if isinstance(e, syn.Neg):
         return True
     if isinstance(e, syn.BinOp) and e.op == "/":
-        return _is_scalar_syntax(e.right, tensors)
+        return is_scalar_syntax(e.right, tensors)
     return isinstance(e, syn.BinOp) and (e.op in ("juxt", "*"))
 
 
-def _flatten_sum(e: syn.Expr, sign: int = 1) -> tuple[list[syn.Expr], list[int]]:
+def flatten_sum(e: syn.Expr, sign: int = 1) -> tuple[list[syn.Expr], list[int]]:
     if isinstance(e, syn.BinOp) and e.op in "+-":
-        left, ls = _flatten_sum(e.left, sign)
-        right, rs = _flatten_sum(e.right, sign if e.op == "+" else -sign)
+        left, ls = flatten_sum(e.left, sign)
+        right, rs = flatten_sum(e.right, sign if e.op == "+" else -sign)
         return left + right, ls + rs
     return [e], [sign]
 
 
-def _is_scalar_syntax(e: syn.Expr, tensors: Mapping[str, Tensor]) -> bool:
+def is_scalar_syntax(e: syn.Expr, tensors: Mapping[str, Tensor]) -> bool:
     """Numbers, sizes and sqrt/arithmetic/max/min of them: things that carry no legs."""
     if isinstance(e, syn.Number):
         return True
     if isinstance(e, syn.Name):
         return e.name not in tensors and e.name not in FUNCTIONS
     if isinstance(e, syn.Neg):
-        return _is_scalar_syntax(e.operand, tensors)
+        return is_scalar_syntax(e.operand, tensors)
     if isinstance(e, syn.BinOp):
-        return _is_scalar_syntax(e.left, tensors) and _is_scalar_syntax(e.right, tensors)
+        return is_scalar_syntax(e.left, tensors) and is_scalar_syntax(e.right, tensors)
     if isinstance(e, syn.Call) and e.name in BOUNDS:
-        scalars = all(_is_scalar_syntax(a, tensors) for a in e.args)
+        scalars = all(is_scalar_syntax(a, tensors) for a in e.args)
         return e.legs is None and not e.options and len(e.args) == 2 and scalars
     if isinstance(e, syn.Call):
-        return e.name in SCALAR_FUNCTIONS and e.legs is None and all(_is_scalar_syntax(a, tensors) for a in e.args)
+        return e.name in SCALAR_FUNCTIONS and e.legs is None and all(is_scalar_syntax(a, tensors) for a in e.args)
     return False
 
 
-def _call_as_product(e: syn.Expr, tensors: Mapping[str, Tensor]) -> syn.Expr:
+def call_as_product(e: syn.Expr, tensors: Mapping[str, Tensor]) -> syn.Expr:
     """`P[k h] (A + B)` reads as a call; when P is a tensor it is the product P[k h] * (A + B),
     and `P[k h] (A + B) ^ p` is P[k h] * (A + B) ^ p: the power binds to the parentheses, as
     it would after `*`."""
     if isinstance(e, syn.BinOp) and e.op == "^":
-        product = _call_as_product(e.left, tensors)
+        product = call_as_product(e.left, tensors)
         if product is not e.left and isinstance(product, syn.BinOp):
             first, last = product.right.span, e.right.span
             span = Span(first.file, first.line, first.column, last.end_line, last.end_column)
@@ -122,30 +122,30 @@ def _call_as_product(e: syn.Expr, tensors: Mapping[str, Tensor]) -> syn.Expr:
     return syn.BinOp(e.span, "juxt", tensor, e.args[0])
 
 
-def _available(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
+def available_legs(e: syn.Expr, tensors: Mapping[str, Tensor]) -> set[str]:
     """Legs a sub-expression could expose to its surroundings (before the leg rule)."""
-    e = _call_as_product(e, tensors)
+    e = call_as_product(e, tensors)
     if isinstance(e, syn.Indexed):
-        legs = {leg for item in e.legs for leg in _leg_names(item)}
+        legs = {leg for item in e.legs for leg in leg_names(item)}
         return legs | {n for o in e.options for n in _position_names(o.value, tensors)}
     if isinstance(e, syn.Neg):
-        return _available(e.operand, tensors)
+        return available_legs(e.operand, tensors)
     if isinstance(e, syn.BinOp):
         if e.op == "^":
-            return _available(e.left, tensors)
-        return _available(e.left, tensors) | _available(e.right, tensors)
+            return available_legs(e.left, tensors)
+        return available_legs(e.left, tensors) | available_legs(e.right, tensors)
     if isinstance(e, syn.Call) and e.name in MASK_FACTORS:
         return {a.name for a in e.args if isinstance(a, syn.Name)}
     if isinstance(e, syn.Call) and e.name in POSITION_FUNCTIONS:
         return {a.name for a in e.args[:1] if isinstance(a, syn.Name)}
     if isinstance(e, syn.Call) and e.name in CONVOLUTIONS:  # the kernel's offset legs are summed inside
-        return _available(e.args[0], tensors) if e.args else set()
+        return available_legs(e.args[0], tensors) if e.args else set()
     if isinstance(e, syn.Call):
-        inner = set().union(*(_available(a, tensors) for a in e.args)) if e.args else set()
-        over = {leg for item in e.legs or () for leg in _leg_names(item)}
+        inner = set().union(*(available_legs(a, tensors) for a in e.args)) if e.args else set()
+        over = {leg for item in e.legs or () for leg in leg_names(item)}
         if e.name in REDUCTIONS or e.name in SUMS or e.name in PAIRINGS:
             return inner - over
-        if e.name in SCALAR_FUNCTIONS and _is_scalar_syntax(e, tensors):
+        if e.name in SCALAR_FUNCTIONS and is_scalar_syntax(e, tensors):
             return set()
         return inner
     return set()
@@ -172,7 +172,7 @@ class UnboundedError(ValueError):
 _REAL_SLACK = 2.0**-20  # relative: covers float32 rounding (2^-24 an op) of a position's real part
 
 
-def _position_bounds(position: Position, leg_max, number) -> tuple[float, float]:
+def position_bounds(position: Position, leg_max, number) -> tuple[float, float]:
     """The smallest and largest value of a position over its legs' ranges 0 .. leg_max(leg):
     interval arithmetic, sound for every op (min, max, abs, floor are monotone or piecewise so);
     a real part (a quotient, a log) is widened by a relative 2^-20 each op before it is floored,
@@ -183,7 +183,7 @@ def _position_bounds(position: Position, leg_max, number) -> tuple[float, float]
     if position.op == "number":
         value = number(position.value)
         return (value, value) if not math.isinf(value) else (-math.inf, math.inf)
-    parts = [_position_bounds(o, leg_max, number) for o in position.operands]
+    parts = [position_bounds(o, leg_max, number) for o in position.operands]
     if position.op == "neg":
         return -parts[0][1], -parts[0][0]
     if position.op == "+":
@@ -262,7 +262,7 @@ def _shown(value: float) -> str:
     return str(int(value)) if value == int(value) else f"{value:.6g}"
 
 
-def _syntax_nodes(e: syn.Expr) -> Iterator[syn.Expr]:
+def syntax_nodes(e: syn.Expr) -> Iterator[syn.Expr]:
     """Every node of a syntax expression (iteratively: nesting is bounded by the parser)."""
     stack = [e]
     while stack:
@@ -278,24 +278,24 @@ def _syntax_nodes(e: syn.Expr) -> Iterator[syn.Expr]:
             stack += [o.value for o in node.options]
 
 
-def _tensor_names(e: syn.Expr) -> Iterator[str]:
+def tensor_names(e: syn.Expr) -> Iterator[str]:
     if isinstance(e, syn.Indexed):
         yield e.name
     elif isinstance(e, syn.Neg):
-        yield from _tensor_names(e.operand)
+        yield from tensor_names(e.operand)
     elif isinstance(e, syn.BinOp):
-        yield from _tensor_names(e.left)
-        yield from _tensor_names(e.right)
+        yield from tensor_names(e.left)
+        yield from tensor_names(e.right)
     elif isinstance(e, syn.Call):
         if e.name not in FUNCTIONS:
             yield e.name
         for a in e.args:
-            yield from _tensor_names(a)
+            yield from tensor_names(a)
         for o in e.options:
-            yield from _tensor_names(o.value)
+            yield from tensor_names(o.value)
 
 
-def _statement_targets(items: list[syn.Item]) -> list[str]:
+def statement_targets(items: list[syn.Item]) -> list[str]:
     return [i.target.name for i in items if isinstance(i, syn.Statement)]
 
 
@@ -310,7 +310,7 @@ def ordered_union(leg_lists: Iterable[Iterable[str]]) -> tuple[str, ...]:
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "juxt": 2, "^": 4}
 
 
-def _syntax_text(e: syn.Expr) -> str:
+def syntax_text(e: syn.Expr) -> str:
     """A syntax expression written back as `.td` text (spacing normalized, parentheses only
     where precedence needs them), to quote the user's construct in a message."""
     if isinstance(e, syn.Number):
@@ -323,7 +323,7 @@ def _syntax_text(e: syn.Expr) -> str:
         return f"{e.name}[{_items_text(e.items or (*e.legs, *e.options))}]"
     if isinstance(e, syn.Call):
         bracket = "" if e.legs is None else f"[{_items_text((*e.legs, *e.options))}]"
-        args = [_syntax_text(a) for a in e.args] + [f"{k.name} = {_syntax_text(k.value)}" for k in e.keywords]
+        args = [syntax_text(a) for a in e.args] + [f"{k.name} = {syntax_text(k.value)}" for k in e.keywords]
         return f"{e.name}{bracket}({', '.join(args)})"
     precedence = _PRECEDENCE[e.op]
     left = _operand_text(e.left, precedence + (e.op == "^"))
@@ -333,7 +333,7 @@ def _syntax_text(e: syn.Expr) -> str:
 
 def _operand_text(e: syn.Expr, least: int) -> str:
     """An operand, parenthesized when it binds less tightly than `least`."""
-    text = _syntax_text(e)
+    text = syntax_text(e)
     if (isinstance(e, syn.BinOp) and _PRECEDENCE[e.op] < least) or (isinstance(e, syn.Neg) and least > 3):
         return f"({text})"
     return text
@@ -345,11 +345,11 @@ def _items_text(items: Iterable[syn.Leg | syn.LegGroup | syn.Option]) -> str:
         if isinstance(item, syn.LegGroup):
             parts.append("(" + " ".join(leg.name for leg in item.legs) + ")")
         elif isinstance(item, syn.SlicedLeg) and item.start is not None:
-            parts.append(f"{item.name}: {_syntax_text(item.start)}..{_syntax_text(item.size)}")
+            parts.append(f"{item.name}: {syntax_text(item.start)}..{syntax_text(item.size)}")
         elif isinstance(item, syn.SlicedLeg):
-            parts.append(f"{item.name}: {_syntax_text(item.size)}")
+            parts.append(f"{item.name}: {syntax_text(item.size)}")
         elif isinstance(item, syn.Option):
-            parts.append(f"{item.name} = {_syntax_text(item.value)}")
+            parts.append(f"{item.name} = {syntax_text(item.value)}")
         else:
             parts.append(item.name)
     separator = ", " if any(isinstance(i, syn.Option | syn.SlicedLeg) for i in items) else " "

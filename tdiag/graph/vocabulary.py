@@ -1,11 +1,16 @@
 """The words of the .td language that name no tensor: boxes, elementwise maps, reductions, pairings,
 mask and position functions, box options and initializers, each a tuple or dict that the builder
-checks names against and lists in its hints (`one of: ...`); and the stand-ins (POISON_NAME,
+checks names against and lists in its hints (`one of: ...`); BUILD, the table of build rules by
+word, and FUNCTIONS, every word it has a rule for and the scalar functions; and the stand-ins (POISON_NAME,
 POISON_SIZE) that let one mistake be reported once."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Iterator
+
 import sympy
+
+from ..rules import Rules
 
 BOXES = ("softmax", "normalize")
 # elementwise maps: name -> number of arguments after the tensor
@@ -29,25 +34,29 @@ PAIRINGS = ("sqdist",)
 SCALAR_FUNCTIONS = ("sqrt", "exp", "log", "floor", "ceil")  # of numbers and sizes: a scalar, not a map
 MASK_FACTORS = ("causal", "window")
 POSITION_FUNCTIONS = ("index",)
-FUNCTIONS = tuple(
-    dict.fromkeys(
-        (
-            *BOXES,
-            *MAPS,
-            *REDUCTIONS,
-            *SUMS,
-            *BOUNDS,
-            RSQRT,
-            *SCANS,
-            *SEGMENT_SUMS,
-            *CONVOLUTIONS,
-            *PAIRINGS,
-            *SCALAR_FUNCTIONS,
-            *MASK_FACTORS,
-            *POSITION_FUNCTIONS,
-        )
-    )
-)
+
+BUILD: Rules = Rules("build")  # word of the language -> rule(expression builder, call, legs kept)
+
+
+class Words(Collection[str]):
+    """The words of the language that call a function: every word a construct registers a build
+    rule for (`rules`, tdiag/constructs) and the `scalar` functions of numbers and sizes. Read from
+    the table when asked, so a construct's new word needs no edit here."""
+
+    def __init__(self, rules: Rules, scalar: Iterable[str]):
+        self.rules, self.scalar = rules, frozenset(scalar)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (self.rules.named(name) is not None or name in self.scalar)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self.rules.names() | self.scalar))
+
+    def __len__(self) -> int:
+        return len(self.rules.names() | self.scalar)
+
+
+FUNCTIONS = Words(BUILD, SCALAR_FUNCTIONS)
 BOX_OPTIONS = {"softmax": ("mask", "scale", "sink"), "normalize": ("eps", "mask")}
 SCAN_OPTIONS = ("exclusive", "mask", "reverse")  # exclusive = 1, reverse = 1: flags, 0 or 1
 INITIALIZERS = {

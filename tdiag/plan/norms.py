@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 import sympy
 
 from ..graph.dataflow import dataflow_graph
+from ..graph.position_rules import plain
 from ..ir import ONE, Contraction, ElementwiseMap, Expr, Reduction, Scalar, SumNode, TensorRef, map_children, walk
 from .context import Lowering
 from .program import LayerNorm, Operand, Step, Value, align, show_legs
@@ -42,6 +43,11 @@ class LayerNormNode(Expr):
 
     def children(self) -> tuple[Expr, ...]:
         return tuple(e for e in (self.operand, self.weight, self.bias) if e is not None)
+
+
+# The planner's graph reaches the position tables (codegen asks hides_the_future of it): a norm over
+# feature legs takes no mask, hides nothing and mixes no positions.
+plain(LayerNormNode)
 
 
 def fuse_layer_norms(graph: DesignGraph) -> DesignGraph:

@@ -24,7 +24,7 @@ from ..check import check
 from ..design import Design
 from ..errors import Diagnostic, Span, TdiagError, did_you_mean
 from ..graph import build_graph, load_items
-from ..graph.merge import _item_name, _item_name_span, _merge
+from ..graph.merge import item_name, item_name_span, merged_items
 from ..resources import design_file
 from .syntax import Choice, Option, Space, parse_space_file, span_text
 
@@ -121,7 +121,7 @@ class SpacePoints:
                 derived += option.items
                 if choice.size:
                     sizes.add(choice.name)
-            point = Point(self.space, choices, _merge(self.base_items, derived), frozenset(sizes))
+            point = Point(self.space, choices, merged_items(self.base_items, derived), frozenset(sizes))
             yield point
 
     def point(self, name_or_label: str) -> Point:
@@ -182,9 +182,9 @@ def load_space(path: str | Path) -> SpacePoints:
 
 def _validate(space: Space, base: list[syn.Item]) -> list[Diagnostic]:
     problems: list[Diagnostic] = []
-    base_names = {n: i for i in base if (n := _item_name(i))}
+    base_names = {n: i for i in base if (n := item_name(i))}
     problems += _check_items("the space's own items", list(space.items), dict(base_names), base_names)
-    known = dict(base_names) | {n: i for i in space.items if (n := _item_name(i))}
+    known = dict(base_names) | {n: i for i in space.items if (n := item_name(i))}
     seen: dict[str, Span] = {}
     problems += _check_choices(space.choices, known, base_names, seen)
     return problems
@@ -251,7 +251,7 @@ def _check_items(where: str, items: list[syn.Item], known: dict[str, syn.Item], 
     option); anything else must not. `known` gains the names these items define."""
     problems = []
     for item in items:
-        name = _item_name(item)
+        name = item_name(item)
         if name is None:
             continue
         if getattr(item, "replace", False):
@@ -259,7 +259,7 @@ def _check_items(where: str, items: list[syn.Item], known: dict[str, syn.Item], 
                 problems.append(
                     Diagnostic(
                         f"{where}: nothing named '{name}' in the base design to replace",
-                        (_item_name_span(item),),
+                        (item_name_span(item),),
                         did_you_mean(name, list(known)),
                     )
                 )
@@ -268,7 +268,7 @@ def _check_items(where: str, items: list[syn.Item], known: dict[str, syn.Item], 
             problems.append(
                 Diagnostic(
                     f"{where}: '{name}' is already defined (line {first.span.line} of {Path(first.span.file).name})",
-                    (_item_name_span(item),),
+                    (item_name_span(item),),
                     f"write 'replace' before it to change the base's '{name}'",
                 )
             )
