@@ -7,8 +7,10 @@ their stages' layers: build (graph/calls.BUILD, keyed on the call's word as well
 package registers them all; design.py imports it, lower layers never do. Nothing here imports
 torch at module level: an evaluate rule imports it when it runs.
 
-Lowering (plan/base.py's `_lower_nonlinear`) and decoding (decode*.py) are not tables yet; a
-new kind still needs its branches there. Adding a construct: an ir dataclass, its word in
+Decoding's tables are decode_rules.py's (what a kind means to a "kv" cache's rows and step
+programs and to a recurrent state: DECODE_STAGES), each construct's block at the end of its
+module. Lowering (plan/base.py's `_lower_nonlinear`) is not a table yet; a new kind still needs
+its branch there. Adding a construct: an ir dataclass, its word in
 graph/vocabulary.py (and graph/syntax.py's leg rule where legs are summed inside it), and one
 module here; tests/test_constructs.py fails until every table has a rule for it."""
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..check import CHECK
+from ..decode_rules import STAGES as DECODE_STAGES
 from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..printing import DESCRIBE, PRINT
@@ -48,6 +51,7 @@ STAGES: tuple[Rules, ...] = (
     DESCRIBE,
     RENDER,
     EVALUATE,
+    *DECODE_STAGES,
 )  # the stages converted to rule tables so far
 
 

@@ -7,6 +7,24 @@ from typing import TYPE_CHECKING
 
 from .. import parse as syn
 from ..check import CHECK, no_numbers
+from ..decode_rules import (
+    DECAY_TERM,
+    INNER_LEGS,
+    KV_ROWS,
+    STATE_FACTOR,
+    STATE_ROWS,
+    STATE_STATEMENT,
+    STATE_WHAT,
+    STEP_REWRITE,
+    its_legs,
+    no_inner_legs,
+    no_rewrite,
+    no_row_problem,
+    reads_own_rows,
+    split_factor,
+    split_term,
+    unchanged_in_step,
+)
 from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..graph.syntax import ordered_union
@@ -84,3 +102,15 @@ def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
                 builder.b.error(f"sqdist leg '{leg}' is missing from the {name} side", side.span)
     legs = tuple(leg for leg in ordered_union([left.legs, right.legs]) if leg not in over)
     return builder.restrict(SquaredDistance(legs, e.span, over, left, right), keep, e.span)
+
+
+# ---- decoding (decode_rules.py): what the kind means to a cache
+
+KV_ROWS.register(SquaredDistance)(no_row_problem)
+STATE_ROWS.register(SquaredDistance)(reads_own_rows)
+INNER_LEGS.register(SquaredDistance)(no_inner_legs)
+STATE_WHAT.register(SquaredDistance)(its_legs)
+STATE_FACTOR.register(SquaredDistance)(split_factor)
+DECAY_TERM.register(SquaredDistance)(split_term)
+STATE_STATEMENT.register(SquaredDistance)(no_rewrite)
+STEP_REWRITE.register(SquaredDistance)(unchanged_in_step)

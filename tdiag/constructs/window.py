@@ -7,6 +7,23 @@ from typing import TYPE_CHECKING
 
 from .. import parse as syn
 from ..check import CHECK, no_numbers
+from ..decode_rules import (
+    DECAY_TERM,
+    INNER_LEGS,
+    KV_ROWS,
+    STATE_FACTOR,
+    STATE_ROWS,
+    STATE_STATEMENT,
+    STATE_WHAT,
+    STEP_REWRITE,
+    StepProgram,
+    no_inner_legs,
+    no_rewrite,
+    no_row_problem,
+    reads_own_rows,
+    split_factor,
+    split_term,
+)
 from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..ir import Expr, WindowFactor
@@ -52,3 +69,26 @@ CHECK.register(WindowFactor)(no_numbers)
 def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`window(n, m, W)` or `window(n, m, L, R)` as a factor (read as a mask option too)."""
     return builder.window_factor(e)
+
+
+# ---- decoding (decode_rules.py): what the kind means to a cache
+
+KV_ROWS.register(WindowFactor)(no_row_problem)
+STATE_ROWS.register(WindowFactor)(reads_own_rows)
+INNER_LEGS.register(WindowFactor)(no_inner_legs)
+
+
+@STATE_WHAT.register(WindowFactor)
+def what(node: WindowFactor) -> str:
+    return f"{node.kind}({node.query}, {node.key})"
+
+
+STATE_FACTOR.register(WindowFactor)(split_factor)
+DECAY_TERM.register(WindowFactor)(split_term)
+STATE_STATEMENT.register(WindowFactor)(no_rewrite)
+
+
+@STEP_REWRITE.register(WindowFactor)
+def step_mask(program: StepProgram, node: WindowFactor) -> Expr:
+    """A mask input over the absolute positions of its query and key legs."""
+    return program.mask_ref(node.mask)
