@@ -1,8 +1,10 @@
 """Which rows of each tensor a decoding step needs: the walk from a causal design's outputs back
 that labels every position axis NEW (the new positions) or ALL (every position so far) and finds
 what a cache must hold (RowRequests), and whether a statement reads the run-time length as a
-number. The decoding rule (decode.py) and the step programs (decode_step.py) share it; it reads
-the design graph only and never imports torch."""
+number. The decoding rule (decode.py) and the step programs (decode_graphs.py) share it; it reads
+the design graph only and never imports torch. Why a kind cannot be computed from cached rows (a
+scan or convolution along the result's positions, a segment sum) is its KV_ROWS rule
+(decode_rules.py, registered by its construct module)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,10 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from . import decode_fused  # noqa: F401  (the fused layer norm's rules)
+from .decode_rules import ALL, KV_ROWS, NEW
 from .graph import DesignGraph
-from .ir import Convolution, Gather, Position, Scan, SegmentSum, Statement, TensorRef, walk
-
-NEW, ALL = "new", "all"  # the rows a position axis covers in a step: the new positions, or all so far
+from .ir import Position, Statement, TensorRef, walk
 
 
 @dataclass(frozen=True)
@@ -171,16 +173,9 @@ class RowRequests:
         self.inner[statement.target] = tuple(inner)
         legs.update(dict.fromkeys(inner, ALL))
         for node in walk(statement.expr):
-            if isinstance(node, SegmentSum):
-                self.fail(f"{statement.target} takes segment sums along the positions (a recurrent state)")
-            elif isinstance(node, Scan) and legs.get(node.along) == NEW:
-                self.fail(f"{statement.target} scans along the positions of its result (a recurrent state)")
-            elif isinstance(node, Convolution) and any(legs.get(s.leg) == NEW for s in node.shifts):
-                self.fail(f"{statement.target} convolves along the positions of its result (it reads earlier rows)")
-            elif isinstance(node, Gather) and node.source is not None:
-                axis = node.source.legs.index(node.axis)
-                if self.is_position(self.graph.tensors[node.source.name].axes[axis].size):
-                    self.fail(f"{statement.target} gathers {node.source.name} along its positions")
+            reason = KV_ROWS.lookup(node)(self, node, statement.target, legs)
+            if reason is not None:
+                self.fail(reason)
             if isinstance(node, TensorRef):
                 self.ref(node, legs)
 

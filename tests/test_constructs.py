@@ -137,3 +137,33 @@ def test_a_word_is_built_by_one_rule_only():
 
     with pytest.raises(ValueError, match="already has a rule for the word 'trisolve'"):
         rules.register(Other, names=("trisolve",))(lambda builder, call, keep: None)
+
+
+def test_decodings_tables_are_among_the_stages_the_completeness_test_covers():
+    from tdiag import decode_rules
+
+    assert set(decode_rules.STAGES) <= set(STAGES)
+    assert len(decode_rules.STAGES) == 8
+
+
+def test_registering_every_construct_does_not_load_the_planner_through_decodings_tables():
+    """The decode tables' module and the rules' helpers hold no planner: `tdiag check` stays light."""
+    code = (
+        "import sys, tdiag.constructs; loaded = [m for m in sys.modules if m.startswith('tdiag.plan')];"
+        " assert not loaded, loaded"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_planners_fused_layer_norm_steps_as_it_is_and_is_written_out_for_a_state():
+    """LayerNormNode is a kind of the planner's graph (plan/norms.py), not of the language: a "kv"
+    step takes it, the state analysis writes it out first and its tables refuse it."""
+    from tdiag.decode_rows import RowRequests  # noqa: F401  (registers the fused node's rules)
+    from tdiag.decode_rules import KV_ROWS, STATE_ROWS, no_row_problem
+    from tdiag.plan.norms import LayerNormNode
+
+    node = LayerNormNode((), SPAN)
+    assert KV_ROWS.lookup(node) is no_row_problem
+    with pytest.raises(UnsupportedError, match="writes a fused layer norm out first"):
+        STATE_ROWS.lookup(node)

@@ -9,8 +9,10 @@ absorbed form: where a mask goes, what it hides, mixes or reads ahead). Importin
 package registers them all; design.py imports it, lower layers never do. Nothing here imports
 torch at module level: an evaluate rule imports it when it runs.
 
-Lowering (plan/base.py's `_lower_nonlinear`) and decoding (decode*.py) are not tables yet; a
-new kind still needs its branches there. Adding a construct: an ir dataclass, its word in
+Decoding's tables are decode_rules.py's (what a kind means to a "kv" cache's rows and step
+programs and to a recurrent state: DECODE_STAGES), each construct's block at the end of its
+module. Lowering (plan/base.py's `_lower_nonlinear`) is not a table yet; a new kind still needs
+its branch there. Adding a construct: an ir dataclass, its word in
 graph/vocabulary.py (and graph/syntax.py's leg rule where legs are summed inside it), and one
 module here, found by `_register_all` (no list to edit); tests/test_constructs.py fails until every
 table has a rule for it."""
@@ -22,6 +24,7 @@ import pkgutil
 from collections.abc import Iterable
 
 from ..check import CHECK
+from ..decode_rules import STAGES as DECODE_STAGES
 from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..graph.position_rules import TABLES as POSITIONS
@@ -49,6 +52,7 @@ STAGES: tuple[Rules, ...] = (
     RENDER,
     EVALUATE,
     *POSITIONS,
+    *DECODE_STAGES,
 )  # the stages converted to rule tables so far
 
 

@@ -7,6 +7,23 @@ from typing import TYPE_CHECKING
 
 from .. import parse as syn
 from ..check import CHECK, no_numbers
+from ..decode_rules import (
+    DECAY_TERM,
+    INNER_LEGS,
+    KV_ROWS,
+    STATE_FACTOR,
+    STATE_ROWS,
+    STATE_STATEMENT,
+    STATE_WHAT,
+    STEP_REWRITE,
+    ProductParts,
+    StepProgram,
+    no_inner_legs,
+    no_rewrite,
+    no_row_problem,
+    reads_own_rows,
+    split_term,
+)
 from ..errors import did_you_mean
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
@@ -90,3 +107,37 @@ def key_legs(node: CausalFactor, positional: set[str]) -> set[str]:
 
 
 pos.plain(CausalFactor, but=(pos.ZEROS, pos.HIDES, pos.KEY_LEGS))
+
+
+# ---- decoding (decode_rules.py): what the kind means to a cache
+
+KV_ROWS.register(CausalFactor)(no_row_problem)
+STATE_ROWS.register(CausalFactor)(reads_own_rows)
+INNER_LEGS.register(CausalFactor)(no_inner_legs)
+
+
+@STATE_WHAT.register(CausalFactor)
+def what(node: CausalFactor) -> str:
+    return f"{node.kind}({node.query}, {node.key})"
+
+
+@STATE_FACTOR.register(CausalFactor)
+def causal_factor(parts: ProductParts, node: CausalFactor) -> None:
+    """causal(n, m) over the product's query and key legs makes it a causal product (Σ_{m ≤ n})."""
+    if (node.query, node.key) == (parts.query, parts.key):
+        parts.mark_causal(node)
+    else:
+        parts.split(node)
+
+
+DECAY_TERM.register(CausalFactor)(split_term)
+STATE_STATEMENT.register(CausalFactor)(no_rewrite)
+
+
+@STEP_REWRITE.register(CausalFactor)
+def step_mask(program: StepProgram, node: CausalFactor) -> Expr:
+    """A mask input over absolute positions, unless it hides nothing (one new position against
+    every key): then it stays, for its product to drop."""
+    if not program.hides_nothing(node):
+        return program.mask_ref(CausalMask(node.query, node.key, node.span))
+    return program.finish(node)

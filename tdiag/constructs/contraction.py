@@ -3,6 +3,7 @@ kept and shared. Its rules in every stage's table."""
 
 from __future__ import annotations
 
+import dataclasses
 import string
 from typing import TYPE_CHECKING
 
@@ -10,13 +11,29 @@ import sympy
 
 from .. import parse as syn
 from ..check import CHECK
+from ..decode_rules import (
+    DECAY_TERM,
+    INNER_LEGS,
+    KV_ROWS,
+    STATE_FACTOR,
+    STATE_ROWS,
+    STATE_STATEMENT,
+    STATE_WHAT,
+    STEP_REWRITE,
+    ProductParts,
+    StepProgram,
+    no_rewrite,
+    no_row_problem,
+    reads_own_rows,
+    split_term,
+)
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
 from ..graph.calls import BUILD
 from ..graph.lone_sums import explicit_sum
 from ..graph.position_rules import Hidden, Mixing, Pairs, Site
 from ..graph.vocabulary import SUMS
-from ..ir import Contraction, Expr
+from ..ir import CausalFactor, Contraction, Expr, Scalar
 from ..printing import DESCRIBE, PRINT, parenthesized, wrapped
 from ..render import RENDER, math_text
 from ..render import draw as draw_node
@@ -141,3 +158,40 @@ def heads(node: Contraction, query: str, key: str) -> tuple[tuple[str, ...], tup
 
 
 pos.plain(Contraction, but=(pos.MASK_SITE, pos.SEEN, pos.ZEROS, pos.MIXING, pos.CALL_HIDDEN, pos.HEADS))
+
+
+# ---- decoding (decode_rules.py): what the kind means to a cache
+
+KV_ROWS.register(Contraction)(no_row_problem)
+STATE_ROWS.register(Contraction)(reads_own_rows)
+
+
+@INNER_LEGS.register(Contraction)
+def summed_legs(node: Contraction) -> set[str]:
+    """The legs it sums."""
+    return set(node.summed)
+
+
+@STATE_WHAT.register(Contraction)
+def what(node: Contraction) -> str:
+    return "a product over " + ", ".join(node.summed)
+
+
+@STATE_FACTOR.register(Contraction)
+def multiplied_out(parts: ProductParts, node: Contraction) -> None:
+    """A product among a causal product's factors is multiplied out (its summed legs renamed apart)."""
+    parts.multiply_out(node)
+
+
+DECAY_TERM.register(Contraction)(split_term)
+STATE_STATEMENT.register(Contraction)(no_rewrite)
+
+
+@STEP_REWRITE.register(Contraction)
+def step_product(program: StepProgram, node: Contraction) -> Expr:
+    """The causal factors left among its factors hide nothing in the step (those that hide keys are
+    mask inputs by then): dropped, a product of nothing left its coefficient."""
+    if any(isinstance(f, CausalFactor) for f in node.factors):
+        factors = tuple(f for f in node.factors if not isinstance(f, CausalFactor))
+        node = dataclasses.replace(node, factors=factors) if factors else Scalar(node.legs, node.span, node.coefficient)
+    return program.finish(node)

@@ -4,10 +4,30 @@ in every stage's table."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from .. import parse as syn
 from ..check import CHECK, no_numbers
+from ..decode_rules import (
+    DECAY_TERM,
+    INNER_LEGS,
+    KV_ROWS,
+    NEW,
+    STATE_FACTOR,
+    STATE_ROWS,
+    STATE_STATEMENT,
+    STATE_WHAT,
+    STEP_REWRITE,
+    RowRequests,
+    StatePlanner,
+    its_legs,
+    no_inner_legs,
+    no_rewrite,
+    split_factor,
+    split_term,
+    unchanged_in_step,
+)
 from ..errors import Diagnostic
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
@@ -156,3 +176,30 @@ def key_legs(node: Convolution, positional: set[str]) -> set[str]:
 
 
 pos.plain(Convolution, but=(pos.MASK_SITE, pos.SEEN, pos.FUTURE, pos.CALL_WORD, pos.KEY_LEGS))
+
+
+# ---- decoding (decode_rules.py): what the kind means to a cache
+
+
+@KV_ROWS.register(Convolution)
+def convolved_rows(requests: RowRequests, node: Convolution, target: str, legs: Mapping[str, str]) -> str | None:
+    """A convolution along the positions of its result reads earlier rows of its operand."""
+    if any(legs.get(s.leg) == NEW for s in node.shifts):
+        return f"{target} convolves along the positions of its result (it reads earlier rows)"
+    return None
+
+
+@STATE_ROWS.register(Convolution)
+def convolved_state_rows(planner: StatePlanner, node: Convolution, target: str) -> str | None:
+    """A convolution along the positions reads earlier rows of its operand."""
+    if any(planner.positional(s.leg) for s in node.shifts):
+        return f"{target} convolves along the positions (it reads earlier rows)"
+    return None
+
+
+INNER_LEGS.register(Convolution)(no_inner_legs)
+STATE_WHAT.register(Convolution)(its_legs)
+STATE_FACTOR.register(Convolution)(split_factor)
+DECAY_TERM.register(Convolution)(split_term)
+STATE_STATEMENT.register(Convolution)(no_rewrite)
+STEP_REWRITE.register(Convolution)(unchanged_in_step)

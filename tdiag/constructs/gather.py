@@ -3,14 +3,36 @@ position of other legs (Shaw et al. 2018, T5's relative bias). Its rules in ever
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..check import CHECK, no_numbers
+from ..decode_rules import (
+    DECAY_TERM,
+    INNER_LEGS,
+    KV_ROWS,
+    NEW,
+    STATE_FACTOR,
+    STATE_ROWS,
+    STATE_STATEMENT,
+    STATE_WHAT,
+    STEP_REWRITE,
+    NotCompiledError,
+    RowRequests,
+    StatePlanner,
+    StepProgram,
+    its_legs,
+    no_inner_legs,
+    no_rewrite,
+    split_factor,
+    split_term,
+)
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
 from ..graph.calls import BUILD
-from ..ir import Gather, Position
+from ..ir import Expr, Gather, Position
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER, draw_tensor, escape
 
@@ -153,3 +175,46 @@ BUILD.unsupported(Gather, "not a call: a gather is written Rel[h, r = position] 
 
 # Positions (graph/position_rules.py): it takes no mask, hides nothing and mixes no positions.
 pos.plain(Gather)
+
+
+# ---- decoding (decode_rules.py): what the kind means to a cache
+
+
+@KV_ROWS.register(Gather)
+def gathered_rows(requests: RowRequests, node: Gather, target: str, legs: Mapping[str, str]) -> str | None:
+    """A gather along a source's positions reads rows no cache row gives."""
+    if node.source is not None:
+        axis = node.source.legs.index(node.axis)
+        if requests.is_position(requests.graph.tensors[node.source.name].axes[axis].size):
+            return f"{target} gathers {node.source.name} along its positions"
+    return None
+
+
+@STATE_ROWS.register(Gather)
+def gathered_state_rows(planner: StatePlanner, node: Gather, target: str) -> str | None:
+    """A gather along a source's positions reads rows other than the new ones."""
+    if node.source is not None:
+        tensor = planner.tensors[node.source.name]
+        axis = node.source.legs.index(node.axis)
+        if tensor.axes[axis].size == planner.symbol:
+            return f"{target} gathers {node.source.name} along its positions"
+    return None
+
+
+INNER_LEGS.register(Gather)(no_inner_legs)
+STATE_WHAT.register(Gather)(its_legs)
+STATE_FACTOR.register(Gather)(split_factor)
+DECAY_TERM.register(Gather)(split_term)
+STATE_STATEMENT.register(Gather)(no_rewrite)
+
+
+@STEP_REWRITE.register(Gather)
+def step_gather(program: StepProgram, node: Gather) -> Expr:
+    """A table read at an address of new positions, offset by P to their absolute positions."""
+    if node.source is not None and any(program.roles.get(leg) for leg in node.source.legs):
+        raise NotCompiledError("a gather from a tensor over positions")
+    if node.position is not None and any(program.roles.get(leg) == NEW for leg in node.position.legs()):
+        if program.rows_only:
+            raise NotCompiledError("a cached tensor's rows gather at their positions")
+        node = dataclasses.replace(node, position=program.offset_address(node.position))
+    return program.finish(node)

@@ -7,6 +7,25 @@ from typing import TYPE_CHECKING
 
 from .. import parse as syn
 from ..check import CHECK, no_numbers
+from ..decode_rules import (
+    DECAY_TERM,
+    INNER_LEGS,
+    KV_ROWS,
+    NEW,
+    STATE_FACTOR,
+    STATE_ROWS,
+    STATE_STATEMENT,
+    STATE_WHAT,
+    STEP_REWRITE,
+    StepProgram,
+    its_legs,
+    no_inner_legs,
+    no_rewrite,
+    no_row_problem,
+    reads_own_rows,
+    split_factor,
+    split_term,
+)
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
 from ..graph.calls import BUILD
@@ -55,3 +74,22 @@ def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
 
 # Positions (graph/position_rules.py): it takes no mask, hides nothing and mixes no positions.
 pos.plain(PositionIndex)
+
+
+# ---- decoding (decode_rules.py): what the kind means to a cache
+
+KV_ROWS.register(PositionIndex)(no_row_problem)
+STATE_ROWS.register(PositionIndex)(reads_own_rows)
+INNER_LEGS.register(PositionIndex)(no_inner_legs)
+STATE_WHAT.register(PositionIndex)(its_legs)
+STATE_FACTOR.register(PositionIndex)(split_factor)
+DECAY_TERM.register(PositionIndex)(split_term)
+STATE_STATEMENT.register(PositionIndex)(no_rewrite)
+
+
+@STEP_REWRITE.register(PositionIndex)
+def step_index(program: StepProgram, node: PositionIndex) -> Expr:
+    """`index(n)` of a new position, read from the input of absolute positions P .. P + T − 1."""
+    if program.roles.get(node.leg) == NEW:
+        return program.positions_ref(node)
+    return program.finish(node)

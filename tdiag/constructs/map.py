@@ -9,12 +9,30 @@ import sympy
 
 from .. import parse as syn
 from ..check import CHECK, NumberRule
+from ..decode_rules import (
+    DECAY_TERM,
+    INNER_LEGS,
+    KV_ROWS,
+    STATE_FACTOR,
+    STATE_ROWS,
+    STATE_STATEMENT,
+    STATE_WHAT,
+    STEP_REWRITE,
+    ProductParts,
+    its_legs,
+    no_inner_legs,
+    no_rewrite,
+    no_row_problem,
+    reads_own_rows,
+    split_term,
+    unchanged_in_step,
+)
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
 from ..graph.calls import BUILD
 from ..graph.position_rules import Hidden, Pairs
 from ..graph.vocabulary import MAPS, RSQRT
-from ..ir import ElementwiseMap, Expr, PositionIndex, Scalar, SumNode
+from ..ir import Contraction, ElementwiseMap, Expr, PositionIndex, Scalar, SumNode
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe, wrapped
 from ..render import RENDER, math_text
 from ..render import draw as draw_node
@@ -178,3 +196,32 @@ def _keeps_zero(node: ElementwiseMap) -> bool:
 
 
 pos.plain(ElementwiseMap, but=(pos.ZEROS, pos.HIDES))
+
+
+# ---- decoding (decode_rules.py): what the kind means to a cache
+
+KV_ROWS.register(ElementwiseMap)(no_row_problem)
+STATE_ROWS.register(ElementwiseMap)(reads_own_rows)
+INNER_LEGS.register(ElementwiseMap)(no_inner_legs)
+STATE_WHAT.register(ElementwiseMap)(its_legs)
+
+
+@STATE_FACTOR.register(ElementwiseMap)
+def map_factor(parts: ProductParts, node: ElementwiseMap) -> None:
+    """An integer power 1..4 of a product, as that many copies multiplied out (Based's (q·k)²);
+    an exp reading the query and key legs, a decay exp(U[n] + W[m]); else a side by its legs."""
+    if node.name == "pow" and isinstance(node.operand, Contraction):
+        exponent = node.params[0]
+        if exponent.is_Integer and 1 <= int(exponent) <= 4:
+            for _ in range(int(exponent)):
+                parts.multiply_out(node.operand)
+            return
+    if node.name == "exp" and parts.reads_both(node):
+        parts.decay(node)
+        return
+    parts.split(node)
+
+
+DECAY_TERM.register(ElementwiseMap)(split_term)
+STATE_STATEMENT.register(ElementwiseMap)(no_rewrite)
+STEP_REWRITE.register(ElementwiseMap)(unchanged_in_step)

@@ -7,6 +7,22 @@ from typing import TYPE_CHECKING
 
 from .. import parse as syn
 from ..check import CHECK, no_numbers
+from ..decode_rules import (
+    DECAY_TERM,
+    INNER_LEGS,
+    KV_ROWS,
+    STATE_FACTOR,
+    STATE_ROWS,
+    STATE_STATEMENT,
+    STATE_WHAT,
+    STEP_REWRITE,
+    no_rewrite,
+    no_row_problem,
+    reads_own_rows,
+    split_factor,
+    split_term,
+    unchanged_in_step,
+)
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
 from ..graph.calls import BUILD
@@ -138,3 +154,26 @@ def key_legs(node: Reduction, positional: set[str]) -> set[str]:
 
 
 pos.plain(Reduction, but=(pos.MASK_SITE, pos.SEEN, pos.MIXING, pos.HIDES, pos.CALL_WORD, pos.KEY_LEGS))
+
+
+# ---- decoding (decode_rules.py): what the kind means to a cache
+
+KV_ROWS.register(Reduction)(no_row_problem)
+STATE_ROWS.register(Reduction)(reads_own_rows)
+
+
+@INNER_LEGS.register(Reduction)
+def reduced_legs(node: Reduction) -> set[str]:
+    """The legs it reduces over."""
+    return set(node.over)
+
+
+@STATE_WHAT.register(Reduction)
+def what(node: Reduction) -> str:
+    return f"{node.name} over {', '.join(node.over)}"
+
+
+STATE_FACTOR.register(Reduction)(split_factor)
+DECAY_TERM.register(Reduction)(split_term)
+STATE_STATEMENT.register(Reduction)(no_rewrite)
+STEP_REWRITE.register(Reduction)(unchanged_in_step)

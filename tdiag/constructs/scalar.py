@@ -7,6 +7,24 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ..check import CHECK
+from ..decode_rules import (
+    DECAY_TERM,
+    INNER_LEGS,
+    KV_ROWS,
+    STATE_FACTOR,
+    STATE_ROWS,
+    STATE_STATEMENT,
+    STATE_WHAT,
+    STEP_REWRITE,
+    its_legs,
+    no_inner_legs,
+    no_rewrite,
+    no_row_problem,
+    reads_own_rows,
+    split_factor,
+    split_term,
+    unchanged_in_step,
+)
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
 from ..graph.calls import BUILD
@@ -54,3 +72,15 @@ BUILD.unsupported(Scalar, "not a call: a number or size is read where it is writ
 
 # Positions (graph/position_rules.py): it takes no mask, hides nothing and mixes no positions.
 pos.plain(Scalar)
+
+
+# ---- decoding (decode_rules.py): what the kind means to a cache
+
+KV_ROWS.register(Scalar)(no_row_problem)
+STATE_ROWS.register(Scalar)(reads_own_rows)
+INNER_LEGS.register(Scalar)(no_inner_legs)
+STATE_WHAT.register(Scalar)(its_legs)
+STATE_FACTOR.register(Scalar)(split_factor)
+DECAY_TERM.register(Scalar)(split_term)
+STATE_STATEMENT.register(Scalar)(no_rewrite)
+STEP_REWRITE.register(Scalar)(unchanged_in_step)

@@ -4,10 +4,30 @@ hiding entries. Their rules in every stage's table."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from .. import parse as syn
 from ..check import CHECK, no_numbers
+from ..decode_rules import (
+    DECAY_TERM,
+    INNER_LEGS,
+    KV_ROWS,
+    NEW,
+    STATE_FACTOR,
+    STATE_ROWS,
+    STATE_STATEMENT,
+    STATE_WHAT,
+    STEP_REWRITE,
+    RowRequests,
+    StatePlanner,
+    its_legs,
+    no_inner_legs,
+    no_rewrite,
+    split_factor,
+    split_term,
+    unchanged_in_step,
+)
 from ..errors import Diagnostic, did_you_mean, one_of
 from ..errors import hint as join_hint
 from ..evaluation import EVALUATE
@@ -206,3 +226,30 @@ def key_legs(node: Scan, positional: set[str]) -> set[str]:
 
 
 pos.plain(Scan, but=(pos.MASK_SITE, pos.SEEN, pos.FUTURE, pos.HIDES, pos.CALL_WORD, pos.KEY_LEGS))
+
+
+# ---- decoding (decode_rules.py): what the kind means to a cache
+
+
+@KV_ROWS.register(Scan)
+def scanned_rows(requests: RowRequests, node: Scan, target: str, legs: Mapping[str, str]) -> str | None:
+    """A scan along the positions of its result is a running total no cached row gives."""
+    if legs.get(node.along) == NEW:
+        return f"{target} scans along the positions of its result (a recurrent state)"
+    return None
+
+
+@STATE_ROWS.register(Scan)
+def scanned_state_rows(planner: StatePlanner, node: Scan, target: str) -> str | None:
+    """A scan along the positions is a running total outside a causal product."""
+    if planner.positional(node.along):
+        return f"{target} scans along the positions {node.along} (a running total outside a product)"
+    return None
+
+
+INNER_LEGS.register(Scan)(no_inner_legs)
+STATE_WHAT.register(Scan)(its_legs)
+STATE_FACTOR.register(Scan)(split_factor)
+DECAY_TERM.register(Scan)(split_term)
+STATE_STATEMENT.register(Scan)(no_rewrite)
+STEP_REWRITE.register(Scan)(unchanged_in_step)

@@ -5,10 +5,29 @@ rules in every stage's table."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from .. import parse as syn
 from ..check import CHECK, no_numbers
+from ..decode_rules import (
+    DECAY_TERM,
+    INNER_LEGS,
+    KV_ROWS,
+    STATE_FACTOR,
+    STATE_ROWS,
+    STATE_STATEMENT,
+    STATE_WHAT,
+    STEP_REWRITE,
+    ProductParts,
+    RowRequests,
+    StatePlanner,
+    its_legs,
+    no_inner_legs,
+    no_rewrite,
+    split_factor,
+    unchanged_in_step,
+)
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
 from ..graph.calls import BUILD
@@ -125,3 +144,37 @@ def hides(node: SegmentSum, query: str, key: str, diagonal: Hidden) -> bool:
 
 
 pos.plain(SegmentSum, but=(pos.MINUS_INFINITY, pos.HIDES))
+
+
+# ---- decoding (decode_rules.py): what the kind means to a cache
+
+
+@KV_ROWS.register(SegmentSum)
+def segment_rows(requests: RowRequests, node: SegmentSum, target: str, legs: Mapping[str, str]) -> str:
+    """A segment sum along the positions is a recurrent state, never cached rows."""
+    return f"{target} takes segment sums along the positions (a recurrent state)"
+
+
+@STATE_ROWS.register(SegmentSum)
+def segment_state_rows(planner: StatePlanner, node: SegmentSum, target: str) -> str:
+    """A segment sum has a state only as the decay of a causal product (DECAY_TERM)."""
+    return f"{target} takes segment sums outside the decay of a causal product"
+
+
+INNER_LEGS.register(SegmentSum)(no_inner_legs)
+STATE_WHAT.register(SegmentSum)(its_legs)
+STATE_FACTOR.register(SegmentSum)(split_factor)
+
+
+@DECAY_TERM.register(SegmentSum)
+def running_sum(parts: ProductParts, sign: int, node: SegmentSum) -> None:
+    """segsum[n, m](a) = c[n] − c[m] over the product's query and key legs counts on both sides
+    (c the running sum of a, taken from the last position held)."""
+    if (node.along, node.key) == (parts.query, parts.key):
+        parts.running.append((sign, node))
+    else:
+        parts.split_term(sign, node)
+
+
+STATE_STATEMENT.register(SegmentSum)(no_rewrite)
+STEP_REWRITE.register(SegmentSum)(unchanged_in_step)

@@ -5,19 +5,39 @@ the scale α), the normalize box x / Σ x of linear attention, their masks and a
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING
 
 import sympy
 
 from .. import parse as syn
 from ..check import CHECK, NumberRule
+from ..decode_linear import unboxed
+from ..decode_rules import (
+    DECAY_TERM,
+    INNER_LEGS,
+    KV_ROWS,
+    STATE_FACTOR,
+    STATE_ROWS,
+    STATE_STATEMENT,
+    STATE_WHAT,
+    STEP_REWRITE,
+    StatementRewrite,
+    StatePlanner,
+    no_inner_legs,
+    no_row_problem,
+    reads_own_rows,
+    split_factor,
+    split_term,
+    unchanged_in_step,
+)
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
 from ..graph.call_masks import box_heads, call_mask_ref, is_call_mask
 from ..graph.calls import BUILD
 from ..graph.position_rules import Bias, Hidden, Mixing, Pairs, Site
 from ..graph.vocabulary import BOXES
-from ..ir import ONE, POSITION_MASKS, Contraction, Expr, PaddingMask, SoftmaxBox, SumNode, TensorRef
+from ..ir import ONE, POSITION_MASKS, Contraction, Expr, PaddingMask, SoftmaxBox, Statement, SumNode, TensorRef
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 from ..render import RENDER, draw_tensor, math_text, position_masks
 from ..render import draw as draw_node
@@ -242,3 +262,29 @@ pos.plain(
         pos.KEY_LEGS,
     ),
 )
+
+
+# ---- decoding (decode_rules.py): what the kind means to a cache
+
+KV_ROWS.register(SoftmaxBox)(no_row_problem)
+STATE_ROWS.register(SoftmaxBox)(reads_own_rows)
+INNER_LEGS.register(SoftmaxBox)(no_inner_legs)
+
+
+@STATE_WHAT.register(SoftmaxBox)
+def what(node: SoftmaxBox) -> str:
+    return f"{node.box_name} over {', '.join(node.normalized)}"
+
+
+STATE_FACTOR.register(SoftmaxBox)(split_factor)
+DECAY_TERM.register(SoftmaxBox)(split_term)
+
+
+@STATE_STATEMENT.register(SoftmaxBox)
+def linear_order(planner: StatePlanner, statement: Statement) -> StatementRewrite:
+    """A causal normalize box over positions and its one reader in the box's linear order
+    (decode_linear.py); a softmax over positions has no state."""
+    return functools.partial(unboxed, planner, statement)
+
+
+STEP_REWRITE.register(SoftmaxBox)(unchanged_in_step)

@@ -8,11 +8,28 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ..check import CHECK, no_numbers
+from ..decode_rules import (
+    DECAY_TERM,
+    INNER_LEGS,
+    KV_ROWS,
+    STATE_FACTOR,
+    STATE_ROWS,
+    STATE_STATEMENT,
+    STATE_WHAT,
+    STEP_REWRITE,
+    StatePlanner,
+    StepProgram,
+    its_legs,
+    no_rewrite,
+    no_row_problem,
+    split_factor,
+    split_term,
+)
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
 from ..graph.calls import BUILD
 from ..graph.position_rules import Hidden, Pairs
-from ..ir import TensorRef
+from ..ir import Expr, TensorRef
 from ..printing import DESCRIBE, PRINT, groups_text, nothing_to_describe
 from ..render import RENDER, draw_tensor
 
@@ -121,3 +138,35 @@ def call_hidden(node: TensorRef, name: str, hidden: Hidden) -> Pairs:
 
 
 pos.plain(TensorRef, but=(pos.ZEROS, pos.HIDES, pos.CALL_HIDDEN))
+
+
+# ---- decoding (decode_rules.py): what the kind means to a cache
+
+KV_ROWS.register(TensorRef)(no_row_problem)
+
+
+@STATE_ROWS.register(TensorRef)
+def noise_rows(planner: StatePlanner, node: TensorRef, target: str) -> str | None:
+    """Noise drawn anew at each call over every position cannot be taken at the new rows alone."""
+    tensor = planner.tensors[node.name]
+    if tensor.kind == "random" and tensor.init is not None and str(tensor.init.param("mode", "train")) == "always":
+        return f"noise {node.name} is drawn over every position at each call (mode = always)"
+    return None
+
+
+@INNER_LEGS.register(TensorRef)
+def grouped_legs(node: TensorRef) -> set[str]:
+    """The legs of its groups (a reshaped read names several per axis)."""
+    return {leg for g in node.groups for leg in g}
+
+
+STATE_WHAT.register(TensorRef)(its_legs)
+STATE_FACTOR.register(TensorRef)(split_factor)
+DECAY_TERM.register(TensorRef)(split_term)
+STATE_STATEMENT.register(TensorRef)(no_rewrite)
+
+
+@STEP_REWRITE.register(TensorRef)
+def step_ref(program: StepProgram, node: TensorRef) -> Expr:
+    """A cached tensor read at every position from its input, a slice over the step's positions."""
+    return program.ref(node)
