@@ -45,14 +45,13 @@ from ..ir import (
     WindowFactor,
 )
 from .constants import constant_value, fill
-from .context import Leaf, LoweringConfig, LoweringContext
+from .context import LoweringConfig, LoweringContext
 from .convolution import lower_convolution
 from .distance import lower_distance
-from .legs import _all_legs, _is_scaling, _renamed
+from .legs import all_legs, is_scaling, renamed_value
 from .norms import LayerNormNode, lower_layer_norm
 from .positions import lower_gather, positions
 from .program import (
-    BATCH,
     BATCH_SIZE,
     Multiply,
     Step,
@@ -64,24 +63,6 @@ OPTIMAL_UP_TO = 5
 
 # reductions through which a term constant along the reduced legs passes unchanged (+ c)
 SHIFT_EQUIVARIANT = ("max", "logsumexp", "mean")
-
-
-# ---- leaves of a multilinear region ----------------------------------------------------------
-
-
-_Leaf = Leaf  # the name the passes knew it by
-
-
-def _constant_along(legs: Iterable[str]) -> list[_Leaf]:
-    """A factor 1 over the broadcast legs of a computed value (legs it is constant along and has
-    no axis for): a region that sums one of them multiplies by its size (Σ_g c = G c)."""
-    legs = tuple(sorted(leg for leg in legs if leg != BATCH))
-    return [_Leaf(legs, constant=sympy.Integer(1))] if legs else []
-
-
-def _value_leaves(value: Value) -> list[_Leaf]:
-    """A computed value as factors of a region: itself over its axes, and 1 over its broadcast legs."""
-    return [_Leaf(value.legs, value=value), *_constant_along(value.broadcast)]
 
 
 class LoweringBase(LoweringContext):
@@ -128,7 +109,7 @@ class LoweringBase(LoweringContext):
         for statement in self.g.statements:
             if self.is_inlined(statement.target):
                 continue
-            ren = self.identity_renaming(_all_legs(statement.expr))
+            ren = self.identity_renaming(all_legs(statement.expr))
             value = self.lower(statement.expr, ren, var=statement.target)
             self.values[statement.target] = value
 
@@ -144,7 +125,7 @@ class LoweringBase(LoweringContext):
         E-step), not below a masked mean (0, not c, where every entry is hidden); below anything
         else (a product, a map, a quotient) none: softmax(log(1 + x)) is not softmax(log(x))."""
         context = self.shift_invariant
-        if context is None or isinstance(e, SumNode | SquaredDistance) or _is_scaling(e):
+        if context is None or isinstance(e, SumNode | SquaredDistance) or is_scaling(e):
             return context
         if isinstance(e, Reduction) and e.name in SHIFT_EQUIVARIANT and not (e.masks and e.name == "mean"):
             return context | {p for leg in e.over for p in ren[leg]}
@@ -171,9 +152,9 @@ class LoweringBase(LoweringContext):
             return self.memoized(e, ren, lambda: self._lower_nonlinear(e, ren, var))
 
     def memoized(self, e: Expr, ren: dict[str, tuple[str, ...]], build) -> Value:
-        """`build()`, or the value an alpha-equivalent sub-expression (`_alpha_key`) over the same
+        """`build()`, or the value an alpha-equivalent sub-expression (`alpha_key`) over the same
         pattern of region legs got before, renamed onto this one's legs."""
-        shape, ordered, named = _alpha_key(e)
+        shape, ordered, named = alpha_key(e)
         sizes = tuple(self.g.legs[leg].size if leg in self.g.legs else leg for leg in named)
         legs = tuple(p for leg in ordered for p in ren[leg])
         shift = None  # which of its legs a softmax around it normalizes: sums may drop terms by it
@@ -183,7 +164,7 @@ class LoweringBase(LoweringContext):
         key = (shape, sizes, tuple(len(ren[leg]) for leg in ordered), pattern, shift)
         if key in self.memo:
             value, earlier = self.memo[key]
-            return _renamed(value, dict(zip(earlier, legs, strict=True)))
+            return renamed_value(value, dict(zip(earlier, legs, strict=True)))
         value = build()
         self.memo[key] = (value, legs)
         return value
@@ -231,12 +212,12 @@ class LoweringBase(LoweringContext):
             return self.counted_flops(steps)
 
     def counted_flops(self, steps: list[Step]) -> int:
-        """The FLOPs of `steps` at the planned sizes, as the rewrites compare them (_planned_flops)."""
-        total = sum((_planned_flops(s) for s in steps), sympy.Integer(0)).xreplace(self.chunk_values)
+        """The FLOPs of `steps` at the planned sizes, as the rewrites compare them (planned_flops)."""
+        total = sum((planned_flops(s) for s in steps), sympy.Integer(0)).xreplace(self.chunk_values)
         return int(self.g.evaluate(total, **self.sizes).xreplace({BATCH_SIZE: self.sizes.get("B", 1)}))
 
 
-def _planned_flops(step: Step) -> sympy.Expr:
+def planned_flops(step: Step) -> sympy.Expr:
     """A step's FLOPs as the rewrites compare them: a product that sums nothing (one multiply per
     element) is weighed as the matmul with inner size 1 it replaced, 2 per element, as SDPA's
     count weighs a head of width 1; so choosing the product op moves no rewrite decision."""
@@ -245,14 +226,14 @@ def _planned_flops(step: Step) -> sympy.Expr:
     return step.flops
 
 
-def _alpha_key(e: Expr) -> tuple[object, tuple[str, ...], tuple[str, ...]]:
+def alpha_key(e: Expr) -> tuple[object, tuple[str, ...], tuple[str, ...]]:
     """`e` up to the names of its legs: a key equal for two sub-expressions that compute the same
     thing with their legs renamed consistently (`cos(Ang[n p])` and `cos(Ang[m p])`, RoPE on
     the queries and on the keys) where the legs' sizes agree too (the caller compares them), its
     result legs in the order that key numbers them, and every leg it numbered in that order. Spans
     are left out; a string is a leg wherever it names one of `e`'s legs, except in the fields
     that name tensors, maps and reductions (`name`) or a position's operation (`op`)."""
-    universe = _all_legs(e)
+    universe = all_legs(e)
     order: dict[str, int] = {}
 
     def convert(value: object, field: str, owner: object) -> object:

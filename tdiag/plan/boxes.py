@@ -14,7 +14,7 @@ from ..ir import (
     WindowMask,
 )
 from . import forms
-from .base import _Leaf
+from .context import Leaf
 from .program import (
     BATCH,
     Expand,
@@ -34,7 +34,7 @@ from .program import (
 class BoxLowering:
     """Computes softmax and normalize boxes as materialized tensors."""
 
-    def resolve_boxes(self, leaves: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
+    def resolve_boxes(self, leaves: list[Leaf], out: tuple[str, ...]) -> list[Leaf]:
         """Each box leaf of a region replaced by the candidate form the chooser takes (forms/)."""
         return forms.resolve_boxes(self, leaves, out)  # type: ignore[arg-type]
 

@@ -11,7 +11,7 @@ from ..ir import Expr, TensorRef
 from ..objectives import DEFAULT_OBJECTIVE, OBJECTIVES
 from . import report  # noqa: F401  (registers the plan's printers, program.PLAN_VIEWS)
 from .absorb_choice import cheaper_form, replaced_tensors
-from .base import LoweringBase, _all_legs
+from .base import LoweringBase
 from .bias_fusion import fuse_linear_biases
 from .boxes import BoxLowering
 from .chunked import ChunkedCausal
@@ -20,6 +20,7 @@ from .elementwise import ElementwiseLowering
 from .flex import ATTENTION_KERNELS
 from .forms import Form, planning_forms
 from .layout import Sizes, assign_layouts
+from .legs import all_legs
 from .norms import fuse_layer_norms
 from .objective import fastest_plan
 from .program import (
@@ -128,7 +129,7 @@ def _planned(
         plan.outputs.append((name, _reorder(lowering, value, order)))
     with lowering.emitting(plan.update_steps):
         for update in graph.updates:
-            value = lowering.lower(update.expr, lowering.identity_renaming(_all_legs(update.expr)))
+            value = lowering.lower(update.expr, lowering.identity_renaming(all_legs(update.expr)))
             value = lowering.expand_broadcast(value, set(value.broadcast))
             order = [BATCH] if value.is_batched else []
             order += [p for group in update.groups for leg in group for p in lowering.expand(leg)]

@@ -7,8 +7,9 @@ import itertools
 
 import sympy
 
-from .base import _Leaf, _renamed
+from .context import Leaf
 from .decay import Decay, split_exponent
+from .legs import renamed_value
 from .program import (
     BATCH,
     ChunkEdge,
@@ -61,7 +62,7 @@ class ChunkedCausal:
     """Evaluates causal prefix sums of products in chunks (MGK P12, spec mgk §6.6)."""
 
     def causal_contract(
-        self, query: str, key: str, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None
+        self, query: str, key: str, leaves: list[Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None
     ) -> Value:
         """Σ_{m ≤ n} of a product, chunked (causal linear attention in O(N·C + N·D·E/C)): both
         legs split into chunks of C; within a chunk the product is masked by a C×C triangle,
@@ -83,7 +84,7 @@ class ChunkedCausal:
         self,
         query: str,
         key: str,
-        leaves: list[_Leaf],
+        leaves: list[Leaf],
         out: tuple[str, ...],
         coefficient: sympy.Expr,
         var: str | None,
@@ -187,7 +188,7 @@ class ChunkedCausal:
                     "causal triangle within a chunk",
                 )
             )
-            mask = _Leaf((within_query, within_key), value=Value(triangle, (within_query, within_key)))
+            mask = Leaf((within_query, within_key), value=Value(triangle, (within_query, within_key)))
             within = self.contract([*chunked, mask], out_chunked, coefficient, None)
         needed = set(out_chunked) | {leg for leaf in rest for leg in leaf.legs}
         state_legs = tuple(
@@ -217,10 +218,10 @@ class ChunkedCausal:
                 inputs=(state,),
             )
         )
-        across = self.contract([*rest, _Leaf(earlier.legs, value=earlier)], out_chunked, coefficient, None)  # type: ignore[union-attr]
+        across = self.contract([*rest, Leaf(earlier.legs, value=earlier)], out_chunked, coefficient, None)  # type: ignore[union-attr]
         total = self.combine("sum", [(1, within), (1, across)], out_chunked, None)
         if after:
-            total = self.contract([_Leaf(total.legs, value=total), *after], final, sympy.Integer(1), None)
+            total = self.contract([Leaf(total.legs, value=total), *after], final, sympy.Integer(1), None)
         order = [leg for leg in total.legs if leg != within_query]
         position = order.index(chunks)
         order.insert(position + 1, within_query)
@@ -239,9 +240,7 @@ class ChunkedCausal:
             )
         )  # type: ignore[return-value]
 
-    def decay_factors(
-        self, decays: tuple[Decay, ...], query: str, key: str
-    ) -> tuple[_Leaf, _Leaf, _Leaf, Value, Value]:
+    def decay_factors(self, decays: tuple[Decay, ...], query: str, key: str) -> tuple[Leaf, Leaf, Leaf, Value, Value]:
         """The chunkwise pieces of the decays exp(U[n] + W[m]) (U, W the sums of their query and
         key parts, decay.py), each exponent ≤ 0 for a decay: the within-chunk block
         exp(U[i] + W[j]) with j > i masked to −inf before the exp; the query side's
@@ -264,7 +263,7 @@ class ChunkedCausal:
         key_side = self.decay_exp(
             self.combine("sum", [(1, end), (1, wc)], union_legs(end, wc), None), "decay to the chunk's end"
         )
-        return (*(_Leaf(v.legs, value=v) for v in (block, query_side, key_side)), start, end)  # type: ignore[return-value]
+        return (*(Leaf(v.legs, value=v) for v in (block, query_side, key_side)), start, end)  # type: ignore[return-value]
 
     def decay_side(self, terms: list) -> Value:
         """Σ ± terms of one side of the decays (decay.Decay), each read with its own legs; once
@@ -339,7 +338,7 @@ class ChunkedCausal:
         )
         return (*legs, size)
 
-    def chunk_leaf(self, leaf: _Leaf, rename: dict[str, tuple[str, str]]) -> _Leaf:
+    def chunk_leaf(self, leaf: Leaf, rename: dict[str, tuple[str, str]]) -> Leaf:
         """A factor with its query or key leg split into (chunk, position within the chunk),
         zero-padded to whole chunks (zeros add nothing to a sum)."""
         legs = tuple(p for leg in leaf.legs for p in rename.get(leg, (leg,)))
@@ -353,7 +352,7 @@ class ChunkedCausal:
         if key not in self.memo:
             self.memo[key] = (self.chunk_value(value, leg, chunks, within), value.legs)
         chunked, earlier = self.memo[key]
-        return _Leaf(legs, value=_renamed(chunked, dict(zip(earlier, value.legs, strict=True))))
+        return Leaf(legs, value=renamed_value(chunked, dict(zip(earlier, value.legs, strict=True))))
 
     def chunk_value(self, value: Value, leg: str, chunks: str, within: str, edge: bool = False) -> Value:
         """`value` with `leg` split into (chunks, within), zero-padded to whole chunks (with

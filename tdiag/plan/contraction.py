@@ -10,7 +10,8 @@ from collections.abc import Iterable
 import opt_einsum
 import sympy
 
-from .base import OPTIMAL_UP_TO, _renamed
+from .base import OPTIMAL_UP_TO
+from .legs import renamed_value
 from .program import (
     BATCH,
     Einsum,
@@ -142,7 +143,7 @@ class ContractionOrder:
         if key not in self.memo:
             self.memo[key] = (self.matmul(a, b, needed, var), order)
         value, earlier = self.memo[key]
-        return _renamed(value, dict(zip(earlier, order, strict=True)))
+        return renamed_value(value, dict(zip(earlier, order, strict=True)))
 
     def matmul(self, a: Value, b: Value, needed: set[str], var: str | None) -> Value:
         """One pairwise contraction as a matmul: (batch, a's kept legs, summed) @ (batch, summed,

@@ -29,10 +29,10 @@ from ..ir import (
     SoftmaxBox,
     SumNode,
 )
-from .base import _Leaf, _value_leaves
-from .context import Lowering
+from .context import Leaf, Lowering
 from .distance import squared_norm
-from .positions import _rename_position, like_input
+from .legs import value_leaves
+from .positions import like_input, rename_position
 from .program import (
     BATCH,
     FLEX_BLOCK,
@@ -99,7 +99,7 @@ def flex_refusal(ctx: Lowering, fused: MatchedAttention) -> str | None:
     return None
 
 
-def fuse_flex(ctx: Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: MatchedAttention) -> list[_Leaf]:
+def fuse_flex(ctx: Lowering, box: SoftmaxBox, ren, others: list[Leaf], fused: MatchedAttention) -> list[Leaf]:
     """Emit q, k, v, the block mask and the flex_attention call; return the region's leaves
     with the attention output standing in for the box and its value side."""
     heads, queries, keys, latent, features = (fused.heads, fused.queries, fused.keys, fused.latent, fused.features)
@@ -197,7 +197,7 @@ def fuse_flex(ctx: Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: M
     if not ctx.trialing:
         ctx.lowered.append(f"softmax box over {' '.join(show_legs(keys))} lowered to flex_attention{how}")
     rest_leaves = [o for o in others if o not in fused.value]
-    return [*rest_leaves, *_value_leaves(value)]  # type: ignore[arg-type]
+    return [*rest_leaves, *value_leaves(value)]  # type: ignore[arg-type]
 
 
 def score_mod(ctx: Lowering, fused: MatchedAttention, roles: dict[str, str]) -> ScoreTerm | None:
@@ -283,7 +283,7 @@ def score_gather(ctx: Lowering, e: Gather, ren, roles: dict[str, str]) -> ScoreR
     table = ctx.as_missing_legs(ctx.lower(e.source, ren))  # type: ignore[arg-type]
     axis = ren[e.axis][0]
     names = {leg: roles[ren[leg][0]] for leg in e.position.legs()}  # type: ignore[union-attr]
-    position = _rename_position(e.position, names, ctx.runtime)  # type: ignore[arg-type]
+    position = rename_position(e.position, names, ctx.runtime)  # type: ignore[arg-type]
     index = tuple(position if leg == axis else Position("leg", name=roles[leg]) for leg in table.legs)
     return ScoreRead(table, index)
 

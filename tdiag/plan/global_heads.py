@@ -48,8 +48,9 @@ from dataclasses import dataclass
 import sympy
 
 from ..ir import CausalMask, PaddingMask, SoftmaxBox, TensorRef, walk
-from .base import _Leaf, _value_leaves
 from .constants import fold_constants
+from .context import Leaf
+from .legs import value_leaves
 from .program import BATCH, Attention, Expand, Step, Value, causal_kernel_flops, sdpa_causal_block, show_legs
 from .sdpa_match import scale_sign, score_items
 
@@ -66,10 +67,10 @@ class GlobalHeads:
     positive, `sign` the sign moved into q. `prelude`: the steps and memo entries the match
     built on trial, emitted only if the form is taken."""
 
-    query: tuple[_Leaf, ...]
-    key: tuple[_Leaf, ...]
-    value: tuple[_Leaf, ...]
-    rest: tuple[_Leaf, ...]
+    query: tuple[Leaf, ...]
+    key: tuple[Leaf, ...]
+    value: tuple[Leaf, ...]
+    rest: tuple[Leaf, ...]
     heads: tuple[str, ...]
     local: tuple[str, ...]
     sequence: str
@@ -82,7 +83,7 @@ class GlobalHeads:
     prelude: tuple[list[Step], dict]
 
 
-def recognise(ctx, box: SoftmaxBox, ren, others: list[_Leaf], out: tuple[str, ...]) -> GlobalHeads | str:
+def recognise(ctx, box: SoftmaxBox, ren, others: list[Leaf], out: tuple[str, ...]) -> GlobalHeads | str:
     """The global-head form of `box` consumed by `others`, or why it does not apply: the scores
     are one query·key product (times constants) whose query side carries local heads that the
     key side lacks and the value side carries; the only masks are causal between the query leg
@@ -117,7 +118,7 @@ def recognise(ctx, box: SoftmaxBox, ren, others: list[_Leaf], out: tuple[str, ..
     _, weight, term = crosses[0]
     box_legs = tuple(p for leg in box.legs for p in ren[leg])
     with ctx.aside() as prelude:
-        content: list[_Leaf] = []
+        content: list[Leaf] = []
         weight *= ctx.collect(term, ren, content)
         memo = ctx.memo
     content, folded_legs, weight = fold_constants(ctx, content, box_legs, weight)
@@ -157,7 +158,7 @@ def recognise(ctx, box: SoftmaxBox, ren, others: list[_Leaf], out: tuple[str, ..
     )
 
 
-def _split(ctx, content: list[_Leaf], others: list[_Leaf], box_legs, keys, out):
+def _split(ctx, content: list[Leaf], others: list[Leaf], box_legs, keys, out):
     """The cheapest assignment of the score factors without a key leg to the query or the key
     side, and of the consumer's factors without a key leg to the value side or the rest, such
     that the key side lacks some local heads that the queries and values carry; the reason of
@@ -217,7 +218,7 @@ def _split(ctx, content: list[_Leaf], others: list[_Leaf], box_legs, keys, out):
     return reason if best is None else best
 
 
-def _dense(ctx, leaves: list[_Leaf], legs: tuple[str, ...], last: int, sign: int, stem: str) -> Value:
+def _dense(ctx, leaves: list[Leaf], legs: tuple[str, ...], last: int, sign: int, stem: str) -> Value:
     """The contraction of `leaves` over `legs`, copied into that order where the contraction
     laid out its `last` legs (the features) other than trailing in that order: the fused kernel
     needs a last axis of stride 1, which a permuted view of such a layout lacks (it then runs
@@ -226,7 +227,7 @@ def _dense(ctx, leaves: list[_Leaf], legs: tuple[str, ...], last: int, sign: int
     return value if value.legs[-last:] == legs[-last:] else ctx.materialize(value, legs)
 
 
-def emit(ctx, form: GlobalHeads) -> list[_Leaf]:
+def emit(ctx, form: GlobalHeads) -> list[Leaf]:
     """Emit q (heads, local heads, queries, latent), k (heads, keys, latent) broadcast over the
     local heads as a view, v (heads, local heads, keys, features), the padding to one head width
     and the SDPA call; return the region's leaves with its output (heads, local heads, queries,
@@ -304,4 +305,4 @@ def emit(ctx, form: GlobalHeads) -> list[_Leaf]:
             f"form: k over {' '.join(show_legs(latent))} shared by the local heads {' '.join(show_legs(local))}, "
             "each operand dense with its features last, for the fused kernel)"
         )
-    return [*form.rest, *_value_leaves(value)]
+    return [*form.rest, *value_leaves(value)]

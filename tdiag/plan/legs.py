@@ -1,15 +1,19 @@
 """Legs of expressions and values: every leg an expression names, a value with its legs called
-by other names, and whether a contraction only scales one factor (shared by the passes)."""
+by other names, whether a contraction only scales one factor, and computed values as factors
+of a region (shared by the passes)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+
+import sympy
 
 from ..ir import Contraction, Expr, Reduction, Scalar, SquaredDistance, TensorRef, walk
-from .program import Value
+from .context import Leaf
+from .program import BATCH, Value
 
 
-def _renamed(value: Value, rename: Mapping[str, str]) -> Value:
+def renamed_value(value: Value, rename: Mapping[str, str]) -> Value:
     """The same variable with its legs called by other names."""
     return Value(
         value.var,
@@ -18,14 +22,14 @@ def _renamed(value: Value, rename: Mapping[str, str]) -> Value:
     )
 
 
-def _is_scaling(e: Expr) -> bool:
+def is_scaling(e: Expr) -> bool:
     """A contraction that only multiplies one factor by a number."""
     if not isinstance(e, Contraction) or e.summed:
         return False
     return len([f for f in e.factors if not isinstance(f, Scalar)]) == 1
 
 
-def _all_legs(e: Expr) -> set[str]:
+def all_legs(e: Expr) -> set[str]:
     legs: set[str] = set()
     for node in walk(e):
         legs |= set(node.legs)
@@ -36,3 +40,15 @@ def _all_legs(e: Expr) -> set[str]:
         if isinstance(node, TensorRef):
             legs |= {leg for g in node.groups for leg in g}
     return legs
+
+
+def constant_along(legs: Iterable[str]) -> list[Leaf]:
+    """A factor 1 over the broadcast legs of a computed value (legs it is constant along and has
+    no axis for): a region that sums one of them multiplies by its size (Σ_g c = G c)."""
+    legs = tuple(sorted(leg for leg in legs if leg != BATCH))
+    return [Leaf(legs, constant=sympy.Integer(1))] if legs else []
+
+
+def value_leaves(value: Value) -> list[Leaf]:
+    """A computed value as factors of a region: itself over its axes, and 1 over its broadcast legs."""
+    return [Leaf(value.legs, value=value), *constant_along(value.broadcast)]

@@ -24,11 +24,12 @@ from ..ir import (
     WindowFactor,
     walk,
 )
-from .base import _all_legs, _constant_along, _is_scaling, _Leaf, _renamed, _value_leaves
 from .constants import constant_value, fill, fold_constants
+from .context import Leaf
 from .decay import may_be_decay, segment_pairs
 from .distribute import distributed_over_boxes
 from .forms.causal_product import CausalSite, decide_causal_product
+from .legs import all_legs, constant_along, is_scaling, renamed_value, value_leaves
 from .literals import unroll_literals
 from .positions import computed_slice, positions, sliced
 from .program import (
@@ -48,7 +49,7 @@ from .stabilize import stabilize_exponents
 SCAN_NOTE = "a product with a causal triangle summed over {summed} as a {kind} along {summed}: O(N), not N²"
 
 
-def _prefix_pair(leaves: list[_Leaf], out: tuple[str, ...]) -> tuple[str, str] | None:
+def _prefix_pair(leaves: list[Leaf], out: tuple[str, ...]) -> tuple[str, str] | None:
     """The (query, key) of the one causal factor of a product (a causal triangle, or a decay's
     segment sum, causal by itself) that keeps the query and sums the key, if there is one pair."""
     pairs = {leaf.triangle for leaf in leaves if leaf.triangle is not None}
@@ -106,7 +107,7 @@ class RegionLowering:
         """The region's factors collected (a causal factor kept as a triangle, so that
         scan_triangles can take it), then contracted; anything lowered after the collection (a box
         resolved, a form's own collection) sees causal factors as numbers again."""
-        leaves: list[_Leaf] = []
+        leaves: list[Leaf] = []
         with self.scope(lazy_triangles=True):  # collecting the region's own factors
             coefficient = self.collect(e, ren, leaves) * scale
         kept = self.stabilized
@@ -122,7 +123,7 @@ class RegionLowering:
             return self.contract(leaves, out, coefficient, var)
 
     def causal_product(
-        self, query: str, key: str, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None
+        self, query: str, key: str, leaves: list[Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None
     ) -> Value:
         """A product with a causal(query, key) factor that sums the key: its candidate forms
         (forms/causal_product.py: masked, chunked) weighed by the one model."""
@@ -130,7 +131,7 @@ class RegionLowering:
         return decide_causal_product(self, site, var)  # type: ignore[arg-type]
 
     def collect(
-        self, e: Expr, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf], *, expand_powers: bool = False
+        self, e: Expr, ren: dict[str, tuple[str, ...]], leaves: list[Leaf], *, expand_powers: bool = False
     ) -> sympy.Expr:
         """Gather the factors of a multilinear region into `leaves`; returns the coefficient.
         With `expand_powers`, an integer power of a contraction becomes that many copies of it."""
@@ -139,7 +140,7 @@ class RegionLowering:
         if expand_powers and isinstance(e, ElementwiseMap) and e.name == "pow" and e.params[0].is_Integer:
             coefficient = sympy.Integer(1)
             for _ in range(int(e.params[0])):
-                inner = self.with_fresh_legs(ren, sorted(_all_legs(e.operand) - set(e.operand.legs)))  # type: ignore[arg-type]
+                inner = self.with_fresh_legs(ren, sorted(all_legs(e.operand) - set(e.operand.legs)))  # type: ignore[arg-type]
                 coefficient *= self.collect(e.operand, inner, leaves, expand_powers=True)  # type: ignore[arg-type]
             return coefficient
         if isinstance(e, Contraction):
@@ -147,7 +148,7 @@ class RegionLowering:
             coefficient = e.coefficient
             # a softmax around a product lets no factor drop a constant term: causal(n, m)·(x + 3)
             # is not causal(n, m)·x plus a constant (found by fuzzing, an inlined statement)
-            with self.scope(shift_invariant=self.shift_invariant if _is_scaling(e) else None):
+            with self.scope(shift_invariant=self.shift_invariant if is_scaling(e) else None):
                 for factor in e.factors:
                     coefficient *= self.collect(factor, inner, leaves, expand_powers=expand_powers)
             return coefficient
@@ -156,68 +157,68 @@ class RegionLowering:
         if self.stabilized is not None and isinstance(e, ElementwiseMap) and e.name == "exp":
             with self.scope(stabilized=None):
                 argument = self.lower(e.operand, ren)  # type: ignore[arg-type]
-            leaves += [_Leaf(argument.legs, value=argument, exponent=True), *_constant_along(argument.broadcast)]
+            leaves += [Leaf(argument.legs, value=argument, exponent=True), *constant_along(argument.broadcast)]
             return sympy.Integer(1)
         if not isinstance(e, TensorRef):
             constant = constant_value(self, e)
             if constant is not None:
-                leaves.append(_Leaf(tuple(p for leg in e.legs for p in ren[leg]), constant=constant))
+                leaves.append(Leaf(tuple(p for leg in e.legs for p in ren[leg]), constant=constant))
                 return sympy.Integer(1)
         if isinstance(e, PositionIndex):
-            leaves.append(_Leaf(tuple(ren[e.leg]), value=positions(self, tuple(ren[e.leg]))))
+            leaves.append(Leaf(tuple(ren[e.leg]), value=positions(self, tuple(ren[e.leg]))))
             return sympy.Integer(1)
         if isinstance(e, WindowFactor):
             (query,), (key,) = ren[e.query], ren[e.key]
             band = Value(self.window_mask(query, key, e.before, e.after), (query, key))
-            leaves.append(_Leaf((query, key), value=self.mask_numbers(band, invert=True)))
+            leaves.append(Leaf((query, key), value=self.mask_numbers(band, invert=True)))
             return sympy.Integer(1)
         if isinstance(e, CausalFactor):
             (query,), (key,) = ren[e.query], ren[e.key]
             if self.lazy_triangles:  # made numbers after scan_triangles, unless it became a scan
-                leaves.append(_Leaf((query, key), triangle=(query, key)))
+                leaves.append(Leaf((query, key), triangle=(query, key)))
             else:
-                leaves.append(_Leaf((query, key), value=self.causal_numbers(query, key)))
+                leaves.append(Leaf((query, key), value=self.causal_numbers(query, key)))
             return sympy.Integer(1)
         if isinstance(e, SoftmaxBox):
             batch = (BATCH,) if self.is_batched(e) else ()
-            leaves.append(_Leaf(batch + tuple(p for leg in e.legs for p in ren[leg]), box=(e, ren)))
+            leaves.append(Leaf(batch + tuple(p for leg in e.legs for p in ren[leg]), box=(e, ren)))
             return sympy.Integer(1)
         if self.lazy_triangles and self.shift_invariant is None and may_be_decay(e):
             batch = (BATCH,) if self.is_batched(e) else ()
-            leaves.append(_Leaf(batch + tuple(p for leg in e.legs for p in ren[leg]), decay=(e, ren)))  # type: ignore[arg-type]
+            leaves.append(Leaf(batch + tuple(p for leg in e.legs for p in ren[leg]), decay=(e, ren)))  # type: ignore[arg-type]
             return sympy.Integer(1)
         value = self.lower_nonlinear(e, ren, None)
-        leaves.extend(_value_leaves(value))
+        leaves.extend(value_leaves(value))
         return sympy.Integer(1)
 
-    def collect_tensor(self, e: TensorRef, ren: dict[str, tuple[str, ...]], leaves: list[_Leaf]) -> sympy.Expr:
+    def collect_tensor(self, e: TensorRef, ren: dict[str, tuple[str, ...]], leaves: list[Leaf]) -> sympy.Expr:
         tensor = self.g.tensors[e.name]
         axes = tuple(tuple(p for leg in group for p in ren[leg]) for group in e.groups)
         statement = tensor.statement
         if e.is_sliced and statement is not None:
             value = computed_slice(self, statement, e, axes)
-            leaves.extend(_value_leaves(value))
+            leaves.extend(value_leaves(value))
             return sympy.Integer(1)
         if e.is_sliced:
             value = sliced(self, tensor, e, axes)
-            leaves.append(_Leaf(value.legs, value=value))
+            leaves.append(Leaf(value.legs, value=value))
             return sympy.Integer(1)
         if statement is None:
             batch = (BATCH,) if tensor.is_batched else ()
-            leaves.append(_Leaf(batch + tuple(p for a in axes for p in a), tensor=tensor, view=axes))
+            leaves.append(Leaf(batch + tuple(p for a in axes for p in a), tensor=tensor, view=axes))
             return sympy.Integer(1)
         inner = self.definition_renaming(statement, axes) if self.is_inlined(e.name) else None
         if inner is not None:
             return self.collect(statement.expr, inner, leaves)
         if e.name not in self.values:  # inlined, but this use groups its axes otherwise
-            ren = self.identity_renaming(_all_legs(statement.expr))
+            ren = self.identity_renaming(all_legs(statement.expr))
             self.values[e.name] = self.lower(statement.expr, ren, var=statement.target)
         value = self.values[e.name]
         if self.align_definition(statement, axes) is None:
-            leaves.extend(_value_leaves(self.regrouped(value, statement, axes)))
+            leaves.extend(value_leaves(self.regrouped(value, statement, axes)))
             return sympy.Integer(1)
-        leaves.append(_Leaf(self.rename_value_legs(value, statement, axes), value=value))
-        leaves.extend(_constant_along(self.rename_value_legs(value, statement, axes, sorted(value.broadcast))))
+        leaves.append(Leaf(self.rename_value_legs(value, statement, axes), value=value))
+        leaves.extend(constant_along(self.rename_value_legs(value, statement, axes, sorted(value.broadcast))))
         return sympy.Integer(1)
 
     def with_fresh_legs(self, ren: dict[str, tuple[str, ...]], legs: Iterable[str]) -> dict[str, tuple[str, ...]]:
@@ -235,7 +236,7 @@ class RegionLowering:
         mapping = self.align_definition(statement, axes)
         if mapping is None:
             return None
-        return self.with_fresh_legs(mapping, sorted(leg for leg in _all_legs(statement.expr) if leg not in mapping))
+        return self.with_fresh_legs(mapping, sorted(leg for leg in all_legs(statement.expr) if leg not in mapping))
 
     def align_definition(
         self, statement: Statement, axes: tuple[tuple[str, ...], ...]
@@ -325,7 +326,7 @@ class RegionLowering:
                     return True
         return False
 
-    def contract(self, leaves: list[_Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None) -> Value:
+    def contract(self, leaves: list[Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None) -> Value:
         leaves = self.resolve_boxes(leaves, out)
         leaves, out, coefficient = fold_constants(self, leaves, out, coefficient)
         leaves = unroll_literals(self, leaves, out)
@@ -346,13 +347,13 @@ class RegionLowering:
         result = self.plan_contraction(values, wanted, coefficient, var)
         return Value(result.var, result.legs, broadcast)
 
-    def triangle_numbers(self, leaf: _Leaf) -> _Leaf:
+    def triangle_numbers(self, leaf: Leaf) -> Leaf:
         """A causal factor left as a triangle, as the 1s and 0s it multiplies by."""
         if leaf.triangle is None:
             return leaf
-        return _Leaf(leaf.legs, value=self.causal_numbers(*leaf.triangle))
+        return Leaf(leaf.legs, value=self.causal_numbers(*leaf.triangle))
 
-    def scan_triangles(self, leaves: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf]:
+    def scan_triangles(self, leaves: list[Leaf], out: tuple[str, ...]) -> list[Leaf]:
         """A product with causal(n, l) summed over l, where no other factor carrying l carries n,
         is the prefix sum of the product P of the factors carrying l: Σ_l causal(n, l) P[l] =
         Σ_{l ≤ n} P[l] = cumsum_l(P)[n]. P is contracted first (summing the legs only it has),
@@ -369,7 +370,7 @@ class RegionLowering:
                     break
         return leaves
 
-    def scan_triangle(self, triangle: _Leaf, leaves: list[_Leaf], out: tuple[str, ...]) -> list[_Leaf] | None:
+    def scan_triangle(self, triangle: Leaf, leaves: list[Leaf], out: tuple[str, ...]) -> list[Leaf] | None:
         """`leaves` with `triangle` and the factors carrying its summed leg replaced by their scan,
         or None where the rewrite does not apply (both legs kept, a factor that carries both legs,
         a box or exp factor among those to scan, legs of different sizes). With both legs summed
@@ -392,7 +393,7 @@ class RegionLowering:
             if not self.trialing:
                 kind = "reverse cumulative sum" if reverse else "cumulative sum"
                 self.lowered.append(SCAN_NOTE.format(summed=show_legs([summed])[0], kind=kind))
-            return [*rest, *_value_leaves(_renamed(scanned, {summed: kept}))]
+            return [*rest, *value_leaves(renamed_value(scanned, {summed: kept}))]
         return None
 
     def prefix_scan(self, value: Value, leg: str, reverse: bool) -> Value:
@@ -409,7 +410,7 @@ class RegionLowering:
             )
         )  # type: ignore[return-value]
 
-    def leaf_value(self, leaf: _Leaf) -> Value:
+    def leaf_value(self, leaf: Leaf) -> Value:
         if leaf.triangle is not None:
             return self.causal_numbers(*leaf.triangle)
         if leaf.decay is not None:
@@ -437,7 +438,7 @@ class RegionLowering:
             self.emit(Step("mask", MaskNumbers(Operand(mask, invert=invert), like), out, "mask as 1 and 0"))
             self.memo[key] = (out, mask.legs)
         value, earlier = self.memo[key]
-        return _renamed(value, dict(zip(earlier, mask.legs, strict=True)))
+        return renamed_value(value, dict(zip(earlier, mask.legs, strict=True)))
 
     def stored(self, tensor: Tensor, view: tuple[tuple[str, ...], ...]) -> Value:
         """A declared tensor seen with region legs, viewed into pieces where an axis is split."""

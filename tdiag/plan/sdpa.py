@@ -15,9 +15,9 @@ import sympy
 from ..ir import (
     SoftmaxBox,
 )
-from .base import _Leaf, _value_leaves
-from .context import Lowering
+from .context import Leaf, Lowering
 from .distance import squared_norm
+from .legs import value_leaves
 from .program import (
     BATCH,
     Attention,
@@ -37,7 +37,7 @@ from .program import (
 from .sdpa_match import MatchedAttention
 
 
-def fuse(ctx: Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: MatchedAttention) -> list[_Leaf]:
+def fuse(ctx: Lowering, box: SoftmaxBox, ren, others: list[Leaf], fused: MatchedAttention) -> list[Leaf]:
     """Emit q, k, v and the SDPA call; return the region's leaves with the attention output
     standing in for the box and its value side."""
     heads, queries, keys, latent, features = (fused.heads, fused.queries, fused.keys, fused.latent, fused.features)
@@ -176,7 +176,7 @@ def fuse(ctx: Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Matche
         how = f" ({'; '.join(notes)})" if notes else ""
         ctx.lowered.append(f"softmax box over {' '.join(show_legs(keys))} lowered to scaled_dot_product_attention{how}")
     rest = [o for o in others if o not in fused.value]
-    return [*rest, *_value_leaves(value)]  # type: ignore[arg-type]
+    return [*rest, *value_leaves(value)]  # type: ignore[arg-type]
 
 
 def emit_prelude(ctx: Lowering, fused: MatchedAttention) -> None:

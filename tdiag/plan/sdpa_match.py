@@ -26,7 +26,7 @@ from ..ir import (
 )
 from .constants import fold_constants
 from .context import Leaf, Lowering
-from .legs import _is_scaling
+from .legs import is_scaling
 from .program import (
     BATCH,
     Step,
@@ -279,7 +279,7 @@ def score_items(ctx: Lowering, e: Expr, ren, keys: set[str], weight: sympy.Expr 
         if isinstance(e, SumNode):
             for term, sign in zip(e.terms, e.signs, strict=True):
                 walk_terms(term, weight * sign)
-        elif isinstance(e, Contraction) and _is_scaling(e):
+        elif isinstance(e, Contraction) and is_scaling(e):
             factor = next(f for f in e.factors if not isinstance(f, Scalar))
             scalars = [f.value for f in e.factors if isinstance(f, Scalar)]
             walk_terms(factor, weight * e.coefficient * sympy.Mul(*scalars))

@@ -18,7 +18,7 @@ of the linear-time order read the same shifted factors."""
 from __future__ import annotations
 
 from .context import Leaf, Lowering
-from .legs import _renamed
+from .legs import renamed_value
 from .program import BATCH, Map, Reduce, Step, Value, show_legs
 
 
@@ -37,7 +37,7 @@ def stabilize_exponents(ctx: Lowering, leaves: list[Leaf], kept: frozenset[str])
         ctx.memo[key] = (shifted, legs)  # type: ignore[assignment]
     earlier_values, earlier = ctx.memo[key]
     rename = dict(zip(earlier, legs, strict=True))
-    values = iter([_renamed(value, rename) for value in earlier_values])  # type: ignore[attr-defined]
+    values = iter([renamed_value(value, rename) for value in earlier_values])  # type: ignore[attr-defined]
     out: list[Leaf] = []
     for leaf in leaves:
         if not leaf.exponent:

@@ -4,8 +4,8 @@ whenever no other form applies or pays."""
 
 from __future__ import annotations
 
-from ..base import _value_leaves
 from ..context import Leaf, Lowering
+from ..legs import value_leaves
 from .base import BoxSite, Form
 
 
@@ -26,4 +26,4 @@ class Materialized(Form):
         box, ren, others, k = site.box, site.ren, site.others, site.index
         prefer = {leg for o in others for leg in o.legs} if box.is_exp else set()
         value = ctx.memoized(box, ren, lambda: ctx.lower_box(box, ren, None, prefer))
-        return [*others[:k], *_value_leaves(value), *others[k:]]
+        return [*others[:k], *value_leaves(value), *others[k:]]
