@@ -24,12 +24,12 @@ import sympy
 from ..device import planning_device
 from ..graph import DesignGraph
 from ..ir import TensorRef, walk
-from .base import planned_flops
 from .footprint import footprint
 from .forms.base import Cost
 from .forms.cost import key, worse
 from .program import BATCH_SIZE, Plan
 from .timing import plan_time
+from .trials import planned_flops
 
 WRITTEN, ABSORBED = "as written", "absorbed"
 

@@ -48,10 +48,13 @@ from dataclasses import dataclass
 import sympy
 
 from ..ir import CausalMask, PaddingMask, SoftmaxBox, TensorRef, walk
+from .boxes import materialize
 from .constants import fold_constants
 from .context import Leaf
+from .contraction import arrange
 from .legs import value_leaves
 from .program import BATCH, Attention, Expand, Step, Value, causal_kernel_flops, sdpa_causal_block, show_legs
+from .regions import collect, contract
 from .sdpa_match import scale_sign, score_items
 
 
@@ -119,7 +122,7 @@ def recognise(ctx, box: SoftmaxBox, ren, others: list[Leaf], out: tuple[str, ...
     box_legs = tuple(p for leg in box.legs for p in ren[leg])
     with ctx.aside() as prelude:
         content: list[Leaf] = []
-        weight *= ctx.collect(term, ren, content)
+        weight *= collect(ctx, term, ren, content)
         memo = ctx.memo
     content, folded_legs, weight = fold_constants(ctx, content, box_legs, weight)
     if weight == 0 or folded_legs != box_legs:
@@ -223,8 +226,8 @@ def _dense(ctx, leaves: list[Leaf], legs: tuple[str, ...], last: int, sign: int,
     laid out its `last` legs (the features) other than trailing in that order: the fused kernel
     needs a last axis of stride 1, which a permuted view of such a layout lacks (it then runs
     the math kernel, which keeps the whole attention)."""
-    value = ctx.contract(leaves, legs, sympy.Integer(sign), stem)
-    return value if value.legs[-last:] == legs[-last:] else ctx.materialize(value, legs)
+    value = contract(ctx, leaves, legs, sympy.Integer(sign), stem)
+    return value if value.legs[-last:] == legs[-last:] else materialize(ctx, value, legs)
 
 
 def emit(ctx, form: GlobalHeads) -> list[Leaf]:
@@ -261,9 +264,9 @@ def emit(ctx, form: GlobalHeads) -> list[Leaf]:
     flat = [[h] for h in heads]
     legs = tuple(heads + local + queries + features)
     attention = Attention(
-        ctx.arrange(q, [*flat, local, queries, latent]),
-        ctx.arrange(shared, [*flat, local, keys, latent]),
-        ctx.arrange(v, [*flat, local, keys, features]),
+        arrange(ctx, q, [*flat, local, queries, latent]),
+        arrange(ctx, shared, [*flat, local, keys, latent]),
+        arrange(ctx, v, [*flat, local, keys, features]),
         ctx.runtime(form.scale),
         causal=form.causal,
         pad_value=pad_value,

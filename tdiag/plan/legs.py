@@ -4,11 +4,13 @@ of a region (shared by the passes)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 
 import sympy
 
-from ..ir import Contraction, Expr, Reduction, Scalar, SquaredDistance, TensorRef, walk
+from ..errors import Span
+from ..ir import Contraction, Expr, Position, Reduction, Scalar, SquaredDistance, TensorRef, walk
 from .context import Leaf
 from .program import BATCH, Value
 
@@ -52,3 +54,33 @@ def constant_along(legs: Iterable[str]) -> list[Leaf]:
 def value_leaves(value: Value) -> list[Leaf]:
     """A computed value as factors of a region: itself over its axes, and 1 over its broadcast legs."""
     return [Leaf(value.legs, value=value), *constant_along(value.broadcast)]
+
+
+def alpha_key(e: Expr) -> tuple[object, tuple[str, ...], tuple[str, ...]]:
+    """`e` up to the names of its legs: a key equal for two sub-expressions that compute the same
+    thing with their legs renamed consistently (`cos(Ang[n p])` and `cos(Ang[m p])`, RoPE on
+    the queries and on the keys) where the legs' sizes agree too (the caller compares them), its
+    result legs in the order that key numbers them, and every leg it numbered in that order. Spans
+    are left out; a string is a leg wherever it names one of `e`'s legs, except in the fields
+    that name tensors, maps and reductions (`name`) or a position's operation (`op`)."""
+    universe = all_legs(e)
+    order: dict[str, int] = {}
+
+    def convert(value: object, field: str, owner: object) -> object:
+        if isinstance(value, Span):
+            return None
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return node(value)
+        if isinstance(value, tuple):
+            return tuple(convert(v, field, owner) for v in value)
+        if isinstance(value, str) and value in universe and field not in ("name", "op"):
+            return ("leg", order.setdefault(value, len(order)))
+        if isinstance(value, str) and field == "name" and isinstance(owner, Position) and owner.op == "leg":
+            return ("leg", order.setdefault(value, len(order)))
+        return value
+
+    def node(n: object) -> tuple:
+        return (type(n).__name__, *(convert(getattr(n, f.name), f.name, n) for f in dataclasses.fields(n)))
+
+    key = node(e)
+    return key, tuple(sorted(dict.fromkeys(e.legs), key=lambda leg: order.get(leg, len(order)))), tuple(order)

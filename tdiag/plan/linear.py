@@ -19,6 +19,9 @@ from ..ir import (
     SumNode,
     TensorRef,
 )
+from .boxes import expand_broadcast, kept_by
+from .chunked import causal_contract
+from .combine import combine
 from .constants import fill
 from .context import Leaf, Lowering
 from .legs import constant_along
@@ -32,6 +35,7 @@ from .program import (
     align,
     show_legs,
 )
+from .regions import collect, contract
 from .stabilize import stabilize_exponents
 
 
@@ -99,7 +103,7 @@ def not_linear_content(e: Expr) -> str | None:
 
 def collect_expanded(ctx: Lowering, e: Expr, ren, leaves: list[Leaf]) -> sympy.Expr:
     """Like collect, with x ^ p of a contraction written as p copies of it."""
-    return ctx.collect(e, ren, leaves, expand_powers=True)
+    return collect(ctx, e, ren, leaves, expand_powers=True)
 
 
 def collect_stabilized(ctx: Lowering, e, ren, leaves: list[Leaf], kept: frozenset[str] | None) -> sympy.Expr:
@@ -119,7 +123,7 @@ def hoist(
     normalized = {p for leg in box.normalized for p in ren[leg]}
     if len(content_terms(box.content)) > 1:
         return hoist_sum(ctx, box, ren, values, rest, out)
-    kept_by_box, shifted = ctx.kept_by(box, ren), ctx.stabilizations
+    kept_by_box, shifted = kept_by(ctx, box, ren), ctx.stabilizations
     content: list[Leaf] = []
     coefficient = collect_stabilized(ctx, box.content, ren, content, kept_by_box)
     kept = tuple(p for leg in box.legs for p in ren[leg] if p not in normalized)
@@ -131,18 +135,20 @@ def hoist(
         if leg in needed and leg not in kept and leg != BATCH
     )
     causal = prefix_legs(ctx, box, ren) if box.masks else None
-    contract = ctx.contract if causal is None else functools.partial(ctx.causal_contract, *causal)
+    contract_with = (
+        functools.partial(contract, ctx) if causal is None else functools.partial(causal_contract, ctx, *causal)
+    )
     widened = widened_leg(values, content, extra) if causal is not None else None
     if widened is not None:
         value = folded_quotient(
-            ctx, box, content, values, coefficient, (*batch, *kept, *extra), widened, contract, shifted
+            ctx, box, content, values, coefficient, (*batch, *kept, *extra), widened, contract_with, shifted
         )
         if value is not None:
             return [*rest, Leaf(value.legs, value=value)]
-    numerator = contract([*content, *values], (*batch, *kept, *extra), coefficient, "numerator")
+    numerator = contract_with([*content, *values], (*batch, *kept, *extra), coefficient, "numerator")
     den_content: list[Leaf] = []
     den_coefficient = collect_stabilized(ctx, box.content, ren, den_content, kept_by_box)
-    denominator = contract(
+    denominator = contract_with(
         den_content,
         tuple(leg for leg in (BATCH, *kept) if any(leg in c.legs for c in den_content)),
         den_coefficient,
@@ -176,7 +182,9 @@ def hoist_sum(
     normalized = tuple(dict.fromkeys(p for leg in box.normalized for p in ren[leg]))
     kept = tuple(p for leg in box.legs for p in ren[leg] if p not in normalized)
     causal = prefix_legs(ctx, box, ren) if box.masks else None
-    contract = ctx.contract if causal is None else functools.partial(ctx.causal_contract, *causal)
+    contract_with = (
+        functools.partial(contract, ctx) if causal is None else functools.partial(causal_contract, ctx, *causal)
+    )
     terms = []
     for term, sign in content_terms(box.content):
         content: list[Leaf] = []
@@ -184,7 +192,7 @@ def hoist_sum(
         carried = {leg for c in content for leg in c.legs}
         missing = tuple(leg for leg in normalized if leg not in carried)
         if missing and causal is not None:  # the prefix sums split the key leg: a real axis of ones
-            ones = ctx.expand_broadcast(fill(ctx, sympy.Integer(1), missing, None), set(missing))
+            ones = expand_broadcast(ctx, fill(ctx, sympy.Integer(1), missing, None), set(missing))
             content.append(Leaf(ones.legs, value=ones))
         else:
             content += constant_along(missing)
@@ -197,15 +205,15 @@ def hoist_sum(
         if leg in needed and leg not in kept and leg != BATCH
     )
     legs = (*batch, *kept, *extra)
-    numerators = [(sign, contract([*content, *values], legs, c, "numerator")) for sign, content, c in terms]
+    numerators = [(sign, contract_with([*content, *values], legs, c, "numerator")) for sign, content, c in terms]
     denominators = []
     for sign, content, c in terms:
         carried = {leg for leaf in content for leg in leaf.legs} | set(causal or ())  # Σ_{m ≤ n} varies along n
         denominators.append(
-            (sign, contract(content, tuple(leg for leg in (BATCH, *kept) if leg in carried), c, "denominator"))
+            (sign, contract_with(content, tuple(leg for leg in (BATCH, *kept) if leg in carried), c, "denominator"))
         )
-    numerator = ctx.combine("sum", numerators, legs, "numerator")
-    denominator = ctx.combine("sum", denominators, (*batch, *kept), "denominator")
+    numerator = combine(ctx, "sum", numerators, legs, "numerator")
+    denominator = combine(ctx, "sum", denominators, (*batch, *kept), "denominator")
     present = tuple(numerator.legs)
     step = Step(
         "quotient",
@@ -236,7 +244,7 @@ def folded_quotient(
     coefficient: sympy.Expr,
     legs: tuple[str, ...],
     widened: str,
-    contract,
+    contract_with,
     shifted: int,
 ) -> Value | None:
     """The quotient with numerator and denominator from one contraction: the value side v laid
@@ -249,7 +257,7 @@ def folded_quotient(
     count of stabilized exponents before the content was collected (a shift means the guard)."""
     inside = {leg for c in content for leg in c.legs} | set(legs)
     side = [leg for leg in dict.fromkeys(leg for v in values for leg in v.legs) if leg in inside and leg != widened]
-    value = ctx.contract(values, (*side, widened), sympy.Integer(1), "values")
+    value = contract(ctx, values, (*side, widened), sympy.Integer(1), "values")
     if widened in value.broadcast:
         return None
     stored = [leg for leg in value.legs if leg not in value.broadcast]
@@ -269,7 +277,7 @@ def folded_quotient(
             inputs=(value,),
         )
     )
-    numerator = contract(
+    numerator = contract_with(
         [*content, Leaf(ones.legs, value=ones)],  # type: ignore[union-attr]
         tuple(wide if leg == widened else leg for leg in legs),
         coefficient,

@@ -42,9 +42,8 @@ from ..ir import (
     renamed,
     walk,
 )
-from .base import alpha_key
 from .decay import additive_terms, running_sum
-from .legs import all_legs
+from .legs import all_legs, alpha_key
 
 ROW_SHIFT_NOTE = (
     "{target}: the decay its numerator and denominator share shifted by its running row max"

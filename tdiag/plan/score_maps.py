@@ -13,6 +13,7 @@ import dataclasses
 import sympy
 
 from ..ir import ONE, Contraction, ElementwiseMap, Expr, Scalar, SoftmaxBox, SumNode
+from .combine import owns_parameter
 from .context import Leaf, Lowering
 from .legs import is_scaling
 from .sdpa_match import MatchedAttention, ScoreMapping, fusable
@@ -52,7 +53,7 @@ def match_map(
             continue
         if {p for leg in e.legs for p in ren[leg]} & keys:
             outer.append((w * box.scale, e))
-        elif ctx.owns_parameter(e):  # constant along the keys: dropped, its parameter would go unused
+        elif owns_parameter(ctx, e):  # constant along the keys: dropped, its parameter would go unused
             return None
     inner = SoftmaxBox(box.legs, box.span, mapped.operand, box.normalized, ONE, box.masks)
     match = fusable(ctx, inner, ren, leaf, others, out)

@@ -17,6 +17,7 @@ of the linear-time order read the same shifted factors."""
 
 from __future__ import annotations
 
+from .combine import combine
 from .context import Leaf, Lowering
 from .legs import renamed_value
 from .program import BATCH, Map, Reduce, Step, Value, show_legs
@@ -58,7 +59,7 @@ def shifted_exponents(ctx: Lowering, arguments: list[Value], kept: frozenset[str
     for position, k in enumerate(order):
         z = arguments[k]
         if carried[k]:
-            z = ctx.combine("sum", [(1, z)] + [(1, c) for c in carried[k]], _union(z, carried[k]), None)
+            z = combine(ctx, "sum", [(1, z)] + [(1, c) for c in carried[k]], _union(z, carried[k]), None)
         later = [j for j in order[position + 1 :]]
         summed = {leg for leg in z.legs if leg not in kept and leg != BATCH}
         shared = summed & {leg for j in later for leg in free[j]}
@@ -94,7 +95,7 @@ def maximum(ctx: Lowering, z: Value, over: set[str]) -> Value:
 def shifted_exp(ctx: Lowering, z: Value, shift: Value | None) -> Value:
     """exp(z − shift): the shift is the max of z along the legs it does not have."""
     if shift is not None:
-        z = ctx.combine("sum", [(1, z), (-1, shift)], z.legs, None)
+        z = combine(ctx, "sum", [(1, z), (-1, shift)], z.legs, None)
     name = ctx.names.fresh("exp")
     step = Step(
         "map",
