@@ -3,14 +3,16 @@ softmax box), each filling every converted stage's table for its kind, or declar
 unsupported there with a reason, as JAX's primitives register their lowerings. The tables live in
 their stages' layers: build (graph/calls.BUILD, keyed on the call's word as well), check
 (check.CHECK: the numbers a node carries), print and describe (printing.py), render
-(render.RENDER) and evaluate (evaluation.EVALUATE, for the reference evaluator). Importing the
-package registers them all; design.py imports it, lower layers never do. Nothing here imports
-torch at module level: an evaluate rule imports it when it runs.
+(render.RENDER), evaluate (evaluation.EVALUATE, for the reference evaluator) and lower
+(plan/base.LOWER: a nonlinear kind's lowering into program steps, a function of the lowering's
+context; the factors of a multilinear region declare it unsupported, since plan/regions.py
+collects them with their region). Importing the package registers them all; design.py imports
+it, lower layers never do. Nothing here imports torch at module level: an evaluate rule imports
+it when it runs.
 
-Lowering (plan/base.py's `_lower_nonlinear`) and decoding (decode*.py) are not tables yet; a
-new kind still needs its branches there. Adding a construct: an ir dataclass, its word in
-graph/vocabulary.py (and graph/syntax.py's leg rule where legs are summed inside it), and one
-module here; tests/test_constructs.py fails until every table has a rule for it."""
+Decoding (decode*.py) is not a table yet; a new kind still needs its branches there. Adding a
+construct: an ir dataclass, its word in graph/vocabulary.py (and graph/syntax.py's leg rule where
+legs are summed inside it), and one module here; tests/test_constructs.py fails until every table has a rule for it."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from collections.abc import Iterable
 from ..check import CHECK
 from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
+from ..plan.base import LOWER
 from ..printing import DESCRIBE, PRINT
 from ..render import RENDER
 from ..rules import Rules
@@ -29,6 +32,7 @@ from . import (  # noqa: F401  (registered at import)
     gather,
     index,
     map,
+    norm,
     quotient,
     reduction,
     scalar,
@@ -48,6 +52,7 @@ STAGES: tuple[Rules, ...] = (
     DESCRIBE,
     RENDER,
     EVALUATE,
+    LOWER,
 )  # the stages converted to rule tables so far
 
 

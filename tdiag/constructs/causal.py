@@ -11,6 +11,7 @@ from ..errors import did_you_mean
 from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..ir import CausalFactor, CausalMask, Expr
+from ..plan.base import LOWER, REGION_FACTOR
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER
 
@@ -68,3 +69,7 @@ def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
         builder.b.error("a causal mask relates two different legs", e.span)
         return builder.poison(e)
     return CausalFactor((legs[0], legs[1]), e.span, legs[0], legs[1])  # type: ignore[arg-type]
+
+
+# lower (plan/base.LOWER): collected as a leaf of its multilinear region (plan/regions.py)
+LOWER.unsupported(CausalFactor, REGION_FACTOR)

@@ -15,6 +15,7 @@ from ..graph.calls import BUILD
 from ..graph.lone_sums import explicit_sum
 from ..graph.vocabulary import SUMS
 from ..ir import Contraction, Expr
+from ..plan.base import LOWER, REGION_FACTOR
 from ..printing import DESCRIBE, PRINT, parenthesized, wrapped
 from ..render import RENDER, math_text
 from ..render import draw as draw_node
@@ -86,3 +87,7 @@ def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`sum[k](x)`: the leg rule's sum written out (graph/lone_sums.py); a product of factors is
     built from the statement's syntax (graph/products.py), not a call."""
     return explicit_sum(builder, e, keep)  # type: ignore[arg-type]
+
+
+# lower (plan/base.LOWER): collected as a leaf of its multilinear region (plan/regions.py)
+LOWER.unsupported(Contraction, REGION_FACTOR)

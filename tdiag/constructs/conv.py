@@ -13,6 +13,8 @@ from ..graph.calls import BUILD
 from ..graph.convolutions import convolution
 from ..graph.vocabulary import CONVOLUTIONS
 from ..ir import Convolution, Expr
+from ..plan.base import LOWER
+from ..plan.convolution import lower_convolution
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 from ..render import RENDER, escape, position_masks
 from ..render import draw as draw_node
@@ -95,3 +97,7 @@ CHECK.register(Convolution)(no_numbers)
 def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`conv[n = n - i, ...](x, kernel)` (graph/convolutions.py)."""
     return convolution(builder, e, keep)  # type: ignore[arg-type]
+
+
+# lower (plan/base.LOWER): the shifted contraction of its operand and kernel (plan/convolution.py)
+LOWER.register(Convolution)(lower_convolution)

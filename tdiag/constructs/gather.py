@@ -10,6 +10,8 @@ from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..ir import Gather, Position
+from ..plan.base import LOWER
+from ..plan.positions import lower_gather
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER, draw_tensor, escape
 
@@ -148,3 +150,7 @@ CHECK.register(Gather)(no_numbers)
 
 
 BUILD.unsupported(Gather, "not a call: a gather is written Rel[h, r = position] (graph/positions.py)")
+
+
+# lower (plan/base.LOWER): the table indexed at the positions computed (plan/positions.py)
+LOWER.register(Gather)(lower_gather)

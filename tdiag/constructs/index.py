@@ -11,6 +11,8 @@ from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..graph.vocabulary import POSITION_FUNCTIONS
 from ..ir import Expr, PositionIndex
+from ..plan.base import LOWER
+from ..plan.positions import positions
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER
 
@@ -18,6 +20,8 @@ if TYPE_CHECKING:
     import torch
 
     from ..graph.calls import BoxesAndMaps
+    from ..plan.context import Lowering
+    from ..plan.program import Value
     from ..reference import Frame
     from ..render import Drawing
 
@@ -50,3 +54,9 @@ CHECK.register(PositionIndex)(no_numbers)
 def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`index(n)`, or `index(p, P)`, which also binds leg p to size P (graph/positions.py)."""
     return builder.position_index(e)  # type: ignore[attr-defined]
+
+
+@LOWER.register(PositionIndex)
+def lower(ctx: Lowering, e: PositionIndex, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
+    """The positions along its region leg, made once per leg (plan/positions.py)."""
+    return positions(ctx, ren[e.leg])

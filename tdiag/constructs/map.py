@@ -13,6 +13,8 @@ from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..graph.vocabulary import MAPS, RSQRT
 from ..ir import ElementwiseMap, Expr
+from ..plan.base import LOWER
+from ..plan.elementwise import lower_map
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe, wrapped
 from ..render import RENDER, math_text
 from ..render import draw as draw_node
@@ -108,3 +110,7 @@ def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`exp(x)`, `clamp(x, lo, hi)`, ... and `rsqrt(x)`, which is x ^ -0.5. (`max(x, c)` and
     `min(x, c)` share their words with the reductions: reduction.py builds them.)"""
     return builder.rsqrt(e, keep) if e.name == RSQRT else builder.elementwise_map(e, keep)
+
+
+# lower (plan/base.LOWER): one elementwise step over its lowered operand (plan/elementwise.py)
+LOWER.register(ElementwiseMap)(lower_map)

@@ -9,6 +9,8 @@ from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..ir import Quotient
+from ..plan.base import LOWER
+from ..plan.elementwise import lower_quotient
 from ..printing import DESCRIBE, PRINT, nothing_to_describe, parenthesized, wrapped
 from ..render import RENDER, draw_joined
 
@@ -52,3 +54,7 @@ CHECK.register(Quotient)(no_numbers)
 
 
 BUILD.unsupported(Quotient, "not a call: a quotient is written a / b (graph/expressions.py)")
+
+
+# lower (plan/base.LOWER): numerator / denominator, a shared decay shifted by its row max (plan/elementwise.py)
+LOWER.register(Quotient)(lower_quotient)

@@ -11,6 +11,8 @@ from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..graph.vocabulary import BOUNDS, REDUCTIONS
 from ..ir import Expr, PaddingMask, Reduction
+from ..plan.base import LOWER
+from ..plan.elementwise import lower_reduction
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 from ..render import RENDER, draw_tensor, position_masks
 from ..render import draw as draw_node
@@ -103,3 +105,7 @@ def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
         )
         return builder.poison(e)
     return builder.reduction(e, keep)
+
+
+# lower (plan/base.LOWER): its masks filled, then one reduction step (plan/elementwise.py)
+LOWER.register(Reduction)(lower_reduction)

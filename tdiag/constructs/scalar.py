@@ -10,6 +10,7 @@ from ..check import CHECK
 from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..ir import Scalar
+from ..plan.base import LOWER, REGION_FACTOR
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER, math_text
 
@@ -49,3 +50,7 @@ def numbers(node: Scalar) -> tuple[tuple[str, sympy.Expr, None], ...]:
 
 
 BUILD.unsupported(Scalar, "not a call: a number or size is read where it is written (graph/builder.py)")
+
+
+# lower (plan/base.LOWER): collected as a leaf of its multilinear region (plan/regions.py)
+LOWER.unsupported(Scalar, REGION_FACTOR)

@@ -12,6 +12,8 @@ from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..graph.vocabulary import SCANS
 from ..ir import POSITION_MASKS, Expr, PaddingMask, Scan
+from ..plan.base import LOWER
+from ..plan.elementwise import lower_scan
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 from ..render import RENDER, draw_tensor, position_masks
 from ..render import draw as draw_node
@@ -101,3 +103,7 @@ CHECK.register(Scan)(no_numbers)
 def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`cumsum[n, exclusive = 1, reverse = 1, mask = ...](x)`, `logcumsumexp[n](x)`."""
     return builder.scan(e, keep)
+
+
+# lower (plan/base.LOWER): its masks filled, then one scan step in float32 (plan/elementwise.py)
+LOWER.register(Scan)(lower_scan)

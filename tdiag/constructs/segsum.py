@@ -13,6 +13,8 @@ from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..graph.vocabulary import SEGMENT_SUMS
 from ..ir import Expr, SegmentSum
+from ..plan.base import LOWER
+from ..plan.elementwise import lower_segment_sum
 from ..printing import DESCRIBE, PRINT, format_expr
 from ..render import RENDER
 from ..render import draw as draw_node
@@ -80,3 +82,7 @@ CHECK.register(SegmentSum)(no_numbers)
 def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`segsum[n, m](a)`: the operand along n, the new key leg m."""
     return builder.segment_sum(e, keep)
+
+
+# lower (plan/base.LOWER): one segment-sums step over (n, m) (plan/elementwise.py)
+LOWER.register(SegmentSum)(lower_segment_sum)

@@ -14,6 +14,8 @@ from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..graph.vocabulary import BOXES
 from ..ir import POSITION_MASKS, Expr, PaddingMask, SoftmaxBox
+from ..plan.base import LOWER
+from ..plan.boxes import lower_box
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 from ..render import RENDER, draw_tensor, math_text, position_masks
 from ..render import draw as draw_node
@@ -141,3 +143,8 @@ def _eps_rule(x: float) -> str | None:
 def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`softmax[m, scale = ..., mask = ..., sink = ...](x)`, `normalize[m, eps = ...](x)`."""
     return builder.box(e, keep)
+
+
+# lower (plan/base.LOWER): the box computed as such (plan/boxes.py); a region that reads it
+# weighs its other forms first (plan/forms/)
+LOWER.register(SoftmaxBox)(lower_box)

@@ -12,6 +12,8 @@ from ..graph.calls import BUILD
 from ..graph.syntax import ordered_union
 from ..graph.vocabulary import PAIRINGS
 from ..ir import Expr, SquaredDistance
+from ..plan.base import LOWER
+from ..plan.distance import lower_distance
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe
 from ..render import RENDER
 from ..render import draw as draw_node
@@ -84,3 +86,7 @@ def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
                 builder.b.error(f"sqdist leg '{leg}' is missing from the {name} side", side.span)
     legs = tuple(leg for leg in ordered_union([left.legs, right.legs]) if leg not in over)
     return builder.restrict(SquaredDistance(legs, e.span, over, left, right), keep, e.span)
+
+
+# lower (plan/base.LOWER): expanded into norms and a product, or its differences squared, by cost (plan/distance.py)
+LOWER.register(SquaredDistance)(lower_distance)

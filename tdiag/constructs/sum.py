@@ -9,6 +9,8 @@ from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..ir import SumNode
+from ..plan.base import LOWER
+from ..plan.elementwise import lower_sum
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe, parenthesized
 from ..render import RENDER, draw_joined
 
@@ -56,3 +58,7 @@ CHECK.register(SumNode)(no_numbers)
 
 
 BUILD.unsupported(SumNode, "not a call: a sum node is written a + b (graph/expressions.py)")
+
+
+# lower (plan/base.LOWER): one elementwise step over its terms, smallest pair first (plan/elementwise.py)
+LOWER.register(SumNode)(lower_sum)

@@ -11,6 +11,7 @@ from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..ir import TensorRef
+from ..plan.base import LOWER, REGION_FACTOR
 from ..printing import DESCRIBE, PRINT, groups_text, nothing_to_describe
 from ..render import RENDER, draw_tensor
 
@@ -97,3 +98,7 @@ CHECK.register(TensorRef)(no_numbers)
 
 
 BUILD.unsupported(TensorRef, "not a call: a tensor is written X[legs] (graph/products.py)")
+
+
+# lower (plan/base.LOWER): collected as a leaf of its multilinear region (plan/regions.py)
+LOWER.unsupported(TensorRef, REGION_FACTOR)

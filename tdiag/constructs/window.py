@@ -10,6 +10,7 @@ from ..check import CHECK, no_numbers
 from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..ir import Expr, WindowFactor
+from ..plan.base import LOWER, REGION_FACTOR
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER
 
@@ -52,3 +53,7 @@ CHECK.register(WindowFactor)(no_numbers)
 def build(builder: BoxesAndMaps, e: syn.Call, keep: set[str]) -> Expr:
     """`window(n, m, W)` or `window(n, m, L, R)` as a factor (read as a mask option too)."""
     return builder.window_factor(e)
+
+
+# lower (plan/base.LOWER): collected as a leaf of its multilinear region (plan/regions.py)
+LOWER.unsupported(WindowFactor, REGION_FACTOR)

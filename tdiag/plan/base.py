@@ -1,8 +1,9 @@
 """The lowering's walk over expressions: a statement, region or nonlinear node lowered into Steps
 through the context (context.py: names, leg sizes, the emit target, memo, trials). A multilinear
-region is lowered by regions.py; every other kind by its module's function of the context,
-which reaches the walk again through `ctx.lower` and `ctx.lower_nonlinear`, so that no pass
-imports this module.
+region is lowered by regions.py; every other kind by its rule in `LOWER`, which each construct
+module (tdiag/constructs) fills for its kind (JAX's `register_lowering`): a rule is a function
+of the context, `rule(ctx, e, ren, var) -> Value`, reaching the walk again through `ctx.lower`
+and `ctx.lower_nonlinear`, so that no pass imports this module.
 
 Invariants the Plan keeps:
 - Every maximal multilinear region (single-use products inlined into their consumer, up to the
@@ -27,38 +28,29 @@ from ..ir import (
     ONE,
     CausalFactor,
     Contraction,
-    Convolution,
-    ElementwiseMap,
     Expr,
-    Gather,
-    PositionIndex,
-    Quotient,
     Reduction,
     Scalar,
-    Scan,
-    SegmentSum,
-    SoftmaxBox,
     SquaredDistance,
     SumNode,
     TensorRef,
     WindowFactor,
 )
-from .boxes import lower_box
+from ..rules import Rules
 from .constants import constant_value, fill
 from .context import LoweringConfig, LoweringContext
 from .contraction import scale_value
-from .convolution import lower_convolution
-from .distance import lower_distance
-from .elementwise import lower_map, lower_quotient, lower_reduction, lower_scan, lower_segment_sum, lower_sum
 from .legs import all_legs, alpha_key, is_scaling, renamed_value
-from .norms import LayerNormNode, lower_layer_norm
-from .positions import lower_gather, positions
 from .program import Value
 from .regions import is_inlined, lower_region
 
+# the lower stage: each nonlinear kind's rule, `rule(ctx, e, ren, var) -> Value`
+LOWER: Rules[Callable[..., Value]] = Rules("lower")
+
 # the factors of a multilinear region: lowered with their region (regions.lower_region), which
-# collects them as its leaves
+# collects them as its leaves, never by a rule of their own
 MULTILINEAR = (Contraction, TensorRef, Scalar, CausalFactor, WindowFactor)
+REGION_FACTOR = "a factor of a multilinear region: lowered with its region (plan/regions.py), never alone"
 
 # reductions through which a term constant along the reduced legs passes unchanged (+ c)
 SHIFT_EQUIVARIANT = ("max", "logsumexp", "mean")
@@ -108,14 +100,14 @@ class DesignLowering(LoweringContext):
         return value
 
     def lower_nonlinear(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
-        """Each nonlinear sub-expression is computed once: a repeat
+        """Each nonlinear sub-expression is computed once, by its kind's rule in LOWER: a repeat
         (the same map of the same tensors, whatever its legs are called in the region) reads the
         earlier value. A region reaches its nonlinear factors here, not through `lower`, so the
         same shift rule applies."""
         # a factor's inside is no factor of the box (stabilized), nor of the region around it
         invariant = self.inner_shift_invariance(e, ren)
         with self.scope(shift_invariant=invariant, stabilized=None, lazy_triangles=False):
-            return self.memoized(e, ren, lambda: self._lower_nonlinear(e, ren, var))
+            return self.memoized(e, ren, lambda: LOWER.lookup(e)(self, e, ren, var))
 
     def memoized(self, e: Expr, ren: dict[str, tuple[str, ...]], build: Callable[[], Value]) -> Value:
         """`build()`, or the value an alpha-equivalent sub-expression (`alpha_key`) over the same
@@ -134,30 +126,3 @@ class DesignLowering(LoweringContext):
         value = build()
         self.memo[key] = (value, legs)
         return value
-
-    def _lower_nonlinear(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
-        if isinstance(e, SoftmaxBox):
-            return lower_box(self, e, ren, var)
-        if isinstance(e, ElementwiseMap):
-            return lower_map(self, e, ren, var)
-        if isinstance(e, Reduction):
-            return lower_reduction(self, e, ren, var)
-        if isinstance(e, Scan):
-            return lower_scan(self, e, ren, var)
-        if isinstance(e, SegmentSum):
-            return lower_segment_sum(self, e, ren, var)
-        if isinstance(e, Convolution):
-            return lower_convolution(self, e, ren, var)
-        if isinstance(e, SumNode):
-            return lower_sum(self, e, ren, var)
-        if isinstance(e, Quotient):
-            return lower_quotient(self, e, ren, var)
-        if isinstance(e, SquaredDistance):
-            return lower_distance(self, e, ren, var)
-        if isinstance(e, PositionIndex):
-            return positions(self, ren[e.leg])
-        if isinstance(e, Gather):
-            return lower_gather(self, e, ren, var)
-        if isinstance(e, LayerNormNode):
-            return lower_layer_norm(self, e, ren, var)
-        raise AssertionError(f"cannot lower {type(e).__name__}")
