@@ -1,35 +1,17 @@
 """The planner's fused nodes to decoding: a compiled module's graph (Plan.graph) has its layer
 norms fused into LayerNormNode (plan/norms.py), a kind of the planner, not of the language, so
-no construct module registers it. A "kv" cache's rows and step programs take it as it is (the
-planner lowers it again); the state analysis takes it written out in nodes the reference
-evaluator takes (`written_out`), so its tables never meet it. Imported by decode_rows.py, so
-the rules are in place wherever decoding runs; nothing here imports torch."""
+its decoding rules are constructs/norm.py's: a "kv" cache's rows and step programs take it as it
+is (the planner lowers it again); the state analysis takes it written out in nodes the reference
+evaluator takes (`written_out`, here), so its tables never meet it. Nothing here imports torch."""
 
 from __future__ import annotations
 
 import sympy
 
-from .decode_rules import (
-    DECAY_TERM,
-    INNER_LEGS,
-    KV_ROWS,
-    STATE_FACTOR,
-    STATE_ROWS,
-    STATE_STATEMENT,
-    STATE_WHAT,
-    STEP_REWRITE,
-    no_row_problem,
-    unchanged_in_step,
-)
 from .ir import Contraction, ElementwiseMap, Expr, Reduction, Scalar, SumNode, map_children
 from .plan.norms import LayerNormNode
 
 __all__ = ["align_legs", "written_out"]
-
-KV_ROWS.register(LayerNormNode)(no_row_problem)
-STEP_REWRITE.register(LayerNormNode)(unchanged_in_step)
-for _stage in (STATE_ROWS, INNER_LEGS, STATE_WHAT, STATE_FACTOR, DECAY_TERM, STATE_STATEMENT):
-    _stage.unsupported(LayerNormNode, "the state analysis writes a fused layer norm out first (written_out)")
 
 
 def written_out(e: Expr) -> Expr:

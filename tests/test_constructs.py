@@ -2,7 +2,6 @@
 kind of the design graph has, for every stage converted to a rule table, a rule or an explicit
 `unsupported(kind, reason)`, so a kind added without its rules fails here, not in a user's run."""
 
-import inspect
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -13,18 +12,22 @@ import pytest
 from tdiag import ir
 from tdiag.constructs import STAGES, missing_rules
 from tdiag.errors import Span
+from tdiag.plan.base import LOWER
 from tdiag.rules import MissingRuleError, Rules, UnsupportedError
 
 SPAN = Span("<test>", 1, 1, 1, 2)
 
 
 def expression_kinds() -> list[type]:
-    """Every expression class the design graph is made of (ir's Expr subclasses)."""
-    return [
-        kind
-        for _, kind in inspect.getmembers(ir, inspect.isclass)
-        if issubclass(kind, ir.Expr) and kind is not ir.Expr and kind.__module__ == ir.__name__
-    ]
+    """Every expression class of tdiag, wherever it is defined: the design graph's (ir's Expr
+    subclasses) and the planner's own (plan/norms.LayerNormNode, made in its copy of the graph)."""
+    found, todo = [], list(ir.Expr.__subclasses__())
+    while todo:
+        kind = todo.pop()
+        todo += kind.__subclasses__()
+        if kind.__module__.startswith("tdiag.") and kind not in found:
+            found.append(kind)
+    return sorted(found, key=lambda kind: (kind.__module__, kind.__name__))
 
 
 @dataclass(frozen=True)
@@ -37,8 +40,21 @@ class TriangularSolve(ir.Expr):
 
 
 def test_every_expression_kind_has_a_rule_or_a_refusal_at_every_stage():
-    assert len(expression_kinds()) >= 16
+    assert len(expression_kinds()) >= 17
     assert missing_rules(expression_kinds()) == []
+
+
+def test_the_planners_own_kind_is_covered():
+    """A kind made outside ir (the planner's layer norm) is among the kinds the tables must cover."""
+    from tdiag.plan.norms import LayerNormNode
+
+    assert LayerNormNode in expression_kinds()
+    assert LOWER.lookup(LayerNormNode((), SPAN)) is not None
+
+
+def test_a_multilinear_factor_is_lowered_with_its_region_not_by_a_rule():
+    with pytest.raises(UnsupportedError, match="lower does not take Contraction: a factor of a multilinear region"):
+        LOWER.lookup(ir.Contraction((), SPAN))
 
 
 def test_a_kind_added_without_rules_is_reported_at_every_stage():
@@ -146,10 +162,11 @@ def test_decodings_tables_are_among_the_stages_the_completeness_test_covers():
     assert len(decode_rules.STAGES) == 8
 
 
-def test_registering_every_construct_does_not_load_the_planner_through_decodings_tables():
-    """The decode tables' module and the rules' helpers hold no planner: `tdiag check` stays light."""
+def test_decodings_tables_do_not_load_the_planner():
+    """The decode tables' module and the rules' helpers hold no planner (the lower rules, which
+    the construct modules register beside them, do)."""
     code = (
-        "import sys, tdiag.constructs; loaded = [m for m in sys.modules if m.startswith('tdiag.plan')];"
+        "import sys, tdiag.decode_rules; loaded = [m for m in sys.modules if m.startswith('tdiag.plan')];"
         " assert not loaded, loaded"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -159,7 +176,7 @@ def test_registering_every_construct_does_not_load_the_planner_through_decodings
 def test_the_planners_fused_layer_norm_steps_as_it_is_and_is_written_out_for_a_state():
     """LayerNormNode is a kind of the planner's graph (plan/norms.py), not of the language: a "kv"
     step takes it, the state analysis writes it out first and its tables refuse it."""
-    from tdiag.decode_rows import RowRequests  # noqa: F401  (registers the fused node's rules)
+    import tdiag.constructs  # noqa: F401  (registers the fused node's rules: constructs/norm.py)
     from tdiag.decode_rules import KV_ROWS, STATE_ROWS, no_row_problem
     from tdiag.plan.norms import LayerNormNode
 

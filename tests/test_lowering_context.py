@@ -15,7 +15,7 @@ from tdiag.plan.context import LoweringConfig, LoweringContext, NameSupply
 from tdiag.resources import bundled_designs
 
 # not the lowering's state: what it was asked (config, g), the planning device it resolves once
-# when first asked (a cache of the config), and TimeModel's tally of the estimates the trials
+# when first asked (a cache of the config), and the context's tally of the estimates the trials
 # made, which the `time` objective reads afterwards to know which rival objectives to plan
 NOT_STATE = {"config", "g", "_device", "estimates", "fusion_estimates"}
 SMALL = 32  # every run-time size (N, M) at which the designs are planned here
@@ -157,3 +157,69 @@ def test_an_aside_keeps_the_names_its_steps_took():
         ctx.memo[("key",)] = (None, ())  # type: ignore[assignment]
     assert name in ctx.names.used and ("key",) not in ctx.memo
     assert isinstance(ctx.names, NameSupply)
+
+
+def context_writes(source: str) -> list[str]:
+    """The attributes of a lowering context that `source` assigns: `ctx.x = ...` or
+    `lowering.x += ...`, and `self.x = ...` in a class built on the context."""
+    import ast
+
+    tree = ast.parse(source)
+    subclasses = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        and any(isinstance(base, ast.Name) and base.id.endswith(("Lowering", "LoweringContext")) for base in node.bases)
+    ]
+    owners = {"ctx", "lowering"}
+    found = []
+    for scope, names in [(tree, owners), *((cls, owners | {"self"}) for cls in subclasses)]:
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                targets = [node.target]
+            else:
+                continue
+            for target in targets:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id in names
+                ):
+                    found.append(f"{node.lineno} {target.value.id}.{target.attr}")
+    return sorted(set(found))
+
+
+def test_the_write_check_sees_a_pass_setting_a_field():
+    source = "class TimeModel(DesignLowering):\n    def f(self):\n        self.estimates += 1\n"
+    assert context_writes(source) == ["3 self.estimates"]
+    assert context_writes("def f(ctx):\n    ctx.box_depth = 2\n") == ["2 ctx.box_depth"]
+
+
+def test_no_attribute_of_the_context_is_written_outside_its_module():
+    """Every field of the lowering's context is set in plan/context.py (the state through its
+    methods and scopes): no pass rebinds `ctx.x` or `lowering.x`, and no class built on the
+    context sets attributes of its own."""
+    from pathlib import Path
+
+    plan = Path(tdiag.__file__).parent / "plan"
+    written = [
+        f"{path.relative_to(plan)}:{write}"
+        for path in sorted(plan.rglob("*.py"))
+        if path != plan / "context.py"
+        for write in context_writes(path.read_text())
+    ]
+    assert written == []
+
+
+def test_the_walk_has_every_member_the_protocol_of_forms_and_rules_names():
+    """context.Lowering, the protocol forms and lower rules are typed against, describes the
+    one class that lowers (base.DesignLowering): each field and method it names is there."""
+    from tdiag.plan.base import DesignLowering
+    from tdiag.plan.context import Lowering
+
+    ctx = DesignLowering(tdiag.load("mhsa").graph, {"N": SMALL})
+    members = {*Lowering.__annotations__, *(name for name in vars(Lowering) if not name.startswith("_"))}
+    assert {"lower", "lower_nonlinear", "memoized", "emit", "trial"} <= members
+    assert [name for name in sorted(members) if not hasattr(ctx, name)] == []

@@ -99,15 +99,15 @@ def test_a_device_whose_normalize_is_dear_takes_the_chunked_causal_order(cpu, mo
     """The materialized normalize box pays its division's backward (measured ~4x its roofline
     on the project CPU): priced so, the chunked linear-time order wins at a length where the
     plain roofline keeps the materialized box."""
-    from tdiag.plan import timing
+    from tdiag.plan import context  # where the lowering finds its planning device
 
     def planning_device_with(normalize: float):
         return lambda: device.DeviceModel("cpu", 1e11, 1e10, 1e-6, kinds=(("normalize", normalize),))
 
     cpu(1e11, 1e10, 1e-6)
-    monkeypatch.setattr(timing, "planning_device", planning_device_with(1.0))
+    monkeypatch.setattr(context, "planning_device", planning_device_with(1.0))
     assert not chunked(causal_mlk().plan(N=96, objective="time"))
-    monkeypatch.setattr(timing, "planning_device", planning_device_with(4.0))
+    monkeypatch.setattr(context, "planning_device", planning_device_with(4.0))
     assert chunked(causal_mlk().plan(N=96, objective="time"))
 
 

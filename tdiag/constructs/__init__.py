@@ -1,21 +1,21 @@
 """Every expression kind's rules, one module per kind (named by the kind: `softmax.py` for the
-softmax box), each filling every converted stage's table for its kind, or declaring the kind
-unsupported there with a reason, as JAX's primitives register their lowerings. The tables live in
-their stages' layers: build (graph/calls.BUILD, keyed on the call's word as well), check
-(check.CHECK: the numbers a node carries), print and describe (printing.py), render
-(render.RENDER), evaluate (evaluation.EVALUATE, for the reference evaluator) and the position
-tables of graph/position_rules.py (what a kind means to with_causal_mask, the call masks and the
-absorbed form: where a mask goes, what it hides, mixes or reads ahead). Importing the
-package registers them all; design.py imports it, lower layers never do. Nothing here imports
-torch at module level: an evaluate rule imports it when it runs.
+softmax box), each filling every stage's table for its kind, or declaring the kind unsupported
+there with a reason, as JAX's primitives register their lowerings. The tables live in their
+stages' layers: build (graph/calls.BUILD, keyed on the call's word as well), check (check.CHECK:
+the numbers a node carries), print and describe (printing.py), render (render.RENDER), evaluate
+(evaluation.EVALUATE, for the reference evaluator), the position tables of
+graph/position_rules.py (what a kind means to with_causal_mask, the call masks and the absorbed
+form: where a mask goes, what it hides, mixes or reads ahead), lower (plan/base.LOWER: a
+nonlinear kind's lowering into program steps, a function of the lowering's context; the factors
+of a multilinear region declare it unsupported, since plan/regions.py collects them with their
+region) and decoding's tables (decode_rules.py: what a kind means to a "kv" cache's rows and step
+programs and to a recurrent state), each construct's blocks in its module. Importing the package
+registers them all; design.py imports it, lower layers never do. Nothing here imports torch at
+module level: an evaluate rule imports it when it runs.
 
-Decoding's tables are decode_rules.py's (what a kind means to a "kv" cache's rows and step
-programs and to a recurrent state: DECODE_STAGES), each construct's block at the end of its
-module. Lowering (plan/base.py's `_lower_nonlinear`) is not a table yet; a new kind still needs
-its branch there. Adding a construct: an ir dataclass, its word in
-graph/vocabulary.py (and graph/syntax.py's leg rule where legs are summed inside it), and one
-module here, found by `_register_all` (no list to edit); tests/test_constructs.py fails until every
-table has a rule for it."""
+Adding a construct: an ir dataclass, its word in graph/vocabulary.py (and graph/syntax.py's leg
+rule where legs are summed inside it), and one module here, found by `_register_all` (no list to
+edit); tests/test_constructs.py fails until every table has a rule for it."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from ..decode_rules import STAGES as DECODE_STAGES
 from ..evaluation import EVALUATE
 from ..graph.calls import BUILD
 from ..graph.position_rules import TABLES as POSITIONS
+from ..plan.base import LOWER
 from ..printing import DESCRIBE, PRINT
 from ..render import RENDER
 from ..rules import Rules
@@ -53,6 +54,7 @@ STAGES: tuple[Rules, ...] = (
     EVALUATE,
     *POSITIONS,
     *DECODE_STAGES,
+    LOWER,
 )  # the stages converted to rule tables so far
 
 

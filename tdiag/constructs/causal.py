@@ -30,6 +30,7 @@ from ..graph import position_rules as pos
 from ..graph.calls import BUILD
 from ..graph.position_rules import Hidden, Pairs
 from ..ir import CausalFactor, CausalMask, Expr
+from ..plan.base import LOWER, REGION_FACTOR
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER
 
@@ -141,3 +142,7 @@ def step_mask(program: StepProgram, node: CausalFactor) -> Expr:
     if not program.hides_nothing(node):
         return program.mask_ref(CausalMask(node.query, node.key, node.span))
     return program.finish(node)
+
+
+# lower (plan/base.LOWER): collected as a leaf of its multilinear region (plan/regions.py)
+LOWER.unsupported(CausalFactor, REGION_FACTOR)

@@ -34,6 +34,7 @@ from ..graph.lone_sums import explicit_sum
 from ..graph.position_rules import Hidden, Mixing, Pairs, Site
 from ..graph.vocabulary import SUMS
 from ..ir import CausalFactor, Contraction, Expr, Scalar
+from ..plan.base import LOWER, REGION_FACTOR
 from ..printing import DESCRIBE, PRINT, parenthesized, wrapped
 from ..render import RENDER, math_text
 from ..render import draw as draw_node
@@ -195,3 +196,7 @@ def step_product(program: StepProgram, node: Contraction) -> Expr:
         factors = tuple(f for f in node.factors if not isinstance(f, CausalFactor))
         node = dataclasses.replace(node, factors=factors) if factors else Scalar(node.legs, node.span, node.coefficient)
     return program.finish(node)
+
+
+# lower (plan/base.LOWER): collected as a leaf of its multilinear region (plan/regions.py)
+LOWER.unsupported(Contraction, REGION_FACTOR)

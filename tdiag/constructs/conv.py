@@ -36,6 +36,8 @@ from ..graph.convolutions import convolution
 from ..graph.position_rules import Hidden, Positions, Site
 from ..graph.vocabulary import CONVOLUTIONS
 from ..ir import Convolution, Expr
+from ..plan.base import LOWER
+from ..plan.convolution import lower_convolution
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 from ..render import RENDER, escape, position_masks
 from ..render import draw as draw_node
@@ -203,3 +205,7 @@ STATE_FACTOR.register(Convolution)(split_factor)
 DECAY_TERM.register(Convolution)(split_term)
 STATE_STATEMENT.register(Convolution)(no_rewrite)
 STEP_REWRITE.register(Convolution)(unchanged_in_step)
+
+
+# lower (plan/base.LOWER): the shifted contraction of its operand and kernel (plan/convolution.py)
+LOWER.register(Convolution)(lower_convolution)

@@ -33,6 +33,8 @@ from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
 from ..graph.calls import BUILD
 from ..ir import Expr, Gather, Position
+from ..plan.base import LOWER
+from ..plan.positions import lower_gather
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER, draw_tensor, escape
 
@@ -218,3 +220,7 @@ def step_gather(program: StepProgram, node: Gather) -> Expr:
             raise NotCompiledError("a cached tensor's rows gather at their positions")
         node = dataclasses.replace(node, position=program.offset_address(node.position))
     return program.finish(node)
+
+
+# lower (plan/base.LOWER): the table indexed at the positions computed (plan/positions.py)
+LOWER.register(Gather)(lower_gather)

@@ -31,6 +31,8 @@ from ..graph import position_rules as pos
 from ..graph.calls import BUILD
 from ..graph.vocabulary import POSITION_FUNCTIONS
 from ..ir import Expr, PositionIndex
+from ..plan.base import LOWER
+from ..plan.positions import positions
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER
 
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
     import torch
 
     from ..graph.calls import BoxesAndMaps
+    from ..plan.context import Lowering
+    from ..plan.program import Value
     from ..reference import Frame
     from ..render import Drawing
 
@@ -93,3 +97,9 @@ def step_index(program: StepProgram, node: PositionIndex) -> Expr:
     if program.roles.get(node.leg) == NEW:
         return program.positions_ref(node)
     return program.finish(node)
+
+
+@LOWER.register(PositionIndex)
+def lower(ctx: Lowering, e: PositionIndex, ren: dict[str, tuple[str, ...]], var: str | None) -> Value:
+    """The positions along its region leg, made once per leg (plan/positions.py)."""
+    return positions(ctx, ren[e.leg])

@@ -33,6 +33,8 @@ from ..graph.calls import BUILD
 from ..graph.position_rules import Hidden, Pairs
 from ..graph.vocabulary import MAPS, RSQRT
 from ..ir import Contraction, ElementwiseMap, Expr, PositionIndex, Scalar, SumNode
+from ..plan.base import LOWER
+from ..plan.elementwise import lower_map
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe, wrapped
 from ..render import RENDER, math_text
 from ..render import draw as draw_node
@@ -225,3 +227,7 @@ def map_factor(parts: ProductParts, node: ElementwiseMap) -> None:
 DECAY_TERM.register(ElementwiseMap)(split_term)
 STATE_STATEMENT.register(ElementwiseMap)(no_rewrite)
 STEP_REWRITE.register(ElementwiseMap)(unchanged_in_step)
+
+
+# lower (plan/base.LOWER): one elementwise step over its lowered operand (plan/elementwise.py)
+LOWER.register(ElementwiseMap)(lower_map)

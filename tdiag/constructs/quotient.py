@@ -29,6 +29,8 @@ from ..graph import position_rules as pos
 from ..graph.calls import BUILD
 from ..graph.position_rules import Hidden, Pairs
 from ..ir import Quotient
+from ..plan.base import LOWER
+from ..plan.elementwise import lower_quotient
 from ..printing import DESCRIBE, PRINT, nothing_to_describe, parenthesized, wrapped
 from ..render import RENDER, draw_joined
 
@@ -98,3 +100,7 @@ STATE_FACTOR.register(Quotient)(split_factor)
 DECAY_TERM.register(Quotient)(split_term)
 STATE_STATEMENT.register(Quotient)(no_rewrite)
 STEP_REWRITE.register(Quotient)(unchanged_in_step)
+
+
+# lower (plan/base.LOWER): numerator / denominator, a shared decay shifted by its row max (plan/elementwise.py)
+LOWER.register(Quotient)(lower_quotient)

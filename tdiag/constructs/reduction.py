@@ -29,6 +29,8 @@ from ..graph.calls import BUILD
 from ..graph.position_rules import Hidden, Mixing, Site
 from ..graph.vocabulary import BOUNDS, REDUCTIONS
 from ..ir import Expr, PaddingMask, Reduction
+from ..plan.base import LOWER
+from ..plan.elementwise import lower_reduction
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 from ..render import RENDER, draw_tensor, position_masks
 from ..render import draw as draw_node
@@ -177,3 +179,7 @@ STATE_FACTOR.register(Reduction)(split_factor)
 DECAY_TERM.register(Reduction)(split_term)
 STATE_STATEMENT.register(Reduction)(no_rewrite)
 STEP_REWRITE.register(Reduction)(unchanged_in_step)
+
+
+# lower (plan/base.LOWER): its masks filled, then one reduction step (plan/elementwise.py)
+LOWER.register(Reduction)(lower_reduction)

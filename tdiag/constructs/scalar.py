@@ -29,6 +29,7 @@ from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
 from ..graph.calls import BUILD
 from ..ir import Scalar
+from ..plan.base import LOWER, REGION_FACTOR
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER, math_text
 
@@ -84,3 +85,7 @@ STATE_FACTOR.register(Scalar)(split_factor)
 DECAY_TERM.register(Scalar)(split_term)
 STATE_STATEMENT.register(Scalar)(no_rewrite)
 STEP_REWRITE.register(Scalar)(unchanged_in_step)
+
+
+# lower (plan/base.LOWER): collected as a leaf of its multilinear region (plan/regions.py)
+LOWER.unsupported(Scalar, REGION_FACTOR)

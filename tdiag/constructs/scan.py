@@ -37,6 +37,8 @@ from ..graph.position_rules import Hidden, Pairs, Positions, Site
 from ..graph.syntax import available_legs
 from ..graph.vocabulary import SCAN_OPTIONS, SCANS
 from ..ir import POSITION_MASKS, Expr, Mask, PaddingMask, Scan
+from ..plan.base import LOWER
+from ..plan.elementwise import lower_scan
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 from ..render import RENDER, draw_tensor, position_masks
 from ..render import draw as draw_node
@@ -253,3 +255,7 @@ STATE_FACTOR.register(Scan)(split_factor)
 DECAY_TERM.register(Scan)(split_term)
 STATE_STATEMENT.register(Scan)(no_rewrite)
 STEP_REWRITE.register(Scan)(unchanged_in_step)
+
+
+# lower (plan/base.LOWER): its masks filled, then one scan step in float32 (plan/elementwise.py)
+LOWER.register(Scan)(lower_scan)

@@ -34,6 +34,8 @@ from ..graph.calls import BUILD
 from ..graph.position_rules import Hidden, Pairs
 from ..graph.vocabulary import SEGMENT_SUMS
 from ..ir import Expr, SegmentSum
+from ..plan.base import LOWER
+from ..plan.elementwise import lower_segment_sum
 from ..printing import DESCRIBE, PRINT, format_expr
 from ..render import RENDER
 from ..render import draw as draw_node
@@ -178,3 +180,7 @@ def running_sum(parts: ProductParts, sign: int, node: SegmentSum) -> None:
 
 STATE_STATEMENT.register(SegmentSum)(no_rewrite)
 STEP_REWRITE.register(SegmentSum)(unchanged_in_step)
+
+
+# lower (plan/base.LOWER): one segment-sums step over (n, m) (plan/elementwise.py)
+LOWER.register(SegmentSum)(lower_segment_sum)

@@ -38,6 +38,8 @@ from ..graph.calls import BUILD
 from ..graph.position_rules import Bias, Hidden, Mixing, Pairs, Site
 from ..graph.vocabulary import BOXES
 from ..ir import ONE, POSITION_MASKS, Contraction, Expr, PaddingMask, SoftmaxBox, Statement, SumNode, TensorRef
+from ..plan.base import LOWER
+from ..plan.boxes import lower_box
 from ..printing import DESCRIBE, PRINT, format_expr, format_mask
 from ..render import RENDER, draw_tensor, math_text, position_masks
 from ..render import draw as draw_node
@@ -288,3 +290,8 @@ def linear_order(planner: StatePlanner, statement: Statement) -> StatementRewrit
 
 
 STEP_REWRITE.register(SoftmaxBox)(unchanged_in_step)
+
+
+# lower (plan/base.LOWER): the box computed as such (plan/boxes.py); a region that reads it
+# weighs its other forms first (plan/forms/)
+LOWER.register(SoftmaxBox)(lower_box)

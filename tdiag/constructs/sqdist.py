@@ -32,6 +32,8 @@ from ..graph.position_rules import Mixing
 from ..graph.syntax import ordered_union
 from ..graph.vocabulary import PAIRINGS
 from ..ir import Expr, SquaredDistance
+from ..plan.base import LOWER
+from ..plan.distance import lower_distance
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe
 from ..render import RENDER
 from ..render import draw as draw_node
@@ -125,3 +127,7 @@ STATE_FACTOR.register(SquaredDistance)(split_factor)
 DECAY_TERM.register(SquaredDistance)(split_term)
 STATE_STATEMENT.register(SquaredDistance)(no_rewrite)
 STEP_REWRITE.register(SquaredDistance)(unchanged_in_step)
+
+
+# lower (plan/base.LOWER): expanded into norms and a product, or its differences squared, by cost (plan/distance.py)
+LOWER.register(SquaredDistance)(lower_distance)

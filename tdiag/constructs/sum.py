@@ -29,6 +29,8 @@ from ..graph import position_rules as pos
 from ..graph.calls import BUILD
 from ..graph.position_rules import Hidden, Pairs
 from ..ir import SumNode
+from ..plan.base import LOWER
+from ..plan.elementwise import lower_sum
 from ..printing import DESCRIBE, PRINT, format_expr, nothing_to_describe, parenthesized
 from ..render import RENDER, draw_joined
 
@@ -108,3 +110,7 @@ STATE_FACTOR.register(SumNode)(split_factor)
 DECAY_TERM.register(SumNode)(split_term)
 STATE_STATEMENT.register(SumNode)(no_rewrite)
 STEP_REWRITE.register(SumNode)(unchanged_in_step)
+
+
+# lower (plan/base.LOWER): one elementwise step over its terms, smallest pair first (plan/elementwise.py)
+LOWER.register(SumNode)(lower_sum)

@@ -30,6 +30,7 @@ from ..graph import position_rules as pos
 from ..graph.calls import BUILD
 from ..graph.position_rules import Hidden, Pairs
 from ..ir import Expr, TensorRef
+from ..plan.base import LOWER, REGION_FACTOR
 from ..printing import DESCRIBE, PRINT, groups_text, nothing_to_describe
 from ..render import RENDER, draw_tensor
 
@@ -170,3 +171,7 @@ STATE_STATEMENT.register(TensorRef)(no_rewrite)
 def step_ref(program: StepProgram, node: TensorRef) -> Expr:
     """A cached tensor read at every position from its input, a slice over the step's positions."""
     return program.ref(node)
+
+
+# lower (plan/base.LOWER): collected as a leaf of its multilinear region (plan/regions.py)
+LOWER.unsupported(TensorRef, REGION_FACTOR)

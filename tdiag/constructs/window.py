@@ -29,6 +29,7 @@ from ..graph import position_rules as pos
 from ..graph.calls import BUILD
 from ..graph.position_rules import Hidden, Pairs
 from ..ir import Expr, WindowFactor
+from ..plan.base import LOWER, REGION_FACTOR
 from ..printing import DESCRIBE, PRINT, nothing_to_describe
 from ..render import RENDER
 
@@ -114,3 +115,7 @@ STATE_STATEMENT.register(WindowFactor)(no_rewrite)
 def step_mask(program: StepProgram, node: WindowFactor) -> Expr:
     """A mask input over the absolute positions of its query and key legs."""
     return program.mask_ref(node.mask)
+
+
+# lower (plan/base.LOWER): collected as a leaf of its multilinear region (plan/regions.py)
+LOWER.unsupported(WindowFactor, REGION_FACTOR)

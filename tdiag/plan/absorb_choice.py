@@ -24,12 +24,12 @@ import sympy
 from ..device import planning_device
 from ..graph import DesignGraph
 from ..ir import TensorRef, walk
-from .base import _planned_flops
 from .footprint import footprint
 from .forms.base import Cost
 from .forms.cost import key, worse
 from .program import BATCH_SIZE, Plan
 from .timing import plan_time
+from .trials import planned_flops
 
 WRITTEN, ABSORBED = "as written", "absorbed"
 
@@ -59,7 +59,7 @@ def plan_cost(plan: Plan) -> Cost:
     return Cost(
         plan_time(plan, plan.device or planning_device()),
         number(footprint(plan).saved_bytes),
-        int(number(sum((_planned_flops(step) for step in steps), sympy.Integer(0)))),
+        int(number(sum((planned_flops(step) for step in steps), sympy.Integer(0)))),
     )
 
 

@@ -15,7 +15,9 @@ import dataclasses
 
 import sympy
 
+from .combine import sum_tree
 from .context import Lowering
+from .contraction import group_size
 from .program import BATCH, Binary, Elementwise, Matmul, Operand, Step, Value, read_groups, reads
 
 
@@ -119,13 +121,13 @@ def _fuse(lowering, steps: list[Step | None], c: _Candidate) -> bool:
         return False
     if not rest and (total.out.legs != matmul.out.legs):
         return False
-    bias = read_groups(c.bias, [list(c.right)], lowering.group_size)
+    bias = read_groups(c.bias, [list(c.right)], lambda group: group_size(lowering, group))
     shape = tuple(lowering.shape(matmul.out.legs))
     fused = dataclasses.replace(matmul.op, shape=shape, bias=bias)
     sum_cost = total.paper if total.paper != 0 else total.elementwise  # cost._paper_cost of a sum node
     if rest:
         terms = [(1, product, product.value.legs)] + [(s, leaf, leaf.value.legs) for s, leaf in rest]
-        op, elementwise = lowering.sum_tree(terms)
+        op, elementwise = sum_tree(lowering, terms)
         kept_cost = elementwise
         steps[c.total] = dataclasses.replace(
             total, op=op, elementwise=elementwise, inputs=tuple(v for v in total.inputs if v != c.bias)

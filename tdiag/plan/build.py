@@ -11,15 +11,14 @@ from ..ir import Expr, TensorRef
 from ..objectives import DEFAULT_OBJECTIVE, OBJECTIVES
 from . import report  # noqa: F401  (registers the plan's printers, program.PLAN_VIEWS)
 from .absorb_choice import cheaper_form, replaced_tensors
-from .base import LoweringBase, _all_legs
+from .base import DesignLowering
 from .bias_fusion import fuse_linear_biases
-from .boxes import BoxLowering
-from .chunked import ChunkedCausal
-from .contraction import ContractionOrder
-from .elementwise import ElementwiseLowering
+from .boxes import expand_broadcast, materialize
 from .flex import ATTENTION_KERNELS
-from .forms import Form, planning_forms
+from .forms import Form, planning_forms, resolve_boxes
+from .forms.causal_product import lower_causal_product
 from .layout import Sizes, assign_layouts
+from .legs import all_legs
 from .norms import fuse_layer_norms
 from .objective import fastest_plan
 from .program import (
@@ -32,26 +31,8 @@ from .program import (
     Value,
     reads,
 )
-from .regions import RegionLowering
-from .timing import TimeModel
+from .regions import is_batched
 from .training import mark_training_only
-
-
-class _Lowering(
-    RegionLowering,
-    ContractionOrder,
-    BoxLowering,
-    ElementwiseLowering,
-    ChunkedCausal,
-    TimeModel,
-    LoweringBase,
-):
-    """Walks the design graph once, emitting Steps; each base class is one pass. The forms of a
-    box (forms/) are not base classes: they, the emission of SDPA (sdpa.py), FlexAttention
-    (flex.py) and the linear-time order (linear.py), and the passes that are functions of the
-    context (constants.py, literals.py, distance.py, positions.py, sdpa_match.py,
-    stabilize.py) take the
-    lowering as an argument."""
 
 
 def build_plan(
@@ -113,23 +94,32 @@ def _planned(
     if attention not in ATTENTION_KERNELS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}")
     graph = fuse_layer_norms(graph)
-    lowering = _Lowering(graph, sizes, objective, attention=attention, device=device, forms=forms)
+    lowering = DesignLowering(
+        graph,
+        sizes,
+        objective,
+        attention=attention,
+        device=device,
+        forms=forms,
+        resolve_boxes=resolve_boxes,
+        causal_product=lower_causal_product,
+    )
     lowering.lower_design()
     plan = Plan(graph, dict(sizes), lowering.leg_sizes, steps=lowering.steps)
     for name in graph.outputs:
         expr, groups = _output_expression(graph, name)
         if name not in lowering.values:  # an input given back as it is: read like a factor
             lowering.values[name] = lowering.lower(expr, lowering.identity_renaming(expr.legs))
-        value = lowering.expand_broadcast(lowering.values[name], set(lowering.values[name].broadcast))
-        if not value.is_batched and lowering.is_batched(expr):
-            value = lowering.materialize(value, (BATCH, *value.legs))  # it reads the input, shifted away
+        value = expand_broadcast(lowering, lowering.values[name], set(lowering.values[name].broadcast))
+        if not value.is_batched and is_batched(lowering, expr):
+            value = materialize(lowering, value, (BATCH, *value.legs))  # it reads the input, shifted away
         order = [BATCH] if value.is_batched else []
         order += [p for group in groups for leg in group for p in lowering.expand(leg)]
         plan.outputs.append((name, _reorder(lowering, value, order)))
     with lowering.emitting(plan.update_steps):
         for update in graph.updates:
-            value = lowering.lower(update.expr, lowering.identity_renaming(_all_legs(update.expr)))
-            value = lowering.expand_broadcast(value, set(value.broadcast))
+            value = lowering.lower(update.expr, lowering.identity_renaming(all_legs(update.expr)))
+            value = expand_broadcast(lowering, value, set(value.broadcast))
             order = [BATCH] if value.is_batched else []
             order += [p for group in update.groups for leg in group for p in lowering.expand(leg)]
             value = _reorder(lowering, value, order)
@@ -199,7 +189,7 @@ def _express_chunks(plan: Plan, sizes: Mapping[sympy.Symbol, sympy.Expr]) -> Non
     plan.leg_sizes = {leg: size.xreplace(sizes) for leg, size in plan.leg_sizes.items()}
 
 
-def _reorder(lowering: _Lowering, value: Value, order: list[str]) -> Value:
+def _reorder(lowering: DesignLowering, value: Value, order: list[str]) -> Value:
     if list(value.legs) == order:
         return value
     name = lowering.names.fresh(f"{value.var}_out")

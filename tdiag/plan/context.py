@@ -12,8 +12,8 @@ take names and legs of the real lowering, only their values and memo stay apart.
 a nested computation sets and undoes (a box's depth, a float32 region, the softmax legs that
 a sum may drop terms along) are entered with `with`, so they are undone on every exit.
 
-Not forked, on purpose: the tally of time estimates the trials made (timing.TimeModel's
-`estimates`, `fusion_estimates`), which tells the `time` objective afterwards which rival
+Not forked, on purpose: the tally of time estimates the trials made (`estimates`,
+`fusion_estimates`, counted by `count_estimate`), which tells the `time` objective afterwards which rival
 objectives could plan otherwise, and the planning device once resolved (a cache of the config)."""
 
 from __future__ import annotations
@@ -21,39 +21,27 @@ from __future__ import annotations
 import contextlib
 import keyword
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import sympy
 
+from ..device import planning_device
 from ..graph import DesignGraph
 from ..ir import (
-    POSITION_MASKS,
-    CausalFactor,
-    Contraction,
-    Convolution,
     ElementwiseMap,
     Expr,
-    PaddingMask,
-    Scan,
-    SegmentSum,
     SoftmaxBox,
     Tensor,
-    TensorRef,
-    WindowFactor,
-    walk,
 )
 from ..names import BUILTINS, GENERATED
-from .program import BATCH, BATCH_SIZE, Step, Value
+from .derived import count_uses, exp_factors, leg_splits, over_run_time_size
+from .program import BATCH, BATCH_SIZE, Step, Value, show_legs
 
 if TYPE_CHECKING:
     from ..device import DeviceModel
-    from ..ir import Reduction, Statement
-    from .footprint import Footprint
-    from .forms.base import BoxChoice, Form
-    from .program import Elementwise, Operand, Plan
 
 # names the generated module uses for itself: a forward local of the design (an input, a mask,
 # noise, a statement's result, a temporary) named like one of them gets a fresh name instead
@@ -64,15 +52,22 @@ RESERVED = set(keyword.kwlist) | set(GENERATED) | set(BUILTINS) | {"F", "inputs"
 class LoweringConfig:
     """What one lowering plans: the design, its sizes, the objective, the attention kernel a
     fusable softmax box may use ("sdpa" or "flex"), the device that prices candidates (None:
-    the planning device) and the candidate forms of a box (forms.FORMS, or those `only_forms`
-    kept)."""
+    the planning device), the candidate forms of a box (forms.FORMS, or those `only_forms`
+    kept) and the choosers that weigh them."""
 
     graph: DesignGraph
     sizes: Mapping[str, int]
     objective: str = "flops"
     attention: str = "sdpa"
     device: DeviceModel | None = None
-    forms: tuple[Form, ...] = ()
+    forms: tuple = ()  # forms.base.Form instances, typed loosely: the lowering imports no form
+    # the choosers above the lowering (forms/), reached through the config so that the lowering
+    # imports none of them: `resolve_boxes(ctx, leaves, out)` replaces each box of a region by
+    # the form taken, `causal_product(ctx, query, key, leaves, out, coefficient, var)` lowers a
+    # causal product in the form taken (build.py passes forms.resolve_boxes and
+    # forms.causal_product.lower_causal_product; None: a lowering that meets neither)
+    resolve_boxes: Callable[..., list[Leaf]] | None = None
+    causal_product: Callable[..., Value] | None = None
     # the costs of the chunk sizes tried for a causal pair, by what decides them (chunked.py): a
     # cache of a pure function of its key, kept outside the state so that a trial that asks again
     # (every form and placement of an enclosing trial does) prices the sizes once
@@ -135,7 +130,7 @@ class ContextState:
     stored_used: set[str] = field(default_factory=set)
     lowered: list[str] = field(default_factory=list)  # the notes of rewrites taken
     refused: list[str] = field(default_factory=list)  # ... and refused
-    choices: list[BoxChoice] = field(default_factory=list)  # each box's candidate forms and the one taken
+    choices: list = field(default_factory=list)  # each box's candidate forms and the one taken (forms.base.BoxChoice)
     box_segments: list[tuple[int, int, str]] = field(default_factory=list)  # (first step, box step, box value)
     stabilizations: int = 0  # exp factors shifted so far: a box that shifted one guards 0 / 0
     chunk_counts: dict[tuple[sympy.Expr, int], sympy.Symbol] = field(default_factory=dict)  # (extent, C) -> ⌈N/C⌉
@@ -164,11 +159,13 @@ class LoweringContext:
         self.objective = config.objective
         self.attention = config.attention  # what a fusable softmax box is lowered to
         self.sizes = dict(config.sizes)
-        self._device = config.device  # None: the planning device, found when first asked (timing.py)
+        self._device = config.device  # None: the planning device, found when first asked (`device`)
+        self.estimates = 0  # time estimates the trials made: none means no choice the objective could change
+        self.fusion_estimates = 0  # those of a fused attention: the only choices `memory` makes otherwise than `flops`
         # made in forward: a const over a run-time size (N), at the size read from the input;
         # a buffer with an update rule is read through a copy made on entry (codegen), so that the
         # in-place update after the forward never changes a tensor that autograd saved
-        made = [t.name for t in graph.tensors_of_kind("const") if _over_run_time_size(graph, t)]
+        made = [t.name for t in graph.tensors_of_kind("const") if over_run_time_size(graph, t)]
         self.made_on_entry = made + sorted({u.target for u in graph.updates})
         self.attributes = {
             t.name
@@ -323,126 +320,179 @@ class LoweringContext:
         if not self.trialing and note not in self.state.refused:
             self.state.refused.append(note)
 
+    # ---- what the design's legs and sizes are, at run time and at the planned sizes ----------
+
+    def size(self, leg: str) -> sympy.Expr:
+        return self.leg_sizes[leg]
+
+    def number(self, leg: str) -> int:
+        value = self.g.evaluate(self.size(leg).xreplace(self.chunk_values), **self.sizes)
+        value = value.xreplace({BATCH_SIZE: self.sizes.get("B", 1)})
+        return int(value)
+
+    def numel(self, legs: Iterable[str]) -> sympy.Expr:
+        return sympy.Mul(*(self.size(leg) for leg in legs))
+
+    def numel_number(self, legs: Iterable[str]) -> int:
+        total = 1
+        for leg in legs:
+            total *= self.number(leg)
+        return total
+
+    def runtime(self, expr: sympy.Expr) -> sympy.Expr:
+        """A size or scalar with every size known at build time replaced by its number."""
+        return self.g.expand(expr).xreplace(self.known)
+
+    def shape(self, legs: Iterable[str]) -> tuple[sympy.Expr, ...]:
+        """The run-time sizes of `legs`, as the forward computes them."""
+        return tuple(self.runtime(self.size(leg)) for leg in legs)
+
+    def at_planned_sizes(self, expr: sympy.Expr) -> float:
+        value = self.g.evaluate(sympy.sympify(expr).xreplace(self.chunk_values), **self.sizes)
+        return float(value.xreplace({BATCH_SIZE: self.sizes.get("B", 1)}))
+
+    def expand(self, leg: str) -> tuple[str, ...]:
+        return tuple(p for p, _ in self.splits[leg]) if leg in self.splits else (leg,)
+
+    def identity_renaming(self, legs: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        return {leg: self.expand(leg) for leg in legs}
+
+    # ---- names the forward reads: stored tensors, masks built at entry -----------------------
+
+    def show_value(self, value: Value) -> str:
+        var = f"self.{value.var}" if value.var in self.attributes else value.var
+        return f"{var}[{' '.join(show_legs(value.legs))}]"
+
+    def tensor_var(self, tensor: Tensor) -> str:
+        self.state.stored_used.add(tensor.name)
+        if tensor.name in self.attributes:
+            return tensor.name
+        return self.input_vars[tensor.name]
+
+    def causal_mask(self, query: str, key: str) -> str:
+        """The forward's boolean [query, key] triangle (True above the diagonal: the future), one per
+        pair of sizes, built at entry."""
+        sizes = (self.size(query), self.size(key))
+        if sizes not in self.causal_masks:
+            self.state.causal_masks[sizes] = self.names.fresh("causal")
+        return self.causal_masks[sizes]
+
+    def window_mask(self, query: str, key: str, before: sympy.Expr, after: sympy.Expr) -> str:
+        """The forward's boolean [query, key] band of a window (True outside it: key ≤ query −
+        before or key ≥ query + after), one per sizes and widths, built at entry beside the causal
+        triangles (`Plan.causal`, keyed (N, M, before, after))."""
+        sizes = (self.size(query), self.size(key), self.runtime(before), self.runtime(after))
+        if sizes not in self.causal_masks:
+            self.state.causal_masks[sizes] = self.names.fresh("window")
+        return self.causal_masks[sizes]
+
+    # ---- the objective: how candidates compare, and what the trials estimated ----------------
+
+    @property
+    def dearer(self) -> str:
+        """How a refused rewrite compares under the objective, for its note."""
+        return "is estimated slower than" if self.objective == "time" else "costs more FLOPs than"
+
+    @property
+    def device(self) -> DeviceModel:
+        """The device that prices candidates: the config's, else the planning device."""
+        if self._device is None:
+            self._device = planning_device()
+        return self._device
+
+    def count_estimate(self, fused: bool) -> None:
+        """One more time estimate made on trial (`fused`: of steps with a fused attention)."""
+        self.estimates += 1
+        self.fusion_estimates += fused
+
+    def rival_objectives(self) -> tuple[str, ...]:
+        """The objectives whose plans may differ from this lowering's (made for `time`): none
+        where no choice was estimated, `flops` where no fused attention was (`memory` then
+        chooses as `flops` does: by FLOPs, trials.trial_cost), else both."""
+        if not self.estimates:
+            return ()
+        return ("flops", "memory") if self.fusion_estimates else ("flops",)
+
 
 class Lowering(Protocol):
-    """What a form of a box (forms/) and an emitter taking the lowering as `ctx` (sdpa.py,
-    flex.py, linear.py, global_heads.py, ...) may read and call: the context's fields and scopes,
-    and the passes' entry points. build._Lowering is the one class that has them all."""
-
-    def apply_mask(self, content: Value, mask, ren, is_exp: bool, future: str = ...) -> Value: ...
-    def arrange(self, value: Value, groups: list[list[str]]) -> Operand: ...
-    def as_missing_legs(self, value: Value) -> Value: ...
-    def aside(self) -> AbstractContextManager[list[Step]]: ...
-    def at_planned_sizes(self, expr: sympy.Expr) -> float: ...
+    """What a lower rule, a form of a box (forms/) and an emitter taking the lowering as `ctx`
+    (regions.py, sdpa.py, linear.py, ...) read and call: the context's fields, scopes and
+    accessors above, and the walk's entry points (base.DesignLowering, the one class that has
+    them): `lower` an expression, `lower_nonlinear` a factor of a region, `memoized` a value
+    computed once per alpha-equivalent sub-expression."""
 
     attention: str
-
-    def box(self) -> AbstractContextManager[None]: ...
-    def causal_contract(
-        self, query: str, key: str, leaves: list[Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None
-    ) -> Value: ...
-    def causal_mask(self, query: str, key: str) -> str: ...
-
-    choices: list[BoxChoice]
-
-    def chunk_legs(self, query: str, key: str, size: int) -> tuple[str, str, str, int]: ...
-    def chunk_value(self, value: Value, leg: str, chunks: str, within: str, edge: bool = ...) -> Value: ...
-    def collect(
-        self, e: Expr, ren: dict[str, tuple[str, ...]], leaves: list[Leaf], *, expand_powers: bool = ...
-    ) -> sympy.Expr: ...
-    def combine(
-        self, kind: str, parts: list[tuple[int, Value]], out: tuple[str, ...], var: str | None, operator: str = ...
-    ) -> Value: ...
-
+    attributes: set[str]
+    box_segments: list[tuple[int, int, str]]
+    causal_masks: dict[tuple[sympy.Expr, ...], str]
+    choices: list
+    chunk_counts: dict[tuple[sympy.Expr, int], sympy.Symbol]
+    chunk_notes: dict[tuple[str, str], str]
+    chunk_pairs: dict[tuple[str, str], tuple[str, str, str, int]]
+    chunk_sizes: dict[sympy.Symbol, sympy.Expr]
+    chunk_values: dict[sympy.Symbol, sympy.Integer]
     config: LoweringConfig
-
-    def context(self, steps: list[Step]) -> Plan: ...
-    def contract(self, leaves: list[Leaf], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None) -> Value: ...
-    def counted_flops(self, steps: list[Step]) -> int: ...
-    @property
-    def dearer(self) -> str: ...
-    def decay_side(self, terms: list) -> Value: ...
-    def definition_renaming(
-        self, statement: Statement, axes: tuple[tuple[str, ...], ...]
-    ) -> dict[str, tuple[str, ...]] | None: ...
-    def emit(self, step: Step) -> Value | None: ...
-    def estimated_time(self, steps: list[Step], fp: Footprint | None = ...) -> float: ...
-    def expand(self, leg: str) -> tuple[str, ...]: ...
-    def expand_broadcast(self, value: Value, legs: set[str]) -> Value: ...
-
+    exp_factors: frozenset[str]
     g: DesignGraph
-
-    def group_size(self, group: Iterable[str]) -> sympy.Expr: ...
-    def identity_renaming(self, legs: Iterable[str]) -> dict[str, tuple[str, ...]]: ...
-
     input_vars: dict[str, str]
-
-    def is_batched(self, e: Expr) -> bool: ...
-    def kept_by(self, e: SoftmaxBox, ren: dict[str, tuple[str, ...]]) -> frozenset[str] | None: ...
-    def leaf_value(self, leaf: Leaf) -> Value: ...
-
+    lazy_triangles: bool
     leg_sizes: dict[str, sympy.Expr]
+    lowered: list[str]
+    memo: dict[tuple, tuple[Value, tuple[str, ...]]]
+    names: NameSupply
+    objective: str
+    refused: list[str]
+    shift_invariant: frozenset[str] | None
+    sizes: dict[str, int]
+    stabilizations: int
+    stabilized: frozenset[str] | None
+    steps: list[Step]
+    stored_used: set[str]
+    target: list[Step]
+    uses: Counter[str]
+    values: dict[str, Value]
 
     def lower(
         self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None = ..., scale: sympy.Expr = ...
     ) -> Value: ...
-    def lower_box(
-        self, e: SoftmaxBox, ren: dict[str, tuple[str, ...]], var: str | None, prefer: set[str] = ...
-    ) -> Value: ...
+    def lower_nonlinear(self, e: Expr, ren: dict[str, tuple[str, ...]], var: str | None) -> Value: ...
+    def memoized(self, e: Expr, ren: dict[str, tuple[str, ...]], build: Callable[[], Value]) -> Value: ...
 
-    lowered: list[str]
-
-    def maskable(self, content: Value, e: SoftmaxBox | Reduction, ren, legs: set[str]) -> Value: ...
-    def masked_decay_exp(self, exponent: Value, query: str, key: str, what: str) -> Value: ...
-    def materialize(self, value: Value, legs: tuple[str, ...]) -> Value: ...
-
-    memo: dict[tuple, tuple[Value, tuple[str, ...]]]
-
-    def memoized(self, e: Expr, ren: dict[str, tuple[str, ...]], build) -> Value: ...
-
-    names: NameSupply
-
-    def new_leg(self, leg: str, size: sympy.Expr | None = ...) -> str: ...
-    def number(self, leg: str) -> int: ...
-    def numel(self, legs: Iterable[str]) -> sympy.Expr: ...
-    def numel_number(self, legs: Iterable[str]) -> int: ...
-
-    objective: str
-
-    def owns_parameter(self, e: Expr) -> bool: ...
-    def plan_contraction(
-        self, values: list[Value], out: tuple[str, ...], coefficient: sympy.Expr, var: str | None
-    ) -> Value: ...
-    def refuse(self, note: str) -> None: ...
-    def runtime(self, expr: sympy.Expr) -> sympy.Expr: ...
-    def scale(self, value: Value, coefficient: sympy.Expr, var: str | None = ...) -> Value: ...
+    def aside(self) -> AbstractContextManager[list[Step]]: ...
+    def box(self) -> AbstractContextManager[None]: ...
+    def emitting(self, steps: list[Step]) -> AbstractContextManager[None]: ...
     def scope(self, **values: Any) -> AbstractContextManager[None]: ...
-    def shape(self, legs: Iterable[str]) -> tuple[sympy.Expr, ...]: ...
-
-    shift_invariant: frozenset[str] | None
-
-    def show_value(self, value: Value) -> str: ...
-    def size(self, leg: str) -> sympy.Expr: ...
-
-    stabilizations: int
-
-    steps: list[Step]
-
-    def sum_tree(self, terms: list[tuple[int, Operand, tuple[str, ...]]]) -> tuple[Elementwise, sympy.Expr]: ...
-
-    target: list[Step]
-
-    def tensor_var(self, tensor: Tensor) -> str: ...
     def trial(self) -> AbstractContextManager[list[Step]]: ...
-    def trial_cost(self, build) -> float: ...
+    def wide(self, depth: int = ...) -> AbstractContextManager[None]: ...
     @property
     def trialing(self) -> bool: ...
 
-    values: dict[str, Value]
+    def emit(self, step: Step) -> Value | None: ...
+    def new_leg(self, leg: str, size: sympy.Expr | None = ...) -> str: ...
+    def count_stabilization(self) -> None: ...
+    def refuse(self, note: str) -> None: ...
 
-    def wide(self, depth: int = ...) -> AbstractContextManager[None]: ...
+    def size(self, leg: str) -> sympy.Expr: ...
+    def number(self, leg: str) -> int: ...
+    def numel(self, legs: Iterable[str]) -> sympy.Expr: ...
+    def numel_number(self, legs: Iterable[str]) -> int: ...
+    def runtime(self, expr: sympy.Expr) -> sympy.Expr: ...
+    def shape(self, legs: Iterable[str]) -> tuple[sympy.Expr, ...]: ...
+    def at_planned_sizes(self, expr: sympy.Expr) -> float: ...
+    def expand(self, leg: str) -> tuple[str, ...]: ...
+    def identity_renaming(self, legs: Iterable[str]) -> dict[str, tuple[str, ...]]: ...
+
+    def show_value(self, value: Value) -> str: ...
+    def tensor_var(self, tensor: Tensor) -> str: ...
+    def causal_mask(self, query: str, key: str) -> str: ...
     def window_mask(self, query: str, key: str, before: sympy.Expr, after: sympy.Expr) -> str: ...
-    def with_fresh_legs(self, ren: dict[str, tuple[str, ...]], legs: Iterable[str]) -> dict[str, tuple[str, ...]]: ...
+
+    @property
+    def dearer(self) -> str: ...
+    @property
+    def device(self) -> DeviceModel: ...
+    def count_estimate(self, fused: bool) -> None: ...
+    def rival_objectives(self) -> tuple[str, ...]: ...
 
 
 def _fork_of(state: ContextState, names: Sequence[str]) -> ContextState:
@@ -460,95 +510,6 @@ def _copy(value: Any) -> Any:
     if isinstance(value, dict | list | set):
         return type(value)(value)
     return value
-
-
-def _over_run_time_size(graph: DesignGraph, tensor: Tensor) -> bool:
-    return any(graph.sizes[s.name].is_free for a in tensor.axes for s in graph.expand(a.size).free_symbols)
-
-
-def count_uses(graph: DesignGraph) -> Counter[str]:
-    """How many times each tensor is read (a padding mask of a box counts, an output once)."""
-    uses: Counter[str] = Counter()
-    for statement in [*graph.statements, *graph.updates]:
-        for node in walk(statement.expr):
-            if isinstance(node, TensorRef):
-                uses[node.name] += 1
-            if isinstance(node, SoftmaxBox):
-                for mask in node.masks:
-                    if isinstance(mask, PaddingMask):
-                        uses[mask.tensor.name] += 1
-    for name in graph.outputs:
-        uses[name] += 1
-    return uses
-
-
-def exp_factors(graph: DesignGraph, uses: Counter[str]) -> frozenset[str]:
-    """Single-use statements `P[...] = exp(...)` that are factors of a normalize box without eps
-    (through products folded into it): folded into the box, so their exp is shifted (stabilize.py)."""
-    found: set[str] = set()
-
-    def visit(e: Expr) -> None:
-        if isinstance(e, Contraction):
-            for factor in e.factors:
-                visit(factor)
-        elif isinstance(e, TensorRef) and not e.is_sliced and uses[e.name] == 1:
-            statement = graph.tensors[e.name].statement
-            if statement is None or e.name in graph.outputs:
-                return
-            if isinstance(statement.expr, ElementwiseMap) and statement.expr.name == "exp":
-                found.add(e.name)
-            elif isinstance(statement.expr, Contraction | TensorRef):
-                visit(statement.expr)
-
-    for _, box in graph.boxes():
-        if not box.is_exp and box.eps == 0 and not box.masks:
-            visit(box.content)  # type: ignore[arg-type]
-    return frozenset(found)
-
-
-def scan_legs(node: Scan | SegmentSum) -> tuple[str, ...]:
-    """The legs a scan or segment sum runs along, and those its causal masks relate."""
-    if isinstance(node, SegmentSum):
-        return (node.along, node.key)
-    return (node.along, *(leg for m in node.masks if isinstance(m, POSITION_MASKS) for leg in (m.query, m.key)))
-
-
-def leg_splits(graph: DesignGraph, uses: Counter[str]) -> dict[str, tuple[tuple[str, sympy.Expr], ...]]:
-    """Legs that a definition with grouped axes (`C[(h d) (g e)] = ...`) is used with as one
-    leg (`C[r s]`) are split into head-major pieces everywhere, so that the structure of the
-    definition reaches the contraction. A leg asked to split two different ways stays whole."""
-    wanted: dict[str, set[tuple[sympy.Expr, ...]]] = {}
-    for statement in [*graph.statements, *graph.updates]:
-        for node in walk(statement.expr):
-            if not isinstance(node, TensorRef):
-                continue
-            definition = graph.tensors[node.name].statement
-            if definition is None:
-                continue
-            for use, group in zip(node.groups, definition.groups, strict=True):
-                if len(use) == 1 and len(group) > 1:
-                    wanted.setdefault(use[0], set()).add(tuple(graph.legs[leg].size for leg in group))
-    masked = {
-        leg for _, box in graph.boxes() for m in box.masks if isinstance(m, POSITION_MASKS) for leg in (m.query, m.key)
-    }
-    nodes = [node for statement in [*graph.statements, *graph.updates] for node in walk(statement.expr)]
-    masked |= {leg for node in nodes if isinstance(node, CausalFactor | WindowFactor) for leg in node.legs}
-    # a convolution shifts whole legs with whole kernel legs
-    masked |= {
-        leg
-        for node in nodes
-        if isinstance(node, Convolution)
-        for shift in node.shifts
-        for leg in (shift.leg, shift.offset)
-    }
-    # a scan runs along a whole leg, never along a piece of one
-    masked |= {leg for node in nodes if isinstance(node, Scan | SegmentSum) for leg in scan_legs(node)}
-    splits = {}
-    for leg, options in wanted.items():
-        if len(options) == 1 and leg not in masked:
-            (sizes,) = options
-            splits[leg] = tuple((f"{leg}.{k}", size) for k, size in enumerate(sizes))
-    return splits
 
 
 __all__ = ["FORKED", "RESERVED", "Leaf", "Lowering", "LoweringConfig", "LoweringContext", "NameSupply"]

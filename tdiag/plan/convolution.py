@@ -11,6 +11,7 @@ from __future__ import annotations
 import sympy
 
 from ..ir import Convolution
+from .boxes import apply_mask, expand_broadcast, maskable
 from .context import Lowering
 from .program import Convolve, Step, Value, align, show_legs
 
@@ -21,14 +22,14 @@ def lower_convolution(ctx: Lowering, e: Convolution, ren: dict[str, tuple[str, .
     keeps the leg's length; FLOPs 2 per multiply-add, the operand's entries times the taps."""
     operand = ctx.lower(e.operand, ren)  # type: ignore[arg-type]
     shifted = tuple(_one(ren, s.leg) for s in e.shifts)
-    operand = ctx.maskable(operand, e, ren, set(operand.broadcast) | set(shifted))  # type: ignore[arg-type]
+    operand = maskable(ctx, operand, e, ren, set(operand.broadcast) | set(shifted))  # type: ignore[arg-type]
     for mask in e.masks:
-        operand = ctx.apply_mask(operand, mask, ren, is_exp=False)
+        operand = apply_mask(ctx, operand, mask, ren, is_exp=False)
     kernel = ctx.lower(e.kernel, ren)  # type: ignore[arg-type]
-    kernel = ctx.expand_broadcast(kernel, set(kernel.broadcast))
+    kernel = expand_broadcast(ctx, kernel, set(kernel.broadcast))
     taps = tuple(_one(ren, s.offset) for s in e.shifts)
     channels = tuple(leg for leg in kernel.legs if leg not in taps)
-    operand = ctx.expand_broadcast(operand, set(operand.broadcast) & set(channels))
+    operand = expand_broadcast(ctx, operand, set(operand.broadcast) & set(channels))
     widths = tuple(ctx.runtime(ctx.size(leg)) for leg in taps)
     pads = tuple(_pad(s.sign, ctx.runtime(s.start), width) for s, width in zip(e.shifts, widths, strict=True))
     name = ctx.names.fresh(var or "conv")

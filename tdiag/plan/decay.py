@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..ir import Contraction, ElementwiseMap, Expr, Scan, SegmentSum, SumNode
-from .base import _all_legs
+from .legs import all_legs
 
 Side = tuple[tuple[int, Expr, Mapping[str, tuple[str, ...]]], ...]  # ± term, read with its legs
 
@@ -54,7 +54,7 @@ def _product(like: Contraction, factors: tuple[Expr, ...]) -> Contraction:
     return Contraction(legs, like.span, factors=factors, coefficient=like.coefficient, summed=(), batch=batch)
 
 
-def _running_sum(e: SegmentSum) -> Scan:
+def running_sum(e: SegmentSum) -> Scan:
     """c = cumsum along the segment sum's position leg of its operand: S[n, m] = c[n] − c[m]."""
     return Scan(e.operand.legs, e.span, name="cumsum", along=e.along, operand=e.operand)  # type: ignore[union-attr]
 
@@ -69,7 +69,7 @@ def may_be_decay(e: Expr) -> bool:
     terms = additive_terms(e.operand)  # type: ignore[arg-type]
     if any(isinstance(t, SegmentSum) for _, t in terms):
         return True
-    legs = [_all_legs(t) for _, t in terms]
+    legs = [all_legs(t) for _, t in terms]
     return any(not any({a, b} <= seen for seen in legs) for a, b in itertools.combinations(e.legs, 2))
 
 
@@ -92,17 +92,17 @@ def split_exponent(e: ElementwiseMap, ren: Mapping[str, tuple[str, ...]], query:
     the query leg (region legs `query`, `key` as `ren` names them), a segment sum S[n, m] over the
     pair as c[n] − c[m] (c its running sum); u carrying the query leg and w the key leg. None
     where a term carries both or a side is missing its leg."""
-    queries = {leg for leg in _all_legs(e) if tuple(ren.get(leg, ())) == (query,)}
-    keys = {leg for leg in _all_legs(e) if tuple(ren.get(leg, ())) == (key,)}
+    queries = {leg for leg in all_legs(e) if tuple(ren.get(leg, ())) == (query,)}
+    keys = {leg for leg in all_legs(e) if tuple(ren.get(leg, ())) == (key,)}
     u: list = []
     w: list = []
     for sign, term in additive_terms(e.operand):  # type: ignore[arg-type]
         if isinstance(term, SegmentSum) and term.along in queries and term.key in keys:
-            running = _running_sum(term)
+            running = running_sum(term)
             u.append((sign, running, ren))
             w.append((-sign, running, {**ren, term.along: (key,)}))
             continue
-        legs = _all_legs(term)
+        legs = all_legs(term)
         if not legs & keys:
             u.append((sign, term, ren))
         elif not legs & queries:

@@ -12,18 +12,22 @@ from ..ir import (
     SumNode,
     TensorRef,
 )
+from .combine import as_missing_legs, combine
 from .context import Lowering
+from .contraction import plan_contraction
 from .program import (
     BATCH,
     Value,
 )
+from .regions import definition_renaming
+from .trials import trial_cost
 
 
 def lower_distance(ctx: Lowering, e: SquaredDistance, ren, var: str | None) -> Value:
     """Σ_d (a − b)² = Σ_d a² + Σ_d b² − 2 Σ_d a·b: contractions, no (a − b) tensor, added in
     one elementwise step."""
     out = tuple(p for leg in e.legs for p in ren[leg])
-    return ctx.combine("sqdist", distance_parts(ctx, e, ren), out, var)
+    return combine(ctx, "sqdist", distance_parts(ctx, e, ren), out, var)
 
 
 def distance_parts(ctx: Lowering, e: SquaredDistance, ren, coefficient: sympy.Expr = ONE) -> list[tuple[int, Value]]:
@@ -36,8 +40,8 @@ def distance_parts(ctx: Lowering, e: SquaredDistance, ren, coefficient: sympy.Ex
     expanded = [summands(ctx, e.left, ren, e.over), summands(ctx, e.right, ren, e.over)]
     if expanded == plain or any(s is None for s in expanded):
         return distance_terms(ctx, e, plain, coefficient)
-    naive = ctx.trial_cost(lambda: distance_terms(ctx, e, plain, coefficient))
-    if ctx.trial_cost(lambda: distance_terms(ctx, e, expanded, coefficient)) < naive:
+    naive = trial_cost(ctx, lambda: distance_terms(ctx, e, plain, coefficient))
+    if trial_cost(ctx, lambda: distance_terms(ctx, e, expanded, coefficient)) < naive:
         if not ctx.trialing:
             ctx.lowered.append("squared distance to shifted keys expanded (MGK P11): one N² contraction")
         return distance_terms(ctx, e, expanded, coefficient)
@@ -53,7 +57,7 @@ def summands(ctx: Lowering, e: Expr, ren, over: tuple[str, ...]) -> list[tuple[i
     if isinstance(e, TensorRef) and ctx.g.tensors[e.name].statement is not None:
         statement = ctx.g.tensors[e.name].statement
         axes = tuple(tuple(p for leg in group for p in ren[leg]) for group in e.groups)
-        inner = ctx.definition_renaming(statement, axes) if isinstance(statement.expr, SumNode) else None
+        inner = definition_renaming(ctx, statement, axes) if isinstance(statement.expr, SumNode) else None
         if inner is not None:
             e, ren = statement.expr, inner
     if not isinstance(e, SumNode):
@@ -86,15 +90,15 @@ def distance_terms(ctx: Lowering, e: SquaredDistance, sides, coefficient: sympy.
             if k == j:
                 parts.append((1, squared_norm(ctx, value_a, kept, weight)))
             else:
-                parts.append((1, ctx.plan_contraction([value_a, value_b], kept, 2 * weight, None)))
-    return [(sign, ctx.as_missing_legs(v)) for sign, v in parts]
+                parts.append((1, plan_contraction(ctx, [value_a, value_b], kept, 2 * weight, None)))
+    return [(sign, as_missing_legs(v)) for sign, v in parts]
 
 
 def squared_norm(ctx: Lowering, value: Value, kept: tuple[str, ...], coefficient: sympy.Expr = ONE) -> Value:
     """coefficient · Σ value² over the legs not kept; its steps are "norm" steps, which the
     papers' counting leaves out (MGK App. B)."""
     start = len(ctx.target)
-    result = ctx.plan_contraction([value, value], kept, coefficient, None)
+    result = plan_contraction(ctx, [value, value], kept, coefficient, None)
     for step in ctx.target[start:]:
         step.kind = "norm" if step.kind == "contraction" else step.kind
     return result

@@ -29,10 +29,13 @@ from ..ir import (
     SoftmaxBox,
     SumNode,
 )
-from .base import _Leaf, _value_leaves
-from .context import Lowering
+from .boxes import expand_broadcast
+from .combine import as_missing_legs
+from .context import Leaf, Lowering
+from .contraction import arrange, group_size
 from .distance import squared_norm
-from .positions import _rename_position, like_input
+from .legs import value_leaves
+from .positions import like_input, rename_position
 from .program import (
     BATCH,
     FLEX_BLOCK,
@@ -52,6 +55,7 @@ from .program import (
     show_legs,
     window_kernel_flops,
 )
+from .regions import contract
 from .sdpa import emit_prelude, hidden_operands, live_rows, query_and_key, seen_operand
 from .sdpa_match import MatchedAttention
 
@@ -99,7 +103,7 @@ def flex_refusal(ctx: Lowering, fused: MatchedAttention) -> str | None:
     return None
 
 
-def fuse_flex(ctx: Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: MatchedAttention) -> list[_Leaf]:
+def fuse_flex(ctx: Lowering, box: SoftmaxBox, ren, others: list[Leaf], fused: MatchedAttention) -> list[Leaf]:
     """Emit q, k, v, the block mask and the flex_attention call; return the region's leaves
     with the attention output standing in for the box and its value side."""
     heads, queries, keys, latent, features = (fused.heads, fused.queries, fused.keys, fused.latent, fused.features)
@@ -109,8 +113,8 @@ def fuse_flex(ctx: Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: M
         arguments = tuple(ctx.names.fresh(stem) for stem in ("score", "b", "h", "q_idx", "kv_idx"))
         roles = {leg: arguments[1 + r] for leg, r in flex_roles(ctx, fused).items()}
         score = score_mod(ctx, fused, roles)
-    v = ctx.contract(fused.value, tuple(heads + keys + features), sympy.Integer(1), "v")
-    v = ctx.expand_broadcast(v, set(keys))
+    v = contract(ctx, fused.value, tuple(heads + keys + features), sympy.Integer(1), "v")
+    v = expand_broadcast(ctx, v, set(keys))
     grouped = fused.grouped
     sequence = fused.sequence
     batch = [BATCH] if BATCH in heads else []
@@ -132,9 +136,9 @@ def fuse_flex(ctx: Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: M
         future = seen_operand(ctx, fused, score_groups, hidden_future)
     group = ctx.runtime(ctx.numel([leg for leg in queries if leg != sequence])) if grouped else sympy.Integer(1)
     attention = FlexAttention(
-        ctx.arrange(q, [batch, query_heads, [sequence], latent]),
-        ctx.arrange(k, [batch, rest, keys, latent]),
-        ctx.arrange(v, [batch, rest, keys, features]),
+        arrange(ctx, q, [batch, query_heads, [sequence], latent]),
+        arrange(ctx, k, [batch, rest, keys, latent]),
+        arrange(ctx, v, [batch, rest, keys, features]),
         ctx.runtime(fused.scale),
         score,
         block_mask,
@@ -197,7 +201,7 @@ def fuse_flex(ctx: Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: M
     if not ctx.trialing:
         ctx.lowered.append(f"softmax box over {' '.join(show_legs(keys))} lowered to flex_attention{how}")
     rest_leaves = [o for o in others if o not in fused.value]
-    return [*rest_leaves, *_value_leaves(value)]  # type: ignore[arg-type]
+    return [*rest_leaves, *value_leaves(value)]  # type: ignore[arg-type]
 
 
 def score_mod(ctx: Lowering, fused: MatchedAttention, roles: dict[str, str]) -> ScoreTerm | None:
@@ -280,16 +284,16 @@ def score_term(ctx: Lowering, e: Expr, ren, roles: dict[str, str], positions: fr
 def score_gather(ctx: Lowering, e: Gather, ren, roles: dict[str, str]) -> ScoreRead:
     """A table read along its axis at a position of the query and key indices, in the kernel:
     one read per entry, no table over (query, key) built."""
-    table = ctx.as_missing_legs(ctx.lower(e.source, ren))  # type: ignore[arg-type]
+    table = as_missing_legs(ctx.lower(e.source, ren))  # type: ignore[arg-type]
     axis = ren[e.axis][0]
     names = {leg: roles[ren[leg][0]] for leg in e.position.legs()}  # type: ignore[union-attr]
-    position = _rename_position(e.position, names, ctx.runtime)  # type: ignore[arg-type]
+    position = rename_position(e.position, names, ctx.runtime)  # type: ignore[arg-type]
     index = tuple(position if leg == axis else Position("leg", name=roles[leg]) for leg in table.legs)
     return ScoreRead(table, index)
 
 
 def score_read(ctx: Lowering, value: Value, roles: dict[str, str]) -> ScoreRead:
-    value = ctx.as_missing_legs(value)
+    value = as_missing_legs(value)
     return ScoreRead(value, tuple(Position("leg", name=roles[leg]) for leg in value.legs))
 
 
@@ -298,7 +302,7 @@ def causal_block_mask(ctx: Lowering, fused: MatchedAttention) -> Value:
     key, so no row is empty and skipping the blocks above the diagonal changes nothing."""
     arguments = tuple(ctx.names.fresh(stem) for stem in ("b", "h", "q_idx", "kv_idx"))
     sequence, key = fused.sequence, fused.keys[0]
-    op = BlockMask(ctx.group_size([sequence]), ctx.group_size([key]), arguments, like_input(ctx), fused.window)  # type: ignore[arg-type]
+    op = BlockMask(group_size(ctx, [sequence]), group_size(ctx, [key]), arguments, like_input(ctx), fused.window)  # type: ignore[arg-type]
     out = Value(ctx.names.fresh("block_mask"), ())
     what = "causal" if fused.window is None else "window"
     ctx.emit(Step("mask", op, out, f"FlexAttention block mask: {what}", inputs=()))

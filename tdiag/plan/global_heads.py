@@ -48,9 +48,13 @@ from dataclasses import dataclass
 import sympy
 
 from ..ir import CausalMask, PaddingMask, SoftmaxBox, TensorRef, walk
-from .base import _Leaf, _value_leaves
+from .boxes import materialize
 from .constants import fold_constants
+from .context import Leaf
+from .contraction import arrange
+from .legs import value_leaves
 from .program import BATCH, Attention, Expand, Step, Value, causal_kernel_flops, sdpa_causal_block, show_legs
+from .regions import collect, contract
 from .sdpa_match import scale_sign, score_items
 
 
@@ -66,10 +70,10 @@ class GlobalHeads:
     positive, `sign` the sign moved into q. `prelude`: the steps and memo entries the match
     built on trial, emitted only if the form is taken."""
 
-    query: tuple[_Leaf, ...]
-    key: tuple[_Leaf, ...]
-    value: tuple[_Leaf, ...]
-    rest: tuple[_Leaf, ...]
+    query: tuple[Leaf, ...]
+    key: tuple[Leaf, ...]
+    value: tuple[Leaf, ...]
+    rest: tuple[Leaf, ...]
     heads: tuple[str, ...]
     local: tuple[str, ...]
     sequence: str
@@ -82,7 +86,7 @@ class GlobalHeads:
     prelude: tuple[list[Step], dict]
 
 
-def recognise(ctx, box: SoftmaxBox, ren, others: list[_Leaf], out: tuple[str, ...]) -> GlobalHeads | str:
+def recognise(ctx, box: SoftmaxBox, ren, others: list[Leaf], out: tuple[str, ...]) -> GlobalHeads | str:
     """The global-head form of `box` consumed by `others`, or why it does not apply: the scores
     are one query·key product (times constants) whose query side carries local heads that the
     key side lacks and the value side carries; the only masks are causal between the query leg
@@ -117,8 +121,8 @@ def recognise(ctx, box: SoftmaxBox, ren, others: list[_Leaf], out: tuple[str, ..
     _, weight, term = crosses[0]
     box_legs = tuple(p for leg in box.legs for p in ren[leg])
     with ctx.aside() as prelude:
-        content: list[_Leaf] = []
-        weight *= ctx.collect(term, ren, content)
+        content: list[Leaf] = []
+        weight *= collect(ctx, term, ren, content)
         memo = ctx.memo
     content, folded_legs, weight = fold_constants(ctx, content, box_legs, weight)
     if weight == 0 or folded_legs != box_legs:
@@ -157,7 +161,7 @@ def recognise(ctx, box: SoftmaxBox, ren, others: list[_Leaf], out: tuple[str, ..
     )
 
 
-def _split(ctx, content: list[_Leaf], others: list[_Leaf], box_legs, keys, out):
+def _split(ctx, content: list[Leaf], others: list[Leaf], box_legs, keys, out):
     """The cheapest assignment of the score factors without a key leg to the query or the key
     side, and of the consumer's factors without a key leg to the value side or the rest, such
     that the key side lacks some local heads that the queries and values carry; the reason of
@@ -217,16 +221,16 @@ def _split(ctx, content: list[_Leaf], others: list[_Leaf], box_legs, keys, out):
     return reason if best is None else best
 
 
-def _dense(ctx, leaves: list[_Leaf], legs: tuple[str, ...], last: int, sign: int, stem: str) -> Value:
+def _dense(ctx, leaves: list[Leaf], legs: tuple[str, ...], last: int, sign: int, stem: str) -> Value:
     """The contraction of `leaves` over `legs`, copied into that order where the contraction
     laid out its `last` legs (the features) other than trailing in that order: the fused kernel
     needs a last axis of stride 1, which a permuted view of such a layout lacks (it then runs
     the math kernel, which keeps the whole attention)."""
-    value = ctx.contract(leaves, legs, sympy.Integer(sign), stem)
-    return value if value.legs[-last:] == legs[-last:] else ctx.materialize(value, legs)
+    value = contract(ctx, leaves, legs, sympy.Integer(sign), stem)
+    return value if value.legs[-last:] == legs[-last:] else materialize(ctx, value, legs)
 
 
-def emit(ctx, form: GlobalHeads) -> list[_Leaf]:
+def emit(ctx, form: GlobalHeads) -> list[Leaf]:
     """Emit q (heads, local heads, queries, latent), k (heads, keys, latent) broadcast over the
     local heads as a view, v (heads, local heads, keys, features), the padding to one head width
     and the SDPA call; return the region's leaves with its output (heads, local heads, queries,
@@ -260,9 +264,9 @@ def emit(ctx, form: GlobalHeads) -> list[_Leaf]:
     flat = [[h] for h in heads]
     legs = tuple(heads + local + queries + features)
     attention = Attention(
-        ctx.arrange(q, [*flat, local, queries, latent]),
-        ctx.arrange(shared, [*flat, local, keys, latent]),
-        ctx.arrange(v, [*flat, local, keys, features]),
+        arrange(ctx, q, [*flat, local, queries, latent]),
+        arrange(ctx, shared, [*flat, local, keys, latent]),
+        arrange(ctx, v, [*flat, local, keys, features]),
         ctx.runtime(form.scale),
         causal=form.causal,
         pad_value=pad_value,
@@ -304,4 +308,4 @@ def emit(ctx, form: GlobalHeads) -> list[_Leaf]:
             f"form: k over {' '.join(show_legs(latent))} shared by the local heads {' '.join(show_legs(local))}, "
             "each operand dense with its features last, for the fused kernel)"
         )
-    return [*form.rest, *_value_leaves(value)]
+    return [*form.rest, *value_leaves(value)]

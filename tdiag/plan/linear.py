@@ -19,9 +19,12 @@ from ..ir import (
     SumNode,
     TensorRef,
 )
-from .base import _constant_along, _Leaf
+from .boxes import expand_broadcast, kept_by
+from .chunked import causal_contract
+from .combine import combine
 from .constants import fill
-from .context import Lowering
+from .context import Leaf, Lowering
+from .legs import constant_along
 from .program import (
     BATCH,
     OnesColumn,
@@ -32,6 +35,7 @@ from .program import (
     align,
     show_legs,
 )
+from .regions import collect, contract
 from .stabilize import stabilize_exponents
 
 
@@ -97,14 +101,14 @@ def not_linear_content(e: Expr) -> str | None:
     return None
 
 
-def collect_expanded(ctx: Lowering, e: Expr, ren, leaves: list[_Leaf]) -> sympy.Expr:
+def collect_expanded(ctx: Lowering, e: Expr, ren, leaves: list[Leaf]) -> sympy.Expr:
     """Like collect, with x ^ p of a contraction written as p copies of it."""
-    return ctx.collect(e, ren, leaves, expand_powers=True)
+    return collect(ctx, e, ren, leaves, expand_powers=True)
 
 
-def collect_stabilized(ctx: Lowering, e, ren, leaves: list[_Leaf], kept: frozenset[str] | None) -> sympy.Expr:
+def collect_stabilized(ctx: Lowering, e, ren, leaves: list[Leaf], kept: frozenset[str] | None) -> sympy.Expr:
     """collect_expanded of a normalize box's content, its exp factors shifted (stabilize.py)."""
-    found: list[_Leaf] = []
+    found: list[Leaf] = []
     with ctx.scope(stabilized=kept, lazy_triangles=kept is None):  # a decay stays a factor for the chunks
         coefficient = collect_expanded(ctx, e, ren, found)
     leaves += found if kept is None else stabilize_exponents(ctx, found, kept)
@@ -112,15 +116,15 @@ def collect_stabilized(ctx: Lowering, e, ren, leaves: list[_Leaf], kept: frozens
 
 
 def hoist(
-    ctx: Lowering, box: SoftmaxBox, ren, values: list[_Leaf], rest: list[_Leaf], out: tuple[str, ...]
-) -> list[_Leaf]:
+    ctx: Lowering, box: SoftmaxBox, ren, values: list[Leaf], rest: list[Leaf], out: tuple[str, ...]
+) -> list[Leaf]:
     """Emit numerator and denominator contractions and their quotient; return the region's
     leaves with the quotient standing in for the box and its value side."""
     normalized = {p for leg in box.normalized for p in ren[leg]}
     if len(content_terms(box.content)) > 1:
         return hoist_sum(ctx, box, ren, values, rest, out)
-    kept_by_box, shifted = ctx.kept_by(box, ren), ctx.stabilizations
-    content: list[_Leaf] = []
+    kept_by_box, shifted = kept_by(ctx, box, ren), ctx.stabilizations
+    content: list[Leaf] = []
     coefficient = collect_stabilized(ctx, box.content, ren, content, kept_by_box)
     kept = tuple(p for leg in box.legs for p in ren[leg] if p not in normalized)
     batch = (BATCH,) if any(BATCH in c.legs for c in [*content, *values]) else ()
@@ -131,18 +135,20 @@ def hoist(
         if leg in needed and leg not in kept and leg != BATCH
     )
     causal = prefix_legs(ctx, box, ren) if box.masks else None
-    contract = ctx.contract if causal is None else functools.partial(ctx.causal_contract, *causal)
+    contract_with = (
+        functools.partial(contract, ctx) if causal is None else functools.partial(causal_contract, ctx, *causal)
+    )
     widened = widened_leg(values, content, extra) if causal is not None else None
     if widened is not None:
         value = folded_quotient(
-            ctx, box, content, values, coefficient, (*batch, *kept, *extra), widened, contract, shifted
+            ctx, box, content, values, coefficient, (*batch, *kept, *extra), widened, contract_with, shifted
         )
         if value is not None:
-            return [*rest, _Leaf(value.legs, value=value)]
-    numerator = contract([*content, *values], (*batch, *kept, *extra), coefficient, "numerator")
-    den_content: list[_Leaf] = []
+            return [*rest, Leaf(value.legs, value=value)]
+    numerator = contract_with([*content, *values], (*batch, *kept, *extra), coefficient, "numerator")
+    den_content: list[Leaf] = []
     den_coefficient = collect_stabilized(ctx, box.content, ren, den_content, kept_by_box)
-    denominator = contract(
+    denominator = contract_with(
         den_content,
         tuple(leg for leg in (BATCH, *kept) if any(leg in c.legs for c in den_content)),
         den_coefficient,
@@ -161,12 +167,12 @@ def hoist(
         inputs=(numerator, denominator),
     )
     value = ctx.emit(step)
-    return [*rest, _Leaf(value.legs, value=value)]  # type: ignore[union-attr]
+    return [*rest, Leaf(value.legs, value=value)]  # type: ignore[union-attr]
 
 
 def hoist_sum(
-    ctx: Lowering, box: SoftmaxBox, ren, values: list[_Leaf], rest: list[_Leaf], out: tuple[str, ...]
-) -> list[_Leaf]:
+    ctx: Lowering, box: SoftmaxBox, ren, values: list[Leaf], rest: list[Leaf], out: tuple[str, ...]
+) -> list[Leaf]:
     """hoist for a content that is a sum of multilinear terms x_i (cosFormer's cos and sin
     re-weightings, a Taylor feature map's 1 + s + s²/2): Σ_m (Σ_i x_i / Σ_m Σ_i x_i) v is
     Σ_i Σ_m x_i v / Σ_i Σ_m x_i, each Σ_m a contraction (or causal prefix sums) ordered so that
@@ -176,18 +182,20 @@ def hoist_sum(
     normalized = tuple(dict.fromkeys(p for leg in box.normalized for p in ren[leg]))
     kept = tuple(p for leg in box.legs for p in ren[leg] if p not in normalized)
     causal = prefix_legs(ctx, box, ren) if box.masks else None
-    contract = ctx.contract if causal is None else functools.partial(ctx.causal_contract, *causal)
+    contract_with = (
+        functools.partial(contract, ctx) if causal is None else functools.partial(causal_contract, ctx, *causal)
+    )
     terms = []
     for term, sign in content_terms(box.content):
-        content: list[_Leaf] = []
+        content: list[Leaf] = []
         coefficient = collect_stabilized(ctx, term, ren, content, None)
         carried = {leg for c in content for leg in c.legs}
         missing = tuple(leg for leg in normalized if leg not in carried)
         if missing and causal is not None:  # the prefix sums split the key leg: a real axis of ones
-            ones = ctx.expand_broadcast(fill(ctx, sympy.Integer(1), missing, None), set(missing))
-            content.append(_Leaf(ones.legs, value=ones))
+            ones = expand_broadcast(ctx, fill(ctx, sympy.Integer(1), missing, None), set(missing))
+            content.append(Leaf(ones.legs, value=ones))
         else:
-            content += _constant_along(missing)
+            content += constant_along(missing)
         terms.append((sign, content, coefficient))
     batch = (BATCH,) if any(BATCH in c.legs for _, content, _ in terms for c in [*content, *values]) else ()
     needed = set(out) | {leg for r in rest for leg in r.legs}
@@ -197,15 +205,15 @@ def hoist_sum(
         if leg in needed and leg not in kept and leg != BATCH
     )
     legs = (*batch, *kept, *extra)
-    numerators = [(sign, contract([*content, *values], legs, c, "numerator")) for sign, content, c in terms]
+    numerators = [(sign, contract_with([*content, *values], legs, c, "numerator")) for sign, content, c in terms]
     denominators = []
     for sign, content, c in terms:
         carried = {leg for leaf in content for leg in leaf.legs} | set(causal or ())  # Σ_{m ≤ n} varies along n
         denominators.append(
-            (sign, contract(content, tuple(leg for leg in (BATCH, *kept) if leg in carried), c, "denominator"))
+            (sign, contract_with(content, tuple(leg for leg in (BATCH, *kept) if leg in carried), c, "denominator"))
         )
-    numerator = ctx.combine("sum", numerators, legs, "numerator")
-    denominator = ctx.combine("sum", denominators, (*batch, *kept), "denominator")
+    numerator = combine(ctx, "sum", numerators, legs, "numerator")
+    denominator = combine(ctx, "sum", denominators, (*batch, *kept), "denominator")
     present = tuple(numerator.legs)
     step = Step(
         "quotient",
@@ -217,10 +225,10 @@ def hoist_sum(
         inputs=(numerator, denominator),
     )
     value = ctx.emit(step)
-    return [*rest, _Leaf(value.legs, value=value)]  # type: ignore[union-attr]
+    return [*rest, Leaf(value.legs, value=value)]  # type: ignore[union-attr]
 
 
-def widened_leg(values: list[_Leaf], content: list[_Leaf], extra: tuple[str, ...]) -> str | None:
+def widened_leg(values: list[Leaf], content: list[Leaf], extra: tuple[str, ...]) -> str | None:
     """The value side's leg that takes the denominator as one more entry: the last leg the
     output keeps that the box's content does not carry (the value width e), or None."""
     inside = {leg for c in content for leg in c.legs}
@@ -231,12 +239,12 @@ def widened_leg(values: list[_Leaf], content: list[_Leaf], extra: tuple[str, ...
 def folded_quotient(
     ctx: Lowering,
     box: SoftmaxBox,
-    content: list[_Leaf],
-    values: list[_Leaf],
+    content: list[Leaf],
+    values: list[Leaf],
     coefficient: sympy.Expr,
     legs: tuple[str, ...],
     widened: str,
-    contract,
+    contract_with,
     shifted: int,
 ) -> Value | None:
     """The quotient with numerator and denominator from one contraction: the value side v laid
@@ -249,7 +257,7 @@ def folded_quotient(
     count of stabilized exponents before the content was collected (a shift means the guard)."""
     inside = {leg for c in content for leg in c.legs} | set(legs)
     side = [leg for leg in dict.fromkeys(leg for v in values for leg in v.legs) if leg in inside and leg != widened]
-    value = ctx.contract(values, (*side, widened), sympy.Integer(1), "values")
+    value = contract(ctx, values, (*side, widened), sympy.Integer(1), "values")
     if widened in value.broadcast:
         return None
     stored = [leg for leg in value.legs if leg not in value.broadcast]
@@ -269,8 +277,8 @@ def folded_quotient(
             inputs=(value,),
         )
     )
-    numerator = contract(
-        [*content, _Leaf(ones.legs, value=ones)],  # type: ignore[union-attr]
+    numerator = contract_with(
+        [*content, Leaf(ones.legs, value=ones)],  # type: ignore[union-attr]
         tuple(wide if leg == widened else leg for leg in legs),
         coefficient,
         "numerator",

@@ -20,6 +20,7 @@ import math
 import sympy
 
 from .context import Leaf, Lowering
+from .leaves import leaf_value
 from .program import BATCH, LiteralCombination, Step, Value, show_legs
 
 LITERAL_AXIS = 4  # a literal constant unrolls when each of its axes has at most this many entries
@@ -90,7 +91,7 @@ def apply_literal(
     if best is None:
         return None
     _, target, summed, needed = best
-    value = ctx.leaf_value(target)
+    value = leaf_value(ctx, target)
     x = Value(value.var, tuple(leg for leg in value.legs if leg not in value.broadcast), value.broadcast)
     return target, unrolled(ctx, leaf, entries, x, summed, needed)
 

@@ -21,6 +21,7 @@ import sympy
 from ..graph.dataflow import dataflow_graph
 from ..graph.position_rules import plain
 from ..ir import ONE, Contraction, ElementwiseMap, Expr, Reduction, Scalar, SumNode, TensorRef, map_children, walk
+from .boxes import expand_broadcast
 from .context import Lowering
 from .program import LayerNorm, Operand, Step, Value, align, show_legs
 
@@ -189,7 +190,7 @@ def _layer_norm(centred: TensorRef, over: tuple[str, ...], eps: sympy.Expr, grap
 def lower_layer_norm(ctx: Lowering, e: LayerNormNode, ren, var: str | None) -> Value:
     """One layer_norm over the normalized legs, read last; the result keeps that order."""
     operand = ctx.lower(e.operand, ren)  # type: ignore[arg-type]
-    operand = ctx.expand_broadcast(operand, set(operand.broadcast))
+    operand = expand_broadcast(ctx, operand, set(operand.broadcast))
     over = [p for leg in e.over for p in ren[leg]]
     order = [leg for leg in operand.legs if leg not in over] + [leg for leg in operand.legs if leg in over]
     permutation = None if order == list(operand.legs) else tuple(operand.legs.index(leg) for leg in order)

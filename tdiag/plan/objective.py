@@ -17,7 +17,7 @@ from .timing import plan_time
 
 def fastest_plan(plan: Plan, device: DeviceModel, rivals: Sequence[str], build: Callable[[str], Plan]) -> Plan:
     """The fastest on `device` of `plan` (made for `time`) and the plans `build` makes for the
-    `rivals` objectives (timing.TimeModel.rival_objectives: those whose plans may differ; none
+    `rivals` objectives (context.rival_objectives: those whose plans may differ; none
     where the lowering met no choice the objective decides), with the device and each compared
     plan's estimated seconds recorded (`Plan.compared`)."""
     plan.device = device

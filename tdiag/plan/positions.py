@@ -15,7 +15,7 @@ from ..errors import Diagnostic, TdiagError
 from ..graph import DesignGraph
 from ..ir import Gather, Position, Statement, Tensor, TensorRef, walk
 from .context import Lowering
-from .legs import _all_legs, _renamed
+from .legs import all_legs, renamed_value
 from .program import (
     BATCH,
     BATCH_SIZE,
@@ -55,7 +55,7 @@ def positions(ctx: Lowering, legs: tuple[str, ...]) -> Value:
         )
         ctx.memo[key] = (out, legs)
     value, earlier = ctx.memo[key]
-    return _renamed(value, dict(zip(earlier, legs, strict=True)))
+    return renamed_value(value, dict(zip(earlier, legs, strict=True)))
 
 
 def sliced(ctx: Lowering, tensor: Tensor, ref: TensorRef, axes: tuple[tuple[str, ...], ...]) -> Value:
@@ -65,7 +65,7 @@ def sliced(ctx: Lowering, tensor: Tensor, ref: TensorRef, axes: tuple[tuple[str,
     legs = tuple(p for axis in axes for p in axis)
     whole = table_slice(ctx, tensor, ref)
     if all(len(axis) == 1 for axis in axes):
-        return _renamed(whole, dict(zip(whole.legs, legs, strict=True)))
+        return renamed_value(whole, dict(zip(whole.legs, legs, strict=True)))
     key = ("slice pieces", tensor.name, ref.slices, ref.offsets, tuple(ctx.shape(axis) for axis in axes))
     if key not in ctx.memo:
         out = Value(ctx.names.fresh(f"{tensor.name}_view"), legs)
@@ -73,7 +73,7 @@ def sliced(ctx: Lowering, tensor: Tensor, ref: TensorRef, axes: tuple[tuple[str,
         ctx.emit(Step("view", Reshape(whole, ctx.shape(legs)), out, f"view {tensor.name} with legs {shown}"))
         ctx.memo[key] = (out, legs)
     value, earlier = ctx.memo[key]
-    return _renamed(value, dict(zip(earlier, legs, strict=True)))
+    return renamed_value(value, dict(zip(earlier, legs, strict=True)))
 
 
 def table_slice(ctx: Lowering, tensor: Tensor, ref: TensorRef) -> Value:
@@ -107,7 +107,7 @@ def computed_slice(ctx: Lowering, statement: Statement, ref: TensorRef, axes: tu
     into (RoPE's `(s p)` of a range), as a stored table's slice is."""
     if ref.name not in ctx.values:
         ctx.values[ref.name] = ctx.lower(
-            statement.expr, ctx.identity_renaming(_all_legs(statement.expr)), var=statement.target
+            statement.expr, ctx.identity_renaming(all_legs(statement.expr)), var=statement.target
         )
     value = ctx.values[ref.name]
     rename: dict[str, tuple[str, ...]] = {}
@@ -161,7 +161,7 @@ def computed_slice(ctx: Lowering, statement: Statement, ref: TensorRef, axes: tu
         ctx.memo[key] = (Value(cut.var, legs), legs)
     stored_value, earlier = ctx.memo[key]
     current = tuple(p for leg in stored for p in rename.get(leg, (leg,)))
-    renamed = _renamed(stored_value, dict(zip(earlier, current, strict=True)))
+    renamed = renamed_value(stored_value, dict(zip(earlier, current, strict=True)))
     return Value(renamed.var, renamed.legs, broadcast)
 
 
@@ -203,7 +203,7 @@ def table_pieces(
 def position_tensor(ctx: Lowering, position: Position, ren: dict[str, tuple[str, ...]]) -> Value:
     """The integer position over its region legs, made once per program and sizes: one
     elementwise operation per entry for each operation of the position that has legs."""
-    renamed = _rename_position(position, {leg: ren[leg][0] for leg in position.legs()}, ctx.runtime)
+    renamed = rename_position(position, {leg: ren[leg][0] for leg in position.legs()}, ctx.runtime)
     legs = renamed.legs()
     return memo_position(ctx, renamed, legs, f"position {position}")
 
@@ -224,7 +224,7 @@ def memo_position(ctx: Lowering, position: Position, legs: tuple[str, ...], desc
         )
         ctx.memo[key] = (out, legs)
     value, earlier = ctx.memo[key]
-    return _renamed(value, dict(zip(earlier, legs, strict=True)))
+    return renamed_value(value, dict(zip(earlier, legs, strict=True)))
 
 
 def offset_positions(ctx: Lowering, position: Position, ren: dict[str, tuple[str, ...]]) -> tuple[Value, Value] | None:
@@ -232,7 +232,7 @@ def offset_positions(ctx: Lowering, position: Position, ren: dict[str, tuple[str
     buckets: 17), as (its value at each offset d = i − (Nb − 1), i = 0 .. Na + Nb − 2; the
     offsets a − b + Nb − 1 over (a, b)): the position's own work is then per offset, and the
     (a, b) table costs two operations per entry. None for any other position."""
-    renamed = _rename_position(position, {leg: ren[leg][0] for leg in position.legs()}, ctx.runtime)
+    renamed = rename_position(position, {leg: ren[leg][0] for leg in position.legs()}, ctx.runtime)
     pair = _difference(renamed)
     if pair is None or _operations(renamed) <= 3:
         return None
@@ -288,13 +288,13 @@ def gather_step(ctx: Lowering, table: Value, axis: str, index: Value, check: tup
     )  # type: ignore[return-value]
 
 
-def _rename_position(position: Position, names: dict[str, str], runtime) -> Position:
+def rename_position(position: Position, names: dict[str, str], runtime) -> Position:
     """The position over region legs, its sizes known at build time replaced by numbers."""
     if position.op == "leg":
         return Position("leg", name=names[position.name])
     if position.op == "number":
         return Position("number", value=runtime(position.value))
-    operands = tuple(_rename_position(o, names, runtime) for o in position.operands)
+    operands = tuple(rename_position(o, names, runtime) for o in position.operands)
     return Position(position.op, position.name, position.value, operands)
 
 

@@ -42,8 +42,8 @@ from ..ir import (
     renamed,
     walk,
 )
-from .base import _all_legs, _alpha_key
-from .decay import _running_sum, additive_terms
+from .decay import additive_terms, running_sum
+from .legs import all_legs, alpha_key
 
 ROW_SHIFT_NOTE = (
     "{target}: the decay its numerator and denominator share shifted by its running row max"
@@ -106,7 +106,7 @@ def _definition(e: Expr, graph: DesignGraph, uses: Mapping[str, int]) -> Expr | 
     if not isinstance(statement.expr, Contraction) or len(statement.legs) != len(e.legs):
         return None
     names = dict(zip(statement.legs, e.legs, strict=True))
-    inner = _all_legs(statement.expr) - set(statement.legs)
+    inner = all_legs(statement.expr) - set(statement.legs)
     if inner & set(e.legs) or len(set(e.legs)) != len(e.legs):
         return None  # a summed leg of the definition has the name of one it is read with
     return renamed(statement.expr, names)
@@ -141,9 +141,9 @@ def _hides_keys(node: Expr, graph: DesignGraph) -> bool:
 
 def _same_decay(a: _Product, b: _Product) -> bool:
     """Whether the two products' decays are one factor: the same exponent, B's key leg read as A's."""
-    if a.query != b.query or a.key in _all_legs(b.exponent) - {b.key}:
+    if a.query != b.query or a.key in all_legs(b.exponent) - {b.key}:
         return False
-    first, second = _alpha_key(a.exponent), _alpha_key(renamed(b.exponent, {b.key: a.key}))
+    first, second = alpha_key(a.exponent), alpha_key(renamed(b.exponent, {b.key: a.key}))
     return first[0] == second[0] and first[2] == second[2]
 
 
@@ -156,11 +156,11 @@ def _row_max(p: _Product, graph: DesignGraph) -> Expr | None:
     key_terms: list[tuple[int, Expr]] = []  # read at the query position
     for sign, term in additive_terms(p.exponent):
         if isinstance(term, SegmentSum) and (term.along, term.key) == (p.query, p.key):
-            running = _running_sum(term)  # S[n, m] = c[n] − c[m]
+            running = running_sum(term)  # S[n, m] = c[n] − c[m]
             query_terms.append((sign, running))
             key_terms.append((-sign, running))
             continue
-        legs = _all_legs(term)
+        legs = all_legs(term)
         if p.key not in legs:
             query_terms.append((sign, term))
         elif p.query not in legs:

@@ -13,8 +13,9 @@ import dataclasses
 import sympy
 
 from ..ir import ONE, Contraction, ElementwiseMap, Expr, Scalar, SoftmaxBox, SumNode
-from .base import _is_scaling, _Leaf
-from .context import Lowering
+from .combine import owns_parameter
+from .context import Leaf, Lowering
+from .legs import is_scaling
 from .sdpa_match import MatchedAttention, ScoreMapping, fusable
 
 MAPPED = (
@@ -26,7 +27,7 @@ def terms(e: Expr, weight: sympy.Expr = ONE) -> list[tuple[sympy.Expr, Expr]]:
     """`e` as Σ weight · term: sums and scalings taken apart, as sdpa_match.score_items does."""
     if isinstance(e, SumNode):
         return [t for term, sign in zip(e.terms, e.signs, strict=True) for t in terms(term, weight * sign)]
-    if isinstance(e, Contraction) and _is_scaling(e):
+    if isinstance(e, Contraction) and is_scaling(e):
         factor = next(f for f in e.factors if not isinstance(f, Scalar))
         scalars = [f.value for f in e.factors if isinstance(f, Scalar)]
         return terms(factor, weight * e.coefficient * sympy.Mul(*scalars))
@@ -34,7 +35,7 @@ def terms(e: Expr, weight: sympy.Expr = ONE) -> list[tuple[sympy.Expr, Expr]]:
 
 
 def match_map(
-    ctx: Lowering, box: SoftmaxBox, ren, leaf: _Leaf, others: list[_Leaf], out: tuple[str, ...]
+    ctx: Lowering, box: SoftmaxBox, ren, leaf: Leaf, others: list[Leaf], out: tuple[str, ...]
 ) -> MatchedAttention | None:
     """The attention under a map of the box's scores, with the map on the match; None where the
     content is not one map (along the keys and every leg of the box) of a fusable attention's
@@ -52,7 +53,7 @@ def match_map(
             continue
         if {p for leg in e.legs for p in ren[leg]} & keys:
             outer.append((w * box.scale, e))
-        elif ctx.owns_parameter(e):  # constant along the keys: dropped, its parameter would go unused
+        elif owns_parameter(ctx, e):  # constant along the keys: dropped, its parameter would go unused
             return None
     inner = SoftmaxBox(box.legs, box.span, mapped.operand, box.normalized, ONE, box.masks)
     match = fusable(ctx, inner, ren, leaf, others, out)

@@ -15,9 +15,12 @@ import sympy
 from ..ir import (
     SoftmaxBox,
 )
-from .base import _Leaf, _value_leaves
-from .context import Lowering
+from .boxes import expand_broadcast, materialize
+from .combine import as_missing_legs, combine
+from .context import Leaf, Lowering
+from .contraction import arrange, group_size, scale_value
 from .distance import squared_norm
+from .legs import value_leaves
 from .program import (
     BATCH,
     Attention,
@@ -34,10 +37,11 @@ from .program import (
     sdpa_causal_block,
     show_legs,
 )
+from .regions import contract
 from .sdpa_match import MatchedAttention
 
 
-def fuse(ctx: Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: MatchedAttention) -> list[_Leaf]:
+def fuse(ctx: Lowering, box: SoftmaxBox, ren, others: list[Leaf], fused: MatchedAttention) -> list[Leaf]:
     """Emit q, k, v and the SDPA call; return the region's leaves with the attention output
     standing in for the box and its value side."""
     heads, queries, keys, latent, features = (fused.heads, fused.queries, fused.keys, fused.latent, fused.features)
@@ -47,8 +51,8 @@ def fuse(ctx: Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Matche
         bias = key_bias(ctx, fused) if fused.biases else None
         score_bias = [additive_bias(ctx, fused, weight, e) for _, weight, e in fused.score_biases]
         sink = ctx.lower(box.sink, ren, None) if box.sink is not None else None
-    v = ctx.contract(fused.value, tuple(heads + keys + features), sympy.Integer(1), "v")
-    v = ctx.expand_broadcast(v, set(keys))  # values tied across a key leg (MGK's r, P17)
+    v = contract(ctx, fused.value, tuple(heads + keys + features), sympy.Integer(1), "v")
+    v = expand_broadcast(ctx, v, set(keys))  # values tied across a key leg (MGK's r, P17)
     # a lone batch leg stays 3-D: SDPA then runs its math kernel (bmm, softmax), which at one
     # wide head (single-head, F features) is faster on CPU than the fused kernel of a unit
     # head axis (1.07-2.3x slower measured at N = F = 256, batch 8)
@@ -69,7 +73,7 @@ def fuse(ctx: Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Matche
         score_groups = [*flat, queries, keys]
     bias_operand, pad_value, pad_query_key, width = None, 0, 0, None
     if bias is not None:
-        bias_operand = ctx.arrange(bias, [*k_groups, keys])
+        bias_operand = arrange(ctx, bias, [*k_groups, keys])
     if fused.widened or sink is not None or fused.padded:
         # the fused kernels want one head width for q, k and v: zero features change nothing
         query_width = ctx.numel_number(latent) + (1 if bias is not None else 0) + (1 if sink is not None else 0)
@@ -94,9 +98,9 @@ def fuse(ctx: Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Matche
     name = ctx.names.fresh("attended")
     regrouped = grouped and (len(q_groups[len(lead)]) != 1 or len(features) != 1)
     attention = Attention(
-        ctx.arrange(q, [*q_groups, latent]),
-        ctx.arrange(k, [*k_groups, keys, latent]),
-        ctx.arrange(v, [*k_groups, keys, features]),
+        arrange(ctx, q, [*q_groups, latent]),
+        arrange(ctx, k, [*k_groups, keys, latent]),
+        arrange(ctx, v, [*k_groups, keys, features]),
         ctx.runtime(fused.scale),
         causal=causal,
         mask=visible,
@@ -176,7 +180,7 @@ def fuse(ctx: Lowering, box: SoftmaxBox, ren, others: list[_Leaf], fused: Matche
         how = f" ({'; '.join(notes)})" if notes else ""
         ctx.lowered.append(f"softmax box over {' '.join(show_legs(keys))} lowered to scaled_dot_product_attention{how}")
     rest = [o for o in others if o not in fused.value]
-    return [*rest, *_value_leaves(value)]  # type: ignore[arg-type]
+    return [*rest, *value_leaves(value)]  # type: ignore[arg-type]
 
 
 def emit_prelude(ctx: Lowering, fused: MatchedAttention) -> None:
@@ -194,8 +198,8 @@ def query_and_key(ctx: Lowering, fused: MatchedAttention) -> tuple[Value, Value,
         return concatenated_sides(ctx, fused)
     heads, latent = fused.heads, fused.latent
     sign = sympy.Integer(fused.query_sign)
-    q = ctx.contract(fused.query, tuple(heads + fused.queries + latent), sign, "q")
-    k = ctx.contract(fused.key, tuple(heads + fused.keys + latent), sympy.Integer(1), "k")
+    q = contract(ctx, fused.query, tuple(heads + fused.queries + latent), sign, "q")
+    k = contract(ctx, fused.key, tuple(heads + fused.keys + latent), sympy.Integer(1), "k")
     return q, k, latent
 
 
@@ -217,10 +221,10 @@ def concatenated_sides(ctx: Lowering, fused: MatchedAttention) -> tuple[Value, V
         for query_side, key_side, latent, ratio, broadcast in sides:
             side, weight = (query_side, ratio) if stem == "q" else (key_side, sympy.Integer(1))
             own = [leg for leg in heads if stem == "q" or leg not in broadcast]
-            value = ctx.contract(side, tuple(own + position + latent), weight, stem)
+            value = contract(ctx, side, tuple(own + position + latent), weight, stem)
             if len(own) < len(heads):
                 value = shared_key(ctx, value, [leg for leg in heads if leg not in own])
-            parts.append(ctx.arrange(value, [*([leg] for leg in order), latent]))
+            parts.append(arrange(ctx, value, [*([leg] for leg in order), latent]))
         name = ctx.names.fresh(f"{stem}_joined")
         legs = tuple([*order, feature])
         shown = " | ".join(" ".join(show_legs(s[2])) for s in sides)
@@ -246,9 +250,9 @@ def shared_key(ctx: Lowering, k: Value, heads: list[str]) -> Value:
 def additive_bias(ctx: Lowering, fused: MatchedAttention, weight: sympy.Expr, e) -> Value:
     """An additive term of the scores that varies along the queries (a relative or absolute
     position bias), times its weight and the box's scale: SDPA adds attn_mask after scaling."""
-    value = ctx.as_missing_legs(ctx.lower(e, fused.ren))
+    value = as_missing_legs(ctx.lower(e, fused.ren))
     factor = sympy.simplify(weight * fused.box_scale)
-    return ctx.scale(value, factor) if factor != 1 else value
+    return scale_value(ctx, value, factor) if factor != 1 else value
 
 
 def score_mask(
@@ -329,8 +333,8 @@ def score_operand(ctx: Lowering, value: Value, groups: list[list[str]], invert: 
     is a unit axis; a group it has in part is filled in by a copy first."""
     partial = [g for g in groups if set(g) & set(value.legs) and not set(g) <= set(value.legs)]
     if partial:
-        value = ctx.materialize(value, tuple(leg for g in groups for leg in g if leg in value.legs or g in partial))
-    read = ctx.arrange(value, [g if set(g) <= set(value.legs) else [] for g in groups])
+        value = materialize(ctx, value, tuple(leg for g in groups for leg in g if leg in value.legs or g in partial))
+    read = arrange(ctx, value, [g if set(g) <= set(value.legs) else [] for g in groups])
     return dataclasses.replace(read, invert=invert)
 
 
@@ -348,13 +352,13 @@ def key_bias(ctx: Lowering, fused: MatchedAttention) -> Value:
             value = ctx.lower(e, fused.ren)
         factor = sympy.simplify(weight * fused.box_scale / fused.scale)
         if factor != 1:
-            value = ctx.scale(value, factor)
-        parts.append((1, ctx.as_missing_legs(value)))
-    bias = ctx.combine("bias", parts, tuple(heads + keys), "bias") if len(parts) > 1 else parts[0][1]
+            value = scale_value(ctx, value, factor)
+        parts.append((1, as_missing_legs(value)))
+    bias = combine(ctx, "bias", parts, tuple(heads + keys), "bias") if len(parts) > 1 else parts[0][1]
     missing = [leg for leg in (*heads, *keys) if leg not in bias.legs]
     if not missing:
         return bias
-    return ctx.materialize(bias, tuple(leg for leg in (*heads, *keys)))
+    return materialize(ctx, bias, tuple(leg for leg in (*heads, *keys)))
 
 
 def hidden_positions(ctx: Lowering, fused: MatchedAttention, query: str, key: str) -> str:
@@ -372,6 +376,6 @@ def causal_attention_mask(ctx: Lowering, fused: MatchedAttention, query: str, ke
     causal = Value(hidden_positions(ctx, fused, mask_query, mask_key), (mask_query, mask_key))
     aligned = align(causal, (query, *keys), invert=True)
     visible = Value(ctx.names.fresh("visible"), (query, *keys))
-    op = VisibleMask(aligned, ctx.shape([query, *keys]), ctx.group_size([query]))
+    op = VisibleMask(aligned, ctx.shape([query, *keys]), group_size(ctx, [query]))
     ctx.emit(Step("mask", op, visible, inputs=()))
     return visible

@@ -24,14 +24,16 @@ from ..ir import (
     WindowMask,
     walk,
 )
+from .combine import owns_parameter
 from .constants import fold_constants
 from .context import Leaf, Lowering
-from .legs import _is_scaling
+from .legs import is_scaling
 from .program import (
     BATCH,
     Step,
     Value,
 )
+from .regions import collect, is_batched, with_fresh_legs
 
 # a term of the scores: its kind ("term", or "norm" for the ‖k‖² of a squared distance), its
 # weight and its expression (None for "norm")
@@ -135,10 +137,10 @@ def fusable(ctx, box: SoftmaxBox, ren, leaf: Leaf, others: list[Leaf], out: tupl
         if kind == "term":
             for _, weight, term in crosses:
                 content: list[Leaf] = []
-                weight *= ctx.collect(term, ren, content)
+                weight *= collect(ctx, term, ren, content)
                 contents.append((content, weight))
         else:
-            inner = ctx.with_fresh_legs(ren, cross.over)
+            inner = with_fresh_legs(ctx, ren, cross.over)
             sides = [ctx.lower(cross.left, inner), ctx.lower(cross.right, inner)]
             if set(keys) & set(sides[0].legs):
                 sides.reverse()
@@ -184,7 +186,7 @@ def fusable(ctx, box: SoftmaxBox, ren, leaf: Leaf, others: list[Leaf], out: tupl
     # several products Σ_i q_i·k_i (partial RoPE: rotated and passed-through dims) are one
     # product of the concatenated sides; each q_i carries its weight relative to the first
     sides = [(s[0], s[1], s[5], sign * w / coefficient, s[7]) for _, s, w in terms]
-    batched = any(ctx.is_batched(e) for _, _, e in biases) or any(isinstance(m, PaddingMask) for m in box.masks)
+    batched = any(is_batched(ctx, e) for _, _, e in biases) or any(isinstance(m, PaddingMask) for m in box.masks)
     if batched and BATCH not in heads:
         return "a term or mask of the scores varies along the batch, the query·key product does not"
     bias_items, score_biases = [], []
@@ -279,7 +281,7 @@ def score_items(ctx: Lowering, e: Expr, ren, keys: set[str], weight: sympy.Expr 
         if isinstance(e, SumNode):
             for term, sign in zip(e.terms, e.signs, strict=True):
                 walk_terms(term, weight * sign)
-        elif isinstance(e, Contraction) and _is_scaling(e):
+        elif isinstance(e, Contraction) and is_scaling(e):
             factor = next(f for f in e.factors if not isinstance(f, Scalar))
             scalars = [f.value for f in e.factors if isinstance(f, Scalar)]
             walk_terms(factor, weight * e.coefficient * sympy.Mul(*scalars))
@@ -292,7 +294,7 @@ def score_items(ctx: Lowering, e: Expr, ren, keys: set[str], weight: sympy.Expr 
         legs = {p for leg in item[2].legs for p in ren[leg]}
         if legs & keys:
             kept.append(item)
-        elif keep_constant or ctx.owns_parameter(item[2]):
+        elif keep_constant or owns_parameter(ctx, item[2]):
             return None
     if not kept:
         return None

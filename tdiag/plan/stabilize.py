@@ -17,8 +17,9 @@ of the linear-time order read the same shifted factors."""
 
 from __future__ import annotations
 
+from .combine import combine
 from .context import Leaf, Lowering
-from .legs import _renamed
+from .legs import renamed_value
 from .program import BATCH, Map, Reduce, Step, Value, show_legs
 
 
@@ -37,7 +38,7 @@ def stabilize_exponents(ctx: Lowering, leaves: list[Leaf], kept: frozenset[str])
         ctx.memo[key] = (shifted, legs)  # type: ignore[assignment]
     earlier_values, earlier = ctx.memo[key]
     rename = dict(zip(earlier, legs, strict=True))
-    values = iter([_renamed(value, rename) for value in earlier_values])  # type: ignore[attr-defined]
+    values = iter([renamed_value(value, rename) for value in earlier_values])  # type: ignore[attr-defined]
     out: list[Leaf] = []
     for leaf in leaves:
         if not leaf.exponent:
@@ -58,7 +59,7 @@ def shifted_exponents(ctx: Lowering, arguments: list[Value], kept: frozenset[str
     for position, k in enumerate(order):
         z = arguments[k]
         if carried[k]:
-            z = ctx.combine("sum", [(1, z)] + [(1, c) for c in carried[k]], _union(z, carried[k]), None)
+            z = combine(ctx, "sum", [(1, z)] + [(1, c) for c in carried[k]], _union(z, carried[k]), None)
         later = [j for j in order[position + 1 :]]
         summed = {leg for leg in z.legs if leg not in kept and leg != BATCH}
         shared = summed & {leg for j in later for leg in free[j]}
@@ -94,7 +95,7 @@ def maximum(ctx: Lowering, z: Value, over: set[str]) -> Value:
 def shifted_exp(ctx: Lowering, z: Value, shift: Value | None) -> Value:
     """exp(z − shift): the shift is the max of z along the legs it does not have."""
     if shift is not None:
-        z = ctx.combine("sum", [(1, z), (-1, shift)], z.legs, None)
+        z = combine(ctx, "sum", [(1, z), (-1, shift)], z.legs, None)
     name = ctx.names.fresh("exp")
     step = Step(
         "map",

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import sympy
 
-from ..device import DeviceModel, planning_device
-from .abstract import FLOAT, Footprint, StepFootprint
+from ..device import DeviceModel
+from .abstract import FLOAT, StepFootprint
 from .footprint import footprint
 from .program import (
     BATCH_SIZE,
@@ -27,7 +27,6 @@ from .program import (
     BandMask,
     BlockMask,
     BufferUpdate,
-    ChunkCount,
     ChunkEdge,
     Concat,
     Convolve,
@@ -291,54 +290,3 @@ def plan_time(plan: Plan, device: DeviceModel, **sizes: int) -> float:
         op_time(device, step, record, number)
         for step, record in zip([*plan.steps, *plan.update_steps], records, strict=True)
     )
-
-
-class TimeModel:
-    """Estimates a lowering's training-step time on the planning device."""
-
-    _device: DeviceModel | None = None
-    estimates = 0  # trial estimates made: none means no choice the objective could change
-    fusion_estimates = 0  # those of a fused attention: the only choices `memory` makes otherwise than `flops`
-
-    @property
-    def device(self) -> DeviceModel:
-        if self._device is None:
-            self._device = planning_device()
-        return self._device
-
-    def context(self, steps: list[Step]) -> Plan:
-        """The program so far with `steps` after it, for the footprint pass."""
-        chunks = [ChunkCount(str(symbol), extent, size) for (extent, size), symbol in self.chunk_counts.items()]
-        return Plan(
-            self.g,
-            dict(self.sizes),
-            dict(self.leg_sizes),
-            steps=[*self.steps, *steps],
-            names=dict(self.input_vars),
-            attributes=frozenset(self.attributes),
-            causal=dict(self.causal_masks),
-            chunks=chunks,
-        )
-
-    def estimated_time(self, steps: list[Step], fp: Footprint | None = None) -> float:
-        """Seconds a training step spends in `steps`, appended to the program so far (`fp`: the
-        footprint of that program, when the caller has it already)."""
-        self.estimates += 1
-        self.fusion_estimates += any(isinstance(step.op, Attention | FlexAttention) for step in steps)
-        records = (fp or footprint(self.context(steps))).steps[len(self.steps) :]
-        return sum(
-            op_time(self.device, step, record, self.at_planned_sizes)
-            for step, record in zip(steps, records, strict=True)
-        )
-
-    def rival_objectives(self) -> tuple[str, ...]:
-        """The objectives whose plans may differ from this lowering's (made for `time`): none
-        where no choice was estimated, `flops` where no fused attention was (`memory` then
-        chooses as `flops` does: by FLOPs, trial() in base.py), else both."""
-        if not self.estimates:
-            return ()
-        return ("flops", "memory") if self.fusion_estimates else ("flops",)
-
-    def at_planned_sizes(self, expr: sympy.Expr) -> float:
-        value = self.g.evaluate(sympy.sympify(expr).xreplace(self.chunk_values), **self.sizes)
-        return float(value.xreplace({BATCH_SIZE: self.sizes.get("B", 1)}))

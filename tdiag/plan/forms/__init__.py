@@ -29,7 +29,8 @@ To add a form: write one module here with a subclass of `forms.base.Form` that s
 `refusal(ctx, site) -> str | None` (why it does not apply, cheaply: nothing emitted; return an
 `Unfit` when the form is made for other boxes, so the notes leave it out) and
 `emit(ctx, site) -> list[Leaf]` (emit its steps through `ctx`, the lowering as the protocol
-`context.Lowering` describes it, and return `site.others` with what replaces the box: see
+`context.Lowering` describes it, and the lowering's functions of it — regions.contract,
+boxes.materialize, ... —, and return `site.others` with what replaces the box: see
 materialized.py for the smallest one; raise
 `FormRefusedError` for a reason found only while emitting), then add an instance to `FORMS`
 below. Nothing else changes: the chooser costs it, the report lists it."""

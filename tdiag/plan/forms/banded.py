@@ -22,7 +22,10 @@ from typing import TYPE_CHECKING
 
 import sympy
 
+from ..boxes import expand_broadcast, materialize
+from ..chunked import chunk_legs, chunk_value
 from ..context import Leaf, Lowering
+from ..contraction import scale_value
 from ..positions import like_input
 from ..program import (
     BATCH,
@@ -38,6 +41,7 @@ from ..program import (
     align,
     show_legs,
 )
+from ..regions import contract
 from ..score_maps import MAPPED
 from ..sdpa import emit_prelude, query_and_key
 from .base import BoxSite, Form, Unfit
@@ -95,16 +99,17 @@ class Banded(Form):
             q, k, _ = query_and_key(ctx, match)
         keys, features, sequence = match.keys, match.features, match.sequence
         (key,) = keys
-        v = ctx.contract(match.value, tuple(match.heads + keys + features), sympy.Integer(1), "v")
+        v = contract(ctx, match.value, tuple(match.heads + keys + features), sympy.Integer(1), "v")
         size = block_size(before, after)
         width = size + before + after - 2
-        chunks, within, _, _ = ctx.chunk_legs(sequence, key, size)
+        chunks, within, _, _ = chunk_legs(ctx, sequence, key, size)
         band = ctx.new_leg(key, sympy.Integer(width))
         blocks = Blocks(ctx, key, chunks, band, size, width, before - 1)
-        q_blocks, k_blocks = ctx.chunk_value(q, sequence, chunks, within), blocks.of(k)
+        q_blocks, k_blocks = chunk_value(ctx, q, sequence, chunks, within), blocks.of(k)
         query_heads = [leg for leg in match.queries if leg != sequence]
         rows = (*match.heads, *query_heads, chunks, within)
-        scores = ctx.contract(
+        scores = contract(
+            ctx,
             [Leaf(q_blocks.legs, value=q_blocks), Leaf(k_blocks.legs, value=k_blocks)],
             (*rows, band),
             ctx.runtime(match.scale),
@@ -115,7 +120,8 @@ class Banded(Form):
         scores = masked_scores(ctx, match, scores, blocks, within, before, after)
         weights = block_softmax(ctx, scores, band)
         v_blocks = blocks.of(v)
-        out = ctx.contract(
+        out = contract(
+            ctx,
             [Leaf(weights.legs, value=weights), Leaf(v_blocks.legs, value=v_blocks)],
             (*rows, *features),
             sympy.Integer(1),
@@ -140,7 +146,7 @@ class Blocks:
 
     def of(self, value: Value) -> Value:
         ctx = self.ctx
-        value = ctx.expand_broadcast(value, {self.key})
+        value = expand_broadcast(ctx, value, {self.key})
         physical = [leg for leg in value.legs if leg not in value.broadcast]
         axis = physical.index(self.key)
         legs = tuple(p for leg in value.legs for p in ((self.chunks, self.band) if leg == self.key else (leg,)))
@@ -179,7 +185,7 @@ def mapped_scores(ctx: Lowering, match: MatchedAttention, scores: Value) -> Valu
     )
     mapped = ctx.emit(step)  # type: ignore[assignment]
     weight = ctx.runtime(sympy.simplify(mapping.weight))
-    return mapped if weight == 1 else ctx.scale(mapped, weight)
+    return mapped if weight == 1 else scale_value(ctx, mapped, weight)
 
 
 def masked_scores(
@@ -188,7 +194,7 @@ def masked_scores(
     """The block scores with padded keys at the dtype's lowest number, then the keys outside the
     window (or past the ends) at −inf, as the materialized box fills them."""
     if match.pads and BATCH not in scores.legs:
-        scores = ctx.materialize(scores, (BATCH, *scores.legs))  # a padding mask differs per sequence
+        scores = materialize(ctx, scores, (BATCH, *scores.legs))  # a padding mask differs per sequence
     for var, legs in match.pads:
         padded = blocks.of(Value(var, (BATCH, *legs)))
         scores = fill(ctx, scores, align(padded, scores.legs, invert=True), "lowest")

@@ -21,10 +21,12 @@ from typing import ClassVar
 
 import sympy
 
-from ..chunked import NotPrefixSumError, union_legs
+from ..chunked import NotPrefixSumError, causal_contract, decay_side, masked_decay_exp, union_legs
+from ..combine import combine
 from ..context import Leaf, Lowering
 from ..decay import has_segment_sum, split_exponent
 from ..program import Value, show_legs
+from ..regions import contract
 from .base import BoxChoice, Candidate, Cost, FormRefusedError
 from .cost import choose, cost, worse
 
@@ -74,7 +76,7 @@ class MaskedProduct(CausalProductForm):
         decayed = any(leaf.decay is not None for leaf in site.leaves)
         with ctx.wide(int(decayed)):
             leaves = [masked_decay(ctx, leaf, site.query, site.key) for leaf in site.leaves]
-            return ctx.contract(leaves, site.out, site.coefficient, var)
+            return contract(ctx, leaves, site.out, site.coefficient, var)
 
 
 class ChunkedPrefix(CausalProductForm):
@@ -92,12 +94,26 @@ class ChunkedPrefix(CausalProductForm):
         sums over thousands of positions, which bfloat16's 8 significant bits do not carry."""
         with ctx.wide():
             try:
-                return ctx.causal_contract(site.query, site.key, site.rest, site.out, site.coefficient, var)
+                return causal_contract(ctx, site.query, site.key, site.rest, site.out, site.coefficient, var)
             except NotPrefixSumError as why:
                 raise FormRefusedError(str(why)) from None
 
 
 CAUSAL_PRODUCT_FORMS: list[CausalProductForm] = [MaskedProduct(), ChunkedPrefix()]
+
+
+def lower_causal_product(
+    ctx: Lowering,
+    query: str,
+    key: str,
+    leaves: list[Leaf],
+    out: tuple[str, ...],
+    coefficient: sympy.Expr,
+    var: str | None,
+) -> Value:
+    """A product with a causal(query, key) factor that sums the key, in the form the objective
+    takes (the lowering's `config.causal_product`, which regions.py calls)."""
+    return decide_causal_product(ctx, CausalSite(query, key, leaves, out, coefficient), var)
 
 
 def decide_causal_product(ctx: Lowering, site: CausalSite, var: str | None) -> Value:
@@ -140,7 +156,7 @@ def masked_decay(ctx: Lowering, leaf: Leaf, query: str, key: str) -> Leaf:
     split = split_exponent(*leaf.decay, query, key)
     if split is None:
         return leaf
-    u, w = ctx.decay_side(list(split.u)), ctx.decay_side(list(split.w))
-    exponent = ctx.combine("sum", [(1, u), (1, w)], union_legs(u, w), None)
-    value = ctx.masked_decay_exp(exponent, query, key, "the decay")
+    u, w = decay_side(ctx, list(split.u)), decay_side(ctx, list(split.w))
+    exponent = combine(ctx, "sum", [(1, u), (1, w)], union_legs(u, w), None)
+    value = masked_decay_exp(ctx, exponent, query, key, "the decay")
     return Leaf(value.legs, value=value)  # type: ignore[union-attr]

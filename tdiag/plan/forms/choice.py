@@ -20,13 +20,14 @@ from collections.abc import Sequence
 import sympy
 
 from ..context import Leaf, Lowering
+from ..regions import contract
 from ..score_maps import MAPPED, match_map
 from ..sdpa_match import fusable
 from .base import BoxChoice, BoxSite, Candidate, Cost, Form, FormRefusedError, Unfit
 from .cost import choose, cost, worse
+from .sdpa_sink import SINK
 
 ASKED = "asked for"
-SINK = "a sink in the denominator (the SDPA sink form takes it)"
 MEMORY = "objective memory takes a fused attention wherever one applies (it never stores the box)"
 
 
@@ -89,7 +90,7 @@ def decide(ctx: Lowering, site: BoxSite, forms: Sequence[Form]) -> list[Leaf]:
 
 
 def _contracted(ctx: Lowering, form: Form, site: BoxSite) -> None:
-    ctx.contract(form.emit(ctx, site), site.out, sympy.Integer(1), None)
+    contract(ctx, form.emit(ctx, site), site.out, sympy.Integer(1), None)
 
 
 def _note_refused(ctx, site: BoxSite, forms, taken: Form, pool, prices, reasons, rule: str | None) -> None:

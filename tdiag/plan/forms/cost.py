@@ -21,6 +21,7 @@ import sympy
 
 from ..context import Lowering
 from ..footprint import footprint
+from ..trials import counted_flops, estimated_time, program_with
 from .base import Cost
 
 T = TypeVar("T")
@@ -37,15 +38,15 @@ def cost(ctx: Lowering, build: Callable[[], object]) -> Cost:
     """What `build` would cost, emitted after the program so far, without keeping its steps."""
     with ctx.trial() as steps:
         build()
-        fp = footprint(ctx.context(steps))
-        seconds = ctx.estimated_time(steps, fp)
+        fp = footprint(program_with(ctx, steps))
+        seconds = estimated_time(ctx, steps, fp)
         start = len(ctx.steps)
         first: dict[int, int] = {}
         for k, record in enumerate(fp.steps):
             for storage in record.saved:
                 first.setdefault(storage, k)
         kept = sympy.Add(*(fp.storages[s].bytes for s in fp.saved if first.get(s, -1) >= start))
-        return Cost(seconds, ctx.at_planned_sizes(kept), ctx.counted_flops(steps))
+        return Cost(seconds, ctx.at_planned_sizes(kept), counted_flops(ctx, steps))
 
 
 def key(objective: str, price: Cost) -> tuple[float, ...]:

@@ -14,6 +14,7 @@ import sympy
 from ..chunked import NotPrefixSumError
 from ..context import Leaf, Lowering
 from ..linear import hoist, not_linear_content, prefix_legs
+from ..regions import contract
 from .base import BoxSite, Form, FormRefusedError, Unfit
 from .cost import choose, cost
 
@@ -80,7 +81,7 @@ def _value_side(ctx: Lowering, site: BoxSite) -> tuple[list[Leaf], list[Leaf]]:
     for values, rest in placements:
 
         def build(v: list[Leaf] = values, r: list[Leaf] = rest) -> None:
-            ctx.contract(hoist(ctx, site.box, site.ren, v, r, site.out), site.out, sympy.Integer(1), None)
+            contract(ctx, hoist(ctx, site.box, site.ren, v, r, site.out), site.out, sympy.Integer(1), None)
 
         try:
             costed.append(((values, rest), cost(ctx, build)))

@@ -4,8 +4,9 @@ whenever no other form applies or pays."""
 
 from __future__ import annotations
 
-from ..base import _value_leaves
+from ..boxes import lower_box
 from ..context import Leaf, Lowering
+from ..legs import value_leaves
 from .base import BoxSite, Form
 
 
@@ -25,5 +26,5 @@ class Materialized(Form):
         matmul reads it without a copy."""
         box, ren, others, k = site.box, site.ren, site.others, site.index
         prefer = {leg for o in others for leg in o.legs} if box.is_exp else set()
-        value = ctx.memoized(box, ren, lambda: ctx.lower_box(box, ren, None, prefer))
-        return [*others[:k], *_value_leaves(value), *others[k:]]
+        value = ctx.memoized(box, ren, lambda: lower_box(ctx, box, ren, None, prefer))
+        return [*others[:k], *value_leaves(value), *others[k:]]
