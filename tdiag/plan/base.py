@@ -94,9 +94,7 @@ class LoweringBase(LoweringContext):
         return self.leg_sizes[leg]
 
     def number(self, leg: str) -> int:
-        value = self.g.evaluate(self.size(leg).xreplace(self.chunk_values), **self.sizes)
-        value = value.xreplace({BATCH_SIZE: self.sizes.get("B", 1)})
-        return int(value)
+        return int(self.at_sizes(self.size(leg)))
 
     def numel(self, legs: Iterable[str]) -> sympy.Expr:
         return sympy.Mul(*(self.size(leg) for leg in legs))
@@ -231,8 +229,13 @@ class LoweringBase(LoweringContext):
             return self.counted_flops(steps)
 
     def counted_flops(self, steps: list[Step]) -> int:
-        """The FLOPs of `steps` at the planned sizes, as the rewrites compare them (_planned_flops)."""
-        total = sum((_planned_flops(s) for s in steps), sympy.Integer(0)).xreplace(self.chunk_values)
+        """The FLOPs of `steps` at the planned sizes, as the rewrites compare them (_planned_flops):
+        each step's count evaluated on its own (the same counts recur from trial to trial) and
+        summed exactly, unless a count holds a float, which the evaluation of the sum rationalizes."""
+        terms = [sympy.sympify(_planned_flops(s)) for s in steps]
+        if not any(term.has(sympy.Float) for term in terms):
+            return int(sum((self.at_sizes(term) for term in terms), sympy.Integer(0)))
+        total = sum(terms, sympy.Integer(0)).xreplace(self.chunk_values)
         return int(self.g.evaluate(total, **self.sizes).xreplace({BATCH_SIZE: self.sizes.get("B", 1)}))
 
 

@@ -340,5 +340,4 @@ class TimeModel:
         return ("flops", "memory") if self.fusion_estimates else ("flops",)
 
     def at_planned_sizes(self, expr: sympy.Expr) -> float:
-        value = self.g.evaluate(sympy.sympify(expr).xreplace(self.chunk_values), **self.sizes)
-        return float(value.xreplace({BATCH_SIZE: self.sizes.get("B", 1)}))
+        return float(self.at_sizes(sympy.sympify(expr)))
