@@ -92,7 +92,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("constructs", ("tdiag.constructs", "tdiag.constructs.*")),
-    ("facade", ("tdiag", "tdiag.design", "tdiag.call_plans")),
+    ("facade", ("tdiag", "tdiag.design", "tdiag.call_plans", "tdiag.shared_plans")),
     (
         "tools",
         (

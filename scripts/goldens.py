@@ -5,7 +5,9 @@ rewrites taken and refused, and the cost report's formulas. A refactor of the co
 claims to keep behaviour keeps this file unchanged (`make goldens-check`).
 
 Plans are made for the nominal CPU, with no measured device file, so the goldens do not depend on
-the machine or on a measurement made earlier (as tests/conftest.py plans for the suite).
+the machine or on a measurement made earlier (as tests/conftest.py plans for the suite). Designs
+made alike share their plans (tdiag/shared_plans.py, as in the suite): a design's causal variant is
+the one its compiled module plans for `is_causal`, planned once.
 
     python scripts/goldens.py record                 # writes tests/goldens/plans.json
     python scripts/goldens.py check                  # exit 1 and the differing entries if any
@@ -119,13 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     nominal_device()
     sys.path.insert(0, str(ROOT))
     from tdiag.resources import bundled_designs
+    from tdiag.shared_plans import sharing
 
     names = args.designs or bundled_designs()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     records = {}
-    for i, name in enumerate(names, 1):
-        records[name] = entry(name)
-        print(f"[{i}/{len(names)}] {name} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+    with sharing():
+        for i, name in enumerate(names, 1):
+            records[name] = entry(name)
+            print(f"[{i}/{len(names)}] {name} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+    print(f"planned in {time.perf_counter() - started:.0f} s ({time.process_time() - cpu:.0f} s CPU)", file=sys.stderr)
 
     if args.action == "record":
         kept = json.loads(args.file.read_text()) if args.file.exists() and args.designs else {}

@@ -78,14 +78,16 @@ class CallDesigns:
             graph = with_call_bias(design.graph, self.name, self.query, self.key, per_head)
         else:
             graph = with_call_mask(design.graph, self.name, self.query, self.key, per_head)
-        return Design(graph, design.warnings)
+        how = ("call mask", design.made_from, self.bias, self.name, self.query, self.key, per_head)
+        return Design(graph, design.warnings, made_from=design.made_from and how)
 
 
 def _without_masks(design: Design) -> Design | None:
     from .design import Design
 
     graph = without_masks(design.graph)
-    return None if graph is None else Design(graph, design.warnings)
+    made_from = design.made_from and ("without masks", design.made_from)
+    return None if graph is None else Design(graph, design.warnings, made_from=made_from)
 
 
 def call_designs(design: Design, query: str = "n", key: str = "m") -> CallDesigns | None:

@@ -22,6 +22,7 @@ from .ir import (
 from .objectives import COST_OBJECTIVE, DEFAULT_OBJECTIVE, OBJECTIVES  # importable from here too
 from .printing import describe_nodes, format_expr, groups_text
 from .resources import shown_path
+from .shared_plans import shared
 
 if TYPE_CHECKING:
     from .device import DeviceModel
@@ -30,12 +31,20 @@ if TYPE_CHECKING:
 class Design:
     """A checked design. `graph` is the design graph every later stage reads."""
 
-    def __init__(self, graph: DesignGraph, warnings: list[Diagnostic], origin: Mapping[str, object] | None = None):
+    def __init__(
+        self,
+        graph: DesignGraph,
+        warnings: list[Diagnostic],
+        origin: Mapping[str, object] | None = None,
+        made_from: tuple | None = None,
+    ):
         self.graph = graph
         self.warnings = warnings
         # what it was built from, as data (the texts of its files, the sizes given, the causal
         # masks added): a compiled file carries it so that it decodes (tdiag/decode.py)
         self.origin = dict(origin) if origin is not None else None
+        # how its graph was made, as a key: designs made alike share their plans (shared_plans.py)
+        self.made_from = made_from
         self._plans: dict[tuple, object] = {}  # plans are cached by size
 
     @property
@@ -97,9 +106,9 @@ class Design:
 
         masked = with_causal_mask(self.graph, query, key)
         if masked is self.graph:  # causal as written: the same design, the same record
-            return Design(masked, self.warnings, self.origin)
+            return Design(masked, self.warnings, self.origin, self.made_from)
         origin = self.origin and {**self.origin, "causal": (*self.origin.get("causal", ()), (query, key))}  # type: ignore[misc]
-        return Design(masked, self.warnings, origin)
+        return Design(masked, self.warnings, origin, self.made_from and ("causal", self.made_from, query, key))
 
     # -- compile and cost --
     def plan(
@@ -133,13 +142,16 @@ class Design:
         forms = tuple(form.name for form in planning_forms())
         key = (tuple(sorted(sizes.items())), checkpoint_boxes, objective, attention, priced, forms)
         if key not in self._plans:
-            self._plans[key] = plan_for(
-                self.graph,
-                sizes,
-                checkpoint_boxes=checkpoint_boxes,
-                objective=objective,
-                attention=attention,
-                device=device,
+            self._plans[key] = shared(
+                self.made_from and (self.made_from, key, device is None),
+                lambda: plan_for(
+                    self.graph,
+                    sizes,
+                    checkpoint_boxes=checkpoint_boxes,
+                    objective=objective,
+                    attention=attention,
+                    device=device,
+                ),
             )
         return self._plans[key]
 
@@ -319,7 +331,8 @@ def load(path: str | Path, sizes: Mapping[str, int] | None = None, /, **more: in
     if errors:
         raise TdiagError(errors)
     texts = tuple((shown_path(file), SOURCES.text(file)) for file in files)
-    return Design(graph, [d for d in found if not d.is_error], {"files": texts, "sizes": sizes})
+    made_from = ("load", tuple(files), texts, tuple(sorted(sizes.items())))
+    return Design(graph, [d for d in found if not d.is_error], {"files": texts, "sizes": sizes}, made_from)
 
 
 def loads(text: str, name: str = "<string>", sizes: Mapping[str, int] | None = None, /, **more: int) -> Design:
@@ -349,7 +362,8 @@ def loads(text: str, name: str = "<string>", sizes: Mapping[str, int] | None = N
     errors = [d for d in found if d.is_error]
     if errors:
         raise TdiagError(errors)
-    return Design(graph, [d for d in found if not d.is_error], {"files": ((name, text),), "sizes": sizes})
+    made_from = ("loads", name, text, tuple(sorted(sizes.items())))
+    return Design(graph, [d for d in found if not d.is_error], {"files": ((name, text),), "sizes": sizes}, made_from)
 
 
 # ---- the notebook tables ---------------------------------------------------------------------

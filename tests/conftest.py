@@ -130,6 +130,31 @@ def nominal_planning_device(tmp_path_factory):
         yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def shared_plans_in_the_session(nominal_planning_device):
+    """Designs made alike (the same files and sizes, the same variants) share their plans for the
+    session (tdiag/shared_plans.py): many tests plan the same bundled design at the same sizes."""
+    from tdiag.shared_plans import sharing
+
+    with sharing():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def own_plans_where_patched(request):
+    """A test that patches (monkeypatch: a planner constant, the environment, the folder) plans
+    its designs afresh and shares none of them: what it patched may decide a plan without being
+    part of the shared plans' key. A test patching with unittest.mock wraps its planning in
+    `sharing(False)` itself."""
+    from tdiag.shared_plans import sharing
+
+    if "monkeypatch" not in request.fixturenames:
+        yield
+        return
+    with sharing(False):
+        yield
+
+
 @pytest.fixture
 def cpu(monkeypatch, tmp_path):
     """Plan for a CPU of given peak FLOP/s, bandwidth (bytes/s) and per-op overhead (s)."""

@@ -12,6 +12,7 @@ import tdiag
 from tdiag.cost import cost_report
 from tdiag.plan import chunked
 from tdiag.plan.program import DecayedPrefix
+from tdiag.shared_plans import sharing
 
 GATED = """design gated
 size F = 16, H = 2, D = 4
@@ -45,7 +46,7 @@ def chunked64(source: str, **sizes) -> torch.nn.Module:
     in chunks of 4, built once per test run (planning a decayed design tries every placement)."""
     key = (source, tuple(sorted(sizes.items())))
     if key not in _BUILT:
-        with mock.patch.object(chunked, "CHUNK_SIZES", (4,)):
+        with sharing(False), mock.patch.object(chunked, "CHUNK_SIZES", (4,)):
             design = tdiag.load(DESIGNS / f"{source}.td", **sizes) if "\n" not in source else tdiag.loads(source)
             _BUILT[key] = design.module({"N": 4096}, dtype=torch.float64)
     return _BUILT[key]

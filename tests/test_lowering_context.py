@@ -223,3 +223,18 @@ def test_the_walk_has_every_member_the_protocol_of_forms_and_rules_names():
     members = {*Lowering.__annotations__, *(name for name in vars(Lowering) if not name.startswith("_"))}
     assert {"lower", "lower_nonlinear", "memoized", "emit", "trial"} <= members
     assert [name for name in sorted(members) if not hasattr(ctx, name)] == []
+
+
+def test_an_expression_at_the_sizes_is_remembered_with_the_chunk_counts_in_force():
+    """at_sizes remembers each expression by the chunk counts' values: a trial that binds a chunk
+    count reads its value, the real lowering the unbound count before and after it."""
+    graph = tdiag.load("mhsa").graph
+    ctx = LoweringContext(LoweringConfig(graph, {"N": SMALL}))
+    chunks = sympy.Symbol("chunks_0")
+    expr = graph.sizes["N"].symbol * chunks
+    assert ctx.at_sizes(expr) == SMALL * chunks
+    with ctx.trial():
+        ctx.chunk_values[chunks] = sympy.Integer(4)
+        assert ctx.at_sizes(expr) == 4 * SMALL
+    assert ctx.at_sizes(expr) == SMALL * chunks
+    assert len(ctx.config.evaluated) == 2

@@ -19,6 +19,7 @@ from tdiag import TdiagError, codegen
 from tdiag import names as reserved
 from tdiag.errors import format_diagnostics
 from tdiag.plan import chunked
+from tdiag.shared_plans import sharing
 
 TEXTS = {p.name: p.read_text() for p in DESIGN_FILES}
 TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9.]+|\S")
@@ -532,7 +533,7 @@ def _mlstm(form: str, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Mod
     design = tdiag.load(DESIGNS / "mlstm.td", F=16, H=2)
     sizes = {"N": 64} if form == "masked" else {"N": 4096}
     chunk_sizes = chunked.CHUNK_SIZES if form == "masked" else (4,)
-    with mock.patch.object(chunked, "CHUNK_SIZES", chunk_sizes):
+    with sharing(False), mock.patch.object(chunked, "CHUNK_SIZES", chunk_sizes):
         module = design.module(sizes, dtype=dtype)
     assert ("_decayed_earlier" in module.tdiag_source) == (form == "chunked")
     reference = design.module(impl="reference", dtype=dtype)

@@ -72,6 +72,9 @@ class LoweringConfig:
     # cache of a pure function of its key, kept outside the state so that a trial that asks again
     # (every form and placement of an enclosing trial does) prices the sizes once
     chunk_costs: dict[tuple, dict[int, float]] = field(default_factory=dict, compare=False, repr=False)
+    # expressions at the planned sizes, by the expression and the chunk counts' values
+    # (`at_sizes`): every candidate of every box is priced at the same sizes, over and over
+    evaluated: dict[tuple, sympy.Expr] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass
@@ -299,6 +302,17 @@ class LoweringContext:
         self.target.append(step)
         return step.out
 
+    def at_sizes(self, expr: sympy.Expr) -> sympy.Expr:
+        """`expr` at the planned sizes, the chunk counts' values and the planned batch (B, else 1):
+        a pure function of the expression and those values, remembered in the config."""
+        chunks = self.state.chunk_values
+        key = (expr, tuple(chunks.items()))
+        known = self.config.evaluated.get(key)
+        if known is None:
+            value = self.g.evaluate(expr.xreplace(chunks), **self.sizes)
+            known = self.config.evaluated[key] = value.xreplace({BATCH_SIZE: self.sizes.get("B", 1)})
+        return known
+
     def new_leg(self, leg: str, size: sympy.Expr | None = None) -> str:
         """A fresh region leg named after `leg`, of its size or of `size`."""
         name = f"{leg}'{self.state.legs_made}"
@@ -326,9 +340,7 @@ class LoweringContext:
         return self.leg_sizes[leg]
 
     def number(self, leg: str) -> int:
-        value = self.g.evaluate(self.size(leg).xreplace(self.chunk_values), **self.sizes)
-        value = value.xreplace({BATCH_SIZE: self.sizes.get("B", 1)})
-        return int(value)
+        return int(self.at_sizes(self.size(leg)))
 
     def numel(self, legs: Iterable[str]) -> sympy.Expr:
         return sympy.Mul(*(self.size(leg) for leg in legs))
@@ -348,8 +360,7 @@ class LoweringContext:
         return tuple(self.runtime(self.size(leg)) for leg in legs)
 
     def at_planned_sizes(self, expr: sympy.Expr) -> float:
-        value = self.g.evaluate(sympy.sympify(expr).xreplace(self.chunk_values), **self.sizes)
-        return float(value.xreplace({BATCH_SIZE: self.sizes.get("B", 1)}))
+        return float(self.at_sizes(sympy.sympify(expr)))
 
     def expand(self, leg: str) -> tuple[str, ...]:
         return tuple(p for p, _ in self.splits[leg]) if leg in self.splits else (leg,)

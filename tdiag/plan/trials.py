@@ -52,8 +52,13 @@ def trial_cost(ctx: LoweringContext, build: Callable[[], object]) -> float:
 
 
 def counted_flops(ctx: LoweringContext, steps: list[Step]) -> int:
-    """The FLOPs of `steps` at the planned sizes, as the rewrites compare them (planned_flops)."""
-    total = sum((planned_flops(s) for s in steps), sympy.Integer(0)).xreplace(ctx.chunk_values)
+    """The FLOPs of `steps` at the planned sizes, as the rewrites compare them (planned_flops):
+    each step's count evaluated on its own (the same counts recur from trial to trial) and summed
+    exactly, unless a count holds a float, which the evaluation of the sum rationalizes."""
+    terms = [sympy.sympify(planned_flops(s)) for s in steps]
+    if not any(term.has(sympy.Float) for term in terms):
+        return int(sum((ctx.at_sizes(term) for term in terms), sympy.Integer(0)))
+    total = sum(terms, sympy.Integer(0)).xreplace(ctx.chunk_values)
     return int(ctx.g.evaluate(total, **ctx.sizes).xreplace({BATCH_SIZE: ctx.sizes.get("B", 1)}))
 
 
