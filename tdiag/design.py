@@ -22,7 +22,7 @@ from .ir import (
 from .objectives import COST_OBJECTIVE, DEFAULT_OBJECTIVE, OBJECTIVES  # importable from here too
 from .printing import describe_nodes, format_expr, groups_text
 from .resources import shown_path
-from .shared_plans import shared
+from .shared_plans import shared_plan
 
 if TYPE_CHECKING:
     from .device import DeviceModel
@@ -142,7 +142,7 @@ class Design:
         forms = tuple(form.name for form in planning_forms())
         key = (tuple(sorted(sizes.items())), checkpoint_boxes, objective, attention, priced, forms)
         if key not in self._plans:
-            self._plans[key] = shared(
+            self._plans[key] = shared_plan(
                 self.made_from and (self.made_from, key, device is None),
                 lambda: plan_for(
                     self.graph,

@@ -22,7 +22,7 @@ _plans: OrderedDict[Hashable, object] = OrderedDict()
 _sharing = [False]
 
 
-def shared(key: Hashable | None, plan: Callable[[], T]) -> T:
+def shared_plan(key: Hashable | None, plan: Callable[[], T]) -> T:
     """The plan kept under `key` while sharing is on, else `plan()` (kept if sharing is on and
     `key` is not None: a design made some other way has no key)."""
     if key is None or not _sharing[0]:
@@ -54,4 +54,4 @@ def kept() -> int:
     return len(_plans)
 
 
-__all__ = ["KEPT", "kept", "shared", "sharing"]
+__all__ = ["KEPT", "kept", "shared_plan", "sharing"]

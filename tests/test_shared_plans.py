@@ -63,16 +63,16 @@ def test_a_monkeypatching_test_shares_nothing(monkeypatch):
 def test_the_least_recently_asked_plan_is_dropped_past_the_limit(monkeypatch):
     monkeypatch.setattr(shared_plans, "KEPT", 2)
     with sharing():
-        plans = [shared_plans.shared(k, object) for k in ("a", "b", "c")]
+        plans = [shared_plans.shared_plan(k, object) for k in ("a", "b", "c")]
         assert shared_plans.kept() == 2
-        assert shared_plans.shared("c", object) is plans[2]
-        assert shared_plans.shared("a", object) is not plans[0]
+        assert shared_plans.shared_plan("c", object) is plans[2]
+        assert shared_plans.shared_plan("a", object) is not plans[0]
 
 
 def test_sharing_off_plans_every_time():
     with sharing(False):
-        assert shared_plans.shared(("k",), object) is not shared_plans.shared(("k",), object)
+        assert shared_plans.shared_plan(("k",), object) is not shared_plans.shared_plan(("k",), object)
 
 
 def test_a_design_without_a_key_plans_every_time():
-    assert shared_plans.shared(None, object) is not shared_plans.shared(None, object)
+    assert shared_plans.shared_plan(None, object) is not shared_plans.shared_plan(None, object)

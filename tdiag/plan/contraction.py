@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 
-import opt_einsum
 import sympy
 
 from .context import Lowering
@@ -123,6 +122,8 @@ def pairwise_steps(ctx: Lowering, values: list[Value], out: tuple[str, ...], var
 
 
 def contraction_path(ctx: Lowering, values: list[Value], out: tuple[str, ...]) -> list[tuple[int, ...]]:
+    import opt_einsum  # loaded when a region is contracted: `tdiag check` plans nothing
+
     legs = sorted({leg for v in values for leg in v.legs} | set(out))
     symbol = {leg: opt_einsum.get_symbol(i) for i, leg in enumerate(legs)}
     equation = (
@@ -230,6 +231,8 @@ def group_size(ctx: Lowering, group: Iterable[str]) -> sympy.Expr:
 
 def einsum_step(ctx: Lowering, values: list[Value], out: tuple[str, ...], var: str | None) -> Value:
     """The fallback for what a matmul cannot say (a leg repeated within one operand)."""
+    import opt_einsum  # loaded when a region is contracted: `tdiag check` plans nothing
+
     legs = sorted({leg for v in values for leg in v.legs} | set(out))
     symbol = {leg: opt_einsum.get_symbol(i) for i, leg in enumerate(legs)}
     spec = ",".join("".join(symbol[leg] for leg in v.legs) for v in values) + "->" + "".join(symbol[leg] for leg in out)
@@ -253,6 +256,8 @@ def _cheapest_path(equation: str, shapes: tuple[tuple[int, ...], ...]) -> tuple[
     OPTIMAL_UP_TO operands ('dp' beyond) or the dynamic program minimizing the largest
     intermediate, whichever costs fewer FLOPs (then the smaller intermediate). Remembered: the
     planner orders the same contraction for every candidate form it prices."""
+    import opt_einsum  # loaded when a region is contracted: `tdiag check` plans nothing
+
     strategies = [
         "optimal" if len(shapes) <= OPTIMAL_UP_TO else "dp",
         opt_einsum.paths.DynamicProgramming(minimize="size"),
