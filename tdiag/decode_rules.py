@@ -202,3 +202,24 @@ def no_rewrite(planner: StatePlanner, statement: Statement) -> None:
 def unchanged_in_step(program: StepProgram, node: Expr) -> Expr:
     """STEP_REWRITE: the node as written, its masks and sizes those of the step."""
     return program.finish(node)
+
+
+NEUTRAL: dict[Rules, Callable] = {
+    KV_ROWS: no_row_problem,
+    STATE_ROWS: reads_own_rows,
+    INNER_LEGS: no_inner_legs,
+    STATE_WHAT: its_legs,
+    STATE_FACTOR: split_factor,
+    DECAY_TERM: split_term,
+    STATE_STATEMENT: no_rewrite,
+    STEP_REWRITE: unchanged_in_step,
+}
+
+
+def plain(kind: type, but: Iterable[Rules] = ()) -> None:
+    """Register every decode table's neutral rule for `kind`, except in the tables `but` names
+    (where its construct module registers its own), as graph/position_rules.plain does."""
+    skipped = set(map(id, but))
+    for table, rule in NEUTRAL.items():
+        if id(table) not in skipped:
+            table.register(kind)(rule)

@@ -135,6 +135,19 @@ def test_plain_gives_a_kind_every_position_tables_neutral_rule_but_those_named()
     assert pos.zeros(node, {}) == set() and pos.HEADS.lookup(node)(node, "n", "m") == ((), ())
 
 
+def test_plain_gives_a_kind_every_decode_tables_neutral_rule_but_those_named():
+    from tdiag import decode_rules as decode
+
+    @dataclass(frozen=True)
+    class Banded(ir.Expr):
+        pass
+
+    decode.plain(Banded, but=(decode.KV_ROWS,))
+    assert missing_rules([Banded], decode.STAGES) == [("decode rows", "Banded")]
+    node = Banded(("n", "m"), SPAN)
+    assert decode.INNER_LEGS.lookup(node)(node) == set() and decode.STATE_WHAT.lookup(node)(node) == "n, m"
+
+
 def test_the_construct_modules_are_found_without_a_list():
     from tdiag import constructs
 

@@ -5,24 +5,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import decode_rules as decode
 from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..decode_rules import (
-    DECAY_TERM,
-    INNER_LEGS,
-    KV_ROWS,
     STATE_FACTOR,
-    STATE_ROWS,
-    STATE_STATEMENT,
     STATE_WHAT,
     STEP_REWRITE,
     ProductParts,
     StepProgram,
-    no_inner_legs,
-    no_rewrite,
-    no_row_problem,
-    reads_own_rows,
-    split_term,
 )
 from ..errors import did_you_mean
 from ..evaluation import EVALUATE
@@ -112,9 +103,7 @@ pos.plain(CausalFactor, but=(pos.ZEROS, pos.HIDES, pos.KEY_LEGS))
 
 # ---- decoding (decode_rules.py): what the kind means to a cache
 
-KV_ROWS.register(CausalFactor)(no_row_problem)
-STATE_ROWS.register(CausalFactor)(reads_own_rows)
-INNER_LEGS.register(CausalFactor)(no_inner_legs)
+decode.plain(CausalFactor, but=(STATE_WHAT, STATE_FACTOR, STEP_REWRITE))
 
 
 @STATE_WHAT.register(CausalFactor)
@@ -129,10 +118,6 @@ def causal_factor(parts: ProductParts, node: CausalFactor) -> None:
         parts.mark_causal(node)
     else:
         parts.split(node)
-
-
-DECAY_TERM.register(CausalFactor)(split_term)
-STATE_STATEMENT.register(CausalFactor)(no_rewrite)
 
 
 @STEP_REWRITE.register(CausalFactor)

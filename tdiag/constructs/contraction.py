@@ -9,23 +9,16 @@ from typing import TYPE_CHECKING
 
 import sympy
 
+from .. import decode_rules as decode
 from .. import parse as syn
 from ..check import CHECK
 from ..decode_rules import (
-    DECAY_TERM,
     INNER_LEGS,
-    KV_ROWS,
     STATE_FACTOR,
-    STATE_ROWS,
-    STATE_STATEMENT,
     STATE_WHAT,
     STEP_REWRITE,
     ProductParts,
     StepProgram,
-    no_rewrite,
-    no_row_problem,
-    reads_own_rows,
-    split_term,
 )
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
@@ -163,8 +156,7 @@ pos.plain(Contraction, but=(pos.MASK_SITE, pos.SEEN, pos.ZEROS, pos.MIXING, pos.
 
 # ---- decoding (decode_rules.py): what the kind means to a cache
 
-KV_ROWS.register(Contraction)(no_row_problem)
-STATE_ROWS.register(Contraction)(reads_own_rows)
+decode.plain(Contraction, but=(INNER_LEGS, STATE_WHAT, STATE_FACTOR, STEP_REWRITE))
 
 
 @INNER_LEGS.register(Contraction)
@@ -182,10 +174,6 @@ def what(node: Contraction) -> str:
 def multiplied_out(parts: ProductParts, node: Contraction) -> None:
     """A product among a causal product's factors is multiplied out (its summed legs renamed apart)."""
     parts.multiply_out(node)
-
-
-DECAY_TERM.register(Contraction)(split_term)
-STATE_STATEMENT.register(Contraction)(no_rewrite)
 
 
 @STEP_REWRITE.register(Contraction)

@@ -7,26 +7,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from .. import decode_rules as decode
 from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..decode_rules import (
-    DECAY_TERM,
-    INNER_LEGS,
     KV_ROWS,
     NEW,
-    STATE_FACTOR,
     STATE_ROWS,
-    STATE_STATEMENT,
-    STATE_WHAT,
-    STEP_REWRITE,
     RowRequests,
     StatePlanner,
-    its_legs,
-    no_inner_legs,
-    no_rewrite,
-    split_factor,
-    split_term,
-    unchanged_in_step,
 )
 from ..errors import Diagnostic
 from ..evaluation import EVALUATE
@@ -199,12 +188,7 @@ def convolved_state_rows(planner: StatePlanner, node: Convolution, target: str) 
     return None
 
 
-INNER_LEGS.register(Convolution)(no_inner_legs)
-STATE_WHAT.register(Convolution)(its_legs)
-STATE_FACTOR.register(Convolution)(split_factor)
-DECAY_TERM.register(Convolution)(split_term)
-STATE_STATEMENT.register(Convolution)(no_rewrite)
-STEP_REWRITE.register(Convolution)(unchanged_in_step)
+decode.plain(Convolution, but=(KV_ROWS, STATE_ROWS))
 
 
 # lower (plan/base.LOWER): the shifted contraction of its operand and kernel (plan/convolution.py)

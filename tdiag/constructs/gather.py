@@ -8,26 +8,17 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from .. import decode_rules as decode
 from ..check import CHECK, no_numbers
 from ..decode_rules import (
-    DECAY_TERM,
-    INNER_LEGS,
     KV_ROWS,
     NEW,
-    STATE_FACTOR,
     STATE_ROWS,
-    STATE_STATEMENT,
-    STATE_WHAT,
     STEP_REWRITE,
     NotCompiledError,
     RowRequests,
     StatePlanner,
     StepProgram,
-    its_legs,
-    no_inner_legs,
-    no_rewrite,
-    split_factor,
-    split_term,
 )
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
@@ -203,11 +194,7 @@ def gathered_state_rows(planner: StatePlanner, node: Gather, target: str) -> str
     return None
 
 
-INNER_LEGS.register(Gather)(no_inner_legs)
-STATE_WHAT.register(Gather)(its_legs)
-STATE_FACTOR.register(Gather)(split_factor)
-DECAY_TERM.register(Gather)(split_term)
-STATE_STATEMENT.register(Gather)(no_rewrite)
+decode.plain(Gather, but=(KV_ROWS, STATE_ROWS, STEP_REWRITE))
 
 
 @STEP_REWRITE.register(Gather)

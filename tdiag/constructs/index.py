@@ -5,26 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import decode_rules as decode
 from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..decode_rules import (
-    DECAY_TERM,
-    INNER_LEGS,
-    KV_ROWS,
     NEW,
-    STATE_FACTOR,
-    STATE_ROWS,
-    STATE_STATEMENT,
-    STATE_WHAT,
     STEP_REWRITE,
     StepProgram,
-    its_legs,
-    no_inner_legs,
-    no_rewrite,
-    no_row_problem,
-    reads_own_rows,
-    split_factor,
-    split_term,
 )
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
@@ -82,13 +69,7 @@ pos.plain(PositionIndex)
 
 # ---- decoding (decode_rules.py): what the kind means to a cache
 
-KV_ROWS.register(PositionIndex)(no_row_problem)
-STATE_ROWS.register(PositionIndex)(reads_own_rows)
-INNER_LEGS.register(PositionIndex)(no_inner_legs)
-STATE_WHAT.register(PositionIndex)(its_legs)
-STATE_FACTOR.register(PositionIndex)(split_factor)
-DECAY_TERM.register(PositionIndex)(split_term)
-STATE_STATEMENT.register(PositionIndex)(no_rewrite)
+decode.plain(PositionIndex, but=(STEP_REWRITE,))
 
 
 @STEP_REWRITE.register(PositionIndex)

@@ -7,25 +7,12 @@ from typing import TYPE_CHECKING
 
 import sympy
 
+from .. import decode_rules as decode
 from .. import parse as syn
 from ..check import CHECK, NumberRule
 from ..decode_rules import (
-    DECAY_TERM,
-    INNER_LEGS,
-    KV_ROWS,
     STATE_FACTOR,
-    STATE_ROWS,
-    STATE_STATEMENT,
-    STATE_WHAT,
-    STEP_REWRITE,
     ProductParts,
-    its_legs,
-    no_inner_legs,
-    no_rewrite,
-    no_row_problem,
-    reads_own_rows,
-    split_term,
-    unchanged_in_step,
 )
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
@@ -202,10 +189,7 @@ pos.plain(ElementwiseMap, but=(pos.ZEROS, pos.HIDES))
 
 # ---- decoding (decode_rules.py): what the kind means to a cache
 
-KV_ROWS.register(ElementwiseMap)(no_row_problem)
-STATE_ROWS.register(ElementwiseMap)(reads_own_rows)
-INNER_LEGS.register(ElementwiseMap)(no_inner_legs)
-STATE_WHAT.register(ElementwiseMap)(its_legs)
+decode.plain(ElementwiseMap, but=(STATE_FACTOR,))
 
 
 @STATE_FACTOR.register(ElementwiseMap)
@@ -222,11 +206,6 @@ def map_factor(parts: ProductParts, node: ElementwiseMap) -> None:
         parts.decay(node)
         return
     parts.split(node)
-
-
-DECAY_TERM.register(ElementwiseMap)(split_term)
-STATE_STATEMENT.register(ElementwiseMap)(no_rewrite)
-STEP_REWRITE.register(ElementwiseMap)(unchanged_in_step)
 
 
 # lower (plan/base.LOWER): one elementwise step over its lowered operand (plan/elementwise.py)

@@ -5,25 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import decode_rules as decode
 from ..check import CHECK, no_numbers
-from ..decode_rules import (
-    DECAY_TERM,
-    INNER_LEGS,
-    KV_ROWS,
-    STATE_FACTOR,
-    STATE_ROWS,
-    STATE_STATEMENT,
-    STATE_WHAT,
-    STEP_REWRITE,
-    its_legs,
-    no_inner_legs,
-    no_rewrite,
-    no_row_problem,
-    reads_own_rows,
-    split_factor,
-    split_term,
-    unchanged_in_step,
-)
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
 from ..graph.calls import BUILD
@@ -92,14 +75,7 @@ pos.plain(Quotient, but=(pos.ZEROS, pos.CALL_HIDDEN))
 
 # ---- decoding (decode_rules.py): what the kind means to a cache
 
-KV_ROWS.register(Quotient)(no_row_problem)
-STATE_ROWS.register(Quotient)(reads_own_rows)
-INNER_LEGS.register(Quotient)(no_inner_legs)
-STATE_WHAT.register(Quotient)(its_legs)
-STATE_FACTOR.register(Quotient)(split_factor)
-DECAY_TERM.register(Quotient)(split_term)
-STATE_STATEMENT.register(Quotient)(no_rewrite)
-STEP_REWRITE.register(Quotient)(unchanged_in_step)
+decode.plain(Quotient)
 
 
 # lower (plan/base.LOWER): numerator / denominator, a shared decay shifted by its row max (plan/elementwise.py)

@@ -5,23 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import decode_rules as decode
 from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..decode_rules import (
-    DECAY_TERM,
     INNER_LEGS,
-    KV_ROWS,
-    STATE_FACTOR,
-    STATE_ROWS,
-    STATE_STATEMENT,
     STATE_WHAT,
-    STEP_REWRITE,
-    no_rewrite,
-    no_row_problem,
-    reads_own_rows,
-    split_factor,
-    split_term,
-    unchanged_in_step,
 )
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
@@ -160,8 +149,7 @@ pos.plain(Reduction, but=(pos.MASK_SITE, pos.SEEN, pos.MIXING, pos.HIDES, pos.CA
 
 # ---- decoding (decode_rules.py): what the kind means to a cache
 
-KV_ROWS.register(Reduction)(no_row_problem)
-STATE_ROWS.register(Reduction)(reads_own_rows)
+decode.plain(Reduction, but=(INNER_LEGS, STATE_WHAT))
 
 
 @INNER_LEGS.register(Reduction)
@@ -173,12 +161,6 @@ def reduced_legs(node: Reduction) -> set[str]:
 @STATE_WHAT.register(Reduction)
 def what(node: Reduction) -> str:
     return f"{node.name} over {', '.join(node.over)}"
-
-
-STATE_FACTOR.register(Reduction)(split_factor)
-DECAY_TERM.register(Reduction)(split_term)
-STATE_STATEMENT.register(Reduction)(no_rewrite)
-STEP_REWRITE.register(Reduction)(unchanged_in_step)
 
 
 # lower (plan/base.LOWER): its masks filled, then one reduction step (plan/elementwise.py)

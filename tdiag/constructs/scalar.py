@@ -6,25 +6,8 @@ from typing import TYPE_CHECKING
 
 import sympy
 
+from .. import decode_rules as decode
 from ..check import CHECK
-from ..decode_rules import (
-    DECAY_TERM,
-    INNER_LEGS,
-    KV_ROWS,
-    STATE_FACTOR,
-    STATE_ROWS,
-    STATE_STATEMENT,
-    STATE_WHAT,
-    STEP_REWRITE,
-    its_legs,
-    no_inner_legs,
-    no_rewrite,
-    no_row_problem,
-    reads_own_rows,
-    split_factor,
-    split_term,
-    unchanged_in_step,
-)
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
 from ..graph.calls import BUILD
@@ -77,14 +60,7 @@ pos.plain(Scalar)
 
 # ---- decoding (decode_rules.py): what the kind means to a cache
 
-KV_ROWS.register(Scalar)(no_row_problem)
-STATE_ROWS.register(Scalar)(reads_own_rows)
-INNER_LEGS.register(Scalar)(no_inner_legs)
-STATE_WHAT.register(Scalar)(its_legs)
-STATE_FACTOR.register(Scalar)(split_factor)
-DECAY_TERM.register(Scalar)(split_term)
-STATE_STATEMENT.register(Scalar)(no_rewrite)
-STEP_REWRITE.register(Scalar)(unchanged_in_step)
+decode.plain(Scalar)
 
 
 # lower (plan/base.LOWER): collected as a leaf of its multilinear region (plan/regions.py)

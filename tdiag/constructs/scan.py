@@ -7,26 +7,15 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from .. import decode_rules as decode
 from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..decode_rules import (
-    DECAY_TERM,
-    INNER_LEGS,
     KV_ROWS,
     NEW,
-    STATE_FACTOR,
     STATE_ROWS,
-    STATE_STATEMENT,
-    STATE_WHAT,
-    STEP_REWRITE,
     RowRequests,
     StatePlanner,
-    its_legs,
-    no_inner_legs,
-    no_rewrite,
-    split_factor,
-    split_term,
-    unchanged_in_step,
 )
 from ..errors import Diagnostic, did_you_mean, one_of
 from ..errors import hint as join_hint
@@ -249,12 +238,7 @@ def scanned_state_rows(planner: StatePlanner, node: Scan, target: str) -> str | 
     return None
 
 
-INNER_LEGS.register(Scan)(no_inner_legs)
-STATE_WHAT.register(Scan)(its_legs)
-STATE_FACTOR.register(Scan)(split_factor)
-DECAY_TERM.register(Scan)(split_term)
-STATE_STATEMENT.register(Scan)(no_rewrite)
-STEP_REWRITE.register(Scan)(unchanged_in_step)
+decode.plain(Scan, but=(KV_ROWS, STATE_ROWS))
 
 
 # lower (plan/base.LOWER): its masks filled, then one scan step in float32 (plan/elementwise.py)

@@ -8,25 +8,16 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from .. import decode_rules as decode
 from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..decode_rules import (
     DECAY_TERM,
-    INNER_LEGS,
     KV_ROWS,
-    STATE_FACTOR,
     STATE_ROWS,
-    STATE_STATEMENT,
-    STATE_WHAT,
-    STEP_REWRITE,
     ProductParts,
     RowRequests,
     StatePlanner,
-    its_legs,
-    no_inner_legs,
-    no_rewrite,
-    split_factor,
-    unchanged_in_step,
 )
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
@@ -163,9 +154,7 @@ def segment_state_rows(planner: StatePlanner, node: SegmentSum, target: str) -> 
     return f"{target} takes segment sums outside the decay of a causal product"
 
 
-INNER_LEGS.register(SegmentSum)(no_inner_legs)
-STATE_WHAT.register(SegmentSum)(its_legs)
-STATE_FACTOR.register(SegmentSum)(split_factor)
+decode.plain(SegmentSum, but=(KV_ROWS, STATE_ROWS, DECAY_TERM))
 
 
 @DECAY_TERM.register(SegmentSum)
@@ -176,10 +165,6 @@ def running_sum(parts: ProductParts, sign: int, node: SegmentSum) -> None:
         parts.running.append((sign, node))
     else:
         parts.split_term(sign, node)
-
-
-STATE_STATEMENT.register(SegmentSum)(no_rewrite)
-STEP_REWRITE.register(SegmentSum)(unchanged_in_step)
 
 
 # lower (plan/base.LOWER): one segment-sums step over (n, m) (plan/elementwise.py)

@@ -10,26 +10,15 @@ from typing import TYPE_CHECKING
 
 import sympy
 
+from .. import decode_rules as decode
 from .. import parse as syn
 from ..check import CHECK, NumberRule
 from ..decode_linear import unboxed
 from ..decode_rules import (
-    DECAY_TERM,
-    INNER_LEGS,
-    KV_ROWS,
-    STATE_FACTOR,
-    STATE_ROWS,
     STATE_STATEMENT,
     STATE_WHAT,
-    STEP_REWRITE,
     StatementRewrite,
     StatePlanner,
-    no_inner_legs,
-    no_row_problem,
-    reads_own_rows,
-    split_factor,
-    split_term,
-    unchanged_in_step,
 )
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
@@ -268,9 +257,7 @@ pos.plain(
 
 # ---- decoding (decode_rules.py): what the kind means to a cache
 
-KV_ROWS.register(SoftmaxBox)(no_row_problem)
-STATE_ROWS.register(SoftmaxBox)(reads_own_rows)
-INNER_LEGS.register(SoftmaxBox)(no_inner_legs)
+decode.plain(SoftmaxBox, but=(STATE_WHAT, STATE_STATEMENT))
 
 
 @STATE_WHAT.register(SoftmaxBox)
@@ -278,18 +265,11 @@ def what(node: SoftmaxBox) -> str:
     return f"{node.box_name} over {', '.join(node.normalized)}"
 
 
-STATE_FACTOR.register(SoftmaxBox)(split_factor)
-DECAY_TERM.register(SoftmaxBox)(split_term)
-
-
 @STATE_STATEMENT.register(SoftmaxBox)
 def linear_order(planner: StatePlanner, statement: Statement) -> StatementRewrite:
     """A causal normalize box over positions and its one reader in the box's linear order
     (decode_linear.py); a softmax over positions has no state."""
     return functools.partial(unboxed, planner, statement)
-
-
-STEP_REWRITE.register(SoftmaxBox)(unchanged_in_step)
 
 
 # lower (plan/base.LOWER): the box computed as such (plan/boxes.py); a region that reads it

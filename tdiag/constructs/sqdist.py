@@ -5,26 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import decode_rules as decode
 from .. import parse as syn
 from ..check import CHECK, no_numbers
-from ..decode_rules import (
-    DECAY_TERM,
-    INNER_LEGS,
-    KV_ROWS,
-    STATE_FACTOR,
-    STATE_ROWS,
-    STATE_STATEMENT,
-    STATE_WHAT,
-    STEP_REWRITE,
-    its_legs,
-    no_inner_legs,
-    no_rewrite,
-    no_row_problem,
-    reads_own_rows,
-    split_factor,
-    split_term,
-    unchanged_in_step,
-)
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
 from ..graph.calls import BUILD
@@ -119,14 +102,7 @@ pos.plain(SquaredDistance, but=(pos.MIXING,))
 
 # ---- decoding (decode_rules.py): what the kind means to a cache
 
-KV_ROWS.register(SquaredDistance)(no_row_problem)
-STATE_ROWS.register(SquaredDistance)(reads_own_rows)
-INNER_LEGS.register(SquaredDistance)(no_inner_legs)
-STATE_WHAT.register(SquaredDistance)(its_legs)
-STATE_FACTOR.register(SquaredDistance)(split_factor)
-DECAY_TERM.register(SquaredDistance)(split_term)
-STATE_STATEMENT.register(SquaredDistance)(no_rewrite)
-STEP_REWRITE.register(SquaredDistance)(unchanged_in_step)
+decode.plain(SquaredDistance)
 
 
 # lower (plan/base.LOWER): expanded into norms and a product, or its differences squared, by cost (plan/distance.py)

@@ -5,25 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import decode_rules as decode
 from ..check import CHECK, no_numbers
-from ..decode_rules import (
-    DECAY_TERM,
-    INNER_LEGS,
-    KV_ROWS,
-    STATE_FACTOR,
-    STATE_ROWS,
-    STATE_STATEMENT,
-    STATE_WHAT,
-    STEP_REWRITE,
-    its_legs,
-    no_inner_legs,
-    no_rewrite,
-    no_row_problem,
-    reads_own_rows,
-    split_factor,
-    split_term,
-    unchanged_in_step,
-)
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
 from ..graph.calls import BUILD
@@ -102,14 +85,7 @@ pos.plain(SumNode, but=(pos.ZEROS, pos.MINUS_INFINITY, pos.CALL_HIDDEN))
 
 # ---- decoding (decode_rules.py): what the kind means to a cache
 
-KV_ROWS.register(SumNode)(no_row_problem)
-STATE_ROWS.register(SumNode)(reads_own_rows)
-INNER_LEGS.register(SumNode)(no_inner_legs)
-STATE_WHAT.register(SumNode)(its_legs)
-STATE_FACTOR.register(SumNode)(split_factor)
-DECAY_TERM.register(SumNode)(split_term)
-STATE_STATEMENT.register(SumNode)(no_rewrite)
-STEP_REWRITE.register(SumNode)(unchanged_in_step)
+decode.plain(SumNode)
 
 
 # lower (plan/base.LOWER): one elementwise step over its terms, smallest pair first (plan/elementwise.py)

@@ -7,23 +7,14 @@ from typing import TYPE_CHECKING
 
 import sympy
 
+from .. import decode_rules as decode
 from ..check import CHECK, no_numbers
 from ..decode_rules import (
-    DECAY_TERM,
     INNER_LEGS,
-    KV_ROWS,
-    STATE_FACTOR,
     STATE_ROWS,
-    STATE_STATEMENT,
-    STATE_WHAT,
     STEP_REWRITE,
     StatePlanner,
     StepProgram,
-    its_legs,
-    no_rewrite,
-    no_row_problem,
-    split_factor,
-    split_term,
 )
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
@@ -143,7 +134,7 @@ pos.plain(TensorRef, but=(pos.ZEROS, pos.HIDES, pos.CALL_HIDDEN))
 
 # ---- decoding (decode_rules.py): what the kind means to a cache
 
-KV_ROWS.register(TensorRef)(no_row_problem)
+decode.plain(TensorRef, but=(STATE_ROWS, INNER_LEGS, STEP_REWRITE))
 
 
 @STATE_ROWS.register(TensorRef)
@@ -159,12 +150,6 @@ def noise_rows(planner: StatePlanner, node: TensorRef, target: str) -> str | Non
 def grouped_legs(node: TensorRef) -> set[str]:
     """The legs of its groups (a reshaped read names several per axis)."""
     return {leg for g in node.groups for leg in g}
-
-
-STATE_WHAT.register(TensorRef)(its_legs)
-STATE_FACTOR.register(TensorRef)(split_factor)
-DECAY_TERM.register(TensorRef)(split_term)
-STATE_STATEMENT.register(TensorRef)(no_rewrite)
 
 
 @STEP_REWRITE.register(TensorRef)

@@ -5,24 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import decode_rules as decode
 from .. import parse as syn
 from ..check import CHECK, no_numbers
 from ..decode_rules import (
-    DECAY_TERM,
-    INNER_LEGS,
-    KV_ROWS,
-    STATE_FACTOR,
-    STATE_ROWS,
-    STATE_STATEMENT,
     STATE_WHAT,
     STEP_REWRITE,
     StepProgram,
-    no_inner_legs,
-    no_rewrite,
-    no_row_problem,
-    reads_own_rows,
-    split_factor,
-    split_term,
 )
 from ..evaluation import EVALUATE
 from ..graph import position_rules as pos
@@ -96,19 +85,12 @@ pos.plain(WindowFactor, but=(pos.ZEROS, pos.HIDES, pos.KEY_LEGS))
 
 # ---- decoding (decode_rules.py): what the kind means to a cache
 
-KV_ROWS.register(WindowFactor)(no_row_problem)
-STATE_ROWS.register(WindowFactor)(reads_own_rows)
-INNER_LEGS.register(WindowFactor)(no_inner_legs)
+decode.plain(WindowFactor, but=(STATE_WHAT, STEP_REWRITE))
 
 
 @STATE_WHAT.register(WindowFactor)
 def what(node: WindowFactor) -> str:
     return f"{node.kind}({node.query}, {node.key})"
-
-
-STATE_FACTOR.register(WindowFactor)(split_factor)
-DECAY_TERM.register(WindowFactor)(split_term)
-STATE_STATEMENT.register(WindowFactor)(no_rewrite)
 
 
 @STEP_REWRITE.register(WindowFactor)
