@@ -12,7 +12,7 @@ import sympy
 from .abstract import Footprint
 from .context import LoweringContext
 from .footprint import footprint
-from .program import BATCH_SIZE, Attention, ChunkCount, FlexAttention, Multiply, Plan, Step
+from .program import Attention, ChunkCount, FlexAttention, Multiply, Plan, Step
 from .timing import op_time
 
 
@@ -58,8 +58,7 @@ def counted_flops(ctx: LoweringContext, steps: list[Step]) -> int:
     terms = [sympy.sympify(planned_flops(s)) for s in steps]
     if not any(term.has(sympy.Float) for term in terms):
         return int(sum((ctx.at_sizes(term) for term in terms), sympy.Integer(0)))
-    total = sum(terms, sympy.Integer(0)).xreplace(ctx.chunk_values)
-    return int(ctx.g.evaluate(total, **ctx.sizes).xreplace({BATCH_SIZE: ctx.sizes.get("B", 1)}))
+    return int(ctx.at_sizes(sum(terms, sympy.Integer(0))))
 
 
 def planned_flops(step: Step) -> sympy.Expr:
