@@ -50,7 +50,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("language", ("tdiag.parse", "tdiag.ir", "tdiag.graph", "tdiag.graph.*", "tdiag.check", "tdiag.printing")),
-    ("planner: program IR", ("tdiag.plan.program", "tdiag.plan.values", "tdiag.plan.ops", "tdiag.plan.box_ops")),
+    ("planner: program IR", ("tdiag.plan.program", "tdiag.plan.ops", "tdiag.plan.box_ops")),
     (
         "planner: prices",
         (
@@ -81,8 +81,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "runtime",
         (
+            "tdiag.planning",
+            "tdiag.generated",
             "tdiag.module",
             "tdiag.reference",
+            "tdiag.reference_module",
             "tdiag.evaluation",
             "tdiag.decode",
             "tdiag.decode_*",

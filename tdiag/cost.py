@@ -309,7 +309,7 @@ def _show_number(value: float | int) -> str:
 
 def _assumed_lengths(reports: Sequence[CostReport], given: Mapping[str, int]) -> dict[str, int]:
     """The run-time sizes (sequence lengths) the numbers were taken at without being given
-    (module.PLANNING_DEFAULTS), by name."""
+    (planning.PLANNING_DEFAULTS), by name."""
     assumed: dict[str, int] = {}
     for r in reports:
         for k, size in r.graph.sizes.items():

@@ -141,7 +141,7 @@ class DecodeCache:
         self.tensors: dict[str, torch.Tensor] = {}
         self.numbers, self.expressions, self.constants = prepared.numbers, prepared.expressions, prepared.constants
         self.position_axes, self.sizes = prepared.position_axes, prepared.sizes
-        self._batch: torch.Size | None = None
+        self.held_batch: torch.Size | None = None
         self.original_graph = graph
         if compiled is None:  # a module of the reference evaluator steps as it does
             compiled = getattr(module, "tdiag_plan", None) is not None or embedded
@@ -181,8 +181,8 @@ class DecodeCache:
             raise ValueError(f"input {self.rule.input}: no new positions (its axis of size {self.rule.size} is empty)")
         bind_sizes(self.graph, self.sizes, {self.rule.input: x})  # the other axes' sizes, as a forward checks them
         batch = x.shape[: x.dim() - rank]
-        if self._batch is not None and batch != self._batch:
-            raise ValueError(f"the cache holds a batch of shape {tuple(self._batch)}; got {tuple(batch)}")
+        if self.held_batch is not None and batch != self.held_batch:
+            raise ValueError(f"the cache holds a batch of shape {tuple(self.held_batch)}; got {tuple(batch)}")
         if self.rule.kind == "prefix":
             return self._prefix_step(x, rank)
         if self.rule.kind == "state":
@@ -231,7 +231,7 @@ class DecodeCache:
             self.tensors[name] = rows.movedim(len(batch), len(batch) + axis)
             offset += width
         self.length = count
-        self._batch = batch
+        self.held_batch = batch
 
     def _prefix_step(self, x: torch.Tensor, rank: int) -> torch.Tensor | tuple[torch.Tensor, ...]:
         dim = self.rule.axis - rank
@@ -249,7 +249,7 @@ class DecodeCache:
             picked.append(y)
         self.tensors[self.rule.input] = whole
         self.length = whole.shape[dim]
-        self._batch = x.shape[: x.dim() - rank]
+        self.held_batch = x.shape[: x.dim() - rank]
         return picked[0] if single else tuple(picked)
 
     def _kv_step(self, x: torch.Tensor, rank: int, batch: torch.Size) -> torch.Tensor | tuple[torch.Tensor, ...]:
@@ -266,7 +266,7 @@ class DecodeCache:
         outputs = tuple(step.output(name) for name in self.graph.outputs)
         self.tensors.update(step.joined)
         self.length += count
-        self._batch = batch
+        self.held_batch = batch
         return outputs[0] if len(outputs) == 1 else outputs
 
 

@@ -41,7 +41,7 @@ def embedded_plan(cls: type) -> Any:
         from .check import check
         from .graph import build_graph, load_texts, with_causal_mask
         from .graph.model import checked_sizes
-        from .module import plan_for
+        from .planning import plan_for
 
         files, sizes, causal, plan_sizes, options = _record(cls, record)
         where = getattr(sys.modules.get(cls.__module__), "__file__", None) or cls.__module__

@@ -182,7 +182,7 @@ def step(cache, design: DesignGraph, x: torch.Tensor, batch: torch.Size) -> torc
         frame.values[statement.target] = statement_value(statement, frame)
     cache.tensors = held
     cache.length += count
-    cache._batch = batch
+    cache.held_batch = batch
     outputs = tuple(frame.values[name] for name in graph.outputs)
     return outputs[0] if len(outputs) == 1 else outputs
 

@@ -47,7 +47,7 @@ import dataclasses
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import sympy
 
@@ -60,15 +60,29 @@ from .graph.absorb import absorbed
 if TYPE_CHECKING:
     import torch
 
-    from .decode import DecodeCache
-
 __all__ = ["CompiledStep", "DecodeForm", "NotCompiledError", "PositionMask", "decode_form", "pin_form", "step_graphs"]
+
+
+class DecodeCache(Protocol):
+    """What a compiled step reads and writes of the decoding cache (decode.DecodeCache): the
+    design's graph before and after absorption, its rule, the rows held and how many positions."""
+
+    original_graph: DesignGraph
+    graph: DesignGraph
+    rule: DecodeRule
+    module: torch.nn.Module
+    length: int
+    position_axes: dict[str, tuple[bool, ...]]
+    tensors: dict[str, torch.Tensor]
+    held_batch: torch.Size | None
+    step: CompiledStep | None
+
 
 STEP_PLANNED_LENGTH = 1024  # the cache length a step is planned and its form chosen at, unless given
 
 
 def _planned(graph: DesignGraph, at: Mapping[str, int]):
-    from .module import plan_for
+    from .planning import plan_for
 
     return plan_for(graph, {**at, "B": 1}, absorb=False)
 
@@ -192,7 +206,7 @@ class _Programs:
         position), "any" (for any count, its causal masks given), "rows"; planned on first use."""
         if key not in self.classes:
             from .codegen import generate
-            from .module import compile_source
+            from .generated import compile_source
 
             assert self.graphs is not None
             part = self.part(key)
@@ -372,7 +386,7 @@ class CompiledStep:
             rows[name] = new[name] if held is None else torch.cat([held, new[name]], axis)
         cache.tensors.update(rows)
         cache.length += count
-        cache._batch = x.shape[: x.dim() - len(cache.graph.inputs[0].axes)]
+        cache.held_batch = x.shape[: x.dim() - len(cache.graph.inputs[0].axes)]
         return rows
 
 

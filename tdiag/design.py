@@ -131,8 +131,8 @@ class Design:
         2.13 on CPU: inference only, float32/16/bf16 under torch.compile; docs/language.md).
         Sizes are keywords (`N=512`) or a mapping, for a size named like a keyword here."""
         from .device import planning_device
-        from .module import plan_for
         from .plan.forms import planning_forms
+        from .planning import plan_for
 
         sizes = checked_sizes(self.graph, {**(sizes or {}), **more})
         if objective not in OBJECTIVES:
@@ -188,7 +188,7 @@ class Design:
         if problems:
             raise TdiagError(problems)
         if impl == "reference":
-            from .reference import ReferenceModule
+            from .reference_module import ReferenceModule
 
             return ReferenceModule(self.graph, sizes or None, seed=seed, dtype=dtype).to(device)
         if impl != "compiled":

@@ -216,3 +216,16 @@ def test_import_tdiag_plan_program_loads_neither_the_facade_nor_the_planner_driv
     loaded = set(run_python(code).split())
     assert "tdiag.plan.program" in loaded
     assert not loaded & {"tdiag.design", "tdiag.check", "tdiag.plan.build", "tdiag.weights", "tdiag.objectives"}
+
+
+def test_the_planner_backends_and_runtime_import_in_no_circle(architecture):
+    """Issue 37's target: a module of the compiler proper reaches none of its importers, so each
+    can be read and changed from the layers below it (decode.py's cache is typed in decode_step
+    by a protocol; plan_for and compile_source sit below the module and the decoder)."""
+    assert architecture.targets()["largest_import_circle"]["measured_modules"] == []
+
+
+def test_import_tdiag_plan_program_loads_at_most_six_tdiag_modules(architecture):
+    loaded = architecture.targets()["loaded_by_plan_program"]
+    assert len(loaded["tdiag"]) <= 6, loaded["tdiag"]
+    assert not loaded["lark"] and not loaded["torch"]

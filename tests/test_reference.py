@@ -10,7 +10,7 @@ import torch
 from conftest import DESIGN_FILES, DESIGNS
 
 import tdiag
-from tdiag.reference import ReferenceModule
+from tdiag.reference_module import ReferenceModule
 
 F, H, N = 8, 2, 5
 D = F // H

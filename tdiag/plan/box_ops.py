@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import sympy
 
-from .values import Operand, Value
+from .ops import Operand, Value
 
 if TYPE_CHECKING:
     from ..ir import Position

@@ -1,11 +1,11 @@
 """The lowered program: typed ops over named values with explicit physical layouts.
 
 The planner emits Steps; each Step holds one op (ops.py, box_ops.py: dataclasses, no Python text),
-the value it defines (values.py) and its costs; a Plan is the steps of a design at some sizes.
+the value it defines (ops.py) and its costs; a Plan is the steps of a design at some sizes.
 `codegen` is the only reader that prints Python; `cost` reads the costs; footprint.py and
 timing.py price the steps. This module and the ones it imports are the program IR: they import
 only sympy and the standard library, so that every layer above can read a plan. The names of
-values.py, ops.py and box_ops.py are importable from here."""
+ops.py (with the values) and box_ops.py are importable from here."""
 
 from __future__ import annotations
 
@@ -40,6 +40,9 @@ from .box_ops import (
     score_reads,
 )
 from .ops import (
+    BATCH,
+    BATCH_SIZE,
+    Binary,
     BufferUpdate,
     Concat,
     Convolve,
@@ -59,6 +62,7 @@ from .ops import (
     Multiply,
     Normalize,
     OnesColumn,
+    Operand,
     Permute,
     Positions,
     PositionTensor,
@@ -71,12 +75,6 @@ from .ops import (
     Softmax,
     SplitTable,
     SumAxes,
-)
-from .values import (
-    BATCH,
-    BATCH_SIZE,
-    Binary,
-    Operand,
     Value,
     align,
     operands,
