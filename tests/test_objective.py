@@ -91,10 +91,10 @@ def test_a_design_whose_boxes_cannot_be_fused_compares_the_flops_plan_alone():
 
 
 def test_the_objective_names_live_in_a_core_module_and_tdiag_design_still_gives_them():
-    from tdiag import design, module, objectives
+    from tdiag import design, objectives, planning
     from tdiag.plan import build
 
     names = (objectives.OBJECTIVES, objectives.DEFAULT_OBJECTIVE, objectives.COST_OBJECTIVE)
     assert (design.OBJECTIVES, design.DEFAULT_OBJECTIVE, design.COST_OBJECTIVE) == names
-    assert build.OBJECTIVES is objectives.OBJECTIVES and module.DEFAULT_OBJECTIVE is objectives.DEFAULT_OBJECTIVE
+    assert build.OBJECTIVES is objectives.OBJECTIVES and planning.DEFAULT_OBJECTIVE is objectives.DEFAULT_OBJECTIVE
     assert {objectives.DEFAULT_OBJECTIVE, objectives.COST_OBJECTIVE} <= set(objectives.OBJECTIVES)
