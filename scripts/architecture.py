@@ -54,6 +54,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "planner: prices",
         (
+            "tdiag.plan.chooser",
             "tdiag.plan.strides",
             "tdiag.plan.abstract",
             "tdiag.plan.footprint",

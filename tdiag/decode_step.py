@@ -56,6 +56,7 @@ from .decode_rows import DecodeRule
 from .decode_rules import NotCompiledError
 from .graph import DesignGraph
 from .graph.absorb import absorbed
+from .plan import chooser
 
 if TYPE_CHECKING:
     import torch
@@ -176,7 +177,7 @@ def decode_form(graph: DesignGraph, queries: int = 1, past: int = STEP_PLANNED_L
 def cheapest(costs: list[FormCost]) -> FormCost:
     """The form of fewest estimated seconds, the plain one on a tie: decoding's one comparison
     of prices."""
-    return min(costs, key=lambda c: (c.seconds, c.form != "plain"))
+    return chooser.cheapest([(c, c.seconds) for c in sorted(costs, key=lambda c: c.form != "plain")])
 
 
 def _device():

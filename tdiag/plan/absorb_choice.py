@@ -24,9 +24,8 @@ import sympy
 from ..device import planning_device
 from ..graph import DesignGraph
 from ..ir import TensorRef, walk
+from .chooser import Cost, choose, key, worse
 from .footprint import footprint
-from .forms.base import Cost
-from .forms.cost import key, worse
 from .program import BATCH_SIZE, Plan
 from .timing import plan_time
 from .trials import planned_flops
@@ -80,7 +79,7 @@ def cheaper_form(plan: Plan, objective: str, replaced: tuple[str, ...], build: C
     of its module chooses its own form from the design (decode_step.decode_form)."""
     other = build()
     costs = {WRITTEN: plan_cost(plan), ABSORBED: plan_cost(other)}
-    taken = ABSORBED if key(objective, costs[ABSORBED]) < key(objective, costs[WRITTEN]) else WRITTEN
+    taken = choose(objective, [(WRITTEN, costs[WRITTEN]), (ABSORBED, costs[ABSORBED])])
     best, loser = (other, WRITTEN) if taken == ABSORBED else (plan, ABSORBED)
     best.forms = FormChoice(taken, costs, replaced)
     best.graph = plan.graph

@@ -8,6 +8,7 @@ import itertools
 import sympy
 
 from .boxes import resolve_boxes
+from .chooser import cheapest, within
 from .combine import combine
 from .context import Leaf, Lowering
 from .decay import Decay, split_exponent
@@ -122,8 +123,7 @@ def choose_chunk_size(
         ctx.config.chunk_costs[asked] = costs
     costs = dict(known or costs)
     slack = TIME_SLACK if ctx.objective == "time" else FLOPS_SLACK
-    least = min(costs.values())
-    size = max(c for c in candidates if costs[c] <= slack * least)
+    size = max(within([(c, costs[c]) for c in candidates], slack))
     ctx.chunk_pairs[(query, key)] = legs[size]
     extent = ctx.runtime(ctx.size(query))
     for count_key in set(ctx.chunk_counts) - before - {(extent, size)}:
@@ -145,14 +145,14 @@ def cheapest_chunked(ctx: Lowering, query, key, leaves, out, coefficient, var, d
     free = [leaf for leaf in leaves if key not in leaf.legs and query not in leaf.legs]
     places = PLACEMENTS if len(free) <= 2 else PLACEMENTS[:2] if len(free) <= 4 else PLACEMENTS[:1]
     choices = itertools.product(places, repeat=len(free))
-    best, best_cost = {}, None
+    priced = []
     for choice in choices:
         placed = dict(zip(map(id, free), choice, strict=True))
         cost = trial_cost(
             ctx, lambda p=placed: placed_contract(ctx, query, key, leaves, p, out, coefficient, var, decays)
         )
-        if best_cost is None or cost < best_cost:
-            best, best_cost = placed, cost
+        priced.append((placed, cost))
+    best = cheapest(priced)
     if not ctx.trialing and (query, key) in ctx.chunk_notes:
         note = ctx.chunk_notes[(query, key)]
         if note not in ctx.lowered:

@@ -9,6 +9,7 @@ import itertools
 import sympy
 
 from ..ir import Expr, TensorRef, walk
+from .chooser import cheapest
 from .context import Lowering
 from .program import BATCH, Binary, Elementwise, Operand, Step, Value, align
 
@@ -65,7 +66,7 @@ def sum_tree(ctx: Lowering, terms: list[tuple[int, Operand, tuple[str, ...]]]) -
     elementwise = sympy.Integer(0)
     while len(nodes) > 1:
         pairs = itertools.combinations(range(len(nodes)), 2)
-        i, j = min(pairs, key=lambda p: ctx.numel_number(nodes[p[0]][2] | nodes[p[1]][2]))
+        i, j = cheapest([(p, ctx.numel_number(nodes[p[0]][2] | nodes[p[1]][2])) for p in pairs])
         (sa, a, la), (sb, b, lb) = nodes[i], nodes[j]
         elementwise += ctx.numel(la | lb)
         if sa == sb:

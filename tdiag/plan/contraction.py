@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 import sympy
 
+from .chooser import cheapest
 from .context import Lowering
 from .legs import renamed_value
 from .program import (
@@ -46,7 +47,7 @@ def plan_contraction(
 def place_coefficient(ctx: Lowering, values: list[Value], out: tuple[str, ...], coefficient: sympy.Expr):
     """Multiply the smallest operand by the coefficient (a softmax scale lands on Q, not on QKᵀ)."""
     sizes = [ctx.numel_number(v.legs) for v in values]
-    smallest = min(range(len(values)), key=lambda i: sizes[i])
+    smallest = cheapest([(i, size) for i, size in enumerate(sizes)])
     if sizes[smallest] <= ctx.numel_number(out):
         values = list(values)
         values[smallest] = scale_value(ctx, values[smallest], coefficient)
@@ -266,5 +267,5 @@ def _cheapest_path(equation: str, shapes: tuple[tuple[int, ...], ...]) -> tuple[
     for strategy in strategies:
         path, info = opt_einsum.contract_path(equation, *shapes, shapes=True, optimize=strategy)
         candidates.append((int(info.opt_cost), int(info.largest_intermediate), path))
-    _, _, path = min(candidates, key=lambda c: (c[0], c[1]))
+    path = cheapest([(path, (flops, largest)) for flops, largest, path in candidates])
     return tuple(tuple(sorted(p)) for p in path)

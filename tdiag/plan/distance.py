@@ -12,6 +12,7 @@ from ..ir import (
     SumNode,
     TensorRef,
 )
+from .chooser import cheapest
 from .combine import as_missing_legs, combine
 from .context import Lowering
 from .contraction import plan_contraction
@@ -40,8 +41,9 @@ def distance_parts(ctx: Lowering, e: SquaredDistance, ren, coefficient: sympy.Ex
     expanded = [summands(ctx, e.left, ren, e.over), summands(ctx, e.right, ren, e.over)]
     if expanded == plain or any(s is None for s in expanded):
         return distance_terms(ctx, e, plain, coefficient)
-    naive = trial_cost(ctx, lambda: distance_terms(ctx, e, plain, coefficient))
-    if trial_cost(ctx, lambda: distance_terms(ctx, e, expanded, coefficient)) < naive:
+    forms = [(plain, trial_cost(ctx, lambda: distance_terms(ctx, e, plain, coefficient)))]
+    forms.append((expanded, trial_cost(ctx, lambda: distance_terms(ctx, e, expanded, coefficient))))
+    if cheapest(forms) is expanded:
         if not ctx.trialing:
             ctx.lowered.append("squared distance to shifted keys expanded (MGK P11): one N² contraction")
         return distance_terms(ctx, e, expanded, coefficient)

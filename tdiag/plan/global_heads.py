@@ -49,6 +49,7 @@ import sympy
 
 from ..ir import CausalMask, PaddingMask, SoftmaxBox, TensorRef, walk
 from .boxes import materialize
+from .chooser import cheapest
 from .constants import fold_constants
 from .context import Leaf
 from .contraction import arrange
@@ -175,7 +176,7 @@ def _split(ctx, content: list[Leaf], others: list[Leaf], box_legs, keys, out):
     if not fixed_key or not fixed_value:
         return "no key side or no value side"
     needed_out = set(out)
-    reason, best, best_cost = "no local heads: the key side carries every head (the ordinary SDPA form)", None, None
+    reason, fits = "no local heads: the key side carries every head (the ordinary SDPA form)", []
     for choice in itertools.product((0, 1), repeat=len(undecided) + len(optional)):
         query_side = tuple(c for c, side in zip(undecided, choice, strict=False) if side == 0)
         key_side = tuple(fixed_key + [c for c, side in zip(undecided, choice, strict=False) if side == 1])
@@ -216,9 +217,8 @@ def _split(ctx, content: list[Leaf], others: list[Leaf], box_legs, keys, out):
             continue
         width = max(ctx.numel_number(latent), ctx.numel_number(features))
         cost = ctx.numel_number([*heads, *local, *queries, *keys]) * width
-        if best_cost is None or cost < best_cost:
-            best, best_cost = (query_side, key_side, values, rest, heads, local, queries, latent, features), cost
-    return reason if best is None else best
+        fits.append(((query_side, key_side, values, rest, heads, local, queries, latent, features), cost))
+    return cheapest(fits) if fits else reason
 
 
 def _dense(ctx, leaves: list[Leaf], legs: tuple[str, ...], last: int, sign: int, stem: str) -> Value:

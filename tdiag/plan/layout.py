@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from .chooser import cheapest
 from .footprint import SHORT_ROW
 from .program import (
     Binary,
@@ -174,7 +175,7 @@ def _wanted(steps: list[Step], movable: set[str], sizes: Sizes) -> dict[str, tup
                 for rank, order in enumerate(orders)
                 for r in _realizations(a, b, order, sizes)
             ]
-            *_, best = min(options, key=lambda o: o[:2])
+            best = cheapest([(r, (copies, rank)) for copies, rank, r in options])
             ask(best.x, best.x_order)
             ask(best.y, best.y_order)
     return wanted
@@ -429,8 +430,7 @@ def _choose(step: Step, op, candidates: list[tuple[str, ...]], moved, sizes: Siz
         for cost, new_op in _build(step, op, order, moved, sizes):
             penalty = sizes.numel(order) if rank else 0
             options.append((cost + penalty, rank, new_op, order))
-    cost, _, new_op, order = min(options, key=lambda o: (o[0], o[1]))
-    return new_op, order
+    return cheapest([((new_op, order), (cost, rank)) for cost, rank, new_op, order in options])
 
 
 def _build(step: Step, op, order: tuple[str, ...], moved, sizes: Sizes):

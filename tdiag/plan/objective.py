@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..device import DeviceModel
+from .chooser import cheapest
 from .program import Plan
 from .timing import plan_time
 
@@ -22,12 +23,12 @@ def fastest_plan(plan: Plan, device: DeviceModel, rivals: Sequence[str], build: 
     plan's estimated seconds recorded (`Plan.compared`)."""
     plan.device = device
     plan.compared = {"time": plan_time(plan, device)}
-    best, taken = plan, "time"
+    plans = {"time": plan}
     for objective in rivals:
-        other = build(objective)
-        plan.compared[objective] = plan_time(other, device)
-        if plan.compared[objective] < plan.compared[taken]:
-            best, taken = other, objective
+        plans[objective] = build(objective)
+        plan.compared[objective] = plan_time(plans[objective], device)
+    taken = taken_objective(plan)
+    best = plans[taken]
     if best is plan:
         return plan
     best.device, best.compared = device, plan.compared
@@ -40,7 +41,8 @@ def fastest_plan(plan: Plan, device: DeviceModel, rivals: Sequence[str], build: 
 
 def taken_objective(plan: Plan) -> str:
     """Which compared objective's plan this is: the fastest, the time plan on a tie."""
-    return min(plan.compared, key=lambda objective: (plan.compared[objective], objective != "time"))
+    listed = sorted(plan.compared, key=lambda objective: objective != "time")
+    return cheapest([(objective, plan.compared[objective]) for objective in listed])
 
 
 def _ms(seconds: float) -> str:

@@ -24,6 +24,7 @@ from ..ir import (
     WindowMask,
     walk,
 )
+from .chooser import cheapest
 from .combine import owns_parameter
 from .constants import fold_constants
 from .context import Leaf, Lowering
@@ -334,7 +335,7 @@ def split_sides(
         return None
     present = {leg for c in content for leg in c.legs}
     queries_all = [leg for leg in box_legs if leg not in keys and leg in present]
-    best, best_cost = None, None
+    fits = []
     for choice in itertools.product((0, 1), repeat=len(undecided) + len(optional)):
         query_side = [c for c, side in zip(undecided, choice, strict=False) if side == 0]
         key_side = fixed_key + [c for c, side in zip(undecided, choice, strict=False) if side == 1]
@@ -363,6 +364,5 @@ def split_sides(
         ):
             continue
         cost = ctx.numel_number([*heads, *queries, *keys]) * (ctx.numel_number(latent) + ctx.numel_number(features))
-        if best_cost is None or cost < best_cost:
-            best, best_cost = (query_side, key_side, values, heads, queries, latent, features, broadcast), cost
-    return best
+        fits.append(((query_side, key_side, values, heads, queries, latent, features, broadcast), cost))
+    return cheapest(fits) if fits else None

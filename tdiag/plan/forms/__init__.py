@@ -41,11 +41,12 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 
+from ..chooser import Cost, choose
 from ..context import Leaf, Lowering
 from . import choice
 from .banded import Banded
-from .base import BoxChoice, BoxSite, Candidate, Cost, Form, FormRefusedError, Unfit
-from .cost import choose, cost
+from .base import BoxChoice, BoxSite, Candidate, Form, FormRefusedError, Unfit
+from .cost import cost
 from .flex import Flex
 from .global_heads import GlobalHeadSdpa
 from .linear import LinearOrder

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ...ir import SoftmaxBox
+from ..chooser import Cost
 from ..context import Leaf, Lowering
 from ..program import show_legs
 from ..sdpa_match import MatchedAttention
@@ -97,17 +98,6 @@ class Form(ABC):
         whatever of its consumer the form absorbs) replaced by what it computed. Called on trial
         (`with ctx.trial()`) to cost it and once more for real if it is taken; a search whose result
         should not be repeated goes into `site.found[self.name]`. May raise FormRefusedError."""
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What a candidate costs in one model (forms/choice.py): the estimated seconds of a training
-    step on the planning device (timing.py), the bytes autograd keeps for backward (footprint.py),
-    and the FLOPs as the rewrites count them, all at the planned sizes."""
-
-    time: float
-    kept: float
-    flops: int
 
 
 @dataclass(frozen=True)

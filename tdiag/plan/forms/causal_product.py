@@ -21,14 +21,15 @@ from typing import ClassVar
 
 import sympy
 
+from ..chooser import Cost, choose, worse
 from ..chunked import NotPrefixSumError, causal_contract, decay_side, masked_decay_exp, union_legs
 from ..combine import combine
 from ..context import Leaf, Lowering
 from ..decay import has_segment_sum, split_exponent
 from ..program import Value, show_legs
 from ..regions import contract
-from .base import BoxChoice, Candidate, Cost, FormRefusedError
-from .cost import choose, cost, worse
+from .base import BoxChoice, Candidate, FormRefusedError
+from .cost import cost
 
 
 @dataclass

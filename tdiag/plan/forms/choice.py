@@ -19,12 +19,13 @@ from collections.abc import Sequence
 
 import sympy
 
+from ..chooser import Cost, choose, worse
 from ..context import Leaf, Lowering
 from ..regions import contract
 from ..score_maps import MAPPED, match_map
 from ..sdpa_match import fusable
-from .base import BoxChoice, BoxSite, Candidate, Cost, Form, FormRefusedError, Unfit
-from .cost import choose, cost, worse
+from .base import BoxChoice, BoxSite, Candidate, Form, FormRefusedError, Unfit
+from .cost import cost
 from .sdpa_sink import SINK
 
 ASKED = "asked for"

@@ -4,7 +4,7 @@
 the trial steps three ways at the planned sizes: the estimated seconds of a training step on the
 planning device (timing.py's roofline, forward and backward), the bytes autograd keeps for
 backward (footprint.py: storages first saved by the trial steps) and the FLOPs as the rewrites
-count them (base.counted_flops). `choose` orders priced candidates by the objective:
+count them (base.counted_flops). The chooser (plan/chooser.py) orders priced candidates by the objective:
 
 - `time`:   (time, kept, flops)
 - `flops`:  (flops, time)
@@ -14,24 +14,14 @@ and takes the least; of equal ones the first listed (FORMS order), so a choice i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable
 
 import sympy
 
+from ..chooser import ORDER, WORSE, Cost, choose, key, worse
 from ..context import Lowering
 from ..footprint import footprint
 from ..trials import counted_flops, estimated_time, program_with
-from .base import Cost
-
-T = TypeVar("T")
-
-ORDER: dict[str, tuple[str, ...]] = {
-    "time": ("time", "kept", "flops"),
-    "flops": ("flops", "time"),
-    "memory": ("kept", "time", "flops"),
-}
-WORSE = {"time": "is estimated slower than", "kept": "keeps more for backward than", "flops": "costs more FLOPs than"}
 
 
 def cost(ctx: Lowering, build: Callable[[], object]) -> Cost:
@@ -49,22 +39,4 @@ def cost(ctx: Lowering, build: Callable[[], object]) -> Cost:
         return Cost(seconds, ctx.at_planned_sizes(kept), counted_flops(ctx, steps))
 
 
-def key(objective: str, price: Cost) -> tuple[float, ...]:
-    """The objective's order of a cost's figures (ORDER)."""
-    return tuple(getattr(price, name) for name in ORDER[objective])
-
-
-def choose(objective: str, costed: Sequence[tuple[T, Cost]]) -> T:
-    """The item of least cost in the objective's order; of equal ones the first."""
-    if not costed:
-        raise ValueError("no candidate to choose from")
-    return min(costed, key=lambda item: key(objective, item[1]))[0]
-
-
-def worse(objective: str, loser: Cost, winner: Cost) -> str:
-    """How a candidate not taken compares with the one taken: by the first figure of the
-    objective's order in which it is worse."""
-    for name in ORDER[objective]:
-        if getattr(loser, name) > getattr(winner, name):
-            return WORSE[name]
-    return "costs the same as (and is listed after)"
+__all__ = ["ORDER", "WORSE", "choose", "cost", "key", "worse"]

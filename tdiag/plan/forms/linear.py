@@ -11,12 +11,13 @@ import itertools
 
 import sympy
 
+from ..chooser import choose
 from ..chunked import NotPrefixSumError
 from ..context import Leaf, Lowering
 from ..linear import hoist, not_linear_content, prefix_legs
 from ..regions import contract
 from .base import BoxSite, Form, FormRefusedError, Unfit
-from .cost import choose, cost
+from .cost import cost
 
 MAX_OPTIONAL = 6  # factors whose place (value side or not) is searched: 2^6 trial plans at most
 
